@@ -1,0 +1,6 @@
+//! The `orbitte` command.
+#![forbid(unsafe_code)]
+
+fn main() {
+    println!("orbitte: not yet implemented");
+}

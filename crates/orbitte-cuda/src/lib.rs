@@ -1,0 +1,2 @@
+//! CUDA device allocation and synchronized host staging.
+#![warn(missing_docs)]

@@ -1,0 +1,3 @@
+//! The OrbitTE transfer engine.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]

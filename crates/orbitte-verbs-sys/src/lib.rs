@@ -1,0 +1,2 @@
+//! Raw bindings to libibverbs, loaded at run time.
+#![warn(missing_docs)]

@@ -1,0 +1,2 @@
+//! Safe RDMA verbs over a provider trait.
+#![warn(missing_docs)]

@@ -1,0 +1,3 @@
+//! The OrbitTE wire protocol.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]

@@ -1,0 +1,48 @@
+//! `cargo xtask`: the project's build-and-check tasks (rust-analyzer's
+//! convention). One file per task; this file only dispatches.
+//!
+//! Every task reports a failure as one line on stderr and exits non-zero;
+//! none of them panics on a missing tool or library.
+
+mod tidy;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: cargo xtask <task> [args]
+
+tasks:
+  tidy                 check ARCHITECTURE.md's invariants (also runs as a test)
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(task) = args.first() else {
+        eprint!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let rest = &args[1..];
+    let result = match task.as_str() {
+        "tidy" => tidy::run(rest),
+        "-h" | "--help" | "help" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => Err(format!(
+            "unknown task `{other}`; run `cargo xtask help` for the list"
+        )),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("xtask {task}: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root (the parent of this crate's manifest directory).
+pub(crate) fn workspace_root() -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    dir.parent().unwrap_or(dir).to_path_buf()
+}

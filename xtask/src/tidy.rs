@@ -1,0 +1,300 @@
+//! `cargo xtask tidy`: enforce ARCHITECTURE.md's invariants.
+//!
+//! - dependencies between orbitte crates only point down the layer table;
+//! - orbitte-wire and orbitte-topology depend on no other orbitte crate;
+//! - only orbitte-verbs-sys, orbitte-verbs and orbitte-cuda contain `unsafe`,
+//!   every other crate root (lib, bin, tests, examples, benches) declares
+//!   `#![forbid(unsafe_code)]`;
+//! - in the crates that may use `unsafe`, every `unsafe` block and
+//!   `unsafe impl` carries a `// SAFETY:` comment (generated bindings aside);
+//! - the code is formatted (`cargo fmt --check`).
+//!
+//! It runs as an ordinary `#[test]` too, so `cargo test --workspace`
+//! enforces it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The crates allowed to contain `unsafe`.
+const UNSAFE_ALLOWED: &[&str] = &["orbitte-verbs-sys", "orbitte-verbs", "orbitte-cuda"];
+
+/// For each orbitte crate, the orbitte crates it may depend on (any kind of
+/// dependency: normal, dev or build). Everything not listed is a violation.
+const ALLOWED_DEPS: &[(&str, &[&str])] = &[
+    ("orbitte-verbs-sys", &[]),
+    ("orbitte-verbs", &["orbitte-verbs-sys"]),
+    ("orbitte-topology", &[]),
+    ("orbitte-wire", &[]),
+    ("orbitte-cuda", &[]),
+    (
+        "orbitte-engine",
+        &[
+            "orbitte-verbs",
+            "orbitte-topology",
+            "orbitte-wire",
+            "orbitte-cuda",
+        ],
+    ),
+    (
+        "orbitte",
+        &[
+            "orbitte-engine",
+            "orbitte-topology",
+            "orbitte-wire",
+            "orbitte-verbs",
+            "orbitte-cuda",
+        ],
+    ),
+    (
+        "orbitte-cli",
+        &[
+            "orbitte",
+            "orbitte-engine",
+            "orbitte-topology",
+            "orbitte-wire",
+            "orbitte-verbs",
+            "orbitte-cuda",
+        ],
+    ),
+    ("xtask", &[]),
+];
+
+pub(crate) fn run(args: &[String]) -> Result<(), String> {
+    if let Some(a) = args.first() {
+        return Err(format!("unexpected argument `{a}`; tidy takes none"));
+    }
+    let problems = check(&crate::workspace_root())?;
+    if problems.is_empty() {
+        println!("tidy: ok");
+        Ok(())
+    } else {
+        for p in &problems {
+            eprintln!("tidy: {p}");
+        }
+        Err(format!("{} problem(s) found", problems.len()))
+    }
+}
+
+/// Runs every check and returns the problems found (empty when tidy).
+pub(crate) fn check(root: &Path) -> Result<Vec<String>, String> {
+    let packages = metadata(root)?;
+    let mut problems = Vec::new();
+    let allowed: BTreeMap<&str, &[&str]> = ALLOWED_DEPS.iter().copied().collect();
+    for pkg in &packages {
+        let Some(ok) = allowed.get(pkg.name.as_str()) else {
+            problems.push(format!(
+                "workspace member `{}` is not in xtask/src/tidy.rs ALLOWED_DEPS; add it with its \
+                 permitted dependencies (and update ARCHITECTURE.md)",
+                pkg.name
+            ));
+            continue;
+        };
+        for dep in &pkg.orbitte_deps {
+            if !ok.contains(&dep.as_str()) {
+                problems.push(format!(
+                    "`{}` depends on `{dep}`, which ARCHITECTURE.md's layers do not allow",
+                    pkg.name
+                ));
+            }
+        }
+        if pkg.name == "xtask" {
+            continue;
+        }
+        let may_be_unsafe = UNSAFE_ALLOWED.contains(&pkg.name.as_str());
+        for root_file in &pkg.target_roots {
+            let text = read(root_file)?;
+            if !may_be_unsafe && !text.contains("#![forbid(unsafe_code)]") {
+                problems.push(format!(
+                    "{} lacks `#![forbid(unsafe_code)]` (only {} may contain unsafe)",
+                    rel(root, root_file),
+                    UNSAFE_ALLOWED.join(", ")
+                ));
+            }
+        }
+        if may_be_unsafe {
+            for file in rust_files(&pkg.dir) {
+                let text = read(&file)?;
+                problems.extend(undocumented_unsafe(&text).into_iter().map(|line| {
+                    format!(
+                        "{}:{line}: `unsafe` without a `// SAFETY:` comment",
+                        rel(root, &file)
+                    )
+                }));
+            }
+        }
+    }
+    if let Some(p) = fmt_problem(root) {
+        problems.push(p);
+    }
+    Ok(problems)
+}
+
+struct Package {
+    name: String,
+    dir: PathBuf,
+    orbitte_deps: Vec<String>,
+    target_roots: Vec<PathBuf>,
+}
+
+fn metadata(root: &Path) -> Result<Vec<Package>, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(&cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(root)
+        .output()
+        .map_err(|e| {
+            format!("cannot run `{cargo} metadata`: {e}; is the Rust toolchain installed?")
+        })?;
+    if !out.status.success() {
+        return Err(format!(
+            "`cargo metadata` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("`cargo metadata` printed invalid JSON: {e}"))?;
+    let mut packages = Vec::new();
+    for p in v["packages"].as_array().into_iter().flatten() {
+        let name = p["name"].as_str().unwrap_or_default().to_string();
+        let manifest = PathBuf::from(p["manifest_path"].as_str().unwrap_or_default());
+        let dir = manifest.parent().map(Path::to_path_buf).unwrap_or_default();
+        let orbitte_deps = p["dependencies"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|d| d["path"].is_string())
+            .filter_map(|d| d["name"].as_str())
+            .filter(|n| n.starts_with("orbitte"))
+            .map(str::to_string)
+            .collect();
+        let target_roots = p["targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| {
+                !t["kind"]
+                    .as_array()
+                    .is_some_and(|k| k.iter().any(|k| k == "custom-build"))
+            })
+            .filter_map(|t| t["src_path"].as_str())
+            .map(PathBuf::from)
+            .collect();
+        packages.push(Package {
+            name,
+            dir,
+            orbitte_deps,
+            target_roots,
+        });
+    }
+    Ok(packages)
+}
+
+/// Line numbers (1-based) of `unsafe` blocks or impls with no `SAFETY:`
+/// comment on the same line or within the three lines above.
+fn undocumented_unsafe(text: &str) -> Vec<usize> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut bad = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        let is_block = code.contains("unsafe {") || code.trim_end().ends_with("unsafe");
+        let is_impl = code.contains("unsafe impl");
+        if !(is_block || is_impl) || code.contains("unsafe fn") || code.contains("unsafe extern") {
+            continue;
+        }
+        let from = i.saturating_sub(3);
+        if !lines[from..=i].iter().any(|l| l.contains("SAFETY:")) {
+            bad.push(i + 1);
+        }
+    }
+    bad
+}
+
+fn fmt_problem(root: &Path) -> Option<String> {
+    let out = Command::new("cargo")
+        .args(["fmt", "--all", "--", "--check"])
+        .current_dir(root)
+        .output();
+    match out {
+        Ok(o) if o.status.success() => None,
+        Ok(o) => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            let files: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("Diff in "))
+                .take(5)
+                .collect();
+            Some(format!(
+                "code is not formatted ({}); run `cargo fmt --all`",
+                files.join("; ")
+            ))
+        }
+        Err(e) => Some(format!(
+            "cannot run `cargo fmt`: {e}; install rustfmt (`rustup component add rustfmt`)"
+        )),
+    }
+}
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if p.is_dir() {
+                if name != "target" && !name.starts_with('.') {
+                    stack.push(p);
+                }
+            } else if name.ends_with(".rs") && !p.to_string_lossy().contains("generated") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn read(p: &Path) -> Result<String, String> {
+    std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
+}
+
+fn rel(root: &Path, p: &Path) -> String {
+    p.strip_prefix(root).unwrap_or(p).display().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_is_tidy() {
+        let problems = check(&crate::workspace_root()).expect("tidy could run");
+        assert!(
+            problems.is_empty(),
+            "tidy found problems:\n{}",
+            problems.join("\n")
+        );
+    }
+
+    #[test]
+    fn unsafe_without_safety_comment_is_found() {
+        let text = "fn a() {\n    unsafe { x() }\n}\n// SAFETY: fine\nunsafe impl Send for A {}\n";
+        assert_eq!(undocumented_unsafe(text), vec![2]);
+    }
+
+    #[test]
+    fn unsafe_fn_declarations_are_not_blocks() {
+        assert!(undocumented_unsafe("pub unsafe fn f() {}\n").is_empty());
+    }
+}
