@@ -17,19 +17,26 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The crates allowed to contain `unsafe`.
-const UNSAFE_ALLOWED: &[&str] = &["orbitte-verbs-sys", "orbitte-verbs", "orbitte-cuda"];
+const UNSAFE_ALLOWED: &[&str] = &[
+    "orbitte-memory",
+    "orbitte-verbs-sys",
+    "orbitte-verbs",
+    "orbitte-cuda",
+];
 
 /// For each orbitte crate, the orbitte crates it may depend on (any kind of
 /// dependency: normal, dev or build). Everything not listed is a violation.
 const ALLOWED_DEPS: &[(&str, &[&str])] = &[
+    ("orbitte-memory", &[]),
     ("orbitte-verbs-sys", &[]),
-    ("orbitte-verbs", &["orbitte-verbs-sys"]),
+    ("orbitte-verbs", &["orbitte-verbs-sys", "orbitte-memory"]),
     ("orbitte-topology", &[]),
     ("orbitte-wire", &[]),
-    ("orbitte-cuda", &[]),
+    ("orbitte-cuda", &["orbitte-memory"]),
     (
         "orbitte-engine",
         &[
+            "orbitte-memory",
             "orbitte-verbs",
             "orbitte-topology",
             "orbitte-wire",
@@ -40,6 +47,7 @@ const ALLOWED_DEPS: &[(&str, &[&str])] = &[
         "orbitte",
         &[
             "orbitte-engine",
+            "orbitte-memory",
             "orbitte-topology",
             "orbitte-wire",
             "orbitte-verbs",
@@ -51,6 +59,7 @@ const ALLOWED_DEPS: &[(&str, &[&str])] = &[
         &[
             "orbitte",
             "orbitte-engine",
+            "orbitte-memory",
             "orbitte-topology",
             "orbitte-wire",
             "orbitte-verbs",

@@ -1,0 +1,391 @@
+//! The host memory type and its errors.
+
+use std::any::Any;
+use std::fmt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::DmaBuffer;
+
+/// Why a host memory operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MemoryError {
+    /// A zero-length range was asked for.
+    #[error("zero-length memory range: ask for at least one byte")]
+    ZeroLength,
+    /// The operating system refused to create or map the memory.
+    #[error("{op} failed for {len} bytes: {source}; check free memory and `ulimit -l`/`ulimit -v`")]
+    Os {
+        /// The call that failed (`memfd_create`, `ftruncate`, `mmap`).
+        op: &'static str,
+        /// Bytes asked for.
+        len: usize,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An access reached outside the range.
+    #[error("access at offset {offset} of {len} bytes is outside the {size}-byte range")]
+    OutOfBounds {
+        /// First byte of the access.
+        offset: usize,
+        /// Length of the access.
+        len: usize,
+        /// Size of the range.
+        size: usize,
+    },
+    /// A write to a range mapped read-only.
+    #[error("range is mapped read-only; the peer published it without remote write access")]
+    ReadOnly,
+}
+
+enum Backing {
+    /// Our own memfd mapping.
+    Memfd { fd: OwnedFd, map_len: usize },
+    /// A peer's memfd mapped here.
+    Mapped { _fd: OwnedFd, map_len: usize, writable: bool },
+    /// Caller-owned memory; `keepalive` owns it.
+    Raw { _keepalive: Box<dyn Any + Send + Sync> },
+}
+
+/// A range of host memory that NICs may register and peers may access.
+///
+/// Invariant: `ptr..ptr+len` is mapped and valid for the life of the value;
+/// `len > 0`.
+pub struct HostMemory {
+    ptr: NonNull<u8>,
+    len: usize,
+    backing: Backing,
+}
+
+// SAFETY: HostMemory owns (or keeps alive) a plain memory mapping; it hands
+// out no references into it and all access goes through raw copies, so it
+// may be moved to and shared between threads.
+unsafe impl Send for HostMemory {}
+// SAFETY: see `Send` above; `&HostMemory` only allows raw, bounds-checked
+// copies, which are sound under concurrent DMA by design (module docs).
+unsafe impl Sync for HostMemory {}
+
+// SAFETY: the mapping lives as long as the value (type invariant) and no
+// Rust references into it are handed out.
+unsafe impl DmaBuffer for HostMemory {
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 { p as usize } else { 4096 }
+}
+
+fn os_err(op: &'static str, len: usize) -> MemoryError {
+    MemoryError::Os { op, len, source: std::io::Error::last_os_error() }
+}
+
+fn map(fd: BorrowedFd<'_>, len: usize, writable: bool) -> Result<(NonNull<u8>, usize), MemoryError> {
+    let page = page_size();
+    let map_len = len.checked_add(page - 1).ok_or(MemoryError::OutOfBounds {
+        offset: 0,
+        len,
+        size: usize::MAX,
+    })? / page
+        * page;
+    let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
+    // SAFETY: a fresh mapping at an address of the kernel's choice; it
+    // aliases no Rust object. The fd is valid for the call.
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), map_len, prot, libc::MAP_SHARED, fd.as_raw_fd(), 0)
+    };
+    if p == libc::MAP_FAILED {
+        return Err(os_err("mmap", len));
+    }
+    let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| os_err("mmap", len))?;
+    Ok((ptr, map_len))
+}
+
+impl HostMemory {
+    /// Allocates `len` zeroed bytes, page-aligned, backed by a memfd so the
+    /// range can be shared with a same-host peer.
+    pub fn alloc(len: usize) -> Result<Arc<Self>, MemoryError> {
+        if len == 0 {
+            return Err(MemoryError::ZeroLength);
+        }
+        // SAFETY: the name is a NUL-terminated C string literal.
+        let raw = unsafe { libc::memfd_create(c"orbitte-host".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(os_err("memfd_create", len));
+        }
+        // SAFETY: memfd_create returned a fresh fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let size = libc::off_t::try_from(len).map_err(|_| MemoryError::OutOfBounds {
+            offset: 0,
+            len,
+            size: i64::MAX as usize,
+        })?;
+        // SAFETY: ftruncate on an fd we own.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
+            return Err(os_err("ftruncate", len));
+        }
+        let (ptr, map_len) = map(fd.as_fd(), len, true)?;
+        Ok(Arc::new(Self { ptr, len, backing: Backing::Memfd { fd, map_len } }))
+    }
+
+    /// Maps `len` bytes of a peer's shared memory fd (the local path).
+    ///
+    /// The fd must refer to a memfd (or file) of at least `len` bytes; a
+    /// shorter file makes accesses past its end fault, so the caller checks
+    /// the size first (this function does, with `fstat`).
+    pub fn map_shared(fd: OwnedFd, len: usize, writable: bool) -> Result<Arc<Self>, MemoryError> {
+        if len == 0 {
+            return Err(MemoryError::ZeroLength);
+        }
+        let file_len = std::fs::File::from(fd.try_clone().map_err(|source| MemoryError::Os {
+            op: "dup",
+            len,
+            source,
+        })?)
+        .metadata()
+        .map_err(|source| MemoryError::Os { op: "fstat", len, source })?
+        .len();
+        if (file_len as u128) < len as u128 {
+            return Err(MemoryError::OutOfBounds { offset: 0, len, size: file_len as usize });
+        }
+        let (ptr, map_len) = map(fd.as_fd(), len, writable)?;
+        Ok(Arc::new(Self { ptr, len, backing: Backing::Mapped { _fd: fd, map_len, writable } }))
+    }
+
+    /// Wraps memory the caller already owns. It cannot be shared by fd.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be valid for reads and writes for as long as
+    /// `keepalive` lives, must not move, and must not be accessed through
+    /// Rust references while the returned value (or any clone of the `Arc`,
+    /// memory region or request holding it) is alive.
+    pub unsafe fn from_raw_parts(
+        ptr: NonNull<u8>,
+        len: usize,
+        keepalive: Box<dyn Any + Send + Sync>,
+    ) -> Result<Arc<Self>, MemoryError> {
+        if len == 0 {
+            return Err(MemoryError::ZeroLength);
+        }
+        Ok(Arc::new(Self { ptr, len, backing: Backing::Raw { _keepalive: keepalive } }))
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false (zero-length memory cannot be created).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// First byte of the range, for NIC registration.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The memfd behind an [`alloc`](Self::alloc)ated range, for handing the
+    /// range to a same-host peer; `None` for other backings.
+    pub fn memfd(&self) -> Option<BorrowedFd<'_>> {
+        match &self.backing {
+            Backing::Memfd { fd, .. } => Some(fd.as_fd()),
+            _ => None,
+        }
+    }
+
+    /// Whether a same-host peer can map this range (see [`memfd`](Self::memfd)).
+    pub fn is_shareable(&self) -> bool {
+        self.memfd().is_some()
+    }
+
+    /// Whether writes are allowed (false for a peer range mapped read-only).
+    pub fn is_writable(&self) -> bool {
+        !matches!(self.backing, Backing::Mapped { writable: false, .. })
+    }
+
+    /// Checks that `offset..offset+len` lies inside the range.
+    pub fn check(&self, offset: usize, len: usize) -> Result<(), MemoryError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(MemoryError::OutOfBounds { offset, len, size: self.len }),
+        }
+    }
+
+    /// Copies bytes out of the range.
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemoryError> {
+        self.check(offset, dst.len())?;
+        // SAFETY: bounds checked above; `dst` is a distinct Rust buffer, so
+        // the regions do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len())
+        };
+        Ok(())
+    }
+
+    /// Copies bytes into the range.
+    pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<(), MemoryError> {
+        self.check(offset, src.len())?;
+        if !self.is_writable() {
+            return Err(MemoryError::ReadOnly);
+        }
+        // SAFETY: bounds checked above; the mapping is writable; `src` is a
+        // distinct Rust buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len())
+        };
+        Ok(())
+    }
+
+    /// Sets `len` bytes at `offset` to `byte`.
+    pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), MemoryError> {
+        self.check(offset, len)?;
+        if !self.is_writable() {
+            return Err(MemoryError::ReadOnly);
+        }
+        // SAFETY: bounds checked above and the mapping is writable.
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(offset), byte, len) };
+        Ok(())
+    }
+
+    /// Copies `len` bytes from `src` at `src_offset` into `self` at
+    /// `offset` (the local path's one-sided copy). `src` may be `self`.
+    pub fn copy_from(
+        &self,
+        offset: usize,
+        src: &Self,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<(), MemoryError> {
+        self.check(offset, len)?;
+        src.check(src_offset, len)?;
+        if !self.is_writable() {
+            return Err(MemoryError::ReadOnly);
+        }
+        // SAFETY: both ranges bounds-checked; `copy` tolerates overlap
+        // (e.g. the same memfd mapped twice, or `src` being `self`).
+        unsafe {
+            std::ptr::copy(src.ptr.as_ptr().add(src_offset), self.ptr.as_ptr().add(offset), len)
+        };
+        Ok(())
+    }
+
+    /// Copies `len` bytes starting at `offset` into a new vector.
+    pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>, MemoryError> {
+        let mut v = vec![0; len];
+        self.read_at(offset, &mut v)?;
+        Ok(v)
+    }
+}
+
+impl Drop for HostMemory {
+    fn drop(&mut self) {
+        let map_len = match &self.backing {
+            Backing::Memfd { map_len, .. } | Backing::Mapped { map_len, .. } => *map_len,
+            Backing::Raw { .. } => return,
+        };
+        // SAFETY: we created this mapping with this length and nothing
+        // refers to it any more (we are being dropped, and every holder of
+        // the pointer holds an Arc to us).
+        let rc = unsafe { libc::munmap(self.ptr.as_ptr().cast(), map_len) };
+        if rc != 0 {
+            // Never panic in Drop; leaking the mapping is the safe outcome.
+            eprintln!(
+                "orbitte-memory: munmap of {map_len} bytes failed: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+impl fmt::Debug for HostMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.backing {
+            Backing::Memfd { .. } => "memfd",
+            Backing::Mapped { writable: true, .. } => "peer-mapped",
+            Backing::Mapped { writable: false, .. } => "peer-mapped-readonly",
+            Backing::Raw { .. } => "caller-owned",
+        };
+        f.debug_struct("HostMemory")
+            .field("addr", &self.ptr)
+            .field("len", &self.len)
+            .field("backing", &kind)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn alloc_is_zeroed_aligned_and_bounds_checked() {
+        let m = HostMemory::alloc(10_000).unwrap();
+        assert_eq!(m.len(), 10_000);
+        assert_eq!(m.as_ptr() as usize % page_size(), 0);
+        assert_eq!(m.to_vec(0, 10_000).unwrap(), vec![0; 10_000]);
+        m.write_at(9_998, &[1, 2]).unwrap();
+        assert_eq!(m.to_vec(9_998, 2).unwrap(), vec![1, 2]);
+        assert!(matches!(m.write_at(9_999, &[1, 2]), Err(MemoryError::OutOfBounds { .. })));
+        assert!(matches!(m.read_at(usize::MAX, &mut [0]), Err(MemoryError::OutOfBounds { .. })));
+        assert!(matches!(HostMemory::alloc(0), Err(MemoryError::ZeroLength)));
+    }
+
+    #[test]
+    fn shared_mapping_sees_the_same_bytes() {
+        let m = HostMemory::alloc(4096).unwrap();
+        let fd = m.memfd().unwrap().try_clone_to_owned().unwrap();
+        let peer = HostMemory::map_shared(fd, 4096, true).unwrap();
+        peer.write_at(100, b"hello").unwrap();
+        assert_eq!(m.to_vec(100, 5).unwrap(), b"hello");
+        m.copy_from(0, &peer, 100, 5).unwrap();
+        assert_eq!(peer.to_vec(0, 5).unwrap(), b"hello");
+    }
+
+    #[test]
+    fn read_only_mapping_refuses_writes() {
+        let m = HostMemory::alloc(4096).unwrap();
+        let fd = m.memfd().unwrap().try_clone_to_owned().unwrap();
+        let peer = HostMemory::map_shared(fd, 4096, false).unwrap();
+        assert!(matches!(peer.write_at(0, b"x"), Err(MemoryError::ReadOnly)));
+        assert!(!peer.is_writable());
+    }
+
+    #[test]
+    fn mapping_more_than_the_file_is_refused() {
+        let m = HostMemory::alloc(4096).unwrap();
+        let fd = m.memfd().unwrap().as_fd().try_clone_to_owned().unwrap();
+        assert!(matches!(
+            HostMemory::map_shared(fd, 8192, true),
+            Err(MemoryError::OutOfBounds { size: 4096, .. })
+        ));
+    }
+
+    #[test]
+    fn raw_parts_keep_the_owner_alive() {
+        let mut v = vec![7u8; 64].into_boxed_slice();
+        let ptr = NonNull::new(v.as_mut_ptr()).unwrap();
+        // SAFETY: the boxed slice is moved into keepalive and not touched
+        // through references afterwards.
+        let m = unsafe { HostMemory::from_raw_parts(ptr, 64, Box::new(v)) }.unwrap();
+        assert!(!m.is_shareable());
+        assert_eq!(m.to_vec(0, 3).unwrap(), vec![7, 7, 7]);
+    }
+
+    #[test]
+    fn send_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<HostMemory>();
+        assert_send_sync::<Arc<dyn DmaBuffer>>();
+    }
+}
