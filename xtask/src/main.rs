@@ -4,6 +4,7 @@
 //! Every task reports a failure as one line on stderr and exits non-zero;
 //! none of them panics on a missing tool or library.
 
+mod bindgen;
 mod tidy;
 
 use std::process::ExitCode;
@@ -13,6 +14,7 @@ usage: cargo xtask <task> [args]
 
 tasks:
   tidy                 check ARCHITECTURE.md's invariants (also runs as a test)
+  bindgen [--check]    regenerate orbitte-verbs-sys's bindings (--check: fail on drift)
 ";
 
 fn main() -> ExitCode {
@@ -24,6 +26,7 @@ fn main() -> ExitCode {
     let rest = &args[1..];
     let result = match task.as_str() {
         "tidy" => tidy::run(rest),
+        "bindgen" => bindgen::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())

@@ -1,0 +1,202 @@
+//! Command-line definitions (clap derive).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// OrbitTE: one-sided READ and WRITE between registered memory over RDMA,
+/// TCP or shared memory.
+#[derive(Debug, Parser)]
+#[command(name = "orbitte", version, about, propagate_version = true)]
+pub(crate) struct Cli {
+    /// Log filter (tracing's env-filter syntax), e.g. `info` or `orbitte_engine=debug`.
+    #[arg(long, global = true, env = "ORBITTE_LOG", default_value = "warn")]
+    pub(crate) log: String,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Print the capability matrix: for each path, the build, discovery,
+    /// completion and drain checks with their reasons and fixes.
+    Doctor(DoctorArgs),
+    /// Print the RDMA topology: NIC IDs (inert slots with their error),
+    /// ports, GIDs, NUMA and affinity; discovered versus initialized.
+    Topology(TopologyArgs),
+    /// Measure transfers: loopback (both ends here), target or initiator.
+    Bench(BenchArgs),
+    /// Run a target engine from a config file, publishing its ranges.
+    Serve(ServeArgs),
+}
+
+/// A transfer path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum PathName {
+    /// Host Direct: host memory registered on RDMA NICs.
+    Rdma,
+    /// One-sided operations emulated over TCP sockets.
+    Tcp,
+    /// Same host, through shared memory.
+    Local,
+    /// GPU memory through pinned host bounce buffers.
+    CudaStaging,
+    /// Not implemented.
+    GpudirectRdma,
+    /// Not implemented.
+    CudaIpc,
+    /// Not implemented.
+    Nvlink,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DoctorArgs {
+    /// Only this path; the exit status is non-zero when it does not work.
+    #[arg(long, value_enum)]
+    pub(crate) path: Option<PathName>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct TopologyArgs {
+    /// Machine-readable output.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Read sysfs from this root instead of `/` (for recorded trees).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) sysfs_root: Option<PathBuf>,
+}
+
+/// Direction of the one-sided operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Op {
+    /// Initiator reads the target's memory.
+    Read,
+    /// Initiator writes the target's memory.
+    Write,
+}
+
+/// The bench's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Role {
+    /// Start a target and an initiator in this process (the default).
+    Loopback,
+    /// Publish a range and wait for initiators.
+    Target,
+    /// Connect to `--peer` and measure.
+    Initiator,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    /// loopback (both ends here), target, or initiator.
+    #[arg(long, value_enum, default_value = "loopback")]
+    pub(crate) role: Role,
+    /// Where a target listens.
+    #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
+    pub(crate) listen: String,
+    /// The target an initiator connects to.
+    #[arg(long, value_name = "ADDR", required_if_eq("role", "initiator"))]
+    pub(crate) peer: Option<String>,
+    /// READ or WRITE.
+    #[arg(long, value_enum, default_value = "write")]
+    pub(crate) op: Op,
+    /// Bytes per request (suffixes K, M, G are powers of two).
+    #[arg(long, default_value = "64K", value_parser = parse_size)]
+    pub(crate) block_size: u64,
+    /// Requests per submitted batch.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub(crate) batch_size: u32,
+    /// Initiator threads, each with its own batches.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub(crate) threads: u32,
+    /// How long to measure, in seconds.
+    #[arg(long, default_value_t = 3.0, value_parser = parse_seconds)]
+    pub(crate) duration: f64,
+    /// The path to measure.
+    #[arg(long, value_enum, default_value = "tcp")]
+    pub(crate) path: PathName,
+    /// Check every transferred byte against the pattern.
+    #[arg(long)]
+    pub(crate) check: bool,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Sweep block sizes from 4K to 4M and write a chart.
+    #[arg(long)]
+    pub(crate) sweep: bool,
+    /// Where `--sweep` writes its SVG chart.
+    #[arg(long, default_value = "orbitte-bench.svg", value_name = "FILE")]
+    pub(crate) chart: PathBuf,
+    /// No progress bar.
+    #[arg(long)]
+    pub(crate) quiet: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// TOML file describing the engine and the ranges to publish.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) config: PathBuf,
+}
+
+/// Parses `4096`, `64K`, `1M`, `2G` (binary multiples).
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return Err(format!("unknown size suffix `{c}`: use K, M or G")),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size like 4096, 64K or 1M"))?;
+    let v = n
+        .checked_mul(mult)
+        .ok_or_else(|| format!("`{s}` is too large"))?;
+    if v == 0 {
+        return Err("size must be at least one byte".into());
+    }
+    Ok(v)
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(v),
+        _ => Err(format!(
+            "`{s}` is not a duration in seconds between 0 and 86400"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(65536));
+        assert_eq!(parse_size("1m"), Ok(1 << 20));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("99999999999G").is_err());
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,371 @@
+//! `cargo xtask bindgen [--check]`: regenerate orbitte-verbs-sys's committed
+//! bindings from the rdma-core headers vendored in that crate.
+//!
+//! The output must not depend on the machine: the headers are vendored
+//! (rdma-core 44.0), the target triple is fixed, comments and layout tests
+//! are off, only `ibv_*` items are kept, glibc's pthread types come from the
+//! `libc` crate, and the result goes through the pinned toolchain's rustfmt
+//! with the workspace's rustfmt.toml. libclang 14 and 19 give identical
+//! files; `build-and-check` runs `--check` under every libclang it finds.
+//!
+//! libclang is loaded at run time (bindgen's `runtime` feature), so xtask
+//! builds without it. `LIBCLANG_PATH` picks the library (a directory or a
+//! file), the one used is printed, and an inherited `CLANG_PATH` that points
+//! at a different LLVM installation is warned about. Clang's own include
+//! paths are not detected through a `clang` executable: libclang uses the
+//! resource directory installed beside it, so a stray `CLANG_PATH` or a
+//! newer `clang` on `PATH` cannot mix two LLVM releases.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The rdma-core release whose headers are vendored.
+pub(crate) const RDMA_CORE_RELEASE: &str = "44.0";
+
+/// The crate holding the vendored headers and the generated files.
+const SYS_CRATE: &str = "crates/orbitte-verbs-sys";
+
+/// The fixed target triple the bindings are generated for (see
+/// docs/building.md: the committed file is for 64-bit Linux).
+const TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// One generated file: its path relative to the workspace root and its text.
+struct Output {
+    path: &'static str,
+    text: String,
+}
+
+pub(crate) fn run(args: &[String]) -> Result<(), String> {
+    let mut check = false;
+    for a in args {
+        match a.as_str() {
+            "--check" => check = true,
+            other => {
+                return Err(format!(
+                    "unexpected argument `{other}`; usage: cargo xtask bindgen [--check]"
+                ));
+            }
+        }
+    }
+    let root = crate::workspace_root();
+    let libclang = load_libclang()?;
+    println!(
+        "bindgen: libclang {} ({})",
+        libclang.path.display(),
+        libclang.version_label()
+    );
+    if let Some(warning) = clang_path_warning(&libclang) {
+        eprintln!("bindgen: warning: {warning}");
+    }
+    let outputs = generate(&root)?;
+    if check {
+        let mut drifted = Vec::new();
+        for out in &outputs {
+            let path = root.join(out.path);
+            let committed = std::fs::read_to_string(&path).unwrap_or_default();
+            if committed != out.text {
+                drifted.push(format!("{} ({})", out.path, diff_summary(&committed, &out.text)));
+            }
+        }
+        if drifted.is_empty() {
+            println!("bindgen: {} file(s) up to date", outputs.len());
+            Ok(())
+        } else {
+            Err(format!(
+                "committed bindings differ from the headers: {}; run `cargo xtask bindgen` and \
+                 commit the result",
+                drifted.join("; ")
+            ))
+        }
+    } else {
+        for out in &outputs {
+            let path = root.join(out.path);
+            std::fs::write(&path, &out.text)
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            println!("bindgen: wrote {}", out.path);
+        }
+        Ok(())
+    }
+}
+
+/// The libclang this process loaded.
+pub(crate) struct Libclang {
+    /// The file that was loaded, as clang-sys found it.
+    pub(crate) path: PathBuf,
+    /// The LLVM major version, from the file's canonical path when it names one.
+    pub(crate) major: Option<u32>,
+}
+
+impl Libclang {
+    fn version_label(&self) -> String {
+        match self.major {
+            Some(m) => format!("LLVM {m}, {}", install_root(&self.path).display()),
+            None => format!("unknown LLVM version, {}", install_root(&self.path).display()),
+        }
+    }
+}
+
+/// Loads libclang into this thread (where bindgen will find it) and says
+/// which one it is. A missing libclang is one line naming the packages.
+fn load_libclang() -> Result<Libclang, String> {
+    if let Err(e) = clang_sys::load() {
+        let first = e.lines().next().unwrap_or("not found").trim().to_string();
+        let hint = match std::env::var_os("LIBCLANG_PATH") {
+            Some(p) => format!(
+                "LIBCLANG_PATH={} holds no usable libclang; point it at the directory of \
+                 libclang.so or unset it",
+                Path::new(&p).display()
+            ),
+            None => "install libclang-dev (or libclang1-NN with libclang-common-NN-dev), or set \
+                     LIBCLANG_PATH to the directory holding libclang.so"
+                .to_string(),
+        };
+        return Err(format!("libclang not found ({first}); {hint}"));
+    }
+    let Some(lib) = clang_sys::get_library() else {
+        return Err("libclang was loaded but clang-sys does not report it; rerun".into());
+    };
+    let path = lib.path().to_path_buf();
+    let major = llvm_major(&path);
+    Ok(Libclang { path, major })
+}
+
+/// The LLVM major version named by a libclang or clang path
+/// (`/usr/lib/llvm-14/...`, `libclang-19.so.1`, `clang-18`), following links.
+pub(crate) fn llvm_major(path: &Path) -> Option<u32> {
+    let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    for p in [&canonical, &path.to_path_buf()] {
+        for comp in p.components().rev() {
+            let s = comp.as_os_str().to_string_lossy();
+            for prefix in ["llvm-", "libclang-", "clang-"] {
+                if let Some(rest) = s.strip_prefix(prefix) {
+                    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                    if let Ok(n) = digits.parse() {
+                        return Some(n);
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
+/// The installation a library or executable belongs to: the parent of its
+/// `lib`/`bin` directory after following links (`/usr/lib/llvm-14`).
+pub(crate) fn install_root(path: &Path) -> PathBuf {
+    let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    let dir = canonical.parent().unwrap_or(&canonical);
+    match dir.file_name().and_then(|n| n.to_str()) {
+        Some("lib" | "lib64" | "bin") => dir.parent().unwrap_or(dir).to_path_buf(),
+        _ => dir.to_path_buf(),
+    }
+}
+
+/// A warning when `CLANG_PATH` names a clang from another installation than
+/// the libclang in use (tools that detect include paths through it would
+/// mix two LLVM releases' headers).
+fn clang_path_warning(libclang: &Libclang) -> Option<String> {
+    let clang_path = std::env::var_os("CLANG_PATH")?;
+    let clang = PathBuf::from(&clang_path);
+    if !clang.is_file() {
+        return Some(format!(
+            "CLANG_PATH={} is not a clang executable; unset it or point it at the clang of {}",
+            clang.display(),
+            install_root(&libclang.path).display()
+        ));
+    }
+    let (clang_root, lib_root) = (install_root(&clang), install_root(&libclang.path));
+    let (clang_major, lib_major) = (llvm_major(&clang), libclang.major);
+    let differs = match (clang_major, lib_major) {
+        (Some(a), Some(b)) => a != b,
+        _ => clang_root != lib_root,
+    };
+    differs.then(|| {
+        format!(
+            "inherited CLANG_PATH={} ({}) is a different installation than libclang {} ({}); \
+             unset CLANG_PATH or point it at the clang of the same release",
+            clang.display(),
+            clang_major.map_or_else(|| clang_root.display().to_string(), |m| format!("LLVM {m}")),
+            libclang.path.display(),
+            lib_major.map_or_else(|| lib_root.display().to_string(), |m| format!("LLVM {m}")),
+        )
+    })
+}
+
+/// Runs bindgen twice over the vendored verbs.h: the public types and
+/// constants, and the exported functions' declarations (kept private in the
+/// crate, used only to check the run-time symbol table's signatures).
+fn generate(root: &Path) -> Result<Vec<Output>, String> {
+    let krate = root.join(SYS_CRATE);
+    let include = krate.join("rdma-core/include");
+    let header = include.join("infiniband/verbs.h");
+    if !header.is_file() {
+        return Err(format!(
+            "{} is missing; the vendored rdma-core {RDMA_CORE_RELEASE} headers belong in {}",
+            header.display(),
+            include.display()
+        ));
+    }
+    let banner = format!(
+        "// @generated by `cargo xtask bindgen` from the rdma-core {RDMA_CORE_RELEASE} headers \
+         in rdma-core/include; do not edit."
+    );
+
+    let types = base_builder(&header, &include)?
+        .allowlist_type("ibv_.*|verbs_context|_compat_ibv_port_attr")
+        .allowlist_var("IBV_.*")
+        .blocklist_type("pthread_mutex_t|pthread_cond_t")
+        .raw_line(banner.clone())
+        .raw_line("pub use libc::{pthread_cond_t, pthread_mutex_t};");
+    let types = bindgen_text(types)?;
+
+    let functions = base_builder(&header, &include)?
+        .allowlist_function("_?ibv_.*")
+        .allowlist_recursively(false)
+        .raw_line(banner)
+        .raw_line("#[allow(unused_imports)]")
+        .raw_line("use super::bindings::*;");
+    let functions = bindgen_text(functions)?;
+
+    Ok(vec![
+        Output {
+            path: "crates/orbitte-verbs-sys/src/generated/bindings.rs",
+            text: rustfmt(root, &types)?,
+        },
+        Output {
+            path: "crates/orbitte-verbs-sys/src/generated/declarations.rs",
+            text: rustfmt(root, &functions)?,
+        },
+    ])
+}
+
+fn base_builder(header: &Path, include: &Path) -> Result<bindgen::Builder, String> {
+    let target = bindgen::RustTarget::stable(85, 0)
+        .map_err(|e| format!("bindgen rejects Rust 1.85 as its target: {e}"))?;
+    Ok(bindgen::Builder::default()
+        .header(header.to_string_lossy())
+        .clang_arg(format!("--target={TARGET}"))
+        .clang_arg(format!("-I{}", include.display()))
+        // libclang finds its own resource headers; asking a `clang` found via
+        // CLANG_PATH/PATH could mix releases (see the module docs).
+        .detect_include_paths(false)
+        .rust_target(target)
+        .rust_edition(bindgen::RustEdition::Edition2024)
+        .use_core()
+        .ctypes_prefix("::core::ffi")
+        .default_enum_style(bindgen::EnumVariation::Consts)
+        .prepend_enum_name(false)
+        .translate_enum_integer_types(true)
+        .layout_tests(false)
+        .generate_comments(false)
+        .derive_default(true)
+        .merge_extern_blocks(true)
+        .wrap_unsafe_ops(true)
+        .formatter(bindgen::Formatter::None))
+}
+
+fn bindgen_text(builder: bindgen::Builder) -> Result<String, String> {
+    let bindings = builder.generate().map_err(|e| {
+        let text = e.to_string();
+        let first = text.lines().next().unwrap_or("").trim().to_string();
+        if text.contains("stddef.h") || text.contains("stdint.h") {
+            format!(
+                "libclang cannot find its own headers ({first}); install \
+                 libclang-common-NN-dev for the libclang in use"
+            )
+        } else if text.contains("file not found") {
+            format!(
+                "a system header is missing ({first}); install libc6-dev and linux-libc-dev"
+            )
+        } else {
+            format!("bindgen failed: {first}")
+        }
+    })?;
+    Ok(bindings.to_string())
+}
+
+/// Formats with the pinned toolchain's rustfmt and the workspace's
+/// rustfmt.toml, exactly as `cargo fmt` will see the file.
+fn rustfmt(root: &Path, text: &str) -> Result<String, String> {
+    use std::io::Write;
+    let rustfmt = std::env::var("RUSTFMT").unwrap_or_else(|_| "rustfmt".into());
+    let mut child = Command::new(&rustfmt)
+        .args(["--edition", "2024", "--config-path"])
+        .arg(root.join("rustfmt.toml"))
+        .current_dir(root)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            format!("cannot run `{rustfmt}`: {e}; install it with `rustup component add rustfmt`")
+        })?;
+    let mut stdin = child.stdin.take().ok_or("rustfmt has no stdin")?;
+    let input = text.to_string();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("rustfmt did not finish: {e}"))?;
+    let _ = writer.join();
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "rustfmt rejected the generated bindings: {}",
+            err.lines().next().unwrap_or("").trim()
+        ));
+    }
+    String::from_utf8(out.stdout).map_err(|e| format!("rustfmt printed invalid UTF-8: {e}"))
+}
+
+/// A short description of how two texts differ: line counts and the first
+/// differing line.
+fn diff_summary(old: &str, new: &str) -> String {
+    if old.is_empty() {
+        return "missing".into();
+    }
+    let (a, b): (Vec<&str>, Vec<&str>) = (old.lines().collect(), new.lines().collect());
+    let first = a.iter().zip(&b).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
+    let only_old = a.iter().filter(|l| !b.contains(l)).count();
+    let only_new = b.iter().filter(|l| !a.contains(l)).count();
+    format!(
+        "{} committed lines vs {} generated, {only_old} removed, {only_new} added, first \
+         difference at line {}: `{}`",
+        a.len(),
+        b.len(),
+        first + 1,
+        b.get(first).or(a.get(first)).map_or("", |l| l.trim())
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llvm_major_reads_common_layouts() {
+        assert_eq!(llvm_major(Path::new("/nonexistent/llvm-14/lib/libclang.so.1")), Some(14));
+        assert_eq!(llvm_major(Path::new("/nonexistent/lib/libclang-19.so.1")), Some(19));
+        assert_eq!(llvm_major(Path::new("/nonexistent/bin/clang-18")), Some(18));
+        assert_eq!(llvm_major(Path::new("/nonexistent/lib/libclang.so")), None);
+    }
+
+    #[test]
+    fn install_root_strips_lib_and_bin() {
+        assert_eq!(
+            install_root(Path::new("/nonexistent/llvm-14/lib/libclang.so.1")),
+            PathBuf::from("/nonexistent/llvm-14")
+        );
+        assert_eq!(
+            install_root(Path::new("/nonexistent/llvm-19/bin/clang")),
+            PathBuf::from("/nonexistent/llvm-19")
+        );
+    }
+
+    #[test]
+    fn diff_summary_names_the_first_difference() {
+        let s = diff_summary("a\nb\nc\n", "a\nx\nc\n");
+        assert!(s.contains("first difference at line 2: `x`"), "{s}");
+        assert!(s.contains("1 removed, 1 added"), "{s}");
+        assert_eq!(diff_summary("", "a"), "missing");
+    }
+}
