@@ -64,7 +64,11 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             let path = root.join(out.path);
             let committed = std::fs::read_to_string(&path).unwrap_or_default();
             if committed != out.text {
-                drifted.push(format!("{} ({})", out.path, diff_summary(&committed, &out.text)));
+                drifted.push(format!(
+                    "{} ({})",
+                    out.path,
+                    diff_summary(&committed, &out.text)
+                ));
             }
         }
         if drifted.is_empty() {
@@ -100,7 +104,10 @@ impl Libclang {
     fn version_label(&self) -> String {
         match self.major {
             Some(m) => format!("LLVM {m}, {}", install_root(&self.path).display()),
-            None => format!("unknown LLVM version, {}", install_root(&self.path).display()),
+            None => format!(
+                "unknown LLVM version, {}",
+                install_root(&self.path).display()
+            ),
         }
     }
 }
@@ -151,10 +158,11 @@ pub(crate) fn llvm_major(path: &Path) -> Option<u32> {
 }
 
 /// The installation a library or executable belongs to: the parent of its
-/// `lib`/`bin` directory after following links (`/usr/lib/llvm-14`).
+/// `lib`/`bin` directory (`/usr/lib/llvm-14`). Links are not followed:
+/// Debian's `/usr/lib/llvm-14/lib/libclang.so.1` points into the multiarch
+/// directory, which belongs to no single release.
 pub(crate) fn install_root(path: &Path) -> PathBuf {
-    let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
-    let dir = canonical.parent().unwrap_or(&canonical);
+    let dir = path.parent().unwrap_or(path);
     match dir.file_name().and_then(|n| n.to_str()) {
         Some("lib" | "lib64" | "bin") => dir.parent().unwrap_or(dir).to_path_buf(),
         _ => dir.to_path_buf(),
@@ -174,7 +182,8 @@ fn clang_path_warning(libclang: &Libclang) -> Option<String> {
             install_root(&libclang.path).display()
         ));
     }
-    let (clang_root, lib_root) = (install_root(&clang), install_root(&libclang.path));
+    let canonical = clang.canonicalize().unwrap_or_else(|_| clang.clone());
+    let (clang_root, lib_root) = (install_root(&canonical), install_root(&libclang.path));
     let (clang_major, lib_major) = (llvm_major(&clang), libclang.major);
     let differs = match (clang_major, lib_major) {
         (Some(a), Some(b)) => a != b,
@@ -211,13 +220,28 @@ fn generate(root: &Path) -> Result<Vec<Output>, String> {
          in rdma-core/include; do not edit."
     );
 
+    let aliases = uverbs_aliases(&include)?;
+    let alias_enums: Vec<&str> = aliases.iter().map(|a| a.enum_name.as_str()).collect();
+    let mut type_allowlist = "ibv_.*|verbs_context|_compat_ibv_port_attr".to_string();
+    for e in &alias_enums {
+        type_allowlist.push('|');
+        type_allowlist.push_str(e);
+    }
     let types = base_builder(&header, &include)?
-        .allowlist_type("ibv_.*|verbs_context|_compat_ibv_port_attr")
+        .allowlist_type(type_allowlist)
         .allowlist_var("IBV_.*")
-        .blocklist_type("pthread_mutex_t|pthread_cond_t")
+        // glibc's types (whose internals differ between releases) come from libc.
+        .blocklist_type(GLIBC_TYPES)
         .raw_line(banner.clone())
-        .raw_line("pub use libc::{pthread_cond_t, pthread_mutex_t};");
-    let types = bindgen_text(types)?;
+        .raw_line("pub use libc::{pthread_cond_t, pthread_mutex_t, timespec};");
+    let mut types = name_anonymous_enum_types(&rustfmt(root, &bindgen_text(types)?)?);
+    for a in &aliases {
+        let generated = |name: &str| types.contains(&format!("pub const {name}: "));
+        if generated(&a.target) && !generated(&a.alias) {
+            types.push_str(&format!("pub use self::{} as {};\n", a.target, a.alias));
+        }
+    }
+    let types = rustfmt(root, &types)?;
 
     let functions = base_builder(&header, &include)?
         .allowlist_function("_?ibv_.*")
@@ -230,13 +254,130 @@ fn generate(root: &Path) -> Result<Vec<Output>, String> {
     Ok(vec![
         Output {
             path: "crates/orbitte-verbs-sys/src/generated/bindings.rs",
-            text: rustfmt(root, &types)?,
+            text: types,
         },
         Output {
             path: "crates/orbitte-verbs-sys/src/generated/declarations.rs",
             text: rustfmt(root, &functions)?,
         },
     ])
+}
+
+/// `#define IBV_X IB_UVERBS_X` in verbs_api.h: a verbs constant that is
+/// an enum constant of the kernel's uverbs headers. bindgen cannot evaluate
+/// such a macro, so the enum is generated and the name re-exported.
+struct UverbsAlias {
+    alias: String,
+    target: String,
+    enum_name: String,
+}
+
+fn uverbs_aliases(include: &Path) -> Result<Vec<UverbsAlias>, String> {
+    let read = |rel: &str| {
+        let p = include.join(rel);
+        std::fs::read_to_string(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))
+    };
+    let api = read("infiniband/verbs_api.h")?;
+    let enums = [
+        read("infiniband/ib_user_ioctl_verbs.h")?,
+        read("rdma/ib_user_verbs.h")?,
+    ];
+    let mut aliases = Vec::new();
+    for line in api.lines() {
+        let mut words = line.split_whitespace();
+        let (Some("#define"), Some(alias), Some(target), None) =
+            (words.next(), words.next(), words.next(), words.next())
+        else {
+            continue;
+        };
+        if !(alias.starts_with("IBV_") && target.starts_with("IB_UVERBS_")) {
+            continue;
+        }
+        if let Some(enum_name) = enums.iter().find_map(|text| enclosing_enum(text, target)) {
+            aliases.push(UverbsAlias {
+                alias: alias.to_string(),
+                target: target.to_string(),
+                enum_name,
+            });
+        }
+    }
+    Ok(aliases)
+}
+
+/// The name of the C `enum NAME {` block that declares `constant`.
+fn enclosing_enum(text: &str, constant: &str) -> Option<String> {
+    let mut current: Option<&str> = None;
+    for line in text.lines() {
+        let t = line.trim();
+        if let Some(rest) = t.strip_prefix("enum ") {
+            current = rest.split_whitespace().next().filter(|n| *n != "{");
+        } else if t.starts_with('}') {
+            current = None;
+        } else if let Some(name) = current {
+            let first = t
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .next();
+            if first == Some(constant) {
+                return Some(name.to_string());
+            }
+        }
+    }
+    None
+}
+
+/// glibc types reached from verbs.h; their internals vary between glibc
+/// releases, so they are taken from the `libc` crate instead.
+const GLIBC_TYPES: &str = "pthread_mutex_t|pthread_cond_t|__pthread_.*|__atomic_wide_counter.*|timespec|__time_t|\
+     __syscall_slong_t";
+
+/// Replaces the aliases bindgen invents for anonymous C enums
+/// (`pub type _bindgen_ty_13 = u32;`) with their integer type. The number
+/// counts every anonymous item before it, system headers included, so it
+/// would change with the glibc release; the integer type does not.
+fn name_anonymous_enum_types(text: &str) -> String {
+    let mut aliases: Vec<(String, String)> = Vec::new();
+    let mut kept = String::with_capacity(text.len());
+    for line in text.lines() {
+        let alias = line
+            .strip_prefix("pub type _bindgen_ty_")
+            .and_then(|rest| rest.strip_suffix(';'))
+            .and_then(|rest| rest.split_once(" = "));
+        match alias {
+            Some((n, ty)) if n.chars().all(|c| c.is_ascii_digit()) => {
+                aliases.push((format!("_bindgen_ty_{n}"), ty.to_string()));
+            }
+            _ => {
+                kept.push_str(line);
+                kept.push('\n');
+            }
+        }
+    }
+    // Longest names first, so `_bindgen_ty_1` never rewrites `_bindgen_ty_13`.
+    aliases.sort_by_key(|(name, _)| std::cmp::Reverse(name.len()));
+    for (name, ty) in &aliases {
+        kept = replace_word(&kept, name, ty);
+    }
+    kept
+}
+
+/// Replaces `word` where it stands as a whole identifier.
+fn replace_word(text: &str, word: &str, with: &str) -> String {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(word) {
+        let before = rest[..at].chars().next_back();
+        let after = rest[at + word.len()..].chars().next();
+        out.push_str(&rest[..at]);
+        if before.is_some_and(is_ident) || after.is_some_and(is_ident) {
+            out.push_str(word);
+        } else {
+            out.push_str(with);
+        }
+        rest = &rest[at + word.len()..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn base_builder(header: &Path, include: &Path) -> Result<bindgen::Builder, String> {
@@ -274,9 +415,7 @@ fn bindgen_text(builder: bindgen::Builder) -> Result<String, String> {
                  libclang-common-NN-dev for the libclang in use"
             )
         } else if text.contains("file not found") {
-            format!(
-                "a system header is missing ({first}); install libc6-dev and linux-libc-dev"
-            )
+            format!("a system header is missing ({first}); install libc6-dev and linux-libc-dev")
         } else {
             format!("bindgen failed: {first}")
         }
@@ -324,7 +463,11 @@ fn diff_summary(old: &str, new: &str) -> String {
         return "missing".into();
     }
     let (a, b): (Vec<&str>, Vec<&str>) = (old.lines().collect(), new.lines().collect());
-    let first = a.iter().zip(&b).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
+    let first = a
+        .iter()
+        .zip(&b)
+        .position(|(x, y)| x != y)
+        .unwrap_or(a.len().min(b.len()));
     let only_old = a.iter().filter(|l| !b.contains(l)).count();
     let only_new = b.iter().filter(|l| !a.contains(l)).count();
     format!(
@@ -343,8 +486,14 @@ mod tests {
 
     #[test]
     fn llvm_major_reads_common_layouts() {
-        assert_eq!(llvm_major(Path::new("/nonexistent/llvm-14/lib/libclang.so.1")), Some(14));
-        assert_eq!(llvm_major(Path::new("/nonexistent/lib/libclang-19.so.1")), Some(19));
+        assert_eq!(
+            llvm_major(Path::new("/nonexistent/llvm-14/lib/libclang.so.1")),
+            Some(14)
+        );
+        assert_eq!(
+            llvm_major(Path::new("/nonexistent/lib/libclang-19.so.1")),
+            Some(19)
+        );
         assert_eq!(llvm_major(Path::new("/nonexistent/bin/clang-18")), Some(18));
         assert_eq!(llvm_major(Path::new("/nonexistent/lib/libclang.so")), None);
     }
@@ -359,6 +508,49 @@ mod tests {
             install_root(Path::new("/nonexistent/llvm-19/bin/clang")),
             PathBuf::from("/nonexistent/llvm-19")
         );
+    }
+
+    #[test]
+    fn anonymous_enum_aliases_become_their_integer_type() {
+        let text = "pub const A: _bindgen_ty_1 = 0;\npub type _bindgen_ty_1 = u32;\n\
+                    pub const B: _bindgen_ty_13 = 1;\npub type _bindgen_ty_13 = i32;\n\
+                    pub struct x__bindgen_ty_1;\n";
+        assert_eq!(
+            name_anonymous_enum_types(text),
+            "pub const A: u32 = 0;\npub const B: i32 = 1;\npub struct x__bindgen_ty_1;\n"
+        );
+    }
+
+    #[test]
+    fn enclosing_enum_finds_the_declaring_block() {
+        let text = "enum a_flags {\n\tA_ONE = 1,\n\tA_TWO = 2,\n};\nenum b {\n\tB_X,\n};\n";
+        assert_eq!(enclosing_enum(text, "A_TWO").as_deref(), Some("a_flags"));
+        assert_eq!(enclosing_enum(text, "B_X").as_deref(), Some("b"));
+        assert_eq!(enclosing_enum(text, "A_T"), None);
+    }
+
+    /// `cargo test` catches drift too, wherever a libclang is installed.
+    /// CI installs one (libclang1-14), so there a missing libclang fails.
+    #[test]
+    fn committed_bindings_match_the_vendored_headers() {
+        if let Err(e) = load_libclang() {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI installs libclang: {e}"
+            );
+            println!("skipped: {e}");
+            return;
+        }
+        let root = crate::workspace_root();
+        for out in generate(&root).expect("bindgen runs on the vendored headers") {
+            let committed = std::fs::read_to_string(root.join(out.path)).unwrap_or_default();
+            assert!(
+                committed == out.text,
+                "{} is stale ({}); run `cargo xtask bindgen`",
+                out.path,
+                diff_summary(&committed, &out.text)
+            );
+        }
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! none of them panics on a missing tool or library.
 
 mod bindgen;
+mod build_and_check;
+mod softroce;
 mod tidy;
 
 use std::process::ExitCode;
@@ -14,7 +16,11 @@ usage: cargo xtask <task> [args]
 
 tasks:
   tidy                 check ARCHITECTURE.md's invariants (also runs as a test)
+  softroce build|run|test  native verbs tests on Soft-RoCE in a qemu guest (docs/testing.md)
   bindgen [--check]    regenerate orbitte-verbs-sys's bindings (--check: fail on drift)
+  build-and-check [--no-cargo]
+                       the build matrix: toolchain report, prerequisites, bindgen --check
+                       under each libclang, fmt, clippy, tests, docs
 ";
 
 fn main() -> ExitCode {
@@ -26,7 +32,9 @@ fn main() -> ExitCode {
     let rest = &args[1..];
     let result = match task.as_str() {
         "tidy" => tidy::run(rest),
+        "softroce" => softroce::run(rest),
         "bindgen" => bindgen::run(rest),
+        "build-and-check" => build_and_check::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())

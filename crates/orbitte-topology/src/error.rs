@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 /// entry is recorded on that port, and a broken GPU entry is recorded in
 /// [`Topology::problems`](crate::Topology::problems). Cloneable (the I/O
 /// error is kept as its kind and text) so topologies stay plain data.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize)]
 pub enum DiscoveryError {
     /// A file or directory could not be read.
     #[error("cannot read {path}: {message}; check that it exists and is readable")]
@@ -18,6 +18,7 @@ pub enum DiscoveryError {
         /// The file or directory.
         path: PathBuf,
         /// The I/O error kind.
+        #[serde(serialize_with = "kind_name")]
         kind: io::ErrorKind,
         /// The I/O error text.
         message: String,
@@ -65,4 +66,8 @@ impl DiscoveryError {
             Self::Io { path, .. } | Self::Malformed { path, .. } => path,
         }
     }
+}
+
+fn kind_name<S: serde::Serializer>(kind: &io::ErrorKind, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(kind)
 }

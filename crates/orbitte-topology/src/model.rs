@@ -19,7 +19,7 @@ use crate::pci::PciLocation;
 /// Invariant: once a [`Topology`] is built, the slot at each ID never moves
 /// and is never removed; a NIC that fails keeps its ID as an inert slot.
 /// Bit `n` of a [`DeviceMask`](crate::DeviceMask) names NIC ID `n`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub struct NicId(pub u32);
 
 impl NicId {
@@ -37,7 +37,7 @@ impl fmt::Display for NicId {
 
 /// The logical state of a port, as `ports/<n>/state` reports it
 /// (`4: ACTIVE`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
 pub enum PortState {
     /// 1: DOWN.
     Down,
@@ -86,7 +86,7 @@ impl fmt::Display for PortState {
 }
 
 /// The link layer of a port (`ports/<n>/link_layer`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum LinkLayer {
     /// InfiniBand.
     InfiniBand,
@@ -108,7 +108,7 @@ impl fmt::Display for LinkLayer {
 /// sysfs writes `IB/RoCE v1` for both InfiniBand GIDs and RoCE v1 GIDs; the
 /// port's link layer tells them apart, and discovery stores the resolved
 /// type here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum GidType {
     /// An InfiniBand GID (InfiniBand link layer).
     Ib,
@@ -123,8 +123,7 @@ impl GidType {
     pub fn fits(self, link_layer: LinkLayer) -> bool {
         matches!(
             (self, link_layer),
-            (Self::Ib, LinkLayer::InfiniBand)
-                | (Self::RoceV1 | Self::RoceV2, LinkLayer::Ethernet)
+            (Self::Ib, LinkLayer::InfiniBand) | (Self::RoceV1 | Self::RoceV2, LinkLayer::Ethernet)
         )
     }
 }
@@ -140,7 +139,7 @@ impl fmt::Display for GidType {
 }
 
 /// The address family a GID value encodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub enum GidFamily {
     /// An IPv4-mapped address (`::ffff:a.b.c.d`).
     Ipv4,
@@ -154,7 +153,7 @@ pub enum GidFamily {
 }
 
 /// One entry of a port's GID table.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Gid {
     /// The index in the port's GID table (what verbs calls `sgid_index`).
     pub index: u32,
@@ -197,7 +196,7 @@ impl fmt::Display for Gid {
 }
 
 /// One port of a NIC.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct Port {
     /// The port number (1-based, as verbs numbers ports).
     pub number: u32,
@@ -237,7 +236,7 @@ impl Port {
 /// Whether this process can open the NIC's uverbs character device
 /// (`/dev/infiniband/uverbsN`) for reading and writing, as
 /// `ibv_open_device` needs.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, serde::Serialize)]
 pub enum UverbsAccess {
     /// Readable and writable.
     ReadWrite,
@@ -284,7 +283,7 @@ impl fmt::Display for UverbsAccess {
 /// the device. Discovery from sysfs alone cannot know and says
 /// [`Unknown`](Self::Unknown); the caller that holds the provider supplies it
 /// with [`Topology::set_provider_visibility`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
 pub enum ProviderVisibility {
     /// The provider lists the device.
     Visible,
@@ -300,7 +299,7 @@ pub enum ProviderVisibility {
 ///
 /// This is also the record type for building a topology programmatically:
 /// fill the fields you know and leave the rest at [`Default`].
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct Nic {
     /// The verbs device name (`mlx5_0`).
     pub name: String,
@@ -339,7 +338,7 @@ impl Nic {
 }
 
 /// Why a slot is inert.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize)]
 pub enum InertCause {
     /// Discovery could not read the device's essential files.
     #[error("discovery failed: {0}")]
@@ -351,7 +350,7 @@ pub enum InertCause {
 }
 
 /// One position in topology order: an active NIC, or an inert slot.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub enum NicSlot {
     /// A NIC that can be selected.
     Active {
@@ -414,7 +413,7 @@ impl NicSlot {
 
 /// An NVIDIA GPU found on the PCI bus (vendor `0x10de`, class 3D or VGA
 /// controller).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Gpu {
     /// Where it sits in the PCIe tree.
     pub pci: PciLocation,
@@ -425,7 +424,7 @@ pub struct Gpu {
 }
 
 /// A GPU cannot be found or a NIC ID does not exist.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize)]
 #[error("{id} does not exist; the topology has {slots} slots (nic 0..{slots})")]
 pub struct NoSuchNic {
     /// The requested ID.
@@ -441,7 +440,7 @@ pub struct NoSuchNic {
 /// [`Topology::builder`] from records. Slots are never removed or reordered
 /// after building; [`mark_inert`](Self::mark_inert) turns an active slot
 /// inert in place.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct Topology {
     slots: Vec<NicSlot>,
     /// Invariant: sorted by PCI address; the index is the CUDA device index
@@ -474,6 +473,15 @@ impl Topology {
     /// The slot with this ID.
     pub fn slot(&self, id: NicId) -> Option<&NicSlot> {
         self.slots.get(id.index())
+    }
+
+    /// The NIC of an active slot, to edit in place (port states after a
+    /// port event, a refreshed GID table). The slot keeps its NIC ID.
+    pub fn nic_mut(&mut self, id: NicId) -> Option<&mut Nic> {
+        match self.slots.get_mut(id.index())? {
+            NicSlot::Active { nic, .. } => Some(nic),
+            NicSlot::Inert { .. } => None,
+        }
     }
 
     /// The slot of the device with this name.
@@ -578,7 +586,12 @@ impl TopologyBuilder {
     }
 
     /// Appends an inert slot.
-    pub fn inert(mut self, name: impl Into<String>, last_known: Option<Nic>, cause: InertCause) -> Self {
+    pub fn inert(
+        mut self,
+        name: impl Into<String>,
+        last_known: Option<Nic>,
+        cause: InertCause,
+    ) -> Self {
         let id = self.next_id();
         self.slots.push(NicSlot::Inert {
             id,
@@ -616,5 +629,84 @@ impl TopologyBuilder {
             numa_distances: self.numa_distances,
             problems: self.problems,
         }
+    }
+}
+
+impl fmt::Display for ProviderVisibility {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Visible => "visible",
+            Self::NotVisible => "not visible",
+            Self::Unknown => "unknown",
+        })
+    }
+}
+
+impl fmt::Display for Nic {
+    /// Several lines: the device, then each port and its GIDs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.name)?;
+        match &self.pci {
+            Some(p) => write!(f, " pci {}", p.address())?,
+            None => f.write_str(" no pci")?,
+        }
+        match self.numa_node {
+            Some(n) => write!(f, ", numa {n}")?,
+            None => f.write_str(", numa unknown")?,
+        }
+        match &self.uverbs_node {
+            Some(p) => write!(f, ", {} {}", p.display(), self.uverbs_access)?,
+            None => write!(f, ", {}", self.uverbs_access)?,
+        }
+        write!(f, ", provider {}", self.provider)?;
+        for port in &self.ports {
+            let ll = port
+                .link_layer
+                .map_or_else(|| "link layer unknown".to_owned(), |l| l.to_string());
+            write!(f, "\n  port {} {} {ll}", port.number, port.state)?;
+            if let Some(rate) = &port.rate {
+                write!(f, " {rate}")?;
+            }
+            if port.gids.is_empty() {
+                f.write_str("\n    gid table empty")?;
+            }
+            for gid in &port.gids {
+                write!(f, "\n    {gid}")?;
+            }
+            for p in &port.problems {
+                write!(f, "\n    problem: {p}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Topology {
+    /// A readable listing: every slot by NIC ID, then GPUs and problems.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.slots.is_empty() {
+            f.write_str("no rdma devices")?;
+        }
+        for (i, slot) in self.slots.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            match slot {
+                NicSlot::Active { id, nic } => write!(f, "{id} {nic}")?,
+                NicSlot::Inert {
+                    id, name, cause, ..
+                } => write!(f, "{id} {name} inert: {cause}")?,
+            }
+        }
+        for (i, gpu) in self.gpus.iter().enumerate() {
+            write!(f, "\ngpu {i} pci {}", gpu.pci.address())?;
+            if let Some(n) = gpu.numa_node {
+                write!(f, ", numa {n}")?;
+            }
+        }
+        for p in &self.problems {
+            write!(f, "\nproblem: {p}")?;
+        }
+        Ok(())
     }
 }

@@ -19,7 +19,7 @@ pub struct PciAddress {
 }
 
 /// The text was not a PCI address of the form `DDDD:BB:DD.F`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize)]
 #[error("expected a pci address like 0000:3b:00.0, found {found:?}")]
 pub struct PciAddressError {
     /// The text that did not parse.
@@ -60,6 +60,13 @@ impl FromStr for PciAddress {
     }
 }
 
+impl serde::Serialize for PciAddress {
+    /// As text, `0000:3b:00.0`.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl fmt::Display for PciAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -77,7 +84,7 @@ impl fmt::Display for PciAddress {
 /// gives `host_bridge = "pci0000:00"` and `path = [00:01.0, 01:00.0, 02:08.0,
 /// 03:00.0]`: the root port, the switch's upstream and downstream ports,
 /// then the device itself.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct PciLocation {
     /// The host bridge (root complex) the device hangs from, as sysfs names
     /// it (`pci0000:00`).
@@ -140,7 +147,7 @@ impl PciLocation {
 /// port) never reaches the CPU; traffic between different root ports of the
 /// same host bridge crosses the root complex; traffic between different
 /// host bridges crosses the CPU interconnect, and may cross sockets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub enum PcieDistance {
     /// Both devices sit below a common PCIe bridge. `hops` counts the bridges
     /// between each device and the deepest common bridge, summed over both
@@ -183,18 +190,40 @@ mod tests {
         assert_eq!(a.bus, 0x3b);
         assert_eq!(a.function, 1);
         assert_eq!(a.to_string(), "0000:3b:00.1");
-        for bad in ["", "0000:3b:00", "0000:3b:00.8", "0000:3b:20.0", "x:3b:00.0", "0:0:0.0:1"] {
+        for bad in [
+            "",
+            "0000:3b:00",
+            "0000:3b:00.8",
+            "0000:3b:20.0",
+            "x:3b:00.0",
+            "0:0:0.0:1",
+        ] {
             assert!(bad.parse::<PciAddress>().is_err(), "{bad}");
         }
     }
 
     #[test]
     fn distance_classes() {
-        let p = |s: &[&str]| PciLocation::new("pci0000:00", s.iter().map(|a| a.parse().unwrap()).collect()).unwrap();
-        let nic = p(&["0000:00:01.0", "0000:01:00.0", "0000:02:08.0", "0000:03:00.0"]);
-        let gpu = p(&["0000:00:01.0", "0000:01:00.0", "0000:02:10.0", "0000:04:00.0"]);
+        let p = |s: &[&str]| {
+            PciLocation::new("pci0000:00", s.iter().map(|a| a.parse().unwrap()).collect()).unwrap()
+        };
+        let nic = p(&[
+            "0000:00:01.0",
+            "0000:01:00.0",
+            "0000:02:08.0",
+            "0000:03:00.0",
+        ]);
+        let gpu = p(&[
+            "0000:00:01.0",
+            "0000:01:00.0",
+            "0000:02:10.0",
+            "0000:04:00.0",
+        ]);
         let far = p(&["0000:00:03.0", "0000:05:00.0"]);
-        assert_eq!(nic.distance_to(&gpu), PcieDistance::SharedBridge { hops: 2 });
+        assert_eq!(
+            nic.distance_to(&gpu),
+            PcieDistance::SharedBridge { hops: 2 }
+        );
         assert_eq!(nic.distance_to(&far), PcieDistance::HostBridge { hops: 4 });
         let other = PciLocation::new("pci0000:80", vec!["0000:80:01.0".parse().unwrap()]).unwrap();
         assert_eq!(nic.distance_to(&other), PcieDistance::CrossHostBridge);

@@ -18,10 +18,6 @@ impl<'a> Reader<'a> {
         Self { buf, frame }
     }
 
-    pub(crate) fn frame(&self) -> FrameType {
-        self.frame
-    }
-
     pub(crate) fn remaining(&self) -> usize {
         self.buf.len()
     }

@@ -1,0 +1,318 @@
+//! The capability matrix as data: for each path, four separate checks.
+//!
+//! - **build**: the path is compiled in;
+//! - **discovery**: runtime library, devices, ports and GIDs are usable;
+//! - **completion**: a real request completed (for rdma: a loopback WRITE
+//!   then READ on the selected NIC, bytes compared);
+//! - **drain**: afterwards nothing is outstanding on the local buffers.
+//!
+//! Each answers [`Check::Pass`], [`Check::Fail`] with the reason and the
+//! fix, [`Check::Skipped`] with why, or [`Check::NotImplemented`]. A pass
+//! of one check says nothing about the next: a listed device is not a
+//! working route, and a completed request is not a drained buffer.
+//!
+//! [`TransferEngine::capabilities`] evaluates rdma for real; other paths
+//! contribute their rows with [`CapabilityMatrix::contribute`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use orbitte_memory::{DmaBuffer, HostMemory};
+use orbitte_verbs::{self as verbs, InitAttrs, QpCaps, RtrAttrs, RtsAttrs, SendWr};
+
+use crate::TransferEngine;
+use crate::transport::PathKind;
+
+/// One check's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Check {
+    /// It works.
+    Pass,
+    /// It does not.
+    Fail {
+        /// What went wrong.
+        reason: String,
+        /// What to do about it.
+        fix: String,
+    },
+    /// Not evaluated.
+    Skipped {
+        /// Why.
+        why: String,
+    },
+    /// The path does not exist in this build.
+    NotImplemented,
+}
+
+impl Check {
+    fn fail(reason: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self::Fail { reason: reason.into(), fix: fix.into() }
+    }
+
+    fn skipped(why: impl Into<String>) -> Self {
+        Self::Skipped { why: why.into() }
+    }
+
+    /// Whether the check passed.
+    pub fn is_pass(&self) -> bool {
+        matches!(self, Self::Pass)
+    }
+}
+
+impl fmt::Display for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Pass => f.write_str("pass"),
+            Self::Fail { reason, fix } => write!(f, "fail: {reason} (fix: {fix})"),
+            Self::Skipped { why } => write!(f, "skipped: {why}"),
+            Self::NotImplemented => f.write_str("not implemented"),
+        }
+    }
+}
+
+/// The four checks of one path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathRow {
+    /// The path.
+    pub path: PathKind,
+    /// Compiled in.
+    pub build: Check,
+    /// Library, devices, ports, GIDs usable.
+    pub discovery: Check,
+    /// A real request completed.
+    pub completion: Check,
+    /// Nothing outstanding afterwards.
+    pub drain: Check,
+}
+
+impl PathRow {
+    /// A row whose four checks are `NotImplemented`.
+    pub fn not_implemented(path: PathKind) -> Self {
+        Self {
+            path,
+            build: Check::NotImplemented,
+            discovery: Check::NotImplemented,
+            completion: Check::NotImplemented,
+            drain: Check::NotImplemented,
+        }
+    }
+
+    /// A row whose four checks are skipped for `why`.
+    pub fn skipped(path: PathKind, why: &str) -> Self {
+        Self {
+            path,
+            build: Check::skipped(why),
+            discovery: Check::skipped(why),
+            completion: Check::skipped(why),
+            drain: Check::skipped(why),
+        }
+    }
+}
+
+/// Every path with its checks, in [`PathKind::ALL`] order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapabilityMatrix {
+    /// One row per path.
+    pub rows: Vec<PathRow>,
+}
+
+impl CapabilityMatrix {
+    /// Rows before evaluation: rdma/tcp/local/cuda-staging skipped (not
+    /// evaluated yet), gpudirect-rdma, cuda-ipc and nvlink not implemented.
+    pub fn baseline() -> Self {
+        let rows = PathKind::ALL
+            .iter()
+            .map(|&p| match p {
+                PathKind::GpudirectRdma | PathKind::CudaIpc | PathKind::Nvlink => PathRow::not_implemented(p),
+                PathKind::Rdma => PathRow::skipped(p, "not evaluated"),
+                _ => PathRow::skipped(p, "not evaluated by the engine; the path contributes its own row"),
+            })
+            .collect();
+        Self { rows }
+    }
+
+    /// The row of a path.
+    pub fn row(&self, path: PathKind) -> Option<&PathRow> {
+        self.rows.iter().find(|r| r.path == path)
+    }
+
+    /// Replaces the row of `row.path` (a path contributing its evaluation).
+    pub fn contribute(&mut self, row: PathRow) {
+        match self.rows.iter_mut().find(|r| r.path == row.path) {
+            Some(r) => *r = row,
+            None => self.rows.push(row),
+        }
+    }
+}
+
+impl fmt::Display for CapabilityMatrix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for r in &self.rows {
+            writeln!(f, "{:<15} build: {}", r.path.name(), r.build)?;
+            writeln!(f, "{:<15} discovery: {}", "", r.discovery)?;
+            writeln!(f, "{:<15} completion: {}", "", r.completion)?;
+            writeln!(f, "{:<15} drain: {}", "", r.drain)?;
+        }
+        Ok(())
+    }
+}
+
+const FIX_DEVICES: &str = "install rdma-core (libibverbs1), load the RDMA kernel modules and check read/write access to /dev/infiniband/uverbs*";
+const FIX_SELECTION: &str = "check that the port is ACTIVE and the GID matches the link layer, GID type and netdev; use RdmaConfig::default() with selectors instead of strict pins";
+
+impl TransferEngine {
+    /// The capability matrix with the rdma row evaluated for real (this
+    /// initializes contexts: it is an RDMA use).
+    pub fn capabilities(&self) -> CapabilityMatrix {
+        let mut m = CapabilityMatrix::baseline();
+        m.contribute(self.evaluate_rdma());
+        m
+    }
+
+    /// Evaluates the rdma row: discovery through the provider and topology
+    /// selection, completion as a loopback WRITE then READ on the first
+    /// prepared NIC with an active port, drain as nothing outstanding
+    /// afterwards. Uses its own CQ, QPs and two 8 KiB buffers, released
+    /// before returning.
+    pub fn evaluate_rdma(&self) -> PathRow {
+        let mut row = PathRow {
+            path: PathKind::Rdma,
+            build: Check::Pass,
+            discovery: Check::skipped("not reached"),
+            completion: Check::skipped("discovery failed"),
+            drain: Check::skipped("completion failed"),
+        };
+        {
+            let st = self.lock();
+            if let Some(e) = &st.listing_error {
+                row.discovery = Check::fail(e.clone(), FIX_DEVICES);
+                return row;
+            }
+            if st.listed.is_empty() {
+                row.discovery = Check::fail("the provider lists no RDMA device", FIX_DEVICES);
+                return row;
+            }
+        }
+        if let Err(report) = self.ensure_contexts() {
+            row.discovery = Check::fail(report, FIX_SELECTION);
+            return row;
+        }
+        let pick = {
+            let st = self.lock();
+            st.nic_order.iter().find_map(|id| {
+                st.init.as_ref()?.nics.iter().find(|n| n.id.0 == *id && n.port_active()).map(|n| {
+                    (n.context.clone(), n.pd.clone(), n.port, n.gid_index, n.gid, n.lid, n.mtu, n.link_layer, n.id.0)
+                })
+            })
+        };
+        let Some((ctx, pd, port, gid_index, gid, lid, mtu, ll, nic)) = pick else {
+            row.discovery = Check::fail("every prepared context's port is down or paused", "wait for port recovery or fix the link");
+            return row;
+        };
+        row.discovery = Check::Pass;
+        match loopback(&ctx, &pd, port, gid_index, gid, lid, mtu, ll) {
+            Ok(drained) => {
+                row.completion = Check::Pass;
+                row.drain = drained;
+            }
+            Err(reason) => {
+                row.completion = Check::fail(
+                    format!("loopback WRITE+READ on NIC ID {nic} ({}): {reason}", ctx.identity().name),
+                    "check the port, the GID's reachability and the device's health (ibv_rc_pingpong)",
+                );
+                row.drain = Check::skipped("completion failed");
+            }
+        }
+        row
+    }
+}
+
+/// Connects two QPs of one context to each other, WRITEs 4 KiB from `a` to
+/// `b`, READs it back into `a`'s second half, compares. Returns the drain
+/// check on success.
+#[allow(clippy::too_many_arguments)]
+fn loopback(
+    ctx: &verbs::Context,
+    pd: &verbs::ProtectionDomain,
+    port: u8,
+    gid_index: u32,
+    gid: verbs::Gid,
+    lid: u16,
+    mtu: verbs::Mtu,
+    ll: orbitte_topology::LinkLayer,
+) -> Result<Check, String> {
+    const N: usize = 4096;
+    let cq = ctx.create_cq(16).map_err(|e| e.to_string())?;
+    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1 };
+    let a = HostMemory::alloc(2 * N).map_err(|e| e.to_string())?;
+    let b = HostMemory::alloc(N).map_err(|e| e.to_string())?;
+    let pattern: Vec<u8> = (0..N).map(|i| (i * 31 + 7) as u8).collect();
+    a.write_at(0, &pattern).map_err(|e| e.to_string())?;
+    let access = verbs::Access::remote_read_write();
+    let ma = pd.register(a.clone() as Arc<dyn DmaBuffer>, 0..2 * N, access).map_err(|e| e.to_string())?;
+    let mb = pd.register(b.clone() as Arc<dyn DmaBuffer>, 0..N, access).map_err(|e| e.to_string())?;
+    let route = match ll {
+        orbitte_topology::LinkLayer::InfiniBand if lid != 0 => verbs::Route::Lid(lid),
+        _ => verbs::Route::Gid(gid),
+    };
+    let q1 = pd.create_qp(&cq, &cq, caps).map_err(|e| e.to_string())?;
+    let q2 = pd.create_qp(&cq, &cq, caps).map_err(|e| e.to_string())?;
+    let q1 = q1.init(InitAttrs::new(port)).map_err(|e| e.error.to_string())?;
+    let q2 = q2.init(InitAttrs::new(port)).map_err(|e| e.error.to_string())?;
+    let e1 = q1.endpoint(route, 11, mtu);
+    let e2 = q2.endpoint(route, 22, mtu);
+    let sgid = u8::try_from(gid_index).unwrap_or(0);
+    let mut q1 = q1
+        .rtr(RtrAttrs::new(e2, sgid))
+        .map_err(|e| e.error.to_string())?
+        .rts(RtsAttrs::new(11))
+        .map_err(|e| e.error.to_string())?;
+    let q2 = q2
+        .rtr(RtrAttrs::new(e1, sgid))
+        .map_err(|e| e.error.to_string())?
+        .rts(RtsAttrs::new(22))
+        .map_err(|e| e.error.to_string())?;
+    let wait = |want: u64| -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut buf = [verbs::Completion::default(); 4];
+        loop {
+            let n = cq.poll(&mut buf).map_err(|e| e.to_string())?;
+            if let Some(c) = buf[..n].iter().find(|c| c.wr_id == want) {
+                return if c.is_success() { Ok(()) } else { Err(format!("completion status {:?}", c.status)) };
+            }
+            if Instant::now() >= deadline {
+                return Err("no completion within 2 s".into());
+            }
+            let _ = cq.wait(Duration::from_millis(10));
+        }
+    };
+    let sge_w = ma.sge(0, N).map_err(|e| e.to_string())?;
+    let sge_r = ma.sge(N, N).map_err(|e| e.to_string())?;
+    let remote = mb.remote(0).map_err(|e| e.to_string())?;
+    q1.post_send(&[SendWr::write(1, std::slice::from_ref(&sge_w), remote)]).map_err(|e| e.to_string())?;
+    wait(1)?;
+    q1.post_send(&[SendWr::read(2, std::slice::from_ref(&sge_r), remote)]).map_err(|e| e.to_string())?;
+    wait(2)?;
+    let back = a.to_vec(N, N).map_err(|e| e.to_string())?;
+    if back != pattern {
+        return Err("bytes read back differ from the bytes written".into());
+    }
+    // Drain: no further completion, every object destroyed.
+    let mut buf = [verbs::Completion::default(); 4];
+    let extra = cq.poll(&mut buf).map_err(|e| e.to_string())?;
+    let mut problems = Vec::new();
+    if extra != 0 {
+        problems.push(format!("{extra} unexpected completion(s)"));
+    }
+    for r in [q1.close(), q2.close(), ma.close(), mb.close(), cq.close()] {
+        if let Err(u) = r {
+            problems.push(u.to_string());
+        }
+    }
+    Ok(if problems.is_empty() {
+        Check::Pass
+    } else {
+        Check::fail(problems.join("; "), "keep the evidence; the objects are retained (Unquiesced)")
+    })
+}

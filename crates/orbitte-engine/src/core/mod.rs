@@ -1,0 +1,806 @@
+//! The sans-IO transfer core.
+//!
+//! [`Core`] knows requests, slices, rails and time, and nothing else: no
+//! clock, no threads, no syscalls, no verbs. Time is an argument. The
+//! engine's driver (and the tests, with virtual time) pump it in this order:
+//!
+//! 1. [`Core::submit`] a batch (already validated against registrations and
+//!    peers by the engine, which also chose the rails of each request);
+//! 2. [`Core::poll_work`] into a reusable buffer and hand each rail's run of
+//!    [`WorkItem`]s to its transport as one post; report a refused post with
+//!    [`Core::handle_post_error`];
+//! 3. feed every [`TransportEvent`] to [`Core::handle_event`];
+//! 4. call [`Core::handle_timeout`] when [`Core::poll_timeout`] says so;
+//! 5. take finished requests with [`Core::poll_outcome`], rails that must be
+//!    flushed (a drain deadline passed) with [`Core::poll_flush`];
+//! 6. repeat from 2 (completions return send-queue credits).
+//!
+//! The hot path (`poll_work`, `handle_event`) allocates nothing per slice:
+//! slices live in a slab reused through a free list and each rail keeps a
+//! ring of posted tokens sized by its in-flight bound.
+
+mod rail;
+mod request;
+
+use std::any::Any;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::outcome::{
+    DrainStatus, FailureInfo, Outcome, RemoteEffect, RequestError, RequestId, Status, SubmitError,
+};
+use crate::transport::{
+    Op, PeerId, PostError, RailId, RailSpec, RangeId, RegistrationId, SliceFailure, SliceStatus,
+    SliceToken, TransportEvent, WorkItem,
+};
+
+use rail::Rail;
+use request::Req;
+
+/// Settings of the core.
+#[derive(Debug, Clone, Copy)]
+pub struct CoreConfig {
+    /// Bytes per slice (the last slice of a request may be shorter).
+    pub slice_size: u32,
+    /// From submission to a logical timeout.
+    pub request_timeout: Duration,
+    /// From an undrained outcome to flushing the rails that hold its
+    /// slices.
+    pub drain_timeout: Duration,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        Self {
+            slice_size: 64 * 1024,
+            request_timeout: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// One request as the core sees it: validated, with its rails chosen.
+pub struct CoreRequest {
+    /// Caller's label, echoed in the outcome.
+    pub label: u64,
+    /// READ or WRITE.
+    pub op: Op,
+    /// Local registration.
+    pub registration: RegistrationId,
+    /// Offset in it.
+    pub local_offset: u64,
+    /// Peer.
+    pub peer: PeerId,
+    /// Peer's range.
+    pub range: RangeId,
+    /// Offset in it.
+    pub remote_offset: u64,
+    /// Bytes.
+    pub len: u64,
+    /// Rails to stripe over, in order (slice `i` goes to `rails[i % n]`).
+    pub rails: Vec<RailId>,
+    /// Kept alive until the request is drained (the registration, so its
+    /// memory and MRs outlive every slice).
+    pub keepalive: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for CoreRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoreRequest")
+            .field("label", &self.label)
+            .field("op", &self.op)
+            .field("len", &self.len)
+            .field("rails", &self.rails)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum SliceState {
+    Free,
+    /// Posted, not yet reported.
+    Posted,
+    /// Reported, transport still holds the local bytes.
+    AwaitRelease,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SliceSlot {
+    generation: u32,
+    state: SliceState,
+    req: u32,
+    req_gen: u32,
+    index: u32,
+    rail: u32,
+    len: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum TimerKind {
+    Request,
+    Drain,
+}
+
+/// The sans-IO transfer core. See the module docs for the calling order.
+pub struct Core {
+    config: CoreConfig,
+    rails: Vec<Rail>,
+    requests: Vec<Req>,
+    free_requests: Vec<u32>,
+    slices: Vec<SliceSlot>,
+    free_slices: Vec<u32>,
+    /// Rails that may have work to post (deduplicated by `Rail::queued`).
+    ready: Vec<u32>,
+    timers: BinaryHeap<Reverse<(Instant, TimerKind, u32, u32)>>,
+    outcomes: VecDeque<Outcome>,
+    flush: VecDeque<RailId>,
+    fence: Option<Arc<str>>,
+    /// Undrained slices over all requests.
+    outstanding: u64,
+    live: usize,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("rails", &self.rails.len())
+            .field("live_requests", &self.live)
+            .field("outstanding_slices", &self.outstanding)
+            .field("fence", &self.fence)
+            .finish_non_exhaustive()
+    }
+}
+
+fn token_of(slot: u32, generation: u32) -> SliceToken {
+    SliceToken(u64::from(generation) << 32 | u64::from(slot))
+}
+
+fn id_of(slot: u32, generation: u32) -> RequestId {
+    RequestId(u64::from(generation) << 32 | u64::from(slot))
+}
+
+fn split(v: u64) -> (u32, u32) {
+    ((v & 0xffff_ffff) as u32, (v >> 32) as u32)
+}
+
+impl Core {
+    /// A core with no rails.
+    pub fn new(config: CoreConfig) -> Self {
+        let config = CoreConfig { slice_size: config.slice_size.max(1), ..config };
+        Self {
+            config,
+            rails: Vec::new(),
+            requests: Vec::new(),
+            free_requests: Vec::new(),
+            slices: Vec::new(),
+            free_slices: Vec::new(),
+            ready: Vec::new(),
+            timers: BinaryHeap::new(),
+            outcomes: VecDeque::new(),
+            flush: VecDeque::new(),
+            fence: None,
+            outstanding: 0,
+            live: 0,
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> CoreConfig {
+        self.config
+    }
+
+    /// Adds a rail (up). Its id is its index and is never reused.
+    pub fn add_rail(&mut self, spec: RailSpec) -> RailId {
+        let id = RailId(self.rails.len() as u32);
+        self.rails.push(Rail::new(spec));
+        id
+    }
+
+    /// The rail's description.
+    pub fn rail_spec(&self, rail: RailId) -> Option<&RailSpec> {
+        self.rails.get(rail.0 as usize).map(|r| &r.spec)
+    }
+
+    /// Whether the rail takes new work.
+    pub fn rail_is_up(&self, rail: RailId) -> bool {
+        self.rails.get(rail.0 as usize).is_some_and(|r| r.down.is_none() && !r.closed)
+    }
+
+    /// Why the rail is down, if it is.
+    pub fn rail_down_reason(&self, rail: RailId) -> Option<Arc<str>> {
+        self.rails.get(rail.0 as usize).and_then(|r| r.down.clone())
+    }
+
+    /// Posted, unreported work items on the rail.
+    pub fn rail_in_flight(&self, rail: RailId) -> usize {
+        self.rails.get(rail.0 as usize).map_or(0, |r| r.fifo.len())
+    }
+
+    /// Marks the rail closed (no new work, ever). Returns whether it still
+    /// has unreported work items.
+    pub fn close_rail(&mut self, rail: RailId, now: Instant) -> bool {
+        self.rail_down(rail, "rail closed".into(), now);
+        match self.rails.get_mut(rail.0 as usize) {
+            Some(r) => {
+                r.closed = true;
+                !r.fifo.is_empty()
+            }
+            None => false,
+        }
+    }
+
+    /// Stops all new admission with `reason` (cleanup failed: Unquiesced,
+    /// or shutdown).
+    pub fn fence(&mut self, reason: Arc<str>) {
+        if self.fence.is_none() {
+            tracing::warn!(%reason, "transfer core fenced");
+            self.fence = Some(reason);
+        }
+    }
+
+    /// Why the core is fenced.
+    pub fn fenced(&self) -> Option<&Arc<str>> {
+        self.fence.as_ref()
+    }
+
+    /// Undrained slices of all requests.
+    pub fn outstanding_slices(&self) -> u64 {
+        self.outstanding
+    }
+
+    /// Requests not yet drained (with or without an outcome).
+    pub fn live_requests(&self) -> usize {
+        self.live
+    }
+
+    /// Admits a batch: all or nothing. The engine validated ranges and
+    /// peers; the core checks lengths, rails and the fence.
+    pub fn submit(
+        &mut self,
+        now: Instant,
+        batch: Vec<CoreRequest>,
+    ) -> Result<Vec<RequestId>, SubmitError> {
+        if batch.is_empty() {
+            return Err(SubmitError::Empty);
+        }
+        if let Some(reason) = &self.fence {
+            return Err(SubmitError::Fenced {
+                index: 0,
+                label: batch[0].label,
+                reason: reason.clone(),
+            });
+        }
+        let slice = u64::from(self.config.slice_size);
+        for (index, r) in batch.iter().enumerate() {
+            let bad = |error| SubmitError::Invalid { index, label: r.label, error };
+            if r.len == 0 {
+                return Err(bad(RequestError::ZeroLength));
+            }
+            let overflow = RequestError::Overflow { offset: r.local_offset, len: r.len };
+            if r.local_offset.checked_add(r.len).is_none()
+                || r.remote_offset.checked_add(r.len).is_none()
+                || r.len.div_ceil(slice) > u64::from(u32::MAX)
+            {
+                return Err(bad(overflow));
+            }
+            if r.rails.is_empty() {
+                return Err(bad(RequestError::NoRail {
+                    peer: r.peer.0,
+                    why: "no rail chosen".into(),
+                }));
+            }
+            for rail in &r.rails {
+                if !self.rail_is_up(*rail) {
+                    let why = self
+                        .rail_down_reason(*rail)
+                        .unwrap_or_else(|| format!("unknown rail {}", rail.0).into());
+                    return Err(bad(RequestError::NoRail { peer: r.peer.0, why }));
+                }
+            }
+        }
+        let deadline = now + self.config.request_timeout;
+        let mut ids = Vec::with_capacity(batch.len());
+        for r in batch {
+            let slices = r.len.div_ceil(slice) as u32;
+            let slot = match self.free_requests.pop() {
+                Some(s) => s,
+                None => {
+                    self.requests.push(Req::vacant());
+                    (self.requests.len() - 1) as u32
+                }
+            };
+            let req = &mut self.requests[slot as usize];
+            req.fill(r, slices);
+            let generation = req.generation;
+            for (pos, rail) in req.rails.iter().enumerate() {
+                if (pos as u32) < slices {
+                    let rl = &mut self.rails[rail.0 as usize];
+                    rl.waiting.push_back((slot, generation, pos as u32));
+                    if !rl.queued {
+                        rl.queued = true;
+                        self.ready.push(rail.0);
+                    }
+                }
+            }
+            self.timers.push(Reverse((deadline, TimerKind::Request, slot, generation)));
+            self.live += 1;
+            let id = id_of(slot, generation);
+            tracing::trace!(%id, slices, "request admitted");
+            ids.push(id);
+        }
+        Ok(ids)
+    }
+
+    /// Appends the work items that can be posted now, grouped by rail (one
+    /// post per run), each run ending with a signaled item.
+    pub fn poll_work(&mut self, out: &mut Vec<WorkItem>) {
+        let slice_size = u64::from(self.config.slice_size);
+        while let Some(rail_idx) = self.ready.pop() {
+            let rail = &mut self.rails[rail_idx as usize];
+            rail.queued = false;
+            if rail.down.is_some() {
+                continue;
+            }
+            let run_start = out.len();
+            while rail.fifo.len() < rail.capacity() {
+                let Some(&(slot, generation, pos)) = rail.waiting.front() else { break };
+                let req = &mut self.requests[slot as usize];
+                if req.generation != generation || req.abandoned {
+                    rail.waiting.pop_front();
+                    continue;
+                }
+                let k = req.rails.len() as u32;
+                let index = req.next[pos as usize];
+                if index >= req.slices {
+                    rail.waiting.pop_front();
+                    continue;
+                }
+                req.next[pos as usize] = index + k;
+                if index + k >= req.slices {
+                    rail.waiting.pop_front();
+                }
+                let offset = u64::from(index) * slice_size;
+                let len = (req.len - offset).min(slice_size) as u32;
+                req.posted += 1;
+                req.unanswered += 1;
+                req.outstanding += 1;
+                req.hull_end = req.hull_end.max(offset + u64::from(len));
+                // Take a slice slot (reused; allocation only while the
+                // slab grows to its high-water mark).
+                let sidx = match self.free_slices.pop() {
+                    Some(s) => s,
+                    None => {
+                        self.slices.push(SliceSlot {
+                            generation: 0,
+                            state: SliceState::Free,
+                            req: 0,
+                            req_gen: 0,
+                            index: 0,
+                            rail: 0,
+                            len: 0,
+                        });
+                        (self.slices.len() - 1) as u32
+                    }
+                };
+                let s = &mut self.slices[sidx as usize];
+                s.generation = s.generation.wrapping_add(1);
+                s.state = SliceState::Posted;
+                s.req = slot;
+                s.req_gen = generation;
+                s.index = index;
+                s.rail = rail_idx;
+                s.len = len;
+                let token = token_of(sidx, s.generation);
+                rail.fifo.push_back(token.0);
+                self.outstanding += 1;
+                let signaled = rail.since_signal + 1 >= rail.spec.signal_interval;
+                rail.since_signal = if signaled { 0 } else { rail.since_signal + 1 };
+                out.push(WorkItem {
+                    token,
+                    rail: RailId(rail_idx),
+                    op: req.op,
+                    registration: req.registration,
+                    local_offset: req.local_offset + offset,
+                    peer: req.peer,
+                    range: req.range,
+                    remote_offset: req.remote_offset + offset,
+                    len,
+                    signaled,
+                });
+            }
+            if out.len() > run_start {
+                let last = out.len() - 1;
+                if !out[last].signaled {
+                    out[last].signaled = true;
+                    rail.since_signal = 0;
+                }
+            }
+        }
+    }
+
+    /// Records that a post stopped early: the items after `err.posted` of
+    /// `items` (the run given to the transport) were never posted. The rail
+    /// is marked down.
+    pub fn handle_post_error(&mut self, now: Instant, err: &PostError, items: &[WorkItem]) {
+        let failed = &items[err.posted.min(items.len())..];
+        let rail_idx = err.rail.0 as usize;
+        if rail_idx >= self.rails.len() {
+            return;
+        }
+        // The failed items are the newest entries of the rail's ring.
+        for item in failed.iter().rev() {
+            let rail = &mut self.rails[rail_idx];
+            if rail.fifo.back() == Some(&item.token.0) {
+                rail.fifo.pop_back();
+            }
+            let (sidx, sgeneration) = split(item.token.0);
+            if let Some(slot) = self.slices.get(sidx as usize).copied()
+                && slot.generation == sgeneration
+                && matches!(slot.state, SliceState::Posted)
+            {
+                if let Some(req) = self.requests.get_mut(slot.req as usize)
+                    && req.generation == slot.req_gen
+                {
+                    req.posted -= 1;
+                }
+                self.finish_slice(
+                    now,
+                    sidx,
+                    SliceStatus::Failed(SliceFailure::PostFailed(err.reason.clone())),
+                    true,
+                );
+            }
+        }
+        // Earlier unsignaled items of the accepted part need a signaled
+        // cover; the transport reports them when it flushes the rail.
+        self.rail_down(err.rail, err.reason.clone(), now);
+    }
+
+    /// Feeds one transport event.
+    pub fn handle_event(&mut self, now: Instant, event: TransportEvent) {
+        match event {
+            TransportEvent::Completed { rail, token, status, released } => {
+                self.handle_completion(now, rail, token, status, released);
+            }
+            TransportEvent::Released { rail, token } => {
+                let (sidx, sgeneration) = split(token.0);
+                match self.slices.get(sidx as usize).copied() {
+                    Some(s)
+                        if s.generation == sgeneration
+                            && s.rail == rail.0
+                            && matches!(s.state, SliceState::AwaitRelease) =>
+                    {
+                        self.release_slice(now, sidx);
+                    }
+                    _ => tracing::debug!(?rail, ?token, "release for an unknown slice ignored"),
+                }
+            }
+            TransportEvent::RailDown { rail, reason } => self.rail_down(rail, reason, now),
+            TransportEvent::RailUp { rail } => {
+                if let Some(r) = self.rails.get_mut(rail.0 as usize)
+                    && !r.closed
+                {
+                    r.down = None;
+                    r.errored = false;
+                }
+            }
+        }
+    }
+
+    fn handle_completion(
+        &mut self,
+        now: Instant,
+        rail: RailId,
+        token: SliceToken,
+        status: SliceStatus,
+        released: bool,
+    ) {
+        let Some(r) = self.rails.get_mut(rail.0 as usize) else {
+            tracing::debug!(?rail, "completion on an unknown rail ignored");
+            return;
+        };
+        if !r.fifo.contains(&token.0) {
+            tracing::debug!(?rail, ?token, "completion for an unknown slice ignored");
+            return;
+        }
+        let failed = matches!(status, SliceStatus::Failed(_));
+        // Everything posted before `token` on this rail is implied: done if
+        // the rail had no error yet, flushed otherwise.
+        loop {
+            let r = &mut self.rails[rail.0 as usize];
+            let Some(front) = r.fifo.pop_front() else { break };
+            let (sidx, _) = split(front);
+            if front == token.0 {
+                if failed {
+                    r.errored = true;
+                }
+                self.finish_slice(now, sidx, status, released);
+                break;
+            }
+            let implied = if r.errored {
+                SliceStatus::Failed(SliceFailure::Flushed)
+            } else {
+                SliceStatus::Success
+            };
+            self.finish_slice(now, sidx, implied, released);
+        }
+        if self.rails[rail.0 as usize].down.is_none() {
+            self.mark_ready(rail.0);
+        }
+    }
+
+    fn mark_ready(&mut self, rail: u32) {
+        let r = &mut self.rails[rail as usize];
+        if !r.queued && !r.waiting.is_empty() {
+            r.queued = true;
+            self.ready.push(rail);
+        }
+    }
+
+    /// A slice was reported (it left the rail's ring already).
+    fn finish_slice(&mut self, now: Instant, sidx: u32, status: SliceStatus, released: bool) {
+        let slot = self.slices[sidx as usize];
+        let req = &mut self.requests[slot.req as usize];
+        if req.generation != slot.req_gen || !req.live {
+            // Cannot happen while the slab is consistent; never panic.
+            tracing::error!(slice = sidx, "slice of a freed request");
+            self.free_slice(sidx);
+            return;
+        }
+        req.unanswered -= 1;
+        match status {
+            SliceStatus::Success => req.mark_done(slot.index),
+            SliceStatus::Failed(failure) => {
+                if req.failure.is_none() {
+                    let spec = &self.rails[slot.rail as usize].spec;
+                    req.failure = Some(FailureInfo {
+                        slice: slot.index,
+                        offset: u64::from(slot.index) * u64::from(self.config.slice_size),
+                        rail: RailId(slot.rail),
+                        path: spec.path,
+                        nic: spec.nic,
+                        status: failure,
+                    });
+                }
+                req.abandoned = true;
+            }
+        }
+        if released {
+            self.release_slice(now, sidx);
+        } else {
+            self.slices[sidx as usize].state = SliceState::AwaitRelease;
+            self.check_finished(now, slot.req);
+        }
+    }
+
+    fn release_slice(&mut self, now: Instant, sidx: u32) {
+        let slot = self.slices[sidx as usize];
+        self.free_slice(sidx);
+        self.outstanding -= 1;
+        let req = &mut self.requests[slot.req as usize];
+        if req.generation == slot.req_gen && req.live {
+            req.outstanding -= 1;
+            self.check_finished(now, slot.req);
+        }
+    }
+
+    fn free_slice(&mut self, sidx: u32) {
+        self.slices[sidx as usize].state = SliceState::Free;
+        self.free_slices.push(sidx);
+    }
+
+    /// Emits the outcome when the request is settled, frees it when it is
+    /// also drained.
+    fn check_finished(&mut self, now: Instant, slot: u32) {
+        let req = &mut self.requests[slot as usize];
+        if !req.live {
+            return;
+        }
+        if !req.finished {
+            let status = if req.prefix == req.slices {
+                Some(Status::Complete)
+            } else if req.abandoned && req.unanswered == 0 {
+                Some(Status::Failed)
+            } else {
+                None
+            };
+            if let Some(status) = status {
+                self.finish(now, slot, status);
+            }
+        }
+        let req = &mut self.requests[slot as usize];
+        if req.finished && req.outstanding == 0 {
+            tracing::trace!(id = %id_of(slot, req.generation), "request drained");
+            req.clear();
+            self.free_requests.push(slot);
+            self.live -= 1;
+        }
+    }
+
+    fn finish(&mut self, now: Instant, slot: u32, status: Status) {
+        let slice_size = u64::from(self.config.slice_size);
+        let req = &mut self.requests[slot as usize];
+        req.finished = true;
+        req.abandoned = true;
+        let prefix = (u64::from(req.prefix) * slice_size).min(req.len);
+        let uncertain = if status == Status::Complete {
+            req.len..req.len
+        } else {
+            prefix..req.hull_end.max(prefix)
+        };
+        let remote_effect = match (req.op, status) {
+            (Op::Read, _) => RemoteEffect::None,
+            (Op::Write, Status::Complete) => RemoteEffect::Complete,
+            (Op::Write, _) if req.posted == 0 => RemoteEffect::None,
+            (Op::Write, _) => RemoteEffect::Possible { bytes: uncertain.clone() },
+        };
+        let drain = if req.outstanding == 0 {
+            DrainStatus::Drained
+        } else {
+            DrainStatus::Pending { slices: req.outstanding }
+        };
+        let failure = if status == Status::Complete { None } else { req.failure.clone() };
+        let outcome = Outcome {
+            request: id_of(slot, req.generation),
+            label: req.label,
+            op: req.op,
+            len: req.len,
+            status,
+            completed_prefix: prefix,
+            completed_slices: req.prefix,
+            slices: req.slices,
+            failure,
+            uncertain,
+            remote_effect,
+            drain,
+        };
+        tracing::debug!(id = %outcome.request, ?status, prefix, "request finished");
+        if req.outstanding > 0 {
+            let at = now + self.config.drain_timeout;
+            self.timers.push(Reverse((at, TimerKind::Drain, slot, req.generation)));
+        }
+        self.outcomes.push_back(outcome);
+    }
+
+    fn rail_down(&mut self, rail: RailId, reason: Arc<str>, now: Instant) {
+        let Some(r) = self.rails.get_mut(rail.0 as usize) else { return };
+        if r.down.is_none() {
+            tracing::debug!(?rail, %reason, "rail down");
+            r.down = Some(reason.clone());
+        }
+        // Requests that still need this rail cannot finish: their unposted
+        // slices fail here (never moved to another rail).
+        let waiting = std::mem::take(&mut r.waiting);
+        for (slot, generation, pos) in waiting {
+            let req = &mut self.requests[slot as usize];
+            if req.generation != generation || req.abandoned {
+                continue;
+            }
+            let index = req.next[pos as usize];
+            if index >= req.slices {
+                continue;
+            }
+            if req.failure.is_none() {
+                let spec = &self.rails[rail.0 as usize].spec;
+                req.failure = Some(FailureInfo {
+                    slice: index,
+                    offset: u64::from(index) * u64::from(self.config.slice_size),
+                    rail,
+                    path: spec.path,
+                    nic: spec.nic,
+                    status: SliceFailure::RailDown(reason.clone()),
+                });
+            }
+            req.abandoned = true;
+            self.check_finished(now, slot);
+        }
+    }
+
+    /// Logically cancels a request: its outcome (status `Cancelled`) is
+    /// made now, unposted slices are never posted, posted ones stay
+    /// undrained until reported. Returns false when the request already
+    /// had its outcome (or is unknown).
+    pub fn cancel(&mut self, now: Instant, id: RequestId) -> bool {
+        let (slot, generation) = split(id.0);
+        match self.requests.get(slot as usize) {
+            Some(r) if r.generation == generation && r.live && !r.finished => {}
+            _ => return false,
+        }
+        self.finish(now, slot, Status::Cancelled);
+        self.check_finished(now, slot);
+        true
+    }
+
+    /// The earliest instant at which [`handle_timeout`](Self::handle_timeout)
+    /// has something to do.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        while let Some(Reverse((at, kind, slot, generation))) = self.timers.peek().copied() {
+            let req = &self.requests[slot as usize];
+            let stale = req.generation != generation
+                || !req.live
+                || match kind {
+                    TimerKind::Request => req.finished,
+                    TimerKind::Drain => req.outstanding == 0,
+                };
+            if stale {
+                self.timers.pop();
+                continue;
+            }
+            return Some(at);
+        }
+        None
+    }
+
+    /// Expires request and drain deadlines up to `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(Reverse((at, kind, slot, generation))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            let req = &self.requests[slot as usize];
+            if req.generation != generation || !req.live {
+                continue;
+            }
+            match kind {
+                TimerKind::Request if !req.finished => {
+                    self.finish(now, slot, Status::TimedOut);
+                    self.check_finished(now, slot);
+                }
+                TimerKind::Drain if req.outstanding > 0 => {
+                    // Flush every rail that holds one of its slices.
+                    let rails = req.rails.clone();
+                    for rail in rails {
+                        let holds = self.rails[rail.0 as usize].fifo.iter().any(|t| {
+                            let (s, _) = split(*t);
+                            let sl = &self.slices[s as usize];
+                            sl.req == slot && sl.req_gen == generation
+                        });
+                        let r = &mut self.rails[rail.0 as usize];
+                        if holds && !r.flush_requested {
+                            r.flush_requested = true;
+                            self.flush.push_back(rail);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Next finished request.
+    pub fn poll_outcome(&mut self) -> Option<Outcome> {
+        self.outcomes.pop_front()
+    }
+
+    /// Next rail the driver must flush because a drain deadline passed. The
+    /// rail is marked down: it takes no new work.
+    pub fn poll_flush(&mut self, now: Instant) -> Option<RailId> {
+        let rail = self.flush.pop_front()?;
+        self.rail_down(rail, "flushed: a request stayed undrained past the drain timeout".into(), now);
+        Some(rail)
+    }
+
+    /// Whether the request's local bytes are free again. Unknown or freed
+    /// ids are drained.
+    pub fn drain_status(&self, id: RequestId) -> DrainStatus {
+        let (slot, generation) = split(id.0);
+        match self.requests.get(slot as usize) {
+            Some(r) if r.generation == generation && r.live && r.outstanding > 0 => {
+                DrainStatus::Pending { slices: r.outstanding }
+            }
+            _ => DrainStatus::Drained,
+        }
+    }
+
+    /// Whether the request still has no outcome.
+    pub fn is_pending(&self, id: RequestId) -> bool {
+        let (slot, generation) = split(id.0);
+        self.requests.get(slot as usize).is_some_and(|r| r.generation == generation && r.live && !r.finished)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,125 @@
+//! One request's state inside the core.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use crate::transport::{Op, PeerId, RailId, RangeId, RegistrationId};
+use crate::outcome::FailureInfo;
+
+use super::CoreRequest;
+
+/// Invariants: `prefix` leading bits of `done` are set;
+/// `unanswered <= outstanding <= posted`; a request is freed (`live` false,
+/// `generation` bumped) only when `finished` and `outstanding == 0`.
+pub(super) struct Req {
+    pub(super) generation: u32,
+    pub(super) live: bool,
+    pub(super) label: u64,
+    pub(super) op: Op,
+    pub(super) registration: RegistrationId,
+    pub(super) local_offset: u64,
+    pub(super) peer: PeerId,
+    pub(super) range: RangeId,
+    pub(super) remote_offset: u64,
+    pub(super) len: u64,
+    pub(super) slices: u32,
+    pub(super) rails: Vec<RailId>,
+    /// Next slice index to post, per rail position.
+    pub(super) next: Vec<u32>,
+    pub(super) done: Vec<u64>,
+    pub(super) prefix: u32,
+    pub(super) posted: u32,
+    pub(super) unanswered: u32,
+    pub(super) outstanding: u32,
+    /// End (request-relative) of the furthest slice ever posted.
+    pub(super) hull_end: u64,
+    pub(super) failure: Option<FailureInfo>,
+    /// No more slices get posted.
+    pub(super) abandoned: bool,
+    /// The outcome was made.
+    pub(super) finished: bool,
+    /// Held until the request is drained (buffer ownership).
+    pub(super) keepalive: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl Req {
+    pub(super) fn vacant() -> Self {
+        Self {
+            generation: 0,
+            live: false,
+            label: 0,
+            op: Op::Read,
+            registration: RegistrationId(0),
+            local_offset: 0,
+            peer: PeerId(0),
+            range: RangeId(0),
+            remote_offset: 0,
+            len: 0,
+            slices: 0,
+            rails: Vec::new(),
+            next: Vec::new(),
+            done: Vec::new(),
+            prefix: 0,
+            posted: 0,
+            unanswered: 0,
+            outstanding: 0,
+            hull_end: 0,
+            failure: None,
+            abandoned: false,
+            finished: false,
+            keepalive: None,
+        }
+    }
+
+    pub(super) fn fill(&mut self, r: CoreRequest, slices: u32) {
+        self.generation = self.generation.wrapping_add(1);
+        self.live = true;
+        self.label = r.label;
+        self.op = r.op;
+        self.registration = r.registration;
+        self.local_offset = r.local_offset;
+        self.peer = r.peer;
+        self.range = r.range;
+        self.remote_offset = r.remote_offset;
+        self.len = r.len;
+        self.slices = slices;
+        self.rails = r.rails;
+        self.next.clear();
+        self.next.extend(0..self.rails.len() as u32);
+        self.done.clear();
+        self.done.resize((slices as usize).div_ceil(64), 0);
+        self.prefix = 0;
+        self.posted = 0;
+        self.unanswered = 0;
+        self.outstanding = 0;
+        self.hull_end = 0;
+        self.failure = None;
+        self.abandoned = false;
+        self.finished = false;
+        self.keepalive = r.keepalive;
+    }
+
+    /// Marks slice `index` done and advances the completed prefix.
+    pub(super) fn mark_done(&mut self, index: u32) {
+        let (w, b) = ((index / 64) as usize, index % 64);
+        if let Some(word) = self.done.get_mut(w) {
+            *word |= 1 << b;
+        }
+        while self.prefix < self.slices {
+            let (w, b) = ((self.prefix / 64) as usize, self.prefix % 64);
+            if self.done[w] & (1 << b) == 0 {
+                break;
+            }
+            self.prefix += 1;
+        }
+    }
+
+    /// Frees the slot: drops the keepalive (the buffer-ownership hold).
+    pub(super) fn clear(&mut self) {
+        self.live = false;
+        self.generation = self.generation.wrapping_add(1);
+        self.keepalive = None;
+        self.failure = None;
+        self.rails.clear();
+    }
+}

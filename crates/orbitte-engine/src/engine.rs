@@ -1,0 +1,1123 @@
+//! The transfer engine: the driver around the sans-IO core.
+//!
+//! One mutex guards the core and every table; the caller's thread posts
+//! (submit), one poller thread per NIC context turns completions and async
+//! events into core events, and a timer thread expires deadlines. Waiters
+//! sleep on one condition variable that every pump wakes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use orbitte_memory::{DmaBuffer, HostMemory};
+use orbitte_topology::{DeviceMask, MemoryLocation, RdmaConfig};
+use orbitte_verbs::{self as verbs, Completion, Provider};
+use orbitte_wire::{self as wire, Epoch, PeerTable, SourceId};
+
+use crate::config::EngineBuilder;
+use crate::core::{Core, CoreConfig, CoreRequest};
+use crate::error::{
+    BuildError, DrainTimeout, RegisterError, UnregisterError, Unquiesced, WaitError,
+};
+use crate::nic::{self, ContextStatus, EngineTopology, Initialized};
+use crate::outcome::{DrainStatus, Outcome, RequestError, RequestId, SubmitError};
+use crate::rdma::{self, RdmaTransport};
+use crate::registration::{
+    Access, Charges, Ledger, NicCopies, RegEntry, RegPin, RegState, Registration, fresh_token,
+};
+use crate::transport::{
+    EventSink, Op, PeerId, PostContext, RailId, RailSpec, RangeId, RegistrationId, Transport,
+    TransportEvent, WorkItem,
+};
+
+/// One READ or WRITE of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransferRequest {
+    /// READ (remote → local) or WRITE (local → remote).
+    pub op: Op,
+    /// The local registration.
+    pub registration: RegistrationId,
+    /// Offset in it.
+    pub local_offset: u64,
+    /// The peer.
+    pub peer: PeerId,
+    /// The peer's published range.
+    pub range: RangeId,
+    /// Offset in it.
+    pub remote_offset: u64,
+    /// Bytes.
+    pub len: u64,
+    /// Caller's label, echoed in the outcome and in errors.
+    pub label: u64,
+}
+
+impl TransferRequest {
+    /// A WRITE of `len` bytes from `local` at `local_offset` to the peer's
+    /// `range` at `remote_offset`.
+    pub fn write(local: RegistrationId, local_offset: u64, peer: PeerId, range: RangeId, remote_offset: u64, len: u64) -> Self {
+        Self { op: Op::Write, registration: local, local_offset, peer, range, remote_offset, len, label: 0 }
+    }
+
+    /// A READ of `len` bytes from the peer's `range` at `remote_offset` into
+    /// `local` at `local_offset`.
+    pub fn read(local: RegistrationId, local_offset: u64, peer: PeerId, range: RangeId, remote_offset: u64, len: u64) -> Self {
+        Self { op: Op::Read, registration: local, local_offset, peer, range, remote_offset, len, label: 0 }
+    }
+
+    /// Same request with a label.
+    pub fn label(mut self, label: u64) -> Self {
+        self.label = label;
+        self
+    }
+}
+
+/// Which transport owns a rail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Owner {
+    Rdma,
+    Other(usize),
+}
+
+/// A handle for a transport attached with
+/// [`TransferEngine::attach_transport`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TransportId(pub usize);
+
+/// One rail of an open peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RailInfo {
+    /// The rail.
+    pub rail: RailId,
+    /// Local NIC ID (rdma).
+    pub nic: Option<u32>,
+    /// Remote NIC ID (rdma).
+    pub remote_nic: Option<u32>,
+    /// Whether it takes new work now.
+    pub up: bool,
+}
+
+/// An open peer (remote source owner).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// Handle for requests.
+    pub id: PeerId,
+    /// The peer's source id.
+    pub source_id: String,
+    /// Its authoritative epoch.
+    pub epoch: u64,
+    /// Ranges it published: id, length, access.
+    pub ranges: Vec<(RangeId, u64, wire::AccessFlags)>,
+    /// Rails to it.
+    pub rails: Vec<RailInfo>,
+}
+
+#[derive(Debug)]
+pub(crate) struct PeerState {
+    pub(crate) source_id: SourceId,
+    pub(crate) epoch: Epoch,
+    pub(crate) sessions: Vec<wire::SessionId>,
+    pub(crate) ranges: HashMap<RangeId, wire::RangeDescriptor>,
+    pub(crate) rails: Vec<RailId>,
+}
+
+/// The registration and peer tables, lent to transports while they post.
+#[derive(Debug, Default)]
+pub(crate) struct Tables {
+    pub(crate) regs: HashMap<u64, RegEntry>,
+    pub(crate) peers: HashMap<u32, PeerState>,
+}
+
+impl PostContext for Tables {
+    fn memory(&self, registration: RegistrationId) -> Option<&Arc<HostMemory>> {
+        self.regs.get(&registration.0).map(|e| &e.memory)
+    }
+
+    fn local_key(&self, registration: RegistrationId, nic: u32) -> Option<(u64, u32)> {
+        let c = self.regs.get(&registration.0)?.copies_on(nic)?;
+        Some((c.local.addr(), c.local.lkey()))
+    }
+
+    fn remote_range(&self, peer: PeerId, range: RangeId) -> Option<&wire::RangeDescriptor> {
+        self.peers.get(&peer.0)?.ranges.get(&range)
+    }
+}
+
+pub(crate) struct State {
+    pub(crate) core: Core,
+    pub(crate) rdma: RdmaTransport,
+    pub(crate) others: Vec<Box<dyn Transport>>,
+    pub(crate) owner: Vec<Owner>,
+    pub(crate) qpn_rail: HashMap<(u32, u32), RailId>,
+    pub(crate) tables: Tables,
+    pub(crate) next_reg: u64,
+    pub(crate) next_peer: u32,
+    pub(crate) next_session: u64,
+    pub(crate) next_connect: u64,
+    pub(crate) ledger: Ledger,
+    pub(crate) peer_table: PeerTable,
+    pub(crate) listed: Vec<verbs::DeviceInfo>,
+    pub(crate) listing_error: Option<String>,
+    pub(crate) init: Option<Initialized>,
+    /// NIC IDs in affinity order (best first) for host memory.
+    pub(crate) nic_order: Vec<u32>,
+    pub(crate) outcomes: HashMap<RequestId, Outcome>,
+    pub(crate) unquiesced: Vec<Unquiesced>,
+    work: Vec<WorkItem>,
+    events: Vec<TransportEvent>,
+    rotor: usize,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State").field("core", &self.core).finish_non_exhaustive()
+    }
+}
+
+impl State {
+    /// Posts what the core has, reports post errors, flushes what the core
+    /// asks, collects outcomes.
+    pub(crate) fn pump(&mut self, now: Instant) {
+        let mut work = std::mem::take(&mut self.work);
+        work.clear();
+        self.core.poll_work(&mut work);
+        let mut start = 0;
+        while start < work.len() {
+            let rail = work[start].rail;
+            let end = work[start..].iter().position(|w| w.rail != rail).map_or(work.len(), |p| start + p);
+            let run = &work[start..end];
+            let res = match self.owner.get(rail.0 as usize) {
+                Some(Owner::Rdma) => self.rdma.post(rail, run, &self.tables),
+                Some(Owner::Other(i)) => match self.others.get_mut(*i) {
+                    Some(t) => t.post(rail, run, &self.tables),
+                    None => Err(crate::transport::PostError { rail, posted: 0, reason: "no transport".into() }),
+                },
+                None => Err(crate::transport::PostError { rail, posted: 0, reason: "no transport".into() }),
+            };
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "post failed");
+                self.core.handle_post_error(now, &e, run);
+            }
+            start = end;
+        }
+        self.work = work;
+        while let Some(rail) = self.core.poll_flush(now) {
+            let res = match self.owner.get(rail.0 as usize) {
+                Some(Owner::Rdma) => self.rdma.flush(rail),
+                Some(Owner::Other(i)) => self.others.get_mut(*i).map_or(Ok(()), |t| t.flush(rail)),
+                None => Ok(()),
+            };
+            if let Err(e) = res {
+                tracing::warn!(error = %e, "flushing a rail failed; its slices stay undrained");
+            }
+        }
+        while let Some(o) = self.core.poll_outcome() {
+            self.outcomes.insert(o.request, o);
+        }
+    }
+
+    pub(crate) fn handle_events(&mut self, now: Instant, events: &mut Vec<TransportEvent>) {
+        for ev in events.drain(..) {
+            self.core.handle_event(now, ev);
+        }
+        self.core.handle_timeout(now);
+        self.pump(now);
+    }
+
+    pub(crate) fn fence(&mut self, reason: impl Into<Arc<str>>) {
+        self.core.fence(reason.into());
+    }
+
+    pub(crate) fn add_rail(&mut self, owner: Owner, spec: RailSpec) -> RailId {
+        let rail = self.core.add_rail(spec);
+        let i = rail.0 as usize;
+        if self.owner.len() <= i {
+            self.owner.resize(i + 1, Owner::Rdma);
+        }
+        self.owner[i] = owner;
+        rail
+    }
+
+    pub(crate) fn nic_info(&self) -> Vec<(u32, u16, verbs::Gid)> {
+        self.init.as_ref().map_or_else(Vec::new, |i| i.nics.iter().map(|n| (n.id.0, n.lid, n.gid)).collect())
+    }
+}
+
+/// Settings fixed at build time.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) rdma: RdmaConfig,
+    pub(crate) dispatch_mask: DeviceMask,
+    pub(crate) max_in_flight: u32,
+    pub(crate) signal_interval: u32,
+    pub(crate) handshake_timeout: Duration,
+    pub(crate) listen: Option<std::net::SocketAddr>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) state: Mutex<State>,
+    pub(crate) cond: Condvar,
+    pub(crate) stop: AtomicBool,
+    pub(crate) source_id: SourceId,
+    pub(crate) epoch: Epoch,
+    pub(crate) provider: Arc<dyn Provider>,
+    pub(crate) settings: Settings,
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+struct Sink(std::sync::Weak<Shared>);
+
+impl EventSink for Sink {
+    fn deliver(&self, events: &mut Vec<TransportEvent>) {
+        if let Some(shared) = self.0.upgrade() {
+            shared.lock().handle_events(Instant::now(), events);
+            shared.cond.notify_all();
+        } else {
+            events.clear();
+        }
+    }
+}
+
+/// The transfer engine. See the crate docs for the contract.
+pub struct TransferEngine {
+    pub(crate) shared: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for TransferEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferEngine")
+            .field("source_id", &self.shared.source_id.as_str())
+            .field("epoch", &self.shared.epoch.value())
+            .finish_non_exhaustive()
+    }
+}
+
+impl EngineBuilder {
+    /// Builds the engine. Lists the provider's devices (NIC IDs) but opens
+    /// none: contexts initialize at the first Host Direct registration or
+    /// first RDMA use.
+    pub fn build(self) -> Result<TransferEngine, BuildError> {
+        let (source_id, epoch) = self.checked()?;
+        let provider: Arc<dyn Provider> =
+            self.provider.clone().unwrap_or_else(|| Arc::new(verbs::native::NativeProvider::new()));
+        let (listed, listing_error) = match provider.devices() {
+            Ok(l) => (l, None),
+            Err(e) => (Vec::new(), Some(e.to_string())),
+        };
+        let core = Core::new(CoreConfig {
+            slice_size: self.slice_size,
+            request_timeout: self.request_timeout,
+            drain_timeout: self.drain_timeout,
+        });
+        let state = State {
+            core,
+            rdma: RdmaTransport::default(),
+            others: Vec::new(),
+            owner: Vec::new(),
+            qpn_rail: HashMap::new(),
+            tables: Tables::default(),
+            next_reg: 1,
+            next_peer: 1,
+            next_session: 1,
+            next_connect: 1,
+            ledger: Ledger { budgets: self.budgets, in_use: Charges::default() },
+            peer_table: PeerTable::new(source_id.clone()),
+            listed,
+            listing_error,
+            init: None,
+            nic_order: Vec::new(),
+            outcomes: HashMap::new(),
+            unquiesced: Vec::new(),
+            work: Vec::new(),
+            events: Vec::new(),
+            rotor: 0,
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            cond: Condvar::new(),
+            stop: AtomicBool::new(false),
+            source_id,
+            epoch,
+            provider,
+            settings: Settings {
+                rdma: self.rdma,
+                dispatch_mask: self.dispatch_mask,
+                max_in_flight: self.max_in_flight,
+                signal_interval: self.signal_interval,
+                handshake_timeout: self.handshake_timeout,
+                listen: self.listen,
+            },
+        });
+        let timer = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("orbitte-timer".into())
+                .spawn(move || timer_loop(&shared))
+                .map_err(|e| BuildError::Setting { name: "threads", why: e.to_string() })?
+        };
+        tracing::debug!(source = shared.source_id.as_str(), epoch = shared.epoch.value(), "engine built");
+        Ok(TransferEngine { shared, threads: Mutex::new(vec![timer]) })
+    }
+}
+
+fn timer_loop(shared: &Shared) {
+    let mut st = shared.lock();
+    while !shared.stop.load(Ordering::Acquire) {
+        let now = Instant::now();
+        st.core.handle_timeout(now);
+        st.pump(now);
+        shared.cond.notify_all();
+        let next = st.core.poll_timeout().map_or(Duration::from_millis(50), |t| t.saturating_duration_since(now));
+        let wait = next.clamp(Duration::from_millis(1), Duration::from_millis(50));
+        st = shared.cond.wait_timeout(st, wait).map_or_else(|e| e.into_inner().0, |(g, _)| g);
+    }
+}
+
+fn poll_loop(shared: &Shared, nic: u32, cq: verbs::CompletionQueue, ctx: verbs::Context) {
+    let mut buf = [Completion::default(); 64];
+    let mut events = Vec::with_capacity(256);
+    let device = ctx.identity().name.clone();
+    while !shared.stop.load(Ordering::Acquire) {
+        let _ = cq.wait(Duration::from_millis(2));
+        let n = match cq.poll(&mut buf) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(device, error = %e, "polling the completion queue failed");
+                0
+            }
+        };
+        let mut asyncs = Vec::new();
+        while let Ok(Some(ev)) = ctx.next_async_event(Duration::ZERO) {
+            asyncs.push(ev);
+        }
+        if n == 0 && asyncs.is_empty() {
+            continue;
+        }
+        let mut st = shared.lock();
+        for c in &buf[..n] {
+            match st.qpn_rail.get(&(nic, c.qp_num)) {
+                Some(&rail) => rdma::completion_events(rail, c, &mut events),
+                None => tracing::debug!(device, qpn = c.qp_num, "completion for an unknown qp ignored"),
+            }
+        }
+        for ev in asyncs {
+            tracing::debug!(device, ?ev, "async event");
+            match ev {
+                verbs::AsyncEvent::PortError { port } => {
+                    for rail in st.rdma.rails_on(nic) {
+                        let reason = format!("port {port} of {device} (NIC ID {nic}) is down or paused; wait for port recovery");
+                        events.push(TransportEvent::RailDown { rail, reason: reason.into() });
+                    }
+                }
+                verbs::AsyncEvent::PortActive { .. } => {
+                    for rail in st.rdma.rails_on(nic) {
+                        if st.rdma.is_rts(rail) {
+                            events.push(TransportEvent::RailUp { rail });
+                        }
+                    }
+                }
+                verbs::AsyncEvent::QpFatal { qpn }
+                | verbs::AsyncEvent::QpAccessError { qpn }
+                | verbs::AsyncEvent::QpRequestError { qpn } => {
+                    if let Some(&rail) = st.qpn_rail.get(&(nic, qpn)) {
+                        let reason = format!("qp {qpn} on {device} hit {ev:?}");
+                        events.push(TransportEvent::RailDown { rail, reason: reason.into() });
+                    }
+                }
+                verbs::AsyncEvent::DeviceFatal => {
+                    for rail in st.rdma.rails_on(nic) {
+                        let reason = format!("device {device} is fatal");
+                        events.push(TransportEvent::RailDown { rail, reason: reason.into() });
+                    }
+                }
+                _ => {}
+            }
+        }
+        st.handle_events(Instant::now(), &mut events);
+        drop(st);
+        shared.cond.notify_all();
+    }
+}
+
+impl TransferEngine {
+    /// This engine's source owner id.
+    pub fn source_id(&self) -> &str {
+        self.shared.source_id.as_str()
+    }
+
+    /// This engine's authoritative epoch.
+    pub fn epoch(&self) -> u64 {
+        self.shared.epoch.value()
+    }
+
+    /// The listen address given to the builder (used by the tcp session).
+    pub fn listen_addr(&self) -> Option<std::net::SocketAddr> {
+        self.shared.settings.listen
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.lock()
+    }
+
+    /// Initializes NIC contexts once (first Host Direct registration or
+    /// first RDMA use). Returns the prepared NIC IDs, or why there are none.
+    pub(crate) fn ensure_contexts(&self) -> Result<Vec<u32>, String> {
+        let mut st = self.lock();
+        if st.init.is_none() {
+            let init = nic::initialize(
+                self.shared.provider.as_ref(),
+                &st.listed,
+                &self.shared.settings.rdma,
+                (self.shared.settings.max_in_flight * 64).clamp(1024, 65536),
+            );
+            let mut order: Vec<u32> = match init.topology.rank_nics(MemoryLocation::Host { numa_node: None }) {
+                Ok(r) => r.into_iter().map(|a| a.nic.0).collect(),
+                Err(_) => Vec::new(),
+            };
+            order.retain(|id| init.nics.iter().any(|n| n.id.0 == *id));
+            for n in &init.nics {
+                if !order.contains(&n.id.0) {
+                    order.push(n.id.0);
+                }
+            }
+            st.nic_order = order;
+            let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+            for n in &init.nics {
+                let shared = self.shared.clone();
+                let (id, cq, ctx) = (n.id.0, n.cq.clone(), n.context.clone());
+                match std::thread::Builder::new()
+                    .name(format!("orbitte-poll-{id}"))
+                    .spawn(move || poll_loop(&shared, id, cq, ctx))
+                {
+                    Ok(h) => threads.push(h),
+                    Err(e) => tracing::error!(nic = id, error = %e, "poller thread did not start"),
+                }
+            }
+            tracing::info!(contexts = init.nics.len(), "nic contexts initialized");
+            st.init = Some(init);
+        }
+        let init = st.init.as_ref().map(|i| (i.nics.iter().map(|n| n.id.0).collect::<Vec<_>>(), i.selection_error.clone()));
+        match init {
+            Some((ids, _)) if !ids.is_empty() => Ok(ids),
+            Some((_, err)) => Err(err
+                .or_else(|| st.listing_error.clone())
+                .unwrap_or_else(|| "no device could be opened and prepared".into())),
+            None => Err("contexts not initialized".into()),
+        }
+    }
+
+    /// What was discovered and what was initialized so far.
+    pub fn topology(&self) -> EngineTopology {
+        let st = self.lock();
+        let listed = st.listed.iter().map(|d| d.identity.name.clone()).collect();
+        match &st.init {
+            None => EngineTopology {
+                listed,
+                initialized: false,
+                topology: None,
+                selection: None,
+                selection_error: st.listing_error.clone(),
+                contexts: Vec::new(),
+            },
+            Some(init) => EngineTopology {
+                listed,
+                initialized: true,
+                topology: Some(init.topology.clone()),
+                selection: init.selection.clone(),
+                selection_error: init.selection_error.clone(),
+                contexts: init
+                    .nics
+                    .iter()
+                    .map(|n| ContextStatus {
+                        nic: n.id.0,
+                        device: n.identity.name.clone(),
+                        port: n.port,
+                        gid_index: n.gid_index,
+                        port_active: n.port_active(),
+                    })
+                    .collect(),
+            },
+        }
+    }
+
+    /// Budget charges in use (MRs, bytes), retained copies included.
+    pub fn charges(&self) -> Charges {
+        self.lock().ledger.in_use
+    }
+
+    /// Why the engine admits nothing new, if it is fenced.
+    pub fn fenced(&self) -> Option<String> {
+        self.lock().core.fenced().map(|r| r.to_string())
+    }
+
+    /// Every `Unquiesced` so far (the evidence is kept).
+    pub fn unquiesced(&self) -> Vec<Unquiesced> {
+        self.lock().unquiesced.clone()
+    }
+
+    fn unquiesced_from(&self, during: String, failures: Vec<verbs::Unquiesced>, retained: Charges) -> Unquiesced {
+        Unquiesced {
+            source_id: self.shared.source_id.as_str().to_owned(),
+            epoch: self.shared.epoch.value(),
+            during,
+            failures,
+            retained,
+        }
+    }
+
+    fn record_unquiesced(&self, st: &mut State, u: &Unquiesced) {
+        tracing::error!(error = %u, "unquiesced: fencing new admission");
+        st.fence(format!("unquiesced during {}: {}", u.during, u.failures.first().map(|f| f.to_string()).unwrap_or_default()));
+        st.unquiesced.push(u.clone());
+    }
+
+    /// Host Direct registration: prepares MRs on every prepared NIC context
+    /// (paused ports included, whatever the dispatch mask), one copy per
+    /// context for `Access::LocalOnly`, two for `Access::Remote`, and
+    /// publishes the range only when all succeeded.
+    pub fn register_host(&self, memory: Arc<HostMemory>, access: Access) -> Result<Registration, RegisterError> {
+        if let Some(reason) = self.lock().core.fenced().cloned() {
+            return Err(RegisterError::Fenced { reason });
+        }
+        if let Access::Remote { read: false, write: false } = access {
+            return Err(RegisterError::NoUsableNic { report: "remote access without read or write: use Access::LocalOnly".into() });
+        }
+        self.ensure_contexts().map_err(|report| RegisterError::NoUsableNic { report })?;
+        let len = memory.len();
+        let (id, pds, ask) = {
+            let mut st = self.lock();
+            if let Some(reason) = st.core.fenced().cloned() {
+                return Err(RegisterError::Fenced { reason });
+            }
+            let nics = st.init.as_ref().map(|i| &i.nics[..]).unwrap_or(&[]);
+            let pds: Vec<_> = nics.iter().map(|n| (n.id.0, n.pd.clone(), n.identity.clone())).collect();
+            let copies = access.copies_per_context() * pds.len() as u64;
+            let ask = Charges { mrs: copies, bytes: copies.saturating_mul(len as u64) };
+            st.ledger.check(ask)?;
+            // Reserve now so that concurrent registrations see the charge.
+            st.ledger.charge(ask);
+            let id = st.next_reg;
+            st.next_reg += 1;
+            (id, pds, ask)
+        };
+        let span = tracing::debug_span!("register_host", id, len, ?access);
+        let _g = span.enter();
+        let buf: Arc<dyn DmaBuffer> = memory.clone();
+        let mut copies = Vec::with_capacity(pds.len());
+        let mut failure = None;
+        for (nic, pd, identity) in &pds {
+            let local = match pd.register(buf.clone(), 0..len, verbs::Access::LOCAL_WRITE) {
+                Ok(m) => m,
+                Err(source) => {
+                    failure = Some(RegisterError::Native { nic: *nic, device: identity.clone(), copy: "local-access", len, source });
+                    break;
+                }
+            };
+            let remote = match access.remote_verbs() {
+                None => None,
+                Some(a) => match pd.register(buf.clone(), 0..len, a) {
+                    Ok(m) => Some(m),
+                    Err(source) => {
+                        copies.push(NicCopies { nic: *nic, local, remote: None });
+                        failure = Some(RegisterError::Native { nic: *nic, device: identity.clone(), copy: "remote-access", len, source });
+                        break;
+                    }
+                },
+            };
+            copies.push(NicCopies { nic: *nic, local, remote });
+        }
+        if let Some(err) = failure {
+            // Release the copies made so far; a release that fails leaves
+            // them retained (verbs keeps the owners and memory) and charged.
+            let mut failures = Vec::new();
+            let mut retained = Charges::default();
+            for c in copies {
+                for mr in std::iter::once(c.local).chain(c.remote) {
+                    if let Err(u) = mr.close() {
+                        failures.push(u);
+                        retained.mrs += 1;
+                        retained.bytes += len as u64;
+                    }
+                }
+            }
+            let mut st = self.lock();
+            st.ledger.release(ask);
+            st.ledger.charge(retained);
+            tracing::warn!(error = %err, "host registration failed; copies released");
+            if !failures.is_empty() {
+                let u = self.unquiesced_from(format!("release after a failed registration of {len} bytes"), failures, retained);
+                self.record_unquiesced(&mut st, &u);
+                return Err(RegisterError::Unquiesced { unquiesced: Box::new(u), cause: err.to_string() });
+            }
+            return Err(err);
+        }
+        let mut st = self.lock();
+        let max_nic = copies.iter().map(|c| c.nic as usize + 1).max().unwrap_or(0);
+        let mut by_nic = vec![None; max_nic];
+        for (i, c) in copies.iter().enumerate() {
+            by_nic[c.nic as usize] = Some(i);
+        }
+        let n = copies.len() as u64 * access.copies_per_context();
+        st.tables.regs.insert(
+            id,
+            RegEntry {
+                pin: Arc::new(RegPin { memory: memory.clone() }),
+                memory,
+                access,
+                state: RegState::Published,
+                copies,
+                by_nic,
+                charge: ask,
+                token: fresh_token(),
+            },
+        );
+        tracing::debug!(id, copies = n, "registration published");
+        Ok(Registration { id: RegistrationId(id), len: len as u64, access, copies: n })
+    }
+
+    /// Unpublishes a registration: new requests on it are refused, peers'
+    /// rkeys are revoked (its remote-access MRs are deregistered). Local
+    /// requests already in flight keep their local-access MRs until they
+    /// drain.
+    pub fn retire(&self, registration: RegistrationId) -> Result<(), UnregisterError> {
+        let mut st = self.lock();
+        let Some(entry) = st.tables.regs.get_mut(&registration.0) else {
+            return Err(UnregisterError::Unknown(registration));
+        };
+        entry.state = RegState::Retired;
+        let len = entry.memory.len() as u64;
+        let mut failures = Vec::new();
+        let mut released = Charges::default();
+        for c in &mut entry.copies {
+            if let Some(mr) = c.remote.take() {
+                match mr.close() {
+                    Ok(()) => {
+                        released.mrs += 1;
+                        released.bytes += len;
+                    }
+                    Err(u) => failures.push(u),
+                }
+            }
+        }
+        entry.charge.mrs -= released.mrs;
+        entry.charge.bytes -= released.bytes;
+        st.ledger.release(released);
+        if failures.is_empty() {
+            return Ok(());
+        }
+        let retained = Charges { mrs: failures.len() as u64, bytes: failures.len() as u64 * len };
+        let u = self.unquiesced_from(format!("retire of registration {}", registration.0), failures, retained);
+        self.record_unquiesced(&mut st, &u);
+        Err(UnregisterError::Unquiesced(Box::new(u)))
+    }
+
+    /// Deregisters every copy and forgets the range. Refused while requests
+    /// on it are undrained. A failed native deregistration yields
+    /// `Unquiesced`: the copy, its memory and its charge stay retained and
+    /// the engine is fenced.
+    pub fn unregister(&self, registration: RegistrationId) -> Result<(), UnregisterError> {
+        let mut st = self.lock();
+        let Some(entry) = st.tables.regs.get(&registration.0) else {
+            return Err(UnregisterError::Unknown(registration));
+        };
+        let requests = entry.undrained();
+        if requests > 0 {
+            return Err(UnregisterError::Undrained { id: registration, requests });
+        }
+        let Some(entry) = st.tables.regs.remove(&registration.0) else {
+            return Err(UnregisterError::Unknown(registration));
+        };
+        let len = entry.memory.len() as u64;
+        let mut failures = Vec::new();
+        for c in entry.copies {
+            for mr in std::iter::once(c.local).chain(c.remote) {
+                if let Err(u) = mr.close() {
+                    failures.push(u);
+                }
+            }
+        }
+        let retained = Charges { mrs: failures.len() as u64, bytes: failures.len() as u64 * len };
+        st.ledger.release(entry.charge);
+        st.ledger.charge(retained);
+        if failures.is_empty() {
+            tracing::debug!(id = registration.0, "registration removed");
+            return Ok(());
+        }
+        let u = self.unquiesced_from(format!("unregister of registration {}", registration.0), failures, retained);
+        self.record_unquiesced(&mut st, &u);
+        Err(UnregisterError::Unquiesced(Box::new(u)))
+    }
+
+    /// The segment descriptors of every published, remotely accessible
+    /// range, as the wire's `segment-publication` frame.
+    pub fn segment_publication(&self) -> wire::SegmentPublication {
+        let st = self.lock();
+        let nics = st.nic_info();
+        let mut ranges: Vec<_> = st
+            .tables
+            .regs
+            .iter()
+            .filter_map(|(id, e)| e.descriptor(RegistrationId(*id), &nics))
+            .collect();
+        ranges.sort_by_key(|r| r.range_id.0);
+        wire::SegmentPublication { epoch: self.shared.epoch, ranges }
+    }
+
+    /// Submits a batch of READ/WRITE requests: all admitted or none (a typed
+    /// error names the first bad request; nothing is posted then).
+    pub fn submit(&self, batch: &[TransferRequest]) -> Result<Vec<RequestId>, SubmitError> {
+        let mut st = self.lock();
+        let now = Instant::now();
+        let Some(first) = batch.first() else { return Err(SubmitError::Empty) };
+        if let Some(reason) = st.core.fenced() {
+            return Err(SubmitError::Fenced { index: 0, label: first.label, reason: reason.clone() });
+        }
+        let mask = self.shared.settings.dispatch_mask;
+        let mut reqs = Vec::with_capacity(batch.len());
+        for (index, r) in batch.iter().enumerate() {
+            let bad = |error| SubmitError::Invalid { index, label: r.label, error };
+            if r.len == 0 {
+                return Err(bad(RequestError::ZeroLength));
+            }
+            let (Some(lend), Some(rend)) = (r.local_offset.checked_add(r.len), r.remote_offset.checked_add(r.len)) else {
+                return Err(bad(RequestError::Overflow { offset: r.local_offset.max(r.remote_offset), len: r.len }));
+            };
+            let Some(reg) = st.tables.regs.get(&r.registration.0).filter(|e| e.state == RegState::Published) else {
+                return Err(bad(RequestError::UnpublishedLocal(r.registration.0)));
+            };
+            let size = reg.memory.len() as u64;
+            if lend > size {
+                return Err(bad(RequestError::OutOfRange { side: "local", offset: r.local_offset, len: r.len, size }));
+            }
+            let Some(peer) = st.tables.peers.get(&r.peer.0) else {
+                return Err(bad(RequestError::UnknownPeer(r.peer.0)));
+            };
+            let Some(desc) = peer.ranges.get(&r.range) else {
+                return Err(bad(RequestError::UnpublishedRemote { peer: r.peer.0, range: r.range.0 }));
+            };
+            if rend > desc.length {
+                return Err(bad(RequestError::OutOfRange { side: "remote", offset: r.remote_offset, len: r.len, size: desc.length }));
+            }
+            let need = match r.op {
+                Op::Read => wire::AccessFlags::REMOTE_READ,
+                Op::Write => wire::AccessFlags::REMOTE_WRITE,
+            };
+            if !desc.access.contains(need) {
+                return Err(bad(RequestError::WrongAccess { side: "remote", op: r.op }));
+            }
+            let mut why = Vec::new();
+            let mut rails = Vec::with_capacity(peer.rails.len());
+            for &rail in &peer.rails {
+                let spec = st.core.rail_spec(rail);
+                let nic = spec.and_then(|s| s.nic);
+                if let Some(n) = nic
+                    && !mask.contains(orbitte_topology::NicId(n))
+                {
+                    why.push(format!("rail {} (NIC ID {n}) outside the dispatch mask {mask}", rail.0));
+                    continue;
+                }
+                if !st.core.rail_is_up(rail) {
+                    let reason = st.core.rail_down_reason(rail).map(|r| r.to_string()).unwrap_or_default();
+                    why.push(format!("rail {} down: {reason}", rail.0));
+                    continue;
+                }
+                if let Some(n) = nic
+                    && spec.is_some_and(|s| s.path == crate::transport::PathKind::Rdma)
+                {
+                    let remote_nic = spec.and_then(|s| s.remote_nic).unwrap_or(u32::MAX);
+                    if reg.copies_on(n).is_none() || !desc.rkeys.iter().any(|k| u32::from(k.nic_id.0) == remote_nic) {
+                        why.push(format!("rail {} has no keys for this range pair", rail.0));
+                        continue;
+                    }
+                }
+                rails.push(rail);
+            }
+            if rails.is_empty() {
+                if why.is_empty() {
+                    why.push("the peer has no rails".into());
+                }
+                return Err(bad(RequestError::NoRail { peer: r.peer.0, why: why.join("; ").into() }));
+            }
+            let k = rails.len();
+            rails.rotate_left(st.rotor % k);
+            st.rotor = st.rotor.wrapping_add(1);
+            reqs.push(CoreRequest {
+                label: r.label,
+                op: r.op,
+                registration: r.registration,
+                local_offset: r.local_offset,
+                peer: r.peer,
+                range: r.range,
+                remote_offset: r.remote_offset,
+                len: r.len,
+                rails,
+                keepalive: Some(reg.pin.clone()),
+            });
+        }
+        let ids = st.core.submit(now, reqs)?;
+        st.pump(now);
+        Ok(ids)
+    }
+
+    /// The outcome, if the request has one (taken: a second call says
+    /// `None`).
+    pub fn poll(&self, id: RequestId) -> Option<Outcome> {
+        self.lock().outcomes.remove(&id)
+    }
+
+    /// Waits for the outcome. Every request gets one by its request
+    /// timeout, so a `timeout` longer than that always returns it.
+    pub fn wait(&self, id: RequestId, timeout: Duration) -> Result<Outcome, WaitError> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        loop {
+            if let Some(o) = st.outcomes.remove(&id) {
+                return Ok(o);
+            }
+            let now = Instant::now();
+            st.core.handle_timeout(now);
+            st.pump(now);
+            if let Some(o) = st.outcomes.remove(&id) {
+                return Ok(o);
+            }
+            if !st.core.is_pending(id) {
+                return Err(WaitError::Unknown(id));
+            }
+            if now >= deadline {
+                return Err(WaitError::TimedOut(id));
+            }
+            let step = (deadline - now).min(Duration::from_millis(20));
+            st = self.shared.cond.wait_timeout(st, step).map_or_else(|e| e.into_inner().0, |(g, _)| g);
+        }
+    }
+
+    /// Waits for every request of a batch (in order).
+    pub fn wait_all(&self, ids: &[RequestId], timeout: Duration) -> Result<Vec<Outcome>, WaitError> {
+        let deadline = Instant::now() + timeout;
+        ids.iter().map(|id| self.wait(*id, deadline.saturating_duration_since(Instant::now()))).collect()
+    }
+
+    /// Logical cancellation: the outcome (status `Cancelled`) is made now;
+    /// posted slices may still move bytes until the request drains.
+    /// Returns false if the request already had its outcome.
+    pub fn cancel(&self, id: RequestId) -> bool {
+        let mut st = self.lock();
+        let now = Instant::now();
+        let done = st.core.cancel(now, id);
+        st.pump(now);
+        drop(st);
+        self.shared.cond.notify_all();
+        done
+    }
+
+    /// Whether the transports still hold the request's local bytes.
+    pub fn drain_status(&self, id: RequestId) -> DrainStatus {
+        self.lock().core.drain_status(id)
+    }
+
+    /// Waits until the request is drained (its local buffer is the
+    /// caller's again). Past the engine's drain timeout the rails holding
+    /// its slices are flushed, which ends the wait on a working device.
+    pub fn wait_drain(&self, id: RequestId, timeout: Duration) -> Result<(), DrainTimeout> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        loop {
+            let now = Instant::now();
+            st.core.handle_timeout(now);
+            st.pump(now);
+            match st.core.drain_status(id) {
+                DrainStatus::Drained => return Ok(()),
+                DrainStatus::Pending { slices } if now >= deadline => {
+                    return Err(DrainTimeout { request: id, slices });
+                }
+                DrainStatus::Pending { .. } => {}
+            }
+            let step = (deadline - now).min(Duration::from_millis(20));
+            st = self.shared.cond.wait_timeout(st, step).map_or_else(|e| e.into_inner().0, |(g, _)| g);
+        }
+    }
+
+    /// Slices posted and not yet drained, over all requests.
+    pub fn outstanding_slices(&self) -> u64 {
+        self.lock().core.outstanding_slices()
+    }
+
+    /// Attaches another path's transport (tcp, local). Its rails are added
+    /// with [`add_rail`](Self::add_rail); it reports through
+    /// [`event_sink`](Self::event_sink).
+    pub fn attach_transport(&self, transport: Box<dyn Transport>) -> TransportId {
+        let mut st = self.lock();
+        st.others.push(transport);
+        TransportId(st.others.len() - 1)
+    }
+
+    /// Adds a rail of an attached transport to an open peer.
+    pub fn add_rail(&self, transport: TransportId, spec: RailSpec) -> RailId {
+        let mut st = self.lock();
+        let peer = spec.peer;
+        let rail = st.add_rail(Owner::Other(transport.0), spec);
+        if let Some(p) = st.tables.peers.get_mut(&peer.0) {
+            p.rails.push(rail);
+        }
+        rail
+    }
+
+    /// Where attached transports deliver their events.
+    pub fn event_sink(&self) -> Arc<dyn EventSink> {
+        Arc::new(Sink(Arc::downgrade(&self.shared)))
+    }
+
+    /// Open peers.
+    pub fn peers(&self) -> Vec<PeerInfo> {
+        let st = self.lock();
+        let mut v: Vec<_> = st.tables.peers.keys().map(|id| peer_info(&st, PeerId(*id))).collect();
+        v.sort_by_key(|p| p.id);
+        v
+    }
+
+    /// Fences the engine, cancels what runs, waits up to `timeout` for
+    /// drain (flushing rails), then destroys every native object. A destroy
+    /// that fails yields [`Unquiesced`] with the evidence; the owners,
+    /// memory and charges stay retained.
+    pub fn shutdown(&self, timeout: Duration) -> Result<(), Box<Unquiesced>> {
+        let deadline = Instant::now() + timeout;
+        {
+            let mut st = self.lock();
+            st.fence("engine shutting down");
+            let rails = st.rdma.live_rails();
+            let now = Instant::now();
+            for rail in rails {
+                if st.core.close_rail(rail, now) {
+                    let _ = st.rdma.flush(rail);
+                }
+            }
+            let others: Vec<(RailId, usize)> = st
+                .owner
+                .iter()
+                .enumerate()
+                .filter_map(|(i, o)| match o {
+                    Owner::Other(t) => Some((RailId(i as u32), *t)),
+                    Owner::Rdma => None,
+                })
+                .collect();
+            for (rail, t) in others {
+                if st.core.close_rail(rail, now)
+                    && let Some(tr) = st.others.get_mut(t)
+                {
+                    let _ = tr.flush(rail);
+                }
+            }
+            st.pump(now);
+        }
+        // Wait for the flushes to drain (pollers still run).
+        let mut st = self.lock();
+        while st.core.outstanding_slices() > 0 && Instant::now() < deadline {
+            st = self.shared.cond.wait_timeout(st, Duration::from_millis(5)).map_or_else(|e| e.into_inner().0, |(g, _)| g);
+        }
+        let undrained = st.core.outstanding_slices();
+        drop(st);
+        self.stop_threads();
+        let mut st = self.lock();
+        let mut failures = Vec::new();
+        for rail in st.rdma.live_rails() {
+            if let Err(u) = st.rdma.destroy(rail) {
+                failures.push(u);
+            }
+        }
+        let others: Vec<(RailId, usize)> = st
+            .owner
+            .iter()
+            .enumerate()
+            .filter_map(|(i, o)| match o {
+                Owner::Other(t) => Some((RailId(i as u32), *t)),
+                Owner::Rdma => None,
+            })
+            .collect();
+        for (rail, t) in others {
+            if let Some(tr) = st.others.get_mut(t)
+                && let Err(e) = tr.close_rail(rail)
+            {
+                tracing::error!(error = %e, "closing a rail failed");
+            }
+        }
+        let mut retained = Charges::default();
+        let regs: Vec<u64> = st.tables.regs.keys().copied().collect();
+        for id in regs {
+            if let Some(entry) = st.tables.regs.remove(&id) {
+                let len = entry.memory.len() as u64;
+                st.ledger.release(entry.charge);
+                for c in entry.copies {
+                    for mr in std::iter::once(c.local).chain(c.remote) {
+                        if let Err(u) = mr.close() {
+                            failures.push(u);
+                            retained.mrs += 1;
+                            retained.bytes += len;
+                        }
+                    }
+                }
+            }
+        }
+        st.ledger.charge(retained);
+        if let Some(init) = st.init.as_mut() {
+            for n in init.nics.drain(..) {
+                for r in [n.cq.close(), n.pd.close(), n.context.close()] {
+                    if let Err(u) = r {
+                        failures.push(u);
+                    }
+                }
+            }
+        }
+        if failures.is_empty() {
+            tracing::info!(undrained, "engine shut down");
+            return Ok(());
+        }
+        let u = self.unquiesced_from("shutdown".into(), failures, retained);
+        self.record_unquiesced(&mut st, &u);
+        Err(Box::new(u))
+    }
+
+    fn stop_threads(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.cond.notify_all();
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+pub(crate) fn peer_info(st: &State, id: PeerId) -> PeerInfo {
+    let p = &st.tables.peers[&id.0];
+    let mut ranges: Vec<_> = p.ranges.values().map(|d| (RangeId(d.range_id.0), d.length, d.access)).collect();
+    ranges.sort_by_key(|r| r.0);
+    PeerInfo {
+        id,
+        source_id: p.source_id.as_str().to_owned(),
+        epoch: p.epoch.value(),
+        ranges,
+        rails: p
+            .rails
+            .iter()
+            .map(|&rail| {
+                let spec = st.core.rail_spec(rail);
+                RailInfo { rail, nic: spec.and_then(|s| s.nic), remote_nic: spec.and_then(|s| s.remote_nic), up: st.core.rail_is_up(rail) }
+            })
+            .collect(),
+    }
+}
+
+impl Drop for TransferEngine {
+    /// Stops the threads. Native objects are released by their handles'
+    /// drops, which never pretend: a failed destroy is retained by verbs.
+    /// Call [`shutdown`](Self::shutdown) to learn whether cleanup succeeded.
+    fn drop(&mut self) {
+        self.stop_threads();
+    }
+}

@@ -1,0 +1,240 @@
+//! Errors, one enum per operation.
+//!
+//! Grouped by whose fault: the caller misused the API (bad input, fenced
+//! engine), the local system failed (native errors, budgets), or the peer
+//! said something wrong (handshake, protocol).
+
+use std::fmt;
+use std::sync::Arc;
+
+use orbitte_verbs as verbs;
+use orbitte_wire as wire;
+
+use crate::outcome::RequestId;
+use crate::transport::RegistrationId;
+
+/// A native cleanup that could not be established: the native owners, their
+/// memory and their budget charges stay retained, and the engine is fenced.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "engine {source_id} (epoch {epoch}) unquiesced during {during}: {failures} native destroy(s) failed \
+     (first: {first}); {mrs} MRs / {bytes} bytes stay retained and charged; new admission is fenced",
+    failures = .failures.len(),
+    first = .failures.first().map(|f| f.to_string()).unwrap_or_default(),
+    mrs = .retained.mrs, bytes = .retained.bytes
+)]
+pub struct Unquiesced {
+    /// The source owner (this engine's source id).
+    pub source_id: String,
+    /// Its epoch.
+    pub epoch: u64,
+    /// What was being cleaned up (`unregister of registration 3`,
+    /// `shutdown`, `release after a failed registration`).
+    pub during: String,
+    /// Each failed destroy, with device identity, native error and the
+    /// cleanup evidence.
+    pub failures: Vec<verbs::Unquiesced>,
+    /// Charges that stay in the budgets for the retained copies.
+    pub retained: crate::registration::Charges,
+}
+
+/// Why [`EngineBuilder::build`](crate::EngineBuilder::build) failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// The source id is not a valid wire source id.
+    #[error("invalid source id: {0}; use 1..=255 printable bytes")]
+    SourceId(#[source] wire::TextError),
+    /// No epoch could be chosen.
+    #[error(transparent)]
+    Epoch(#[from] wire::EpochError),
+    /// A setting is out of range.
+    #[error("invalid setting {name}: {why}")]
+    Setting {
+        /// The setting.
+        name: &'static str,
+        /// Why.
+        why: String,
+    },
+}
+
+/// Why [`TransferEngine::register_host`](crate::TransferEngine::register_host)
+/// failed. Nothing was published; no copy is left behind (or, for
+/// `Unquiesced`, what is left is retained and charged).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegisterError {
+    /// The range does not fit a budget. Published ranges are never evicted:
+    /// retire unused registrations or raise the budget.
+    #[error(
+        "resource exhausted: {resource} budget: asked {asked}, in use {in_use}, limit {limit}; \
+         retire unused registrations or raise the budget (published ranges are never evicted)"
+    )]
+    ResourceExhausted {
+        /// `memory regions` or `registered bytes`.
+        resource: &'static str,
+        /// What the registration needs (all copies).
+        asked: u64,
+        /// Already charged.
+        in_use: u64,
+        /// The budget.
+        limit: u64,
+    },
+    /// No NIC context could be prepared.
+    #[error("no usable rdma context for host direct registration: {report}")]
+    NoUsableNic {
+        /// Every device and port with its reason (or the listing error).
+        report: String,
+    },
+    /// A native registration failed on one context. The copies already made
+    /// were released. There is no automatic switch to staging.
+    #[error(
+        "registering {len} bytes ({copy} copy) on NIC ID {nic} ({device}) failed: {source}; \
+         no automatic switch to staging was made"
+    )]
+    Native {
+        /// NIC ID.
+        nic: u32,
+        /// Device identity.
+        device: verbs::DeviceIdentity,
+        /// `local-access` or `remote-access`.
+        copy: &'static str,
+        /// Bytes.
+        len: usize,
+        /// The verbs error.
+        #[source]
+        source: verbs::RegisterError,
+    },
+    /// A registration failed part-way and releasing the copies already made
+    /// failed too.
+    #[error("{unquiesced} (after: {cause})")]
+    Unquiesced {
+        /// The release failure.
+        unquiesced: Box<Unquiesced>,
+        /// The registration failure that started the release.
+        cause: String,
+    },
+    /// The engine is fenced.
+    #[error("engine is fenced, registration refused: {reason}")]
+    Fenced {
+        /// Why.
+        reason: Arc<str>,
+    },
+}
+
+/// Why [`TransferEngine::unregister`](crate::TransferEngine::unregister) or
+/// [`TransferEngine::retire`](crate::TransferEngine::retire) failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UnregisterError {
+    /// Not a live registration of this engine.
+    #[error("unknown registration {0:?}")]
+    Unknown(RegistrationId),
+    /// Requests on it are still undrained: wait for their drain first.
+    #[error("registration {id:?} still has {requests} undrained request(s); wait for drain first")]
+    Undrained {
+        /// The registration.
+        id: RegistrationId,
+        /// Undrained requests.
+        requests: usize,
+    },
+    /// A native deregistration failed.
+    #[error(transparent)]
+    Unquiesced(Box<Unquiesced>),
+}
+
+/// Why a blocking wait returned without an outcome.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WaitError {
+    /// The wait's own timeout passed first (the request still runs; its
+    /// request timeout will end it).
+    #[error("{0}: no outcome yet within the wait timeout; wait again or cancel")]
+    TimedOut(RequestId),
+    /// Not a request of this engine, or its outcome was already taken.
+    #[error("{0}: unknown request, or its outcome was already taken")]
+    Unknown(RequestId),
+}
+
+/// A drain wait ran out of time: transports still hold the request's local
+/// bytes. Do not reuse the buffer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{request}: {slices} slice(s) still undrained after the wait; the buffer is not the caller's yet")]
+pub struct DrainTimeout {
+    /// The request.
+    pub request: RequestId,
+    /// Slices the transports still hold.
+    pub slices: u32,
+}
+
+/// A control-channel failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LinkError {
+    /// The other end went away.
+    #[error("control link closed")]
+    Closed,
+    /// Nothing arrived in time.
+    #[error("control link: nothing received within {0:?}")]
+    TimedOut(std::time::Duration),
+    /// A frame could not be encoded or decoded.
+    #[error("control link: bad frame: {0}")]
+    Frame(String),
+    /// I/O failure of the link.
+    #[error("control link i/o: {0}")]
+    Io(String),
+}
+
+/// Why opening a peer failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenPeerError {
+    /// The control link failed.
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    /// The handshake failed (version, stale epoch, authentication, or the
+    /// peer rejected us).
+    #[error("handshake failed: {0}")]
+    Handshake(#[from] wire::handshake::HandshakeError),
+    /// The peer sent a frame that does not belong here.
+    #[error("peer sent {got} while {expected} was expected")]
+    Unexpected {
+        /// What was expected.
+        expected: &'static str,
+        /// What came.
+        got: String,
+    },
+    /// The peer refused the RC connection.
+    #[error("peer rejected the rdma connection: {0}")]
+    Rejected(String),
+    /// No local context can make a rail.
+    #[error("no usable rail: {0}")]
+    NoRail(String),
+    /// A verbs call failed while making a rail.
+    #[error("making a rail on NIC ID {nic} ({device}) failed: {error}")]
+    Verbs {
+        /// NIC ID.
+        nic: u32,
+        /// Device identity.
+        device: String,
+        /// The error.
+        error: String,
+    },
+    /// The engine is fenced.
+    #[error("engine is fenced, peer refused: {0}")]
+    Fenced(Arc<str>),
+}
+
+pub(crate) struct DisplayList<'a, T>(pub(crate) &'a [T]);
+
+impl<T: fmt::Display> fmt::Display for DisplayList<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, x) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{x}")?;
+        }
+        Ok(())
+    }
+}

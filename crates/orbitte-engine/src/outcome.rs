@@ -1,0 +1,226 @@
+//! What a request ends with: the transfer contract as types.
+//!
+//! See `docs/contract.md` for the prose. In short: an [`Outcome`] says how
+//! many leading bytes are known done (the *completed prefix*), what failed
+//! and where, what a WRITE may have done to the remote bytes (the *remote
+//! effect*) and whether the local buffer is still in use by the transport
+//! (the *drain* status). Timeout and cancellation are logical: the outcome
+//! of a timed-out request can say `drain: Pending`, and the buffer is not
+//! the caller's again until [`DrainStatus::Drained`].
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::transport::{Op, PathKind, RailId, SliceFailure};
+
+/// Names one request of one engine.
+///
+/// Invariant: the low 32 bits are a slot index, the high 32 bits that
+/// slot's generation, so a stale id never aliases a newer request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "request {}:{}", self.0 >> 32, self.0 & 0xffff_ffff)
+    }
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Every byte arrived.
+    Complete,
+    /// A slice failed; see [`Outcome::failure`].
+    Failed,
+    /// The request timeout passed first (logical: DMA may still run).
+    TimedOut,
+    /// The caller cancelled it (logical: DMA may still run).
+    Cancelled,
+}
+
+/// What a WRITE may have done to the peer's bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemoteEffect {
+    /// No remote byte changed: nothing was ever posted (also every READ).
+    None,
+    /// Some remote bytes may have changed: the completed prefix did, and
+    /// bytes in `bytes` (request-relative) may have.
+    Possible {
+        /// Request-relative byte range beyond the completed prefix that may
+        /// have been written.
+        bytes: Range<u64>,
+    },
+    /// Every byte was written.
+    Complete,
+}
+
+/// Whether the transports still use the request's local bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainStatus {
+    /// Nothing outstanding: the local buffer is the caller's again.
+    Drained,
+    /// `slices` posted slices have not been reported back yet.
+    Pending {
+        /// Outstanding slices.
+        slices: u32,
+    },
+}
+
+/// Where and why a request failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailureInfo {
+    /// Index of the first failed slice.
+    pub slice: u32,
+    /// Request-relative offset of that slice.
+    pub offset: u64,
+    /// The rail it was bound to.
+    pub rail: RailId,
+    /// That rail's path.
+    pub path: PathKind,
+    /// Local NIC ID of the rail (rdma).
+    pub nic: Option<u32>,
+    /// What the transport said.
+    pub status: SliceFailure,
+}
+
+impl fmt::Display for FailureInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "slice {} (offset {}) on {} rail {}", self.slice, self.offset, self.path, self.rail.0)?;
+        if let Some(n) = self.nic {
+            write!(f, " (NIC ID {n})")?;
+        }
+        write!(f, ": {}", self.status)
+    }
+}
+
+/// The end of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The request.
+    pub request: RequestId,
+    /// Caller's label from the request.
+    pub label: u64,
+    /// READ or WRITE.
+    pub op: Op,
+    /// Requested bytes.
+    pub len: u64,
+    /// How it ended.
+    pub status: Status,
+    /// Leading bytes known done (for a READ: in local memory; for a WRITE:
+    /// in remote memory).
+    pub completed_prefix: u64,
+    /// Leading slices known done.
+    pub completed_slices: u32,
+    /// Slices the request was cut into.
+    pub slices: u32,
+    /// The first failure, when a slice failed.
+    pub failure: Option<FailureInfo>,
+    /// Request-relative bytes of the *destination* beyond the completed
+    /// prefix that may have changed (remote for WRITE, local for READ).
+    pub uncertain: Range<u64>,
+    /// What a WRITE may have done remotely.
+    pub remote_effect: RemoteEffect,
+    /// Drain status when the outcome was made (query the engine for later).
+    pub drain: DrainStatus,
+}
+
+impl Outcome {
+    /// Whether every byte arrived.
+    pub fn is_complete(&self) -> bool {
+        self.status == Status::Complete
+    }
+}
+
+/// Why a request was refused at submit time. Nothing of the batch was
+/// posted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// The peer is not open (or was replaced by a newer epoch).
+    #[error("unknown peer {0:?}: open the peer first (or reopen it after a restart)")]
+    UnknownPeer(u32),
+    /// The local registration is not published (never was, retired, or
+    /// unregistered).
+    #[error("local registration {0} is not published: register it (or stop using a retired range)")]
+    UnpublishedLocal(u64),
+    /// The peer never published this range, or retired it.
+    #[error("remote range {range} of peer {peer} is not published: refresh the peer's descriptors")]
+    UnpublishedRemote {
+        /// Peer.
+        peer: u32,
+        /// Range id.
+        range: u64,
+    },
+    /// `offset + len` goes past the end of a range.
+    #[error("{side} range: offset {offset} + {len} bytes is past its end ({size} bytes)")]
+    OutOfRange {
+        /// `local` or `remote`.
+        side: &'static str,
+        /// Offset asked for.
+        offset: u64,
+        /// Bytes asked for.
+        len: u64,
+        /// Range size.
+        size: u64,
+    },
+    /// The range does not allow the operation.
+    #[error("{side} range does not allow {op}: register/publish it with that access")]
+    WrongAccess {
+        /// `local` or `remote`.
+        side: &'static str,
+        /// The operation.
+        op: Op,
+    },
+    /// Zero bytes asked for.
+    #[error("zero-length request: ask for at least one byte")]
+    ZeroLength,
+    /// `offset + len` overflows u64, or the request has more slices than
+    /// u32 can count.
+    #[error("request length overflows (offset {offset} + {len}): split it")]
+    Overflow {
+        /// Offset.
+        offset: u64,
+        /// Length.
+        len: u64,
+    },
+    /// No rail to the peer is up and allowed by the dispatch mask.
+    #[error("no usable rail to peer {peer}: {why}")]
+    NoRail {
+        /// Peer.
+        peer: u32,
+        /// The reasons per rail.
+        why: Arc<str>,
+    },
+}
+
+/// A refused batch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitError {
+    /// Request `index` of the batch (labelled `label`) is invalid.
+    #[error("request #{index} (label {label}) refused: {error}; nothing of the batch was posted")]
+    Invalid {
+        /// Position in the batch.
+        index: usize,
+        /// The request's label.
+        label: u64,
+        /// Why.
+        #[source]
+        error: RequestError,
+    },
+    /// The engine is fenced: it admits nothing new.
+    #[error("engine is fenced, request #{index} (label {label}) refused: {reason}")]
+    Fenced {
+        /// Position in the batch (the first one).
+        index: usize,
+        /// Label of that request.
+        label: u64,
+        /// Why the engine is fenced.
+        reason: Arc<str>,
+    },
+    /// An empty batch.
+    #[error("empty batch: submit at least one request")]
+    Empty,
+}

@@ -1,0 +1,401 @@
+//! Opening a peer over a control link: handshake (version, source id,
+//! authoritative epoch), segment publications both ways, and RC connection
+//! of one queue pair per rail.
+//!
+//! ```text
+//! initiator (open_peer)                        responder (accept_peer)
+//!   <------------------- challenge ----------------
+//!   -------------------- hello ------------------->   admit (epoch rules)
+//!   <------------------- hello-ack ----------------
+//!   admit (epoch rules)
+//!   -------------------- segment-publication ----->
+//!   <------------------- segment-publication ------
+//!   -------------------- connect-request --------->   QPs: INIT, RTR, RTS
+//!   <------------------- connect-accept -----------
+//!   QPs: RTR, RTS
+//! ```
+//!
+//! Epoch rules are the wire's [`PeerTable`](orbitte_wire::PeerTable): an
+//! older epoch is rejected (also from the same address); a newer one
+//! replaces the old source, whose rails are flushed and destroyed and whose
+//! descriptors and rkeys are dropped (its old [`PeerId`] becomes unknown);
+//! an equal one is a reconnect that replaces the rails.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use orbitte_verbs::{self as verbs, InitAttrs, QpCaps, RtrAttrs, RtsAttrs};
+use orbitte_wire::handshake::{Established, Initiator, Responder};
+use orbitte_wire::{self as wire, Admission, Frame};
+
+use crate::control::ControlLink;
+use crate::engine::{Owner, PeerInfo, PeerState, State, TransferEngine, peer_info};
+use crate::error::OpenPeerError;
+use crate::nic::NicCtx;
+use crate::rdma::{RailQp, RdmaRail};
+use crate::transport::{PathKind, PeerId, RailSpec, RangeId};
+
+fn nonce() -> wire::Nonce {
+    let mut n = [0u8; 32];
+    for chunk in n.chunks_mut(8) {
+        chunk.copy_from_slice(&crate::registration::fresh_token().0.to_le_bytes());
+    }
+    wire::Nonce(n)
+}
+
+fn to_verbs_mtu(m: wire::Mtu) -> verbs::Mtu {
+    match m.bytes() {
+        256 => verbs::Mtu::Mtu256,
+        512 => verbs::Mtu::Mtu512,
+        1024 => verbs::Mtu::Mtu1024,
+        2048 => verbs::Mtu::Mtu2048,
+        _ => verbs::Mtu::Mtu4096,
+    }
+}
+
+fn to_wire_mtu(m: verbs::Mtu) -> wire::Mtu {
+    wire::Mtu::new(m.bytes() as u16).unwrap_or(wire::Mtu::MTU_1024)
+}
+
+fn min_mtu(a: verbs::Mtu, b: verbs::Mtu) -> verbs::Mtu {
+    if a.bytes() <= b.bytes() { a } else { b }
+}
+
+fn remote_endpoint(e: &wire::RailEndpoint, ll_ib: bool) -> verbs::RemoteEndpoint {
+    let route = if ll_ib && e.lid != 0 { verbs::Route::Lid(e.lid) } else { verbs::Route::Gid(verbs::Gid(e.gid.0)) };
+    verbs::RemoteEndpoint { qpn: e.qpn.value(), psn: e.psn.value(), route, mtu: to_verbs_mtu(e.mtu) }
+}
+
+fn verbs_err(n: &NicCtx, e: impl std::fmt::Display) -> OpenPeerError {
+    OpenPeerError::Verbs { nic: n.id.0, device: n.identity.name.clone(), error: e.to_string() }
+}
+
+/// A queue pair after INIT, with its endpoint.
+struct HalfRail {
+    nic: u32,
+    qp: verbs::QueuePair<verbs::qp_state::Init>,
+    endpoint: wire::RailEndpoint,
+}
+
+fn make_qp(n: &NicCtx, caps: QpCaps, psn: u32) -> Result<HalfRail, OpenPeerError> {
+    let qp = n.pd.create_qp(&n.cq, &n.cq, caps).map_err(|e| verbs_err(n, e))?;
+    let qp = qp.init(InitAttrs::new(n.port)).map_err(|e| verbs_err(n, e.error))?;
+    let endpoint = wire::RailEndpoint {
+        nic_id: wire::NicId(u16::try_from(n.id.0).unwrap_or(u16::MAX)),
+        qpn: wire::Qpn::new(qp.qp_num()).ok_or_else(|| verbs_err(n, "queue pair number wider than 24 bits"))?,
+        psn: wire::Psn::new(psn & 0xff_ffff).ok_or_else(|| verbs_err(n, "psn wider than 24 bits"))?,
+        mtu: to_wire_mtu(n.mtu),
+        lid: n.lid,
+        gid: wire::Gid(n.gid.0),
+    };
+    Ok(HalfRail { nic: n.id.0, qp, endpoint })
+}
+
+fn connect(
+    n: &NicCtx,
+    half: HalfRail,
+    remote: &wire::RailEndpoint,
+) -> Result<verbs::QueuePair<verbs::qp_state::Rts>, OpenPeerError> {
+    let ib = matches!(n.link_layer, orbitte_topology::LinkLayer::InfiniBand);
+    let remote_ep = remote_endpoint(remote, ib);
+    let mut rtr = RtrAttrs::new(remote_ep, u8::try_from(n.gid_index).unwrap_or(0));
+    rtr.path_mtu = min_mtu(n.mtu, remote_ep.mtu);
+    let qp = half.qp.rtr(rtr).map_err(|e| verbs_err(n, e.error))?;
+    let qp = qp.rts(RtsAttrs::new(half.endpoint.psn.value())).map_err(|e| verbs_err(n, e.error))?;
+    Ok(qp)
+}
+
+impl TransferEngine {
+    fn identity(&self) -> wire::Identity {
+        wire::Identity::new(self.shared.source_id.clone(), self.shared.epoch, wire::Capabilities::RDMA)
+    }
+
+    fn recv(&self, link: &mut dyn ControlLink) -> Result<Frame, OpenPeerError> {
+        Ok(link.recv(self.shared.settings.handshake_timeout)?)
+    }
+
+    fn fenced_peer(&self) -> Result<(), OpenPeerError> {
+        match self.lock().core.fenced() {
+            Some(r) => Err(OpenPeerError::Fenced(r.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Opens a peer as the initiator over `link` (the other engine runs
+    /// [`accept_peer`](Self::accept_peer)).
+    pub fn open_peer(&self, link: &mut dyn ControlLink) -> Result<PeerInfo, OpenPeerError> {
+        self.fenced_peer()?;
+        self.ensure_contexts().map_err(OpenPeerError::NoRail)?;
+        let from = link.peer_addr();
+        let mut init = Initiator::new(self.identity(), None, nonce());
+        let challenge = self.recv(link)?;
+        let hello = init.handle_challenge(challenge)?;
+        link.send(&hello)?;
+        let ack = self.recv(link)?;
+        let (session, established) = {
+            let mut st = self.lock();
+            let session = wire::SessionId(st.next_session);
+            st.next_session += 1;
+            let est = init.handle_hello_ack(ack, &mut st.peer_table, session, from)?;
+            (session, est)
+        };
+        let publication = self.segment_publication();
+        link.send(&Frame::SegmentPublication(publication))?;
+        let theirs = match self.recv(link)? {
+            Frame::SegmentPublication(p) => p,
+            other => return Err(self.abandon(session, unexpected("segment-publication", &other))),
+        };
+        let peer = self.adopt(session, &established, &theirs).map_err(|e| self.abandon(session, e))?;
+        // One QP per prepared NIC whose port is active; target the peer's
+        // NICs (from its rkeys) round-robin.
+        let (halves, connect_id) = {
+            let mut st = self.lock();
+            let connect_id = wire::ConnectId(st.next_connect);
+            st.next_connect += 1;
+            let mut remote_nics: Vec<u16> = theirs.ranges.iter().flat_map(|r| r.rkeys.iter().map(|k| k.nic_id.0)).collect();
+            remote_nics.sort_unstable();
+            remote_nics.dedup();
+            let caps = self.qp_caps();
+            let nics: Vec<&NicCtx> = self.ordered_nics(&st);
+            let mut halves = Vec::new();
+            let mut skipped = Vec::new();
+            for (i, n) in nics.iter().enumerate() {
+                if !n.port_active() {
+                    skipped.push(format!("NIC ID {} ({}) port {} not active", n.id.0, n.identity.name, n.port));
+                    continue;
+                }
+                let target = if remote_nics.is_empty() { n.id.0 as u16 } else { remote_nics[i % remote_nics.len()] };
+                let psn = (crate::registration::fresh_token().0 as u32) & 0xff_ffff;
+                let half = make_qp(n, caps, psn).map_err(|e| self.abandon(session, e))?;
+                halves.push((half, target));
+            }
+            drop(nics);
+            drop(st);
+            if halves.is_empty() {
+                return Err(self.abandon(session, OpenPeerError::NoRail(skipped.join("; "))));
+            }
+            (halves, connect_id)
+        };
+        let request = wire::ConnectRequest {
+            connect_id,
+            rails: halves.iter().map(|(h, t)| wire::RailRequest { target_nic: wire::NicId(*t), endpoint: h.endpoint }).collect(),
+        };
+        link.send(&Frame::ConnectRequest(request))?;
+        let accept = match self.recv(link)? {
+            Frame::ConnectAccept(a) if a.connect_id == connect_id && a.rails.len() == halves.len() => a,
+            Frame::ConnectReject(r) => return Err(self.abandon(session, OpenPeerError::Rejected(format!("{}: {}", r.code, r.message.as_str())))),
+            other => return Err(self.abandon(session, unexpected("connect-accept", &other))),
+        };
+        let mut st = self.lock();
+        let mut made = Vec::new();
+        for ((half, _), remote) in halves.into_iter().zip(&accept.rails) {
+            let nic = half.nic;
+            let Some(n) = st.init.as_ref().and_then(|i| i.nics.iter().find(|n| n.id.0 == nic)) else { continue };
+            let device = n.identity.name.clone();
+            let qp = connect(n, half, remote)?;
+            made.push((nic, remote.nic_id.0, qp, device));
+        }
+        self.install_rails(&mut st, peer, session, connect_id, made);
+        tracing::info!(peer = peer.0, source = established.peer.source_id.as_str(), "peer opened");
+        Ok(peer_info(&st, peer))
+    }
+
+    /// Accepts a peer as the responder over `link`.
+    pub fn accept_peer(&self, link: &mut dyn ControlLink) -> Result<PeerInfo, OpenPeerError> {
+        self.fenced_peer()?;
+        self.ensure_contexts().map_err(OpenPeerError::NoRail)?;
+        let from = link.peer_addr();
+        let mut resp = Responder::new(self.identity(), None, nonce());
+        link.send(&resp.challenge())?;
+        let hello = self.recv(link)?;
+        let handled = {
+            let mut st = self.lock();
+            let session = wire::SessionId(st.next_session);
+            st.next_session += 1;
+            resp.handle_hello(hello, &mut st.peer_table, session, from).map(|(ack, est)| (session, ack, est))
+        };
+        let (session, ack, established) = match handled {
+            Ok(x) => x,
+            Err(e) => {
+                if let Some(frame) = e.error_frame() {
+                    let _ = link.send(&Frame::Error(frame));
+                }
+                tracing::warn!(error = %e, "peer rejected");
+                return Err(e.into());
+            }
+        };
+        link.send(&ack)?;
+        let theirs = match self.recv(link)? {
+            Frame::SegmentPublication(p) => p,
+            other => return Err(self.abandon(session, unexpected("segment-publication", &other))),
+        };
+        link.send(&Frame::SegmentPublication(self.segment_publication()))?;
+        let peer = self.adopt(session, &established, &theirs).map_err(|e| self.abandon(session, e))?;
+        let request = match self.recv(link)? {
+            Frame::ConnectRequest(r) => r,
+            other => return Err(self.abandon(session, unexpected("connect-request", &other))),
+        };
+        let mut st = self.lock();
+        let caps = self.qp_caps();
+        let mut made = Vec::new();
+        let mut endpoints = Vec::new();
+        let nics: Vec<&NicCtx> = self.ordered_nics(&st);
+        for (i, rr) in request.rails.iter().enumerate() {
+            let n = nics.iter().find(|n| n.id.0 == u32::from(rr.target_nic.0)).or_else(|| nics.get(i % nics.len().max(1)));
+            let Some(n) = n else {
+                drop(nics);
+                let _ = link.send(&Frame::ConnectReject(wire::ConnectReject {
+                    connect_id: request.connect_id,
+                    code: wire::ErrorCode::NO_USABLE_RAIL,
+                    message: wire::Message::truncating("no prepared nic context"),
+                }));
+                return Err(OpenPeerError::NoRail("no prepared nic context".into()));
+            };
+            let psn = (crate::registration::fresh_token().0 as u32) & 0xff_ffff;
+            let half = make_qp(n, caps, psn)?;
+            let mut ep = half.endpoint;
+            ep.mtu = to_wire_mtu(min_mtu(n.mtu, to_verbs_mtu(rr.endpoint.mtu)));
+            let qp = connect(n, half, &rr.endpoint)?;
+            endpoints.push(ep);
+            made.push((n.id.0, rr.endpoint.nic_id.0, qp, n.identity.name.clone()));
+        }
+        drop(nics);
+        link.send(&Frame::ConnectAccept(wire::ConnectAccept { connect_id: request.connect_id, rails: endpoints }))?;
+        self.install_rails(&mut st, peer, session, request.connect_id, made);
+        tracing::info!(peer = peer.0, source = established.peer.source_id.as_str(), "peer accepted");
+        Ok(peer_info(&st, peer))
+    }
+
+    fn qp_caps(&self) -> QpCaps {
+        QpCaps { max_send_wr: self.shared.settings.max_in_flight, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1 }
+    }
+
+    fn ordered_nics<'a>(&self, st: &'a State) -> Vec<&'a NicCtx> {
+        let Some(init) = st.init.as_ref() else { return Vec::new() };
+        let mut v: Vec<&NicCtx> = Vec::new();
+        for id in &st.nic_order {
+            if let Some(n) = init.nics.iter().find(|n| n.id.0 == *id) {
+                v.push(n);
+            }
+        }
+        v
+    }
+
+    /// Records the peer (new, reconnect or replacement) and its ranges.
+    fn adopt(
+        &self,
+        session: wire::SessionId,
+        est: &Established,
+        publication: &wire::SegmentPublication,
+    ) -> Result<PeerId, OpenPeerError> {
+        let mut st = self.lock();
+        st.peer_table
+            .record_publication(session, publication)
+            .map_err(|e| OpenPeerError::Rejected(e.to_string()))?;
+        let source = est.peer.source_id.clone();
+        let existing = st.tables.peers.iter().find(|(_, p)| p.source_id == source).map(|(id, _)| *id);
+        let now = Instant::now();
+        let id = match (&est.admission, existing) {
+            (Admission::Reconnect, Some(id)) => id,
+            (Admission::Replaced { previous, invalidated }, Some(old)) => {
+                tracing::info!(source = source.as_str(), previous = previous.value(), new = est.peer.epoch.value(),
+                    descriptors = invalidated.descriptors.len(), "source restarted: old incarnation invalidated");
+                self.drop_peer(&mut st, PeerId(old), now);
+                let id = st.next_peer;
+                st.next_peer += 1;
+                id
+            }
+            _ => {
+                let id = st.next_peer;
+                st.next_peer += 1;
+                id
+            }
+        };
+        let ranges: HashMap<RangeId, wire::RangeDescriptor> =
+            publication.ranges.iter().map(|r| (RangeId(r.range_id.0), r.clone())).collect();
+        let entry = st.tables.peers.entry(id).or_insert_with(|| PeerState {
+            source_id: source.clone(),
+            epoch: est.peer.epoch,
+            sessions: Vec::new(),
+            ranges: HashMap::new(),
+            rails: Vec::new(),
+        });
+        entry.epoch = est.peer.epoch;
+        entry.sessions.push(session);
+        entry.ranges = ranges;
+        Ok(PeerId(id))
+    }
+
+    /// Forgets a peer: its rails are closed (flushed so that drain can
+    /// finish, QPs destroyed once empty), its descriptors dropped.
+    pub(crate) fn drop_peer(&self, st: &mut State, peer: PeerId, now: Instant) {
+        let Some(p) = st.tables.peers.remove(&peer.0) else { return };
+        for rail in p.rails {
+            let busy = st.core.close_rail(rail, now);
+            if matches!(st.owner.get(rail.0 as usize), Some(Owner::Rdma)) {
+                if busy {
+                    let _ = crate::transport::Transport::flush(&mut st.rdma, rail);
+                } else if let Err(u) = st.rdma.destroy(rail) {
+                    tracing::error!(error = %u, "destroying an old incarnation's qp failed; retained");
+                }
+            }
+        }
+        st.pump(now);
+    }
+
+    fn abandon(&self, session: wire::SessionId, e: OpenPeerError) -> OpenPeerError {
+        self.lock().peer_table.session_closed(session);
+        e
+    }
+
+    fn install_rails(
+        &self,
+        st: &mut State,
+        peer: PeerId,
+        session: wire::SessionId,
+        connect_id: wire::ConnectId,
+        made: Vec<(u32, u16, verbs::QueuePair<verbs::qp_state::Rts>, String)>,
+    ) {
+        let _ = st.peer_table.record_rc_connection(session, connect_id);
+        let now = Instant::now();
+        // A reconnect replaces the rails of the same incarnation.
+        let old: Vec<_> = st.tables.peers.get(&peer.0).map(|p| p.rails.clone()).unwrap_or_default();
+        for rail in old {
+            if matches!(st.owner.get(rail.0 as usize), Some(Owner::Rdma)) {
+                let busy = st.core.close_rail(rail, now);
+                if busy {
+                    let _ = crate::transport::Transport::flush(&mut st.rdma, rail);
+                } else {
+                    let _ = st.rdma.destroy(rail);
+                }
+                if let Some(p) = st.tables.peers.get_mut(&peer.0) {
+                    p.rails.retain(|r| *r != rail);
+                }
+            }
+        }
+        for (nic, remote_nic, qp, device) in made {
+            let qpn = qp.qp_num();
+            let spec = RailSpec {
+                path: PathKind::Rdma,
+                peer,
+                nic: Some(nic),
+                remote_nic: Some(u32::from(remote_nic)),
+                max_in_flight: self.shared.settings.max_in_flight,
+                signal_interval: self.shared.settings.signal_interval,
+            };
+            let rail = st.add_rail(Owner::Rdma, spec);
+            st.rdma.insert(rail, RdmaRail { nic, remote_nic, qp: RailQp::Rts(qp), device });
+            st.qpn_rail.insert((nic, qpn), rail);
+            if let Some(p) = st.tables.peers.get_mut(&peer.0) {
+                p.rails.push(rail);
+            }
+        }
+    }
+}
+
+fn unexpected(expected: &'static str, got: &Frame) -> OpenPeerError {
+    match got {
+        Frame::Error(e) => OpenPeerError::Rejected(format!("{}: {}", e.code, e.message.as_str())),
+        other => OpenPeerError::Unexpected { expected, got: format!("{:?}", other.frame_type()) },
+    }
+}

@@ -1,0 +1,239 @@
+//! The rdma path: rails are RC queue pairs; work items become RDMA READ and
+//! WRITE work requests, one doorbell per run, selectively signaled.
+//!
+//! Completion side (the per-context poller in the engine) turns verbs work
+//! completions into [`TransportEvent`]s: a completion's `wr_id` is the
+//! slice token; success of a signaled request implies the unsignaled ones
+//! before it on the same QP (RC ordering); any error completion means the
+//! QP is in the error state, so the rail is reported down and every later
+//! request flushes individually (verbs flush semantics).
+
+use std::sync::Arc;
+
+use orbitte_verbs::qp_state::{Errored, Rts};
+use orbitte_verbs::{self as verbs, QueuePair, RemoteAddr, SendOp, SendWr, Sge, WcStatus};
+
+use crate::transport::{
+    CleanupError, Op, PathKind, PeerId, PostContext, PostError, RailId, RangeId, RegistrationId,
+    SliceFailure, SliceStatus, SliceToken, Transport, TransportEvent, WorkItem,
+};
+
+/// A rail's queue pair in whatever state it is.
+#[derive(Debug)]
+pub(crate) enum RailQp {
+    Rts(QueuePair<Rts>),
+    Errored(QueuePair<Errored>),
+    Closed,
+}
+
+#[derive(Debug)]
+pub(crate) struct RdmaRail {
+    pub(crate) nic: u32,
+    pub(crate) remote_nic: u16,
+    pub(crate) qp: RailQp,
+    pub(crate) device: String,
+}
+
+/// The rdma transport: owns every rdma rail's queue pair.
+#[derive(Debug, Default)]
+pub(crate) struct RdmaTransport {
+    rails: Vec<Option<RdmaRail>>,
+    sges: Vec<Sge>,
+    wrs: Vec<SendWr<'static>>,
+    remotes: Vec<RemoteAddr>,
+    /// Destroys that failed (the QP is retained by verbs).
+    pub(crate) unquiesced: Vec<verbs::Unquiesced>,
+}
+
+/// Reuses a vector's allocation for another lifetime (in-place collect of
+/// an empty vector; no unsafe, no allocation).
+fn recycle<'b>(mut v: Vec<SendWr<'_>>) -> Vec<SendWr<'b>> {
+    v.clear();
+    v.into_iter().filter_map(|_| None).collect()
+}
+
+fn flush_failure(device: &str, rail: RailId, e: impl std::fmt::Display) -> CleanupError {
+    CleanupError { object: format!("qp of rail {}", rail.0), device: device.to_owned(), error: e.to_string() }
+}
+
+impl RdmaTransport {
+    pub(crate) fn insert(&mut self, rail: RailId, r: RdmaRail) {
+        let i = rail.0 as usize;
+        if self.rails.len() <= i {
+            self.rails.resize_with(i + 1, || None);
+        }
+        self.rails[i] = Some(r);
+    }
+
+    pub(crate) fn rail(&self, rail: RailId) -> Option<&RdmaRail> {
+        self.rails.get(rail.0 as usize).and_then(Option::as_ref)
+    }
+
+    /// Rails on a NIC.
+    pub(crate) fn rails_on(&self, nic: u32) -> Vec<RailId> {
+        self.rails
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.as_ref().filter(|r| r.nic == nic).map(|_| RailId(i as u32)))
+            .collect()
+    }
+
+    /// Whether the rail's QP is still ready to send.
+    pub(crate) fn is_rts(&self, rail: RailId) -> bool {
+        matches!(self.rail(rail).map(|r| &r.qp), Some(RailQp::Rts(_)))
+    }
+
+    /// Destroys the rail's QP; a failure is kept as evidence and returned.
+    pub(crate) fn destroy(&mut self, rail: RailId) -> Result<(), verbs::Unquiesced> {
+        let Some(r) = self.rails.get_mut(rail.0 as usize).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        let res = match std::mem::replace(&mut r.qp, RailQp::Closed) {
+            RailQp::Rts(qp) => qp.close(),
+            RailQp::Errored(qp) => qp.close(),
+            RailQp::Closed => Ok(()),
+        };
+        if let Err(e) = &res {
+            self.unquiesced.push(e.clone());
+        }
+        res
+    }
+
+    /// Every rail id with a QP not yet destroyed.
+    pub(crate) fn live_rails(&self) -> Vec<RailId> {
+        self.rails
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                r.as_ref().filter(|r| !matches!(r.qp, RailQp::Closed)).map(|_| RailId(i as u32))
+            })
+            .collect()
+    }
+}
+
+/// Converts one work completion of a rail into events.
+pub(crate) fn completion_events(rail: RailId, c: &verbs::Completion, out: &mut Vec<TransportEvent>) {
+    let status = match c.status {
+        WcStatus::Success => SliceStatus::Success,
+        WcStatus::WrFlush => SliceStatus::Failed(SliceFailure::Flushed),
+        other => SliceStatus::Failed(SliceFailure::Completion {
+            status: format!("{other:?} (vendor error {:#x})", c.vendor_err).into(),
+            code: other.as_raw(),
+        }),
+    };
+    let error = !matches!(c.status, WcStatus::Success | WcStatus::WrFlush);
+    out.push(TransportEvent::Completed { rail, token: SliceToken(c.wr_id), status, released: true });
+    if error {
+        let reason: Arc<str> = format!("qp {} in error after a {:?} completion", c.qp_num, c.status).into();
+        out.push(TransportEvent::RailDown { rail, reason });
+    }
+}
+
+impl Transport for RdmaTransport {
+    fn path(&self) -> PathKind {
+        PathKind::Rdma
+    }
+
+    fn post(&mut self, rail: RailId, items: &[WorkItem], ctx: &dyn PostContext) -> Result<(), PostError> {
+        let fail = |posted: usize, reason: String| PostError { rail, posted, reason: reason.into() };
+        let Some(r) = self.rails.get_mut(rail.0 as usize).and_then(Option::as_mut) else {
+            return Err(fail(0, "no such rdma rail".into()));
+        };
+        let RailQp::Rts(qp) = &mut r.qp else {
+            return Err(fail(0, format!("queue pair of rail {} is in the error state or closed", rail.0)));
+        };
+        let mut sges = std::mem::take(&mut self.sges);
+        sges.clear();
+        // Resolve keys; runs usually share registration and range, so cache
+        // the last lookup of each.
+        let mut last_local: Option<(RegistrationId, u64, u32)> = None;
+        let mut last_remote: Option<(PeerId, RangeId, u64, u32)> = None;
+        let mut resolved = items.len();
+        let mut remotes = std::mem::take(&mut self.remotes);
+        remotes.clear();
+        for (i, w) in items.iter().enumerate() {
+            let (laddr, lkey) = match last_local {
+                Some((reg, a, k)) if reg == w.registration => (a, k),
+                _ => match ctx.local_key(w.registration, r.nic) {
+                    Some((a, k)) => {
+                        last_local = Some((w.registration, a, k));
+                        (a, k)
+                    }
+                    None => {
+                        resolved = i;
+                        break;
+                    }
+                },
+            };
+            let (raddr, rkey) = match last_remote {
+                Some((p, g, a, k)) if p == w.peer && g == w.range => (a, k),
+                _ => {
+                    let found = ctx.remote_range(w.peer, w.range).and_then(|d| {
+                        d.rkeys.iter().find(|k| k.nic_id.0 == r.remote_nic).map(|k| (d.address, k.rkey))
+                    });
+                    match found {
+                        Some((a, k)) => {
+                            last_remote = Some((w.peer, w.range, a, k));
+                            (a, k)
+                        }
+                        None => {
+                            resolved = i;
+                            break;
+                        }
+                    }
+                }
+            };
+            sges.push(Sge::new(laddr + w.local_offset, w.len, lkey));
+            remotes.push(RemoteAddr { addr: raddr + w.remote_offset, rkey });
+        }
+        let mut wrs = recycle(std::mem::take(&mut self.wrs));
+        for (i, w) in items[..resolved].iter().enumerate() {
+            let remote = remotes[i];
+            let op = match w.op {
+                Op::Write => SendOp::Write { remote, imm: None },
+                Op::Read => SendOp::Read { remote },
+            };
+            wrs.push(SendWr { wr_id: w.token.0, op, sges: &sges[i..i + 1], signaled: w.signaled });
+        }
+        let res = if wrs.is_empty() { Ok(()) } else { qp.post_send(&wrs) };
+        self.wrs = recycle(wrs);
+        self.sges = sges;
+        self.remotes = remotes;
+        match res {
+            Err(e) => Err(fail(e.index.min(resolved), e.to_string())),
+            Ok(()) if resolved < items.len() => Err(fail(
+                resolved,
+                "local or remote keys not found (registration retired or peer replaced)".into(),
+            )),
+            Ok(()) => Ok(()),
+        }
+    }
+
+    fn flush(&mut self, rail: RailId) -> Result<(), CleanupError> {
+        let Some(r) = self.rails.get_mut(rail.0 as usize).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        match std::mem::replace(&mut r.qp, RailQp::Closed) {
+            RailQp::Rts(qp) => match qp.into_error() {
+                Ok(e) => {
+                    r.qp = RailQp::Errored(e);
+                    Ok(())
+                }
+                Err(t) => {
+                    let err = flush_failure(&r.device, rail, &t.error);
+                    r.qp = RailQp::Rts(t.qp);
+                    Err(err)
+                }
+            },
+            other => {
+                r.qp = other;
+                Ok(())
+            }
+        }
+    }
+
+    fn close_rail(&mut self, rail: RailId) -> Result<(), CleanupError> {
+        let device = self.rail(rail).map(|r| r.device.clone()).unwrap_or_default();
+        self.destroy(rail).map_err(|e| flush_failure(&device, rail, e))
+    }
+}

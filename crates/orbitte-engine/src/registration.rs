@@ -1,0 +1,261 @@
+//! Host Direct registration: budgets, the MR copies per context, and
+//! publication.
+//!
+//! # The copies
+//! A registered range gets, on **every** prepared NIC context (paused ports
+//! included, whatever the dispatch mask says):
+//! - one *local-access* MR (`LOCAL_WRITE` only). Its lkey is what this
+//!   engine's outgoing work requests use, READ destinations and WRITE
+//!   sources alike. It grants peers nothing.
+//! - for a remotely accessible range, a second *remote-access* MR
+//!   (`LOCAL_WRITE` plus `REMOTE_READ` and/or `REMOTE_WRITE`). Its rkey is
+//!   the one published to peers; it is never used as an lkey.
+//!
+//! Keeping the two apart means retiring a range revokes peer access (the
+//! remote MR is deregistered) while this engine's own in-flight requests on
+//! the range keep their lkeys until they drain.
+//!
+//! # Budgets
+//! Two aggregate limits: the number of MRs and the registered bytes. Both
+//! charge the full range for each copy, so a remotely accessible range of
+//! `n` bytes on `k` contexts costs `2k` MRs and `2kn` bytes. A registration
+//! that does not fit fails with `ResourceExhausted` naming what was asked,
+//! what is in use and the limit; nothing published is ever evicted to make
+//! room.
+
+use std::sync::Arc;
+
+use orbitte_memory::HostMemory;
+use orbitte_verbs::{self as verbs, MemoryRegion};
+use orbitte_wire as wire;
+
+use crate::transport::RegistrationId;
+
+/// Who may touch a registered range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Only this engine's requests use it (one MR per context).
+    LocalOnly,
+    /// Also published to peers for their one-sided requests (two MRs per
+    /// context).
+    Remote {
+        /// Peers may READ it.
+        read: bool,
+        /// Peers may WRITE it.
+        write: bool,
+    },
+}
+
+impl Access {
+    /// Peers may read and write.
+    pub const REMOTE_READ_WRITE: Self = Self::Remote { read: true, write: true };
+
+    /// MR copies per context.
+    pub fn copies_per_context(self) -> u64 {
+        match self {
+            Self::LocalOnly => 1,
+            Self::Remote { .. } => 2,
+        }
+    }
+
+    pub(crate) fn remote_verbs(self) -> Option<verbs::Access> {
+        match self {
+            Self::LocalOnly => None,
+            Self::Remote { read, write } => {
+                let mut bits = verbs::Access::LOCAL_WRITE.bits();
+                if read {
+                    bits |= verbs::Access::REMOTE_READ.bits();
+                }
+                if write {
+                    bits |= verbs::Access::REMOTE_WRITE.bits();
+                }
+                Some(verbs::Access::from_bits(bits))
+            }
+        }
+    }
+
+    pub(crate) fn wire_flags(self) -> wire::AccessFlags {
+        let mut f = wire::AccessFlags::LOCAL_WRITE;
+        if let Self::Remote { read, write } = self {
+            if read {
+                f = f | wire::AccessFlags::REMOTE_READ;
+            }
+            if write {
+                f = f | wire::AccessFlags::REMOTE_WRITE;
+            }
+        }
+        f
+    }
+}
+
+/// Aggregate registration limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budgets {
+    /// Most MRs over all contexts and ranges.
+    pub max_mrs: u64,
+    /// Most registered bytes over all copies.
+    pub max_bytes: u64,
+}
+
+impl Default for Budgets {
+    fn default() -> Self {
+        Self { max_mrs: 1 << 16, max_bytes: 1 << 40 }
+    }
+}
+
+/// What is charged against the budgets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Charges {
+    /// MRs.
+    pub mrs: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// A registered range, as the caller holds it. Plain data: the engine owns
+/// the MRs and the memory; requests pin both until they drain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    /// Engine-assigned id (also the published range id).
+    pub id: RegistrationId,
+    /// Bytes.
+    pub len: u64,
+    /// Access it was registered with.
+    pub access: Access,
+    /// MR copies made (contexts × copies per context).
+    pub copies: u64,
+}
+
+/// Lifecycle of a registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RegState {
+    Published,
+    Retired,
+}
+
+/// One context's MRs of a range.
+#[derive(Debug)]
+pub(crate) struct NicCopies {
+    pub(crate) nic: u32,
+    pub(crate) local: MemoryRegion,
+    pub(crate) remote: Option<MemoryRegion>,
+}
+
+/// The pin every in-flight request holds: keeps the memory mapped while
+/// the request is undrained (the MRs keep it too).
+#[derive(Debug)]
+pub(crate) struct RegPin {
+    #[allow(dead_code)] // held for its Drop: the buffer-ownership rule
+    pub(crate) memory: Arc<HostMemory>,
+}
+
+#[derive(Debug)]
+pub(crate) struct RegEntry {
+    pub(crate) memory: Arc<HostMemory>,
+    pub(crate) access: Access,
+    pub(crate) state: RegState,
+    pub(crate) copies: Vec<NicCopies>,
+    /// Index by NIC ID: position in `copies`.
+    pub(crate) by_nic: Vec<Option<usize>>,
+    pub(crate) pin: Arc<RegPin>,
+    pub(crate) charge: Charges,
+    pub(crate) token: wire::AccessToken,
+}
+
+impl RegEntry {
+    /// Requests still holding this range.
+    pub(crate) fn undrained(&self) -> usize {
+        Arc::strong_count(&self.pin) - 1
+    }
+
+    pub(crate) fn copies_on(&self, nic: u32) -> Option<&NicCopies> {
+        self.by_nic.get(nic as usize).copied().flatten().map(|i| &self.copies[i])
+    }
+
+    /// The descriptor peers receive (remote ranges only).
+    pub(crate) fn descriptor(&self, id: RegistrationId, nics: &[(u32, u16, verbs::Gid)]) -> Option<wire::RangeDescriptor> {
+        if self.access == Access::LocalOnly || self.state != RegState::Published {
+            return None;
+        }
+        let rkeys = self
+            .copies
+            .iter()
+            .filter_map(|c| {
+                let remote = c.remote.as_ref()?;
+                let (_, lid, gid) = nics.iter().find(|(n, _, _)| *n == c.nic)?;
+                Some(wire::NicRkey {
+                    nic_id: wire::NicId(u16::try_from(c.nic).ok()?),
+                    rkey: remote.rkey(),
+                    lid: *lid,
+                    gid: wire::Gid(gid.0),
+                })
+            })
+            .collect();
+        Some(wire::RangeDescriptor {
+            range_id: wire::RangeId(id.0),
+            address: self.memory.as_ptr() as u64,
+            length: self.memory.len() as u64,
+            access: self.access.wire_flags(),
+            token: self.token,
+            rkeys,
+            local: None,
+        })
+    }
+}
+
+/// Budget accounting. Invariant: `in_use` is the sum of the charges of
+/// every entry in the registration table plus the charges of retained
+/// (unquiesced) copies.
+#[derive(Debug, Default)]
+pub(crate) struct Ledger {
+    pub(crate) budgets: Budgets,
+    pub(crate) in_use: Charges,
+}
+
+impl Ledger {
+    /// Checks that `ask` fits; names the first budget it exceeds.
+    pub(crate) fn check(&self, ask: Charges) -> Result<(), crate::error::RegisterError> {
+        if self.in_use.mrs.saturating_add(ask.mrs) > self.budgets.max_mrs {
+            return Err(crate::error::RegisterError::ResourceExhausted {
+                resource: "memory regions",
+                asked: ask.mrs,
+                in_use: self.in_use.mrs,
+                limit: self.budgets.max_mrs,
+            });
+        }
+        if self.in_use.bytes.saturating_add(ask.bytes) > self.budgets.max_bytes {
+            return Err(crate::error::RegisterError::ResourceExhausted {
+                resource: "registered bytes",
+                asked: ask.bytes,
+                in_use: self.in_use.bytes,
+                limit: self.budgets.max_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn charge(&mut self, c: Charges) {
+        self.in_use.mrs += c.mrs;
+        self.in_use.bytes += c.bytes;
+    }
+
+    pub(crate) fn release(&mut self, c: Charges) {
+        self.in_use.mrs = self.in_use.mrs.saturating_sub(c.mrs);
+        self.in_use.bytes = self.in_use.bytes.saturating_sub(c.bytes);
+    }
+}
+
+/// A fresh unguessable token for a published range (SipHash keyed by the
+/// process's random state, fed with a counter and the time).
+pub(crate) fn fresh_token() -> wire::AccessToken {
+    use std::hash::{BuildHasher, Hasher};
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    wire::AccessToken(h.finish())
+}

@@ -1,0 +1,189 @@
+//! The session handshake, both sides, over any blocking stream.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use orbitte_wire::{
+    Admission, Challenge, ErrorCode, Frame, FrameType, Hello, HelloAck, Identity, Nonce, SessionId,
+};
+
+use super::io::{Conn, FrameReader, send_error, write_frame};
+use super::{PeerIdentity, SessionConfig, SessionError, SharedPeerTable, random_bytes};
+
+/// A finished handshake: who the peer is and what admitting it did.
+#[derive(Debug, Clone)]
+pub struct Handshake {
+    /// The admitted peer.
+    pub peer: PeerIdentity,
+    /// This session's id in the peer table (close it with
+    /// `PeerTable::session_closed`).
+    pub session: SessionId,
+    /// New source, reconnect, or replacement of an older epoch (whose
+    /// sessions and descriptors the caller must drop).
+    pub admission: Admission,
+}
+
+static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
+
+/// A process-unique session id.
+pub(crate) fn next_session_id() -> SessionId {
+    SessionId(NEXT_SESSION.fetch_add(1, Ordering::Relaxed))
+}
+
+fn identity(cfg: &SessionConfig) -> Identity {
+    Identity::new(cfg.source_id.clone(), cfg.epoch, cfg.capabilities)
+}
+
+fn remaining(deadline: Instant) -> std::time::Duration {
+    deadline.saturating_duration_since(Instant::now()).max(std::time::Duration::from_millis(1))
+}
+
+fn refused(frame: Frame) -> SessionError {
+    match frame {
+        Frame::Error(e) => SessionError::Refused { code: e.code, message: e.message.to_string() },
+        other => SessionError::Protocol(format!("expected a handshake frame, got {}", other.frame_type())),
+    }
+}
+
+fn read_handshake<C: Conn>(
+    c: &mut C,
+    reader: &mut FrameReader,
+    deadline: Instant,
+    what: &'static str,
+) -> Result<Frame, SessionError> {
+    let left = remaining(deadline);
+    match reader.read(c, Some(left), left) {
+        Err(SessionError::Idle) | Err(SessionError::Timeout { .. }) => Err(SessionError::Timeout { what }),
+        other => other,
+    }
+}
+
+/// Initiator side: answers the responder's challenge with our hello,
+/// checks its hello-ack and admits it into `peers`.
+pub(crate) fn connect<C: Conn>(
+    c: &mut C,
+    cfg: &SessionConfig,
+    peers: &SharedPeerTable,
+    addr: Option<SocketAddr>,
+) -> Result<Handshake, SessionError> {
+    let deadline = Instant::now() + cfg.handshake_timeout;
+    c.set_write_timeout_(Some(cfg.handshake_timeout))?;
+    let mut reader = FrameReader::new();
+    let mut scratch = Vec::with_capacity(512);
+    let challenge = match read_handshake(c, &mut reader, deadline, "a challenge")? {
+        Frame::Challenge(ch) => ch,
+        other => return Err(refused(other)),
+    };
+    let mut hello = Hello { identity: identity(cfg), nonce: Nonce(random_bytes()?), proof: None };
+    if let Some(secret) = &cfg.cluster_secret {
+        hello.proof = Some(orbitte_wire::auth::hello_proof(secret, &challenge, &hello));
+    }
+    write_frame(c, &Frame::Hello(hello.clone()), &mut scratch)?;
+    let ack = match read_handshake(c, &mut reader, deadline, "a hello-ack")? {
+        Frame::HelloAck(ack) => ack,
+        other => return Err(refused(other)),
+    };
+    if let Err(e) = orbitte_wire::auth::verify_hello_ack(cfg.cluster_secret.as_ref(), &challenge, &hello, &ack) {
+        tracing::warn!(peer = %ack.identity.source_id, ?addr, error = %e, "responder failed authentication; closing");
+        send_error(c, e.error_code(), FrameType::HELLO_ACK, &e.to_string());
+        return Err(e.into());
+    }
+    let session = next_session_id();
+    let admission = {
+        let mut table = peers.lock().unwrap_or_else(|p| p.into_inner());
+        table.admit(session, addr, &ack.identity)
+    };
+    let admission = match admission {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(?addr, error = %e, "responder not admitted; closing");
+            send_error(c, e.error_code(), FrameType::HELLO_ACK, &e.to_string());
+            return Err(e.into());
+        }
+    };
+    Ok(Handshake {
+        peer: PeerIdentity {
+            source_id: ack.identity.source_id,
+            epoch: ack.identity.epoch,
+            capabilities: ack.identity.capabilities,
+            addr,
+        },
+        session,
+        admission,
+    })
+}
+
+/// Responder side: challenges, checks the hello (version, proof, epoch)
+/// and answers with our hello-ack. On refusal the peer gets an error frame
+/// naming the reason and the refusal is logged.
+pub(crate) fn accept<C: Conn>(
+    c: &mut C,
+    cfg: &SessionConfig,
+    peers: &SharedPeerTable,
+    from: Option<SocketAddr>,
+) -> Result<Handshake, SessionError> {
+    let deadline = Instant::now() + cfg.handshake_timeout;
+    c.set_write_timeout_(Some(cfg.handshake_timeout))?;
+    let mut reader = FrameReader::new();
+    let mut scratch = Vec::with_capacity(512);
+    let challenge = Challenge { nonce: Nonce(random_bytes()?) };
+    write_frame(c, &Frame::Challenge(challenge.clone()), &mut scratch)?;
+    let hello = match read_handshake(c, &mut reader, deadline, "a hello") {
+        Ok(Frame::Hello(h)) => h,
+        Ok(other) => {
+            let msg = format!("expected hello, got {}", other.frame_type());
+            send_error(c, ErrorCode::UNEXPECTED_FRAME, other.frame_type(), &msg);
+            return Err(SessionError::Protocol(msg));
+        }
+        Err(SessionError::Malformed(e)) => {
+            send_error(c, e.error_code(), e.frame, &e.to_string());
+            return Err(SessionError::Malformed(e));
+        }
+        Err(e) => {
+            if matches!(e, SessionError::Timeout { .. }) {
+                send_error(c, ErrorCode::TIMEOUT, FrameType(0), "no hello within the handshake timeout");
+            }
+            return Err(e);
+        }
+    };
+    if let Err(e) = orbitte_wire::auth::verify_hello(cfg.cluster_secret.as_ref(), &challenge, &hello) {
+        tracing::warn!(
+            peer = %hello.identity.source_id, ?from, error = %e,
+            "initiator failed authentication: session refused, nothing readable or writable"
+        );
+        send_error(c, e.error_code(), FrameType::HELLO, &e.to_string());
+        return Err(e.into());
+    }
+    let session = next_session_id();
+    let admission = {
+        let mut table = peers.lock().unwrap_or_else(|p| p.into_inner());
+        table.admit(session, from, &hello.identity)
+    };
+    let admission = match admission {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(?from, error = %e, "initiator not admitted; session refused");
+            send_error(c, e.error_code(), FrameType::HELLO, &e.to_string());
+            return Err(e.into());
+        }
+    };
+    let mut ack = HelloAck { identity: identity(cfg), proof: None };
+    if let Some(secret) = &cfg.cluster_secret {
+        ack.proof = Some(orbitte_wire::auth::hello_ack_proof(secret, &challenge, &hello, &ack));
+    }
+    if let Err(e) = write_frame(c, &Frame::HelloAck(ack), &mut scratch) {
+        peers.lock().unwrap_or_else(|p| p.into_inner()).session_closed(session);
+        return Err(e);
+    }
+    Ok(Handshake {
+        peer: PeerIdentity {
+            source_id: hello.identity.source_id,
+            epoch: hello.identity.epoch,
+            capabilities: hello.identity.capabilities,
+            addr: from,
+        },
+        session,
+        admission,
+    })
+}

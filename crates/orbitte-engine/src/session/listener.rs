@@ -1,0 +1,304 @@
+//! The target side: accepts sessions on TCP (and same-host mapping
+//! requests on a unix socket) and serves them, one thread per connection.
+
+use std::collections::HashMap;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use orbitte_wire::{Admission, ErrorCode, Frame, FrameType, SessionId, SourceId};
+
+use super::io::{send_error, write_frame};
+use super::publications::publication_frames;
+use super::{RangeLookup, SessionConfig, SessionError, SharedPeerTable, handshake};
+use crate::transport::tcp::serve::{ServeCtx, serve};
+
+/// One session the listener closed, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClosedSession {
+    /// The peer's address.
+    pub from: SocketAddr,
+    /// The peer's source id, when the handshake got that far.
+    pub source_id: Option<SourceId>,
+    /// Whether the close was abnormal (misbehaving peer or a bound hit).
+    pub abnormal: bool,
+    /// Why it was closed.
+    pub reason: String,
+}
+
+/// Counters of a listener.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ListenerStats {
+    /// Connections accepted.
+    pub accepted: u64,
+    /// Sessions that completed the handshake.
+    pub admitted: u64,
+    /// Connections refused or closed for a bad reason.
+    pub refused: u64,
+    /// Connections open now.
+    pub live: u64,
+}
+
+#[derive(Debug)]
+struct LiveConn {
+    source: Option<SourceId>,
+    session: Option<SessionId>,
+    stream: TcpStream,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) cfg: SessionConfig,
+    pub(crate) peers: SharedPeerTable,
+    pub(crate) ranges: Arc<dyn RangeLookup>,
+    pub(crate) stop: AtomicBool,
+    live: Mutex<HashMap<u64, LiveConn>>,
+    closed: Mutex<Vec<ClosedSession>>,
+    next_conn: AtomicU64,
+    accepted: AtomicU64,
+    admitted: AtomicU64,
+    refused: AtomicU64,
+}
+
+/// Keeps the last records only, so a flood of connections cannot grow it.
+const CLOSED_KEPT: usize = 1024;
+
+impl Shared {
+    fn record_close(&self, from: SocketAddr, source_id: Option<SourceId>, abnormal: bool, reason: String) {
+        if abnormal {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%from, source = ?source_id.as_ref().map(|s| s.as_str()), %reason, "session closed");
+        } else {
+            tracing::info!(%from, source = ?source_id.as_ref().map(|s| s.as_str()), %reason, "session closed");
+        }
+        let mut c = self.closed.lock().unwrap_or_else(|p| p.into_inner());
+        if c.len() >= CLOSED_KEPT {
+            c.remove(0);
+        }
+        c.push(ClosedSession { from, source_id, abnormal, reason });
+    }
+}
+
+/// Accepts and serves sessions until dropped or [`shut down`](Self::shutdown).
+#[derive(Debug)]
+pub struct Listener {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    accept: Option<JoinHandle<()>>,
+    local: Option<crate::transport::local::LocalServer>,
+}
+
+impl Listener {
+    /// Binds `addr` (port 0: any free port) and starts serving `ranges`.
+    /// Same-host peers can also map mappable ranges (the local path) through
+    /// a unix socket named after our source id and epoch.
+    pub fn bind(
+        cfg: SessionConfig,
+        peers: SharedPeerTable,
+        ranges: Arc<dyn RangeLookup>,
+        addr: SocketAddr,
+    ) -> Result<Self, SessionError> {
+        let listener = TcpListener::bind(addr)?;
+        let addr = listener.local_addr()?;
+        listener.set_nonblocking(true)?;
+        let shared = Arc::new(Shared {
+            cfg,
+            peers,
+            ranges,
+            stop: AtomicBool::new(false),
+            live: Mutex::new(HashMap::new()),
+            closed: Mutex::new(Vec::new()),
+            next_conn: AtomicU64::new(1),
+            accepted: AtomicU64::new(0),
+            admitted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        });
+        let local = match crate::transport::local::LocalServer::start(shared.clone()) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!(error = %e, "local path unavailable: cannot bind its unix socket; same-host peers will use tcp");
+                None
+            }
+        };
+        let s = shared.clone();
+        let accept = std::thread::Builder::new()
+            .name(format!("orbitte-accept-{}", addr.port()))
+            .spawn(move || accept_loop(listener, s))?;
+        tracing::info!(%addr, source = %shared.cfg.source_id, epoch = %shared.cfg.epoch, "listening");
+        Ok(Self { shared, addr, accept: Some(accept), local })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Whether the local path's unix socket is up.
+    pub fn serves_local(&self) -> bool {
+        self.local.is_some()
+    }
+
+    /// The sessions closed so far (the last 1024), with reasons.
+    pub fn closed_sessions(&self) -> Vec<ClosedSession> {
+        self.shared.closed.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ListenerStats {
+        ListenerStats {
+            accepted: self.shared.accepted.load(Ordering::Relaxed),
+            admitted: self.shared.admitted.load(Ordering::Relaxed),
+            refused: self.shared.refused.load(Ordering::Relaxed),
+            live: self.shared.live.lock().unwrap_or_else(|p| p.into_inner()).len() as u64,
+        }
+    }
+
+    /// Stops accepting, closes every session and waits for the accept
+    /// thread.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        for c in self.shared.live.lock().unwrap_or_else(|p| p.into_inner()).values() {
+            let _ = c.stream.shutdown(Shutdown::Both);
+        }
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+        if let Some(l) = self.local.take() {
+            l.stop();
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    while !shared.stop.load(Ordering::Acquire) {
+        let (stream, from) = match listener.accept() {
+            Ok(x) => x,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        shared.accepted.fetch_add(1, Ordering::Relaxed);
+        let _ = stream.set_nonblocking(false);
+        let _ = stream.set_nodelay(true);
+        let conn = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
+            if live.len() >= shared.cfg.max_sessions {
+                drop(live);
+                let mut s = stream;
+                send_error(&mut s, ErrorCode::RESOURCE_EXHAUSTED, FrameType(0), "too many sessions");
+                shared.record_close(from, None, true, format!("refused: {} sessions open (max_sessions)", shared.cfg.max_sessions));
+                continue;
+            }
+            match stream.try_clone() {
+                Ok(clone) => {
+                    live.insert(conn, LiveConn { source: None, session: None, stream: clone });
+                }
+                Err(e) => {
+                    shared.record_close(from, None, true, format!("cannot clone the socket: {e}"));
+                    continue;
+                }
+            }
+        }
+        let s = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("orbitte-session-{conn}"))
+            .spawn(move || serve_conn(stream, from, conn, s));
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot spawn a session thread");
+            shared.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn);
+        }
+    }
+}
+
+fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Shared>) {
+    let cfg = &shared.cfg;
+    let hs = match handshake::accept(&mut stream, cfg, &shared.peers, Some(from)) {
+        Ok(h) => h,
+        Err(e) => {
+            shared.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn);
+            shared.record_close(from, None, true, format!("handshake failed: {e}"));
+            return;
+        }
+    };
+    shared.admitted.fetch_add(1, Ordering::Relaxed);
+    let source = hs.peer.source_id.clone();
+    // Connection bound per source, and the epoch rule's "drop old sessions".
+    let over_limit = {
+        let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
+        if let Admission::Replaced { previous, invalidated } = &hs.admission {
+            let mut dropped = 0;
+            for c in live.values() {
+                if c.session.is_some_and(|s| invalidated.sessions.contains(&s)) {
+                    let _ = c.stream.shutdown(Shutdown::Both);
+                    dropped += 1;
+                }
+            }
+            tracing::info!(
+                source = %source, old_epoch = %previous, new_epoch = %hs.peer.epoch, dropped,
+                "newer epoch adopted: sessions of the old epoch closed"
+            );
+        }
+        let same = live.values().filter(|c| c.source.as_ref() == Some(&source)).count();
+        if same >= cfg.max_connections_per_source {
+            true
+        } else {
+            if let Some(c) = live.get_mut(&conn) {
+                c.source = Some(source.clone());
+                c.session = Some(hs.session);
+            }
+            false
+        }
+    };
+    let reason = if over_limit {
+        let msg = format!("too many connections from {source} (max_connections_per_source {})", cfg.max_connections_per_source);
+        send_error(&mut stream, ErrorCode::RESOURCE_EXHAUSTED, FrameType::HELLO, &msg);
+        crate::transport::tcp::serve::CloseReason { abnormal: true, text: msg }
+    } else {
+        // p2p metadata: our publications, then the data phase.
+        let mut scratch = Vec::new();
+        let mut sent = Ok(());
+        for p in publication_frames(shared.ranges.as_ref(), cfg.epoch, &cfg.host_id) {
+            sent = write_frame(&mut stream, &Frame::SegmentPublication(p), &mut scratch);
+            if sent.is_err() {
+                break;
+            }
+        }
+        match sent {
+            Err(e) => crate::transport::tcp::serve::CloseReason { abnormal: true, text: format!("cannot send publications: {e}") },
+            Ok(()) => {
+                let ctx = ServeCtx {
+                    cfg,
+                    peers: &shared.peers,
+                    ranges: shared.ranges.as_ref(),
+                    peer: &hs.peer,
+                    session: hs.session,
+                    stop: &shared.stop,
+                };
+                serve(&mut stream, &ctx)
+            }
+        }
+    };
+    let _ = stream.shutdown(Shutdown::Both);
+    shared.peers.lock().unwrap_or_else(|p| p.into_inner()).session_closed(hs.session);
+    shared.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn);
+    shared.record_close(from, Some(source), reason.abnormal, reason.text);
+}

@@ -1,0 +1,189 @@
+//! Sessions: connections between engines that speak the wire protocol.
+//!
+//! A session starts with the wire handshake (`challenge` from the
+//! responder, `hello` from the initiator, `hello-ack` back): protocol
+//! version, source id, authoritative epoch, capabilities, and, when a
+//! cluster secret is configured, an HMAC proof each way. The responder
+//! admits the initiator into its [`PeerTable`](orbitte_wire::PeerTable)
+//! and the initiator admits the responder into its own, so the epoch rule
+//! holds in both directions: an older epoch is rejected (also from the same
+//! address), a newer one replaces the source and drops its old sessions and
+//! cached descriptors, an equal one is a reconnect.
+//!
+//! After the handshake the responder sends its publications
+//! (`segment-publication`: the p2p metadata), then serves tcp data requests
+//! ([`crate::transport::tcp`]) until either side leaves.
+//!
+//! Bounds (each is a [`SessionConfig`] field): a peer that connects and
+//! says nothing is closed after `handshake_timeout`; a frame that starts
+//! must finish within `frame_timeout` (truncated frames); malformed frames
+//! close the session at once; a target serves one request per connection at
+//! a time and reads the next only after answering, so a flooding peer is
+//! throttled by its own TCP window, and a peer that stops reading answers
+//! is closed after `io_timeout`; at most `max_connections_per_source`
+//! connections per source and `max_sessions` in all. Every close is logged
+//! with its reason (`tracing` warn) and kept in [`ClosedSession`] records.
+
+pub(crate) mod handshake;
+pub(crate) mod io;
+pub(crate) mod listener;
+pub(crate) mod publications;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use orbitte_wire::auth::{AuthError, ClusterSecret};
+use orbitte_wire::{AdmitError, Capabilities, DecodeError, Epoch, ErrorCode, HostId, SourceId};
+
+pub use handshake::Handshake;
+pub use listener::{ClosedSession, Listener, ListenerStats};
+pub use publications::{Published, PublicationTable, RangeLookup};
+
+/// Settings shared by both ends of sessions.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// This engine's stable identity.
+    pub source_id: SourceId,
+    /// This engine's authoritative epoch (newer after every restart).
+    pub epoch: Epoch,
+    /// This host's identity (the local path compares it).
+    pub host_id: HostId,
+    /// With a secret, every session must prove it (both directions).
+    pub cluster_secret: Option<ClusterSecret>,
+    /// Capabilities offered in the hello.
+    pub capabilities: Capabilities,
+    /// A peer must complete the handshake within this.
+    pub handshake_timeout: Duration,
+    /// A frame that started must be complete (header and fixed part)
+    /// within this; payload reads and response writes use it per call.
+    pub frame_timeout: Duration,
+    /// With requests outstanding, a connection that brings no answer for
+    /// this long is declared dead (initiator); a peer that does not read
+    /// our answers for this long is closed (target).
+    pub io_timeout: Duration,
+    /// A target closes a session idle (no request) for this long; `None`:
+    /// never.
+    pub idle_timeout: Option<Duration>,
+    /// Connections a target accepts at once.
+    pub max_sessions: usize,
+    /// Connections a target accepts at once from one source.
+    pub max_connections_per_source: usize,
+    /// tcp requests an initiator keeps outstanding per connection
+    /// (pipelining depth).
+    pub max_in_flight_per_connection: u32,
+    /// Use sendfile/splice for memfd-backed memory (see
+    /// `transport::tcp::payload`); off only to test the fallback.
+    pub zero_copy: bool,
+    /// Test knob: the target sleeps this long before serving each request
+    /// (makes "killed mid-batch" deterministic). Zero in production.
+    pub serve_delay: Duration,
+}
+
+impl SessionConfig {
+    /// Defaults for `source_id` at `epoch`, with this machine's host id.
+    pub fn new(source_id: SourceId, epoch: Epoch) -> Self {
+        Self {
+            source_id,
+            epoch,
+            host_id: default_host_id(),
+            cluster_secret: None,
+            capabilities: Capabilities::TCP | Capabilities::LOCAL,
+            handshake_timeout: Duration::from_secs(5),
+            frame_timeout: Duration::from_secs(5),
+            io_timeout: Duration::from_secs(10),
+            idle_timeout: None,
+            max_sessions: 256,
+            max_connections_per_source: 32,
+            max_in_flight_per_connection: 16,
+            zero_copy: true,
+            serve_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// Who is at the other end of a session, as admitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerIdentity {
+    /// Its source id.
+    pub source_id: SourceId,
+    /// Its authoritative epoch.
+    pub epoch: Epoch,
+    /// What it offers.
+    pub capabilities: Capabilities,
+    /// Its address, for TCP sessions.
+    pub addr: Option<SocketAddr>,
+}
+
+/// Why a session could not be opened or went down.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// The socket failed.
+    #[error("session i/o failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer took too long.
+    #[error("peer did not send {what} in time; it was closed")]
+    Timeout {
+        /// What we waited for.
+        what: &'static str,
+    },
+    /// Nothing arrived within the idle bound (not an error by itself).
+    #[error("no frame arrived within the idle bound")]
+    Idle,
+    /// The peer closed the connection.
+    #[error("peer closed the connection while {during}")]
+    Closed {
+        /// What we were doing.
+        during: &'static str,
+    },
+    /// The peer sent bytes that are not a valid frame.
+    #[error(transparent)]
+    Malformed(#[from] DecodeError),
+    /// The peer sent a valid frame that is not allowed here.
+    #[error("peer broke the protocol: {0}")]
+    Protocol(String),
+    /// The peer refused us with an error frame.
+    #[error("peer refused the session: {code}: {message}")]
+    Refused {
+        /// Its code.
+        code: ErrorCode,
+        /// Its message.
+        message: String,
+    },
+    /// Authentication failed (either side's fault; the message says which).
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    /// The peer's identity is not admissible (stale epoch, version, own id).
+    #[error(transparent)]
+    Admit(#[from] AdmitError),
+    /// A limit was reached.
+    #[error("session limit reached: {0}")]
+    Limit(String),
+}
+
+/// The default host id: machine id, boot id and network namespace, so
+/// that processes in different network namespaces (which cannot reach each
+/// other's abstract unix sockets) count as different hosts.
+pub fn default_host_id() -> HostId {
+    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_owned()).unwrap_or_default();
+    let machine = read("/etc/machine-id");
+    let boot = read("/proc/sys/kernel/random/boot_id");
+    let netns = std::fs::read_link("/proc/self/ns/net")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut id = format!("{machine}/{boot}/{netns}");
+    id.truncate(255);
+    HostId::new(id).unwrap_or_else(|_| HostId::new("unknown-host").expect("non-empty literal"))
+}
+
+/// `N` bytes from the OS CSPRNG (`/dev/urandom`).
+pub(crate) fn random_bytes<const N: usize>() -> std::io::Result<[u8; N]> {
+    use std::io::Read;
+    let mut b = [0u8; N];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(b)
+}
+
+/// Shared, lock-protected peer table of one engine.
+pub type SharedPeerTable = Arc<std::sync::Mutex<orbitte_wire::PeerTable>>;

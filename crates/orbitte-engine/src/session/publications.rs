@@ -1,0 +1,137 @@
+//! What a target has published, as the tcp and local paths look it up.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use orbitte_memory::HostMemory;
+use orbitte_wire::{
+    AccessFlags, AccessToken, Epoch, HostId, LocalHint, LocalMechanism, RangeDescriptor, RangeId,
+    SegmentPublication,
+};
+
+/// One published range: the memory behind it and what peers may do.
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// The memory (kept alive by this clone while a request uses it).
+    pub memory: Arc<HostMemory>,
+    /// Where the range starts inside `memory`.
+    pub offset: u64,
+    /// Its length.
+    ///
+    /// Invariant: `offset + length <= memory.len()`.
+    pub length: u64,
+    /// Remote access allowed (`REMOTE_READ`, `REMOTE_WRITE`).
+    pub access: AccessFlags,
+    /// The token requests must present.
+    pub token: AccessToken,
+}
+
+impl Published {
+    /// Whether a same-host peer may map it: memfd-backed and readable by
+    /// peers (a mapping always allows reads, so a write-only range is never
+    /// mapped; it goes over tcp).
+    pub fn is_mappable(&self) -> bool {
+        self.memory.is_shareable() && self.access.contains(AccessFlags::REMOTE_READ)
+    }
+}
+
+/// The target's view of its publications. The engine implements it over
+/// its registration table; [`PublicationTable`] is a standalone one.
+pub trait RangeLookup: Send + Sync + std::fmt::Debug {
+    /// The range, if it is published now (not retired).
+    fn lookup(&self, range: RangeId) -> Option<Published>;
+    /// Every remotely accessible range, for the `segment-publication` sent
+    /// to each new session.
+    fn published(&self) -> Vec<(RangeId, Published)>;
+}
+
+/// A simple publication table: ids count up, tokens are random.
+#[derive(Debug, Default)]
+pub struct PublicationTable {
+    ranges: RwLock<BTreeMap<RangeId, Published>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl PublicationTable {
+    /// An empty table.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Publishes all of `memory` with `access`; returns the range id.
+    pub fn publish(&self, memory: Arc<HostMemory>, access: AccessFlags) -> std::io::Result<RangeId> {
+        let length = memory.len() as u64;
+        self.publish_view(memory, 0, length, access)
+    }
+
+    /// Publishes `offset..offset + length` of `memory`.
+    pub fn publish_view(
+        &self,
+        memory: Arc<HostMemory>,
+        offset: u64,
+        length: u64,
+        access: AccessFlags,
+    ) -> std::io::Result<RangeId> {
+        let end = offset.checked_add(length);
+        if length == 0 || end.is_none_or(|e| e > memory.len() as u64) {
+            return Err(std::io::Error::other(format!(
+                "view {offset}+{length} does not fit the {}-byte memory",
+                memory.len()
+            )));
+        }
+        let token = AccessToken(u64::from_ne_bytes(super::random_bytes()?));
+        let id = RangeId(self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
+        let p = Published { memory, offset, length, access, token };
+        self.ranges.write().unwrap_or_else(|e| e.into_inner()).insert(id, p);
+        Ok(id)
+    }
+
+    /// Retires a range: new requests for it fail with `retired`/`unknown
+    /// range`. Returns whether it was published.
+    pub fn retire(&self, range: RangeId) -> bool {
+        self.ranges.write().unwrap_or_else(|e| e.into_inner()).remove(&range).is_some()
+    }
+}
+
+impl RangeLookup for PublicationTable {
+    fn lookup(&self, range: RangeId) -> Option<Published> {
+        self.ranges.read().unwrap_or_else(|e| e.into_inner()).get(&range).cloned()
+    }
+
+    fn published(&self) -> Vec<(RangeId, Published)> {
+        let r = self.ranges.read().unwrap_or_else(|e| e.into_inner());
+        r.iter()
+            .filter(|(_, p)| p.access.contains(AccessFlags::REMOTE_READ) || p.access.contains(AccessFlags::REMOTE_WRITE))
+            .map(|(id, p)| (*id, p.clone()))
+            .collect()
+    }
+}
+
+/// The descriptor of one range as peers see it.
+pub(crate) fn descriptor(id: RangeId, p: &Published, host: &HostId) -> RangeDescriptor {
+    RangeDescriptor {
+        range_id: id,
+        address: p.memory.as_ptr() as u64 + p.offset,
+        length: p.length,
+        access: p.access,
+        token: p.token,
+        rkeys: Vec::new(),
+        local: p.is_mappable().then(|| LocalHint {
+            host_id: host.clone(),
+            mechanism: LocalMechanism::MEMFD,
+            file_offset: p.offset,
+        }),
+    }
+}
+
+/// The `segment-publication` frames (at most `MAX_RANGES_PER_FRAME` ranges
+/// each) describing everything `lookup` publishes.
+pub(crate) fn publication_frames(lookup: &dyn RangeLookup, epoch: Epoch, host: &HostId) -> Vec<SegmentPublication> {
+    let all: Vec<RangeDescriptor> = lookup.published().iter().map(|(id, p)| descriptor(*id, p, host)).collect();
+    if all.is_empty() {
+        return vec![SegmentPublication { epoch, ranges: Vec::new() }];
+    }
+    all.chunks(orbitte_wire::MAX_RANGES_PER_FRAME)
+        .map(|c| SegmentPublication { epoch, ranges: c.to_vec() })
+        .collect()
+}

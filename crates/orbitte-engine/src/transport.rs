@@ -1,0 +1,335 @@
+//! The transport seam: how a path (rdma, tcp, local) executes slices and
+//! reports what happened to them.
+//!
+//! The engine's sans-IO [core](crate::core::Core) cuts every request into
+//! slices and hands them out as [`WorkItem`]s, each bound to one *rail*
+//! (one queue pair for rdma, one connection for tcp, one mapping for local).
+//! A [`Transport`] owns rails and executes their work items; it reports
+//! back through the [`EventSink`] it was given when it was attached. The core
+//! never calls a transport and a transport never touches the core: the
+//! engine's driver pumps both.
+//!
+//! # What a transport must report
+//!
+//! For every work item it accepted in [`Transport::post`]:
+//!
+//! 1. **Completion.** A [`TransportEvent::Completed`] with the item's
+//!    [`SliceToken`] and a [`SliceStatus`]. A transport that honours
+//!    [`WorkItem::signaled`] (rdma's selective signaling) may stay silent for
+//!    unsignaled items: a completion for token `T` on a rail means every
+//!    item posted *before* `T` on the same rail finished successfully, unless
+//!    the rail already reported an error (then the earlier ones count as
+//!    flushed). After the first error on a rail, the transport reports every
+//!    remaining item of that rail individually (verbs flush semantics).
+//!    Transports without selective signaling set
+//!    [`RailSpec::signal_interval`] to 1 and report every item.
+//! 2. **Drain.** `Completed { released: true, .. }` says the transport will
+//!    never again read or write the local bytes of that item (and of the
+//!    items it implies). This is the rdma case: a CQE means the NIC is done
+//!    with the buffer. A transport that learns the outcome before it lets go
+//!    of the buffer (a tcp READ whose socket might still be written into
+//!    the destination, say) reports `released: false` and later a
+//!    [`TransportEvent::Released`] for the same token. Until then the request
+//!    stays *undrained*: the engine keeps its memory alive and
+//!    [`TransferEngine::wait_drain`](crate::TransferEngine::wait_drain) keeps
+//!    waiting.
+//! 3. **Rail loss.** [`TransportEvent::RailDown`] when the rail cannot take
+//!    new work (port down, QP in error, socket closed). Items already posted
+//!    must still be reported (flushed) or the engine keeps them undrained.
+//!
+//! A transport never retries a failed item on another rail: the engine's
+//! contract is that a failed transfer is not replayed through another rail.
+//!
+//! Nothing here may panic on input from the network or the hardware; bad
+//! tokens are ignored by the core with a trace event.
+
+use std::fmt;
+use std::sync::Arc;
+
+use orbitte_memory::HostMemory;
+use orbitte_wire::RangeDescriptor;
+
+/// A path: one way bytes move between registered memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PathKind {
+    /// Host Direct: host memory registered on RDMA NICs, one-sided verbs.
+    Rdma,
+    /// One-sided READ/WRITE emulated over TCP sessions.
+    Tcp,
+    /// Same host, different process: shared memory.
+    Local,
+    /// GPU memory through pinned host bounce buffers.
+    CudaStaging,
+    /// Direct GPU registration on RDMA NICs (not implemented).
+    GpudirectRdma,
+    /// CUDA IPC between processes on one host (not implemented).
+    CudaIpc,
+    /// NVLink peer transfers (not implemented).
+    Nvlink,
+}
+
+impl PathKind {
+    /// Every path, in capability-matrix order.
+    pub const ALL: [Self; 7] = [
+        Self::Rdma,
+        Self::Tcp,
+        Self::Local,
+        Self::CudaStaging,
+        Self::GpudirectRdma,
+        Self::CudaIpc,
+        Self::Nvlink,
+    ];
+
+    /// The path's name as the docs and `orbitte doctor` write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Rdma => "rdma",
+            Self::Tcp => "tcp",
+            Self::Local => "local",
+            Self::CudaStaging => "cuda-staging",
+            Self::GpudirectRdma => "gpudirect-rdma",
+            Self::CudaIpc => "cuda-ipc",
+            Self::Nvlink => "nvlink",
+        }
+    }
+}
+
+impl fmt::Display for PathKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One-sided operation of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Copy remote bytes into local memory.
+    Read,
+    /// Copy local bytes into remote memory.
+    Write,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Read => "READ",
+            Self::Write => "WRITE",
+        })
+    }
+}
+
+/// A rail: one lane (queue pair, connection, mapping) to one peer on one
+/// path. Assigned by the engine; stable for the rail's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RailId(pub u32);
+
+/// A local registration (a registered host range), engine-assigned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RegistrationId(pub u64);
+
+/// A peer (remote source owner) as opened in this engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeerId(pub u32);
+
+/// A range a peer published, identified by the id in its segment
+/// descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RangeId(pub u64);
+
+/// Opaque token naming one posted slice; rdma uses it as the `wr_id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SliceToken(pub u64);
+
+/// One slice of one request, bound to one rail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkItem {
+    /// Passed back in the completion.
+    pub token: SliceToken,
+    /// The rail that must execute it (never another one).
+    pub rail: RailId,
+    /// READ or WRITE.
+    pub op: Op,
+    /// The local registration.
+    pub registration: RegistrationId,
+    /// Byte offset inside the local registration.
+    pub local_offset: u64,
+    /// The peer the rail leads to.
+    pub peer: PeerId,
+    /// The peer's published range.
+    pub range: RangeId,
+    /// Byte offset inside the remote range.
+    pub remote_offset: u64,
+    /// Bytes (at most the engine's slice size).
+    pub len: u32,
+    /// Whether the transport must report this item's completion (see the
+    /// module docs for what an unsignaled item implies).
+    pub signaled: bool,
+}
+
+/// Whether a slice finished, and how it failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SliceStatus {
+    /// The slice's bytes arrived where they were going.
+    Success,
+    /// The slice failed; what is known about it.
+    Failed(SliceFailure),
+}
+
+/// Why one slice failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SliceFailure {
+    /// The transport completed the item with an error status (for rdma the
+    /// work completion status; `code` is its numeric value).
+    Completion {
+        /// Status name (`IBV_WC_REM_ACCESS_ERR`, `peer error frame`, ...).
+        status: Arc<str>,
+        /// Numeric status or vendor code.
+        code: u32,
+    },
+    /// Not executed because the rail failed earlier (verbs flush).
+    Flushed,
+    /// The transport refused to post it.
+    PostFailed(Arc<str>),
+    /// The rail went down before the slice could be posted.
+    RailDown(Arc<str>),
+}
+
+impl fmt::Display for SliceFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Completion { status, code } => write!(f, "completion error {status} ({code})"),
+            Self::Flushed => f.write_str("flushed after an earlier error on the rail"),
+            Self::PostFailed(e) => write!(f, "post failed: {e}"),
+            Self::RailDown(e) => write!(f, "rail down: {e}"),
+        }
+    }
+}
+
+/// What a transport reports about its work items and rails.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransportEvent {
+    /// A work item finished (see the module docs for implied items).
+    Completed {
+        /// Rail the item was posted on.
+        rail: RailId,
+        /// Token of the item.
+        token: SliceToken,
+        /// How it finished.
+        status: SliceStatus,
+        /// Whether the transport has let go of the local bytes.
+        released: bool,
+    },
+    /// The transport let go of the local bytes of an item it completed
+    /// earlier with `released: false`.
+    Released {
+        /// Rail the item was posted on.
+        rail: RailId,
+        /// Token of the item.
+        token: SliceToken,
+    },
+    /// The rail takes no new work.
+    RailDown {
+        /// The rail.
+        rail: RailId,
+        /// Why, for the failure information of requests that needed it.
+        reason: Arc<str>,
+    },
+    /// The rail takes work again (a paused port recovered).
+    RailUp {
+        /// The rail.
+        rail: RailId,
+    },
+}
+
+/// Where a transport sends its events. The engine implements it; its
+/// `deliver` may be called from any thread.
+pub trait EventSink: Send + Sync {
+    /// Hands a batch of events to the engine.
+    fn deliver(&self, events: &mut Vec<TransportEvent>);
+}
+
+/// How the engine should treat one rail.
+#[derive(Debug, Clone)]
+pub struct RailSpec {
+    /// The path.
+    pub path: PathKind,
+    /// The peer at the other end.
+    pub peer: PeerId,
+    /// Local NIC ID for rdma rails (dispatch mask bit), `None` otherwise.
+    pub nic: Option<u32>,
+    /// Remote NIC index for rdma rails.
+    pub remote_nic: Option<u32>,
+    /// Most work items outstanding on the rail (send queue depth).
+    pub max_in_flight: u32,
+    /// Signal at least every `signal_interval` items (1 = every item).
+    pub signal_interval: u32,
+}
+
+/// What the engine lends a transport while it posts: the memory behind a
+/// registration (tcp and local copy bytes from it), its local keys (rdma)
+/// and the peer's published range (address, length, access, token, rkeys).
+pub trait PostContext {
+    /// The host memory of a live local registration.
+    fn memory(&self, registration: RegistrationId) -> Option<&Arc<HostMemory>>;
+    /// Address and lkey of the registration's local-access MR on a NIC.
+    fn local_key(&self, registration: RegistrationId, nic: u32) -> Option<(u64, u32)>;
+    /// The peer's descriptor of a published range.
+    fn remote_range(&self, peer: PeerId, range: RangeId) -> Option<&RangeDescriptor>;
+}
+
+/// A path's executor of work items.
+///
+/// The engine owns its transports and calls them with its core lock held,
+/// so `post` must not block on the network: queue the items and return.
+pub trait Transport: Send + fmt::Debug {
+    /// Which path this is.
+    fn path(&self) -> PathKind;
+
+    /// Posts `items`, all for `rail`, in order, as one batch (one doorbell
+    /// for rdma). On error, `posted` items at the front were accepted and
+    /// will be reported; the rest were not posted.
+    fn post(
+        &mut self,
+        rail: RailId,
+        items: &[WorkItem],
+        ctx: &dyn PostContext,
+    ) -> Result<(), PostError>;
+
+    /// Makes the rail report every outstanding item (rdma: move the QP to
+    /// the error state so the NIC flushes it). Used after a timeout and at
+    /// shutdown so that drain can finish. Idempotent.
+    fn flush(&mut self, rail: RailId) -> Result<(), CleanupError>;
+
+    /// Releases the rail's resources. An error means they are still held
+    /// (the engine then reports `Unquiesced`).
+    fn close_rail(&mut self, rail: RailId) -> Result<(), CleanupError>;
+}
+
+/// A partial or failed post.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("posting to rail {rail:?} stopped after {posted} work items: {reason}")]
+pub struct PostError {
+    /// The rail.
+    pub rail: RailId,
+    /// Items accepted before the failure.
+    pub posted: usize,
+    /// What the transport said.
+    pub reason: Arc<str>,
+}
+
+/// A destroy/close that did not happen: the evidence the engine keeps for
+/// `Unquiesced`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cleanup of {object} on {device} failed: {error}")]
+pub struct CleanupError {
+    /// The object (`MR lkey 0x12`, `QP 7`, `rail 3`).
+    pub object: String,
+    /// Device identity (name, NIC ID) or path.
+    pub device: String,
+    /// The native error.
+    pub error: String,
+}
+
+// The tcp and local paths (issue 7, helper "net").
+pub mod local;
+pub mod tcp;

@@ -1,0 +1,474 @@
+//! The local path: same-host peers in different processes move bytes
+//! through shared memory, never through a socket.
+//!
+//! The target's [`LocalServer`] listens on an abstract unix socket named
+//! after its source id and epoch ([`socket_name`]). A same-host initiator
+//! connects, runs the normal session handshake over it (epochs and the
+//! cluster secret apply exactly as on tcp), and receives one
+//! `segment-publication` frame per mappable range with the range's memfd
+//! attached (`SCM_RIGHTS`). Ranges published without remote write are
+//! handed out through a read-only reopen of the memfd (`/proc/self/fd/N`,
+//! `O_RDONLY`), so the peer can map them only read-only and cannot grow or
+//! shrink the file. Ranges without remote read are never handed out (a
+//! mapping always allows reading); they go over tcp.
+//!
+//! The initiator maps each range once and executes work items with
+//! `memcpy` on a worker thread per rail ([`LocalTransport`]).
+
+mod fdpass;
+
+use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use orbitte_memory::HostMemory;
+use orbitte_wire::{
+    AccessFlags, Epoch, Frame, FrameHeader, GoodbyeReason, HEADER_LEN, LocalMechanism, RangeId,
+    SegmentPublication, SourceId, Status,
+};
+
+use crate::session::io::write_frame;
+use crate::session::{PeerIdentity, SessionConfig, SessionError, SharedPeerTable, handshake};
+use crate::transport::{
+    CleanupError, EventSink, Op, PathKind, PeerId, PostContext, PostError, RailId, SliceFailure,
+    SliceStatus, Transport, TransportEvent, WorkItem,
+};
+
+/// The abstract unix socket name of a source owner's local server.
+pub fn socket_name(source: &SourceId, epoch: Epoch) -> String {
+    let mut h = DefaultHasher::new();
+    source.as_str().hash(&mut h);
+    format!("orbitte-local/{:016x}/{}", h.finish(), epoch.value())
+}
+
+/// Target side: hands mappable ranges to authenticated same-host peers.
+#[derive(Debug)]
+pub(crate) struct LocalServer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl LocalServer {
+    pub(crate) fn start(shared: Arc<crate::session::listener::Shared>) -> std::io::Result<Self> {
+        let name = socket_name(&shared.cfg.source_id, shared.cfg.epoch);
+        let addr = UnixAddr::from_abstract_name(name.as_bytes())?;
+        let listener = UnixListener::bind_addr(&addr)?;
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let thread = std::thread::Builder::new().name("orbitte-local-accept".into()).spawn(move || {
+            while !st.load(Ordering::Acquire) && !shared.stop.load(Ordering::Acquire) {
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        let sh = shared.clone();
+                        let _ = std::thread::Builder::new()
+                            .name("orbitte-local-session".into())
+                            .spawn(move || serve_local(s, &sh));
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "local accept failed");
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+            }
+        })?;
+        tracing::debug!(%name, "local path serving");
+        Ok(Self { stop, thread: Some(thread) })
+    }
+
+    pub(crate) fn stop(mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// An fd a peer may map: the memfd itself for writable ranges, a read-only
+/// reopen otherwise.
+fn handout_fd(mem: &HostMemory, writable: bool) -> std::io::Result<OwnedFd> {
+    let fd = mem.memfd().ok_or_else(|| std::io::Error::other("memory has no memfd"))?;
+    if writable {
+        return fd.try_clone_to_owned();
+    }
+    let f = std::fs::OpenOptions::new().read(true).open(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+    Ok(f.into())
+}
+
+fn serve_local(mut s: UnixStream, shared: &crate::session::listener::Shared) {
+    let cfg = &shared.cfg;
+    let hs = match handshake::accept(&mut s, cfg, &shared.peers, None) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(error = %e, "local session refused");
+            return;
+        }
+    };
+    let mut scratch = Vec::new();
+    let mut handed = 0usize;
+    let result = (|| -> Result<(), SessionError> {
+        for (id, p) in shared.ranges.published() {
+            if !p.is_mappable() {
+                continue;
+            }
+            let writable = p.access.contains(AccessFlags::REMOTE_WRITE);
+            let fd = handout_fd(&p.memory, writable)?;
+            let desc = crate::session::publications::descriptor(id, &p, &cfg.host_id);
+            let frame = Frame::SegmentPublication(SegmentPublication { epoch: cfg.epoch, ranges: vec![desc] });
+            scratch.clear();
+            frame.encode(&mut scratch).map_err(|e| SessionError::Protocol(e.to_string()))?;
+            fdpass::send_with_fd(&s, &scratch, fd.as_fd())?;
+            handed += 1;
+        }
+        let bye = Frame::Goodbye(orbitte_wire::Goodbye {
+            reason: GoodbyeReason::NORMAL,
+            message: orbitte_wire::Message::truncating("all mappable ranges sent"),
+        });
+        write_frame(&mut s, &bye, &mut scratch)?;
+        s.flush()?;
+        Ok(())
+    })();
+    shared.peers.lock().unwrap_or_else(|p| p.into_inner()).session_closed(hs.session);
+    match result {
+        Ok(()) => tracing::info!(peer = %hs.peer.source_id, handed, "local mappings handed out"),
+        Err(e) => tracing::warn!(peer = %hs.peer.source_id, error = %e, "local session failed"),
+    }
+}
+
+/// Why attaching the local path to a peer failed (the caller falls back to
+/// another path and says so).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LocalError {
+    /// The peer's local server is not reachable (another host or network
+    /// namespace, or it runs without the local path).
+    #[error("local server of {source} (epoch {epoch}) unreachable: {error}")]
+    Unreachable {
+        /// Peer.
+        source: SourceId,
+        /// Its epoch.
+        epoch: Epoch,
+        /// The connect error.
+        #[source]
+        error: std::io::Error,
+    },
+    /// The local session failed.
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    /// The server is not the peer we expected.
+    #[error("local server answered as {found} epoch {found_epoch}, expected {expected} epoch {expected_epoch}")]
+    WrongPeer {
+        /// Expected source.
+        expected: SourceId,
+        /// Expected epoch.
+        expected_epoch: Epoch,
+        /// Found source.
+        found: SourceId,
+        /// Found epoch.
+        found_epoch: Epoch,
+    },
+    /// Mapping a handed-out range failed.
+    #[error("cannot map range {range} of the peer: {error}")]
+    Map {
+        /// The range.
+        range: u64,
+        /// Why.
+        error: String,
+    },
+}
+
+/// One range of a peer mapped here.
+#[derive(Debug, Clone)]
+struct Mapped {
+    memory: Arc<HostMemory>,
+    /// Where the range starts in the mapping.
+    base: u64,
+    length: u64,
+}
+
+#[derive(Debug)]
+struct Job {
+    item: WorkItem,
+    local: Arc<HostMemory>,
+    remote: Option<Mapped>,
+}
+
+#[derive(Debug, Default)]
+struct RailQueue {
+    jobs: std::collections::VecDeque<Job>,
+    closed: bool,
+}
+
+#[derive(Debug)]
+struct LocalRail {
+    peer: PeerId,
+    queue: Mutex<RailQueue>,
+    cv: Condvar,
+}
+
+/// The initiator side of the local path: a [`Transport`] whose rails copy
+/// between local memory and peer ranges mapped here.
+pub struct LocalTransport {
+    sink: Arc<dyn EventSink>,
+    rails: RwLock<HashMap<RailId, Arc<LocalRail>>>,
+    maps: RwLock<HashMap<PeerId, HashMap<RangeId, Mapped>>>,
+}
+
+impl std::fmt::Debug for LocalTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalTransport")
+            .field("rails", &self.rails.read().map(|r| r.len()).unwrap_or(0))
+            .finish_non_exhaustive()
+    }
+}
+
+/// What attaching a peer over the local path gave.
+#[derive(Debug, Clone)]
+pub struct LocalAttach {
+    /// Ranges mapped (readable; writable ones say so in `writable`).
+    pub ranges: Vec<RangeId>,
+    /// Of those, the ones mapped writable.
+    pub writable: Vec<RangeId>,
+}
+
+impl LocalTransport {
+    /// A local transport reporting to `sink`.
+    pub fn new(sink: Arc<dyn EventSink>) -> Arc<Self> {
+        Arc::new(Self { sink, rails: RwLock::new(HashMap::new()), maps: RwLock::new(HashMap::new()) })
+    }
+
+    /// Connects to `identity`'s local server, maps every range it hands out
+    /// and starts `rails` (one worker thread each) for `peer`.
+    pub fn attach(
+        self: &Arc<Self>,
+        cfg: &SessionConfig,
+        peers: &SharedPeerTable,
+        peer: PeerId,
+        identity: &PeerIdentity,
+        rails: &[RailId],
+    ) -> Result<LocalAttach, LocalError> {
+        let name = socket_name(&identity.source_id, identity.epoch);
+        let unreachable = |error| LocalError::Unreachable {
+            source: identity.source_id.clone(),
+            epoch: identity.epoch,
+            error,
+        };
+        let addr = UnixAddr::from_abstract_name(name.as_bytes()).map_err(unreachable)?;
+        let mut s = UnixStream::connect_addr(&addr).map_err(unreachable)?;
+        let hs = handshake::connect(&mut s, cfg, peers, None)?;
+        let close = |peers: &SharedPeerTable| {
+            peers.lock().unwrap_or_else(|p| p.into_inner()).session_closed(hs.session);
+        };
+        if hs.peer.source_id != identity.source_id || hs.peer.epoch != identity.epoch {
+            close(peers);
+            return Err(LocalError::WrongPeer {
+                expected: identity.source_id.clone(),
+                expected_epoch: identity.epoch,
+                found: hs.peer.source_id,
+                found_epoch: hs.peer.epoch,
+            });
+        }
+        let received = receive_ranges(&mut s, cfg, identity.epoch);
+        close(peers);
+        let received = received?;
+        let mut mapped = HashMap::new();
+        let mut out = LocalAttach { ranges: Vec::new(), writable: Vec::new() };
+        for (desc, fd) in received {
+            let Some(hint) = &desc.local else { continue };
+            if hint.mechanism != LocalMechanism::MEMFD || hint.host_id != cfg.host_id {
+                continue;
+            }
+            let writable = desc.access.contains(AccessFlags::REMOTE_WRITE);
+            let len = hint.file_offset.checked_add(desc.length).and_then(|l| usize::try_from(l).ok());
+            let Some(len) = len else {
+                return Err(LocalError::Map { range: desc.range_id.0, error: "range end overflows".into() });
+            };
+            let memory = HostMemory::map_shared(fd, len, writable)
+                .map_err(|e| LocalError::Map { range: desc.range_id.0, error: e.to_string() })?;
+            out.ranges.push(desc.range_id);
+            if writable {
+                out.writable.push(desc.range_id);
+            }
+            mapped.insert(desc.range_id, Mapped { memory, base: hint.file_offset, length: desc.length });
+        }
+        self.maps.write().unwrap_or_else(|p| p.into_inner()).insert(peer, mapped);
+        for &rail in rails {
+            let r = Arc::new(LocalRail { peer, queue: Mutex::new(RailQueue::default()), cv: Condvar::new() });
+            self.rails.write().unwrap_or_else(|p| p.into_inner()).insert(rail, r.clone());
+            let sink = self.sink.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("orbitte-local-rail-{}", rail.0))
+                .spawn(move || rail_worker(rail, r, sink));
+            if let Err(e) = spawned {
+                return Err(LocalError::Session(SessionError::Io(e)));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Drops the mappings of `peer` (after its epoch changed or it left).
+    /// Rails of the peer fail new work with `unknown-range`.
+    pub fn detach(&self, peer: PeerId) {
+        self.maps.write().unwrap_or_else(|p| p.into_inner()).remove(&peer);
+    }
+
+    /// Whether `range` of `peer` is mapped.
+    pub fn is_mapped(&self, peer: PeerId, range: RangeId) -> bool {
+        self.maps.read().unwrap_or_else(|p| p.into_inner()).get(&peer).is_some_and(|m| m.contains_key(&range))
+    }
+}
+
+/// Reads publication frames (each with its fd) until the server's goodbye.
+fn receive_ranges(
+    s: &mut UnixStream,
+    cfg: &SessionConfig,
+    epoch: Epoch,
+) -> Result<Vec<(orbitte_wire::RangeDescriptor, OwnedFd)>, SessionError> {
+    s.set_read_timeout(Some(cfg.frame_timeout))?;
+    let mut out = Vec::new();
+    let mut body = Vec::new();
+    loop {
+        let mut header = [0u8; HEADER_LEN];
+        let (n, fd) = fdpass::recv_with_fd(s, &mut header)?;
+        if n == 0 {
+            return Err(SessionError::Closed { during: "receiving local mappings" });
+        }
+        s.read_exact(&mut header[n..])?;
+        let h = FrameHeader::decode(&header)?;
+        body.clear();
+        body.resize(h.fixed_len(), 0);
+        s.read_exact(&mut body)?;
+        match orbitte_wire::decode_body(&h, &body)? {
+            Frame::SegmentPublication(p) => {
+                if p.epoch != epoch {
+                    return Err(SessionError::Protocol(format!(
+                        "local publication names epoch {}, the session's is {epoch}",
+                        p.epoch
+                    )));
+                }
+                let fd = fd.ok_or_else(|| SessionError::Protocol("local publication without an fd".into()))?;
+                let Some(desc) = p.ranges.into_iter().next() else { continue };
+                out.push((desc, fd));
+            }
+            Frame::Goodbye(_) => return Ok(out),
+            Frame::Error(e) => return Err(SessionError::Refused { code: e.code, message: e.message.to_string() }),
+            other => return Err(SessionError::Protocol(format!("unexpected {} on the local socket", other.frame_type()))),
+        }
+    }
+}
+
+fn rail_worker(rail: RailId, r: Arc<LocalRail>, sink: Arc<dyn EventSink>) {
+    let mut events = Vec::with_capacity(64);
+    loop {
+        let mut batch: Vec<Job> = {
+            let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
+            while q.jobs.is_empty() && !q.closed {
+                q = r.cv.wait(q).unwrap_or_else(|p| p.into_inner());
+            }
+            if q.jobs.is_empty() && q.closed {
+                return;
+            }
+            q.jobs.drain(..).collect()
+        };
+        for job in batch.drain(..) {
+            let status = execute(&job);
+            events.push(TransportEvent::Completed { rail, token: job.item.token, status, released: true });
+        }
+        sink.deliver(&mut events);
+        events.clear();
+    }
+}
+
+fn failed(status: Status) -> SliceStatus {
+    SliceStatus::Failed(SliceFailure::Completion {
+        status: status.name().unwrap_or("error").into(),
+        code: u32::from(status.0),
+    })
+}
+
+fn execute(job: &Job) -> SliceStatus {
+    let Some(remote) = &job.remote else { return failed(Status::UNKNOWN_RANGE) };
+    let it = &job.item;
+    let len = it.len as usize;
+    match it.remote_offset.checked_add(u64::from(it.len)) {
+        Some(end) if end <= remote.length => {}
+        _ => return failed(Status::OUT_OF_BOUNDS),
+    }
+    let (Ok(roff), Ok(loff)) = (usize::try_from(remote.base + it.remote_offset), usize::try_from(it.local_offset))
+    else {
+        return failed(Status::OUT_OF_BOUNDS);
+    };
+    let r = match it.op {
+        Op::Read => job.local.copy_from(loff, &remote.memory, roff, len),
+        Op::Write => remote.memory.copy_from(roff, &job.local, loff, len),
+    };
+    match r {
+        Ok(()) => SliceStatus::Success,
+        Err(orbitte_memory::MemoryError::ReadOnly) => failed(Status::ACCESS_DENIED),
+        Err(orbitte_memory::MemoryError::OutOfBounds { .. }) => failed(Status::OUT_OF_BOUNDS),
+        Err(_) => failed(Status::INTERNAL),
+    }
+}
+
+impl LocalTransport {
+    /// Queues `items` on `rail` (see [`Transport::post`]).
+    pub fn post_items(&self, rail: RailId, items: &[WorkItem], ctx: &dyn PostContext) -> Result<(), PostError> {
+        let Some(r) = self.rails.read().unwrap_or_else(|p| p.into_inner()).get(&rail).cloned() else {
+            return Err(PostError { rail, posted: 0, reason: "unknown local rail".into() });
+        };
+        let maps = self.maps.read().unwrap_or_else(|p| p.into_inner());
+        let peer_maps = maps.get(&r.peer);
+        let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.closed {
+            return Err(PostError { rail, posted: 0, reason: "local rail closed".into() });
+        }
+        for (i, item) in items.iter().enumerate() {
+            let Some(local) = ctx.memory(item.registration) else {
+                return Err(PostError { rail, posted: i, reason: "local registration is gone".into() });
+            };
+            let remote = peer_maps.and_then(|m| m.get(&RangeId(item.range.0))).cloned();
+            q.jobs.push_back(Job { item: *item, local: local.clone(), remote });
+        }
+        r.cv.notify_one();
+        Ok(())
+    }
+
+    /// Stops `rail` after the items already queued.
+    pub fn close(&self, rail: RailId) {
+        if let Some(r) = self.rails.write().unwrap_or_else(|p| p.into_inner()).remove(&rail) {
+            r.queue.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+            r.cv.notify_all();
+        }
+    }
+}
+
+impl Transport for Arc<LocalTransport> {
+    fn path(&self) -> PathKind {
+        PathKind::Local
+    }
+
+    fn post(&mut self, rail: RailId, items: &[WorkItem], ctx: &dyn PostContext) -> Result<(), PostError> {
+        self.post_items(rail, items, ctx)
+    }
+
+    fn flush(&mut self, _rail: RailId) -> Result<(), CleanupError> {
+        // Queued copies finish on their own (memcpy cannot hang).
+        Ok(())
+    }
+
+    fn close_rail(&mut self, rail: RailId) -> Result<(), CleanupError> {
+        self.close(rail);
+        Ok(())
+    }
+}

@@ -1,0 +1,309 @@
+//! The tcp path: one-sided READ and WRITE emulated over TCP sessions.
+//!
+//! Initiator side: [`TcpTransport`] opens several connections per peer (one
+//! per rail, each a full session with its own handshake) and pipelines up to
+//! `max_in_flight_per_connection` requests on each, so a large batch striped
+//! over the rails fills the link. Payloads move between the socket and
+//! [`HostMemory`](orbitte_memory::HostMemory) directly ([`payload`]): a
+//! WRITE's bytes are sent from the registered range, a READ's answer is
+//! received into it.
+//!
+//! Target side: [`serve`] (run by [`crate::session::Listener`]) checks each
+//! request against the published ranges and never reads or writes outside a
+//! range published as remotely accessible.
+//!
+//! Outcome contract: the same as rdma, through the engine's core. Each work
+//! item is reported once, `released: true` (the rail's threads have let go
+//! of its bytes when they report). A rail that fails reports `RailDown` and
+//! every outstanding item: sent ones as `RailDown` (a WRITE may have reached
+//! the peer: remote effect possible), never-sent ones as `Flushed`. Nothing
+//! is retried on another rail.
+
+pub(crate) mod payload;
+mod rail;
+pub(crate) mod serve;
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use orbitte_wire::{AccessToken, Admission, Frame, RangeDescriptor, RangeId, SegmentPublication, SourceId};
+
+use crate::session::io::FrameReader;
+use crate::session::{Handshake, SessionConfig, SessionError, SharedPeerTable, handshake};
+use crate::transport::{
+    CleanupError, EventSink, PathKind, PeerId, PostContext, PostError, RailId, Transport, WorkItem,
+};
+
+use rail::{Job, Rail};
+
+/// What the transport knows about one peer: who it is and its ranges.
+#[derive(Debug, Clone)]
+struct PeerState {
+    source: SourceId,
+    epoch: orbitte_wire::Epoch,
+    ranges: HashMap<RangeId, RangeDescriptor>,
+}
+
+/// A peer reached over tcp.
+#[derive(Debug, Clone)]
+pub struct TcpPeerLink {
+    /// The handshake of the first connection (identity, admission).
+    pub handshake: Handshake,
+    /// The peer's publications received at connect (p2p metadata).
+    pub ranges: Vec<RangeDescriptor>,
+    /// The rails opened, in order.
+    pub rails: Vec<RailId>,
+    /// Rails of an older epoch of the same source that were closed because
+    /// this connection adopted a newer one.
+    pub closed_rails: Vec<RailId>,
+}
+
+/// The tcp [`Transport`].
+pub struct TcpTransport {
+    cfg: SessionConfig,
+    peers: SharedPeerTable,
+    sink: Arc<dyn EventSink>,
+    rails: RwLock<HashMap<RailId, (PeerId, Arc<Rail>)>>,
+    state: Arc<RwLock<HashMap<PeerId, PeerState>>>,
+}
+
+impl std::fmt::Debug for TcpTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpTransport")
+            .field("source", &self.cfg.source_id)
+            .field("rails", &self.rails.read().map(|r| r.len()).unwrap_or(0))
+            .finish_non_exhaustive()
+    }
+}
+
+impl TcpTransport {
+    /// A tcp transport for an engine with session settings `cfg` and peer
+    /// table `peers`, reporting to `sink`.
+    pub fn new(cfg: SessionConfig, peers: SharedPeerTable, sink: Arc<dyn EventSink>) -> Arc<Self> {
+        Arc::new(Self {
+            cfg,
+            peers,
+            sink,
+            rails: RwLock::new(HashMap::new()),
+            state: Arc::new(RwLock::new(HashMap::new())),
+        })
+    }
+
+    fn open_connection(&self, addr: SocketAddr) -> Result<(TcpStream, Handshake, SegmentPublication), SessionError> {
+        let mut stream = TcpStream::connect_timeout(&addr, self.cfg.handshake_timeout)?;
+        stream.set_nodelay(true)?;
+        let hs = handshake::connect(&mut stream, &self.cfg, &self.peers, Some(addr))?;
+        let close = || self.peers.lock().unwrap_or_else(|p| p.into_inner()).session_closed(hs.session);
+        let deadline = Instant::now() + self.cfg.handshake_timeout;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let publication = match FrameReader::new().read(&mut stream, Some(left), self.cfg.frame_timeout) {
+            Ok(Frame::SegmentPublication(p)) if p.epoch == hs.peer.epoch => p,
+            Ok(Frame::Error(e)) => {
+                close();
+                return Err(SessionError::Refused { code: e.code, message: e.message.to_string() });
+            }
+            Ok(other) => {
+                close();
+                return Err(SessionError::Protocol(format!(
+                    "expected the peer's segment-publication, got {}",
+                    other.frame_type()
+                )));
+            }
+            Err(SessionError::Idle) => {
+                close();
+                return Err(SessionError::Timeout { what: "a segment-publication" });
+            }
+            Err(e) => {
+                close();
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.peers.lock().unwrap_or_else(|p| p.into_inner()).record_publication(hs.session, &publication) {
+            close();
+            return Err(SessionError::Protocol(e.to_string()));
+        }
+        Ok((stream, hs, publication))
+    }
+
+    /// Opens one session per rail to the engine at `addr`, registers the
+    /// peer's ranges for `peer` and starts the rails. When the peer turns
+    /// out to be a newer epoch of a source we knew, the rails and
+    /// descriptors of the old epoch are dropped first (see
+    /// [`TcpPeerLink::closed_rails`]); an older epoch is refused.
+    pub fn open_rails(&self, peer: PeerId, addr: SocketAddr, rails: &[RailId]) -> Result<TcpPeerLink, SessionError> {
+        if rails.is_empty() {
+            return Err(SessionError::Limit("open at least one rail".into()));
+        }
+        let mut opened: Vec<(RailId, TcpStream, Handshake)> = Vec::with_capacity(rails.len());
+        let mut first_pub = None;
+        for &rail in rails {
+            match self.open_connection(addr) {
+                Ok((s, hs, p)) => {
+                    if let Some((first, _)) = &first_pub {
+                        let first: &Handshake = first;
+                        if first.peer.source_id != hs.peer.source_id || first.peer.epoch != hs.peer.epoch {
+                            return Err(SessionError::Protocol("connections to one address reached different peers".into()));
+                        }
+                    }
+                    if first_pub.is_none() {
+                        first_pub = Some((hs.clone(), p));
+                    }
+                    opened.push((rail, s, hs));
+                }
+                Err(e) => {
+                    let mut t = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+                    for (_, s, hs) in &opened {
+                        let _ = s.shutdown(std::net::Shutdown::Both);
+                        t.session_closed(hs.session);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let Some((hs, publication)) = first_pub else {
+            return Err(SessionError::Limit("no connection opened".into()));
+        };
+        let mut closed_rails = Vec::new();
+        if let Admission::Replaced { previous, invalidated } = &hs.admission {
+            closed_rails = self.drop_source(&hs.peer.source_id, Some(*previous));
+            tracing::info!(
+                source = %hs.peer.source_id, old_epoch = %previous, new_epoch = %hs.peer.epoch,
+                closed_rails = closed_rails.len(), dropped_descriptors = invalidated.descriptors.len(),
+                "newer epoch adopted: old rails and cached descriptors dropped"
+            );
+        }
+        let ranges: HashMap<RangeId, RangeDescriptor> =
+            publication.ranges.iter().map(|r| (r.range_id, r.clone())).collect();
+        self.state.write().unwrap_or_else(|p| p.into_inner()).insert(
+            peer,
+            PeerState { source: hs.peer.source_id.clone(), epoch: hs.peer.epoch, ranges },
+        );
+        let mut started = Vec::with_capacity(opened.len());
+        for (rail, stream, rhs) in opened {
+            let state = self.state.clone();
+            let epoch = hs.peer.epoch;
+            let on_pub: Arc<dyn Fn(SegmentPublication) + Send + Sync> = Arc::new(move |p: SegmentPublication| {
+                if p.epoch != epoch {
+                    return;
+                }
+                if let Some(ps) = state.write().unwrap_or_else(|e| e.into_inner()).get_mut(&peer) {
+                    for r in p.ranges {
+                        ps.ranges.insert(r.range_id, r);
+                    }
+                }
+            });
+            let r = Rail::start(rail, rhs.session, stream, &self.cfg, self.sink.clone(), on_pub)
+                .map_err(SessionError::Io)?;
+            self.rails.write().unwrap_or_else(|p| p.into_inner()).insert(rail, (peer, r));
+            started.push(rail);
+        }
+        Ok(TcpPeerLink { handshake: hs, ranges: publication.ranges, rails: started, closed_rails })
+    }
+
+    /// Closes the rails and forgets the descriptors of every peer that is
+    /// `source` (at `epoch`, or any epoch when `None`). Returns the rails.
+    pub fn drop_source(&self, source: &SourceId, epoch: Option<orbitte_wire::Epoch>) -> Vec<RailId> {
+        let peers: Vec<PeerId> = self
+            .state
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, s)| &s.source == source && epoch.is_none_or(|e| s.epoch == e))
+            .map(|(p, _)| *p)
+            .collect();
+        let mut closed = Vec::new();
+        for p in &peers {
+            self.state.write().unwrap_or_else(|e| e.into_inner()).remove(p);
+            let rails: Vec<RailId> = self
+                .rails
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .filter(|(_, (pp, _))| pp == p)
+                .map(|(r, _)| *r)
+                .collect();
+            for r in rails {
+                self.close(r);
+                closed.push(r);
+            }
+        }
+        closed
+    }
+
+    /// The descriptor of `range` of `peer`, as cached.
+    pub fn range(&self, peer: PeerId, range: RangeId) -> Option<RangeDescriptor> {
+        self.state.read().unwrap_or_else(|p| p.into_inner()).get(&peer)?.ranges.get(&range).cloned()
+    }
+
+    /// Whether `rail` is up.
+    pub fn rail_is_up(&self, rail: RailId) -> bool {
+        self.rails.read().unwrap_or_else(|p| p.into_inner()).get(&rail).is_some_and(|(_, r)| !r.is_down())
+    }
+}
+
+impl TcpTransport {
+    /// Queues `items` on `rail` (see [`Transport::post`]).
+    pub fn post_items(&self, rail: RailId, items: &[WorkItem], ctx: &dyn PostContext) -> Result<(), PostError> {
+        let Some((peer, r)) = self.rails.read().unwrap_or_else(|p| p.into_inner()).get(&rail).cloned() else {
+            return Err(PostError { rail, posted: 0, reason: "unknown tcp rail".into() });
+        };
+        let state = self.state.read().unwrap_or_else(|p| p.into_inner());
+        let Some(ps) = state.get(&peer) else {
+            return Err(PostError { rail, posted: 0, reason: "peer of the rail was dropped (epoch changed)".into() });
+        };
+        let mut jobs = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let Some(local) = ctx.memory(item.registration) else {
+                return Err(PostError { rail, posted: i, reason: "local registration is gone".into() });
+            };
+            // The engine's cached descriptor first, ours (from connect) next;
+            // an unknown range goes out with token 0 and the target refuses it.
+            let token = ctx
+                .remote_range(item.peer, item.range)
+                .map(|d| d.token)
+                .or_else(|| ps.ranges.get(&RangeId(item.range.0)).map(|d| d.token))
+                .unwrap_or(AccessToken(0));
+            jobs.push(Job { item: *item, local: local.clone(), token });
+        }
+        drop(state);
+        r.push(jobs.into_iter()).map_err(|why| PostError { rail, posted: 0, reason: why })
+    }
+
+    /// Takes `rail` down so it reports every outstanding item.
+    pub fn flush_rail(&self, rail: RailId) {
+        if let Some((_, r)) = self.rails.read().unwrap_or_else(|p| p.into_inner()).get(&rail) {
+            r.fail("flushed by the engine");
+        }
+    }
+
+    /// Closes `rail` (its outstanding items are reported as failed).
+    pub fn close(&self, rail: RailId) {
+        let removed = self.rails.write().unwrap_or_else(|p| p.into_inner()).remove(&rail);
+        if let Some((_, r)) = removed {
+            r.fail("rail closed");
+            self.peers.lock().unwrap_or_else(|p| p.into_inner()).session_closed(r.session);
+        }
+    }
+}
+
+impl Transport for Arc<TcpTransport> {
+    fn path(&self) -> PathKind {
+        PathKind::Tcp
+    }
+
+    fn post(&mut self, rail: RailId, items: &[WorkItem], ctx: &dyn PostContext) -> Result<(), PostError> {
+        self.post_items(rail, items, ctx)
+    }
+
+    fn flush(&mut self, rail: RailId) -> Result<(), CleanupError> {
+        self.flush_rail(rail);
+        Ok(())
+    }
+
+    fn close_rail(&mut self, rail: RailId) -> Result<(), CleanupError> {
+        self.close(rail);
+        Ok(())
+    }
+}

@@ -1,0 +1,410 @@
+//! Test support for the net tests: a minimal driver that pumps the engine's
+//! sans-IO core with the tcp and local transports (the engine's own driver
+//! does the same with more policy), plus helpers to spawn engines.
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use orbitte_engine::core::{Core, CoreConfig, CoreRequest};
+use orbitte_engine::outcome::{DrainStatus, Outcome, RequestId};
+use orbitte_engine::session::{Listener, PublicationTable, SessionConfig, SharedPeerTable};
+use orbitte_engine::transport::local::LocalTransport;
+use orbitte_engine::transport::tcp::TcpTransport;
+use orbitte_engine::transport::{
+    EventSink, Op, PathKind, PeerId, PostContext, RailId, RailSpec, RangeId, RegistrationId, Transport,
+    TransportEvent, WorkItem,
+};
+use orbitte_memory::HostMemory;
+use orbitte_wire::{AccessFlags, Epoch, PeerTable, RangeDescriptor, SourceId};
+
+pub const RW: AccessFlags = AccessFlags(AccessFlags::REMOTE_READ.0 | AccessFlags::REMOTE_WRITE.0);
+
+pub fn cfg(source: &str, epoch: u64) -> SessionConfig {
+    SessionConfig::new(SourceId::new(source).unwrap(), Epoch::new(epoch).unwrap())
+}
+
+pub fn table(cfg: &SessionConfig) -> SharedPeerTable {
+    Arc::new(Mutex::new(PeerTable::new(cfg.source_id.clone())))
+}
+
+/// A target engine: a listener over a publication table.
+pub struct Target {
+    pub cfg: SessionConfig,
+    pub peers: SharedPeerTable,
+    pub ranges: Arc<PublicationTable>,
+    pub listener: Listener,
+}
+
+impl Target {
+    pub fn start(cfg: SessionConfig) -> Self {
+        Self::start_at(cfg, "127.0.0.1:0".parse().unwrap())
+    }
+
+    pub fn start_at(cfg: SessionConfig, addr: SocketAddr) -> Self {
+        let peers = table(&cfg);
+        let ranges = PublicationTable::new();
+        let listener = Listener::bind(cfg.clone(), peers.clone(), ranges.clone(), addr).unwrap();
+        Self { cfg, peers, ranges, listener }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.listener.local_addr()
+    }
+}
+
+/// Fills memory with a pattern that depends on `seed` and the offset.
+pub fn pattern(mem: &HostMemory, seed: u8) {
+    let mut buf = vec![0u8; mem.len()];
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[i % 4] ^ seed;
+    }
+    mem.write_at(0, &buf).unwrap();
+}
+
+struct Inner {
+    core: Core,
+    transports: HashMap<PathKind, Box<dyn Transport>>,
+    regs: HashMap<RegistrationId, Arc<HostMemory>>,
+    remote: HashMap<(PeerId, RangeId), RangeDescriptor>,
+    outcomes: HashMap<RequestId, Outcome>,
+    work: Vec<WorkItem>,
+    next_reg: u64,
+}
+
+struct Ctx<'a> {
+    regs: &'a HashMap<RegistrationId, Arc<HostMemory>>,
+    remote: &'a HashMap<(PeerId, RangeId), RangeDescriptor>,
+}
+
+impl PostContext for Ctx<'_> {
+    fn memory(&self, r: RegistrationId) -> Option<&Arc<HostMemory>> {
+        self.regs.get(&r)
+    }
+    fn local_key(&self, _: RegistrationId, _: u32) -> Option<(u64, u32)> {
+        None
+    }
+    fn remote_range(&self, peer: PeerId, range: RangeId) -> Option<&RangeDescriptor> {
+        self.remote.get(&(peer, range))
+    }
+}
+
+/// The minimal driver.
+pub struct Driver {
+    inner: Mutex<Inner>,
+    cv: Condvar,
+}
+
+impl Driver {
+    pub fn new(config: CoreConfig) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Mutex::new(Inner {
+                core: Core::new(config),
+                transports: HashMap::new(),
+                regs: HashMap::new(),
+                remote: HashMap::new(),
+                outcomes: HashMap::new(),
+                work: Vec::new(),
+                next_reg: 1,
+            }),
+            cv: Condvar::new(),
+        })
+    }
+
+    pub fn sink(self: &Arc<Self>) -> Arc<dyn EventSink> {
+        self.clone()
+    }
+
+    pub fn add_transport(&self, t: Box<dyn Transport>) {
+        let mut g = self.inner.lock().unwrap();
+        g.transports.insert(t.path(), t);
+    }
+
+    pub fn add_rails(&self, path: PathKind, peer: PeerId, n: usize, max_in_flight: u32) -> Vec<RailId> {
+        let mut g = self.inner.lock().unwrap();
+        (0..n)
+            .map(|_| {
+                g.core.add_rail(RailSpec {
+                    path,
+                    peer,
+                    nic: None,
+                    remote_nic: None,
+                    max_in_flight,
+                    signal_interval: 1,
+                })
+            })
+            .collect()
+    }
+
+    pub fn register(&self, mem: Arc<HostMemory>) -> RegistrationId {
+        let mut g = self.inner.lock().unwrap();
+        let id = RegistrationId(g.next_reg);
+        g.next_reg += 1;
+        g.regs.insert(id, mem);
+        id
+    }
+
+    pub fn set_remote(&self, peer: PeerId, ranges: &[RangeDescriptor]) {
+        let mut g = self.inner.lock().unwrap();
+        g.remote.retain(|(p, _), _| *p != peer);
+        for r in ranges {
+            g.remote.insert((peer, RangeId(r.range_id.0)), r.clone());
+        }
+    }
+
+    pub fn rail_is_up(&self, rail: RailId) -> bool {
+        self.inner.lock().unwrap().core.rail_is_up(rail)
+    }
+
+    fn pump(g: &mut Inner) {
+        let now = Instant::now();
+        while let Some(at) = g.core.poll_timeout() {
+            if at > now {
+                break;
+            }
+            g.core.handle_timeout(now);
+        }
+        while let Some(rail) = g.core.poll_flush(now) {
+            let path = g.core.rail_spec(rail).map(|s| s.path);
+            if let Some(t) = path.and_then(|p| g.transports.get_mut(&p)) {
+                let _ = t.flush(rail);
+            }
+        }
+        loop {
+            let mut work = std::mem::take(&mut g.work);
+            work.clear();
+            g.core.poll_work(&mut work);
+            if work.is_empty() {
+                g.work = work;
+                break;
+            }
+            let mut start = 0;
+            while start < work.len() {
+                let rail = work[start].rail;
+                let end = start + work[start..].iter().take_while(|w| w.rail == rail).count();
+                let items = &work[start..end];
+                let path = g.core.rail_spec(rail).map(|s| s.path);
+                let Inner { transports, regs, remote, core, .. } = &mut *g;
+                let ctx = Ctx { regs, remote };
+                let res = match path.and_then(|p| transports.get_mut(&p)) {
+                    Some(t) => t.post(rail, items, &ctx),
+                    None => Err(orbitte_engine::transport::PostError {
+                        rail,
+                        posted: 0,
+                        reason: "no transport".into(),
+                    }),
+                };
+                if let Err(e) = res {
+                    core.handle_post_error(now, &e, items);
+                }
+                start = end;
+            }
+            g.work = work;
+        }
+        while let Some(o) = g.core.poll_outcome() {
+            g.outcomes.insert(o.request, o);
+        }
+    }
+
+    pub fn submit(&self, reqs: Vec<CoreRequest>) -> Vec<RequestId> {
+        let mut g = self.inner.lock().unwrap();
+        let ids = g.core.submit(Instant::now(), reqs).unwrap();
+        Self::pump(&mut g);
+        ids
+    }
+
+    /// Waits for the outcome of `id`, at most `bound` (then panics: the
+    /// contract says every wait ends).
+    pub fn wait(&self, id: RequestId, bound: Duration) -> Outcome {
+        let deadline = Instant::now() + bound;
+        let mut g = self.inner.lock().unwrap();
+        loop {
+            Self::pump(&mut g);
+            if let Some(o) = g.outcomes.remove(&id) {
+                return o;
+            }
+            let now = Instant::now();
+            assert!(now < deadline, "no outcome for {id} within {bound:?}");
+            let wake = g.core.poll_timeout().map(|t| t.saturating_duration_since(now)).unwrap_or(bound);
+            let wait = wake.min(deadline - now).min(Duration::from_millis(50)).max(Duration::from_millis(1));
+            g = self.cv.wait_timeout(g, wait).unwrap().0;
+        }
+    }
+
+    pub fn drain_status(&self, id: RequestId) -> DrainStatus {
+        self.inner.lock().unwrap().core.drain_status(id)
+    }
+
+    pub fn wait_drain(&self, id: RequestId, bound: Duration) -> DrainStatus {
+        let deadline = Instant::now() + bound;
+        let mut g = self.inner.lock().unwrap();
+        loop {
+            Self::pump(&mut g);
+            let s = g.core.drain_status(id);
+            if s == DrainStatus::Drained || Instant::now() >= deadline {
+                return s;
+            }
+            g = self.cv.wait_timeout(g, Duration::from_millis(20)).unwrap().0;
+        }
+    }
+}
+
+impl EventSink for Driver {
+    fn deliver(&self, events: &mut Vec<TransportEvent>) {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        for e in events.drain(..) {
+            g.core.handle_event(now, e);
+        }
+        Self::pump(&mut g);
+        drop(g);
+        self.cv.notify_all();
+    }
+}
+
+pub fn request(
+    label: u64,
+    op: Op,
+    reg: RegistrationId,
+    local_offset: u64,
+    peer: PeerId,
+    range: u64,
+    remote_offset: u64,
+    len: u64,
+    rails: &[RailId],
+) -> CoreRequest {
+    CoreRequest {
+        label,
+        op,
+        registration: reg,
+        local_offset,
+        peer,
+        range: RangeId(range),
+        remote_offset,
+        len,
+        rails: rails.to_vec(),
+        keepalive: None,
+    }
+}
+
+/// An initiator engine with tcp and local transports.
+pub struct Initiator {
+    pub cfg: SessionConfig,
+    pub peers: SharedPeerTable,
+    pub driver: Arc<Driver>,
+    pub tcp: Arc<TcpTransport>,
+    pub local: Arc<LocalTransport>,
+}
+
+impl Initiator {
+    pub fn new(cfg: SessionConfig, core: CoreConfig) -> Self {
+        let peers = table(&cfg);
+        let driver = Driver::new(core);
+        let tcp = TcpTransport::new(cfg.clone(), peers.clone(), driver.sink());
+        let local = LocalTransport::new(driver.sink());
+        driver.add_transport(Box::new(tcp.clone()));
+        driver.add_transport(Box::new(local.clone()));
+        Self { cfg, peers, driver, tcp, local }
+    }
+
+    /// Opens `n` tcp rails to `addr` for `peer`.
+    pub fn connect_tcp(
+        &self,
+        peer: PeerId,
+        addr: SocketAddr,
+        n: usize,
+    ) -> Result<(Vec<RailId>, orbitte_engine::transport::tcp::TcpPeerLink), orbitte_engine::session::SessionError> {
+        let rails = self.driver.add_rails(PathKind::Tcp, peer, n, self.cfg.max_in_flight_per_connection * 2);
+        let link = self.tcp.open_rails(peer, addr, &rails)?;
+        self.driver.set_remote(peer, &link.ranges);
+        Ok((rails, link))
+    }
+}
+
+/// Installs a test subscriber once so that warnings show with --nocapture.
+pub fn logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// A hand-driven client speaking raw frames (to misbehave on purpose).
+pub mod raw {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::Duration;
+
+    use orbitte_wire::auth::ClusterSecret;
+    use orbitte_wire::{Epoch, Frame, FrameHeader, HEADER_LEN, Hello, Identity, Nonce, SourceId, Capabilities};
+
+    pub fn connect(addr: SocketAddr) -> TcpStream {
+        let s = TcpStream::connect(addr).unwrap();
+        // The bound for every wait of a test: a target that failed to close
+        // would make the read time out and the test fail.
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s
+    }
+
+    /// Reads one frame (and drops a data frame's payload).
+    pub fn read_frame(s: &mut TcpStream) -> std::io::Result<Frame> {
+        let mut h = [0u8; HEADER_LEN];
+        s.read_exact(&mut h)?;
+        let h = FrameHeader::decode(&h).map_err(std::io::Error::other)?;
+        let mut body = vec![0u8; h.fixed_len()];
+        s.read_exact(&mut body)?;
+        let f = orbitte_wire::decode_body(&h, &body).map_err(std::io::Error::other)?;
+        let mut payload = vec![0u8; h.payload_len() as usize];
+        s.read_exact(&mut payload)?;
+        Ok(f)
+    }
+
+    /// Reads until the peer closes; returns the frames seen.
+    pub fn read_until_closed(s: &mut TcpStream) -> Vec<Frame> {
+        let mut out = Vec::new();
+        loop {
+            match read_frame(s) {
+                Ok(f) => out.push(f),
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return out,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return out,
+                Err(e) => panic!("target did not close the session within the bound: {e}; frames {out:?}"),
+            }
+        }
+    }
+
+    pub fn send(s: &mut TcpStream, f: &Frame) {
+        let mut buf = Vec::new();
+        f.encode(&mut buf).unwrap();
+        s.write_all(&buf).unwrap();
+    }
+
+    /// Does the handshake by hand; returns the stream after the target's
+    /// publication and the publication.
+    pub fn handshake(
+        addr: SocketAddr,
+        source: &str,
+        epoch: u64,
+        secret: Option<&ClusterSecret>,
+    ) -> (TcpStream, Frame) {
+        let mut s = connect(addr);
+        let Frame::Challenge(ch) = read_frame(&mut s).unwrap() else { panic!("no challenge") };
+        let mut hello = Hello {
+            identity: Identity::new(SourceId::new(source).unwrap(), Epoch::new(epoch).unwrap(), Capabilities::TCP),
+            nonce: Nonce([7; 32]),
+            proof: None,
+        };
+        if let Some(sec) = secret {
+            hello.proof = Some(orbitte_wire::auth::hello_proof(sec, &ch, &hello));
+        }
+        send(&mut s, &Frame::Hello(hello));
+        let ack = read_frame(&mut s).unwrap();
+        assert!(matches!(ack, Frame::HelloAck(_)), "{ack:?}");
+        let publication = read_frame(&mut s).unwrap();
+        (s, publication)
+    }
+}

@@ -1,0 +1,417 @@
+//! The fabric's state: objects, queues, faults, and the bookkeeping that
+//! delivers completions and events.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use orbitte_memory::DmaBuffer;
+
+use super::{Shared, SimDescription, WrMatch};
+use crate::error::ObjectKind;
+use crate::types::{Access, AsyncEvent, PortState, QpCaps, QpState, RtrAttrs, RtsAttrs};
+use crate::wr::{Completion, SendOp, Sge, WcOpcode, WcStatus};
+
+/// Deterministic generator (splitmix64).
+#[derive(Debug, Clone)]
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// (device index, QP number).
+pub(crate) type QpKey = (usize, u32);
+
+#[derive(Debug)]
+pub(crate) struct DevRt {
+    pub(crate) ports: Vec<PortState>,
+    pub(crate) next_key_index: u32,
+    pub(crate) next_qpn: u32,
+    pub(crate) mrs: u32,
+    pub(crate) qps: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct MrRec {
+    pub(crate) pd: u64,
+    pub(crate) buf: Arc<dyn DmaBuffer>,
+    /// Offset of the region in `buf`.
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+    /// Virtual address of the region's first byte.
+    pub(crate) addr: u64,
+    pub(crate) access: Access,
+}
+
+impl MrRec {
+    /// Offset inside the region of `addr..addr+len`, if it fits.
+    pub(crate) fn locate(&self, addr: u64, len: u64) -> Option<usize> {
+        let off = addr.checked_sub(self.addr)?;
+        let end = off.checked_add(len)?;
+        if end > self.len as u64 {
+            return None;
+        }
+        usize::try_from(off).ok()
+    }
+
+    /// Copies out of the region. `off..off+out.len()` must have been
+    /// checked with [`locate`](Self::locate).
+    pub(crate) fn read(&self, off: usize, out: &mut [u8]) {
+        if off.checked_add(out.len()).is_none_or(|end| end > self.len) {
+            return;
+        }
+        // SAFETY: `off + out.len() <= self.len` (checked above); the region
+        // lies inside the live `buf` (checked at registration); DmaBuffer
+        // allows raw concurrent access; `out` is a distinct Rust buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.buf.as_ptr().add(self.offset + off),
+                out.as_mut_ptr(),
+                out.len(),
+            );
+        }
+    }
+
+    /// Copies into the region (bounds as for [`read`](Self::read)).
+    pub(crate) fn write(&self, off: usize, data: &[u8]) {
+        if off.checked_add(data.len()).is_none_or(|end| end > self.len) {
+            return;
+        }
+        // SAFETY: as in `read`: bounds checked against the registered
+        // range, which lies inside the live buffer; `data` is a distinct
+        // Rust buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.buf.as_ptr().add(self.offset + off),
+                data.len(),
+            );
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct CqEntry {
+    pub(crate) wc: Completion,
+    pub(crate) qp: QpKey,
+    pub(crate) sq_retire: u32,
+    pub(crate) rq_retire: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct CqRec {
+    pub(crate) device: usize,
+    pub(crate) depth: u32,
+    pub(crate) queue: VecDeque<CqEntry>,
+    pub(crate) overflowed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SendFaultKind {
+    Stall,
+    Fail { status: WcStatus, apply_data: bool },
+}
+
+#[derive(Debug)]
+pub(crate) struct SendFault {
+    pub(crate) m: WrMatch,
+    pub(crate) seen: u32,
+    pub(crate) kind: SendFaultKind,
+}
+
+#[derive(Debug)]
+pub(crate) struct CountFault {
+    pub(crate) device: Option<usize>,
+    pub(crate) nth: u32,
+    pub(crate) seen: u32,
+    pub(crate) errno: i32,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct FaultState {
+    pub(crate) sends: Vec<SendFault>,
+    pub(crate) regs: Vec<CountFault>,
+    pub(crate) opens: Vec<CountFault>,
+    pub(crate) destroys: Vec<(usize, ObjectKind, i32)>,
+}
+
+impl FaultState {
+    /// Counts one event against count faults on `device`; returns the
+    /// errno of the first one that fires (and removes it).
+    pub(crate) fn count(list: &mut Vec<CountFault>, device: usize) -> Option<i32> {
+        let mut fired = None;
+        for f in list.iter_mut() {
+            if f.device.is_none_or(|d| d == device) {
+                f.seen += 1;
+                if f.seen == f.nth && fired.is_none() {
+                    fired = Some(f.errno);
+                }
+            }
+        }
+        list.retain(|f| f.seen < f.nth);
+        fired
+    }
+
+    pub(crate) fn destroy(&mut self, device: usize, kind: ObjectKind) -> Option<i32> {
+        let i = self
+            .destroys
+            .iter()
+            .position(|&(d, k, _)| d == device && k == kind)?;
+        Some(self.destroys.remove(i).2)
+    }
+
+    pub(crate) fn send(&mut self, device_name: &str, qpn: u32) -> Option<SendFaultKind> {
+        let mut fired = None;
+        for f in &mut self.sends {
+            if f.m.device.as_deref().is_none_or(|d| d == device_name)
+                && f.m.qpn.is_none_or(|q| q == qpn)
+            {
+                f.seen += 1;
+                if f.seen == f.m.nth && fired.is_none() {
+                    fired = Some(f.kind);
+                }
+            }
+        }
+        self.sends.retain(|f| f.seen < f.m.nth);
+        fired
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct PendingSend {
+    pub(crate) wr_id: u64,
+    pub(crate) op: SendOp,
+    pub(crate) sges: Vec<Sge>,
+    pub(crate) signaled: bool,
+    pub(crate) due: Duration,
+    pub(crate) seq: u64,
+    pub(crate) fault: Option<SendFaultKind>,
+}
+
+#[derive(Debug)]
+pub(crate) struct PendingRecv {
+    pub(crate) wr_id: u64,
+    pub(crate) sges: Vec<Sge>,
+}
+
+#[derive(Debug)]
+pub(crate) struct QpRec {
+    pub(crate) pd: u64,
+    pub(crate) send_cq: u64,
+    pub(crate) recv_cq: u64,
+    pub(crate) caps: QpCaps,
+    pub(crate) state: QpState,
+    pub(crate) port: u8,
+    pub(crate) access: Access,
+    pub(crate) rtr: Option<RtrAttrs>,
+    pub(crate) rts: Option<RtsAttrs>,
+    pub(crate) sq: VecDeque<PendingSend>,
+    pub(crate) rq: VecDeque<PendingRecv>,
+    /// Send WRs posted whose slot has not been freed by a polled completion.
+    pub(crate) sq_outstanding: u32,
+    pub(crate) rq_outstanding: u32,
+    /// Unsignaled successes since the last send completion.
+    pub(crate) unsignaled: u32,
+    pub(crate) last_due: Duration,
+}
+
+#[derive(Debug)]
+pub(crate) struct State {
+    pub(crate) now: Duration,
+    pub(crate) rng: Rng,
+    pub(crate) seq: u64,
+    pub(crate) next_id: u64,
+    pub(crate) devs: Vec<DevRt>,
+    /// Open contexts: id -> (device, pending async events).
+    pub(crate) contexts: BTreeMap<u64, (usize, VecDeque<AsyncEvent>)>,
+    /// PDs: id -> device.
+    pub(crate) pds: BTreeMap<u64, usize>,
+    pub(crate) mrs: BTreeMap<(usize, u32), MrRec>,
+    pub(crate) cqs: BTreeMap<u64, CqRec>,
+    pub(crate) qps: BTreeMap<QpKey, QpRec>,
+    pub(crate) faults: FaultState,
+}
+
+impl State {
+    pub(crate) fn new(desc: &SimDescription, seed: u64) -> Self {
+        let mut rng = Rng(seed);
+        let devs = desc
+            .devices
+            .iter()
+            .map(|d| DevRt {
+                ports: d.ports.iter().map(|p| p.state).collect(),
+                next_key_index: 1 + (rng.next() % 0x100) as u32,
+                next_qpn: 0x11 + (rng.next() % 0x1000) as u32,
+                mrs: 0,
+                qps: 0,
+            })
+            .collect();
+        Self {
+            now: Duration::ZERO,
+            rng,
+            seq: 0,
+            next_id: 1,
+            devs,
+            contexts: BTreeMap::new(),
+            pds: BTreeMap::new(),
+            mrs: BTreeMap::new(),
+            cqs: BTreeMap::new(),
+            qps: BTreeMap::new(),
+            faults: FaultState::default(),
+        }
+    }
+
+    pub(crate) fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    pub(crate) fn pending(&self) -> usize {
+        self.qps.values().map(|q| q.sq.len()).sum()
+    }
+
+    pub(crate) fn push_event(&mut self, device: usize, ev: AsyncEvent) {
+        for (d, events) in self.contexts.values_mut() {
+            if *d == device {
+                events.push_back(ev);
+            }
+        }
+    }
+
+    pub(crate) fn set_port(&mut self, device: usize, port: u8, state: PortState, ev: AsyncEvent) {
+        if let Some(p) = self.devs[device].ports.get_mut(usize::from(port) - 1) {
+            *p = state;
+        }
+        self.push_event(device, ev);
+    }
+
+    /// Puts a completion on a CQ; an overrun marks the CQ and raises
+    /// `CqError` (the completion is lost, as on hardware).
+    pub(crate) fn deliver(&mut self, cq: u64, entry: CqEntry) {
+        let Some(rec) = self.cqs.get_mut(&cq) else {
+            return;
+        };
+        if rec.queue.len() >= rec.depth as usize {
+            if !rec.overflowed {
+                rec.overflowed = true;
+                let device = rec.device;
+                self.push_event(device, AsyncEvent::CqError);
+            }
+            return;
+        }
+        rec.queue.push_back(entry);
+    }
+
+    /// Completes a send WR of QP `key` (success completions only when
+    /// signaled; errors always).
+    pub(crate) fn complete_send(
+        &mut self,
+        key: QpKey,
+        wr: &PendingSend,
+        status: WcStatus,
+        byte_len: u32,
+    ) {
+        let Some(qp) = self.qps.get_mut(&key) else {
+            return;
+        };
+        if status.is_success() && !wr.signaled {
+            qp.unsignaled += 1;
+            return;
+        }
+        let retire = 1 + std::mem::take(&mut qp.unsignaled);
+        let cq = qp.send_cq;
+        let ok = status.is_success();
+        let opcode = ok.then_some(match wr.op {
+            SendOp::Write { .. } => WcOpcode::RdmaWrite,
+            SendOp::Read { .. } => WcOpcode::RdmaRead,
+            SendOp::Send { .. } => WcOpcode::Send,
+        });
+        let wc = Completion {
+            wr_id: wr.wr_id,
+            status,
+            opcode,
+            byte_len: if ok { byte_len } else { 0 },
+            imm: None,
+            qp_num: key.1,
+            vendor_err: 0,
+        };
+        self.deliver(
+            cq,
+            CqEntry {
+                wc,
+                qp: key,
+                sq_retire: retire,
+                rq_retire: 0,
+            },
+        );
+    }
+
+    /// Completes the receive `wr` of QP `key`.
+    pub(crate) fn complete_recv(
+        &mut self,
+        key: QpKey,
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        byte_len: u32,
+        imm: Option<u32>,
+    ) {
+        let Some(qp) = self.qps.get(&key) else { return };
+        let ok = status.is_success();
+        let wc = Completion {
+            wr_id,
+            status,
+            opcode: ok.then_some(opcode),
+            byte_len: if ok { byte_len } else { 0 },
+            imm: if ok { imm } else { None },
+            qp_num: key.1,
+            vendor_err: 0,
+        };
+        let cq = qp.recv_cq;
+        self.deliver(
+            cq,
+            CqEntry {
+                wc,
+                qp: key,
+                sq_retire: 0,
+                rq_retire: 1,
+            },
+        );
+    }
+
+    /// Moves a QP to the error state and flushes all its work, oldest
+    /// first, with `WrFlush`; then raises `event` on its device.
+    pub(crate) fn qp_to_error(&mut self, _shared: &Shared, key: QpKey, event: Option<AsyncEvent>) {
+        let Some(qp) = self.qps.get_mut(&key) else {
+            return;
+        };
+        qp.state = QpState::Error;
+        let sq = std::mem::take(&mut qp.sq);
+        let rq = std::mem::take(&mut qp.rq);
+        for wr in &sq {
+            self.complete_send(key, wr, WcStatus::WrFlush, 0);
+        }
+        for wr in rq {
+            self.complete_recv(key, wr.wr_id, WcStatus::WrFlush, WcOpcode::Recv, 0, None);
+        }
+        if let Some(ev) = event {
+            self.push_event(key.0, ev);
+        }
+    }
+
+    /// Earliest due time of runnable-looking work (for the fabric thread).
+    pub(crate) fn next_due(&self) -> Option<Duration> {
+        self.qps
+            .values()
+            .filter_map(|q| q.sq.front())
+            .map(|w| w.due)
+            .min()
+    }
+}

@@ -1,0 +1,173 @@
+//! `cargo xtask softroce build|run|test`: real verbs without RDMA hardware.
+//!
+//! Our machines' kernel has no RDMA support, but a Debian guest kernel under
+//! qemu has `rdma_rxe` (Soft-RoCE). `build` makes a guest image from Debian
+//! packages (`ci/softroce/build-image.sh`), cached under `.softroce-cache/`
+//! by a hash of its inputs; `run -- CMD` boots it, creates `rxe0` on the
+//! guest's eth0 and runs CMD in the shared work folder with its output and
+//! exit status passed through; `test` builds the native test suites on the
+//! host and runs them in the guest against `rxe0`. docs/testing.md explains
+//! what each proves; /work/shared/softroce.md the facts it rests on.
+//!
+//! Every failure is one line naming the cause and the fix; every wait is
+//! bounded; qemu never outlives the task (see `guest.rs`).
+
+mod guest;
+mod image;
+mod suites;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+const USAGE: &str = "\
+usage: cargo xtask softroce <build|run|test> [options]
+
+  build [--rebuild]          make the guest image (root, network to the Debian mirror)
+  run [--timeout SECS] -- CMD
+                             boot the guest, run CMD (a shell command line) in the
+                             work folder with ORBITTE_TEST_DEVICE=rxe0, pass its
+                             output and exit status through, power off
+  test [--timeout SECS] [-- TEST-ARGS]
+                             build the native test suites on the host and run them
+                             in the guest against rxe0, after a smoke check
+
+environment: SOFTROCE_MIRROR (Debian mirror), SOFTROCE_CACHE (image cache folder),
+SOFTROCE_ACCEL (tcg|kvm, default: kvm only where it really works), SOFTROCE_QEMU,
+SOFTROCE_BOOT_TIMEOUT (seconds), SOFTROCE_KERNEL (vmlinux|bzimage), SOFTROCE_VERBOSE=1
+(show the guest's boot messages)
+";
+
+pub(crate) fn run(args: &[String]) -> Result<(), String> {
+    let Some((sub, rest)) = args.split_first() else {
+        return Err(format!("missing subcommand\n{USAGE}"));
+    };
+    match sub.as_str() {
+        "build" => {
+            let rebuild = match rest {
+                [] => false,
+                [flag] if flag == "--rebuild" => true,
+                _ => return Err(format!("unexpected arguments {rest:?}\n{USAGE}")),
+            };
+            image::ensure(rebuild).map(drop)
+        }
+        "run" => {
+            let (timeout, cmd) = options(rest, Duration::from_secs(1800))?;
+            if cmd.is_empty() {
+                return Err(format!("`run` needs a command after `--`\n{USAGE}"));
+            }
+            guest::qemu()?;
+            let image = image::ensure(false)?;
+            let rc = guest::run(&image, &cmd.join(" "), timeout)?;
+            exit_with(rc)
+        }
+        "test" => {
+            let (timeout, test_args) = options(rest, Duration::from_secs(2400))?;
+            let rc = suites::run(&test_args, timeout)?;
+            exit_with(rc)
+        }
+        "-h" | "--help" | "help" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => Err(format!("unknown subcommand `{other}`\n{USAGE}")),
+    }
+}
+
+/// Parses `[--timeout SECS] [-- REST...]`.
+fn options(args: &[String], default: Duration) -> Result<(Duration, Vec<String>), String> {
+    let mut timeout = default;
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--" => return Ok((timeout, it.cloned().collect())),
+            "--timeout" => {
+                let secs = it
+                    .next()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .filter(|&s| s > 0)
+                    .ok_or("`--timeout` needs a positive number of seconds")?;
+                timeout = Duration::from_secs(secs);
+            }
+            other => return Err(format!("unexpected argument `{other}`\n{USAGE}")),
+        }
+    }
+    Ok((timeout, Vec::new()))
+}
+
+/// Passes the guest command's exit status through as the task's own.
+fn exit_with(rc: i32) -> Result<(), String> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        // Everything that owned a process or a file has been dropped by now.
+        std::process::exit(rc.clamp(1, 255))
+    }
+}
+
+/// The folder the image cache and per-run control folders live in.
+fn cache_dir() -> PathBuf {
+    match std::env::var_os("SOFTROCE_CACHE") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => crate::workspace_root().join(".softroce-cache"),
+    }
+}
+
+/// Whether the guest's boot messages should be shown as they arrive.
+fn verbose() -> bool {
+    std::env::var("SOFTROCE_VERBOSE").is_ok_and(|v| v == "1")
+}
+
+/// Finds `name` on PATH (or the sbin folders, which a non-login root shell
+/// may lack).
+fn find_tool(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Formats a duration as seconds with one decimal.
+fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn options_take_a_timeout_and_everything_after_the_separator() {
+        let d = Duration::from_secs(7);
+        let (t, rest) = options(&strings(&["--timeout", "90", "--", "ls", "-l"]), d).unwrap();
+        assert_eq!(t, Duration::from_secs(90));
+        assert_eq!(rest, strings(&["ls", "-l"]));
+        let (t, rest) = options(&strings(&["--", "--timeout", "3"]), d).unwrap();
+        assert_eq!(t, d);
+        assert_eq!(rest, strings(&["--timeout", "3"]));
+        assert_eq!(options(&[], d).unwrap(), (d, Vec::new()));
+    }
+
+    #[test]
+    fn bad_options_are_errors_naming_the_argument() {
+        let d = Duration::from_secs(7);
+        for bad in [&["--timeout"][..], &["--timeout", "0"], &["--timeout", "x"]] {
+            let err = options(&strings(bad), d).unwrap_err();
+            assert!(err.contains("positive number of seconds"), "{err}");
+        }
+        let err = options(&strings(&["ls"]), d).unwrap_err();
+        assert!(err.starts_with("unexpected argument `ls`"), "{err}");
+    }
+
+    #[test]
+    fn run_without_a_command_is_an_error_before_anything_starts() {
+        let err = run(&strings(&["run", "--"])).unwrap_err();
+        assert!(err.starts_with("`run` needs a command"), "{err}");
+        let err = run(&strings(&["boot"])).unwrap_err();
+        assert!(err.starts_with("unknown subcommand `boot`"), "{err}");
+    }
+}
