@@ -5,7 +5,7 @@
 //! engines, and the network moves the host copies. This crate provides the
 //! pieces; the engine drives them.
 //!
-//! - [`driver`] finds `libcuda.so.1` at run time, without panicking when it
+//! - [`driver()`] finds `libcuda.so.1` at run time, without panicking when it
 //!   is absent (cudarc panics if asked to load a missing library, so every
 //!   entry point here checks first), and initializes it once.
 //! - [`devices`] / [`CudaDevice`]: discovery (count, names, PCI bus IDs for
@@ -17,13 +17,13 @@
 //! - [`CopyStream`]: one synchronized device-to-host or host-to-device copy.
 //! - [`StagingPipeline`]: chunked, double-buffered staging: the copy of the
 //!   next chunk overlaps the caller's handling of the previous one.
-//! - [`probe`]: the capability matrix rows for the CUDA paths, as plain
+//! - [`probe()`]: the capability matrix rows for the CUDA paths, as plain
 //!   data.
 //!
 //! # Scope
 //! Allocation and synchronized host staging are real paths. Registering GPU
 //! memory with NICs (GPUDirect RDMA), CUDA IPC and NVLink transfers are not
-//! implemented and [`probe`] reports them so. A small CUDA compute probe
+//! implemented and [`probe()`] reports them so. A small CUDA compute probe
 //! succeeding proves nothing about any of these transport paths.
 //!
 //! # Without a driver

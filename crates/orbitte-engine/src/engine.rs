@@ -773,7 +773,8 @@ impl TransferEngine {
     /// Submits a batch of READ/WRITE requests: all admitted or none (a typed
     /// error names the first bad request; nothing is posted then).
     pub fn submit(&self, batch: &[TransferRequest]) -> Result<Vec<RequestId>, SubmitError> {
-        let mut st = self.lock();
+        let mut guard = self.lock();
+        let st = &mut *guard;
         let now = Instant::now();
         let Some(first) = batch.first() else { return Err(SubmitError::Empty) };
         if let Some(reason) = st.core.fenced() {

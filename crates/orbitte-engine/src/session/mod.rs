@@ -27,6 +27,7 @@
 pub(crate) mod handshake;
 pub(crate) mod io;
 pub(crate) mod listener;
+pub mod path;
 pub(crate) mod publications;
 
 use std::net::SocketAddr;
