@@ -57,7 +57,13 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     if let Some(warning) = clang_path_warning(&libclang) {
         eprintln!("bindgen: warning: {warning}");
     }
-    let outputs = generate(&root)?;
+    let outputs = without_panic(|| generate(&root)).map_err(|stop| {
+        format!(
+            "bindgen stopped ({stop}) under libclang {}; it may be too old or broken: install \
+             libclang-dev (LLVM 14 or newer) or point LIBCLANG_PATH at another one",
+            libclang.path.display()
+        )
+    })??;
     if check {
         let mut drifted = Vec::new();
         for out in &outputs {
@@ -92,12 +98,36 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     }
 }
 
+/// Runs `f`, turning a panic inside bindgen or clang-sys (an unsupported
+/// libclang makes them panic) into its message, printed by no hook: the
+/// user gets one line, not a backtrace.
+fn without_panic<T>(f: impl FnOnce() -> T + std::panic::UnwindSafe) -> Result<T, String> {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let result = std::panic::catch_unwind(f);
+    std::panic::set_hook(previous);
+    result.map_err(|payload| {
+        payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into())
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_string()
+    })
+}
+
 /// The libclang this process loaded.
 pub(crate) struct Libclang {
     /// The file that was loaded, as clang-sys found it.
     pub(crate) path: PathBuf,
     /// The LLVM major version, from the file's canonical path when it names one.
     pub(crate) major: Option<u32>,
+    /// The oldest release with every function this library exports
+    /// (clang-sys's probe), for files whose path names no version.
+    symbols: Option<String>,
 }
 
 impl Libclang {
@@ -105,7 +135,8 @@ impl Libclang {
         match self.major {
             Some(m) => format!("LLVM {m}, {}", install_root(&self.path).display()),
             None => format!(
-                "unknown LLVM version, {}",
+                "LLVM {} by its symbols, {}",
+                self.symbols.as_deref().unwrap_or("?"),
                 install_root(&self.path).display()
             ),
         }
@@ -134,21 +165,30 @@ fn load_libclang() -> Result<Libclang, String> {
     };
     let path = lib.path().to_path_buf();
     let major = llvm_major(&path);
-    Ok(Libclang { path, major })
+    let symbols = lib.version().map(|v| v.to_string());
+    Ok(Libclang {
+        path,
+        major,
+        symbols,
+    })
 }
 
 /// The LLVM major version named by a libclang or clang path
-/// (`/usr/lib/llvm-14/...`, `libclang-19.so.1`, `clang-18`), following links.
+/// (`/usr/lib/llvm-14/...`, `libclang-19.so.1`, `clang-18`, Fedora's
+/// `libclang.so.18.1`), following links.
 pub(crate) fn llvm_major(path: &Path) -> Option<u32> {
     let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
     for p in [&canonical, &path.to_path_buf()] {
         for comp in p.components().rev() {
             let s = comp.as_os_str().to_string_lossy();
-            for prefix in ["llvm-", "libclang-", "clang-"] {
+            for prefix in ["llvm-", "libclang-", "clang-", "libclang.so."] {
                 if let Some(rest) = s.strip_prefix(prefix) {
                     let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                    if let Ok(n) = digits.parse() {
-                        return Some(n);
+                    // `libclang.so.1` is the ABI soname, not a release.
+                    match digits.parse() {
+                        Ok(1) if prefix == "libclang.so." => {}
+                        Ok(n) => return Some(n),
+                        Err(_) => {}
                     }
                 }
             }
@@ -247,7 +287,6 @@ fn generate(root: &Path) -> Result<Vec<Output>, String> {
         .allowlist_function("_?ibv_.*")
         .allowlist_recursively(false)
         .raw_line(banner)
-        .raw_line("#[allow(unused_imports)]")
         .raw_line("use super::bindings::*;");
     let functions = bindgen_text(functions)?;
 
@@ -495,6 +534,10 @@ mod tests {
             Some(19)
         );
         assert_eq!(llvm_major(Path::new("/nonexistent/bin/clang-18")), Some(18));
+        assert_eq!(
+            llvm_major(Path::new("/nonexistent/lib64/libclang.so.18.1")),
+            Some(18)
+        );
         assert_eq!(llvm_major(Path::new("/nonexistent/lib/libclang.so")), None);
     }
 
@@ -551,6 +594,13 @@ mod tests {
                 diff_summary(&committed, &out.text)
             );
         }
+    }
+
+    #[test]
+    fn a_panic_becomes_its_first_line() {
+        assert_eq!(without_panic(|| 7), Ok(7));
+        let stop = without_panic(|| -> u8 { panic!("libclang lacks clang_foo\nmore") });
+        assert_eq!(stop, Err("libclang lacks clang_foo".to_string()));
     }
 
     #[test]

@@ -41,32 +41,82 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     let mut report = Report::default();
 
     section("environment");
-    let os = OsRelease::read(Path::new("/etc/os-release"));
-    println!("os:        {}", os.pretty());
-    let gcc = tool_version("gcc", &["--version"]);
-    let gxx = tool_version("g++", &["--version"]);
-    println!("gcc:       {}", gcc.as_deref().unwrap_or("not found"));
-    println!("g++:       {}", gxx.as_deref().unwrap_or("not found"));
-    for clang in clang_executables() {
-        let version = tool_version(&clang.to_string_lossy(), &["--version"]);
-        println!(
-            "clang:     {} ({})",
-            clang.display(),
-            version.as_deref().unwrap_or("?")
-        );
+    let env = Environment::discover();
+    env.print();
+
+    section("prerequisites");
+    check_prerequisites(&mut report, &env);
+
+    section("bindgen --check under each libclang");
+    check_bindings(&mut report, &root, &env.libclangs)?;
+
+    if cargo_steps {
+        run_cargo_steps(&mut report, &root);
     }
-    let libclangs = libclangs(&libclang_search_dirs());
-    for (major, path) in &libclangs {
-        println!("libclang:  {} (LLVM {major})", path.display());
+
+    section("canonical matrix (Ubuntu 24.04 / GCC/G++ / Clang/libclang 18)");
+    let majors: Vec<u32> = env.libclangs.iter().filter_map(|l| l.major).collect();
+    for cell in matrix_cells(&env.os, env.gcc.is_some() && env.gxx.is_some(), &majors) {
+        println!("{cell}");
     }
-    for var in ["LIBCLANG_PATH", "CLANG_PATH"] {
-        if let Some(v) = std::env::var_os(var) {
-            println!("{var}: {}", Path::new(&v).display());
+
+    section("summary");
+    report.finish()
+}
+
+/// What this machine has.
+struct Environment {
+    os: OsRelease,
+    gcc: Option<String>,
+    gxx: Option<String>,
+    clangs: Vec<(PathBuf, Option<String>)>,
+    libclangs: Vec<FoundLibclang>,
+}
+
+impl Environment {
+    fn discover() -> Self {
+        Self {
+            os: OsRelease::read(Path::new("/etc/os-release")),
+            gcc: tool_version("gcc", &["--version"]),
+            gxx: tool_version("g++", &["--version"]),
+            clangs: clang_executables()
+                .into_iter()
+                .map(|c| {
+                    let v = tool_version(&c.to_string_lossy(), &["--version"]);
+                    (c, v)
+                })
+                .collect(),
+            libclangs: libclangs(&libclang_search_dirs()),
         }
     }
 
-    section("prerequisites");
-    report.check("gcc/g++", gcc.is_some() && gxx.is_some(), || {
+    fn print(&self) {
+        println!("os:        {}", self.os.pretty());
+        println!("gcc:       {}", self.gcc.as_deref().unwrap_or("not found"));
+        println!("g++:       {}", self.gxx.as_deref().unwrap_or("not found"));
+        for (clang, version) in &self.clangs {
+            let version = version.as_deref().unwrap_or("?");
+            println!("clang:     {} ({version})", clang.display());
+        }
+        if self.clangs.is_empty() {
+            println!("clang:     none found");
+        }
+        for l in &self.libclangs {
+            println!("libclang:  {} ({})", l.path.display(), l.label());
+        }
+        if self.libclangs.is_empty() {
+            println!("libclang:  none found");
+        }
+        for var in ["LIBCLANG_PATH", "CLANG_PATH"] {
+            if let Some(v) = std::env::var_os(var) {
+                println!("{var}: {}", Path::new(&v).display());
+            }
+        }
+    }
+}
+
+fn check_prerequisites(report: &mut Report, env: &Environment) {
+    report.check("gcc/g++", env.gcc.is_some() && env.gxx.is_some(), || {
         "gcc or g++ not found; install gcc and g++ (Debian/Ubuntu: build-essential)".into()
     });
     let cmake = tool_version("cmake", &["--version"]);
@@ -81,27 +131,23 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         pkg_config.as_deref(),
         "install pkg-config (Debian/Ubuntu: pkg-config; Ubuntu 24.04 provides it via pkgconf)",
     );
-    let header = Path::new("/usr/include/infiniband/verbs.h");
+    let header = Path::new("/usr/include/infiniband/verbs.h").is_file();
     let pc = pkg_config
         .as_ref()
         .and_then(|_| tool_version("pkg-config", &["--modversion", "libibverbs"]));
+    let pc_missing = pkg_config.is_some() && pc.is_none();
     report.check(
         "libibverbs development files",
-        header.is_file() && (pkg_config.is_none() || pc.is_some()),
+        header && !pc_missing,
         || {
-            format!(
-                "libibverbs development files missing ({}{}); install libibverbs-dev",
-                if header.is_file() {
-                    ""
-                } else {
-                    "no /usr/include/infiniband/verbs.h"
-                },
-                if pkg_config.is_some() && pc.is_none() {
-                    "; pkg-config knows no libibverbs"
-                } else {
-                    ""
-                }
-            )
+            let mut what = Vec::new();
+            if !header {
+                what.push("no /usr/include/infiniband/verbs.h");
+            }
+            if pc_missing {
+                what.push("pkg-config knows no libibverbs");
+            }
+            format!("{}; install libibverbs-dev", what.join(", "))
         },
     );
     if let Some(v) = &pc {
@@ -111,73 +157,87 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             crate::bindgen::RDMA_CORE_RELEASE
         );
     }
-    let runtime = libibverbs_runtime_present();
-    report.check("libibverbs runtime (libibverbs.so.1)", runtime, || {
-        "libibverbs.so.1 not found by the dynamic loader; install libibverbs1 and \
+    report.check(
+        "libibverbs runtime (libibverbs.so.1)",
+        libibverbs_runtime_present(),
+        || {
+            "libibverbs.so.1 not found by the dynamic loader; install libibverbs1 and \
          ibverbs-providers"
-            .into()
-    });
-    report.check("libclang", !libclangs.is_empty(), || {
+                .into()
+        },
+    );
+    report.check("libclang", !env.libclangs.is_empty(), || {
         "no libclang found; install libclang-dev (or libclang1-NN with libclang-common-NN-dev), \
          or set LIBCLANG_PATH"
             .into()
     });
+}
 
-    section("bindgen --check under each libclang");
+/// `cargo xtask bindgen --check` in a child process per libclang, so each
+/// loads exactly that one (`LIBCLANG_PATH` set to the file).
+fn check_bindings(
+    report: &mut Report,
+    root: &Path,
+    libclangs: &[FoundLibclang],
+) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the xtask binary: {e}"))?;
-    for (major, path) in &libclangs {
-        println!("--- libclang {major}: {}", path.display());
-        let status = Command::new(&exe)
+    for l in libclangs {
+        println!("--- libclang {}: {}", l.label(), l.path.display());
+        let name = format!("bindgen --check ({})", l.label());
+        let out = Command::new(&exe)
             .args(["bindgen", "--check"])
-            .env("LIBCLANG_PATH", path)
-            .current_dir(&root)
-            .status();
-        report.check_status(&format!("bindgen --check (libclang {major})"), status);
-    }
-
-    if cargo_steps {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let steps = [
-            CargoStep::new("cargo fmt --check", &["fmt", "--all", "--", "--check"]),
-            CargoStep::new(
-                "cargo clippy -D warnings",
-                &[
-                    "clippy",
-                    "--workspace",
-                    "--all-targets",
-                    "--",
-                    "-D",
-                    "warnings",
-                ],
-            ),
-            CargoStep::new("cargo test", &["test", "--workspace"]),
-            CargoStep {
-                env: Some(("RUSTDOCFLAGS", "-D warnings")),
-                ..CargoStep::new(
-                    "cargo doc -D warnings",
-                    &["doc", "--workspace", "--no-deps"],
-                )
-            },
-        ];
-        for step in steps {
-            section(step.name);
-            let mut cmd = Command::new(&cargo);
-            cmd.args(step.args).current_dir(&root);
-            if let Some((k, v)) = step.env {
-                cmd.env(k, v);
+            .env("LIBCLANG_PATH", &l.path)
+            .current_dir(root)
+            .output();
+        match out {
+            Ok(out) => {
+                print!("{}", String::from_utf8_lossy(&out.stdout));
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                eprint!("{stderr}");
+                // The task's own one-line reason is its last stderr line.
+                let reason = stderr.lines().next_back().unwrap_or("").trim();
+                report.check(&name, out.status.success(), || {
+                    let reason = reason.trim_start_matches("xtask bindgen: ");
+                    format!("{reason} ({})", out.status)
+                });
             }
-            report.check_status(step.name, cmd.status());
+            Err(e) => report.check_status(&name, Err(e)),
         }
     }
+    Ok(())
+}
 
-    section("canonical matrix (Ubuntu 24.04 / GCC/G++ / Clang/libclang 18)");
-    let majors: Vec<u32> = libclangs.keys().copied().collect();
-    for cell in matrix_cells(&os, gcc.is_some() && gxx.is_some(), &majors) {
-        println!("{cell}");
+fn run_cargo_steps(report: &mut Report, root: &Path) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let clippy = &[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ];
+    let steps = [
+        CargoStep::new("cargo fmt --check", &["fmt", "--all", "--", "--check"]),
+        CargoStep::new("cargo clippy -D warnings", clippy),
+        CargoStep::new("cargo test", &["test", "--workspace"]),
+        CargoStep {
+            env: Some(("RUSTDOCFLAGS", "-D warnings")),
+            ..CargoStep::new(
+                "cargo doc -D warnings",
+                &["doc", "--workspace", "--no-deps"],
+            )
+        },
+    ];
+    for step in steps {
+        section(step.name);
+        let mut cmd = Command::new(&cargo);
+        cmd.args(step.args).current_dir(root);
+        if let Some((k, v)) = step.env {
+            cmd.env(k, v);
+        }
+        report.check_status(step.name, cmd.status());
     }
-
-    section("summary");
-    report.finish()
 }
 
 /// One cargo command of the matrix.
@@ -386,12 +446,29 @@ fn libclang_search_dirs() -> Vec<PathBuf> {
     dirs
 }
 
+/// A libclang on this machine.
+#[derive(Debug, PartialEq, Eq)]
+struct FoundLibclang {
+    /// Its LLVM major version, when its path names one.
+    major: Option<u32>,
+    /// The file, which `LIBCLANG_PATH` accepts and which, unlike a
+    /// directory, cannot pick another release in a shared directory.
+    path: PathBuf,
+}
+
+impl FoundLibclang {
+    fn label(&self) -> String {
+        self.major
+            .map_or_else(|| "LLVM ?".to_string(), |m| format!("LLVM {m}"))
+    }
+}
+
 /// One libclang per LLVM major version found in `dirs` (the first found
 /// wins, so `LIBCLANG_PATH` and `/usr/lib/llvm-NN/lib` come before the
-/// multiarch directory). The value is a file path, which `LIBCLANG_PATH`
-/// accepts and which cannot pick another release in a shared directory.
-fn libclangs(dirs: &[PathBuf]) -> BTreeMap<u32, PathBuf> {
-    let mut found = BTreeMap::new();
+/// multiarch directory), plus each file whose version is unknown.
+fn libclangs(dirs: &[PathBuf]) -> Vec<FoundLibclang> {
+    let mut found: Vec<FoundLibclang> = Vec::new();
+    let mut seen_files = Vec::new();
     for dir in dirs {
         let Ok(entries) = std::fs::read_dir(dir) else {
             continue;
@@ -400,18 +477,25 @@ fn libclangs(dirs: &[PathBuf]) -> BTreeMap<u32, PathBuf> {
             .flatten()
             .map(|e| e.path())
             .filter(|p| {
-                let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
-                name.is_some_and(|n| n.starts_with("libclang") && is_libclang_name(&n))
+                p.file_name()
+                    .is_some_and(|n| is_libclang_name(&n.to_string_lossy()))
             })
             .collect();
         files.sort();
-        for file in files {
-            let Some(major) = llvm_major(&file) else {
+        for path in files {
+            let canonical = path.canonicalize().unwrap_or_else(|_| path.clone());
+            if seen_files.contains(&canonical) {
                 continue;
-            };
-            found.entry(major).or_insert(file);
+            }
+            seen_files.push(canonical);
+            let major = llvm_major(&path);
+            if major.is_some() && found.iter().any(|f| f.major == major) {
+                continue;
+            }
+            found.push(FoundLibclang { major, path });
         }
     }
+    found.sort_by_key(|f| f.major.unwrap_or(u32::MAX));
     found
 }
 
@@ -539,10 +623,15 @@ mod tests {
             std::fs::write(f, b"").unwrap();
         }
         std::fs::write(b.join("libclang-cpp.so.19"), b"").unwrap();
+        std::fs::write(b.join("libclang.so"), b"").unwrap();
         let found = libclangs(&[a.clone(), b.clone()]);
         let _ = std::fs::remove_dir_all(&base);
-        assert_eq!(found.len(), 2, "{found:?}");
-        assert_eq!(found[&14], a.join("libclang-14.so.1"));
-        assert_eq!(found[&19], b.join("libclang-19.so.1"));
+        let expected = [
+            (Some(14), a.join("libclang-14.so.1")),
+            (Some(19), b.join("libclang-19.so.1")),
+            (None, b.join("libclang.so")),
+        ]
+        .map(|(major, path)| FoundLibclang { major, path });
+        assert_eq!(found, expected, "{found:?}");
     }
 }

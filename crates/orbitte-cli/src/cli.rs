@@ -68,6 +68,14 @@ pub(crate) struct TopologyArgs {
     /// Read sysfs from this root instead of `/` (for recorded trees).
     #[arg(long, value_name = "DIR")]
     pub(crate) sysfs_root: Option<PathBuf>,
+    /// TOML file whose `[rdma]` table configures the selection
+    /// (ORBITTE_RDMA_* variables still override it).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+    /// Build an engine here and make one Host Direct registration, which
+    /// initializes NIC contexts, then show what was initialized.
+    #[arg(long)]
+    pub(crate) initialize: bool,
 }
 
 /// Direction of the one-sided operation.

@@ -9,6 +9,7 @@
 mod chart;
 mod cli;
 mod stats;
+mod topology;
 
 use std::process::ExitCode;
 
@@ -77,8 +78,8 @@ fn run(cli: cli::Cli) -> Result<(), Failure> {
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
+        cli::Command::Topology(args) => topology::run(&args),
         cli::Command::Doctor(_)
-        | cli::Command::Topology(_)
         | cli::Command::Bench(_)
         | cli::Command::Serve(_) => Err(Failure::failed(
             "this command is not implemented yet in this build",

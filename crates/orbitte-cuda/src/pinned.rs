@@ -211,6 +211,13 @@ mod tests {
         assert_send_sync::<Arc<PinnedBuffer>>();
         assert_send_sync::<Arc<crate::CudaBuffer>>();
         assert_send_sync::<CudaDevice>();
+        assert_send_sync::<crate::CopyStream>();
+        assert_send_sync::<crate::StagingPipeline>();
+        // A bounce buffer can be handed to the verbs layer as an MR target.
+        fn as_dma(b: Arc<PinnedBuffer>) -> Arc<dyn DmaBuffer> {
+            b
+        }
+        let _ = as_dma;
     }
 
     #[test]

@@ -47,6 +47,14 @@ fn pipeline_round_trips_odd_ranges() {
 }
 
 #[test]
+fn pipeline_handles_many_geometries() {
+    let Some(dev) = gpu_or_skip("pipeline_handles_many_geometries") else {
+        return;
+    };
+    common::pipeline_handles_many_geometries(&dev);
+}
+
+#[test]
 fn handler_errors_report_the_completed_prefix() {
     let Some(dev) = gpu_or_skip("handler_errors_report_the_completed_prefix") else {
         return;

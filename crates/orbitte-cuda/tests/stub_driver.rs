@@ -238,6 +238,7 @@ fn child_fake_gpu() {
     common::foreign_pointers_are_checked(&dev);
     common::copies_round_trip_and_check_bounds(&dev);
     common::pipeline_round_trips_odd_ranges(&dev);
+    common::pipeline_handles_many_geometries(&dev);
     common::handler_errors_report_the_completed_prefix(&dev);
     common::handler_panics_drain_and_leave_the_pipeline_usable(&dev);
     common::probe_passes_every_staging_check(&dev);
@@ -277,4 +278,15 @@ fn child_sync_fault() {
     );
     assert!(!again.drained);
     println!("{again}");
+
+    // A single synchronized copy whose wait fails reports NotDrained (and
+    // retains both buffers rather than freeing memory DMA may still reach).
+    let stream = orbitte_cuda::CopyStream::new(&dev).unwrap();
+    let pinned = orbitte_cuda::PinnedBuffer::alloc(&dev, chunk).unwrap();
+    match stream.download(&buf, 0, &pinned, 0, chunk) {
+        Err(CopyError::NotDrained { index: 0, source }) => {
+            assert_eq!(source.name, "CUDA_ERROR_ILLEGAL_ADDRESS");
+        }
+        other => panic!("expected NotDrained, got {other:?}"),
+    }
 }

@@ -94,8 +94,14 @@ pub struct RailInfo {
     pub nic: Option<u32>,
     /// Remote NIC ID (rdma).
     pub remote_nic: Option<u32>,
+    /// Queue pair number (rdma), for diagnostics.
+    pub qpn: Option<u32>,
+    /// Local device name (rdma).
+    pub device: Option<String>,
     /// Whether it takes new work now.
     pub up: bool,
+    /// Why it is down, if it is.
+    pub down_reason: Option<String>,
 }
 
 /// An open peer (remote source owner).
@@ -165,7 +171,6 @@ pub(crate) struct State {
     pub(crate) outcomes: HashMap<RequestId, Outcome>,
     pub(crate) unquiesced: Vec<Unquiesced>,
     work: Vec<WorkItem>,
-    events: Vec<TransportEvent>,
     rotor: usize,
 }
 
@@ -336,7 +341,6 @@ impl EngineBuilder {
             outcomes: HashMap::new(),
             unquiesced: Vec::new(),
             work: Vec::new(),
-            events: Vec::new(),
             rotor: 0,
         };
         let shared = Arc::new(Shared {
@@ -1108,7 +1112,16 @@ pub(crate) fn peer_info(st: &State, id: PeerId) -> PeerInfo {
             .iter()
             .map(|&rail| {
                 let spec = st.core.rail_spec(rail);
-                RailInfo { rail, nic: spec.and_then(|s| s.nic), remote_nic: spec.and_then(|s| s.remote_nic), up: st.core.rail_is_up(rail) }
+                let qp = st.rdma.rail(rail);
+                RailInfo {
+                    rail,
+                    nic: spec.and_then(|s| s.nic),
+                    remote_nic: spec.and_then(|s| s.remote_nic),
+                    qpn: qp.and_then(|r| r.qpn()),
+                    device: qp.map(|r| r.device.clone()),
+                    up: st.core.rail_is_up(rail),
+                    down_reason: st.core.rail_down_reason(rail).map(|r| r.to_string()),
+                }
             })
             .collect(),
     }

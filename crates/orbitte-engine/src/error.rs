@@ -4,7 +4,6 @@
 //! engine), the local system failed (native errors, budgets), or the peer
 //! said something wrong (handshake, protocol).
 
-use std::fmt;
 use std::sync::Arc;
 
 use orbitte_verbs as verbs;
@@ -223,18 +222,4 @@ pub enum OpenPeerError {
     /// The engine is fenced.
     #[error("engine is fenced, peer refused: {0}")]
     Fenced(Arc<str>),
-}
-
-pub(crate) struct DisplayList<'a, T>(pub(crate) &'a [T]);
-
-impl<T: fmt::Display> fmt::Display for DisplayList<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, x) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str("; ")?;
-            }
-            write!(f, "{x}")?;
-        }
-        Ok(())
-    }
 }

@@ -40,14 +40,6 @@ impl NicCtx {
             .query_port(self.port)
             .is_ok_and(|a| matches!(a.state, verbs::PortState::Active))
     }
-
-    /// The route peers use to reach this port.
-    pub(crate) fn route(&self) -> verbs::Route {
-        match self.link_layer {
-            topo::LinkLayer::InfiniBand if self.lid != 0 => verbs::Route::Lid(self.lid),
-            _ => verbs::Route::Gid(self.gid),
-        }
-    }
 }
 
 /// What [`TransferEngine::topology`](crate::TransferEngine::topology)
@@ -116,6 +108,20 @@ fn gid_type(t: verbs::GidType) -> topo::GidType {
     }
 }
 
+fn uverbs(info: &verbs::DeviceInfo) -> (Option<std::path::PathBuf>, topo::UverbsAccess) {
+    match &info.uverbs {
+        None => (None, topo::UverbsAccess::NoNode),
+        Some(n) => {
+            let access = match &n.access {
+                verbs::NodeAccess::ReadWrite => topo::UverbsAccess::ReadWrite,
+                verbs::NodeAccess::Denied { .. } => topo::UverbsAccess::Denied,
+                verbs::NodeAccess::Missing => topo::UverbsAccess::NoNode,
+            };
+            (Some(n.path.clone().into()), access)
+        }
+    }
+}
+
 /// A topology record of an opened device.
 fn nic_record(d: &verbs::DeviceDiagnostics) -> topo::Nic {
     let ports = d
@@ -142,7 +148,7 @@ fn nic_record(d: &verbs::DeviceDiagnostics) -> topo::Nic {
         .collect();
     let mut nic = topo::Nic::new(d.info.identity.name.clone(), ports);
     nic.node_guid = Some(d.info.identity.guid);
-    nic.uverbs_access = topo::UverbsAccess::ReadWrite;
+    (nic.uverbs_node, nic.uverbs_access) = uverbs(&d.info);
     nic.provider = topo::ProviderVisibility::Visible;
     nic
 }
@@ -169,7 +175,10 @@ pub(crate) fn initialize(
             }
             Err(e) => {
                 tracing::warn!(device = %name, error = %e, "device open failed: inert slot");
-                builder = builder.inert(name, None, InertCause::Construction(e));
+                let mut last = topo::Nic::new(name.clone(), Vec::new());
+                (last.uverbs_node, last.uverbs_access) = uverbs(info);
+                last.provider = topo::ProviderVisibility::Visible;
+                builder = builder.inert(name, Some(last), InertCause::Construction(e));
                 opened.push(None);
             }
         }

@@ -34,6 +34,17 @@ pub(crate) struct RdmaRail {
     pub(crate) device: String,
 }
 
+impl RdmaRail {
+    /// The queue pair number, unless destroyed.
+    pub(crate) fn qpn(&self) -> Option<u32> {
+        match &self.qp {
+            RailQp::Rts(q) => Some(q.qp_num()),
+            RailQp::Errored(q) => Some(q.qp_num()),
+            RailQp::Closed => None,
+        }
+    }
+}
+
 /// The rdma transport: owns every rdma rail's queue pair.
 #[derive(Debug, Default)]
 pub(crate) struct RdmaTransport {

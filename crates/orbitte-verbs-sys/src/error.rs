@@ -20,10 +20,11 @@ pub enum LoadError {
         #[source]
         source: libloading::Error,
     },
-    /// The library opened but lacks a function every supported release
-    /// exports: it is not libibverbs, or older than rdma-core 17.
+    /// The library opened but lacks a function of the `IBVERBS_1.1` ABI
+    /// that every rdma-core release exports: it is not libibverbs.
     #[error(
-        "{library} lacks `{symbol}` ({source}); install libibverbs1 from rdma-core 17 or newer"
+        "{library} lacks `{symbol}` ({source}), so it is not libibverbs; install libibverbs1 \
+         (rdma-core) and load libibverbs.so.1"
     )]
     MissingSymbol {
         /// The library that was opened.

@@ -32,8 +32,9 @@ macro_rules! verbs_table {
         ///
         /// Fields are the C functions, named and typed as in
         /// `<infiniband/verbs.h>` (rdma-core 44.0): calling one is `unsafe`
-        /// and follows the C contract. Functions every rdma-core release
-        /// since 17 exports are plain fields; newer ones are `Option`s,
+        /// and follows the C contract. Functions of the `IBVERBS_1.0`/`1.1`
+        /// ABI, which every rdma-core release exports, are plain fields;
+        /// later ones are `Option`s (the symbol version in their docs),
         /// `None` when the installed library predates them. The pointers
         /// stay valid as long as this value lives (it owns the library
         /// handle), so keep it in an `Arc` and hand it to whatever holds
@@ -82,7 +83,7 @@ macro_rules! verbs_table {
             }
 
             /// The optional functions this library lacks (empty on
-            /// rdma-core 44 and newer).
+            /// rdma-core 44).
             pub fn missing_optional(&self) -> Vec<&'static str> {
                 let mut missing = Vec::new();
                 $( if self.$oname.is_none() { missing.push(stringify!($oname)); } )*
@@ -167,20 +168,20 @@ verbs_table! {
         ibv_node_type_str: fn(ibv_node_type) -> *const c_char;
     }
     optional {
-        /// `ibv_get_device_index` (rdma-core 25).
+        /// `ibv_get_device_index` (`IBVERBS_1.9`).
         ibv_get_device_index: fn(*mut ibv_device) -> c_int;
-        /// `ibv_reg_mr_iova2` (rdma-core 26); used by [`Verbs::reg_mr`] for
+        /// `ibv_reg_mr_iova2` (`IBVERBS_1.8`); used by [`Verbs::reg_mr`] for
         /// optional access flags.
         ibv_reg_mr_iova2: fn(*mut ibv_pd, *mut c_void, usize, u64, c_uint) -> *mut ibv_mr;
-        /// `ibv_reg_dmabuf_mr` (rdma-core 34).
+        /// `ibv_reg_dmabuf_mr` (`IBVERBS_1.12`).
         ibv_reg_dmabuf_mr: fn(*mut ibv_pd, u64, usize, u64, c_int, c_int) -> *mut ibv_mr;
-        /// `_ibv_query_gid_ex` (rdma-core 32); use [`Verbs::query_gid_ex`].
+        /// `_ibv_query_gid_ex` (`IBVERBS_1.11`); use [`Verbs::query_gid_ex`].
         _ibv_query_gid_ex: fn(*mut ibv_context, u32, u32, *mut ibv_gid_entry, u32, usize)
             -> c_int;
-        /// `_ibv_query_gid_table` (rdma-core 32).
+        /// `_ibv_query_gid_table` (`IBVERBS_1.11`).
         _ibv_query_gid_table: fn(*mut ibv_context, *mut ibv_gid_entry, usize, u32, usize)
             -> isize;
-        /// `ibv_is_fork_initialized` (rdma-core 35).
+        /// `ibv_is_fork_initialized` (`IBVERBS_1.13`).
         ibv_is_fork_initialized: fn() -> ibv_fork_status;
     }
 }
@@ -327,7 +328,7 @@ impl Verbs {
     /// `ibv_query_gid_ex`: one GID table entry with its type and netdev.
     ///
     /// Returns 0 or an errno value (`EOPNOTSUPP` when the library predates
-    /// it, rdma-core 32).
+    /// `_ibv_query_gid_ex`).
     ///
     /// # Safety
     ///

@@ -27,7 +27,7 @@ fn verbs_or_skip() -> Option<Verbs> {
 fn libibverbs_loads_with_every_required_function() {
     let Some(verbs) = verbs_or_skip() else { return };
     assert_eq!(verbs.path(), Path::new(orbitte_verbs_sys::LIBRARY_NAME));
-    // rdma-core 35 and newer export every optional function too.
+    // The installed release (44.0 here) may lack some optional functions.
     println!("optional functions missing: {:?}", verbs.missing_optional());
     assert_eq!(
         verbs.wc_status_str(orbitte_verbs_sys::bindings::IBV_WC_SUCCESS),

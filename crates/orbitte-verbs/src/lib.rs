@@ -30,6 +30,47 @@
 //! polled. Reuse or read the bytes only after that. Memory itself cannot
 //! be freed early: the memory region keeps its `Arc<dyn DmaBuffer>`.
 //!
+//! # Misuse the types reject
+//! A closed handle is gone (`close` consumes it):
+//! ```compile_fail
+//! fn use_after_close(mr: orbitte_verbs::MemoryRegion) {
+//!     let _ = mr.close();
+//!     let _ = mr.lkey();
+//! }
+//! ```
+//! Sends are posted only on a QP typed `Rts` (see [`qp_state`]), and only
+//! by its one owner, through `&mut`:
+//! ```compile_fail
+//! fn post_through_shared_ref(qp: &orbitte_verbs::QueuePair) {
+//!     let _ = qp.post_send(&[]);
+//! }
+//! ```
+//! A QP moved to the error state on purpose cannot post:
+//! ```compile_fail
+//! fn post_after_into_error(qp: orbitte_verbs::QueuePair) {
+//!     let mut qp = qp.into_error().unwrap();
+//!     let _ = qp.post_send(&[]);
+//! }
+//! ```
+//! A QP cannot be cloned (one owner):
+//! ```compile_fail
+//! fn clone_qp(qp: &orbitte_verbs::QueuePair) -> orbitte_verbs::QueuePair {
+//!     qp.clone()
+//! }
+//! ```
+//! For contrast, what does compile:
+//! ```no_run
+//! fn ok(qp: &mut orbitte_verbs::QueuePair, init: &mut orbitte_verbs::QueuePair<orbitte_verbs::qp_state::Init>) {
+//!     let _ = qp.post_send(&[]);
+//!     let _ = qp.post_recv(&[]);
+//!     let _ = init.post_recv(&[]);
+//! }
+//! fn close_then_nothing(mr: orbitte_verbs::MemoryRegion) {
+//!     let _ = mr.lkey();
+//!     let _ = mr.close();
+//! }
+//! ```
+//!
 //! See `docs/verbs.md` for the differences between the sim and hardware.
 #![warn(missing_docs)]
 // `Unquiesced` carries the evidence the seed asks for (device identity,

@@ -743,3 +743,58 @@ pub enum AsyncEvent {
         raw: u32,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_values_round_trip_and_unknowns_are_kept() {
+        for raw in 0..8 {
+            assert_eq!(PortState::from_raw(raw).as_raw(), raw);
+        }
+        assert_eq!(PortState::from_raw(4), PortState::Active);
+        assert_eq!(PortState::from_raw(99), PortState::Unknown(99));
+        for m in [
+            Mtu::Mtu256,
+            Mtu::Mtu512,
+            Mtu::Mtu1024,
+            Mtu::Mtu2048,
+            Mtu::Mtu4096,
+        ] {
+            assert_eq!(Mtu::from_raw(m.as_raw()), Some(m));
+        }
+        assert_eq!(Mtu::Mtu1024.bytes(), 1024);
+        assert_eq!(Mtu::Mtu4096.bytes(), 4096);
+        assert_eq!(Mtu::from_raw(0), None);
+        assert_eq!(LinkLayer::from_raw(2), LinkLayer::Ethernet);
+        assert_eq!(LinkLayer::from_raw(9), LinkLayer::Unknown(9));
+        assert_eq!(Width::from_raw(2).lanes(), 4);
+        assert_eq!(Speed::from_raw(32), Speed::Edr);
+        assert_eq!(QpState::from_raw(6), QpState::Error);
+    }
+
+    #[test]
+    fn access_flags() {
+        let rw = Access::remote_read_write();
+        assert!(rw.contains(Access::REMOTE_WRITE) && rw.contains(Access::LOCAL_WRITE));
+        assert!(rw.is_remote() && rw.is_valid());
+        assert!(!Access::local_only().is_remote());
+        assert!(!Access::REMOTE_WRITE.is_valid());
+        assert!(Access::REMOTE_READ.is_valid());
+        assert_eq!(format!("{:?}", Access::NONE), "Access(NONE)");
+        assert_eq!(
+            format!("{rw:?}"),
+            "Access(LOCAL_WRITE|REMOTE_WRITE|REMOTE_READ)"
+        );
+        assert_eq!(rw.bits(), 7);
+    }
+
+    #[test]
+    fn gid_display_and_ipv4() {
+        let g = Gid::from_ipv4([192, 168, 1, 2]);
+        assert_eq!(g.to_string(), "0000:0000:0000:0000:0000:ffff:c0a8:0102");
+        assert!(!g.is_zero());
+        assert!(Gid::ZERO.is_zero());
+    }
+}

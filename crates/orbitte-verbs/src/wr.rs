@@ -314,3 +314,38 @@ impl Completion {
         self.status.is_success()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wc_status_round_trips_and_keeps_unknowns() {
+        for raw in 0..32 {
+            assert_eq!(WcStatus::from_raw(raw).as_raw(), raw);
+        }
+        assert_eq!(WcStatus::from_raw(10), WcStatus::RemoteAccess);
+        assert_eq!(WcStatus::from_raw(5), WcStatus::WrFlush);
+        assert_eq!(WcStatus::from_raw(3), WcStatus::Other(3));
+        assert_eq!(WcOpcode::from_raw(129), WcOpcode::RecvRdmaWithImm);
+        assert_eq!(WcOpcode::from_raw(7), WcOpcode::Other(7));
+    }
+
+    #[test]
+    fn work_request_builders() {
+        let sges = [Sge::new(0x1000, 10, 1), Sge::new(0x2000, 20, 1)];
+        let r = RemoteAddr {
+            addr: 0x9000,
+            rkey: 7,
+        };
+        let w = SendWr::write(1, &sges, r).signaled(false);
+        assert!(!w.signaled);
+        assert_eq!(w.byte_len(), 30);
+        assert_eq!(SendWr::read(2, &sges, r).op, SendOp::Read { remote: r });
+        assert_eq!(
+            SendWr::send(3, &[], Some(5)).op,
+            SendOp::Send { imm: Some(5) }
+        );
+        assert_eq!(format!("{:?}", sges[0]), "Sge(0x1000+10 lkey 0x1)");
+    }
+}

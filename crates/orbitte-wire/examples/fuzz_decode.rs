@@ -228,7 +228,7 @@ fn main() -> ExitCode {
     let mut n = 0u64;
     loop {
         if args.iterations.is_some_and(|max| n >= max)
-            || (args.iterations.is_none() && n % 256 == 0 && Instant::now() >= deadline)
+            || (args.iterations.is_none() && n.is_multiple_of(256) && Instant::now() >= deadline)
         {
             break;
         }
@@ -243,10 +243,10 @@ fn main() -> ExitCode {
             Ok(Ok(Some(_))) => {
                 decoded += 1;
                 // New valid frames join the corpus (bounded).
-                if corpus.len() < seeds + 4096 {
-                    if let Ok(d) = decode(&input) {
-                        corpus.push(input[..d.frame_len].to_vec());
-                    }
+                if corpus.len() < seeds + 4096
+                    && let Ok(d) = decode(&input)
+                {
+                    corpus.push(input[..d.frame_len].to_vec());
                 }
             }
             Ok(Ok(None)) => {
@@ -273,7 +273,7 @@ fn main() -> ExitCode {
         n += 1;
     }
     let mut top: Vec<_> = rejected.into_iter().collect();
-    top.sort_by(|a, b| b.1.cmp(&a.1));
+    top.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
     println!(
         "fuzz_decode: {n} inputs, {decoded} decoded, {} rejected, corpus {} frames, 0 violations",
         n - decoded,

@@ -497,7 +497,11 @@ fn decoded_elements_hold_at_most_four_times_their_minimum_wire_size() {
     // minimum wire size fits the bytes left, so these ratios bound the heap
     // a decoded frame holds (docs/protocol.md, "Bounds").
     use std::mem::size_of;
-    assert!(size_of::<RangeDescriptor>() <= 4 * 38, "{}", size_of::<RangeDescriptor>());
+    assert!(
+        size_of::<RangeDescriptor>() <= 4 * 38,
+        "{}",
+        size_of::<RangeDescriptor>()
+    );
     assert!(size_of::<NicRkey>() <= 4 * 24);
     assert!(size_of::<RailRequest>() <= 4 * 32);
     assert!(size_of::<RailEndpoint>() <= 4 * 30);

@@ -39,6 +39,10 @@ pub struct ListenerStats {
     pub refused: u64,
     /// Connections open now.
     pub live: u64,
+    /// tcp data requests (READ and WRITE) served, refused ones included.
+    pub data_requests: u64,
+    /// Payload bytes moved by tcp data requests.
+    pub data_bytes: u64,
 }
 
 #[derive(Debug)]
@@ -60,6 +64,8 @@ pub(crate) struct Shared {
     accepted: AtomicU64,
     admitted: AtomicU64,
     refused: AtomicU64,
+    pub(crate) data_requests: AtomicU64,
+    pub(crate) data_bytes: AtomicU64,
 }
 
 /// Keeps the last records only, so a flood of connections cannot grow it.
@@ -114,6 +120,8 @@ impl Listener {
             accepted: AtomicU64::new(0),
             admitted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            data_requests: AtomicU64::new(0),
+            data_bytes: AtomicU64::new(0),
         });
         let local = match crate::transport::local::LocalServer::start(shared.clone()) {
             Ok(l) => Some(l),
@@ -152,6 +160,8 @@ impl Listener {
             admitted: self.shared.admitted.load(Ordering::Relaxed),
             refused: self.shared.refused.load(Ordering::Relaxed),
             live: self.shared.live.lock().unwrap_or_else(|p| p.into_inner()).len() as u64,
+            data_requests: self.shared.data_requests.load(Ordering::Relaxed),
+            data_bytes: self.shared.data_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -292,6 +302,8 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
                     peer: &hs.peer,
                     session: hs.session,
                     stop: &shared.stop,
+                    requests: &shared.data_requests,
+                    bytes: &shared.data_bytes,
                 };
                 serve(&mut stream, &ctx)
             }

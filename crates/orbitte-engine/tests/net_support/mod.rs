@@ -408,3 +408,117 @@ pub mod raw {
         (s, publication)
     }
 }
+
+/// Child processes: the test binary re-runs itself as a peer engine.
+pub mod child {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Child, ChildStdin, Command, Stdio};
+    use std::sync::mpsc::{Receiver, channel};
+    use std::time::Duration;
+
+    /// Env var that turns the entry test into a peer process.
+    pub const ROLE: &str = "ORBITTE_NET_CHILD_ROLE";
+
+    pub struct Peer {
+        pub child: Child,
+        stdin: Option<ChildStdin>,
+        lines: Receiver<String>,
+    }
+
+    /// Runs this test binary's `entry` test as a child with `env`;
+    /// `wrapper` (e.g. `ip netns exec NS`) goes in front.
+    pub fn spawn(entry: &str, wrapper: &[&str], env: &[(&str, String)]) -> Peer {
+        let exe = std::env::current_exe().unwrap();
+        let mut cmd = if wrapper.is_empty() {
+            Command::new(&exe)
+        } else {
+            let mut c = Command::new(wrapper[0]);
+            c.args(&wrapper[1..]).arg(&exe);
+            c
+        };
+        cmd.args([entry, "--exact", "--ignored", "--nocapture", "--test-threads=1"]);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        let mut child = cmd.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        Peer { child, stdin, lines: rx }
+    }
+
+    impl Peer {
+        /// The next line starting with `prefix` (other lines are skipped),
+        /// within `bound`.
+        pub fn expect(&self, prefix: &str, bound: Duration) -> String {
+            let deadline = std::time::Instant::now() + bound;
+            loop {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                match self.lines.recv_timeout(left) {
+                    Ok(l) if l.starts_with(prefix) => return l,
+                    Ok(_) => {}
+                    Err(e) => panic!("child did not print {prefix:?} within {bound:?}: {e}"),
+                }
+            }
+        }
+
+        pub fn send(&mut self, line: &str) {
+            if let Some(s) = &mut self.stdin {
+                let _ = writeln!(s, "{line}");
+                let _ = s.flush();
+            }
+        }
+
+        pub fn kill(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    impl Drop for Peer {
+        fn drop(&mut self) {
+            self.stdin.take();
+            self.kill();
+        }
+    }
+
+    /// A free loopback port (bound then released).
+    pub fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    }
+}
+
+/// What a child target does: listen, publish one range, print
+/// `READY <addr> <range>`, answer `stats` lines, exit when stdin closes.
+pub fn run_child_target() {
+    use std::io::BufRead;
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    let mut c = cfg(&var("NET_SOURCE"), var("NET_EPOCH").parse().unwrap());
+    c.serve_delay = Duration::from_millis(var("NET_DELAY_MS").parse().unwrap_or(0));
+    if let Ok(io) = var("NET_IO_TIMEOUT_MS").parse() {
+        c.io_timeout = Duration::from_millis(io);
+    }
+    let addr: SocketAddr = var("NET_ADDR").parse().unwrap();
+    let t = Target::start_at(c.clone(), addr);
+    let size: usize = var("NET_SIZE").parse().unwrap_or(1 << 20);
+    let mem = HostMemory::alloc(size).unwrap();
+    pattern(&mem, c.epoch.value() as u8);
+    let range = t.ranges.publish(mem.clone(), RW).unwrap();
+    println!("READY {} {}", t.addr(), range.0);
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        if line == "stats" {
+            let s = t.listener.stats();
+            println!("STATS {} {}", s.data_requests, s.data_bytes);
+        }
+    }
+}

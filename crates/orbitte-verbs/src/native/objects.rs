@@ -39,9 +39,14 @@ fn errno() -> i32 {
         .unwrap_or(libc::EIO)
 }
 
-/// A verbs return code as an errno (some return `-errno`, some `errno`).
+/// A verbs return code as an errno (some return `errno`, some `-errno`,
+/// a few -1 with `errno` set).
 fn rc_errno(rc: i32) -> i32 {
-    if rc < 0 { -rc } else { rc }
+    match rc {
+        -1 => errno(),
+        r if r < 0 => -r,
+        r => r,
+    }
 }
 
 fn set_nonblocking(fd: RawFd) -> Result<(), i32> {

@@ -7,14 +7,13 @@ use crate::types::{GidType, NodeAccess, UverbsNode};
 
 const CLASS: &str = "/sys/class/infiniband";
 
-/// The kernel driver behind a device: the `device/driver` link's name
-/// (`mlx5_core`), or for software devices without one (rxe, siw) the name
-/// prefix, recognised by their `parent` attribute.
+/// The kernel driver behind a device: for software devices (recognised by
+/// their `parent` attribute) `rxe`/`siw` from the name, otherwise the
+/// `device/driver` link's name (`mlx5_core`).
 pub(super) fn driver(name: &str) -> Option<String> {
     let dir = Path::new(CLASS).join(name);
-    if let Ok(link) = std::fs::read_link(dir.join("device/driver")) {
-        return link.file_name().map(|n| n.to_string_lossy().into_owned());
-    }
+    // Software devices (rxe, siw) have a `parent` netdev attribute; their
+    // `device` link, where present, names the netdev's driver instead.
     if dir.join("parent").exists() {
         for soft in ["rxe", "siw"] {
             if name.starts_with(soft) {
@@ -23,7 +22,8 @@ pub(super) fn driver(name: &str) -> Option<String> {
         }
         return Some("software".to_owned());
     }
-    None
+    let link = std::fs::read_link(dir.join("device/driver")).ok()?;
+    link.file_name().map(|n| n.to_string_lossy().into_owned())
 }
 
 /// `/dev/infiniband/<dev_name>` and whether this process can read and

@@ -166,7 +166,7 @@ fn resolve(shared: &Shared, st: &State, key: QpKey) -> Result<QpKey, WcStatus> {
     let port_up = |d: usize, p: u8| {
         st.devs
             .get(d)
-            .and_then(|r| r.ports.get(usize::from(p) - 1))
+            .and_then(|r| r.ports.get(usize::from(p).checked_sub(1)?))
             .is_some_and(|s| *s == PortState::Active)
     };
     if !port_up(key.0, qp.port) {

@@ -286,7 +286,10 @@ impl State {
     }
 
     pub(crate) fn set_port(&mut self, device: usize, port: u8, state: PortState, ev: AsyncEvent) {
-        if let Some(p) = self.devs[device].ports.get_mut(usize::from(port) - 1) {
+        if let Some(p) = self.devs[device]
+            .ports
+            .get_mut(usize::from(port).wrapping_sub(1))
+        {
             *p = state;
         }
         self.push_event(device, ev);

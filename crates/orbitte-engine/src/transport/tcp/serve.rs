@@ -51,6 +51,8 @@ pub(crate) struct ServeCtx<'a> {
     pub(crate) peer: &'a PeerIdentity,
     pub(crate) session: SessionId,
     pub(crate) stop: &'a AtomicBool,
+    pub(crate) requests: &'a std::sync::atomic::AtomicU64,
+    pub(crate) bytes: &'a std::sync::atomic::AtomicU64,
 }
 
 /// Sends `bytes` with MSG_MORE so the payload that follows shares packets.
@@ -139,6 +141,9 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
             send_error(stream, ErrorCode::STALE_EPOCH, frame.frame_type(), &msg);
             return CloseReason::abnormal(msg);
         }
+        if let Frame::ReadRequest(_) | Frame::WriteRequest(_) = &frame {
+            ctx.requests.fetch_add(1, Ordering::Relaxed);
+        }
         if !cfg.serve_delay.is_zero() {
             std::thread::sleep(cfg.serve_delay);
         }
@@ -156,7 +161,10 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                         scratch.clear();
                         match resp.encode(&mut scratch) {
                             Ok(()) => send_more(stream, &scratch)
-                                .and_then(|()| io.send(stream, &p.memory, p.offset + r.offset, r.length as usize)),
+                                .and_then(|()| io.send(stream, &p.memory, p.offset + r.offset, r.length as usize))
+                            .map(|()| {
+                                ctx.bytes.fetch_add(u64::from(r.length), Ordering::Relaxed);
+                            }),
                             Err(e) => Err(std::io::Error::other(e)),
                         }
                     }
@@ -179,7 +187,10 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                         Ok(p) => {
                             let _ = stream.set_read_timeout(Some(cfg.io_timeout));
                             match io.recv(stream, &p.memory, p.offset + w.offset, w.length as usize) {
-                                Ok(()) => Ok(Status::OK),
+                                Ok(()) => {
+                                    ctx.bytes.fetch_add(u64::from(w.length), Ordering::Relaxed);
+                                    Ok(Status::OK)
+                                }
                                 Err(e) => Err(e),
                             }
                         }

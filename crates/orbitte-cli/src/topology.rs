@@ -1,0 +1,285 @@
+//! `orbitte topology`: what sysfs shows (discovered), how NICs rank for
+//! each memory location (affinity), what the configuration selects, and
+//! what an engine has initialized.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use orbitte::topology::{
+    DeviceMask, MemoryLocation, NicAffinity, RdmaConfig, Selection, SysfsRoots, Topology, discover,
+    select,
+};
+use orbitte::{Access, EngineBuilder, EngineTopology, HostMemory};
+use serde::Serialize;
+
+use crate::Failure;
+use crate::cli::TopologyArgs;
+
+/// The ranking of NICs for one memory location.
+#[derive(Debug, Serialize)]
+struct AffinityRow {
+    location: String,
+    ranking: Vec<NicAffinity>,
+}
+
+/// What an engine initialized (or why nothing is).
+#[derive(Debug, Serialize)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+enum Initialized {
+    /// No engine ran here.
+    NotInitialized { why: String },
+    /// An engine initialized its contexts.
+    Initialized {
+        trigger: String,
+        listed: Vec<String>,
+        contexts: Vec<ContextRow>,
+        selection_error: Option<String>,
+        registration_error: Option<String>,
+    },
+}
+
+#[derive(Debug, Serialize)]
+struct ContextRow {
+    nic: u32,
+    device: String,
+    port: u8,
+    gid_index: u32,
+    port_active: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    sysfs_root: String,
+    discovered: Topology,
+    affinity: Vec<AffinityRow>,
+    config: String,
+    selection: Result<Selection, String>,
+    initialized: Initialized,
+}
+
+pub(crate) fn run(args: &TopologyArgs) -> Result<(), Failure> {
+    if args.initialize && args.sysfs_root.is_some() {
+        return Err(Failure::usage(
+            "--initialize opens this machine's devices and cannot be combined with --sysfs-root: drop one of them",
+        ));
+    }
+    let (roots, root_name) = match &args.sysfs_root {
+        Some(dir) => {
+            if !dir.join("sys").is_dir() {
+                return Err(Failure::usage(format!(
+                    "--sysfs-root {}: no `sys` directory inside; pass a directory holding sys/ and dev/ (a recorded tree)",
+                    dir.display()
+                )));
+            }
+            (SysfsRoots::fixture(dir), dir.display().to_string())
+        }
+        None => (SysfsRoots::host(), "/".to_owned()),
+    };
+    let topology = discover(&roots);
+    let config = RdmaConfig::resolve(RdmaConfig::default(), args.config.as_deref())
+        .map_err(|e| Failure::usage(e.to_string()))?;
+    let selection = select(&topology, &config, DeviceMask::ALL).map_err(|e| e.to_string());
+    let affinity = affinity(&topology);
+    let initialized = if args.initialize {
+        initialize(&config)
+    } else {
+        Initialized::NotInitialized {
+            why: "no engine running in this process; contexts initialize at the first Host Direct \
+                  registration or first RDMA use (run with --initialize to do one here)"
+                .into(),
+        }
+    };
+    let report = Report {
+        sysfs_root: root_name,
+        discovered: topology,
+        affinity,
+        config: config.to_string(),
+        selection,
+        initialized,
+    };
+    if args.json {
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| Failure::failed(format!("cannot write json: {e}")))?;
+        println!("{text}");
+    } else {
+        print!("{}", human(&report));
+    }
+    Ok(())
+}
+
+/// Host memory on each NUMA node that has a NIC, then each GPU.
+fn affinity(topology: &Topology) -> Vec<AffinityRow> {
+    let mut nodes: Vec<u32> = topology.active().filter_map(|(_, n)| n.numa_node).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    let mut locations: Vec<MemoryLocation> = nodes
+        .into_iter()
+        .map(|n| MemoryLocation::Host { numa_node: Some(n) })
+        .collect();
+    if locations.is_empty() {
+        locations.push(MemoryLocation::Host { numa_node: None });
+    }
+    locations.extend((0..topology.gpus().len()).map(|i| MemoryLocation::Cuda {
+        device: u32::try_from(i).unwrap_or(u32::MAX),
+    }));
+    locations
+        .into_iter()
+        .filter_map(|loc| {
+            topology.rank_nics(loc).ok().map(|ranking| AffinityRow {
+                location: loc.to_string(),
+                ranking,
+            })
+        })
+        .collect()
+}
+
+/// Builds an engine on the native provider and makes one Host Direct
+/// registration (which initializes contexts), then reports its topology.
+fn initialize(config: &RdmaConfig) -> Initialized {
+    let engine = match EngineBuilder::new("orbitte-topology")
+        .rdma(config.clone())
+        .build()
+    {
+        Ok(e) => e,
+        Err(e) => {
+            return Initialized::NotInitialized {
+                why: format!("the engine could not be built: {e}"),
+            };
+        }
+    };
+    let registration_error = match HostMemory::alloc(4096) {
+        Ok(m) => match engine.register_host(Arc::clone(&m), Access::LocalOnly) {
+            Ok(r) => {
+                if let Err(e) = engine.unregister(r.id) {
+                    tracing::warn!(error = %e, "unregistering the probe range failed");
+                }
+                None
+            }
+            Err(e) => Some(e.to_string()),
+        },
+        Err(e) => Some(format!("cannot allocate 4 KiB of host memory: {e}")),
+    };
+    let t: EngineTopology = engine.topology();
+    if let Err(u) = engine.shutdown(Duration::from_secs(5)) {
+        tracing::error!(error = %u, "engine shutdown after --initialize");
+    }
+    if !t.initialized {
+        return Initialized::NotInitialized {
+            why: registration_error
+                .unwrap_or_else(|| "the engine did not initialize contexts".into()),
+        };
+    }
+    Initialized::Initialized {
+        trigger: "one 4 KiB Host Direct registration (local-only), then unregistered".into(),
+        listed: t.listed,
+        contexts: t
+            .contexts
+            .into_iter()
+            .map(|c| ContextRow {
+                nic: c.nic,
+                device: c.device,
+                port: c.port,
+                gid_index: c.gid_index,
+                port_active: c.port_active,
+            })
+            .collect(),
+        selection_error: t.selection_error,
+        registration_error,
+    }
+}
+
+fn human(r: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "discovered (sysfs under {}): {} NIC slot(s), {} GPU(s)",
+        r.sysfs_root,
+        r.discovered.len(),
+        r.discovered.gpus().len()
+    );
+    let listing = r.discovered.to_string();
+    if listing.trim().is_empty() {
+        let _ = writeln!(
+            out,
+            "  no RDMA device in sysfs (class/infiniband is empty or missing)"
+        );
+    } else {
+        for line in listing.lines() {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
+    let _ = writeln!(out, "affinity (best first: pcie distance, numa distance, nic id):");
+    if r.affinity.iter().all(|a| a.ranking.is_empty()) {
+        let _ = writeln!(out, "  no active NIC to rank");
+    } else {
+        for a in &r.affinity {
+            let ranked: Vec<String> = a
+                .ranking
+                .iter()
+                .map(|n| {
+                    let numa = n
+                        .numa_distance
+                        .map_or_else(|| "numa ?".to_owned(), |d| format!("numa {d}"));
+                    format!("{} {} ({}, {numa})", n.nic, n.name, n.pcie)
+                })
+                .collect();
+            let _ = writeln!(out, "  {}: {}", a.location, ranked.join(", "));
+        }
+    }
+    let _ = writeln!(out, "selection ({}):", r.config);
+    match &r.selection {
+        Ok(sel) if sel.rails.is_empty() => {
+            let _ = writeln!(out, "  nothing selected");
+        }
+        Ok(sel) => {
+            for rail in &sel.rails {
+                let _ = writeln!(
+                    out,
+                    "  selected {} {} port {} {}",
+                    rail.nic, rail.device, rail.port, rail.gid
+                );
+            }
+        }
+        Err(e) => {
+            for line in e.lines() {
+                let _ = writeln!(out, "  {line}");
+            }
+        }
+    }
+    match &r.initialized {
+        Initialized::NotInitialized { why } => {
+            let _ = writeln!(out, "initialized: not initialized: {why}");
+        }
+        Initialized::Initialized {
+            trigger,
+            listed,
+            contexts,
+            selection_error,
+            registration_error,
+        } => {
+            let _ = writeln!(out, "initialized (by {trigger}):");
+            let _ = writeln!(out, "  provider lists: {}", listed.join(", "));
+            for c in contexts {
+                let _ = writeln!(
+                    out,
+                    "  context nic {} {} port {} gid {}: port {}",
+                    c.nic,
+                    c.device,
+                    c.port,
+                    c.gid_index,
+                    if c.port_active { "ACTIVE" } else { "not active (paused)" }
+                );
+            }
+            if let Some(e) = selection_error {
+                for line in e.lines() {
+                    let _ = writeln!(out, "  {line}");
+                }
+            }
+            if let Some(e) = registration_error {
+                let _ = writeln!(out, "  registration: {e}");
+            }
+        }
+    }
+    out
+}
