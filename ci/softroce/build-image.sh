@@ -20,7 +20,10 @@ root=$out/root
 step() { echo "softroce-build: $*"; }
 
 step "debootstrap $suite from $mirror"
-debootstrap --variant=minbase --include="$packages" "$suite" "$root" "$mirror"
+# The kernel package's postinst would build Debian's initrd (35 MB, seconds of
+# work we throw away): INITRD=No makes /etc/kernel/postinst.d/initramfs-tools
+# skip it.
+INITRD=No debootstrap --variant=minbase --include="$packages" "$suite" "$root" "$mirror"
 
 kver=$(ls "$root/lib/modules")
 [ "$(echo "$kver" | wc -w)" = 1 ] || { echo "expected one kernel in the guest, found: $kver" >&2; exit 1; }

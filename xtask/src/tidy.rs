@@ -268,7 +268,10 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
                 if name != "target" && !name.starts_with('.') {
                     stack.push(p);
                 }
-            } else if kind.is_file() && name.ends_with(".rs") && !p.to_string_lossy().contains("generated") {
+            } else if kind.is_file()
+                && name.ends_with(".rs")
+                && !p.to_string_lossy().contains("generated")
+            {
                 out.push(p);
             }
         }

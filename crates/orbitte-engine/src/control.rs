@@ -44,6 +44,12 @@ impl InProcessLink {
         (Self { tx: a_tx, rx: a_rx, addr: None }, Self { tx: b_tx, rx: b_rx, addr: None })
     }
 
+    /// Sends raw bytes as one message, whatever they are (tests use it to
+    /// play a peer that speaks another protocol version).
+    pub fn send_raw(&mut self, bytes: Vec<u8>) -> Result<(), LinkError> {
+        self.tx.send(bytes).map_err(|_| LinkError::Closed)
+    }
+
     /// Same end, reporting `addr` as the peer's address (to test "same
     /// address, old epoch").
     pub fn with_peer_addr(mut self, addr: SocketAddr) -> Self {
@@ -63,6 +69,13 @@ impl ControlLink for InProcessLink {
             RecvTimeoutError::Timeout => LinkError::TimedOut(timeout),
             RecvTimeoutError::Disconnected => LinkError::Closed,
         })?;
+        if bytes.len() >= 8 && bytes[..4] == wire::MAGIC {
+            let version = u16::from_be_bytes([bytes[4], bytes[5]]);
+            let frame_type = u16::from_be_bytes([bytes[6], bytes[7]]);
+            if version != wire::PROTOCOL_VERSION && wire::FrameType(frame_type) != wire::FrameType::ERROR {
+                return Err(LinkError::Version { theirs: version });
+            }
+        }
         let (frame, payload) = wire::decode_exact(&bytes).map_err(|e| LinkError::Frame(e.to_string()))?;
         if !payload.is_empty() {
             return Err(LinkError::Frame("control frame with a payload".into()));

@@ -179,6 +179,12 @@ pub enum LinkError {
     /// A frame could not be encoded or decoded.
     #[error("control link: bad frame: {0}")]
     Frame(String),
+    /// The peer speaks another protocol version (no fallback exists).
+    #[error("peer speaks orbitte protocol version {theirs}, we speak {ours}; run the same release on both (no legacy fallback)", ours = orbitte_wire::PROTOCOL_VERSION)]
+    Version {
+        /// The peer's version.
+        theirs: u16,
+    },
     /// I/O failure of the link.
     #[error("control link i/o: {0}")]
     Io(String),

@@ -30,7 +30,7 @@ use orbitte_wire::{self as wire, Admission, Frame};
 
 use crate::control::ControlLink;
 use crate::engine::{Owner, PeerInfo, PeerState, State, TransferEngine, peer_info};
-use crate::error::OpenPeerError;
+use crate::error::{LinkError, OpenPeerError};
 use crate::nic::NicCtx;
 use crate::rdma::{RailQp, RdmaRail};
 use crate::transport::{PathKind, PeerId, RailSpec, RangeId};
@@ -110,8 +110,29 @@ impl TransferEngine {
         wire::Identity::new(self.shared.source_id.clone(), self.shared.epoch, wire::Capabilities::RDMA)
     }
 
+    /// Receives the next frame; a frame from another protocol version is
+    /// answered with an `error` frame (unsupported-version) before failing.
     fn recv(&self, link: &mut dyn ControlLink) -> Result<Frame, OpenPeerError> {
-        Ok(link.recv(self.shared.settings.handshake_timeout)?)
+        match link.recv(self.shared.settings.handshake_timeout) {
+            Ok(f) => Ok(f),
+            Err(e) => {
+                let code = match &e {
+                    LinkError::Version { .. } => Some(wire::ErrorCode::UNSUPPORTED_VERSION),
+                    LinkError::Frame(_) => Some(wire::ErrorCode::MALFORMED_FRAME),
+                    _ => None,
+                };
+                if let Some(code) = code {
+                    let _ = link.send(&Frame::Error(wire::ErrorFrame {
+                        code,
+                        frame_type: wire::FrameType(0),
+                        request_id: wire::RequestId(0),
+                        message: wire::Message::truncating(e.to_string()),
+                    }));
+                }
+                tracing::warn!(error = %e, "control link refused a frame");
+                Err(e.into())
+            }
+        }
     }
 
     fn fenced_peer(&self) -> Result<(), OpenPeerError> {

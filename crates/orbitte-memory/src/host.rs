@@ -45,9 +45,15 @@ enum Backing {
     /// Our own memfd mapping.
     Memfd { fd: OwnedFd, map_len: usize },
     /// A peer's memfd mapped here.
-    Mapped { _fd: OwnedFd, map_len: usize, writable: bool },
+    Mapped {
+        _fd: OwnedFd,
+        map_len: usize,
+        writable: bool,
+    },
     /// Caller-owned memory; `keepalive` owns it.
-    Raw { _keepalive: Box<dyn Any + Send + Sync> },
+    Raw {
+        _keepalive: Box<dyn Any + Send + Sync>,
+    },
 }
 
 /// A range of host memory that NICs may register and peers may access.
@@ -77,6 +83,9 @@ unsafe impl DmaBuffer for HostMemory {
     fn len(&self) -> usize {
         self.len
     }
+    fn is_writable(&self) -> bool {
+        Self::is_writable(self)
+    }
 }
 
 fn page_size() -> usize {
@@ -86,10 +95,18 @@ fn page_size() -> usize {
 }
 
 fn os_err(op: &'static str, len: usize) -> MemoryError {
-    MemoryError::Os { op, len, source: std::io::Error::last_os_error() }
+    MemoryError::Os {
+        op,
+        len,
+        source: std::io::Error::last_os_error(),
+    }
 }
 
-fn map(fd: BorrowedFd<'_>, len: usize, writable: bool) -> Result<(NonNull<u8>, usize), MemoryError> {
+fn map(
+    fd: BorrowedFd<'_>,
+    len: usize,
+    writable: bool,
+) -> Result<(NonNull<u8>, usize), MemoryError> {
     let page = page_size();
     let map_len = len.checked_add(page - 1).ok_or(MemoryError::OutOfBounds {
         offset: 0,
@@ -97,11 +114,22 @@ fn map(fd: BorrowedFd<'_>, len: usize, writable: bool) -> Result<(NonNull<u8>, u
         size: usize::MAX,
     })? / page
         * page;
-    let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
+    let prot = if writable {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else {
+        libc::PROT_READ
+    };
     // SAFETY: a fresh mapping at an address of the kernel's choice; it
     // aliases no Rust object. The fd is valid for the call.
     let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), map_len, prot, libc::MAP_SHARED, fd.as_raw_fd(), 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            map_len,
+            prot,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
     };
     if p == libc::MAP_FAILED {
         return Err(os_err("mmap", len));
@@ -134,7 +162,11 @@ impl HostMemory {
             return Err(os_err("ftruncate", len));
         }
         let (ptr, map_len) = map(fd.as_fd(), len, true)?;
-        Ok(Arc::new(Self { ptr, len, backing: Backing::Memfd { fd, map_len } }))
+        Ok(Arc::new(Self {
+            ptr,
+            len,
+            backing: Backing::Memfd { fd, map_len },
+        }))
     }
 
     /// Maps `len` bytes of a peer's shared memory fd (the local path).
@@ -152,13 +184,29 @@ impl HostMemory {
             source,
         })?)
         .metadata()
-        .map_err(|source| MemoryError::Os { op: "fstat", len, source })?
+        .map_err(|source| MemoryError::Os {
+            op: "fstat",
+            len,
+            source,
+        })?
         .len();
         if (file_len as u128) < len as u128 {
-            return Err(MemoryError::OutOfBounds { offset: 0, len, size: file_len as usize });
+            return Err(MemoryError::OutOfBounds {
+                offset: 0,
+                len,
+                size: file_len as usize,
+            });
         }
         let (ptr, map_len) = map(fd.as_fd(), len, writable)?;
-        Ok(Arc::new(Self { ptr, len, backing: Backing::Mapped { _fd: fd, map_len, writable } }))
+        Ok(Arc::new(Self {
+            ptr,
+            len,
+            backing: Backing::Mapped {
+                _fd: fd,
+                map_len,
+                writable,
+            },
+        }))
     }
 
     /// Wraps memory the caller already owns. It cannot be shared by fd.
@@ -176,7 +224,13 @@ impl HostMemory {
         if len == 0 {
             return Err(MemoryError::ZeroLength);
         }
-        Ok(Arc::new(Self { ptr, len, backing: Backing::Raw { _keepalive: keepalive } }))
+        Ok(Arc::new(Self {
+            ptr,
+            len,
+            backing: Backing::Raw {
+                _keepalive: keepalive,
+            },
+        }))
     }
 
     /// Length in bytes.
@@ -210,14 +264,24 @@ impl HostMemory {
 
     /// Whether writes are allowed (false for a peer range mapped read-only).
     pub fn is_writable(&self) -> bool {
-        !matches!(self.backing, Backing::Mapped { writable: false, .. })
+        !matches!(
+            self.backing,
+            Backing::Mapped {
+                writable: false,
+                ..
+            }
+        )
     }
 
     /// Checks that `offset..offset+len` lies inside the range.
     pub fn check(&self, offset: usize, len: usize) -> Result<(), MemoryError> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
-            _ => Err(MemoryError::OutOfBounds { offset, len, size: self.len }),
+            _ => Err(MemoryError::OutOfBounds {
+                offset,
+                len,
+                size: self.len,
+            }),
         }
     }
 
@@ -227,7 +291,11 @@ impl HostMemory {
         // SAFETY: bounds checked above; `dst` is a distinct Rust buffer, so
         // the regions do not overlap.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len())
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
         };
         Ok(())
     }
@@ -274,7 +342,11 @@ impl HostMemory {
         // SAFETY: both ranges bounds-checked; `copy` tolerates overlap
         // (e.g. the same memfd mapped twice, or `src` being `self`).
         unsafe {
-            std::ptr::copy(src.ptr.as_ptr().add(src_offset), self.ptr.as_ptr().add(offset), len)
+            std::ptr::copy(
+                src.ptr.as_ptr().add(src_offset),
+                self.ptr.as_ptr().add(offset),
+                len,
+            )
         };
         Ok(())
     }
@@ -312,7 +384,9 @@ impl fmt::Debug for HostMemory {
         let kind = match &self.backing {
             Backing::Memfd { .. } => "memfd",
             Backing::Mapped { writable: true, .. } => "peer-mapped",
-            Backing::Mapped { writable: false, .. } => "peer-mapped-readonly",
+            Backing::Mapped {
+                writable: false, ..
+            } => "peer-mapped-readonly",
             Backing::Raw { .. } => "caller-owned",
         };
         f.debug_struct("HostMemory")
@@ -336,8 +410,14 @@ mod tests {
         assert_eq!(m.to_vec(0, 10_000).unwrap(), vec![0; 10_000]);
         m.write_at(9_998, &[1, 2]).unwrap();
         assert_eq!(m.to_vec(9_998, 2).unwrap(), vec![1, 2]);
-        assert!(matches!(m.write_at(9_999, &[1, 2]), Err(MemoryError::OutOfBounds { .. })));
-        assert!(matches!(m.read_at(usize::MAX, &mut [0]), Err(MemoryError::OutOfBounds { .. })));
+        assert!(matches!(
+            m.write_at(9_999, &[1, 2]),
+            Err(MemoryError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            m.read_at(usize::MAX, &mut [0]),
+            Err(MemoryError::OutOfBounds { .. })
+        ));
         assert!(matches!(HostMemory::alloc(0), Err(MemoryError::ZeroLength)));
     }
 
@@ -359,6 +439,8 @@ mod tests {
         let peer = HostMemory::map_shared(fd, 4096, false).unwrap();
         assert!(matches!(peer.write_at(0, b"x"), Err(MemoryError::ReadOnly)));
         assert!(!peer.is_writable());
+        assert!(!DmaBuffer::is_writable(&*peer));
+        assert!(DmaBuffer::is_writable(&*m));
     }
 
     #[test]

@@ -32,14 +32,22 @@ pub use host::{HostMemory, MemoryError};
 /// # Safety
 /// Implementors promise that `as_ptr()..as_ptr() + len()` is one mapping
 /// that stays valid, at the same address, for as long as the value lives,
-/// and that it may be written through the pointer by other agents (DMA,
-/// other processes) at any time without breaking the implementor's own
-/// invariants (so it must not hand out Rust references into it).
+/// that it may be read through the pointer at any time, and — when
+/// [`is_writable`](Self::is_writable) returns true — written through it by
+/// other agents (DMA, other processes) at any time without breaking the
+/// implementor's own invariants (so it must not hand out Rust references
+/// into it).
 pub unsafe trait DmaBuffer: Send + Sync + std::fmt::Debug {
     /// First byte of the range.
     fn as_ptr(&self) -> *mut u8;
     /// Length in bytes (never zero).
     fn len(&self) -> usize;
+    /// Whether the range may be written through the pointer. False for a
+    /// read-only mapping: registering it with write access is refused
+    /// (writing it would fault).
+    fn is_writable(&self) -> bool {
+        true
+    }
     /// Always false: zero-length buffers cannot be created.
     fn is_empty(&self) -> bool {
         self.len() == 0

@@ -20,6 +20,23 @@
 //!
 //! Everything here is raw: pointers in, C return codes out. The safe API is
 //! `orbitte-verbs`.
+//!
+//! ```no_run
+//! use orbitte_verbs_sys::{DeviceListError, Verbs};
+//!
+//! let verbs = match Verbs::load() {
+//!     Ok(v) => v,
+//!     // "libibverbs not found (...); install libibverbs1 and ibverbs-providers"
+//!     Err(e) => return eprintln!("rdma unavailable: {e}"),
+//! };
+//! match verbs.devices() {
+//!     Ok(list) => println!("devices: {:?}", list.names()),
+//!     Err(e @ DeviceListError::ListFailed { .. }) if e.kernel_lacks_rdma() => {
+//!         eprintln!("this kernel has no RDMA support: {e}")
+//!     }
+//!     Err(e) => eprintln!("{e}"),
+//! }
+//! ```
 #![warn(missing_docs)]
 
 pub mod bindings;

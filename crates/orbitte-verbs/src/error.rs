@@ -145,6 +145,15 @@ pub enum RegisterError {
         /// The flags.
         access: crate::Access,
     },
+    /// Write access was asked for a read-only buffer (caller error): the
+    /// NIC would fault writing it.
+    #[error(
+        "access {access:?} needs a writable buffer, but the buffer is mapped read-only; register it with read-only access (Access::NONE or REMOTE_READ)"
+    )]
+    ReadOnlyBuffer {
+        /// The flags.
+        access: crate::Access,
+    },
     /// The device refused (ENOMEM: out of MRs or pinnable memory, check
     /// `ulimit -l`; EFAULT: bad address; EINVAL: size above the limit).
     #[error(

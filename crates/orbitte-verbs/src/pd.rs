@@ -83,6 +83,10 @@ impl ProtectionDomain {
         if !access.is_valid() {
             return Err(RegisterError::InvalidAccess { access });
         }
+        let writes = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        if access.bits() & writes.bits() != 0 && !buffer.is_writable() {
+            return Err(RegisterError::ReadOnlyBuffer { access });
+        }
         let ops = self
             .ops()
             .register(&buffer, range.start, range.end - range.start, access)?;

@@ -253,6 +253,32 @@ impl WcStatus {
     }
 }
 
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let text = match self {
+            Self::Success => "success",
+            Self::LocalLength => "local length error",
+            Self::LocalQpOperation => "local qp operation error",
+            Self::LocalProtection => "local protection error",
+            Self::WrFlush => "work request flushed",
+            Self::MemoryWindowBind => "memory window bind error",
+            Self::BadResponse => "bad response",
+            Self::LocalAccess => "local access error",
+            Self::RemoteInvalidRequest => "remote invalid request",
+            Self::RemoteAccess => "remote access error",
+            Self::RemoteOperation => "remote operation error",
+            Self::RetryExceeded => "transport retry counter exceeded",
+            Self::RnrRetryExceeded => "rnr retry counter exceeded",
+            Self::RemoteAbort => "remote aborted",
+            Self::Fatal => "fatal error",
+            Self::ResponseTimeout => "response timeout",
+            Self::General => "general error",
+            Self::Other(raw) => return write!(f, "status {raw}"),
+        };
+        f.write_str(text)
+    }
+}
+
 /// Opcode of a successful work completion (`enum ibv_wc_opcode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WcOpcode {
@@ -329,6 +355,8 @@ mod tests {
         assert_eq!(WcStatus::from_raw(3), WcStatus::Other(3));
         assert_eq!(WcOpcode::from_raw(129), WcOpcode::RecvRdmaWithImm);
         assert_eq!(WcOpcode::from_raw(7), WcOpcode::Other(7));
+        assert_eq!(WcStatus::RemoteAccess.to_string(), "remote access error");
+        assert_eq!(WcStatus::Other(99).to_string(), "status 99");
     }
 
     #[test]

@@ -504,6 +504,16 @@ fn registration_checks_range_and_access() {
     assert!(mr.sge(50, 51).is_err());
     assert!(mr.remote(101).is_err());
     assert_eq!(mr.sge(50, 50).unwrap().addr(), mr.addr() + 50);
+
+    // A read-only mapping cannot be registered for writing (the NIC would
+    // fault), but can be for remote reads.
+    let fd = mem.memfd().unwrap().try_clone_to_owned().unwrap();
+    let ro = HostMemory::map_shared(fd, 4096, false).unwrap();
+    assert!(matches!(
+        pd.register(ro.clone(), 0..4096, Access::local_only()),
+        Err(orbitte_verbs::RegisterError::ReadOnlyBuffer { .. })
+    ));
+    pd.register(ro, 0..4096, Access::REMOTE_READ).unwrap();
 }
 
 #[test]
@@ -1220,4 +1230,54 @@ fn foreign_cq_is_refused() {
         ),
         Err(orbitte_verbs::CreateQpError::InvalidCaps { .. })
     ));
+}
+
+#[test]
+fn concurrent_posters_keep_order_per_qp_with_background_delivery() {
+    let f = SimFabric::new(
+        SimDescription::new(vec![
+            SimDeviceDesc::roce("sim0", [10, 0, 0, 1]),
+            SimDeviceDesc::roce("sim1", [10, 0, 0, 2]),
+        ])
+        .with_delivery(Delivery::Background)
+        .with_timing(orbitte_verbs::sim::SimTiming {
+            base_latency: Duration::from_micros(1),
+            bytes_per_sec: 0,
+            jitter: Duration::from_micros(50),
+        }),
+        33,
+    );
+    const PER_QP: u64 = 200;
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (mut a, b) = pair(&f);
+            std::thread::spawn(move || {
+                let src = [a.mr.sge(0, 8).unwrap()];
+                let r = b.mr.remote(8 * t).unwrap();
+                let mut got = Vec::new();
+                let mut next = 0;
+                while got.len() < PER_QP as usize {
+                    // Post in small batches, then reap what has arrived.
+                    if next < PER_QP {
+                        let wrs: Vec<SendWr<'_>> = (next..(next + 10).min(PER_QP))
+                            .map(|i| SendWr::write(i, &src, r))
+                            .collect();
+                        a.qp.post_send(&wrs).unwrap();
+                        next += wrs.len() as u64;
+                    }
+                    if a.cq.wait(Duration::from_secs(30)).unwrap() {
+                        got.extend(poll_all(&a.cq).into_iter().map(|c| (c.wr_id, c.status)));
+                    } else {
+                        break;
+                    }
+                }
+                (got, b)
+            })
+        })
+        .collect();
+    for t in threads {
+        let (got, _b) = t.join().unwrap();
+        let want: Vec<(u64, WcStatus)> = (0..PER_QP).map(|i| (i, WcStatus::Success)).collect();
+        assert_eq!(got, want);
+    }
 }

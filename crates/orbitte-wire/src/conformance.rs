@@ -52,7 +52,6 @@ pub fn check(bytes: &[u8]) -> Result<Option<Frame>, Violation> {
     match (&buffered, &header_first) {
         (Ok(d), Some(Ok(f))) if d.frame == *f => {}
         (Err(_), Some(Err(_)) | None) => {}
-        (Ok(_), None) => {}
         (b, h) => {
             return Err(Violation::PathsDisagree(format!(
                 "buffered {:?}, header-first {:?}",

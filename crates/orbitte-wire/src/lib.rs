@@ -21,6 +21,41 @@
 //!
 //! Or, with everything in one buffer: [`decode`] / [`decode_exact`].
 //!
+//! ```
+//! use std::io::{IoSlice, Read, Write};
+//! use orbitte_wire::*;
+//!
+//! // Sender: header + fixed part into a small buffer, payload from user memory.
+//! let user_memory = vec![7u8; 4096];
+//! let req = WriteRequest {
+//!     request_id: RequestId(1),
+//!     range_id: RangeId(9),
+//!     token: AccessToken(0x5eed),
+//!     offset: 0,
+//!     length: 4096,
+//! };
+//! let mut head = Vec::with_capacity(HEADER_LEN + WRITE_REQUEST_FIXED_LEN);
+//! Frame::WriteRequest(req).encode(&mut head)?;
+//! let mut socket: Vec<u8> = Vec::new(); // stands in for a TcpStream
+//! socket.write_vectored(&[IoSlice::new(&head), IoSlice::new(&user_memory)])?;
+//!
+//! // Receiver: header, fixed part, then the payload straight into place.
+//! let mut rx = &socket[..];
+//! let mut h = [0u8; HEADER_LEN];
+//! rx.read_exact(&mut h)?;
+//! let header = FrameHeader::decode(&h)?;
+//! let mut fixed = vec![0u8; header.fixed_len()]; // <= MAX_CONTROL_BODY_LEN
+//! rx.read_exact(&mut fixed)?;
+//! let Frame::WriteRequest(got) = decode_body(&header, &fixed)? else {
+//!     unreachable!("the header said write-request")
+//! };
+//! let mut destination = vec![0u8; 8192]; // the registered range
+//! let at = got.offset as usize;
+//! rx.read_exact(&mut destination[at..at + header.payload_len() as usize])?;
+//! assert_eq!(&destination[..4096], &user_memory[..]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! Sessions: [`handshake::Initiator`] and [`handshake::Responder`] drive the
 //! challenge / hello / hello-ack exchange ([`auth`] computes the proofs) and
 //! feed the peer's identity to the [`PeerTable`], which applies the epoch

@@ -94,8 +94,10 @@ pub enum AdmitError {
     /// The epoch is older than the one recorded for the source.
     #[error(
         "source `{source_id}` presented epoch {presented}{from}, older than its recorded \
-         authoritative epoch {recorded}; a restarted engine must present a newer epoch"
-    , from = from.map(|a| format!(" from {a}")).unwrap_or_default())]
+         authoritative epoch {recorded}{same}; a restarted engine must present a newer epoch",
+        from = from.map(|a| format!(" from {a}")).unwrap_or_default(),
+        same = if *same_address { " (an address the recorded incarnation used)" } else { "" }
+    )]
     StaleEpoch {
         /// The peer.
         source_id: SourceId,

@@ -317,13 +317,19 @@ fn build_script(scripts: &Path, out: &Path, mirror: &str, log: &Path) -> Result<
     })
     .collect();
     drop(tx);
-    let deadline = Instant::now() + BUILD_TIMEOUT;
+    let started = Instant::now();
+    let deadline = started + BUILD_TIMEOUT;
     let mut tail: Vec<String> = Vec::new();
     let status = loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
             Ok(line) => {
                 let _ = writeln!(log_file, "{line}");
-                if line.starts_with("softroce-build:") || super::verbose() {
+                if let Some(step) = line.strip_prefix("softroce-build:") {
+                    eprintln!(
+                        "softroce-build [{:>5.1} s]:{step}",
+                        started.elapsed().as_secs_f64()
+                    );
+                } else if super::verbose() {
                     eprintln!("{line}");
                 }
                 tail.push(line);

@@ -188,7 +188,7 @@ fn resolve(shared: &Shared, st: &State, key: QpKey) -> Result<QpKey, WcStatus> {
         return fail;
     }
     let Some(trtr) = t.rtr else { return fail };
-    if trtr.remote.qpn != key.1 || trtr.remote.psn != rts.sq_psn {
+    if trtr.remote.qpn != key.1 || (trtr.remote.psn ^ rts.sq_psn) & 0x00ff_ffff != 0 {
         return fail;
     }
     match route_target(shared, st, d2, p2, trtr.sgid_index, trtr.remote.route) {

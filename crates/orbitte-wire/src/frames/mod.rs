@@ -28,21 +28,34 @@ use crate::header::{
 /// their fixed fields only; their payload travels beside them (see
 /// [`Frame::encode`] and [`decode_body`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[allow(missing_docs)] // each variant is its frame type; the payload types are documented
 pub enum Frame {
+    /// `challenge` (0x0001).
     Challenge(Challenge),
+    /// `hello` (0x0002).
     Hello(Hello),
+    /// `hello-ack` (0x0003).
     HelloAck(HelloAck),
+    /// `goodbye` (0x0004).
     Goodbye(Goodbye),
+    /// `error` (0x0005).
     Error(ErrorFrame),
+    /// `segment-publication` (0x0010).
     SegmentPublication(SegmentPublication),
+    /// `segment-retire` (0x0011).
     SegmentRetire(SegmentRetire),
+    /// `connect-request` (0x0020).
     ConnectRequest(ConnectRequest),
+    /// `connect-accept` (0x0021).
     ConnectAccept(ConnectAccept),
+    /// `connect-reject` (0x0022).
     ConnectReject(ConnectReject),
+    /// `read-request` (0x0030).
     ReadRequest(ReadRequest),
+    /// `read-response` (0x0031); `length` payload bytes follow.
     ReadResponse(ReadResponse),
+    /// `write-request` (0x0032); `length` payload bytes follow.
     WriteRequest(WriteRequest),
+    /// `write-response` (0x0033).
     WriteResponse(WriteResponse),
 }
 

@@ -1,0 +1,175 @@
+//! The seed's "A peer is rejected after restart or protocol change"
+//! section, and the bad-input list: a typed error at submit time
+//! naming the request, nothing posted.
+#![forbid(unsafe_code)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use orbitte_engine::{
+    Access, ControlLink, InProcessLink, OpenPeerError, PeerId, RangeId, RequestError, Status,
+    SubmitError, TransferEngine, TransferRequest,
+};
+use orbitte_verbs::sim::{Delivery, SimFabric};
+use orbitte_wire::{self as wire, Frame};
+
+fn b_incarnation(fabric: &SimFabric, epoch: u64) -> TransferEngine {
+    builder(fabric, "b", 1).epoch(epoch).build().unwrap()
+}
+
+#[test]
+fn use_the_source_owners_current_authoritative_epoch_a_newer_epoch_replaces_the_old_source() {
+    let fabric = fabric(1, Delivery::Background, 50);
+    let a = builder(&fabric, "a", 1).build().unwrap();
+    let ra = register(&a, &region(4096, 1), Access::LocalOnly);
+    let b1 = b_incarnation(&fabric, 10);
+    register(&b1, &region(4096, 2), Access::REMOTE_READ_WRITE);
+    let (old, _) = connect(&a, &b1);
+    assert_eq!(old.epoch, 10);
+    // B restarts with a newer epoch and a new publication.
+    drop(b1);
+    let b2 = b_incarnation(&fabric, 20);
+    let dst = region(4096, 3);
+    let rb2 = register(&b2, &dst, Access::REMOTE_READ_WRITE);
+    let (new, _) = connect(&a, &b2);
+    assert_eq!(new.epoch, 20);
+    assert_ne!(new.id, old.id);
+    assert_eq!(a.peers().len(), 1, "the old incarnation is gone");
+    // Everything cached from the old one is invalid.
+    let err = a.submit(&[TransferRequest::write(ra.id, 0, old.id, RangeId(1), 0, 8)]).unwrap_err();
+    assert!(matches!(err, SubmitError::Invalid { error: RequestError::UnknownPeer(_), .. }), "{err}");
+    let ids = a.submit(&[TransferRequest::write(ra.id, 0, new.id, RangeId(rb2.id.0), 0, 4096)]).unwrap();
+    assert_eq!(a.wait(ids[0], Duration::from_secs(5)).unwrap().status, Status::Complete);
+    assert_eq!(dst.to_vec(0, 4096).unwrap(), pattern(4096, 1));
+}
+
+#[test]
+fn reopening_the_same_tcp_address_with_an_old_epoch_cannot_adopt_a_replacement_source() {
+    let fabric = fabric(1, Delivery::Background, 51);
+    let a = builder(&fabric, "a", 1).build().unwrap();
+    register(&a, &region(4096, 1), Access::LocalOnly);
+    let addr: std::net::SocketAddr = "10.2.0.1:7000".parse().unwrap();
+    let b_old = b_incarnation(&fabric, 10);
+    let b_new = b_incarnation(&fabric, 20);
+    for b in [&b_old, &b_new] {
+        let (mut la, mut lb) = InProcessLink::pair();
+        let mut la = la_with(&mut la, addr);
+        std::thread::scope(|s| {
+            let h = s.spawn(|| b.open_peer(&mut lb));
+            a.accept_peer(&mut la).unwrap();
+            h.join().unwrap().unwrap();
+        });
+    }
+    // The old incarnation comes back from the same address.
+    let (la, mut lb) = InProcessLink::pair();
+    let mut la = la.with_peer_addr(addr);
+    let (res_a, res_b) = std::thread::scope(|s| {
+        let h = s.spawn(|| b_old.open_peer(&mut lb));
+        let ra = a.accept_peer(&mut la);
+        (ra, h.join().unwrap())
+    });
+    let err = res_a.unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("older") && text.contains("10.2.0.1:7000"), "{text}");
+    assert!(matches!(res_b, Err(OpenPeerError::Handshake(_))), "the old incarnation hears why: {res_b:?}");
+    let peers = a.peers();
+    assert_eq!(peers.len(), 1);
+    assert_eq!(peers[0].epoch, 20, "the replacement stays adopted");
+}
+
+fn la_with(l: &mut InProcessLink, addr: std::net::SocketAddr) -> InProcessLink {
+    let (dummy, _) = InProcessLink::pair();
+    std::mem::replace(l, dummy).with_peer_addr(addr)
+}
+
+#[test]
+fn both_peers_must_use_the_current_protocol_version_no_legacy_fallback() {
+    let fabric = fabric(1, Delivery::Background, 52);
+    let a = builder(&fabric, "a", 1).build().unwrap();
+    register(&a, &region(4096, 1), Access::LocalOnly);
+    for version in [wire::PROTOCOL_VERSION + 1, 0] {
+        let (mut la, mut lb) = InProcessLink::pair();
+        let reply = std::thread::scope(|s| {
+            let h = s.spawn(move || {
+                // A peer speaking another version, by hand.
+                let Frame::Challenge(_) = lb.recv(Duration::from_secs(5)).unwrap() else { panic!() };
+                let mut identity = wire::Identity::new(
+                    wire::SourceId::new("other").unwrap(),
+                    wire::Epoch::new(5).unwrap(),
+                    wire::Capabilities::RDMA,
+                );
+                let _ = &mut identity;
+                // The encoder refuses other versions, so patch the header.
+                let mut bytes = Frame::Hello(wire::Hello { identity, nonce: wire::Nonce([1; 32]), proof: None }).to_bytes().unwrap();
+                bytes[4..6].copy_from_slice(&version.to_be_bytes());
+                lb.send_raw(bytes).unwrap();
+                lb.recv(Duration::from_secs(5))
+            });
+            let err = a.accept_peer(&mut la).unwrap_err();
+            assert!(err.to_string().contains("version"), "{err}");
+            h.join().unwrap()
+        });
+        let Ok(Frame::Error(e)) = reply else { panic!("{reply:?}") };
+        assert_eq!(e.code, wire::ErrorCode::UNSUPPORTED_VERSION);
+    }
+    // Something that is not an orbitte handshake at all is rejected too.
+    let (mut la, mut lb) = InProcessLink::pair();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let _ = lb.recv(Duration::from_secs(5));
+            let goodbye = wire::Goodbye { reason: wire::GoodbyeReason(0), message: wire::Message::truncating("legacy") };
+            let _ = lb.send(&Frame::Goodbye(goodbye));
+        });
+        assert!(a.accept_peer(&mut la).is_err());
+    });
+    assert!(a.peers().is_empty());
+}
+
+#[test]
+fn bad_input_gives_a_typed_error_naming_the_request_and_posts_nothing() {
+    let fabric = fabric(1, Delivery::Manual, 53);
+    let a = builder(&fabric, "a", 1).build().unwrap();
+    let b = builder(&fabric, "b", 1).build().unwrap();
+    let ra = register(&a, &region(4096, 1), Access::LocalOnly);
+    let retired = register(&a, &region(4096, 1), Access::LocalOnly);
+    let dst = region(4096, 2);
+    let rb = register(&b, &dst, Access::REMOTE_READ_WRITE);
+    let ro = register(&b, &region(4096, 2), Access::Remote { read: true, write: false });
+    let (pb, _) = connect(&a, &b);
+    a.retire(retired.id).unwrap();
+    let good = TransferRequest::write(ra.id, 0, pb.id, RangeId(rb.id.0), 0, 4096);
+    let cases: Vec<(TransferRequest, fn(&RequestError) -> bool)> = vec![
+        (TransferRequest { peer: PeerId(99), ..good }, |e| matches!(e, RequestError::UnknownPeer(99))),
+        (TransferRequest { registration: orbitte_engine::RegistrationId(999), ..good }, |e| matches!(e, RequestError::UnpublishedLocal(999))),
+        (TransferRequest { registration: retired.id, ..good }, |e| matches!(e, RequestError::UnpublishedLocal(_))),
+        (TransferRequest { range: RangeId(12345), ..good }, |e| matches!(e, RequestError::UnpublishedRemote { range: 12345, .. })),
+        (TransferRequest { local_offset: 4000, len: 200, ..good }, |e| matches!(e, RequestError::OutOfRange { side: "local", .. })),
+        (TransferRequest { remote_offset: 4096, len: 1, ..good }, |e| matches!(e, RequestError::OutOfRange { side: "remote", .. })),
+        (TransferRequest { range: RangeId(ro.id.0), ..good }, |e| matches!(e, RequestError::WrongAccess { side: "remote", .. })),
+        (TransferRequest { len: 0, ..good }, |e| matches!(e, RequestError::ZeroLength)),
+        (TransferRequest { local_offset: u64::MAX, ..good }, |e| matches!(e, RequestError::Overflow { .. })),
+    ];
+    for (i, (bad, want)) in cases.into_iter().enumerate() {
+        let err = a.submit(&[good.label(100), bad.label(200 + i as u64)]).unwrap_err();
+        match &err {
+            SubmitError::Invalid { index: 1, label, error } => {
+                assert_eq!(*label, 200 + i as u64);
+                assert!(want(error), "case {i}: {error:?}");
+            }
+            other => panic!("case {i}: {other:?}"),
+        }
+        assert!(err.to_string().contains(&format!("label {}", 200 + i as u64)), "{err}");
+    }
+    assert!(matches!(a.submit(&[]), Err(SubmitError::Empty)));
+    // Nothing of any refused batch was posted, not even the good request.
+    assert_eq!(a.outstanding_slices(), 0);
+    assert_eq!(fabric.pending(), 0);
+    fabric.drive();
+    assert_eq!(dst.to_vec(0, 4096).unwrap(), pattern(4096, 2));
+    // A READ from a read-only range is fine.
+    let ok = TransferRequest::read(ra.id, 0, pb.id, RangeId(ro.id.0), 0, 4096);
+    let id = a.submit(&[ok]).unwrap()[0];
+    assert!(drive_wait(&fabric, &a, id).is_complete());
+}
