@@ -122,7 +122,7 @@ pub(crate) fn svg(title: &str, series: &[Series]) -> String {
 pub(crate) fn human_bytes(n: u64) -> String {
     const UNITS: &[(u64, &str)] = &[(1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")];
     for &(u, s) in UNITS {
-        if n >= u && n % u == 0 {
+        if n >= u && n.is_multiple_of(u) {
             return format!("{}{s}", n / u);
         }
     }

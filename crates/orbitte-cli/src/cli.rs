@@ -9,9 +9,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 #[derive(Debug, Parser)]
 #[command(name = "orbitte", version, about, propagate_version = true)]
 pub(crate) struct Cli {
-    /// Log filter (tracing's env-filter syntax), e.g. `info` or `orbitte_engine=debug`.
-    #[arg(long, global = true, env = "ORBITTE_LOG", default_value = "warn")]
-    pub(crate) log: String,
+    /// Log filter (tracing's env-filter syntax), e.g. `info` or
+    /// `orbitte_engine=debug`. Default: `info` for serve, `warn` otherwise.
+    #[arg(long, global = true, env = "ORBITTE_LOG", value_name = "FILTER")]
+    pub(crate) log: Option<String>,
     #[command(subcommand)]
     pub(crate) command: Command,
 }
@@ -125,31 +126,48 @@ pub(crate) struct BenchArgs {
     /// How long to measure, in seconds.
     #[arg(long, default_value_t = 3.0, value_parser = parse_seconds)]
     pub(crate) duration: f64,
-    /// The path to measure.
-    #[arg(long, value_enum, default_value = "tcp")]
-    pub(crate) path: PathName,
+    /// The path to measure (rdma, tcp or local). Default: the engine's path
+    /// policy picks it (local on one host when the target's memory can be
+    /// mapped, else tcp); the report says which path ran.
+    #[arg(long, value_enum)]
+    pub(crate) path: Option<PathName>,
     /// Check every transferred byte against the pattern.
     #[arg(long)]
     pub(crate) check: bool,
     /// Machine-readable output.
     #[arg(long)]
     pub(crate) json: bool,
-    /// Sweep block sizes from 4K to 4M and write a chart.
+    /// Sweep block sizes 4K, 16K, ..., 4M (each for --duration) and write
+    /// a chart of GB/s against block size, baseline included.
     #[arg(long)]
     pub(crate) sweep: bool,
     /// Where `--sweep` writes its SVG chart.
     #[arg(long, default_value = "orbitte-bench.svg", value_name = "FILE")]
     pub(crate) chart: PathBuf,
-    /// No progress bar.
+    /// No progress bar (it is also hidden when stderr is not a terminal).
     #[arg(long)]
     pub(crate) quiet: bool,
+    /// Skip the baseline (raw TCP socket for tcp, memcpy for local).
+    #[arg(long)]
+    pub(crate) no_baseline: bool,
+    /// This engine's source id (default: orbitte-bench-<role>-<pid>).
+    #[arg(long, value_name = "ID")]
+    pub(crate) source_id: Option<String>,
 }
 
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
-    /// TOML file describing the engine and the ranges to publish.
-    #[arg(long, value_name = "FILE")]
+    /// TOML file describing the engine and the ranges to publish
+    /// (docs/configuration.md).
+    #[arg(long, value_name = "FILE", env = "ORBITTE_CONFIG")]
     pub(crate) config: PathBuf,
+    /// Check the file (and the ORBITTE_RDMA_* variables), print the
+    /// effective configuration with every key, and exit.
+    #[arg(long)]
+    pub(crate) check: bool,
+    /// With --check: print the effective configuration as JSON.
+    #[arg(long, requires = "check")]
+    pub(crate) json: bool,
 }
 
 /// Parses `4096`, `64K`, `1M`, `2G` (binary multiples).

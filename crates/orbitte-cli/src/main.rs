@@ -6,8 +6,13 @@
 //! backtrace.
 #![forbid(unsafe_code)]
 
+mod bench;
 mod chart;
 mod cli;
+mod config;
+mod doctor;
+mod net;
+mod serve;
 mod stats;
 mod topology;
 
@@ -52,12 +57,23 @@ fn main() -> ExitCode {
                 let _ = e.print();
                 return ExitCode::from(2);
             }
-            // clap's message is several lines; keep the first, which names
-            // the problem, and point at --help for the fix.
+            // clap's message is several lines; keep the ones before the
+            // usage (they name the problem) on one line, and point at
+            // --help for the fix.
             let text = e.to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("orbitte: {first}; see `orbitte --help`");
+            let problem: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .take_while(|l| !l.is_empty() && !l.starts_with("Usage:"))
+                .collect();
+            let problem = problem.join(" ");
+            let problem = problem.strip_prefix("error: ").unwrap_or(&problem);
+            let problem = if problem.is_empty() {
+                "invalid arguments"
+            } else {
+                problem
+            };
+            eprintln!("orbitte: {problem}; see `orbitte --help`");
             return ExitCode::from(2);
         }
     };
@@ -71,18 +87,27 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: cli::Cli) -> Result<(), Failure> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
-        .map_err(|e| Failure::usage(format!("bad --log filter `{}`: {e}", cli.log)))?;
+    let log = cli.log.clone().unwrap_or_else(|| {
+        match cli.command {
+            cli::Command::Serve(_) => "info",
+            _ => "warn",
+        }
+        .to_owned()
+    });
+    let filter = tracing_subscriber::EnvFilter::try_new(&log).map_err(|e| {
+        Failure::usage(format!(
+            "bad --log filter `{log}`: {e}; use e.g. `warn`, `info` or `orbitte_engine=debug`"
+        ))
+    })?;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match cli.command {
         cli::Command::Topology(args) => topology::run(&args),
-        cli::Command::Doctor(_)
-        | cli::Command::Bench(_)
-        | cli::Command::Serve(_) => Err(Failure::failed(
-            "this command is not implemented yet in this build",
-        )),
+        cli::Command::Bench(args) => bench::run(&args),
+        cli::Command::Doctor(args) => doctor::run(&args),
+        cli::Command::Serve(args) => serve::run(&args),
     }
 }

@@ -64,7 +64,9 @@ impl Target {
     pub(crate) fn start(cfg: SessionConfig, addr: SocketAddr) -> Result<Self, String> {
         let ranges = PublicationTable::new();
         let listener = Listener::bind(cfg.clone(), peer_table(&cfg), ranges.clone(), addr)
-            .map_err(|e| format!("cannot listen on {addr}: {e}; pick a free address with --listen"))?;
+            .map_err(|e| {
+                format!("cannot listen on {addr}: {e}; pick a free address with --listen")
+            })?;
         Ok(Self { ranges, listener })
     }
 }
@@ -139,10 +141,10 @@ impl Driver {
         }
         while let Some(rail) = g.core.poll_flush(now) {
             let path = g.core.rail_spec(rail).map(|s| s.path);
-            if let Some(t) = path.and_then(|p| g.transports.get_mut(&p)) {
-                if let Err(e) = t.flush(rail) {
-                    tracing::warn!(error = %e, "flushing a rail failed");
-                }
+            if let Some(t) = path.and_then(|p| g.transports.get_mut(&p))
+                && let Err(e) = t.flush(rail)
+            {
+                tracing::warn!(error = %e, "flushing a rail failed");
             }
         }
         loop {
@@ -278,6 +280,8 @@ pub(crate) struct Peer {
     pub(crate) fell_back: Vec<(PathKind, String)>,
     pub(crate) rails: Vec<RailId>,
     pub(crate) ranges: Vec<RangeDescriptor>,
+    tcp_rails: Vec<RailId>,
+    local_rails: Vec<RailId>,
 }
 
 /// An initiator with the tcp and local transports.
@@ -307,7 +311,8 @@ impl Initiator {
         {
             let mut g = driver.lock();
             g.transports.insert(PathKind::Tcp, Box::new(tcp.clone()));
-            g.transports.insert(PathKind::Local, Box::new(local.clone()));
+            g.transports
+                .insert(PathKind::Local, Box::new(local.clone()));
         }
         Self {
             cfg,
@@ -378,19 +383,21 @@ impl Initiator {
             rdma: Err("the command-line driver runs tcp and local only; rdma runs in-process (--path rdma)".into()),
             tcp: Ok(()),
         };
-        let choice = choose_path(identity.source_id.as_str(), 0, &inputs)
-            .map_err(|e| e.to_string())?;
-        if let Some(w) = want {
-            if w != choice.path {
-                let why = choice
-                    .fell_back
-                    .iter()
-                    .find(|(p, _)| *p == w)
-                    .map_or("it does not apply to this peer", |(_, r)| r.as_str());
-                return Err(format!(
-                    "path {w} is not usable to {addr}: {why}; run `orbitte doctor --path {w}` or pick another --path"
-                ));
+        let choice =
+            choose_path(identity.source_id.as_str(), 0, &inputs).map_err(|e| e.to_string())?;
+        if let Some(w) = want
+            && w != choice.path
+        {
+            let why = match w {
+                PathKind::Local => inputs.local.clone().err(),
+                PathKind::Rdma => inputs.rdma.clone().err(),
+                PathKind::Tcp => inputs.tcp.clone().err(),
+                _ => None,
             }
+            .unwrap_or_else(|| "it does not apply to this peer".into());
+            return Err(format!(
+                "path {w} is not usable to {addr}: {why}; run `orbitte doctor --path {w}` or pick another --path"
+            ));
         }
         {
             let mut g = self.driver.lock();
@@ -399,9 +406,9 @@ impl Initiator {
             }
         }
         let rails = if choice.path == PathKind::Local {
-            local_rails
+            local_rails.clone()
         } else {
-            tcp_rails
+            tcp_rails.clone()
         };
         Ok(Peer {
             id: peer,
@@ -411,7 +418,21 @@ impl Initiator {
             fell_back: choice.fell_back,
             rails,
             ranges: link.ranges,
+            tcp_rails,
+            local_rails,
         })
+    }
+
+    /// Closes every rail to `peer` (its sessions end without a warning on
+    /// either side).
+    pub(crate) fn close(&self, peer: &Peer) {
+        for &r in &peer.tcp_rails {
+            self.tcp.close(r);
+        }
+        for &r in &peer.local_rails {
+            self.local.close(r);
+        }
+        self.local.detach(peer.id);
     }
 }
 

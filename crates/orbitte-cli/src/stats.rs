@@ -35,10 +35,6 @@ impl Latencies {
         self.samples.extend(other.samples);
     }
 
-    pub(crate) fn len(&self) -> usize {
-        self.samples.len()
-    }
-
     /// Nearest-rank percentiles; `None` when there are no samples.
     pub(crate) fn summary(&mut self) -> Option<LatencySummary> {
         if self.samples.is_empty() {

@@ -209,7 +209,10 @@ fn human(r: &Report) -> String {
             let _ = writeln!(out, "  {line}");
         }
     }
-    let _ = writeln!(out, "affinity (best first: pcie distance, numa distance, nic id):");
+    let _ = writeln!(
+        out,
+        "affinity (best first: pcie distance, numa distance, nic id):"
+    );
     if r.affinity.iter().all(|a| a.ranking.is_empty()) {
         let _ = writeln!(out, "  no active NIC to rank");
     } else {
@@ -268,7 +271,11 @@ fn human(r: &Report) -> String {
                     c.device,
                     c.port,
                     c.gid_index,
-                    if c.port_active { "ACTIVE" } else { "not active (paused)" }
+                    if c.port_active {
+                        "ACTIVE"
+                    } else {
+                        "not active (paused)"
+                    }
                 );
             }
             if let Some(e) = selection_error {

@@ -47,7 +47,10 @@ pub enum Check {
 
 impl Check {
     fn fail(reason: impl Into<String>, fix: impl Into<String>) -> Self {
-        Self::Fail { reason: reason.into(), fix: fix.into() }
+        Self::Fail {
+            reason: reason.into(),
+            fix: fix.into(),
+        }
     }
 
     fn skipped(why: impl Into<String>) -> Self {
@@ -124,9 +127,14 @@ impl CapabilityMatrix {
         let rows = PathKind::ALL
             .iter()
             .map(|&p| match p {
-                PathKind::GpudirectRdma | PathKind::CudaIpc | PathKind::Nvlink => PathRow::not_implemented(p),
+                PathKind::GpudirectRdma | PathKind::CudaIpc | PathKind::Nvlink => {
+                    PathRow::not_implemented(p)
+                }
                 PathKind::Rdma => PathRow::skipped(p, "not evaluated"),
-                _ => PathRow::skipped(p, "not evaluated by the engine; the path contributes its own row"),
+                _ => PathRow::skipped(
+                    p,
+                    "not evaluated by the engine; the path contributes its own row",
+                ),
             })
             .collect();
         Self { rows }
@@ -201,13 +209,31 @@ impl TransferEngine {
         let pick = {
             let st = self.lock();
             st.nic_order.iter().find_map(|id| {
-                st.init.as_ref()?.nics.iter().find(|n| n.id.0 == *id && n.port_active()).map(|n| {
-                    (n.context.clone(), n.pd.clone(), n.port, n.gid_index, n.gid, n.lid, n.mtu, n.link_layer, n.id.0)
-                })
+                st.init
+                    .as_ref()?
+                    .nics
+                    .iter()
+                    .find(|n| n.id.0 == *id && n.port_active())
+                    .map(|n| {
+                        (
+                            n.context.clone(),
+                            n.pd.clone(),
+                            n.port,
+                            n.gid_index,
+                            n.gid,
+                            n.lid,
+                            n.mtu,
+                            n.link_layer,
+                            n.id.0,
+                        )
+                    })
             })
         };
         let Some((ctx, pd, port, gid_index, gid, lid, mtu, ll, nic)) = pick else {
-            row.discovery = Check::fail("every prepared context's port is down or paused", "wait for port recovery or fix the link");
+            row.discovery = Check::fail(
+                "every prepared context's port is down or paused",
+                "wait for port recovery or fix the link",
+            );
             return row;
         };
         row.discovery = Check::Pass;
@@ -218,7 +244,10 @@ impl TransferEngine {
             }
             Err(reason) => {
                 row.completion = Check::fail(
-                    format!("loopback WRITE+READ on NIC ID {nic} ({}): {reason}", ctx.identity().name),
+                    format!(
+                        "loopback WRITE+READ on NIC ID {nic} ({}): {reason}",
+                        ctx.identity().name
+                    ),
                     "check the port, the GID's reachability and the device's health (ibv_rc_pingpong)",
                 );
                 row.drain = Check::skipped("completion failed");
@@ -244,22 +273,35 @@ fn loopback(
 ) -> Result<Check, String> {
     const N: usize = 4096;
     let cq = ctx.create_cq(16).map_err(|e| e.to_string())?;
-    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1 };
+    let caps = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 1,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+    };
     let a = HostMemory::alloc(2 * N).map_err(|e| e.to_string())?;
     let b = HostMemory::alloc(N).map_err(|e| e.to_string())?;
     let pattern: Vec<u8> = (0..N).map(|i| (i * 31 + 7) as u8).collect();
     a.write_at(0, &pattern).map_err(|e| e.to_string())?;
     let access = verbs::Access::remote_read_write();
-    let ma = pd.register(a.clone() as Arc<dyn DmaBuffer>, 0..2 * N, access).map_err(|e| e.to_string())?;
-    let mb = pd.register(b.clone() as Arc<dyn DmaBuffer>, 0..N, access).map_err(|e| e.to_string())?;
+    let ma = pd
+        .register(a.clone() as Arc<dyn DmaBuffer>, 0..2 * N, access)
+        .map_err(|e| e.to_string())?;
+    let mb = pd
+        .register(b.clone() as Arc<dyn DmaBuffer>, 0..N, access)
+        .map_err(|e| e.to_string())?;
     let route = match ll {
         orbitte_topology::LinkLayer::InfiniBand if lid != 0 => verbs::Route::Lid(lid),
         _ => verbs::Route::Gid(gid),
     };
     let q1 = pd.create_qp(&cq, &cq, caps).map_err(|e| e.to_string())?;
     let q2 = pd.create_qp(&cq, &cq, caps).map_err(|e| e.to_string())?;
-    let q1 = q1.init(InitAttrs::new(port)).map_err(|e| e.error.to_string())?;
-    let q2 = q2.init(InitAttrs::new(port)).map_err(|e| e.error.to_string())?;
+    let q1 = q1
+        .init(InitAttrs::new(port))
+        .map_err(|e| e.error.to_string())?;
+    let q2 = q2
+        .init(InitAttrs::new(port))
+        .map_err(|e| e.error.to_string())?;
     let e1 = q1.endpoint(route, 11, mtu);
     let e2 = q2.endpoint(route, 22, mtu);
     let sgid = u8::try_from(gid_index).unwrap_or(0);
@@ -279,7 +321,11 @@ fn loopback(
         loop {
             let n = cq.poll(&mut buf).map_err(|e| e.to_string())?;
             if let Some(c) = buf[..n].iter().find(|c| c.wr_id == want) {
-                return if c.is_success() { Ok(()) } else { Err(format!("completion status {:?}", c.status)) };
+                return if c.is_success() {
+                    Ok(())
+                } else {
+                    Err(format!("completion status {:?}", c.status))
+                };
             }
             if Instant::now() >= deadline {
                 return Err("no completion within 2 s".into());
@@ -290,9 +336,11 @@ fn loopback(
     let sge_w = ma.sge(0, N).map_err(|e| e.to_string())?;
     let sge_r = ma.sge(N, N).map_err(|e| e.to_string())?;
     let remote = mb.remote(0).map_err(|e| e.to_string())?;
-    q1.post_send(&[SendWr::write(1, std::slice::from_ref(&sge_w), remote)]).map_err(|e| e.to_string())?;
+    q1.post_send(&[SendWr::write(1, std::slice::from_ref(&sge_w), remote)])
+        .map_err(|e| e.to_string())?;
     wait(1)?;
-    q1.post_send(&[SendWr::read(2, std::slice::from_ref(&sge_r), remote)]).map_err(|e| e.to_string())?;
+    q1.post_send(&[SendWr::read(2, std::slice::from_ref(&sge_r), remote)])
+        .map_err(|e| e.to_string())?;
     wait(2)?;
     let back = a.to_vec(N, N).map_err(|e| e.to_string())?;
     if back != pattern {
@@ -313,6 +361,9 @@ fn loopback(
     Ok(if problems.is_empty() {
         Check::Pass
     } else {
-        Check::fail(problems.join("; "), "keep the evidence; the objects are retained (Unquiesced)")
+        Check::fail(
+            problems.join("; "),
+            "keep the evidence; the objects are retained (Unquiesced)",
+        )
     })
 }

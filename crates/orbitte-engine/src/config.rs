@@ -170,13 +170,22 @@ impl EngineBuilder {
             }
         };
         if self.slice_size == 0 {
-            return Err(BuildError::Setting { name: "slice_size", why: "must be at least 1 byte".into() });
+            return Err(BuildError::Setting {
+                name: "slice_size",
+                why: "must be at least 1 byte".into(),
+            });
         }
         if self.max_in_flight == 0 {
-            return Err(BuildError::Setting { name: "max_in_flight", why: "must be at least 1".into() });
+            return Err(BuildError::Setting {
+                name: "max_in_flight",
+                why: "must be at least 1".into(),
+            });
         }
         if self.request_timeout.is_zero() {
-            return Err(BuildError::Setting { name: "request_timeout", why: "must be nonzero".into() });
+            return Err(BuildError::Setting {
+                name: "request_timeout",
+                why: "must be nonzero".into(),
+            });
         }
         Ok((source, epoch))
     }

@@ -41,7 +41,18 @@ impl InProcessLink {
     pub fn pair() -> (Self, Self) {
         let (a_tx, b_rx) = channel();
         let (b_tx, a_rx) = channel();
-        (Self { tx: a_tx, rx: a_rx, addr: None }, Self { tx: b_tx, rx: b_rx, addr: None })
+        (
+            Self {
+                tx: a_tx,
+                rx: a_rx,
+                addr: None,
+            },
+            Self {
+                tx: b_tx,
+                rx: b_rx,
+                addr: None,
+            },
+        )
     }
 
     /// Sends raw bytes as one message, whatever they are (tests use it to
@@ -60,7 +71,9 @@ impl InProcessLink {
 
 impl ControlLink for InProcessLink {
     fn send(&mut self, frame: &Frame) -> Result<(), LinkError> {
-        let bytes = frame.to_bytes().map_err(|e| LinkError::Frame(e.to_string()))?;
+        let bytes = frame
+            .to_bytes()
+            .map_err(|e| LinkError::Frame(e.to_string()))?;
         self.tx.send(bytes).map_err(|_| LinkError::Closed)
     }
 
@@ -72,11 +85,14 @@ impl ControlLink for InProcessLink {
         if bytes.len() >= 8 && bytes[..4] == wire::MAGIC {
             let version = u16::from_be_bytes([bytes[4], bytes[5]]);
             let frame_type = u16::from_be_bytes([bytes[6], bytes[7]]);
-            if version != wire::PROTOCOL_VERSION && wire::FrameType(frame_type) != wire::FrameType::ERROR {
+            if version != wire::PROTOCOL_VERSION
+                && wire::FrameType(frame_type) != wire::FrameType::ERROR
+            {
                 return Err(LinkError::Version { theirs: version });
             }
         }
-        let (frame, payload) = wire::decode_exact(&bytes).map_err(|e| LinkError::Frame(e.to_string()))?;
+        let (frame, payload) =
+            wire::decode_exact(&bytes).map_err(|e| LinkError::Frame(e.to_string()))?;
         if !payload.is_empty() {
             return Err(LinkError::Frame("control frame with a payload".into()));
         }

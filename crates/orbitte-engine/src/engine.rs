@@ -19,7 +19,7 @@ use orbitte_wire::{self as wire, Epoch, PeerTable, SourceId};
 use crate::config::EngineBuilder;
 use crate::core::{Core, CoreConfig, CoreRequest};
 use crate::error::{
-    BuildError, DrainTimeout, RegisterError, UnregisterError, Unquiesced, WaitError,
+    BuildError, DrainTimeout, RegisterError, Unquiesced, UnregisterError, WaitError,
 };
 use crate::nic::{self, ContextStatus, EngineTopology, Initialized};
 use crate::outcome::{DrainStatus, Outcome, RequestError, RequestId, SubmitError};
@@ -56,14 +56,46 @@ pub struct TransferRequest {
 impl TransferRequest {
     /// A WRITE of `len` bytes from `local` at `local_offset` to the peer's
     /// `range` at `remote_offset`.
-    pub fn write(local: RegistrationId, local_offset: u64, peer: PeerId, range: RangeId, remote_offset: u64, len: u64) -> Self {
-        Self { op: Op::Write, registration: local, local_offset, peer, range, remote_offset, len, label: 0 }
+    pub fn write(
+        local: RegistrationId,
+        local_offset: u64,
+        peer: PeerId,
+        range: RangeId,
+        remote_offset: u64,
+        len: u64,
+    ) -> Self {
+        Self {
+            op: Op::Write,
+            registration: local,
+            local_offset,
+            peer,
+            range,
+            remote_offset,
+            len,
+            label: 0,
+        }
     }
 
     /// A READ of `len` bytes from the peer's `range` at `remote_offset` into
     /// `local` at `local_offset`.
-    pub fn read(local: RegistrationId, local_offset: u64, peer: PeerId, range: RangeId, remote_offset: u64, len: u64) -> Self {
-        Self { op: Op::Read, registration: local, local_offset, peer, range, remote_offset, len, label: 0 }
+    pub fn read(
+        local: RegistrationId,
+        local_offset: u64,
+        peer: PeerId,
+        range: RangeId,
+        remote_offset: u64,
+        len: u64,
+    ) -> Self {
+        Self {
+            op: Op::Read,
+            registration: local,
+            local_offset,
+            peer,
+            range,
+            remote_offset,
+            len,
+            label: 0,
+        }
     }
 
     /// Same request with a label.
@@ -176,7 +208,9 @@ pub(crate) struct State {
 
 impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("State").field("core", &self.core).finish_non_exhaustive()
+        f.debug_struct("State")
+            .field("core", &self.core)
+            .finish_non_exhaustive()
     }
 }
 
@@ -190,15 +224,26 @@ impl State {
         let mut start = 0;
         while start < work.len() {
             let rail = work[start].rail;
-            let end = work[start..].iter().position(|w| w.rail != rail).map_or(work.len(), |p| start + p);
+            let end = work[start..]
+                .iter()
+                .position(|w| w.rail != rail)
+                .map_or(work.len(), |p| start + p);
             let run = &work[start..end];
             let res = match self.owner.get(rail.0 as usize) {
                 Some(Owner::Rdma) => self.rdma.post(rail, run, &self.tables),
                 Some(Owner::Other(i)) => match self.others.get_mut(*i) {
                     Some(t) => t.post(rail, run, &self.tables),
-                    None => Err(crate::transport::PostError { rail, posted: 0, reason: "no transport".into() }),
+                    None => Err(crate::transport::PostError {
+                        rail,
+                        posted: 0,
+                        reason: "no transport".into(),
+                    }),
                 },
-                None => Err(crate::transport::PostError { rail, posted: 0, reason: "no transport".into() }),
+                None => Err(crate::transport::PostError {
+                    rail,
+                    posted: 0,
+                    reason: "no transport".into(),
+                }),
             };
             if let Err(e) = res {
                 tracing::debug!(error = %e, "post failed");
@@ -245,7 +290,9 @@ impl State {
     }
 
     pub(crate) fn nic_info(&self) -> Vec<(u32, u16, verbs::Gid)> {
-        self.init.as_ref().map_or_else(Vec::new, |i| i.nics.iter().map(|n| (n.id.0, n.lid, n.gid)).collect())
+        self.init.as_ref().map_or_else(Vec::new, |i| {
+            i.nics.iter().map(|n| (n.id.0, n.lid, n.gid)).collect()
+        })
     }
 }
 
@@ -310,8 +357,10 @@ impl EngineBuilder {
     /// first RDMA use.
     pub fn build(self) -> Result<TransferEngine, BuildError> {
         let (source_id, epoch) = self.checked()?;
-        let provider: Arc<dyn Provider> =
-            self.provider.clone().unwrap_or_else(|| Arc::new(verbs::native::NativeProvider::new()));
+        let provider: Arc<dyn Provider> = self
+            .provider
+            .clone()
+            .unwrap_or_else(|| Arc::new(verbs::native::NativeProvider::new()));
         let (listed, listing_error) = match provider.devices() {
             Ok(l) => (l, None),
             Err(e) => (Vec::new(), Some(e.to_string())),
@@ -332,7 +381,10 @@ impl EngineBuilder {
             next_peer: 1,
             next_session: 1,
             next_connect: 1,
-            ledger: Ledger { budgets: self.budgets, in_use: Charges::default() },
+            ledger: Ledger {
+                budgets: self.budgets,
+                in_use: Charges::default(),
+            },
             peer_table: PeerTable::new(source_id.clone()),
             listed,
             listing_error,
@@ -364,10 +416,20 @@ impl EngineBuilder {
             std::thread::Builder::new()
                 .name("orbitte-timer".into())
                 .spawn(move || timer_loop(&shared))
-                .map_err(|e| BuildError::Setting { name: "threads", why: e.to_string() })?
+                .map_err(|e| BuildError::Setting {
+                    name: "threads",
+                    why: e.to_string(),
+                })?
         };
-        tracing::debug!(source = shared.source_id.as_str(), epoch = shared.epoch.value(), "engine built");
-        Ok(TransferEngine { shared, threads: Mutex::new(vec![timer]) })
+        tracing::debug!(
+            source = shared.source_id.as_str(),
+            epoch = shared.epoch.value(),
+            "engine built"
+        );
+        Ok(TransferEngine {
+            shared,
+            threads: Mutex::new(vec![timer]),
+        })
     }
 }
 
@@ -378,9 +440,17 @@ fn timer_loop(shared: &Shared) {
         st.core.handle_timeout(now);
         st.pump(now);
         shared.cond.notify_all();
-        let next = st.core.poll_timeout().map_or(Duration::from_millis(50), |t| t.saturating_duration_since(now));
+        let next = st
+            .core
+            .poll_timeout()
+            .map_or(Duration::from_millis(50), |t| {
+                t.saturating_duration_since(now)
+            });
         let wait = next.clamp(Duration::from_millis(1), Duration::from_millis(50));
-        st = shared.cond.wait_timeout(st, wait).map_or_else(|e| e.into_inner().0, |(g, _)| g);
+        st = shared
+            .cond
+            .wait_timeout(st, wait)
+            .map_or_else(|e| e.into_inner().0, |(g, _)| g);
     }
 }
 
@@ -408,7 +478,11 @@ fn poll_loop(shared: &Shared, nic: u32, cq: verbs::CompletionQueue, ctx: verbs::
         for c in &buf[..n] {
             match st.qpn_rail.get(&(nic, c.qp_num)) {
                 Some(&rail) => rdma::completion_events(rail, c, &mut events),
-                None => tracing::debug!(device, qpn = c.qp_num, "completion for an unknown qp ignored"),
+                None => tracing::debug!(
+                    device,
+                    qpn = c.qp_num,
+                    "completion for an unknown qp ignored"
+                ),
             }
         }
         for ev in asyncs {
@@ -416,8 +490,13 @@ fn poll_loop(shared: &Shared, nic: u32, cq: verbs::CompletionQueue, ctx: verbs::
             match ev {
                 verbs::AsyncEvent::PortError { port } => {
                     for rail in st.rdma.rails_on(nic) {
-                        let reason = format!("port {port} of {device} (NIC ID {nic}) is down or paused; wait for port recovery");
-                        events.push(TransportEvent::RailDown { rail, reason: reason.into() });
+                        let reason = format!(
+                            "port {port} of {device} (NIC ID {nic}) is down or paused; wait for port recovery"
+                        );
+                        events.push(TransportEvent::RailDown {
+                            rail,
+                            reason: reason.into(),
+                        });
                     }
                 }
                 verbs::AsyncEvent::PortActive { .. } => {
@@ -432,13 +511,19 @@ fn poll_loop(shared: &Shared, nic: u32, cq: verbs::CompletionQueue, ctx: verbs::
                 | verbs::AsyncEvent::QpRequestError { qpn } => {
                     if let Some(&rail) = st.qpn_rail.get(&(nic, qpn)) {
                         let reason = format!("qp {qpn} on {device} hit {ev:?}");
-                        events.push(TransportEvent::RailDown { rail, reason: reason.into() });
+                        events.push(TransportEvent::RailDown {
+                            rail,
+                            reason: reason.into(),
+                        });
                     }
                 }
                 verbs::AsyncEvent::DeviceFatal => {
                     for rail in st.rdma.rails_on(nic) {
                         let reason = format!("device {device} is fatal");
-                        events.push(TransportEvent::RailDown { rail, reason: reason.into() });
+                        events.push(TransportEvent::RailDown {
+                            rail,
+                            reason: reason.into(),
+                        });
                     }
                 }
                 _ => {}
@@ -481,7 +566,10 @@ impl TransferEngine {
                 &self.shared.settings.rdma,
                 (self.shared.settings.max_in_flight * 64).clamp(1024, 65536),
             );
-            let mut order: Vec<u32> = match init.topology.rank_nics(MemoryLocation::Host { numa_node: None }) {
+            let mut order: Vec<u32> = match init
+                .topology
+                .rank_nics(MemoryLocation::Host { numa_node: None })
+            {
                 Ok(r) => r.into_iter().map(|a| a.nic.0).collect(),
                 Err(_) => Vec::new(),
             };
@@ -507,7 +595,12 @@ impl TransferEngine {
             tracing::info!(contexts = init.nics.len(), "nic contexts initialized");
             st.init = Some(init);
         }
-        let init = st.init.as_ref().map(|i| (i.nics.iter().map(|n| n.id.0).collect::<Vec<_>>(), i.selection_error.clone()));
+        let init = st.init.as_ref().map(|i| {
+            (
+                i.nics.iter().map(|n| n.id.0).collect::<Vec<_>>(),
+                i.selection_error.clone(),
+            )
+        });
         match init {
             Some((ids, _)) if !ids.is_empty() => Ok(ids),
             Some((_, err)) => Err(err
@@ -566,7 +659,12 @@ impl TransferEngine {
         self.lock().unquiesced.clone()
     }
 
-    fn unquiesced_from(&self, during: String, failures: Vec<verbs::Unquiesced>, retained: Charges) -> Unquiesced {
+    fn unquiesced_from(
+        &self,
+        during: String,
+        failures: Vec<verbs::Unquiesced>,
+        retained: Charges,
+    ) -> Unquiesced {
         Unquiesced {
             source_id: self.shared.source_id.as_str().to_owned(),
             epoch: self.shared.epoch.value(),
@@ -578,7 +676,14 @@ impl TransferEngine {
 
     fn record_unquiesced(&self, st: &mut State, u: &Unquiesced) {
         tracing::error!(error = %u, "unquiesced: fencing new admission");
-        st.fence(format!("unquiesced during {}: {}", u.during, u.failures.first().map(|f| f.to_string()).unwrap_or_default()));
+        st.fence(format!(
+            "unquiesced during {}: {}",
+            u.during,
+            u.failures
+                .first()
+                .map(|f| f.to_string())
+                .unwrap_or_default()
+        ));
         st.unquiesced.push(u.clone());
     }
 
@@ -586,14 +691,25 @@ impl TransferEngine {
     /// (paused ports included, whatever the dispatch mask), one copy per
     /// context for `Access::LocalOnly`, two for `Access::Remote`, and
     /// publishes the range only when all succeeded.
-    pub fn register_host(&self, memory: Arc<HostMemory>, access: Access) -> Result<Registration, RegisterError> {
+    pub fn register_host(
+        &self,
+        memory: Arc<HostMemory>,
+        access: Access,
+    ) -> Result<Registration, RegisterError> {
         if let Some(reason) = self.lock().core.fenced().cloned() {
             return Err(RegisterError::Fenced { reason });
         }
-        if let Access::Remote { read: false, write: false } = access {
-            return Err(RegisterError::NoUsableNic { report: "remote access without read or write: use Access::LocalOnly".into() });
+        if let Access::Remote {
+            read: false,
+            write: false,
+        } = access
+        {
+            return Err(RegisterError::NoUsableNic {
+                report: "remote access without read or write: use Access::LocalOnly".into(),
+            });
         }
-        self.ensure_contexts().map_err(|report| RegisterError::NoUsableNic { report })?;
+        self.ensure_contexts()
+            .map_err(|report| RegisterError::NoUsableNic { report })?;
         let len = memory.len();
         let (id, pds, ask) = {
             let mut st = self.lock();
@@ -601,9 +717,15 @@ impl TransferEngine {
                 return Err(RegisterError::Fenced { reason });
             }
             let nics = st.init.as_ref().map(|i| &i.nics[..]).unwrap_or(&[]);
-            let pds: Vec<_> = nics.iter().map(|n| (n.id.0, n.pd.clone(), n.identity.clone())).collect();
+            let pds: Vec<_> = nics
+                .iter()
+                .map(|n| (n.id.0, n.pd.clone(), n.identity.clone()))
+                .collect();
             let copies = access.copies_per_context() * pds.len() as u64;
-            let ask = Charges { mrs: copies, bytes: copies.saturating_mul(len as u64) };
+            let ask = Charges {
+                mrs: copies,
+                bytes: copies.saturating_mul(len as u64),
+            };
             st.ledger.check(ask)?;
             // Reserve now so that concurrent registrations see the charge.
             st.ledger.charge(ask);
@@ -620,7 +742,13 @@ impl TransferEngine {
             let local = match pd.register(buf.clone(), 0..len, verbs::Access::LOCAL_WRITE) {
                 Ok(m) => m,
                 Err(source) => {
-                    failure = Some(RegisterError::Native { nic: *nic, device: identity.clone(), copy: "local-access", len, source });
+                    failure = Some(RegisterError::Native {
+                        nic: *nic,
+                        device: Box::new(identity.clone()),
+                        copy: "local-access",
+                        len,
+                        source: Box::new(source),
+                    });
                     break;
                 }
             };
@@ -629,13 +757,27 @@ impl TransferEngine {
                 Some(a) => match pd.register(buf.clone(), 0..len, a) {
                     Ok(m) => Some(m),
                     Err(source) => {
-                        copies.push(NicCopies { nic: *nic, local, remote: None });
-                        failure = Some(RegisterError::Native { nic: *nic, device: identity.clone(), copy: "remote-access", len, source });
+                        copies.push(NicCopies {
+                            nic: *nic,
+                            local,
+                            remote: None,
+                        });
+                        failure = Some(RegisterError::Native {
+                            nic: *nic,
+                            device: Box::new(identity.clone()),
+                            copy: "remote-access",
+                            len,
+                            source: Box::new(source),
+                        });
                         break;
                     }
                 },
             };
-            copies.push(NicCopies { nic: *nic, local, remote });
+            copies.push(NicCopies {
+                nic: *nic,
+                local,
+                remote,
+            });
         }
         if let Some(err) = failure {
             // Release the copies made so far; a release that fails leaves
@@ -656,9 +798,16 @@ impl TransferEngine {
             st.ledger.charge(retained);
             tracing::warn!(error = %err, "host registration failed; copies released");
             if !failures.is_empty() {
-                let u = self.unquiesced_from(format!("release after a failed registration of {len} bytes"), failures, retained);
+                let u = self.unquiesced_from(
+                    format!("release after a failed registration of {len} bytes"),
+                    failures,
+                    retained,
+                );
                 self.record_unquiesced(&mut st, &u);
-                return Err(RegisterError::Unquiesced { unquiesced: Box::new(u), cause: err.to_string() });
+                return Err(RegisterError::Unquiesced {
+                    unquiesced: Box::new(u),
+                    cause: err.to_string(),
+                });
             }
             return Err(err);
         }
@@ -672,7 +821,9 @@ impl TransferEngine {
         st.tables.regs.insert(
             id,
             RegEntry {
-                pin: Arc::new(RegPin { memory: memory.clone() }),
+                pin: Arc::new(RegPin {
+                    memory: memory.clone(),
+                }),
                 memory,
                 access,
                 state: RegState::Published,
@@ -683,7 +834,12 @@ impl TransferEngine {
             },
         );
         tracing::debug!(id, copies = n, "registration published");
-        Ok(Registration { id: RegistrationId(id), len: len as u64, access, copies: n })
+        Ok(Registration {
+            id: RegistrationId(id),
+            len: len as u64,
+            access,
+            copies: n,
+        })
     }
 
     /// Unpublishes a registration: new requests on it are refused, peers'
@@ -716,8 +872,15 @@ impl TransferEngine {
         if failures.is_empty() {
             return Ok(());
         }
-        let retained = Charges { mrs: failures.len() as u64, bytes: failures.len() as u64 * len };
-        let u = self.unquiesced_from(format!("retire of registration {}", registration.0), failures, retained);
+        let retained = Charges {
+            mrs: failures.len() as u64,
+            bytes: failures.len() as u64 * len,
+        };
+        let u = self.unquiesced_from(
+            format!("retire of registration {}", registration.0),
+            failures,
+            retained,
+        );
         self.record_unquiesced(&mut st, &u);
         Err(UnregisterError::Unquiesced(Box::new(u)))
     }
@@ -733,7 +896,10 @@ impl TransferEngine {
         };
         let requests = entry.undrained();
         if requests > 0 {
-            return Err(UnregisterError::Undrained { id: registration, requests });
+            return Err(UnregisterError::Undrained {
+                id: registration,
+                requests,
+            });
         }
         let Some(entry) = st.tables.regs.remove(&registration.0) else {
             return Err(UnregisterError::Unknown(registration));
@@ -747,14 +913,21 @@ impl TransferEngine {
                 }
             }
         }
-        let retained = Charges { mrs: failures.len() as u64, bytes: failures.len() as u64 * len };
+        let retained = Charges {
+            mrs: failures.len() as u64,
+            bytes: failures.len() as u64 * len,
+        };
         st.ledger.release(entry.charge);
         st.ledger.charge(retained);
         if failures.is_empty() {
             tracing::debug!(id = registration.0, "registration removed");
             return Ok(());
         }
-        let u = self.unquiesced_from(format!("unregister of registration {}", registration.0), failures, retained);
+        let u = self.unquiesced_from(
+            format!("unregister of registration {}", registration.0),
+            failures,
+            retained,
+        );
         self.record_unquiesced(&mut st, &u);
         Err(UnregisterError::Unquiesced(Box::new(u)))
     }
@@ -771,7 +944,10 @@ impl TransferEngine {
             .filter_map(|(id, e)| e.descriptor(RegistrationId(*id), &nics))
             .collect();
         ranges.sort_by_key(|r| r.range_id.0);
-        wire::SegmentPublication { epoch: self.shared.epoch, ranges }
+        wire::SegmentPublication {
+            epoch: self.shared.epoch,
+            ranges,
+        }
     }
 
     /// Submits a batch of READ/WRITE requests: all admitted or none (a typed
@@ -780,42 +956,79 @@ impl TransferEngine {
         let mut guard = self.lock();
         let st = &mut *guard;
         let now = Instant::now();
-        let Some(first) = batch.first() else { return Err(SubmitError::Empty) };
+        let Some(first) = batch.first() else {
+            return Err(SubmitError::Empty);
+        };
         if let Some(reason) = st.core.fenced() {
-            return Err(SubmitError::Fenced { index: 0, label: first.label, reason: reason.clone() });
+            return Err(SubmitError::Fenced {
+                index: 0,
+                label: first.label,
+                reason: reason.clone(),
+            });
         }
         let mask = self.shared.settings.dispatch_mask;
         let mut reqs = Vec::with_capacity(batch.len());
         for (index, r) in batch.iter().enumerate() {
-            let bad = |error| SubmitError::Invalid { index, label: r.label, error };
+            let bad = |error| SubmitError::Invalid {
+                index,
+                label: r.label,
+                error,
+            };
             if r.len == 0 {
                 return Err(bad(RequestError::ZeroLength));
             }
-            let (Some(lend), Some(rend)) = (r.local_offset.checked_add(r.len), r.remote_offset.checked_add(r.len)) else {
-                return Err(bad(RequestError::Overflow { offset: r.local_offset.max(r.remote_offset), len: r.len }));
+            let (Some(lend), Some(rend)) = (
+                r.local_offset.checked_add(r.len),
+                r.remote_offset.checked_add(r.len),
+            ) else {
+                return Err(bad(RequestError::Overflow {
+                    offset: r.local_offset.max(r.remote_offset),
+                    len: r.len,
+                }));
             };
-            let Some(reg) = st.tables.regs.get(&r.registration.0).filter(|e| e.state == RegState::Published) else {
+            let Some(reg) = st
+                .tables
+                .regs
+                .get(&r.registration.0)
+                .filter(|e| e.state == RegState::Published)
+            else {
                 return Err(bad(RequestError::UnpublishedLocal(r.registration.0)));
             };
             let size = reg.memory.len() as u64;
             if lend > size {
-                return Err(bad(RequestError::OutOfRange { side: "local", offset: r.local_offset, len: r.len, size }));
+                return Err(bad(RequestError::OutOfRange {
+                    side: "local",
+                    offset: r.local_offset,
+                    len: r.len,
+                    size,
+                }));
             }
             let Some(peer) = st.tables.peers.get(&r.peer.0) else {
                 return Err(bad(RequestError::UnknownPeer(r.peer.0)));
             };
             let Some(desc) = peer.ranges.get(&r.range) else {
-                return Err(bad(RequestError::UnpublishedRemote { peer: r.peer.0, range: r.range.0 }));
+                return Err(bad(RequestError::UnpublishedRemote {
+                    peer: r.peer.0,
+                    range: r.range.0,
+                }));
             };
             if rend > desc.length {
-                return Err(bad(RequestError::OutOfRange { side: "remote", offset: r.remote_offset, len: r.len, size: desc.length }));
+                return Err(bad(RequestError::OutOfRange {
+                    side: "remote",
+                    offset: r.remote_offset,
+                    len: r.len,
+                    size: desc.length,
+                }));
             }
             let need = match r.op {
                 Op::Read => wire::AccessFlags::REMOTE_READ,
                 Op::Write => wire::AccessFlags::REMOTE_WRITE,
             };
             if !desc.access.contains(need) {
-                return Err(bad(RequestError::WrongAccess { side: "remote", op: r.op }));
+                return Err(bad(RequestError::WrongAccess {
+                    side: "remote",
+                    op: r.op,
+                }));
             }
             let mut why = Vec::new();
             let mut rails = Vec::with_capacity(peer.rails.len());
@@ -825,11 +1038,18 @@ impl TransferEngine {
                 if let Some(n) = nic
                     && !mask.contains(orbitte_topology::NicId(n))
                 {
-                    why.push(format!("rail {} (NIC ID {n}) outside the dispatch mask {mask}", rail.0));
+                    why.push(format!(
+                        "rail {} (NIC ID {n}) outside the dispatch mask {mask}",
+                        rail.0
+                    ));
                     continue;
                 }
                 if !st.core.rail_is_up(rail) {
-                    let reason = st.core.rail_down_reason(rail).map(|r| r.to_string()).unwrap_or_default();
+                    let reason = st
+                        .core
+                        .rail_down_reason(rail)
+                        .map(|r| r.to_string())
+                        .unwrap_or_default();
                     why.push(format!("rail {} down: {reason}", rail.0));
                     continue;
                 }
@@ -837,7 +1057,12 @@ impl TransferEngine {
                     && spec.is_some_and(|s| s.path == crate::transport::PathKind::Rdma)
                 {
                     let remote_nic = spec.and_then(|s| s.remote_nic).unwrap_or(u32::MAX);
-                    if reg.copies_on(n).is_none() || !desc.rkeys.iter().any(|k| u32::from(k.nic_id.0) == remote_nic) {
+                    if reg.copies_on(n).is_none()
+                        || !desc
+                            .rkeys
+                            .iter()
+                            .any(|k| u32::from(k.nic_id.0) == remote_nic)
+                    {
                         why.push(format!("rail {} has no keys for this range pair", rail.0));
                         continue;
                     }
@@ -848,7 +1073,10 @@ impl TransferEngine {
                 if why.is_empty() {
                     why.push("the peer has no rails".into());
                 }
-                return Err(bad(RequestError::NoRail { peer: r.peer.0, why: why.join("; ").into() }));
+                return Err(bad(RequestError::NoRail {
+                    peer: r.peer.0,
+                    why: why.join("; ").into(),
+                }));
             }
             let k = rails.len();
             rails.rotate_left(st.rotor % k);
@@ -899,14 +1127,24 @@ impl TransferEngine {
                 return Err(WaitError::TimedOut(id));
             }
             let step = (deadline - now).min(Duration::from_millis(20));
-            st = self.shared.cond.wait_timeout(st, step).map_or_else(|e| e.into_inner().0, |(g, _)| g);
+            st = self
+                .shared
+                .cond
+                .wait_timeout(st, step)
+                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
         }
     }
 
     /// Waits for every request of a batch (in order).
-    pub fn wait_all(&self, ids: &[RequestId], timeout: Duration) -> Result<Vec<Outcome>, WaitError> {
+    pub fn wait_all(
+        &self,
+        ids: &[RequestId],
+        timeout: Duration,
+    ) -> Result<Vec<Outcome>, WaitError> {
         let deadline = Instant::now() + timeout;
-        ids.iter().map(|id| self.wait(*id, deadline.saturating_duration_since(Instant::now()))).collect()
+        ids.iter()
+            .map(|id| self.wait(*id, deadline.saturating_duration_since(Instant::now())))
+            .collect()
     }
 
     /// Logical cancellation: the outcome (status `Cancelled`) is made now;
@@ -940,12 +1178,19 @@ impl TransferEngine {
             match st.core.drain_status(id) {
                 DrainStatus::Drained => return Ok(()),
                 DrainStatus::Pending { slices } if now >= deadline => {
-                    return Err(DrainTimeout { request: id, slices });
+                    return Err(DrainTimeout {
+                        request: id,
+                        slices,
+                    });
                 }
                 DrainStatus::Pending { .. } => {}
             }
             let step = (deadline - now).min(Duration::from_millis(20));
-            st = self.shared.cond.wait_timeout(st, step).map_or_else(|e| e.into_inner().0, |(g, _)| g);
+            st = self
+                .shared
+                .cond
+                .wait_timeout(st, step)
+                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
         }
     }
 
@@ -982,7 +1227,12 @@ impl TransferEngine {
     /// Open peers.
     pub fn peers(&self) -> Vec<PeerInfo> {
         let st = self.lock();
-        let mut v: Vec<_> = st.tables.peers.keys().map(|id| peer_info(&st, PeerId(*id))).collect();
+        let mut v: Vec<_> = st
+            .tables
+            .peers
+            .keys()
+            .map(|id| peer_info(&st, PeerId(*id)))
+            .collect();
         v.sort_by_key(|p| p.id);
         v
     }
@@ -1024,7 +1274,11 @@ impl TransferEngine {
         // Wait for the flushes to drain (pollers still run).
         let mut st = self.lock();
         while st.core.outstanding_slices() > 0 && Instant::now() < deadline {
-            st = self.shared.cond.wait_timeout(st, Duration::from_millis(5)).map_or_else(|e| e.into_inner().0, |(g, _)| g);
+            st = self
+                .shared
+                .cond
+                .wait_timeout(st, Duration::from_millis(5))
+                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
         }
         let undrained = st.core.outstanding_slices();
         drop(st);
@@ -1033,7 +1287,7 @@ impl TransferEngine {
         let mut failures = Vec::new();
         for rail in st.rdma.live_rails() {
             if let Err(u) = st.rdma.destroy(rail) {
-                failures.push(u);
+                failures.push(*u);
             }
         }
         let others: Vec<(RailId, usize)> = st
@@ -1100,7 +1354,11 @@ impl TransferEngine {
 
 pub(crate) fn peer_info(st: &State, id: PeerId) -> PeerInfo {
     let p = &st.tables.peers[&id.0];
-    let mut ranges: Vec<_> = p.ranges.values().map(|d| (RangeId(d.range_id.0), d.length, d.access)).collect();
+    let mut ranges: Vec<_> = p
+        .ranges
+        .values()
+        .map(|d| (RangeId(d.range_id.0), d.length, d.access))
+        .collect();
     ranges.sort_by_key(|r| r.0);
     PeerInfo {
         id,

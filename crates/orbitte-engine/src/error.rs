@@ -95,14 +95,14 @@ pub enum RegisterError {
         /// NIC ID.
         nic: u32,
         /// Device identity.
-        device: verbs::DeviceIdentity,
+        device: Box<verbs::DeviceIdentity>,
         /// `local-access` or `remote-access`.
         copy: &'static str,
         /// Bytes.
         len: usize,
         /// The verbs error.
         #[source]
-        source: verbs::RegisterError,
+        source: Box<verbs::RegisterError>,
     },
     /// A registration failed part-way and releasing the copies already made
     /// failed too.
@@ -158,7 +158,9 @@ pub enum WaitError {
 /// A drain wait ran out of time: transports still hold the request's local
 /// bytes. Do not reuse the buffer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{request}: {slices} slice(s) still undrained after the wait; the buffer is not the caller's yet")]
+#[error(
+    "{request}: {slices} slice(s) still undrained after the wait; the buffer is not the caller's yet"
+)]
 pub struct DrainTimeout {
     /// The request.
     pub request: RequestId,

@@ -30,6 +30,7 @@ mod config;
 pub mod control;
 pub mod core;
 mod engine;
+mod lookup;
 pub mod error;
 mod nic;
 pub mod outcome;
@@ -41,12 +42,12 @@ pub mod transport;
 pub mod metadata;
 pub mod session;
 
-pub use capability::{Check, CapabilityMatrix, PathRow};
+pub use capability::{CapabilityMatrix, Check, PathRow};
 pub use config::EngineBuilder;
 pub use control::{ControlLink, InProcessLink};
 pub use engine::{PeerInfo, RailInfo, TransferEngine, TransferRequest, TransportId};
 pub use error::{
-    BuildError, DrainTimeout, LinkError, OpenPeerError, RegisterError, UnregisterError, Unquiesced,
+    BuildError, DrainTimeout, LinkError, OpenPeerError, RegisterError, Unquiesced, UnregisterError,
     WaitError,
 };
 pub use nic::{ContextStatus, EngineTopology};

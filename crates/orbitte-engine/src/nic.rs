@@ -15,7 +15,7 @@ use std::net::Ipv6Addr;
 use orbitte_topology as topo;
 use orbitte_topology::{DeviceMask, InertCause, NicId, RdmaConfig, Selection, Topology};
 use orbitte_verbs as verbs;
-use orbitte_verbs::{CompletionQueue, Context, DeviceIdentity, Provider, ProtectionDomain};
+use orbitte_verbs::{CompletionQueue, Context, DeviceIdentity, ProtectionDomain, Provider};
 
 /// One prepared NIC context.
 #[derive(Debug)]
@@ -165,10 +165,13 @@ pub(crate) fn initialize(
     let mut opened = Vec::new();
     for info in listed {
         let name = info.identity.name.clone();
-        match provider.open(&name).map_err(|e| e.to_string()).and_then(|ctx| {
-            let d = ctx.diagnostics().map_err(|e| e.to_string())?;
-            Ok((ctx, d))
-        }) {
+        match provider
+            .open(&name)
+            .map_err(|e| e.to_string())
+            .and_then(|ctx| {
+                let d = ctx.diagnostics().map_err(|e| e.to_string())?;
+                Ok((ctx, d))
+            }) {
             Ok((ctx, d)) => {
                 builder = builder.nic(nic_record(&d));
                 opened.push(Some((ctx, d)));
@@ -226,7 +229,11 @@ pub(crate) fn initialize(
                 continue;
             };
             let port = u8::try_from(rail.port).unwrap_or(1);
-            let pattr = diag.ports.iter().find(|p| p.attr.port == port).map(|p| p.attr.clone());
+            let pattr = diag
+                .ports
+                .iter()
+                .find(|p| p.attr.port == port)
+                .map(|p| p.attr.clone());
             let gid = diag
                 .ports
                 .iter()
@@ -259,5 +266,10 @@ pub(crate) fn initialize(
             }
         }
     }
-    Initialized { topology, selection, selection_error, nics }
+    Initialized {
+        topology,
+        selection,
+        selection_error,
+        nics,
+    }
 }

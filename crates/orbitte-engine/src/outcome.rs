@@ -87,7 +87,11 @@ pub struct FailureInfo {
 
 impl fmt::Display for FailureInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "slice {} (offset {}) on {} rail {}", self.slice, self.offset, self.path, self.rail.0)?;
+        write!(
+            f,
+            "slice {} (offset {}) on {} rail {}",
+            self.slice, self.offset, self.path, self.rail.0
+        )?;
         if let Some(n) = self.nic {
             write!(f, " (NIC ID {n})")?;
         }

@@ -62,12 +62,25 @@ fn min_mtu(a: verbs::Mtu, b: verbs::Mtu) -> verbs::Mtu {
 }
 
 fn remote_endpoint(e: &wire::RailEndpoint, ll_ib: bool) -> verbs::RemoteEndpoint {
-    let route = if ll_ib && e.lid != 0 { verbs::Route::Lid(e.lid) } else { verbs::Route::Gid(verbs::Gid(e.gid.0)) };
-    verbs::RemoteEndpoint { qpn: e.qpn.value(), psn: e.psn.value(), route, mtu: to_verbs_mtu(e.mtu) }
+    let route = if ll_ib && e.lid != 0 {
+        verbs::Route::Lid(e.lid)
+    } else {
+        verbs::Route::Gid(verbs::Gid(e.gid.0))
+    };
+    verbs::RemoteEndpoint {
+        qpn: e.qpn.value(),
+        psn: e.psn.value(),
+        route,
+        mtu: to_verbs_mtu(e.mtu),
+    }
 }
 
 fn verbs_err(n: &NicCtx, e: impl std::fmt::Display) -> OpenPeerError {
-    OpenPeerError::Verbs { nic: n.id.0, device: n.identity.name.clone(), error: e.to_string() }
+    OpenPeerError::Verbs {
+        nic: n.id.0,
+        device: n.identity.name.clone(),
+        error: e.to_string(),
+    }
 }
 
 /// A queue pair after INIT, with its endpoint.
@@ -78,17 +91,27 @@ struct HalfRail {
 }
 
 fn make_qp(n: &NicCtx, caps: QpCaps, psn: u32) -> Result<HalfRail, OpenPeerError> {
-    let qp = n.pd.create_qp(&n.cq, &n.cq, caps).map_err(|e| verbs_err(n, e))?;
-    let qp = qp.init(InitAttrs::new(n.port)).map_err(|e| verbs_err(n, e.error))?;
+    let qp =
+        n.pd.create_qp(&n.cq, &n.cq, caps)
+            .map_err(|e| verbs_err(n, e))?;
+    let qp = qp
+        .init(InitAttrs::new(n.port))
+        .map_err(|e| verbs_err(n, e.error))?;
     let endpoint = wire::RailEndpoint {
         nic_id: wire::NicId(u16::try_from(n.id.0).unwrap_or(u16::MAX)),
-        qpn: wire::Qpn::new(qp.qp_num()).ok_or_else(|| verbs_err(n, "queue pair number wider than 24 bits"))?,
-        psn: wire::Psn::new(psn & 0xff_ffff).ok_or_else(|| verbs_err(n, "psn wider than 24 bits"))?,
+        qpn: wire::Qpn::new(qp.qp_num())
+            .ok_or_else(|| verbs_err(n, "queue pair number wider than 24 bits"))?,
+        psn: wire::Psn::new(psn & 0xff_ffff)
+            .ok_or_else(|| verbs_err(n, "psn wider than 24 bits"))?,
         mtu: to_wire_mtu(n.mtu),
         lid: n.lid,
         gid: wire::Gid(n.gid.0),
     };
-    Ok(HalfRail { nic: n.id.0, qp, endpoint })
+    Ok(HalfRail {
+        nic: n.id.0,
+        qp,
+        endpoint,
+    })
 }
 
 fn connect(
@@ -101,13 +124,19 @@ fn connect(
     let mut rtr = RtrAttrs::new(remote_ep, u8::try_from(n.gid_index).unwrap_or(0));
     rtr.path_mtu = min_mtu(n.mtu, remote_ep.mtu);
     let qp = half.qp.rtr(rtr).map_err(|e| verbs_err(n, e.error))?;
-    let qp = qp.rts(RtsAttrs::new(half.endpoint.psn.value())).map_err(|e| verbs_err(n, e.error))?;
+    let qp = qp
+        .rts(RtsAttrs::new(half.endpoint.psn.value()))
+        .map_err(|e| verbs_err(n, e.error))?;
     Ok(qp)
 }
 
 impl TransferEngine {
     fn identity(&self) -> wire::Identity {
-        wire::Identity::new(self.shared.source_id.clone(), self.shared.epoch, wire::Capabilities::RDMA)
+        wire::Identity::new(
+            self.shared.source_id.clone(),
+            self.shared.epoch,
+            wire::Capabilities::RDMA,
+        )
     }
 
     /// Receives the next frame; a frame from another protocol version is
@@ -166,14 +195,20 @@ impl TransferEngine {
             Frame::SegmentPublication(p) => p,
             other => return Err(self.abandon(session, unexpected("segment-publication", &other))),
         };
-        let peer = self.adopt(session, &established, &theirs).map_err(|e| self.abandon(session, e))?;
+        let peer = self
+            .adopt(session, &established, &theirs)
+            .map_err(|e| self.abandon(session, e))?;
         // One QP per prepared NIC whose port is active; target the peer's
         // NICs (from its rkeys) round-robin.
         let (halves, connect_id) = {
             let mut st = self.lock();
             let connect_id = wire::ConnectId(st.next_connect);
             st.next_connect += 1;
-            let mut remote_nics: Vec<u16> = theirs.ranges.iter().flat_map(|r| r.rkeys.iter().map(|k| k.nic_id.0)).collect();
+            let mut remote_nics: Vec<u16> = theirs
+                .ranges
+                .iter()
+                .flat_map(|r| r.rkeys.iter().map(|k| k.nic_id.0))
+                .collect();
             remote_nics.sort_unstable();
             remote_nics.dedup();
             let caps = self.qp_caps();
@@ -182,10 +217,17 @@ impl TransferEngine {
             let mut skipped = Vec::new();
             for (i, n) in nics.iter().enumerate() {
                 if !n.port_active() {
-                    skipped.push(format!("NIC ID {} ({}) port {} not active", n.id.0, n.identity.name, n.port));
+                    skipped.push(format!(
+                        "NIC ID {} ({}) port {} not active",
+                        n.id.0, n.identity.name, n.port
+                    ));
                     continue;
                 }
-                let target = if remote_nics.is_empty() { n.id.0 as u16 } else { remote_nics[i % remote_nics.len()] };
+                let target = if remote_nics.is_empty() {
+                    n.id.0 as u16
+                } else {
+                    remote_nics[i % remote_nics.len()]
+                };
                 let psn = (crate::registration::fresh_token().0 as u32) & 0xff_ffff;
                 let half = make_qp(n, caps, psn).map_err(|e| self.abandon(session, e))?;
                 halves.push((half, target));
@@ -199,25 +241,50 @@ impl TransferEngine {
         };
         let request = wire::ConnectRequest {
             connect_id,
-            rails: halves.iter().map(|(h, t)| wire::RailRequest { target_nic: wire::NicId(*t), endpoint: h.endpoint }).collect(),
+            rails: halves
+                .iter()
+                .map(|(h, t)| wire::RailRequest {
+                    target_nic: wire::NicId(*t),
+                    endpoint: h.endpoint,
+                })
+                .collect(),
         };
         link.send(&Frame::ConnectRequest(request))?;
         let accept = match self.recv(link)? {
-            Frame::ConnectAccept(a) if a.connect_id == connect_id && a.rails.len() == halves.len() => a,
-            Frame::ConnectReject(r) => return Err(self.abandon(session, OpenPeerError::Rejected(format!("{}: {}", r.code, r.message.as_str())))),
+            Frame::ConnectAccept(a)
+                if a.connect_id == connect_id && a.rails.len() == halves.len() =>
+            {
+                a
+            }
+            Frame::ConnectReject(r) => {
+                return Err(self.abandon(
+                    session,
+                    OpenPeerError::Rejected(format!("{}: {}", r.code, r.message.as_str())),
+                ));
+            }
             other => return Err(self.abandon(session, unexpected("connect-accept", &other))),
         };
         let mut st = self.lock();
         let mut made = Vec::new();
         for ((half, _), remote) in halves.into_iter().zip(&accept.rails) {
             let nic = half.nic;
-            let Some(n) = st.init.as_ref().and_then(|i| i.nics.iter().find(|n| n.id.0 == nic)) else { continue };
+            let Some(n) = st
+                .init
+                .as_ref()
+                .and_then(|i| i.nics.iter().find(|n| n.id.0 == nic))
+            else {
+                continue;
+            };
             let device = n.identity.name.clone();
             let qp = connect(n, half, remote)?;
             made.push((nic, remote.nic_id.0, qp, device));
         }
         self.install_rails(&mut st, peer, session, connect_id, made);
-        tracing::info!(peer = peer.0, source = established.peer.source_id.as_str(), "peer opened");
+        tracing::info!(
+            peer = peer.0,
+            source = established.peer.source_id.as_str(),
+            "peer opened"
+        );
         Ok(peer_info(&st, peer))
     }
 
@@ -233,7 +300,8 @@ impl TransferEngine {
             let mut st = self.lock();
             let session = wire::SessionId(st.next_session);
             st.next_session += 1;
-            resp.handle_hello(hello, &mut st.peer_table, session, from).map(|(ack, est)| (session, ack, est))
+            resp.handle_hello(hello, &mut st.peer_table, session, from)
+                .map(|(ack, est)| (session, ack, est))
         };
         let (session, ack, established) = match handled {
             Ok(x) => x,
@@ -251,7 +319,9 @@ impl TransferEngine {
             other => return Err(self.abandon(session, unexpected("segment-publication", &other))),
         };
         link.send(&Frame::SegmentPublication(self.segment_publication()))?;
-        let peer = self.adopt(session, &established, &theirs).map_err(|e| self.abandon(session, e))?;
+        let peer = self
+            .adopt(session, &established, &theirs)
+            .map_err(|e| self.abandon(session, e))?;
         let request = match self.recv(link)? {
             Frame::ConnectRequest(r) => r,
             other => return Err(self.abandon(session, unexpected("connect-request", &other))),
@@ -262,7 +332,10 @@ impl TransferEngine {
         let mut endpoints = Vec::new();
         let nics: Vec<&NicCtx> = self.ordered_nics(&st);
         for (i, rr) in request.rails.iter().enumerate() {
-            let n = nics.iter().find(|n| n.id.0 == u32::from(rr.target_nic.0)).or_else(|| nics.get(i % nics.len().max(1)));
+            let n = nics
+                .iter()
+                .find(|n| n.id.0 == u32::from(rr.target_nic.0))
+                .or_else(|| nics.get(i % nics.len().max(1)));
             let Some(n) = n else {
                 drop(nics);
                 let _ = link.send(&Frame::ConnectReject(wire::ConnectReject {
@@ -281,18 +354,99 @@ impl TransferEngine {
             made.push((n.id.0, rr.endpoint.nic_id.0, qp, n.identity.name.clone()));
         }
         drop(nics);
-        link.send(&Frame::ConnectAccept(wire::ConnectAccept { connect_id: request.connect_id, rails: endpoints }))?;
+        link.send(&Frame::ConnectAccept(wire::ConnectAccept {
+            connect_id: request.connect_id,
+            rails: endpoints,
+        }))?;
         self.install_rails(&mut st, peer, session, request.connect_id, made);
-        tracing::info!(peer = peer.0, source = established.peer.source_id.as_str(), "peer accepted");
+        tracing::info!(
+            peer = peer.0,
+            source = established.peer.source_id.as_str(),
+            "peer accepted"
+        );
         Ok(peer_info(&st, peer))
     }
 
+    /// Applies a `segment-publication` a peer sent after it was opened (new
+    /// ranges; same-id ranges replaced). A publication naming another epoch
+    /// than the peer's is refused.
+    pub fn apply_publication(
+        &self,
+        peer: PeerId,
+        publication: &wire::SegmentPublication,
+    ) -> Result<(), OpenPeerError> {
+        let mut st = self.lock();
+        let st = &mut *st;
+        let p = st
+            .tables
+            .peers
+            .get_mut(&peer.0)
+            .ok_or_else(|| OpenPeerError::Rejected(format!("unknown peer {}", peer.0)))?;
+        let session = *p
+            .sessions
+            .last()
+            .ok_or_else(|| OpenPeerError::Rejected("peer has no session".into()))?;
+        st.peer_table
+            .record_publication(session, publication)
+            .map_err(|e| OpenPeerError::Rejected(e.to_string()))?;
+        for r in &publication.ranges {
+            p.ranges.insert(RangeId(r.range_id.0), r.clone());
+        }
+        Ok(())
+    }
+
+    /// Applies a `segment-retire` a peer sent: requests naming those ranges
+    /// are refused at submit from now on (already posted ones run out).
+    pub fn apply_retire(
+        &self,
+        peer: PeerId,
+        retire: &wire::SegmentRetire,
+    ) -> Result<(), OpenPeerError> {
+        let mut st = self.lock();
+        let st = &mut *st;
+        let p = st
+            .tables
+            .peers
+            .get_mut(&peer.0)
+            .ok_or_else(|| OpenPeerError::Rejected(format!("unknown peer {}", peer.0)))?;
+        let session = *p
+            .sessions
+            .last()
+            .ok_or_else(|| OpenPeerError::Rejected("peer has no session".into()))?;
+        st.peer_table
+            .record_retire(session, retire)
+            .map_err(|e| OpenPeerError::Rejected(e.to_string()))?;
+        for id in &retire.range_ids {
+            p.ranges.remove(&RangeId(id.0));
+        }
+        Ok(())
+    }
+
+    /// The `segment-retire` frame telling peers that these registrations
+    /// are no longer published.
+    pub fn segment_retire(
+        &self,
+        registrations: &[crate::transport::RegistrationId],
+    ) -> wire::SegmentRetire {
+        wire::SegmentRetire {
+            epoch: self.shared.epoch,
+            range_ids: registrations.iter().map(|r| wire::RangeId(r.0)).collect(),
+        }
+    }
+
     fn qp_caps(&self) -> QpCaps {
-        QpCaps { max_send_wr: self.shared.settings.max_in_flight, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1 }
+        QpCaps {
+            max_send_wr: self.shared.settings.max_in_flight,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+        }
     }
 
     fn ordered_nics<'a>(&self, st: &'a State) -> Vec<&'a NicCtx> {
-        let Some(init) = st.init.as_ref() else { return Vec::new() };
+        let Some(init) = st.init.as_ref() else {
+            return Vec::new();
+        };
         let mut v: Vec<&NicCtx> = Vec::new();
         for id in &st.nic_order {
             if let Some(n) = init.nics.iter().find(|n| n.id.0 == *id) {
@@ -314,13 +468,29 @@ impl TransferEngine {
             .record_publication(session, publication)
             .map_err(|e| OpenPeerError::Rejected(e.to_string()))?;
         let source = est.peer.source_id.clone();
-        let existing = st.tables.peers.iter().find(|(_, p)| p.source_id == source).map(|(id, _)| *id);
+        let existing = st
+            .tables
+            .peers
+            .iter()
+            .find(|(_, p)| p.source_id == source)
+            .map(|(id, _)| *id);
         let now = Instant::now();
         let id = match (&est.admission, existing) {
             (Admission::Reconnect, Some(id)) => id,
-            (Admission::Replaced { previous, invalidated }, Some(old)) => {
-                tracing::info!(source = source.as_str(), previous = previous.value(), new = est.peer.epoch.value(),
-                    descriptors = invalidated.descriptors.len(), "source restarted: old incarnation invalidated");
+            (
+                Admission::Replaced {
+                    previous,
+                    invalidated,
+                },
+                Some(old),
+            ) => {
+                tracing::info!(
+                    source = source.as_str(),
+                    previous = previous.value(),
+                    new = est.peer.epoch.value(),
+                    descriptors = invalidated.descriptors.len(),
+                    "source restarted: old incarnation invalidated"
+                );
                 self.drop_peer(&mut st, PeerId(old), now);
                 let id = st.next_peer;
                 st.next_peer += 1;
@@ -332,8 +502,11 @@ impl TransferEngine {
                 id
             }
         };
-        let ranges: HashMap<RangeId, wire::RangeDescriptor> =
-            publication.ranges.iter().map(|r| (RangeId(r.range_id.0), r.clone())).collect();
+        let ranges: HashMap<RangeId, wire::RangeDescriptor> = publication
+            .ranges
+            .iter()
+            .map(|r| (RangeId(r.range_id.0), r.clone()))
+            .collect();
         let entry = st.tables.peers.entry(id).or_insert_with(|| PeerState {
             source_id: source.clone(),
             epoch: est.peer.epoch,
@@ -350,7 +523,9 @@ impl TransferEngine {
     /// Forgets a peer: its rails are closed (flushed so that drain can
     /// finish, QPs destroyed once empty), its descriptors dropped.
     pub(crate) fn drop_peer(&self, st: &mut State, peer: PeerId, now: Instant) {
-        let Some(p) = st.tables.peers.remove(&peer.0) else { return };
+        let Some(p) = st.tables.peers.remove(&peer.0) else {
+            return;
+        };
         for rail in p.rails {
             let busy = st.core.close_rail(rail, now);
             if matches!(st.owner.get(rail.0 as usize), Some(Owner::Rdma)) {
@@ -380,7 +555,12 @@ impl TransferEngine {
         let _ = st.peer_table.record_rc_connection(session, connect_id);
         let now = Instant::now();
         // A reconnect replaces the rails of the same incarnation.
-        let old: Vec<_> = st.tables.peers.get(&peer.0).map(|p| p.rails.clone()).unwrap_or_default();
+        let old: Vec<_> = st
+            .tables
+            .peers
+            .get(&peer.0)
+            .map(|p| p.rails.clone())
+            .unwrap_or_default();
         for rail in old {
             if matches!(st.owner.get(rail.0 as usize), Some(Owner::Rdma)) {
                 let busy = st.core.close_rail(rail, now);
@@ -405,7 +585,15 @@ impl TransferEngine {
                 signal_interval: self.shared.settings.signal_interval,
             };
             let rail = st.add_rail(Owner::Rdma, spec);
-            st.rdma.insert(rail, RdmaRail { nic, remote_nic, qp: RailQp::Rts(qp), device });
+            st.rdma.insert(
+                rail,
+                RdmaRail {
+                    nic,
+                    remote_nic,
+                    qp: RailQp::Rts(qp),
+                    device,
+                },
+            );
             st.qpn_rail.insert((nic, qpn), rail);
             if let Some(p) = st.tables.peers.get_mut(&peer.0) {
                 p.rails.push(rail);
@@ -417,6 +605,9 @@ impl TransferEngine {
 fn unexpected(expected: &'static str, got: &Frame) -> OpenPeerError {
     match got {
         Frame::Error(e) => OpenPeerError::Rejected(format!("{}: {}", e.code, e.message.as_str())),
-        other => OpenPeerError::Unexpected { expected, got: format!("{:?}", other.frame_type()) },
+        other => OpenPeerError::Unexpected {
+            expected,
+            got: format!("{:?}", other.frame_type()),
+        },
     }
 }

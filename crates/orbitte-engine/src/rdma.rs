@@ -58,13 +58,18 @@ pub(crate) struct RdmaTransport {
 
 /// Reuses a vector's allocation for another lifetime (in-place collect of
 /// an empty vector; no unsafe, no allocation).
+#[allow(clippy::unnecessary_filter_map)] // the closure changes the lifetime; `filter` cannot
 fn recycle<'b>(mut v: Vec<SendWr<'_>>) -> Vec<SendWr<'b>> {
     v.clear();
     v.into_iter().filter_map(|_| None).collect()
 }
 
 fn flush_failure(device: &str, rail: RailId, e: impl std::fmt::Display) -> CleanupError {
-    CleanupError { object: format!("qp of rail {}", rail.0), device: device.to_owned(), error: e.to_string() }
+    CleanupError {
+        object: format!("qp of rail {}", rail.0),
+        device: device.to_owned(),
+        error: e.to_string(),
+    }
 }
 
 impl RdmaTransport {
@@ -85,7 +90,11 @@ impl RdmaTransport {
         self.rails
             .iter()
             .enumerate()
-            .filter_map(|(i, r)| r.as_ref().filter(|r| r.nic == nic).map(|_| RailId(i as u32)))
+            .filter_map(|(i, r)| {
+                r.as_ref()
+                    .filter(|r| r.nic == nic)
+                    .map(|_| RailId(i as u32))
+            })
             .collect()
     }
 
@@ -95,7 +104,7 @@ impl RdmaTransport {
     }
 
     /// Destroys the rail's QP; a failure is kept as evidence and returned.
-    pub(crate) fn destroy(&mut self, rail: RailId) -> Result<(), verbs::Unquiesced> {
+    pub(crate) fn destroy(&mut self, rail: RailId) -> Result<(), Box<verbs::Unquiesced>> {
         let Some(r) = self.rails.get_mut(rail.0 as usize).and_then(Option::as_mut) else {
             return Ok(());
         };
@@ -107,7 +116,7 @@ impl RdmaTransport {
         if let Err(e) = &res {
             self.unquiesced.push(e.clone());
         }
-        res
+        res.map_err(Box::new)
     }
 
     /// Every rail id with a QP not yet destroyed.
@@ -116,14 +125,20 @@ impl RdmaTransport {
             .iter()
             .enumerate()
             .filter_map(|(i, r)| {
-                r.as_ref().filter(|r| !matches!(r.qp, RailQp::Closed)).map(|_| RailId(i as u32))
+                r.as_ref()
+                    .filter(|r| !matches!(r.qp, RailQp::Closed))
+                    .map(|_| RailId(i as u32))
             })
             .collect()
     }
 }
 
 /// Converts one work completion of a rail into events.
-pub(crate) fn completion_events(rail: RailId, c: &verbs::Completion, out: &mut Vec<TransportEvent>) {
+pub(crate) fn completion_events(
+    rail: RailId,
+    c: &verbs::Completion,
+    out: &mut Vec<TransportEvent>,
+) {
     let status = match c.status {
         WcStatus::Success => SliceStatus::Success,
         WcStatus::WrFlush => SliceStatus::Failed(SliceFailure::Flushed),
@@ -133,9 +148,15 @@ pub(crate) fn completion_events(rail: RailId, c: &verbs::Completion, out: &mut V
         }),
     };
     let error = !matches!(c.status, WcStatus::Success | WcStatus::WrFlush);
-    out.push(TransportEvent::Completed { rail, token: SliceToken(c.wr_id), status, released: true });
+    out.push(TransportEvent::Completed {
+        rail,
+        token: SliceToken(c.wr_id),
+        status,
+        released: true,
+    });
     if error {
-        let reason: Arc<str> = format!("qp {} in error after a {:?} completion", c.qp_num, c.status).into();
+        let reason: Arc<str> =
+            format!("qp {} in error after a {:?} completion", c.qp_num, c.status).into();
         out.push(TransportEvent::RailDown { rail, reason });
     }
 }
@@ -145,13 +166,28 @@ impl Transport for RdmaTransport {
         PathKind::Rdma
     }
 
-    fn post(&mut self, rail: RailId, items: &[WorkItem], ctx: &dyn PostContext) -> Result<(), PostError> {
-        let fail = |posted: usize, reason: String| PostError { rail, posted, reason: reason.into() };
+    fn post(
+        &mut self,
+        rail: RailId,
+        items: &[WorkItem],
+        ctx: &dyn PostContext,
+    ) -> Result<(), PostError> {
+        let fail = |posted: usize, reason: String| PostError {
+            rail,
+            posted,
+            reason: reason.into(),
+        };
         let Some(r) = self.rails.get_mut(rail.0 as usize).and_then(Option::as_mut) else {
             return Err(fail(0, "no such rdma rail".into()));
         };
         let RailQp::Rts(qp) = &mut r.qp else {
-            return Err(fail(0, format!("queue pair of rail {} is in the error state or closed", rail.0)));
+            return Err(fail(
+                0,
+                format!(
+                    "queue pair of rail {} is in the error state or closed",
+                    rail.0
+                ),
+            ));
         };
         let mut sges = std::mem::take(&mut self.sges);
         sges.clear();
@@ -180,7 +216,10 @@ impl Transport for RdmaTransport {
                 Some((p, g, a, k)) if p == w.peer && g == w.range => (a, k),
                 _ => {
                     let found = ctx.remote_range(w.peer, w.range).and_then(|d| {
-                        d.rkeys.iter().find(|k| k.nic_id.0 == r.remote_nic).map(|k| (d.address, k.rkey))
+                        d.rkeys
+                            .iter()
+                            .find(|k| k.nic_id.0 == r.remote_nic)
+                            .map(|k| (d.address, k.rkey))
                     });
                     match found {
                         Some((a, k)) => {
@@ -195,7 +234,10 @@ impl Transport for RdmaTransport {
                 }
             };
             sges.push(Sge::new(laddr + w.local_offset, w.len, lkey));
-            remotes.push(RemoteAddr { addr: raddr + w.remote_offset, rkey });
+            remotes.push(RemoteAddr {
+                addr: raddr + w.remote_offset,
+                rkey,
+            });
         }
         let mut wrs = recycle(std::mem::take(&mut self.wrs));
         for (i, w) in items[..resolved].iter().enumerate() {
@@ -204,9 +246,18 @@ impl Transport for RdmaTransport {
                 Op::Write => SendOp::Write { remote, imm: None },
                 Op::Read => SendOp::Read { remote },
             };
-            wrs.push(SendWr { wr_id: w.token.0, op, sges: &sges[i..i + 1], signaled: w.signaled });
+            wrs.push(SendWr {
+                wr_id: w.token.0,
+                op,
+                sges: &sges[i..i + 1],
+                signaled: w.signaled,
+            });
         }
-        let res = if wrs.is_empty() { Ok(()) } else { qp.post_send(&wrs) };
+        let res = if wrs.is_empty() {
+            Ok(())
+        } else {
+            qp.post_send(&wrs)
+        };
         self.wrs = recycle(wrs);
         self.sges = sges;
         self.remotes = remotes;
@@ -244,7 +295,11 @@ impl Transport for RdmaTransport {
     }
 
     fn close_rail(&mut self, rail: RailId) -> Result<(), CleanupError> {
-        let device = self.rail(rail).map(|r| r.device.clone()).unwrap_or_default();
-        self.destroy(rail).map_err(|e| flush_failure(&device, rail, e))
+        let device = self
+            .rail(rail)
+            .map(|r| r.device.clone())
+            .unwrap_or_default();
+        self.destroy(rail)
+            .map_err(|e| flush_failure(&device, rail, e))
     }
 }

@@ -48,7 +48,10 @@ pub enum Access {
 
 impl Access {
     /// Peers may read and write.
-    pub const REMOTE_READ_WRITE: Self = Self::Remote { read: true, write: true };
+    pub const REMOTE_READ_WRITE: Self = Self::Remote {
+        read: true,
+        write: true,
+    };
 
     /// MR copies per context.
     pub fn copies_per_context(self) -> u64 {
@@ -99,7 +102,10 @@ pub struct Budgets {
 
 impl Default for Budgets {
     fn default() -> Self {
-        Self { max_mrs: 1 << 16, max_bytes: 1 << 40 }
+        Self {
+            max_mrs: 1 << 16,
+            max_bytes: 1 << 40,
+        }
     }
 }
 
@@ -169,11 +175,19 @@ impl RegEntry {
     }
 
     pub(crate) fn copies_on(&self, nic: u32) -> Option<&NicCopies> {
-        self.by_nic.get(nic as usize).copied().flatten().map(|i| &self.copies[i])
+        self.by_nic
+            .get(nic as usize)
+            .copied()
+            .flatten()
+            .map(|i| &self.copies[i])
     }
 
     /// The descriptor peers receive (remote ranges only).
-    pub(crate) fn descriptor(&self, id: RegistrationId, nics: &[(u32, u16, verbs::Gid)]) -> Option<wire::RangeDescriptor> {
+    pub(crate) fn descriptor(
+        &self,
+        id: RegistrationId,
+        nics: &[(u32, u16, verbs::Gid)],
+    ) -> Option<wire::RangeDescriptor> {
         if self.access == Access::LocalOnly || self.state != RegState::Published {
             return None;
         }

@@ -25,16 +25,45 @@ fn the_actual_native_owners_and_memory_remain_retained_with_their_charges() {
     let weak = Arc::downgrade(&m);
     let r = register(&a, &m, Access::REMOTE_READ_WRITE);
     drop(m);
-    assert_eq!(a.charges(), Charges { mrs: 4, bytes: 4 * 4096 });
-    fabric.faults().fail_destroy("a1", ObjectKind::MemoryRegion, EBUSY).unwrap();
+    assert_eq!(
+        a.charges(),
+        Charges {
+            mrs: 4,
+            bytes: 4 * 4096
+        }
+    );
+    fabric
+        .faults()
+        .fail_destroy("a1", ObjectKind::MemoryRegion, EBUSY)
+        .unwrap();
     let err = a.unregister(r.id).unwrap_err();
-    let UnregisterError::Unquiesced(u) = err else { panic!("{err:?}") };
+    let UnregisterError::Unquiesced(u) = err else {
+        panic!("{err:?}")
+    };
     assert_eq!(u.failures.len(), 1);
-    assert_eq!(u.retained, Charges { mrs: 1, bytes: 4096 });
-    assert_eq!(a.charges(), Charges { mrs: 1, bytes: 4096 }, "the retained copy keeps its charge");
-    assert!(weak.upgrade().is_some(), "the retained MR keeps the memory mapped");
+    assert_eq!(
+        u.retained,
+        Charges {
+            mrs: 1,
+            bytes: 4096
+        }
+    );
+    assert_eq!(
+        a.charges(),
+        Charges {
+            mrs: 1,
+            bytes: 4096
+        },
+        "the retained copy keeps its charge"
+    );
     assert!(
-        orbitte_verbs::retained().iter().any(|o| o.device.name == "a1" && o.object == ObjectKind::MemoryRegion),
+        weak.upgrade().is_some(),
+        "the retained MR keeps the memory mapped"
+    );
+    assert!(
+        orbitte_verbs::retained()
+            .iter()
+            .any(|o| o.device.name == "a1" && o.object == ObjectKind::MemoryRegion),
         "verbs lists the retained owner"
     );
 }
@@ -48,16 +77,30 @@ fn new_admission_is_fenced() {
     let spare = register(&a, &region(4096, 1), Access::LocalOnly);
     let rb = register(&b, &region(4096, 2), Access::REMOTE_READ_WRITE);
     let (pb, _) = connect(&a, &b);
-    fabric.faults().fail_destroy("a0", ObjectKind::MemoryRegion, EBUSY).unwrap();
+    fabric
+        .faults()
+        .fail_destroy("a0", ObjectKind::MemoryRegion, EBUSY)
+        .unwrap();
     assert!(a.unregister(spare.id).is_err());
     let reason = a.fenced().expect("fenced");
     assert!(reason.contains("unquiesced"), "{reason}");
-    let err = a.submit(&[TransferRequest::write(ra.id, 0, pb.id, RangeId(rb.id.0), 0, 4096).label(3)]).unwrap_err();
+    let err = a
+        .submit(&[TransferRequest::write(ra.id, 0, pb.id, RangeId(rb.id.0), 0, 4096).label(3)])
+        .unwrap_err();
     assert!(matches!(err, SubmitError::Fenced { label: 3, .. }), "{err}");
-    assert!(err.to_string().contains("unquiesced"), "the refusal says why: {err}");
-    assert!(matches!(a.register_host(region(8, 1), Access::LocalOnly), Err(RegisterError::Fenced { .. })));
+    assert!(
+        err.to_string().contains("unquiesced"),
+        "the refusal says why: {err}"
+    );
+    assert!(matches!(
+        a.register_host(region(8, 1), Access::LocalOnly),
+        Err(RegisterError::Fenced { .. })
+    ));
     let (mut la, _lb) = orbitte_engine::InProcessLink::pair();
-    assert!(matches!(a.open_peer(&mut la), Err(OpenPeerError::Fenced(_))));
+    assert!(matches!(
+        a.open_peer(&mut la),
+        Err(OpenPeerError::Fenced(_))
+    ));
     assert_eq!(a.outstanding_slices(), 0, "nothing posted");
 }
 
@@ -66,17 +109,26 @@ fn dropping_a_handle_cannot_establish_a_successful_native_destroy_or_reset_the_p
     let fabric = fabric(1, Delivery::Manual, 42);
     let a = builder(&fabric, "a", 1).build().unwrap();
     let r = register(&a, &region(4096, 1), Access::LocalOnly);
-    fabric.faults().fail_destroy("a0", ObjectKind::MemoryRegion, EBUSY).unwrap();
+    fabric
+        .faults()
+        .fail_destroy("a0", ObjectKind::MemoryRegion, EBUSY)
+        .unwrap();
     assert!(a.unregister(r.id).is_err());
     let retained_before = orbitte_verbs::retained().len();
     // Shutdown cannot release the PD: the retained MR still holds it.
     let u = a.shutdown(Duration::from_millis(100)).unwrap_err();
     assert!(
-        u.failures.iter().any(|f| f.object == ObjectKind::ProtectionDomain && matches!(f.cause, UnquiescedCause::InUse { .. })),
+        u.failures
+            .iter()
+            .any(|f| f.object == ObjectKind::ProtectionDomain
+                && matches!(f.cause, UnquiescedCause::InUse { .. })),
         "{u}"
     );
     drop(a);
-    assert!(orbitte_verbs::retained().len() >= retained_before, "dropping did not pretend the destroy happened");
+    assert!(
+        orbitte_verbs::retained().len() >= retained_before,
+        "dropping did not pretend the destroy happened"
+    );
 }
 
 #[test]
@@ -84,17 +136,28 @@ fn preserve_the_source_device_identity_error_and_cleanup_evidence_for_diagnosis(
     let fabric = fabric(1, Delivery::Manual, 43);
     let a = builder(&fabric, "a", 1).epoch(77).build().unwrap();
     let r = register(&a, &region(4096, 1), Access::LocalOnly);
-    fabric.faults().fail_destroy("a0", ObjectKind::MemoryRegion, EBUSY).unwrap();
-    let UnregisterError::Unquiesced(u) = a.unregister(r.id).unwrap_err() else { panic!() };
+    fabric
+        .faults()
+        .fail_destroy("a0", ObjectKind::MemoryRegion, EBUSY)
+        .unwrap();
+    let UnregisterError::Unquiesced(u) = a.unregister(r.id).unwrap_err() else {
+        panic!()
+    };
     assert_eq!(u.source_id, "engine-a");
     assert_eq!(u.epoch, 77);
     assert!(u.during.contains("unregister"));
     let f = &u.failures[0];
     assert_eq!(f.device.name, "a0");
-    assert!(matches!(&f.cause, UnquiescedCause::Native(e) if e.errno == EBUSY), "{f}");
+    assert!(
+        matches!(&f.cause, UnquiescedCause::Native(e) if e.errno == EBUSY),
+        "{f}"
+    );
     assert!(!f.cleanup.tried.is_empty() && f.cleanup.retained, "{f:?}");
     let text = u.to_string();
-    assert!(text.contains("engine-a") && text.contains("a0") && text.contains("fenced"), "{text}");
+    assert!(
+        text.contains("engine-a") && text.contains("a0") && text.contains("fenced"),
+        "{text}"
+    );
     assert_eq!(a.unquiesced().len(), 1, "the engine keeps the evidence");
 }
 
@@ -106,9 +169,15 @@ fn shutdown_with_a_failing_qp_destroy_is_unquiesced_with_evidence() {
     register(&a, &region(4096, 1), Access::LocalOnly);
     register(&b, &region(4096, 2), Access::REMOTE_READ_WRITE);
     connect(&a, &b);
-    fabric.faults().fail_destroy("a0", ObjectKind::QueuePair, EBUSY).unwrap();
+    fabric
+        .faults()
+        .fail_destroy("a0", ObjectKind::QueuePair, EBUSY)
+        .unwrap();
     let u = a.shutdown(Duration::from_secs(1)).unwrap_err();
-    assert!(u.failures.iter().any(|f| f.object == ObjectKind::QueuePair), "{u}");
+    assert!(
+        u.failures.iter().any(|f| f.object == ObjectKind::QueuePair),
+        "{u}"
+    );
     assert!(a.fenced().is_some());
     // A clean shutdown has nothing to report.
     b.shutdown(Duration::from_secs(1)).unwrap();

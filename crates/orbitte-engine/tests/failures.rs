@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use orbitte_engine::transport::SliceFailure;
 use orbitte_engine::{
     Access, DrainStatus, Op, RangeId, RemoteEffect, Status, TransferEngine, TransferRequest,
     UnregisterError,
 };
-use orbitte_engine::transport::SliceFailure;
 use orbitte_memory::HostMemory;
 use orbitte_verbs::WcStatus;
 use orbitte_verbs::sim::{Delivery, SimFabric, WrMatch};
@@ -33,7 +33,10 @@ struct Setup {
 
 fn setup(nics: usize, seed: u64, signal_interval: u32) -> Setup {
     let fabric = fabric(nics, Delivery::Manual, seed);
-    let a = builder(&fabric, "a", nics).signal_interval(signal_interval).build().unwrap();
+    let a = builder(&fabric, "a", nics)
+        .signal_interval(signal_interval)
+        .build()
+        .unwrap();
     let b = builder(&fabric, "b", nics).build().unwrap();
     let src = region(LEN, 1);
     let dst = region(LEN, 2);
@@ -41,7 +44,14 @@ fn setup(nics: usize, seed: u64, signal_interval: u32) -> Setup {
     let rb = register(&b, &dst, Access::REMOTE_READ_WRITE);
     let (pb, _) = connect(&a, &b);
     let req = TransferRequest::write(ra.id, 0, pb.id, RangeId(rb.id.0), 0, LEN as u64);
-    Setup { fabric, a, _b: b, src, dst, req }
+    Setup {
+        fabric,
+        a,
+        _b: b,
+        src,
+        dst,
+        req,
+    }
 }
 
 #[test]
@@ -52,12 +62,24 @@ fn inspect_completed_prefix_counts_failure_information_remote_effect_and_local_d
     let id = s.a.submit(&[s.req]).unwrap()[0];
     let o = drive_wait(&s.fabric, &s.a, id);
     assert_eq!(o.status, Status::TimedOut);
-    assert_eq!(o.completed_prefix, 2 * 4096, "slices 0 and 1 are known done");
+    assert_eq!(
+        o.completed_prefix,
+        2 * 4096,
+        "slices 0 and 1 are known done"
+    );
     assert_eq!(o.completed_slices, 2);
     assert_eq!(o.failure, None, "nothing failed: it timed out");
-    assert!(matches!(o.remote_effect, RemoteEffect::Possible { .. }), "{o:?}");
+    assert!(
+        matches!(o.remote_effect, RemoteEffect::Possible { .. }),
+        "{o:?}"
+    );
     assert!(matches!(o.drain, DrainStatus::Pending { .. }), "{o:?}");
-    check_bytes(&o, &s.src.to_vec(0, LEN).unwrap(), &before, &s.dst.to_vec(0, LEN).unwrap());
+    check_bytes(
+        &o,
+        &s.src.to_vec(0, LEN).unwrap(),
+        &before,
+        &s.dst.to_vec(0, LEN).unwrap(),
+    );
     // Past the drain timeout the rail is flushed and the request drains.
     drive_drain(&s.fabric, &s.a, id);
 }
@@ -66,7 +88,9 @@ fn inspect_completed_prefix_counts_failure_information_remote_effect_and_local_d
 fn an_uncertain_write_may_have_changed_remote_bytes() {
     let s = setup(1, 21, 1);
     // The 2nd WRITE moves its bytes, then completes with an error.
-    s.fabric.faults().fail_send(WrMatch::nth(2), WcStatus::RemoteOperation, true);
+    s.fabric
+        .faults()
+        .fail_send(WrMatch::nth(2), WcStatus::RemoteOperation, true);
     let before = s.dst.to_vec(0, LEN).unwrap();
     let id = s.a.submit(&[s.req]).unwrap()[0];
     let o = drive_wait(&s.fabric, &s.a, id);
@@ -74,20 +98,35 @@ fn an_uncertain_write_may_have_changed_remote_bytes() {
     let f = o.failure.clone().unwrap();
     assert_eq!(f.slice, 1);
     assert_eq!(f.nic, Some(0));
-    assert!(matches!(f.status, SliceFailure::Completion { code: 11, .. }), "{f:?}");
+    assert!(
+        matches!(f.status, SliceFailure::Completion { code: 11, .. }),
+        "{f:?}"
+    );
     assert_eq!(o.completed_prefix, 4096);
-    let RemoteEffect::Possible { bytes } = o.remote_effect.clone() else { panic!("{o:?}") };
+    let RemoteEffect::Possible { bytes } = o.remote_effect.clone() else {
+        panic!("{o:?}")
+    };
     assert!(bytes.contains(&4096), "{bytes:?}");
     let after = s.dst.to_vec(0, LEN).unwrap();
-    assert_eq!(after[4096..8192], pattern(LEN, 1)[4096..8192], "the failed WRITE did change remote bytes");
+    assert_eq!(
+        after[4096..8192],
+        pattern(LEN, 1)[4096..8192],
+        "the failed WRITE did change remote bytes"
+    );
     check_bytes(&o, &s.src.to_vec(0, LEN).unwrap(), &before, &after);
-    assert_eq!(o.drain, DrainStatus::Drained, "an error completion flushes the rest");
+    assert_eq!(
+        o.drain,
+        DrainStatus::Drained,
+        "an error completion flushes the rest"
+    );
 }
 
 #[test]
 fn logical_cancellation_and_timeout_do_not_establish_physical_dma_completion_or_rollback() {
     let s = setup(2, 22, 1);
-    s.fabric.faults().stall_send(WrMatch::nth(1).on_device("a0"));
+    s.fabric
+        .faults()
+        .stall_send(WrMatch::nth(1).on_device("a0"));
     let before = s.dst.to_vec(0, LEN).unwrap();
     let id = s.a.submit(&[s.req]).unwrap()[0];
     // Let rail a1's slices (odd ones) run, then cancel.
@@ -98,7 +137,10 @@ fn logical_cancellation_and_timeout_do_not_establish_physical_dma_completion_or_
     assert!(s.a.cancel(id));
     let o = s.a.poll(id).expect("cancel makes the outcome now");
     assert_eq!(o.status, Status::Cancelled);
-    assert!(matches!(o.drain, DrainStatus::Pending { .. }), "cancel does not claim DMA stopped: {o:?}");
+    assert!(
+        matches!(o.drain, DrainStatus::Pending { .. }),
+        "cancel does not claim DMA stopped: {o:?}"
+    );
     assert_eq!(s.a.drain_status(id), o.drain);
     let after = s.dst.to_vec(0, LEN).unwrap();
     // No rollback: slices that ran stay written.
@@ -117,7 +159,10 @@ fn keep_application_ownership_consistent_with_the_transfer_contract_and_rdma_dra
     // The buffer is not the caller's until drained.
     let err = s.a.wait_drain(id, Duration::from_millis(1)).unwrap_err();
     assert!(err.slices > 0, "{err}");
-    assert!(matches!(s.a.unregister(s.req.registration), Err(UnregisterError::Undrained { .. })));
+    assert!(matches!(
+        s.a.unregister(s.req.registration),
+        Err(UnregisterError::Undrained { .. })
+    ));
     drive_drain(&s.fabric, &s.a, id);
     s.a.wait_drain(id, Duration::from_secs(1)).unwrap();
     s.a.unregister(s.req.registration).unwrap();
@@ -133,12 +178,20 @@ fn port_paused_mid_batch_gives_the_documented_outcome_within_the_timeout() {
     s.fabric.step();
     s.fabric.faults().port_down("a0", 1).unwrap();
     let o = drive_wait(&s.fabric, &s.a, id);
-    assert!(matches!(o.status, Status::Failed | Status::TimedOut), "{o:?}");
+    assert!(
+        matches!(o.status, Status::Failed | Status::TimedOut),
+        "{o:?}"
+    );
     if let Some(f) = &o.failure {
         assert_eq!(f.nic, Some(0), "the failure names the paused rail: {f:?}");
     }
     drive_drain(&s.fabric, &s.a, id);
-    check_bytes(&o, &s.src.to_vec(0, LEN).unwrap(), &before, &s.dst.to_vec(0, LEN).unwrap());
+    check_bytes(
+        &o,
+        &s.src.to_vec(0, LEN).unwrap(),
+        &before,
+        &s.dst.to_vec(0, LEN).unwrap(),
+    );
     // Nothing is replayed through a1: a new request is refused only if no
     // rail is left; a1 still carries new work.
     let rails = &s.a.peers()[0].rails;
@@ -155,24 +208,49 @@ fn qp_in_error_fails_the_request_within_the_timeout() {
     let o = drive_wait(&s.fabric, &s.a, id);
     assert_eq!(o.status, Status::Failed, "{o:?}");
     assert_eq!(o.failure.as_ref().unwrap().status, SliceFailure::Flushed);
-    assert_eq!(o.remote_effect, RemoteEffect::Possible { bytes: 0..(16 * 4096).min(LEN as u64) });
+    assert_eq!(
+        o.remote_effect,
+        RemoteEffect::Possible {
+            bytes: 0..(16 * 4096).min(LEN as u64)
+        }
+    );
     drive_drain(&s.fabric, &s.a, id);
-    check_bytes(&o, &s.src.to_vec(0, LEN).unwrap(), &before, &s.dst.to_vec(0, LEN).unwrap());
+    check_bytes(
+        &o,
+        &s.src.to_vec(0, LEN).unwrap(),
+        &before,
+        &s.dst.to_vec(0, LEN).unwrap(),
+    );
     let rail = &s.a.peers()[0].rails[0];
-    assert!(!rail.up && rail.down_reason.as_deref().unwrap_or("").contains("QpFatal"), "{rail:?}");
+    assert!(
+        !rail.up
+            && rail
+                .down_reason
+                .as_deref()
+                .unwrap_or("")
+                .contains("QpFatal"),
+        "{rail:?}"
+    );
 }
 
 #[test]
 fn error_completion_reports_slice_rail_and_status() {
     let s = setup(2, 26, 1);
-    s.fabric.faults().fail_send(WrMatch::nth(1).on_device("a1"), WcStatus::RemoteAccess, false);
+    s.fabric.faults().fail_send(
+        WrMatch::nth(1).on_device("a1"),
+        WcStatus::RemoteAccess,
+        false,
+    );
     let before = s.dst.to_vec(0, LEN).unwrap();
     let id = s.a.submit(&[s.req]).unwrap()[0];
     let o = drive_wait(&s.fabric, &s.a, id);
     assert_eq!(o.status, Status::Failed);
     let f = o.failure.clone().unwrap();
     assert_eq!((f.nic, f.path.name()), (Some(1), "rdma"));
-    assert!(matches!(f.status, SliceFailure::Completion { code: 10, .. }), "{f:?}");
+    assert!(
+        matches!(f.status, SliceFailure::Completion { code: 10, .. }),
+        "{f:?}"
+    );
     assert!(f.to_string().contains("RemoteAccess"), "{f}");
     drive_drain(&s.fabric, &s.a, id);
     let after = s.dst.to_vec(0, LEN).unwrap();
@@ -195,7 +273,11 @@ fn a_work_request_that_never_completes_times_out_and_drains_after_the_flush() {
 fn the_current_implementation_does_not_replay_a_failed_transfer_through_another_rail() {
     let s = setup(2, 28, 1);
     // Slice on a0 fails without touching memory; a1 keeps working.
-    s.fabric.faults().fail_send(WrMatch::nth(1).on_device("a0"), WcStatus::RetryExceeded, false);
+    s.fabric.faults().fail_send(
+        WrMatch::nth(1).on_device("a0"),
+        WcStatus::RetryExceeded,
+        false,
+    );
     let before = s.dst.to_vec(0, LEN).unwrap();
     let id = s.a.submit(&[s.req]).unwrap()[0];
     let o = drive_wait(&s.fabric, &s.a, id);
@@ -205,7 +287,11 @@ fn the_current_implementation_does_not_replay_a_failed_transfer_through_another_
     assert_eq!(f.nic, Some(0));
     let after = s.dst.to_vec(0, LEN).unwrap();
     let slice = f.slice as usize * 4096;
-    assert_eq!(after[slice..slice + 4096], before[slice..slice + 4096], "the failed slice was not replayed on a1");
+    assert_eq!(
+        after[slice..slice + 4096],
+        before[slice..slice + 4096],
+        "the failed slice was not replayed on a1"
+    );
     assert_eq!(o.completed_prefix, 0);
     check_bytes(&o, &s.src.to_vec(0, LEN).unwrap(), &before, &after);
 }
@@ -213,7 +299,9 @@ fn the_current_implementation_does_not_replay_a_failed_transfer_through_another_
 #[test]
 fn read_failures_keep_remote_bytes_untouched() {
     let s = setup(1, 29, 1);
-    s.fabric.faults().fail_send(WrMatch::nth(3), WcStatus::RemoteAccess, false);
+    s.fabric
+        .faults()
+        .fail_send(WrMatch::nth(3), WcStatus::RemoteAccess, false);
     let mut req = s.req;
     req.op = Op::Read;
     let remote_before = s.dst.to_vec(0, LEN).unwrap();
@@ -224,5 +312,10 @@ fn read_failures_keep_remote_bytes_untouched() {
     assert_eq!(o.status, Status::Failed);
     assert_eq!(o.remote_effect, RemoteEffect::None);
     assert_eq!(s.dst.to_vec(0, LEN).unwrap(), remote_before);
-    check_bytes(&o, &remote_before, &local_before, &s.src.to_vec(0, LEN).unwrap());
+    check_bytes(
+        &o,
+        &remote_before,
+        &local_before,
+        &s.src.to_vec(0, LEN).unwrap(),
+    );
 }

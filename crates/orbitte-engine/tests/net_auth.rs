@@ -72,7 +72,10 @@ fn secured_target() -> (Target, Arc<HostMemory>, orbitte_wire::RangeId) {
 fn untouched(mem: &HostMemory) {
     let fresh = HostMemory::alloc(mem.len()).unwrap();
     pattern(&fresh, 3);
-    assert!(mem.to_vec(0, mem.len()).unwrap() == fresh.to_vec(0, mem.len()).unwrap(), "target memory changed");
+    assert!(
+        mem.to_vec(0, mem.len()).unwrap() == fresh.to_vec(0, mem.len()).unwrap(),
+        "target memory changed"
+    );
 }
 
 fn refused_code(e: &SessionError) -> ErrorCode {
@@ -90,7 +93,10 @@ fn a_peer_without_the_proof_can_neither_read_nor_write_and_is_logged() {
     let i = Initiator::new(cfg("intruder", 1), CoreConfig::default());
     let e = i.connect_tcp(PeerId(1), t.addr(), 1).unwrap_err();
     assert_eq!(refused_code(&e), ErrorCode::AUTH_REQUIRED, "{e}");
-    assert!(logged("initiator failed authentication"), "refusal not logged");
+    assert!(
+        logged("initiator failed authentication"),
+        "refusal not logged"
+    );
 
     // 2. A wrong secret.
     let mut c = cfg("intruder2", 1);
@@ -106,18 +112,35 @@ fn a_peer_without_the_proof_can_neither_read_nor_write_and_is_logged() {
         raw::read_frame(&mut s).unwrap(); // challenge
         let mut buf = Vec::new();
         if write {
-            Frame::WriteRequest(WriteRequest { request_id: RequestId(1), range_id: range, token: AccessToken(1), offset: 0, length: 4096 })
-                .encode(&mut buf)
-                .unwrap();
+            Frame::WriteRequest(WriteRequest {
+                request_id: RequestId(1),
+                range_id: range,
+                token: AccessToken(1),
+                offset: 0,
+                length: 4096,
+            })
+            .encode(&mut buf)
+            .unwrap();
             buf.extend_from_slice(&[0xab; 4096]);
         } else {
-            Frame::ReadRequest(ReadRequest { request_id: RequestId(1), range_id: range, token: AccessToken(1), offset: 0, length: 4096 })
-                .encode(&mut buf)
-                .unwrap();
+            Frame::ReadRequest(ReadRequest {
+                request_id: RequestId(1),
+                range_id: range,
+                token: AccessToken(1),
+                offset: 0,
+                length: 4096,
+            })
+            .encode(&mut buf)
+            .unwrap();
         }
         let _ = s.write_all(&buf);
         let frames = raw::read_until_closed(&mut s);
-        assert!(!frames.iter().any(|f| matches!(f, Frame::ReadResponse(_) | Frame::WriteResponse(_))), "{frames:?}");
+        assert!(
+            !frames
+                .iter()
+                .any(|f| matches!(f, Frame::ReadResponse(_) | Frame::WriteResponse(_))),
+            "{frames:?}"
+        );
     }
     // 4. A hello without a proof, sent by hand.
     let mut s = raw::connect(t.addr());
@@ -135,10 +158,27 @@ fn a_peer_without_the_proof_can_neither_read_nor_write_and_is_logged() {
         }),
     );
     let frames = raw::read_until_closed(&mut s);
-    assert!(frames.iter().any(|f| matches!(f, Frame::Error(e) if e.code == ErrorCode::AUTH_REQUIRED)), "{frames:?}");
-    assert!(!frames.iter().any(|f| matches!(f, Frame::SegmentPublication(_))), "publications leaked: {frames:?}");
+    assert!(
+        frames
+            .iter()
+            .any(|f| matches!(f, Frame::Error(e) if e.code == ErrorCode::AUTH_REQUIRED)),
+        "{frames:?}"
+    );
+    assert!(
+        !frames
+            .iter()
+            .any(|f| matches!(f, Frame::SegmentPublication(_))),
+        "publications leaked: {frames:?}"
+    );
     untouched(&mem);
-    assert!(t.listener.closed_sessions().iter().filter(|c| c.abnormal && c.reason.contains("authentication")).count() >= 3);
+    assert!(
+        t.listener
+            .closed_sessions()
+            .iter()
+            .filter(|c| c.abnormal && c.reason.contains("authentication"))
+            .count()
+            >= 3
+    );
 }
 
 #[test]
@@ -151,9 +191,25 @@ fn a_peer_with_the_proof_reads_and_writes() {
     pattern(&local, 4);
     let reg = i.driver.register(local.clone());
     let (rails, _) = i.connect_tcp(PeerId(1), t.addr(), 2).unwrap();
-    let w = i.driver.submit(vec![request(1, Op::Write, reg, 0, PeerId(1), range.0, 0, 64 << 10, &rails)])[0];
-    assert_eq!(i.driver.wait(w, Duration::from_secs(30)).status, Status::Complete);
-    assert_eq!(mem.to_vec(0, 64 << 10).unwrap(), local.to_vec(0, 64 << 10).unwrap());
+    let w = i.driver.submit(vec![request(
+        1,
+        Op::Write,
+        reg,
+        0,
+        PeerId(1),
+        range.0,
+        0,
+        64 << 10,
+        &rails,
+    )])[0];
+    assert_eq!(
+        i.driver.wait(w, Duration::from_secs(30)).status,
+        Status::Complete
+    );
+    assert_eq!(
+        mem.to_vec(0, 64 << 10).unwrap(),
+        local.to_vec(0, 64 << 10).unwrap()
+    );
 }
 
 #[test]
@@ -165,5 +221,8 @@ fn an_initiator_with_a_secret_refuses_a_target_without_one() {
     let i = Initiator::new(c, CoreConfig::default());
     let e = i.connect_tcp(PeerId(1), t.addr(), 1).unwrap_err();
     // The target sees an unexpected proof and refuses; either way no session.
-    assert!(matches!(e, SessionError::Refused { .. } | SessionError::Auth(_)), "{e:?}");
+    assert!(
+        matches!(e, SessionError::Refused { .. } | SessionError::Auth(_)),
+        "{e:?}"
+    );
 }

@@ -51,8 +51,21 @@ fn target_rejects_an_older_initiator_epoch_and_replaces_on_a_newer_one() {
         }
         other => panic!("{other:?}"),
     }
-    assert!(t.listener.closed_sessions().iter().any(|c| c.abnormal && c.reason.contains("epoch 5")));
-    assert_eq!(t.peers.lock().unwrap().epoch_of(&b10.cfg.source_id).unwrap().value(), 10);
+    assert!(
+        t.listener
+            .closed_sessions()
+            .iter()
+            .any(|c| c.abnormal && c.reason.contains("epoch 5"))
+    );
+    assert_eq!(
+        t.peers
+            .lock()
+            .unwrap()
+            .epoch_of(&b10.cfg.source_id)
+            .unwrap()
+            .value(),
+        10
+    );
 
     // A newer epoch: adopted, the old epoch's sessions are closed by the
     // target, so the old incarnation's rails go down.
@@ -60,11 +73,34 @@ fn target_rejects_an_older_initiator_epoch_and_replaces_on_a_newer_one() {
     let local = HostMemory::alloc(4096).unwrap();
     let reg = b20.driver.register(local.clone());
     let (rails, _) = b20.connect_tcp(PeerId(1), t.addr(), 1).unwrap();
-    wait_until("old rails down", || old_rails.iter().all(|r| !b10.tcp.rail_is_up(*r)));
-    let o = b20.driver.wait(b20.driver.submit(vec![request(1, Op::Read, reg, 0, PeerId(1), range.0, 0, 4096, &rails)])[0], BOUND);
+    wait_until("old rails down", || {
+        old_rails.iter().all(|r| !b10.tcp.rail_is_up(*r))
+    });
+    let o = b20.driver.wait(
+        b20.driver.submit(vec![request(
+            1,
+            Op::Read,
+            reg,
+            0,
+            PeerId(1),
+            range.0,
+            0,
+            4096,
+            &rails,
+        )])[0],
+        BOUND,
+    );
     assert_eq!(o.status, Status::Complete);
     assert_eq!(local.to_vec(0, 4096).unwrap(), mem.to_vec(0, 4096).unwrap());
-    assert_eq!(t.peers.lock().unwrap().epoch_of(&b10.cfg.source_id).unwrap().value(), 20);
+    assert_eq!(
+        t.peers
+            .lock()
+            .unwrap()
+            .epoch_of(&b10.cfg.source_id)
+            .unwrap()
+            .value(),
+        20
+    );
 }
 
 #[test]
@@ -84,7 +120,12 @@ fn initiator_adopts_a_restarted_target_and_rejects_a_replayed_old_epoch_at_the_s
     // Something at the same address presents the old epoch 9: rejected.
     let t9 = Target::start_at(cfg("svc", 9), addr);
     match i.connect_tcp(PeerId(2), addr, 1).unwrap_err() {
-        SessionError::Admit(AdmitError::StaleEpoch { presented, recorded, same_address, .. }) => {
+        SessionError::Admit(AdmitError::StaleEpoch {
+            presented,
+            recorded,
+            same_address,
+            ..
+        }) => {
             assert_eq!((presented.value(), recorded.value()), (9, 10));
             assert!(same_address, "the table knew this address from epoch 10");
         }
@@ -92,7 +133,10 @@ fn initiator_adopts_a_restarted_target_and_rejects_a_replayed_old_epoch_at_the_s
     }
     // The stale target was told why.
     wait_until("stale target saw the refusal", || {
-        t9.listener.closed_sessions().iter().any(|c| c.reason.contains("stale-epoch") || c.reason.contains("older"))
+        t9.listener
+            .closed_sessions()
+            .iter()
+            .any(|c| c.reason.contains("stale-epoch") || c.reason.contains("older"))
     });
     drop(t9);
 
@@ -106,11 +150,38 @@ fn initiator_adopts_a_restarted_target_and_rejects_a_replayed_old_epoch_at_the_s
     let mut closed = link.closed_rails.clone();
     closed.sort();
     assert_eq!(closed, old_rails);
-    assert!(i.tcp.range(PeerId(1), r10).is_none(), "descriptors of epoch 10 dropped");
-    assert_eq!(i.peers.lock().unwrap().epoch_of(&t11.cfg.source_id).unwrap().value(), 11);
+    assert!(
+        i.tcp.range(PeerId(1), r10).is_none(),
+        "descriptors of epoch 10 dropped"
+    );
+    assert_eq!(
+        i.peers
+            .lock()
+            .unwrap()
+            .epoch_of(&t11.cfg.source_id)
+            .unwrap()
+            .value(),
+        11
+    );
     let local = HostMemory::alloc(1 << 16).unwrap();
     let reg = i.driver.register(local.clone());
-    let o = i.driver.wait(i.driver.submit(vec![request(1, Op::Read, reg, 0, PeerId(3), r11.0, 0, 1 << 16, &rails)])[0], BOUND);
+    let o = i.driver.wait(
+        i.driver.submit(vec![request(
+            1,
+            Op::Read,
+            reg,
+            0,
+            PeerId(3),
+            r11.0,
+            0,
+            1 << 16,
+            &rails,
+        )])[0],
+        BOUND,
+    );
     assert_eq!(o.status, Status::Complete);
-    assert_eq!(local.to_vec(0, 1 << 16).unwrap(), m11.to_vec(0, 1 << 16).unwrap());
+    assert_eq!(
+        local.to_vec(0, 1 << 16).unwrap(),
+        m11.to_vec(0, 1 << 16).unwrap()
+    );
 }

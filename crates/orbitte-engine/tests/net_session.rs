@@ -36,7 +36,10 @@ fn strict_target() -> (Target, std::sync::Arc<HostMemory>, RangeId) {
 fn untouched(mem: &HostMemory) {
     let fresh = HostMemory::alloc(mem.len()).unwrap();
     pattern(&fresh, 5);
-    assert!(mem.to_vec(0, mem.len()).unwrap() == fresh.to_vec(0, mem.len()).unwrap(), "target memory changed");
+    assert!(
+        mem.to_vec(0, mem.len()).unwrap() == fresh.to_vec(0, mem.len()).unwrap(),
+        "target memory changed"
+    );
 }
 
 fn error_code(frames: &[Frame]) -> Option<ErrorCode> {
@@ -50,13 +53,21 @@ fn error_code(frames: &[Frame]) -> Option<ErrorCode> {
 /// contains `needle`.
 fn closed_with(t: &Target, needle: &str) -> String {
     for _ in 0..400 {
-        if let Some(c) = t.listener.closed_sessions().into_iter().find(|c| c.reason.contains(needle)) {
+        if let Some(c) = t
+            .listener
+            .closed_sessions()
+            .into_iter()
+            .find(|c| c.reason.contains(needle))
+        {
             assert!(c.abnormal, "{c:?}");
             return c.reason;
         }
         std::thread::sleep(Duration::from_millis(25));
     }
-    panic!("no close with {needle:?}: {:?}", t.listener.closed_sessions());
+    panic!(
+        "no close with {needle:?}: {:?}",
+        t.listener.closed_sessions()
+    );
 }
 
 /// A legitimate initiator still gets its bytes.
@@ -65,10 +76,23 @@ fn others_keep_working(t: &Target, range: RangeId, mem: &HostMemory) {
     let local = HostMemory::alloc(256 << 10).unwrap();
     let reg = i.driver.register(local.clone());
     let (rails, _) = i.connect_tcp(PeerId(1), t.addr(), 1).unwrap();
-    let id = i.driver.submit(vec![request(1, Op::Read, reg, 0, PeerId(1), range.0, 4096, 256 << 10, &rails)])[0];
+    let id = i.driver.submit(vec![request(
+        1,
+        Op::Read,
+        reg,
+        0,
+        PeerId(1),
+        range.0,
+        4096,
+        256 << 10,
+        &rails,
+    )])[0];
     let o = i.driver.wait(id, BOUND);
     assert_eq!(o.status, Status::Complete, "{o:?}");
-    assert_eq!(local.to_vec(0, 256 << 10).unwrap(), mem.to_vec(4096, 256 << 10).unwrap());
+    assert_eq!(
+        local.to_vec(0, 256 << 10).unwrap(),
+        mem.to_vec(4096, 256 << 10).unwrap()
+    );
 }
 
 #[test]
@@ -76,7 +100,10 @@ fn a_peer_that_connects_and_says_nothing_is_closed_within_the_handshake_bound() 
     let (t, mem, range) = strict_target();
     let mut s = raw::connect(t.addr());
     let frames = raw::read_until_closed(&mut s);
-    assert!(matches!(frames.first(), Some(Frame::Challenge(_))), "{frames:?}");
+    assert!(
+        matches!(frames.first(), Some(Frame::Challenge(_))),
+        "{frames:?}"
+    );
     assert_eq!(error_code(&frames), Some(ErrorCode::TIMEOUT));
     closed_with(&t, "did not send a hello");
     others_keep_working(&t, range, &mem);
@@ -145,9 +172,15 @@ fn a_malformed_body_closes_the_session() {
     let (t, mem, range) = strict_target();
     let (mut s, _) = raw::handshake(t.addr(), "malformed", 1, None);
     let mut buf = Vec::new();
-    Frame::ReadRequest(ReadRequest { request_id: RequestId(1), range_id: range, token: AccessToken(0), offset: 0, length: 1 })
-        .encode(&mut buf)
-        .unwrap();
+    Frame::ReadRequest(ReadRequest {
+        request_id: RequestId(1),
+        range_id: range,
+        token: AccessToken(0),
+        offset: 0,
+        length: 1,
+    })
+    .encode(&mut buf)
+    .unwrap();
     // offset = u64::MAX so that offset + length overflows.
     let off = orbitte_wire::HEADER_LEN + 24;
     buf[off..off + 8].copy_from_slice(&u64::MAX.to_be_bytes());
@@ -163,7 +196,9 @@ fn a_malformed_body_closes_the_session() {
 fn a_flooding_peer_is_bounded_and_closed_while_others_keep_working() {
     let (t, mem, range) = strict_target();
     let (s, publication) = raw::handshake(t.addr(), "flood", 1, None);
-    let Frame::SegmentPublication(p) = publication else { panic!() };
+    let Frame::SegmentPublication(p) = publication else {
+        panic!()
+    };
     let token = p.ranges[0].token;
     // Valid READs as fast as possible, never reading an answer, plus WRITEs
     // with a wrong token (their payload must be dropped, not written).
@@ -175,7 +210,13 @@ fn a_flooding_peer_is_bounded_and_closed_while_others_keep_working() {
         for n in 0..100_000u64 {
             buf.clear();
             let f = if n % 2 == 0 {
-                Frame::ReadRequest(ReadRequest { request_id: RequestId(n), range_id: range, token, offset: 0, length: 64 << 10 })
+                Frame::ReadRequest(ReadRequest {
+                    request_id: RequestId(n),
+                    range_id: range,
+                    token,
+                    offset: 0,
+                    length: 64 << 10,
+                })
             } else {
                 Frame::WriteRequest(WriteRequest {
                     request_id: RequestId(n),
@@ -199,7 +240,10 @@ fn a_flooding_peer_is_bounded_and_closed_while_others_keep_working() {
     others_keep_working(&t, range, &mem);
     let reason = closed_with(&t, "stalled");
     let sent = flooder.join().unwrap();
-    assert!(sent < 100_000, "the flood was never pushed back ({sent} requests sent)");
+    assert!(
+        sent < 100_000,
+        "the flood was never pushed back ({sent} requests sent)"
+    );
     assert!(reason.contains("not reading answers"), "{reason}");
     untouched(&mem);
     others_keep_working(&t, range, &mem);

@@ -16,7 +16,11 @@ use orbitte_wire::{AccessFlags, AccessToken};
 const BOUND: Duration = Duration::from_secs(30);
 
 fn core() -> CoreConfig {
-    CoreConfig { slice_size: 64 * 1024, request_timeout: Duration::from_secs(20), drain_timeout: Duration::from_secs(5) }
+    CoreConfig {
+        slice_size: 64 * 1024,
+        request_timeout: Duration::from_secs(20),
+        drain_timeout: Duration::from_secs(5),
+    }
 }
 
 fn roundtrip(zero_copy: bool, rails: usize) {
@@ -35,8 +39,16 @@ fn roundtrip(zero_copy: bool, rails: usize) {
     pattern(&src, 2);
     // Memory without a memfd of its own: the scratch-buffer path.
     let dst_owner = HostMemory::alloc(8 << 20).unwrap();
-    let dst = HostMemory::map_shared(dst_owner.memfd().unwrap().try_clone_to_owned().unwrap(), 8 << 20, true).unwrap();
-    let (src_reg, dst_reg) = (i.driver.register(src.clone()), i.driver.register(dst.clone()));
+    let dst = HostMemory::map_shared(
+        dst_owner.memfd().unwrap().try_clone_to_owned().unwrap(),
+        8 << 20,
+        true,
+    )
+    .unwrap();
+    let (src_reg, dst_reg) = (
+        i.driver.register(src.clone()),
+        i.driver.register(dst.clone()),
+    );
     let peer = PeerId(1);
     let (r, link) = i.connect_tcp(peer, t.addr(), rails).unwrap();
     assert_eq!(link.handshake.peer.source_id.as_str(), "target");
@@ -44,31 +56,63 @@ fn roundtrip(zero_copy: bool, rails: usize) {
 
     // WRITE 4 MiB - 3 bytes at remote offset 1 MiB + 5, striped over the rails.
     let len = (4 << 20) - 3;
-    let w = i.driver.submit(vec![request(1, Op::Write, src_reg, 0, peer, range.0, (1 << 20) + 5, len, &r)]);
+    let w = i.driver.submit(vec![request(
+        1,
+        Op::Write,
+        src_reg,
+        0,
+        peer,
+        range.0,
+        (1 << 20) + 5,
+        len,
+        &r,
+    )]);
     let o = i.driver.wait(w[0], BOUND);
     assert_eq!(o.status, Status::Complete, "{o:?}");
     assert_eq!(o.completed_prefix, len);
     assert_eq!(o.remote_effect, RemoteEffect::Complete);
     assert_eq!(o.drain, DrainStatus::Drained);
-    assert_eq!(remote.to_vec((1 << 20) + 5, len as usize).unwrap(), src.to_vec(0, len as usize).unwrap());
+    assert_eq!(
+        remote.to_vec((1 << 20) + 5, len as usize).unwrap(),
+        src.to_vec(0, len as usize).unwrap()
+    );
     // Bytes around the written window are untouched.
     let fresh = HostMemory::alloc(8 << 20).unwrap();
     pattern(&fresh, 1);
-    assert_eq!(remote.to_vec(0, (1 << 20) + 5).unwrap(), fresh.to_vec(0, (1 << 20) + 5).unwrap());
+    assert_eq!(
+        remote.to_vec(0, (1 << 20) + 5).unwrap(),
+        fresh.to_vec(0, (1 << 20) + 5).unwrap()
+    );
     let end = (1 << 20) + 5 + len as usize;
-    assert_eq!(remote.to_vec(end, (8 << 20) - end).unwrap(), fresh.to_vec(end, (8 << 20) - end).unwrap());
+    assert_eq!(
+        remote.to_vec(end, (8 << 20) - end).unwrap(),
+        fresh.to_vec(end, (8 << 20) - end).unwrap()
+    );
 
     // READ all 8 MiB back, two requests in one batch.
     let ids = i.driver.submit(vec![
         request(2, Op::Read, dst_reg, 0, peer, range.0, 0, 3 << 20, &r),
-        request(3, Op::Read, dst_reg, 3 << 20, peer, range.0, 3 << 20, 5 << 20, &r),
+        request(
+            3,
+            Op::Read,
+            dst_reg,
+            3 << 20,
+            peer,
+            range.0,
+            3 << 20,
+            5 << 20,
+            &r,
+        ),
     ]);
     for id in ids {
         let o = i.driver.wait(id, BOUND);
         assert_eq!(o.status, Status::Complete, "{o:?}");
         assert_eq!(o.remote_effect, RemoteEffect::None);
     }
-    assert_eq!(dst.to_vec(0, 8 << 20).unwrap(), remote.to_vec(0, 8 << 20).unwrap());
+    assert_eq!(
+        dst.to_vec(0, 8 << 20).unwrap(),
+        remote.to_vec(0, 8 << 20).unwrap()
+    );
     assert_eq!(t.listener.stats().admitted, rails as u64);
 }
 
@@ -98,7 +142,10 @@ fn target_refuses_wrong_token_bounds_access_and_range_and_never_touches_memory()
     let ro = HostMemory::alloc(1 << 20).unwrap();
     pattern(&ro, 10);
     let rw_id = t.ranges.publish(rw.clone(), RW).unwrap();
-    let ro_id = t.ranges.publish(ro.clone(), AccessFlags::REMOTE_READ).unwrap();
+    let ro_id = t
+        .ranges
+        .publish(ro.clone(), AccessFlags::REMOTE_READ)
+        .unwrap();
     let view = t.ranges.publish_view(rw.clone(), 4096, 8192, RW).unwrap();
     let retired = t.ranges.publish(rw.clone(), RW).unwrap();
     assert!(t.ranges.retire(retired));
@@ -112,15 +159,54 @@ fn target_refuses_wrong_token_bounds_access_and_range_and_never_touches_memory()
     assert_eq!(link.ranges.len(), 3, "retired range is not published");
 
     // Wrong access: WRITE to a read-only range.
-    let o = i.driver.wait(i.driver.submit(vec![request(1, Op::Write, reg, 0, peer, ro_id.0, 0, 4096, &rails)])[0], BOUND);
+    let o = i.driver.wait(
+        i.driver.submit(vec![request(
+            1,
+            Op::Write,
+            reg,
+            0,
+            peer,
+            ro_id.0,
+            0,
+            4096,
+            &rails,
+        )])[0],
+        BOUND,
+    );
     assert_eq!(o.status, Status::Failed);
     assert!(failed_status(&o).contains("access-denied"), "{o:?}");
     assert_eq!(o.failure.as_ref().unwrap().path, PathKind::Tcp);
     // Past the end of a view (the view is 8 KiB inside a 1 MiB memory).
-    let o = i.driver.wait(i.driver.submit(vec![request(2, Op::Write, reg, 0, peer, view.0, 4096, 8192, &rails)])[0], BOUND);
+    let o = i.driver.wait(
+        i.driver.submit(vec![request(
+            2,
+            Op::Write,
+            reg,
+            0,
+            peer,
+            view.0,
+            4096,
+            8192,
+            &rails,
+        )])[0],
+        BOUND,
+    );
     assert!(failed_status(&o).contains("out-of-bounds"), "{o:?}");
     // Retired range.
-    let o = i.driver.wait(i.driver.submit(vec![request(3, Op::Read, reg, 0, peer, retired.0, 0, 16, &rails)])[0], BOUND);
+    let o = i.driver.wait(
+        i.driver.submit(vec![request(
+            3,
+            Op::Read,
+            reg,
+            0,
+            peer,
+            retired.0,
+            0,
+            16,
+            &rails,
+        )])[0],
+        BOUND,
+    );
     assert!(failed_status(&o).contains("unknown-range"), "{o:?}");
     // Wrong token: forge the descriptor the initiator uses.
     let mut forged = link.ranges.clone();
@@ -128,22 +214,71 @@ fn target_refuses_wrong_token_bounds_access_and_range_and_never_touches_memory()
         d.token = AccessToken(d.token.0 ^ 1);
     }
     i.driver.set_remote(peer, &forged);
-    let o = i.driver.wait(i.driver.submit(vec![request(4, Op::Write, reg, 0, peer, rw_id.0, 0, 4096, &rails)])[0], BOUND);
+    let o = i.driver.wait(
+        i.driver.submit(vec![request(
+            4,
+            Op::Write,
+            reg,
+            0,
+            peer,
+            rw_id.0,
+            0,
+            4096,
+            &rails,
+        )])[0],
+        BOUND,
+    );
     assert!(failed_status(&o).contains("bad-token"), "{o:?}");
     assert_eq!(o.completed_prefix, 0);
-    let o = i.driver.wait(i.driver.submit(vec![request(5, Op::Read, reg, 0, peer, rw_id.0, 0, 4096, &rails)])[0], BOUND);
+    let o = i.driver.wait(
+        i.driver.submit(vec![request(
+            5,
+            Op::Read,
+            reg,
+            0,
+            peer,
+            rw_id.0,
+            0,
+            4096,
+            &rails,
+        )])[0],
+        BOUND,
+    );
     assert!(failed_status(&o).contains("bad-token"), "{o:?}");
 
     // Nothing changed anywhere, and the session still works afterwards.
-    let (a, b, c) = (HostMemory::alloc(1 << 20).unwrap(), HostMemory::alloc(1 << 20).unwrap(), HostMemory::alloc(1 << 20).unwrap());
+    let (a, b, c) = (
+        HostMemory::alloc(1 << 20).unwrap(),
+        HostMemory::alloc(1 << 20).unwrap(),
+        HostMemory::alloc(1 << 20).unwrap(),
+    );
     pattern(&a, 9);
     pattern(&b, 10);
     pattern(&c, 11);
     assert!(rw.to_vec(0, 1 << 20).unwrap() == a.to_vec(0, 1 << 20).unwrap());
     assert!(ro.to_vec(0, 1 << 20).unwrap() == b.to_vec(0, 1 << 20).unwrap());
-    assert!(local.to_vec(0, 1 << 20).unwrap() == c.to_vec(0, 1 << 20).unwrap(), "failed READs wrote nothing locally");
+    assert!(
+        local.to_vec(0, 1 << 20).unwrap() == c.to_vec(0, 1 << 20).unwrap(),
+        "failed READs wrote nothing locally"
+    );
     i.driver.set_remote(peer, &link.ranges);
-    let o = i.driver.wait(i.driver.submit(vec![request(6, Op::Read, reg, 0, peer, view.0, 0, 8192, &rails)])[0], BOUND);
+    let o = i.driver.wait(
+        i.driver.submit(vec![request(
+            6,
+            Op::Read,
+            reg,
+            0,
+            peer,
+            view.0,
+            0,
+            8192,
+            &rails,
+        )])[0],
+        BOUND,
+    );
     assert_eq!(o.status, Status::Complete, "{o:?}");
-    assert_eq!(local.to_vec(0, 8192).unwrap(), rw.to_vec(4096, 8192).unwrap());
+    assert_eq!(
+        local.to_vec(0, 8192).unwrap(),
+        rw.to_vec(4096, 8192).unwrap()
+    );
 }

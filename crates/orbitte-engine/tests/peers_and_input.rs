@@ -38,10 +38,33 @@ fn use_the_source_owners_current_authoritative_epoch_a_newer_epoch_replaces_the_
     assert_ne!(new.id, old.id);
     assert_eq!(a.peers().len(), 1, "the old incarnation is gone");
     // Everything cached from the old one is invalid.
-    let err = a.submit(&[TransferRequest::write(ra.id, 0, old.id, RangeId(1), 0, 8)]).unwrap_err();
-    assert!(matches!(err, SubmitError::Invalid { error: RequestError::UnknownPeer(_), .. }), "{err}");
-    let ids = a.submit(&[TransferRequest::write(ra.id, 0, new.id, RangeId(rb2.id.0), 0, 4096)]).unwrap();
-    assert_eq!(a.wait(ids[0], Duration::from_secs(5)).unwrap().status, Status::Complete);
+    let err = a
+        .submit(&[TransferRequest::write(ra.id, 0, old.id, RangeId(1), 0, 8)])
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SubmitError::Invalid {
+                error: RequestError::UnknownPeer(_),
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let ids = a
+        .submit(&[TransferRequest::write(
+            ra.id,
+            0,
+            new.id,
+            RangeId(rb2.id.0),
+            0,
+            4096,
+        )])
+        .unwrap();
+    assert_eq!(
+        a.wait(ids[0], Duration::from_secs(5)).unwrap().status,
+        Status::Complete
+    );
     assert_eq!(dst.to_vec(0, 4096).unwrap(), pattern(4096, 1));
 }
 
@@ -72,8 +95,14 @@ fn reopening_the_same_tcp_address_with_an_old_epoch_cannot_adopt_a_replacement_s
     });
     let err = res_a.unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("older") && text.contains("10.2.0.1:7000"), "{text}");
-    assert!(matches!(res_b, Err(OpenPeerError::Handshake(_))), "the old incarnation hears why: {res_b:?}");
+    assert!(
+        text.contains("older") && text.contains("10.2.0.1:7000"),
+        "{text}"
+    );
+    assert!(
+        matches!(res_b, Err(OpenPeerError::Handshake(_))),
+        "the old incarnation hears why: {res_b:?}"
+    );
     let peers = a.peers();
     assert_eq!(peers.len(), 1);
     assert_eq!(peers[0].epoch, 20, "the replacement stays adopted");
@@ -94,7 +123,9 @@ fn both_peers_must_use_the_current_protocol_version_no_legacy_fallback() {
         let reply = std::thread::scope(|s| {
             let h = s.spawn(move || {
                 // A peer speaking another version, by hand.
-                let Frame::Challenge(_) = lb.recv(Duration::from_secs(5)).unwrap() else { panic!() };
+                let Frame::Challenge(_) = lb.recv(Duration::from_secs(5)).unwrap() else {
+                    panic!()
+                };
                 let mut identity = wire::Identity::new(
                     wire::SourceId::new("other").unwrap(),
                     wire::Epoch::new(5).unwrap(),
@@ -102,7 +133,13 @@ fn both_peers_must_use_the_current_protocol_version_no_legacy_fallback() {
                 );
                 let _ = &mut identity;
                 // The encoder refuses other versions, so patch the header.
-                let mut bytes = Frame::Hello(wire::Hello { identity, nonce: wire::Nonce([1; 32]), proof: None }).to_bytes().unwrap();
+                let mut bytes = Frame::Hello(wire::Hello {
+                    identity,
+                    nonce: wire::Nonce([1; 32]),
+                    proof: None,
+                })
+                .to_bytes()
+                .unwrap();
                 bytes[4..6].copy_from_slice(&version.to_be_bytes());
                 lb.send_raw(bytes).unwrap();
                 lb.recv(Duration::from_secs(5))
@@ -111,7 +148,9 @@ fn both_peers_must_use_the_current_protocol_version_no_legacy_fallback() {
             assert!(err.to_string().contains("version"), "{err}");
             h.join().unwrap()
         });
-        let Ok(Frame::Error(e)) = reply else { panic!("{reply:?}") };
+        let Ok(Frame::Error(e)) = reply else {
+            panic!("{reply:?}")
+        };
         assert_eq!(e.code, wire::ErrorCode::UNSUPPORTED_VERSION);
     }
     // Something that is not an orbitte handshake at all is rejected too.
@@ -119,7 +158,10 @@ fn both_peers_must_use_the_current_protocol_version_no_legacy_fallback() {
     std::thread::scope(|s| {
         s.spawn(move || {
             let _ = lb.recv(Duration::from_secs(5));
-            let goodbye = wire::Goodbye { reason: wire::GoodbyeReason(0), message: wire::Message::truncating("legacy") };
+            let goodbye = wire::Goodbye {
+                reason: wire::GoodbyeReason(0),
+                message: wire::Message::truncating("legacy"),
+            };
             let _ = lb.send(&Frame::Goodbye(goodbye));
         });
         assert!(a.accept_peer(&mut la).is_err());
@@ -136,31 +178,101 @@ fn bad_input_gives_a_typed_error_naming_the_request_and_posts_nothing() {
     let retired = register(&a, &region(4096, 1), Access::LocalOnly);
     let dst = region(4096, 2);
     let rb = register(&b, &dst, Access::REMOTE_READ_WRITE);
-    let ro = register(&b, &region(4096, 2), Access::Remote { read: true, write: false });
+    let ro = register(
+        &b,
+        &region(4096, 2),
+        Access::Remote {
+            read: true,
+            write: false,
+        },
+    );
     let (pb, _) = connect(&a, &b);
     a.retire(retired.id).unwrap();
     let good = TransferRequest::write(ra.id, 0, pb.id, RangeId(rb.id.0), 0, 4096);
-    let cases: Vec<(TransferRequest, fn(&RequestError) -> bool)> = vec![
-        (TransferRequest { peer: PeerId(99), ..good }, |e| matches!(e, RequestError::UnknownPeer(99))),
-        (TransferRequest { registration: orbitte_engine::RegistrationId(999), ..good }, |e| matches!(e, RequestError::UnpublishedLocal(999))),
-        (TransferRequest { registration: retired.id, ..good }, |e| matches!(e, RequestError::UnpublishedLocal(_))),
-        (TransferRequest { range: RangeId(12345), ..good }, |e| matches!(e, RequestError::UnpublishedRemote { range: 12345, .. })),
-        (TransferRequest { local_offset: 4000, len: 200, ..good }, |e| matches!(e, RequestError::OutOfRange { side: "local", .. })),
-        (TransferRequest { remote_offset: 4096, len: 1, ..good }, |e| matches!(e, RequestError::OutOfRange { side: "remote", .. })),
-        (TransferRequest { range: RangeId(ro.id.0), ..good }, |e| matches!(e, RequestError::WrongAccess { side: "remote", .. })),
-        (TransferRequest { len: 0, ..good }, |e| matches!(e, RequestError::ZeroLength)),
-        (TransferRequest { local_offset: u64::MAX, ..good }, |e| matches!(e, RequestError::Overflow { .. })),
+    type Expect = fn(&RequestError) -> bool;
+    let cases: Vec<(TransferRequest, Expect)> = vec![
+        (
+            TransferRequest {
+                peer: PeerId(99),
+                ..good
+            },
+            |e| matches!(e, RequestError::UnknownPeer(99)),
+        ),
+        (
+            TransferRequest {
+                registration: orbitte_engine::RegistrationId(999),
+                ..good
+            },
+            |e| matches!(e, RequestError::UnpublishedLocal(999)),
+        ),
+        (
+            TransferRequest {
+                registration: retired.id,
+                ..good
+            },
+            |e| matches!(e, RequestError::UnpublishedLocal(_)),
+        ),
+        (
+            TransferRequest {
+                range: RangeId(12345),
+                ..good
+            },
+            |e| matches!(e, RequestError::UnpublishedRemote { range: 12345, .. }),
+        ),
+        (
+            TransferRequest {
+                local_offset: 4000,
+                len: 200,
+                ..good
+            },
+            |e| matches!(e, RequestError::OutOfRange { side: "local", .. }),
+        ),
+        (
+            TransferRequest {
+                remote_offset: 4096,
+                len: 1,
+                ..good
+            },
+            |e| matches!(e, RequestError::OutOfRange { side: "remote", .. }),
+        ),
+        (
+            TransferRequest {
+                range: RangeId(ro.id.0),
+                ..good
+            },
+            |e| matches!(e, RequestError::WrongAccess { side: "remote", .. }),
+        ),
+        (TransferRequest { len: 0, ..good }, |e| {
+            matches!(e, RequestError::ZeroLength)
+        }),
+        (
+            TransferRequest {
+                local_offset: u64::MAX,
+                ..good
+            },
+            |e| matches!(e, RequestError::Overflow { .. }),
+        ),
     ];
     for (i, (bad, want)) in cases.into_iter().enumerate() {
-        let err = a.submit(&[good.label(100), bad.label(200 + i as u64)]).unwrap_err();
+        let err = a
+            .submit(&[good.label(100), bad.label(200 + i as u64)])
+            .unwrap_err();
         match &err {
-            SubmitError::Invalid { index: 1, label, error } => {
+            SubmitError::Invalid {
+                index: 1,
+                label,
+                error,
+            } => {
                 assert_eq!(*label, 200 + i as u64);
                 assert!(want(error), "case {i}: {error:?}");
             }
             other => panic!("case {i}: {other:?}"),
         }
-        assert!(err.to_string().contains(&format!("label {}", 200 + i as u64)), "{err}");
+        assert!(
+            err.to_string()
+                .contains(&format!("label {}", 200 + i as u64)),
+            "{err}"
+        );
     }
     assert!(matches!(a.submit(&[]), Err(SubmitError::Empty)));
     // Nothing of any refused batch was posted, not even the good request.
@@ -172,4 +284,79 @@ fn bad_input_gives_a_typed_error_naming_the_request_and_posts_nothing() {
     let ok = TransferRequest::read(ra.id, 0, pb.id, RangeId(ro.id.0), 0, 4096);
     let id = a.submit(&[ok]).unwrap()[0];
     assert!(drive_wait(&fabric, &a, id).is_complete());
+}
+
+#[test]
+fn a_range_the_peer_retired_is_refused_and_a_later_publication_is_usable() {
+    let fabric = fabric(1, Delivery::Background, 54);
+    let a = builder(&fabric, "a", 1).build().unwrap();
+    let b = builder(&fabric, "b", 1).build().unwrap();
+    let ra = register(&a, &region(4096, 1), Access::LocalOnly);
+    let rb = register(&b, &region(4096, 2), Access::REMOTE_READ_WRITE);
+    let (pb, _) = connect(&a, &b);
+    // B retires its range and tells A (over whatever carries its frames).
+    b.retire(rb.id).unwrap();
+    a.apply_retire(pb.id, &b.segment_retire(&[rb.id])).unwrap();
+    let req = TransferRequest::read(ra.id, 0, pb.id, RangeId(rb.id.0), 0, 4096);
+    let err = a.submit(&[req]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SubmitError::Invalid {
+                error: RequestError::UnpublishedRemote { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // B publishes a new range; A learns it and can use it.
+    let fresh = region(4096, 5);
+    let rb2 = register(&b, &fresh, Access::REMOTE_READ_WRITE);
+    a.apply_publication(pb.id, &b.segment_publication())
+        .unwrap();
+    let id = a
+        .submit(&[TransferRequest::write(
+            ra.id,
+            0,
+            pb.id,
+            RangeId(rb2.id.0),
+            0,
+            4096,
+        )])
+        .unwrap()[0];
+    assert!(a.wait(id, Duration::from_secs(5)).unwrap().is_complete());
+    assert_eq!(fresh.to_vec(0, 4096).unwrap(), pattern(4096, 1));
+    // A publication naming another epoch is refused.
+    let mut stale = b.segment_publication();
+    stale.epoch = wire::Epoch::new(1).unwrap();
+    assert!(a.apply_publication(pb.id, &stale).is_err());
+}
+
+#[test]
+fn reopening_a_peer_at_the_same_epoch_replaces_rails_that_went_down() {
+    let fabric = fabric(1, Delivery::Background, 55);
+    let a = builder(&fabric, "a", 1).build().unwrap();
+    let b = builder(&fabric, "b", 1).build().unwrap();
+    let ra = register(&a, &region(4096, 1), Access::LocalOnly);
+    let dst = region(4096, 2);
+    let rb = register(&b, &dst, Access::REMOTE_READ_WRITE);
+    let (pb, _) = connect(&a, &b);
+    let qpn = pb.rails[0].qpn.unwrap();
+    fabric.faults().qp_fatal("a0", qpn).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while a.peers()[0].rails[0].up {
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let req = TransferRequest::write(ra.id, 0, pb.id, RangeId(rb.id.0), 0, 4096);
+    assert!(matches!(a.submit(&[req]), Err(SubmitError::Invalid { error: RequestError::NoRail { .. }, .. })));
+    // Same incarnation, new session: a reconnect keeps the PeerId and
+    // replaces the rails.
+    let (again, _) = connect(&a, &b);
+    assert_eq!(again.id, pb.id);
+    assert_eq!(again.rails.len(), 1);
+    assert!(again.rails[0].up && again.rails[0].qpn != Some(qpn));
+    let id = a.submit(&[req]).unwrap()[0];
+    assert!(a.wait(id, Duration::from_secs(5)).unwrap().is_complete());
+    assert_eq!(dst.to_vec(0, 4096).unwrap(), pattern(4096, 1));
 }

@@ -23,7 +23,9 @@ fn write_and_read_between_two_engines_check_every_byte() {
     let (peer_b, _) = connect(&a, &b);
     assert_eq!(peer_b.rails.len(), 2, "{peer_b:?}");
     let range = RangeId(rb.id.0);
-    let ids = a.submit(&[TransferRequest::write(ra.id, 0, peer_b.id, range, 0, len as u64).label(7)]).unwrap();
+    let ids = a
+        .submit(&[TransferRequest::write(ra.id, 0, peer_b.id, range, 0, len as u64).label(7)])
+        .unwrap();
     let o = a.wait(ids[0], Duration::from_secs(5)).unwrap();
     assert_eq!(o.status, Status::Complete, "{o:?}");
     assert_eq!(o.label, 7);
@@ -34,10 +36,17 @@ fn write_and_read_between_two_engines_check_every_byte() {
     assert_eq!(dst.to_vec(0, len).unwrap(), pattern(len, 1));
     // READ back a window into another place of A's memory.
     src.fill(0, len, 0).unwrap();
-    let ids = a.submit(&[TransferRequest::read(ra.id, 10, peer_b.id, range, 5000, 50_000)]).unwrap();
+    let ids = a
+        .submit(&[TransferRequest::read(
+            ra.id, 10, peer_b.id, range, 5000, 50_000,
+        )])
+        .unwrap();
     let o = a.wait(ids[0], Duration::from_secs(5)).unwrap();
     assert!(o.is_complete(), "{o:?}");
     assert_eq!(o.remote_effect, RemoteEffect::None);
-    assert_eq!(src.to_vec(10, 50_000).unwrap(), pattern(len, 1)[5000..55_000]);
+    assert_eq!(
+        src.to_vec(10, 50_000).unwrap(),
+        pattern(len, 1)[5000..55_000]
+    );
     assert_eq!(a.outstanding_slices(), 0);
 }

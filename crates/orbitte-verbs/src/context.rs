@@ -87,8 +87,10 @@ impl Context {
     }
 
     /// Everything the seed's diagnostics need, as plain data: device info,
-    /// limits, and per port its attributes and GID table. A port whose
-    /// query fails is listed in `port_errors` instead of failing the whole.
+    /// limits, and per port its attributes and GID table up to its last
+    /// valid entry (invalid entries before it are kept, marked). A port
+    /// whose query fails is listed in `port_errors` instead of failing the
+    /// whole.
     pub fn diagnostics(&self) -> Result<DeviceDiagnostics, QueryError> {
         let attr = self.query_device()?;
         let mut ports = Vec::new();
@@ -98,7 +100,13 @@ impl Context {
                 .query_port(port)
                 .and_then(|a| Ok((self.gids(port)?, a)))
             {
-                Ok((gids, attr)) => ports.push(PortDiagnostics { attr, gids }),
+                Ok((mut gids, attr)) => {
+                    // Tables are filled from the front; drop the unused tail
+                    // (rxe and mlx5 report 128..1024 entries).
+                    let used = gids.iter().rposition(|g| g.valid).map_or(0, |i| i + 1);
+                    gids.truncate(used);
+                    ports.push(PortDiagnostics { attr, gids })
+                }
                 Err(e) => port_errors.push((port, e.to_string())),
             }
         }

@@ -514,7 +514,8 @@ pub struct DeviceInfo {
 pub struct PortDiagnostics {
     /// Port attributes (state, link layer, MTU, width/speed).
     pub attr: PortAttr,
-    /// Every GID table entry, valid or not.
+    /// GID table entries up to the last valid one (invalid ones before it
+    /// included, marked); `attr.gid_table_len` is the full size.
     pub gids: Vec<GidEntry>,
 }
 

@@ -507,3 +507,92 @@ fn decoded_elements_hold_at_most_four_times_their_minimum_wire_size() {
     assert!(size_of::<RailEndpoint>() <= 4 * 30);
     assert!(size_of::<RangeId>() <= 4 * 8);
 }
+
+#[test]
+fn code_tables_are_stable() {
+    // docs/protocol.md, "Code tables": values are never renumbered.
+    let frame_types: Vec<(u16, &str)> = FrameType::ALL
+        .iter()
+        .map(|t| (t.0, t.name().unwrap()))
+        .collect();
+    assert_eq!(
+        frame_types,
+        [
+            (0x0001, "challenge"),
+            (0x0002, "hello"),
+            (0x0003, "hello-ack"),
+            (0x0004, "goodbye"),
+            (0x0005, "error"),
+            (0x0010, "segment-publication"),
+            (0x0011, "segment-retire"),
+            (0x0020, "connect-request"),
+            (0x0021, "connect-accept"),
+            (0x0022, "connect-reject"),
+            (0x0030, "read-request"),
+            (0x0031, "read-response"),
+            (0x0032, "write-request"),
+            (0x0033, "write-response"),
+        ]
+    );
+    let errors: Vec<String> = (1..=16).map(|c| ErrorCode(c).to_string()).collect();
+    assert_eq!(
+        errors,
+        [
+            "malformed-frame",
+            "unsupported-version",
+            "unknown-frame-type",
+            "unexpected-frame",
+            "frame-too-large",
+            "not-orbitte",
+            "auth-required",
+            "auth-failed",
+            "stale-epoch",
+            "source-conflict",
+            "resource-exhausted",
+            "shutting-down",
+            "no-usable-rail",
+            "unknown-nic",
+            "timeout",
+            "internal",
+        ]
+    );
+    let statuses: Vec<String> = (0..=7).map(|c| Status(c).to_string()).collect();
+    assert_eq!(
+        statuses,
+        [
+            "ok",
+            "unknown-range",
+            "bad-token",
+            "out-of-bounds",
+            "access-denied",
+            "retired",
+            "busy",
+            "internal"
+        ]
+    );
+    let reasons: Vec<String> = (0..=3).map(|c| GoodbyeReason(c).to_string()).collect();
+    assert_eq!(reasons, ["normal", "shutdown", "restart", "idle"]);
+    assert_eq!(Capabilities::RDMA.0, 1);
+    assert_eq!(Capabilities::TCP.0, 2);
+    assert_eq!(Capabilities::LOCAL.0, 4);
+    assert_eq!(Capabilities::CUDA_STAGING.0, 8);
+    assert_eq!(AccessFlags::LOCAL_WRITE.0, 1);
+    assert_eq!(AccessFlags::REMOTE_READ.0, 2);
+    assert_eq!(AccessFlags::REMOTE_WRITE.0, 4);
+    assert_eq!(LocalMechanism::MEMFD.0, 1);
+    assert_eq!((MAGIC, PROTOCOL_VERSION), (*b"OBTE", 1));
+    assert_eq!((MAX_CONTROL_BODY_LEN, MAX_PAYLOAD_LEN), (4 << 20, 16 << 20));
+}
+
+#[test]
+fn other_engines_bytes_are_not_orbitte() {
+    // An HTTP probe, a TLS ClientHello, zeros: rejected on the magic.
+    for bytes in [
+        &b"GET / HTTP/1.1\r\n\r\n"[..],
+        &[0x16, 0x03, 0x01, 0x02, 0x00][..],
+        &[0; 16][..],
+    ] {
+        let e = decode(bytes).unwrap_err();
+        assert_eq!(e.error_code(), ErrorCode::NOT_ORBITTE, "{e}");
+    }
+}

@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use orbitte::verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric};
 use orbitte::{
-    Access, EngineBuilder, HostMemory, InProcessLink, RangeId, TransferEngine, TransferRequest,
+    Access, EngineBuilder, HostMemory, InProcessLink, Outcome, RangeId, TransferEngine,
+    TransferRequest,
 };
 
 const LEN: usize = 1 << 20;
@@ -78,7 +79,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     )
     .label(1)])?;
     let outcome = prefill.wait(ids[0], Duration::from_secs(30))?;
-    println!("write: {outcome:?}");
+    show("write", &outcome);
     if !outcome.is_complete() {
         return Err(format!("write did not complete: {:?}", outcome.failure).into());
     }
@@ -95,7 +96,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     )
     .label(2)])?;
     let outcome = prefill.wait(ids[0], Duration::from_secs(30))?;
-    println!("read:  {outcome:?}");
+    show("read", &outcome);
     // The buffer is ours again only once the request is drained.
     prefill.wait_drain(ids[0], Duration::from_secs(30))?;
     let same = src.to_vec(0, LEN)? == pattern;
@@ -114,6 +115,19 @@ fn main() -> Result<(), Box<dyn Error>> {
     } else {
         Err("bytes read back differ from the bytes written".into())
     }
+}
+
+/// Prints every part of an outcome: status, completed prefix, failure
+/// information, remote effect (of a WRITE) and drain status.
+fn show(what: &str, o: &Outcome) {
+    let failure = o
+        .failure
+        .as_ref()
+        .map_or_else(|| "none".to_owned(), ToString::to_string);
+    println!(
+        "{what}: {:?}, completed prefix {} of {} bytes ({} of {} slices), failure {failure}, remote effect {:?}, drain {:?}",
+        o.status, o.completed_prefix, o.len, o.completed_slices, o.slices, o.remote_effect, o.drain
+    );
 }
 
 /// Opens `b` as a peer of `a` over an in-process control link (between

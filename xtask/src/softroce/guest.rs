@@ -430,6 +430,11 @@ impl Control {
         if std::env::var_os("RUST_BACKTRACE").is_none() {
             env.push_str("export RUST_BACKTRACE=1\n");
         }
+        // Plain output, as in a CI log (tracing-subscriber and others honour it).
+        match std::env::var("NO_COLOR") {
+            Ok(v) => env.push_str(&format!("export NO_COLOR={}\n", shell_quote(&v))),
+            Err(_) => env.push_str("export NO_COLOR=1\n"),
+        }
         // The guest powers itself off after this (the backstop should this
         // task be killed without a chance to stop qemu).
         env.push_str(&format!(

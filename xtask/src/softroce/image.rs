@@ -70,49 +70,87 @@ impl Image {
 /// Returns the cached image for the current inputs, building it first when
 /// there is none (or when `rebuild`).
 pub(crate) fn ensure(rebuild: bool) -> Result<Image, String> {
+    prepare(rebuild)?.finish()
+}
+
+/// An image ready to use, or one whose build passed its preflight checks.
+#[derive(Debug)]
+pub(crate) enum Prepared {
+    Cached(Image),
+    ToBuild {
+        scripts: PathBuf,
+        mirror: String,
+        key: String,
+    },
+}
+
+/// Finds the cached image, or checks (quickly) that one can be built: root,
+/// the tools, the mirror.
+pub(crate) fn prepare(rebuild: bool) -> Result<Prepared, String> {
     let scripts = crate::workspace_root().join("ci/softroce");
     let mirror = mirror();
     let key = cache_key(&scripts, &mirror)?;
-    let cache = cache_dir();
-    let dir = cache.join(format!("image-{key}"));
+    let dir = cache_dir().join(format!("image-{key}"));
     let image = Image::in_dir(&dir);
     if image.complete() && !rebuild {
         eprintln!("softroce: using cached image {}", dir.display());
-        return Ok(image);
+        return Ok(Prepared::Cached(image));
     }
     preflight_build(&mirror)?;
-    let started = Instant::now();
-    eprintln!(
-        "softroce: building the guest image ({SUITE} from {mirror}) into {}",
-        dir.display()
-    );
-    fs::create_dir_all(&cache)
-        .map_err(|e| format!("cannot create the cache folder {}: {e}", cache.display()))?;
-    let tmp = cache.join(format!("image-{key}.tmp-{}", std::process::id()));
-    let _cleanup = RemoveOnDrop(tmp.clone());
-    fs::create_dir_all(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
-    let log = tmp.join("build.log");
-    build_script(&scripts, &tmp, &mirror, &log)?;
-    extract_vmlinux(&tmp.join("bzImage"), &tmp.join("vmlinux"))?;
-    fs::write(
-        tmp.join("inputs.txt"),
-        format!(
-            "{FORMAT}\nsuite {SUITE}\nmirror {mirror}\npackages {}\n",
-            PACKAGES.join(",")
-        ),
-    )
-    .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-    if dir.exists() {
-        fs::remove_dir_all(&dir).map_err(|e| format!("cannot replace {}: {e}", dir.display()))?;
+    Ok(Prepared::ToBuild {
+        scripts,
+        mirror,
+        key,
+    })
+}
+
+impl Prepared {
+    /// The image, built now when it is not cached.
+    pub(crate) fn finish(self) -> Result<Image, String> {
+        let (scripts, mirror, key) = match self {
+            Self::Cached(image) => return Ok(image),
+            Self::ToBuild {
+                scripts,
+                mirror,
+                key,
+            } => (scripts, mirror, key),
+        };
+        let cache = cache_dir();
+        let dir = cache.join(format!("image-{key}"));
+        let started = Instant::now();
+        eprintln!(
+            "softroce: building the guest image ({SUITE} from {mirror}) into {}",
+            dir.display()
+        );
+        fs::create_dir_all(&cache)
+            .map_err(|e| format!("cannot create the cache folder {}: {e}", cache.display()))?;
+        let tmp = cache.join(format!("image-{key}.tmp-{}", std::process::id()));
+        let _cleanup = RemoveOnDrop(tmp.clone());
+        fs::create_dir_all(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
+        let log = tmp.join("build.log");
+        build_script(&scripts, &tmp, &mirror, &log)?;
+        extract_vmlinux(&tmp.join("bzImage"), &tmp.join("vmlinux"))?;
+        fs::write(
+            tmp.join("inputs.txt"),
+            format!(
+                "{FORMAT}\nsuite {SUITE}\nmirror {mirror}\npackages {}\n",
+                PACKAGES.join(",")
+            ),
+        )
+        .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+        if dir.exists() {
+            fs::remove_dir_all(&dir)
+                .map_err(|e| format!("cannot replace {}: {e}", dir.display()))?;
+        }
+        fs::rename(&tmp, &dir).map_err(|e| format!("cannot move the image into place: {e}"))?;
+        remove_stale_images(&cache, &dir);
+        eprintln!(
+            "softroce: image built in {} ({})",
+            secs(started.elapsed()),
+            dir.display()
+        );
+        Ok(Image::in_dir(&dir))
     }
-    fs::rename(&tmp, &dir).map_err(|e| format!("cannot move the image into place: {e}"))?;
-    remove_stale_images(&cache, &dir);
-    eprintln!(
-        "softroce: image built in {} ({})",
-        secs(started.elapsed()),
-        dir.display()
-    );
-    Ok(image)
 }
 
 /// FNV-1a over the build inputs: stable across Rust versions and machines.

@@ -15,21 +15,86 @@ enum Target {
     /// The library's unit tests.
     #[allow(dead_code)] // no suite is a unit test today; kept for the ones that will be
     Lib,
-    /// An integration test (`tests/NAME.rs`).
+    /// An integration test (`tests/NAME.rs`), run with the test arguments
+    /// given to `softroce test`.
     Test(&'static str),
+    /// A binary run with `args`: passes when it exits 0 and its output
+    /// contains every string of `expect`.
+    Bin {
+        name: &'static str,
+        args: &'static [&'static str],
+        expect: &'static [&'static str],
+    },
 }
 
-/// A test binary honouring `ORBITTE_TEST_DEVICE` that the guest runs.
+/// A test binary honouring `ORBITTE_TEST_DEVICE`, or a command, that the
+/// guest runs against rxe0.
 #[derive(Debug)]
 struct Suite {
     package: &'static str,
     target: Target,
 }
 
-/// The native test suites, in the order the guest runs them. Add a line
-/// when a crate gains tests that talk to a real verbs device (the engine's
-/// rdma path, the CLI's doctor scenarios). An entry whose target does not
-/// exist yet is reported as missing, not built.
+impl Suite {
+    /// The cargo flags selecting the target, cargo's kind and name for it,
+    /// and whether `cargo test --no-run` (rather than `cargo build`) builds it.
+    fn cargo_target(&self) -> (Vec<String>, &'static str, String, bool) {
+        match self.target {
+            Target::Lib => (
+                vec!["--lib".into()],
+                "lib",
+                self.package.replace('-', "_"),
+                true,
+            ),
+            Target::Test(t) => (vec!["--test".into(), t.into()], "test", t.into(), true),
+            Target::Bin { name, .. } => {
+                (vec!["--bin".into(), name.into()], "bin", name.into(), false)
+            }
+        }
+    }
+
+    fn label(&self) -> String {
+        match self.target {
+            Target::Lib => format!("{} (unit tests)", self.package),
+            Target::Test(t) => format!("{} tests/{t}.rs", self.package),
+            Target::Bin { name, args, .. } => {
+                format!("{} `{name} {}`", self.package, args.join(" "))
+            }
+        }
+    }
+
+    /// The shell condition that runs the suite in the guest and is true
+    /// when it passed.
+    fn check(&self, exe: &str, test_args: &[String]) -> String {
+        let exe = quote(exe);
+        match self.target {
+            Target::Lib | Target::Test(_) => {
+                let args: String = test_args.iter().map(|a| format!(" {}", quote(a))).collect();
+                format!("{exe}{args}")
+            }
+            Target::Bin { args, expect, .. } => {
+                let args: String = args.iter().map(|a| format!(" {}", quote(a))).collect();
+                let out = "/tmp/softroce-out";
+                let mut check =
+                    format!("{{ {exe}{args} > {out} 2>&1; r=$?; cat {out}; [ $r = 0 ]; }}");
+                for e in expect {
+                    let q = quote(e);
+                    let missing = quote(&format!("softroce: the output lacks `{e}`"));
+                    let _ = write!(
+                        check,
+                        " && {{ grep -qF -- {q} {out} || {{ echo {missing}; false; }}; }}"
+                    );
+                }
+                check
+            }
+        }
+    }
+}
+
+/// The native suites, in the order the guest runs them. Add a line when a
+/// crate gains tests or a command that talk to a real verbs device (the
+/// engine's rdma path between two engines, `orbitte doctor`). An entry whose
+/// target does not exist yet is reported as missing, not built.
 const NATIVE_SUITES: &[Suite] = &[
     Suite {
         package: "orbitte-verbs-sys",
@@ -38,6 +103,16 @@ const NATIVE_SUITES: &[Suite] = &[
     Suite {
         package: "orbitte-verbs",
         target: Target::Test("native"),
+    },
+    // The CLI's topology on rxe0, after one Host Direct registration through
+    // the native provider (issue 10, item 4).
+    Suite {
+        package: "orbitte-cli",
+        target: Target::Bin {
+            name: "orbitte",
+            args: &["topology", "--initialize"],
+            expect: &["rxe0", "RoCE v2"],
+        },
     },
 ];
 
@@ -50,7 +125,7 @@ if echo "$info" | grep -q PORT_ACTIVE && echo "$info" | grep -q 'RoCE v2'; then
     echo "softroce: smoke check: ok (PORT_ACTIVE, RoCE v2 GID)"
 else
     echo "softroce: smoke check: FAILED (want PORT_ACTIVE and a RoCE v2 GID)"
-    failed="$failed smoke"
+    failed="$failed; smoke check"
 fi
 "#;
 
@@ -59,16 +134,28 @@ fi
 pub(crate) fn run(test_args: &[String], timeout: Duration) -> Result<i32, String> {
     let started = Instant::now();
     guest::qemu()?;
-    let image = image::ensure(false)?;
-    let image_done = Instant::now();
-
-    let cargo_started = Instant::now();
-    let Built { binaries, missing } = build_suites()?;
+    let prepared = image::prepare(false)?;
+    // The image build (mostly downloads and dpkg) overlaps the suites' build
+    // (mostly rustc); the image's failure is reported first.
+    let (image, built) = std::thread::scope(|scope| {
+        let image = scope.spawn(|| {
+            let image = prepared.finish();
+            (image, started.elapsed())
+        });
+        let cargo_started = Instant::now();
+        let built = build_suites().map(|b| (b, cargo_started.elapsed()));
+        let image = image
+            .join()
+            .unwrap_or_else(|_| (Err("the image build panicked".into()), started.elapsed()));
+        (image, built)
+    });
+    let (image, image_took) = (image.0?, image.1);
+    let (Built { binaries, missing }, cargo_took) = built?;
     eprintln!(
-        "softroce: built {} native test binar{} in {}",
+        "softroce: built {} native suite{} in {}",
         binaries.len(),
-        if binaries.len() == 1 { "y" } else { "ies" },
-        secs(cargo_started.elapsed())
+        if binaries.len() == 1 { "" } else { "s" },
+        secs(cargo_took)
     );
     for m in &missing {
         eprintln!("softroce: missing suite (not run): {m}");
@@ -76,15 +163,15 @@ pub(crate) fn run(test_args: &[String], timeout: Duration) -> Result<i32, String
 
     let mut script = String::from("failed=\"\"\n");
     script.push_str(SMOKE);
-    let args: String = test_args.iter().map(|a| format!(" {}", quote(a))).collect();
-    for (name, exe) in &binaries {
+    for (suite, label, exe) in &binaries {
+        let label = quote(label);
+        let check = suite.check(&exe.to_string_lossy(), test_args);
         let _ = write!(
             script,
-            "echo; echo \"softroce: suite {name}\"\n\
+            "echo; echo \"softroce: suite \"{label}\n\
              t0=$(date +%s)\n\
-             if {exe}{args}; then r=ok; else r=FAILED; failed=\"$failed {name}\"; fi\n\
-             echo \"softroce: suite {name}: $r ($(( $(date +%s) - t0 )) s)\"\n",
-            exe = quote(&exe.to_string_lossy()),
+             if {check}; then r=ok; else r=FAILED; failed=\"$failed; \"{label}; fi\n\
+             echo \"softroce: suite \"{label}\": $r ($(( $(date +%s) - t0 )) s)\"\n",
         );
     }
     for m in &missing {
@@ -95,82 +182,68 @@ pub(crate) fn run(test_args: &[String], timeout: Duration) -> Result<i32, String
         );
     }
     script.push_str(
-        "echo\nif [ -n \"$failed\" ]; then echo \"softroce: FAILED:$failed\"; exit 1; fi\n\
+        "echo\nif [ -n \"$failed\" ]; then echo \"softroce: FAILED:${failed#;}\"; exit 1; fi\n\
          echo \"softroce: all passed\"\n",
     );
 
     let guest_started = Instant::now();
     let rc = guest::run(&image, &script, timeout)?;
     eprintln!(
-        "softroce: timings: image {}, cargo build {}, guest stage {}, total {}",
-        secs(image_done.duration_since(started)),
-        secs(guest_started.duration_since(cargo_started)),
+        "softroce: timings: image {}, cargo build {} (the two overlap), guest stage {}, total {}",
+        secs(image_took),
+        secs(cargo_took),
         secs(guest_started.elapsed()),
         secs(started.elapsed())
     );
     Ok(rc)
 }
 
-/// Builds every existing suite with `cargo test --no-run`.
+/// Builds every existing suite (`cargo test --no-run`, or `cargo build`
+/// for a binary) and finds its executable in cargo's JSON messages.
 fn build_suites() -> Result<Built, String> {
     let targets = workspace_targets()?;
     let mut binaries = Vec::new();
     let mut missing = Vec::new();
     for suite in NATIVE_SUITES {
-        let (flag, kind, name) = match suite.target {
-            Target::Lib => (
-                vec!["--lib".to_string()],
-                "lib",
-                suite.package.replace('-', "_"),
-            ),
-            Target::Test(t) => (
-                vec!["--test".to_string(), t.to_string()],
-                "test",
-                t.to_string(),
-            ),
-        };
-        let label = match suite.target {
-            Target::Lib => format!("{} (unit tests)", suite.package),
-            Target::Test(t) => format!("{} tests/{t}.rs", suite.package),
-        };
+        let (flags, kind, name, test) = suite.cargo_target();
+        let label = suite.label();
+        let kind_matches = |k: &str| k == kind || (kind == "lib" && k.ends_with("lib"));
         let exists = targets.iter().any(|(p, kinds, n)| {
-            p == suite.package
-                && kinds
-                    .iter()
-                    .any(|k| k == kind || (kind == "lib" && k.ends_with("lib")))
-                && *n == name
+            p == suite.package && *n == name && kinds.iter().any(|k| kind_matches(k))
         });
         if !exists {
             missing.push(format!("{label} does not exist yet"));
             continue;
         }
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut child = Command::new(&cargo)
-            .args([
-                "test",
-                "--no-run",
-                "--message-format=json-render-diagnostics",
-                "-p",
-            ])
+        let mut command = Command::new(&cargo);
+        if test {
+            command.args(["test", "--no-run"]);
+        } else {
+            command.arg("build");
+        }
+        let mut child = command
+            .args(["--message-format=json-render-diagnostics", "-p"])
             .arg(suite.package)
-            .args(&flag)
+            .args(&flags)
             .current_dir(crate::workspace_root())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .map_err(|e| format!("cannot run `{cargo} test --no-run`: {e}"))?;
+            .map_err(|e| format!("cannot run `{cargo}` to build {label}: {e}"))?;
         let mut found = None;
         if let Some(out) = child.stdout.take() {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
                 let Ok(msg) = serde_json::from_str::<serde_json::Value>(&line) else {
                     continue;
                 };
+                let target = &msg["target"];
                 if msg["reason"] == "compiler-artifact"
-                    && msg["profile"]["test"] == true
-                    && msg["target"]["name"] == name.as_str()
-                    && msg["package_id"]
-                        .as_str()
-                        .is_some_and(|id| id.contains(suite.package))
+                    && msg["profile"]["test"] == test
+                    && target["name"].as_str().map(|n| n.replace('-', "_")) == Some(name.clone())
+                    && target["kind"]
+                        .as_array()
+                        .is_some_and(|ks| ks.iter().filter_map(|k| k.as_str()).any(kind_matches))
                     && let Some(exe) = msg["executable"].as_str()
                 {
                     found = Some(PathBuf::from(exe));
@@ -186,8 +259,8 @@ fn build_suites() -> Result<Built, String> {
             ));
         }
         let exe =
-            found.ok_or_else(|| format!("cargo built {label} but named no test executable"))?;
-        binaries.push((label, exe));
+            found.ok_or_else(|| format!("cargo built {label} but named no executable for it"))?;
+        binaries.push((suite, label, exe));
     }
     Ok(Built { binaries, missing })
 }
@@ -195,8 +268,8 @@ fn build_suites() -> Result<Built, String> {
 /// The suites `build_suites` built, and the ones it could not.
 #[derive(Debug)]
 struct Built {
-    /// (label, executable) in `NATIVE_SUITES` order.
-    binaries: Vec<(String, PathBuf)>,
+    /// (suite, label, executable) in `NATIVE_SUITES` order.
+    binaries: Vec<(&'static Suite, String, PathBuf)>,
     /// A description of each listed suite whose target does not exist yet.
     missing: Vec<String>,
 }

@@ -168,7 +168,10 @@ fn split(v: u64) -> (u32, u32) {
 impl Core {
     /// A core with no rails.
     pub fn new(config: CoreConfig) -> Self {
-        let config = CoreConfig { slice_size: config.slice_size.max(1), ..config };
+        let config = CoreConfig {
+            slice_size: config.slice_size.max(1),
+            ..config
+        };
         Self {
             config,
             rails: Vec::new(),
@@ -205,7 +208,9 @@ impl Core {
 
     /// Whether the rail takes new work.
     pub fn rail_is_up(&self, rail: RailId) -> bool {
-        self.rails.get(rail.0 as usize).is_some_and(|r| r.down.is_none() && !r.closed)
+        self.rails
+            .get(rail.0 as usize)
+            .is_some_and(|r| r.down.is_none() && !r.closed)
     }
 
     /// Why the rail is down, if it is.
@@ -274,11 +279,18 @@ impl Core {
         }
         let slice = u64::from(self.config.slice_size);
         for (index, r) in batch.iter().enumerate() {
-            let bad = |error| SubmitError::Invalid { index, label: r.label, error };
+            let bad = |error| SubmitError::Invalid {
+                index,
+                label: r.label,
+                error,
+            };
             if r.len == 0 {
                 return Err(bad(RequestError::ZeroLength));
             }
-            let overflow = RequestError::Overflow { offset: r.local_offset, len: r.len };
+            let overflow = RequestError::Overflow {
+                offset: r.local_offset,
+                len: r.len,
+            };
             if r.local_offset.checked_add(r.len).is_none()
                 || r.remote_offset.checked_add(r.len).is_none()
                 || r.len.div_ceil(slice) > u64::from(u32::MAX)
@@ -296,7 +308,10 @@ impl Core {
                     let why = self
                         .rail_down_reason(*rail)
                         .unwrap_or_else(|| format!("unknown rail {}", rail.0).into());
-                    return Err(bad(RequestError::NoRail { peer: r.peer.0, why }));
+                    return Err(bad(RequestError::NoRail {
+                        peer: r.peer.0,
+                        why,
+                    }));
                 }
             }
         }
@@ -324,7 +339,8 @@ impl Core {
                     }
                 }
             }
-            self.timers.push(Reverse((deadline, TimerKind::Request, slot, generation)));
+            self.timers
+                .push(Reverse((deadline, TimerKind::Request, slot, generation)));
             self.live += 1;
             let id = id_of(slot, generation);
             tracing::trace!(%id, slices, "request admitted");
@@ -345,7 +361,9 @@ impl Core {
             }
             let run_start = out.len();
             while rail.fifo.len() < rail.capacity() {
-                let Some(&(slot, generation, pos)) = rail.waiting.front() else { break };
+                let Some(&(slot, generation, pos)) = rail.waiting.front() else {
+                    break;
+                };
                 let req = &mut self.requests[slot as usize];
                 if req.generation != generation || req.abandoned {
                     rail.waiting.pop_front();
@@ -461,7 +479,12 @@ impl Core {
     /// Feeds one transport event.
     pub fn handle_event(&mut self, now: Instant, event: TransportEvent) {
         match event {
-            TransportEvent::Completed { rail, token, status, released } => {
+            TransportEvent::Completed {
+                rail,
+                token,
+                status,
+                released,
+            } => {
                 self.handle_completion(now, rail, token, status, released);
             }
             TransportEvent::Released { rail, token } => {
@@ -510,7 +533,9 @@ impl Core {
         // the rail had no error yet, flushed otherwise.
         loop {
             let r = &mut self.rails[rail.0 as usize];
-            let Some(front) = r.fifo.pop_front() else { break };
+            let Some(front) = r.fifo.pop_front() else {
+                break;
+            };
             let (sidx, _) = split(front);
             if front == token.0 {
                 if failed {
@@ -634,14 +659,22 @@ impl Core {
             (Op::Read, _) => RemoteEffect::None,
             (Op::Write, Status::Complete) => RemoteEffect::Complete,
             (Op::Write, _) if req.posted == 0 => RemoteEffect::None,
-            (Op::Write, _) => RemoteEffect::Possible { bytes: uncertain.clone() },
+            (Op::Write, _) => RemoteEffect::Possible {
+                bytes: uncertain.clone(),
+            },
         };
         let drain = if req.outstanding == 0 {
             DrainStatus::Drained
         } else {
-            DrainStatus::Pending { slices: req.outstanding }
+            DrainStatus::Pending {
+                slices: req.outstanding,
+            }
         };
-        let failure = if status == Status::Complete { None } else { req.failure.clone() };
+        let failure = if status == Status::Complete {
+            None
+        } else {
+            req.failure.clone()
+        };
         let outcome = Outcome {
             request: id_of(slot, req.generation),
             label: req.label,
@@ -659,13 +692,16 @@ impl Core {
         tracing::debug!(id = %outcome.request, ?status, prefix, "request finished");
         if req.outstanding > 0 {
             let at = now + self.config.drain_timeout;
-            self.timers.push(Reverse((at, TimerKind::Drain, slot, req.generation)));
+            self.timers
+                .push(Reverse((at, TimerKind::Drain, slot, req.generation)));
         }
         self.outcomes.push_back(outcome);
     }
 
     fn rail_down(&mut self, rail: RailId, reason: Arc<str>, now: Instant) {
-        let Some(r) = self.rails.get_mut(rail.0 as usize) else { return };
+        let Some(r) = self.rails.get_mut(rail.0 as usize) else {
+            return;
+        };
         if r.down.is_none() {
             tracing::debug!(?rail, %reason, "rail down");
             r.down = Some(reason.clone());
@@ -779,7 +815,11 @@ impl Core {
     /// rail is marked down: it takes no new work.
     pub fn poll_flush(&mut self, now: Instant) -> Option<RailId> {
         let rail = self.flush.pop_front()?;
-        self.rail_down(rail, "flushed: a request stayed undrained past the drain timeout".into(), now);
+        self.rail_down(
+            rail,
+            "flushed: a request stayed undrained past the drain timeout".into(),
+            now,
+        );
         Some(rail)
     }
 
@@ -789,7 +829,9 @@ impl Core {
         let (slot, generation) = split(id.0);
         match self.requests.get(slot as usize) {
             Some(r) if r.generation == generation && r.live && r.outstanding > 0 => {
-                DrainStatus::Pending { slices: r.outstanding }
+                DrainStatus::Pending {
+                    slices: r.outstanding,
+                }
             }
             _ => DrainStatus::Drained,
         }
@@ -798,7 +840,9 @@ impl Core {
     /// Whether the request still has no outcome.
     pub fn is_pending(&self, id: RequestId) -> bool {
         let (slot, generation) = split(id.0);
-        self.requests.get(slot as usize).is_some_and(|r| r.generation == generation && r.live && !r.finished)
+        self.requests
+            .get(slot as usize)
+            .is_some_and(|r| r.generation == generation && r.live && !r.finished)
     }
 }
 

@@ -3,8 +3,8 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use crate::transport::{Op, PeerId, RailId, RangeId, RegistrationId};
 use crate::outcome::FailureInfo;
+use crate::transport::{Op, PeerId, RailId, RangeId, RegistrationId};
 
 use super::CoreRequest;
 

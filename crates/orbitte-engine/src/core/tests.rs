@@ -71,7 +71,10 @@ struct Harness {
 impl Harness {
     fn new(rails: &[RailSpec], size: usize) -> (Self, Vec<RailId>) {
         let mut core = Core::new(config());
-        let ids = rails.iter().map(|s| core.add_rail(s.clone())).collect::<Vec<_>>();
+        let ids = rails
+            .iter()
+            .map(|s| core.add_rail(s.clone()))
+            .collect::<Vec<_>>();
         let local = (0..size).map(|i| (i * 7 + 3) as u8).collect();
         let remote = (0..size).map(|i| (i * 13 + 1) as u8).collect();
         let h = Self {
@@ -132,7 +135,9 @@ impl Harness {
     /// Executes the head item of `rail` with `fate`; reports it if
     /// signaled (or failed). Returns false if nothing was queued.
     fn step(&mut self, rail: usize, fate: Fate) -> bool {
-        let Some((w, _)) = self.queues[rail].front().copied() else { return false };
+        let Some((w, _)) = self.queues[rail].front().copied() else {
+            return false;
+        };
         if self.broken[rail] {
             self.queues[rail].pop_front();
             self.report(w, SliceStatus::Failed(SliceFailure::Flushed));
@@ -154,7 +159,10 @@ impl Harness {
                 self.queues[rail].pop_front();
                 self.copy(&w, u64::from(w.len / 2));
                 self.broken[rail] = true;
-                let status = SliceFailure::Completion { status: "IBV_WC_RETRY_EXC_ERR".into(), code: 12 };
+                let status = SliceFailure::Completion {
+                    status: "IBV_WC_RETRY_EXC_ERR".into(),
+                    code: 12,
+                };
                 self.report(w, SliceStatus::Failed(status));
             }
         }
@@ -162,7 +170,12 @@ impl Harness {
     }
 
     fn report(&mut self, w: WorkItem, status: SliceStatus) {
-        let ev = TransportEvent::Completed { rail: w.rail, token: w.token, status, released: true };
+        let ev = TransportEvent::Completed {
+            rail: w.rail,
+            token: w.token,
+            status,
+            released: true,
+        };
         self.core.handle_event(self.now, ev);
     }
 
@@ -199,12 +212,19 @@ impl Harness {
 fn slices_stripe_over_rails_and_data_arrives() {
     let (mut h, rails) = Harness::new(&[spec(0, 4, 2), spec(1, 4, 2)], 64 * 1024);
     let keep = Arc::new(());
-    let ids = h.core.submit(h.now, vec![req(Op::Write, 0, 10 * 1024 + 5, &rails, &keep)]).unwrap();
+    let ids = h
+        .core
+        .submit(h.now, vec![req(Op::Write, 0, 10 * 1024 + 5, &rails, &keep)])
+        .unwrap();
     h.pump();
     // Bounded in flight: 4 per rail.
     assert_eq!(h.queues[0].len(), 4);
     assert_eq!(h.queues[1].len(), 4);
-    assert!(h.queues[0].iter().all(|(w, _)| (w.local_offset / 1024) % 2 == 0));
+    assert!(
+        h.queues[0]
+            .iter()
+            .all(|(w, _)| (w.local_offset / 1024) % 2 == 0)
+    );
     h.run_ok();
     let o = &h.outcomes[0];
     assert_eq!(o.request, ids[0]);
@@ -215,7 +235,11 @@ fn slices_stripe_over_rails_and_data_arrives() {
     assert_eq!(o.drain, DrainStatus::Drained);
     assert_eq!(h.local[..10 * 1024 + 5], h.remote[..10 * 1024 + 5]);
     assert_ne!(h.local[10 * 1024 + 5], h.remote[10 * 1024 + 5]);
-    assert_eq!(Arc::strong_count(&keep), 1, "keepalive released after drain");
+    assert_eq!(
+        Arc::strong_count(&keep),
+        1,
+        "keepalive released after drain"
+    );
     assert_eq!(h.core.live_requests(), 0);
 }
 
@@ -223,12 +247,16 @@ fn slices_stripe_over_rails_and_data_arrives() {
 fn selective_signaling_signals_every_interval_and_each_run_end() {
     let (mut h, rails) = Harness::new(&[spec(0, 16, 4)], 64 * 1024);
     let keep = Arc::new(());
-    h.core.submit(h.now, vec![req(Op::Read, 0, 10 * 1024, &rails, &keep)]).unwrap();
+    h.core
+        .submit(h.now, vec![req(Op::Read, 0, 10 * 1024, &rails, &keep)])
+        .unwrap();
     h.pump();
     let signaled: Vec<bool> = h.queues[0].iter().map(|(w, _)| w.signaled).collect();
     assert_eq!(
         signaled,
-        [false, false, false, true, false, false, false, true, false, true],
+        [
+            false, false, false, true, false, false, false, true, false, true
+        ],
         "every 4th and the last of the doorbell"
     );
     assert_eq!(h.posts, 1, "one doorbell for the run");
@@ -241,7 +269,9 @@ fn selective_signaling_signals_every_interval_and_each_run_end() {
 fn completed_prefix_counts_only_contiguous_slices() {
     let (mut h, rails) = Harness::new(&[spec(0, 8, 1), spec(1, 8, 1)], 64 * 1024);
     let keep = Arc::new(());
-    h.core.submit(h.now, vec![req(Op::Write, 0, 4 * 1024, &rails, &keep)]).unwrap();
+    h.core
+        .submit(h.now, vec![req(Op::Write, 0, 4 * 1024, &rails, &keep)])
+        .unwrap();
     h.pump();
     // Rail 1 (slices 1, 3) completes; rail 0 hangs on slice 0.
     while h.step(1, Fate::Ok) {}
@@ -258,7 +288,10 @@ fn completed_prefix_counts_only_contiguous_slices() {
     h.advance(Duration::from_millis(51));
     assert_eq!(h.core.drain_status(o.request), DrainStatus::Drained);
     assert_eq!(Arc::strong_count(&keep), 1);
-    assert!(!h.core.rail_is_up(rails[0]), "a flushed rail takes no new work");
+    assert!(
+        !h.core.rail_is_up(rails[0]),
+        "a flushed rail takes no new work"
+    );
     assert!(h.core.rail_is_up(rails[1]));
 }
 
@@ -266,7 +299,9 @@ fn completed_prefix_counts_only_contiguous_slices() {
 fn error_completion_fails_request_without_replay_on_other_rail() {
     let (mut h, rails) = Harness::new(&[spec(0, 8, 1), spec(1, 8, 1)], 64 * 1024);
     let keep = Arc::new(());
-    h.core.submit(h.now, vec![req(Op::Write, 0, 8 * 1024, &rails, &keep)]).unwrap();
+    h.core
+        .submit(h.now, vec![req(Op::Write, 0, 8 * 1024, &rails, &keep)])
+        .unwrap();
     h.pump();
     let posted_before: usize = h.queues.iter().map(VecDeque::len).sum();
     assert!(h.step(0, Fate::Ok));
@@ -278,7 +313,10 @@ fn error_completion_fails_request_without_replay_on_other_rail() {
     assert_eq!(o.status, Status::Failed);
     let f = o.failure.as_ref().unwrap();
     assert_eq!((f.slice, f.rail, f.nic), (2, rails[0], Some(0)));
-    assert!(matches!(f.status, SliceFailure::Completion { code: 12, .. }));
+    assert!(matches!(
+        f.status,
+        SliceFailure::Completion { code: 12, .. }
+    ));
     assert_eq!(o.completed_prefix, 2 * 1024);
     assert_eq!(h.local[..2048], h.remote[..2048]);
     assert!(matches!(o.remote_effect, RemoteEffect::Possible { .. }));
@@ -296,11 +334,20 @@ fn rail_down_mid_batch_fails_waiting_requests() {
         .core
         .submit(
             h.now,
-            vec![req(Op::Write, 0, 8 * 1024, &rails, &keep), req(Op::Read, 8192, 1024, &rails, &keep)],
+            vec![
+                req(Op::Write, 0, 8 * 1024, &rails, &keep),
+                req(Op::Read, 8192, 1024, &rails, &keep),
+            ],
         )
         .unwrap();
     h.pump();
-    h.core.handle_event(h.now, TransportEvent::RailDown { rail: rails[1], reason: "port 1 PAUSED".into() });
+    h.core.handle_event(
+        h.now,
+        TransportEvent::RailDown {
+            rail: rails[1],
+            reason: "port 1 PAUSED".into(),
+        },
+    );
     h.flush(rails[1]);
     h.run_ok();
     assert_eq!(h.outcomes.len(), 2);
@@ -315,10 +362,26 @@ fn rail_down_mid_batch_fails_waiting_requests() {
     // The one-slice READ was striped onto rail 0 only: it completes.
     let r = h.outcomes.iter().find(|o| o.request == ids[1]).unwrap();
     assert_eq!(r.status, Status::Complete);
-    assert_eq!(r.remote_effect, RemoteEffect::None, "a READ never changes remote bytes");
+    assert_eq!(
+        r.remote_effect,
+        RemoteEffect::None,
+        "a READ never changes remote bytes"
+    );
     // A new request on the down rail is refused at submit.
-    let err = h.core.submit(h.now, vec![req(Op::Write, 0, 1, &rails, &keep)]).unwrap_err();
-    assert!(matches!(err, SubmitError::Invalid { error: RequestError::NoRail { .. }, .. }), "{err}");
+    let err = h
+        .core
+        .submit(h.now, vec![req(Op::Write, 0, 1, &rails, &keep)])
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SubmitError::Invalid {
+                error: RequestError::NoRail { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert_eq!(Arc::strong_count(&keep), 1);
 }
 
@@ -326,14 +389,20 @@ fn rail_down_mid_batch_fails_waiting_requests() {
 fn cancel_is_logical_and_drain_is_separate() {
     let (mut h, rails) = Harness::new(&[spec(0, 2, 1)], 64 * 1024);
     let keep = Arc::new(());
-    let ids = h.core.submit(h.now, vec![req(Op::Write, 0, 8 * 1024, &rails, &keep)]).unwrap();
+    let ids = h
+        .core
+        .submit(h.now, vec![req(Op::Write, 0, 8 * 1024, &rails, &keep)])
+        .unwrap();
     h.pump();
     assert!(h.core.cancel(h.now, ids[0]));
     assert!(!h.core.cancel(h.now, ids[0]), "already has its outcome");
     h.pump();
     assert_eq!(h.outcomes[0].status, Status::Cancelled);
     assert_eq!(h.outcomes[0].drain, DrainStatus::Pending { slices: 2 });
-    assert_eq!(h.core.drain_status(ids[0]), DrainStatus::Pending { slices: 2 });
+    assert_eq!(
+        h.core.drain_status(ids[0]),
+        DrainStatus::Pending { slices: 2 }
+    );
     h.run_ok();
     assert_eq!(h.outcomes.len(), 1, "one outcome per request");
     assert_eq!(h.core.drain_status(ids[0]), DrainStatus::Drained);
@@ -346,30 +415,66 @@ fn cancel_is_logical_and_drain_is_separate() {
 fn post_failure_fails_unposted_items_and_takes_rail_down() {
     let (mut h, rails) = Harness::new(&[spec(0, 4, 1)], 64 * 1024);
     let keep = Arc::new(());
-    h.core.submit(h.now, vec![req(Op::Write, 0, 4 * 1024, &rails, &keep)]).unwrap();
+    h.core
+        .submit(h.now, vec![req(Op::Write, 0, 4 * 1024, &rails, &keep)])
+        .unwrap();
     let mut work = Vec::new();
     h.core.poll_work(&mut work);
     assert_eq!(work.len(), 4);
-    let err = PostError { rail: rails[0], posted: 1, reason: "ENOMEM".into() };
+    let err = PostError {
+        rail: rails[0],
+        posted: 1,
+        reason: "ENOMEM".into(),
+    };
     h.core.handle_post_error(h.now, &err, &work);
     assert!(!h.core.rail_is_up(rails[0]));
     // The accepted item completes.
-    let ev = TransportEvent::Completed { rail: rails[0], token: work[0].token, status: SliceStatus::Success, released: true };
+    let ev = TransportEvent::Completed {
+        rail: rails[0],
+        token: work[0].token,
+        status: SliceStatus::Success,
+        released: true,
+    };
     h.core.handle_event(h.now, ev);
     h.pump();
     let o = &h.outcomes[0];
     assert_eq!(o.status, Status::Failed);
     assert_eq!(o.completed_prefix, 1024);
-    assert!(matches!(o.failure.as_ref().unwrap().status, SliceFailure::PostFailed(_)));
+    assert!(matches!(
+        o.failure.as_ref().unwrap().status,
+        SliceFailure::PostFailed(_)
+    ));
     assert_eq!(Arc::strong_count(&keep), 1);
 }
 
 #[test]
 fn unknown_tokens_and_rails_are_ignored() {
     let (mut h, rails) = Harness::new(&[spec(0, 4, 1)], 1024);
-    h.core.handle_event(h.now, TransportEvent::Completed { rail: RailId(9), token: SliceToken(5), status: SliceStatus::Success, released: true });
-    h.core.handle_event(h.now, TransportEvent::Completed { rail: rails[0], token: SliceToken(u64::MAX), status: SliceStatus::Success, released: true });
-    h.core.handle_event(h.now, TransportEvent::Released { rail: rails[0], token: SliceToken(3) });
+    h.core.handle_event(
+        h.now,
+        TransportEvent::Completed {
+            rail: RailId(9),
+            token: SliceToken(5),
+            status: SliceStatus::Success,
+            released: true,
+        },
+    );
+    h.core.handle_event(
+        h.now,
+        TransportEvent::Completed {
+            rail: rails[0],
+            token: SliceToken(u64::MAX),
+            status: SliceStatus::Success,
+            released: true,
+        },
+    );
+    h.core.handle_event(
+        h.now,
+        TransportEvent::Released {
+            rail: rails[0],
+            token: SliceToken(3),
+        },
+    );
     h.pump();
     assert!(h.outcomes.is_empty());
 }
@@ -378,16 +483,33 @@ fn unknown_tokens_and_rails_are_ignored() {
 fn release_after_completion_keeps_request_undrained() {
     let (mut h, rails) = Harness::new(&[spec(0, 4, 1)], 4096);
     let keep = Arc::new(());
-    let ids = h.core.submit(h.now, vec![req(Op::Read, 0, 1024, &rails, &keep)]).unwrap();
+    let ids = h
+        .core
+        .submit(h.now, vec![req(Op::Read, 0, 1024, &rails, &keep)])
+        .unwrap();
     let mut work = Vec::new();
     h.core.poll_work(&mut work);
     let t = work[0].token;
-    h.core.handle_event(h.now, TransportEvent::Completed { rail: rails[0], token: t, status: SliceStatus::Success, released: false });
+    h.core.handle_event(
+        h.now,
+        TransportEvent::Completed {
+            rail: rails[0],
+            token: t,
+            status: SliceStatus::Success,
+            released: false,
+        },
+    );
     let o = h.core.poll_outcome().unwrap();
     assert_eq!(o.status, Status::Complete);
     assert_eq!(o.drain, DrainStatus::Pending { slices: 1 });
     assert_eq!(Arc::strong_count(&keep), 2);
-    h.core.handle_event(h.now, TransportEvent::Released { rail: rails[0], token: t });
+    h.core.handle_event(
+        h.now,
+        TransportEvent::Released {
+            rail: rails[0],
+            token: t,
+        },
+    );
     assert_eq!(h.core.drain_status(ids[0]), DrainStatus::Drained);
     assert_eq!(Arc::strong_count(&keep), 1);
 }
@@ -398,14 +520,42 @@ fn bad_input_is_refused_whole_batch() {
     let keep = Arc::new(());
     let err = h
         .core
-        .submit(h.now, vec![req(Op::Read, 0, 10, &rails, &keep), req(Op::Read, 5, 0, &rails, &keep)])
+        .submit(
+            h.now,
+            vec![
+                req(Op::Read, 0, 10, &rails, &keep),
+                req(Op::Read, 5, 0, &rails, &keep),
+            ],
+        )
         .unwrap_err();
-    assert!(matches!(err, SubmitError::Invalid { index: 1, label: 5, error: RequestError::ZeroLength }));
-    let err = h.core.submit(h.now, vec![req(Op::Read, u64::MAX, 2, &rails, &keep)]).unwrap_err();
-    assert!(matches!(err, SubmitError::Invalid { error: RequestError::Overflow { .. }, .. }));
-    assert!(matches!(h.core.submit(h.now, vec![]), Err(SubmitError::Empty)));
+    assert!(matches!(
+        err,
+        SubmitError::Invalid {
+            index: 1,
+            label: 5,
+            error: RequestError::ZeroLength
+        }
+    ));
+    let err = h
+        .core
+        .submit(h.now, vec![req(Op::Read, u64::MAX, 2, &rails, &keep)])
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        SubmitError::Invalid {
+            error: RequestError::Overflow { .. },
+            ..
+        }
+    ));
+    assert!(matches!(
+        h.core.submit(h.now, vec![]),
+        Err(SubmitError::Empty)
+    ));
     h.core.fence("unquiesced: MR destroy failed".into());
-    let err = h.core.submit(h.now, vec![req(Op::Read, 0, 10, &rails, &keep)]).unwrap_err();
+    let err = h
+        .core
+        .submit(h.now, vec![req(Op::Read, 0, 10, &rails, &keep)])
+        .unwrap_err();
     assert!(err.to_string().contains("MR destroy failed"), "{err}");
     h.pump();
     assert!(h.queues[0].is_empty(), "nothing posted");
@@ -428,7 +578,10 @@ impl Rng {
 }
 
 fn seeds() -> u64 {
-    std::env::var("ORBITTE_FUZZ_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000)
+    std::env::var("ORBITTE_FUZZ_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1000)
 }
 
 /// Random schedules of completions, errors, hangs, port loss, cancels and
@@ -460,7 +613,11 @@ fn fuzz_one(seed: u64) {
         if at + len > size as u64 {
             break;
         }
-        let op = if rng.below(2) == 0 { Op::Read } else { Op::Write };
+        let op = if rng.below(2) == 0 {
+            Op::Read
+        } else {
+            Op::Write
+        };
         let k = 1 + rng.below(nrails as u64) as usize;
         // READs read the remote copy at a disjoint offset (second half) so
         // a WRITE never changes what a READ reads.
@@ -479,11 +636,18 @@ fn fuzz_one(seed: u64) {
             0 => h.advance(Duration::from_millis(rng.below(60))),
             1 if !cancelled => {
                 cancelled = true;
-                h.core.cancel(h.now, ids[rng.below(ids.len() as u64) as usize]);
+                h.core
+                    .cancel(h.now, ids[rng.below(ids.len() as u64) as usize]);
             }
             2 => {
                 let r = rng.below(nrails as u64) as usize;
-                h.core.handle_event(h.now, TransportEvent::RailDown { rail: rails[r], reason: "port paused".into() });
+                h.core.handle_event(
+                    h.now,
+                    TransportEvent::RailDown {
+                        rail: rails[r],
+                        reason: "port paused".into(),
+                    },
+                );
                 h.flush(rails[r]);
             }
             3 => {
@@ -508,7 +672,11 @@ fn fuzz_one(seed: u64) {
     h.advance(Duration::from_millis(101));
     h.advance(Duration::from_millis(51));
     h.pump();
-    assert_eq!(h.outcomes.len(), ids.len(), "seed {seed}: one outcome per request");
+    assert_eq!(
+        h.outcomes.len(),
+        ids.len(),
+        "seed {seed}: one outcome per request"
+    );
     assert_eq!(h.core.outstanding_slices(), 0, "seed {seed}: drained");
     assert_eq!(h.core.live_requests(), 0, "seed {seed}");
     assert_eq!(Arc::strong_count(&keep), 1, "seed {seed}: nothing leaks");
@@ -520,15 +688,26 @@ fn fuzz_one(seed: u64) {
         };
         let len = o.len as usize;
         let (dst, dst_orig, src) = match o.op {
-            Op::Write => (&h.remote[ro..ro + len], &orig_remote[ro..ro + len], &orig_local[lo..lo + len]),
-            Op::Read => (&h.local[lo..lo + len], &orig_local[lo..lo + len], &orig_remote[ro..ro + len]),
+            Op::Write => (
+                &h.remote[ro..ro + len],
+                &orig_remote[ro..ro + len],
+                &orig_local[lo..lo + len],
+            ),
+            Op::Read => (
+                &h.local[lo..lo + len],
+                &orig_local[lo..lo + len],
+                &orig_remote[ro..ro + len],
+            ),
         };
         let p = o.completed_prefix as usize;
         assert_eq!(dst[..p], src[..p], "seed {seed}: prefix arrived");
         let unc = o.uncertain.start as usize..o.uncertain.end as usize;
         for i in p..len {
             if !unc.contains(&i) {
-                assert_eq!(dst[i], dst_orig[i], "seed {seed}: byte {i} outside the uncertain range changed ({o:?})");
+                assert_eq!(
+                    dst[i], dst_orig[i],
+                    "seed {seed}: byte {i} outside the uncertain range changed ({o:?})"
+                );
             }
         }
         match (&o.remote_effect, o.op) {

@@ -6,12 +6,12 @@
 //! engine dies the keep-alives stop and etcd deletes the record when the
 //! lease expires; [`EtcdMetadata::close`] revokes the lease at once.
 //!
-//! etcd-client is async; this store owns a small single-threaded tokio
-//! runtime and blocks on it, so the rest of the engine stays synchronous.
+//! etcd-client is async; this store owns a small tokio runtime (one worker
+//! thread, which also drives the client's connection and the keep-alive
+//! task) and blocks on it, so the rest of the engine stays synchronous.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, PutOptions};
@@ -27,7 +27,7 @@ pub struct EtcdMetadata {
     lease_ttl: Duration,
     lease: Option<i64>,
     stop: Arc<AtomicBool>,
-    keeper: Option<JoinHandle<()>>,
+    keeper: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for EtcdMetadata {
@@ -41,22 +41,37 @@ impl std::fmt::Debug for EtcdMetadata {
 }
 
 fn service(endpoints: &str, e: impl std::fmt::Display) -> MetadataError {
-    MetadataError::Service { endpoint: endpoints.to_owned(), reason: e.to_string() }
+    MetadataError::Service {
+        endpoint: endpoints.to_owned(),
+        reason: e.to_string(),
+    }
 }
 
 impl EtcdMetadata {
     /// Connects to `endpoints` (`host:port`). `prefix` names the cluster
     /// (`/orbitte/cluster-a`); `lease_ttl` is rounded up to whole seconds
     /// (at least 1).
-    pub fn connect(endpoints: &[String], prefix: &str, lease_ttl: Duration) -> Result<Self, MetadataError> {
+    pub fn connect(
+        endpoints: &[String],
+        prefix: &str,
+        lease_ttl: Duration,
+    ) -> Result<Self, MetadataError> {
         let joined = endpoints.join(",");
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("orbitte-etcd")
             .enable_all()
             .build()
-            .map_err(|e| service(&joined, format!("cannot start the etcd client runtime: {e}")))?;
+            .map_err(|e| {
+                service(
+                    &joined,
+                    format!("cannot start the etcd client runtime: {e}"),
+                )
+            })?;
         let client = runtime
             .block_on(async {
-                tokio::time::timeout(Duration::from_secs(10), Client::connect(endpoints, None)).await
+                tokio::time::timeout(Duration::from_secs(10), Client::connect(endpoints, None))
+                    .await
             })
             .map_err(|_| service(&joined, "connect timed out after 10 s"))?
             .map_err(|e| service(&joined, e))?;
@@ -79,7 +94,9 @@ impl EtcdMetadata {
     /// Stores (or replaces) this engine's record under a lease kept alive
     /// in the background.
     pub fn publish(&mut self, record: &PeerRecord) -> Result<(), MetadataError> {
-        let ttl = i64::try_from(self.lease_ttl.as_secs_f64().ceil() as u64).unwrap_or(i64::MAX).max(1);
+        let ttl = i64::try_from(self.lease_ttl.as_secs_f64().ceil() as u64)
+            .unwrap_or(i64::MAX)
+            .max(1);
         let lease = match self.lease {
             Some(l) => l,
             None => {
@@ -98,7 +115,10 @@ impl EtcdMetadata {
         let value = record.to_bytes();
         let mut c = self.client.clone();
         self.runtime
-            .block_on(async move { c.put(key, value, Some(PutOptions::new().with_lease(lease))).await })
+            .block_on(async move {
+                c.put(key, value, Some(PutOptions::new().with_lease(lease)))
+                    .await
+            })
             .map_err(|e| service(&self.endpoints, e))?;
         tracing::info!(source = %record.source_id, epoch = record.epoch, lease, "published record to etcd");
         Ok(())
@@ -109,41 +129,23 @@ impl EtcdMetadata {
         let mut client = self.client.clone();
         let period = Duration::from_millis((ttl as u64 * 1000 / 3).max(200));
         let endpoints = self.endpoints.clone();
-        let spawned = std::thread::Builder::new().name("orbitte-etcd-lease".into()).spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt,
+        self.keeper = Some(self.runtime.spawn(async move {
+            let (mut keeper, mut stream) = match client.lease_keep_alive(lease).await {
+                Ok(k) => k,
                 Err(e) => {
-                    tracing::warn!(error = %e, "etcd lease keeper could not start; the record will expire");
+                    tracing::warn!(%endpoints, error = %e, "etcd lease keep-alive failed; the record will expire");
                     return;
                 }
             };
-            rt.block_on(async move {
-                let (mut keeper, mut stream) = match client.lease_keep_alive(lease).await {
-                    Ok(k) => k,
-                    Err(e) => {
-                        tracing::warn!(%endpoints, error = %e, "etcd lease keep-alive failed; the record will expire");
-                        return;
-                    }
-                };
-                while !stop.load(Ordering::Acquire) {
-                    if let Err(e) = keeper.keep_alive().await {
-                        tracing::warn!(%endpoints, error = %e, "etcd lease keep-alive failed; the record will expire");
-                        return;
-                    }
-                    let _ = tokio::time::timeout(period, stream.message()).await;
-                    // Sleep in small steps so that close() is prompt.
-                    let mut slept = Duration::ZERO;
-                    while slept < period && !stop.load(Ordering::Acquire) {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        slept += Duration::from_millis(50);
-                    }
+            while !stop.load(Ordering::Acquire) {
+                if let Err(e) = keeper.keep_alive().await {
+                    tracing::warn!(%endpoints, error = %e, "etcd lease keep-alive failed; the record will expire");
+                    return;
                 }
-            });
-        });
-        match spawned {
-            Ok(h) => self.keeper = Some(h),
-            Err(e) => tracing::warn!(error = %e, "cannot spawn the etcd lease keeper; the record will expire"),
-        }
+                let _ = tokio::time::timeout(period, stream.message()).await;
+                tokio::time::sleep(period).await;
+            }
+        }));
     }
 
     /// The record of `source`, if one is stored (and its lease alive).
@@ -173,7 +175,9 @@ impl EtcdMetadata {
         for kv in resp.kvs() {
             match PeerRecord::from_bytes(kv.value()) {
                 Ok(r) => out.push(r),
-                Err(e) => tracing::warn!(key = %String::from_utf8_lossy(kv.key()), error = %e, "skipping record"),
+                Err(e) => {
+                    tracing::warn!(key = %String::from_utf8_lossy(kv.key()), error = %e, "skipping record")
+                }
             }
         }
         Ok(out)
@@ -188,10 +192,8 @@ impl EtcdMetadata {
 
     fn stop_keeper(&mut self) {
         self.stop.store(true, Ordering::Release);
-        if let Some(h) = self.keeper.take()
-            && h.join().is_err()
-        {
-            tracing::warn!("etcd lease keeper panicked");
+        if let Some(h) = self.keeper.take() {
+            h.abort();
         }
     }
 

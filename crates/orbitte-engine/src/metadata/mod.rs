@@ -186,7 +186,11 @@ impl DescriptorCache {
 
     /// One cached range.
     pub fn range(&self, source: &str, range_id: u64) -> Option<&RangeRecord> {
-        self.by_source.get(source)?.ranges.iter().find(|r| r.range_id == range_id)
+        self.by_source
+            .get(source)?
+            .ranges
+            .iter()
+            .find(|r| r.range_id == range_id)
     }
 }
 
@@ -201,7 +205,13 @@ mod tests {
             listen_addr: "127.0.0.1:1".into(),
             host_id: "h".into(),
             ranges: (0..ranges as u64)
-                .map(|i| RangeRecord { range_id: i, length: 10, access: 6, token: 99, local_host: None })
+                .map(|i| RangeRecord {
+                    range_id: i,
+                    length: 10,
+                    access: 6,
+                    token: 99,
+                    local_host: None,
+                })
                 .collect(),
         }
     }
@@ -213,7 +223,13 @@ mod tests {
         assert_eq!(c.update(rec(4, 1)), CacheUpdate::Stale { current: 5 });
         assert_eq!(c.record("a").unwrap().ranges.len(), 2);
         assert_eq!(c.update(rec(5, 3)), CacheUpdate::Refreshed);
-        assert_eq!(c.update(rec(6, 1)), CacheUpdate::Replaced { old_epoch: 5, dropped: 3 });
+        assert_eq!(
+            c.update(rec(6, 1)),
+            CacheUpdate::Replaced {
+                old_epoch: 5,
+                dropped: 3
+            }
+        );
         assert!(c.range("a", 2).is_none());
         assert_eq!(c.invalidate_before("a", 7), 1);
         assert!(c.record("a").is_none());
@@ -223,6 +239,9 @@ mod tests {
     fn records_roundtrip_and_garbage_is_an_error() {
         let r = rec(3, 2);
         assert_eq!(PeerRecord::from_bytes(&r.to_bytes()).unwrap(), r);
-        assert!(matches!(PeerRecord::from_bytes(b"\xff{"), Err(MetadataError::Malformed(_))));
+        assert!(matches!(
+            PeerRecord::from_bytes(b"\xff{"),
+            Err(MetadataError::Malformed(_))
+        ));
     }
 }

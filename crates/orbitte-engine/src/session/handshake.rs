@@ -36,13 +36,21 @@ fn identity(cfg: &SessionConfig) -> Identity {
 }
 
 fn remaining(deadline: Instant) -> std::time::Duration {
-    deadline.saturating_duration_since(Instant::now()).max(std::time::Duration::from_millis(1))
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(std::time::Duration::from_millis(1))
 }
 
 fn refused(frame: Frame) -> SessionError {
     match frame {
-        Frame::Error(e) => SessionError::Refused { code: e.code, message: e.message.to_string() },
-        other => SessionError::Protocol(format!("expected a handshake frame, got {}", other.frame_type())),
+        Frame::Error(e) => SessionError::Refused {
+            code: e.code,
+            message: e.message.to_string(),
+        },
+        other => SessionError::Protocol(format!(
+            "expected a handshake frame, got {}",
+            other.frame_type()
+        )),
     }
 }
 
@@ -54,7 +62,9 @@ fn read_handshake<C: Conn>(
 ) -> Result<Frame, SessionError> {
     let left = remaining(deadline);
     match reader.read(c, Some(left), left) {
-        Err(SessionError::Idle) | Err(SessionError::Timeout { .. }) => Err(SessionError::Timeout { what }),
+        Err(SessionError::Idle) | Err(SessionError::Timeout { .. }) => {
+            Err(SessionError::Timeout { what })
+        }
         other => other,
     }
 }
@@ -75,7 +85,11 @@ pub(crate) fn connect<C: Conn>(
         Frame::Challenge(ch) => ch,
         other => return Err(refused(other)),
     };
-    let mut hello = Hello { identity: identity(cfg), nonce: Nonce(random_bytes()?), proof: None };
+    let mut hello = Hello {
+        identity: identity(cfg),
+        nonce: Nonce(random_bytes()?),
+        proof: None,
+    };
     if let Some(secret) = &cfg.cluster_secret {
         hello.proof = Some(orbitte_wire::auth::hello_proof(secret, &challenge, &hello));
     }
@@ -84,7 +98,9 @@ pub(crate) fn connect<C: Conn>(
         Frame::HelloAck(ack) => ack,
         other => return Err(refused(other)),
     };
-    if let Err(e) = orbitte_wire::auth::verify_hello_ack(cfg.cluster_secret.as_ref(), &challenge, &hello, &ack) {
+    if let Err(e) =
+        orbitte_wire::auth::verify_hello_ack(cfg.cluster_secret.as_ref(), &challenge, &hello, &ack)
+    {
         tracing::warn!(peer = %ack.identity.source_id, ?addr, error = %e, "responder failed authentication; closing");
         send_error(c, e.error_code(), FrameType::HELLO_ACK, &e.to_string());
         return Err(e.into());
@@ -127,7 +143,9 @@ pub(crate) fn accept<C: Conn>(
     c.set_write_timeout_(Some(cfg.handshake_timeout))?;
     let mut reader = FrameReader::new();
     let mut scratch = Vec::with_capacity(512);
-    let challenge = Challenge { nonce: Nonce(random_bytes()?) };
+    let challenge = Challenge {
+        nonce: Nonce(random_bytes()?),
+    };
     write_frame(c, &Frame::Challenge(challenge.clone()), &mut scratch)?;
     let hello = match read_handshake(c, &mut reader, deadline, "a hello") {
         Ok(Frame::Hello(h)) => h,
@@ -142,12 +160,19 @@ pub(crate) fn accept<C: Conn>(
         }
         Err(e) => {
             if matches!(e, SessionError::Timeout { .. }) {
-                send_error(c, ErrorCode::TIMEOUT, FrameType(0), "no hello within the handshake timeout");
+                send_error(
+                    c,
+                    ErrorCode::TIMEOUT,
+                    FrameType(0),
+                    "no hello within the handshake timeout",
+                );
             }
             return Err(e);
         }
     };
-    if let Err(e) = orbitte_wire::auth::verify_hello(cfg.cluster_secret.as_ref(), &challenge, &hello) {
+    if let Err(e) =
+        orbitte_wire::auth::verify_hello(cfg.cluster_secret.as_ref(), &challenge, &hello)
+    {
         tracing::warn!(
             peer = %hello.identity.source_id, ?from, error = %e,
             "initiator failed authentication: session refused, nothing readable or writable"
@@ -168,12 +193,20 @@ pub(crate) fn accept<C: Conn>(
             return Err(e.into());
         }
     };
-    let mut ack = HelloAck { identity: identity(cfg), proof: None };
+    let mut ack = HelloAck {
+        identity: identity(cfg),
+        proof: None,
+    };
     if let Some(secret) = &cfg.cluster_secret {
-        ack.proof = Some(orbitte_wire::auth::hello_ack_proof(secret, &challenge, &hello, &ack));
+        ack.proof = Some(orbitte_wire::auth::hello_ack_proof(
+            secret, &challenge, &hello, &ack,
+        ));
     }
     if let Err(e) = write_frame(c, &Frame::HelloAck(ack), &mut scratch) {
-        peers.lock().unwrap_or_else(|p| p.into_inner()).session_closed(session);
+        peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .session_closed(session);
         return Err(e);
     }
     Ok(Handshake {

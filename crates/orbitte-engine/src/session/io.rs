@@ -50,7 +50,10 @@ impl<C: Conn + ?Sized> Conn for &mut C {
 }
 
 fn is_timeout(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 /// Reads exactly `buf.len()` bytes before `deadline`.
@@ -104,7 +107,11 @@ impl FrameReader {
         c.set_read_timeout_(idle)?;
         loop {
             match c.read(&mut header[..1]) {
-                Ok(0) => return Err(SessionError::Closed { during: "waiting for a frame" }),
+                Ok(0) => {
+                    return Err(SessionError::Closed {
+                        during: "waiting for a frame",
+                    });
+                }
                 Ok(_) => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if is_timeout(&e) => return Err(SessionError::Idle),
@@ -112,7 +119,12 @@ impl FrameReader {
             }
         }
         let deadline = Instant::now() + frame_timeout;
-        read_exact_by(c, &mut header[1..], deadline, "a frame header (truncated frame)")?;
+        read_exact_by(
+            c,
+            &mut header[1..],
+            deadline,
+            "a frame header (truncated frame)",
+        )?;
         let header = FrameHeader::decode(&header)?;
         let fixed = header.fixed_len();
         self.buf.clear();
@@ -124,16 +136,27 @@ impl FrameReader {
 
 /// Writes a complete frame (header + body; a data frame's payload is the
 /// caller's to send right after).
-pub(crate) fn write_frame<W: Write>(w: &mut W, frame: &Frame, scratch: &mut Vec<u8>) -> Result<(), SessionError> {
+pub(crate) fn write_frame<W: Write>(
+    w: &mut W,
+    frame: &Frame,
+    scratch: &mut Vec<u8>,
+) -> Result<(), SessionError> {
     scratch.clear();
-    frame.encode(scratch).map_err(|e| SessionError::Protocol(e.to_string()))?;
+    frame
+        .encode(scratch)
+        .map_err(|e| SessionError::Protocol(e.to_string()))?;
     w.write_all(scratch)?;
     Ok(())
 }
 
 /// Best effort: tells the peer why we close. Errors are ignored (the peer
 /// may be gone, which is often why we close).
-pub(crate) fn send_error<W: Write>(w: &mut W, code: ErrorCode, frame_type: FrameType, message: &str) {
+pub(crate) fn send_error<W: Write>(
+    w: &mut W,
+    code: ErrorCode,
+    frame_type: FrameType,
+    message: &str,
+) {
     let frame = Frame::Error(ErrorFrame {
         code,
         frame_type,

@@ -72,7 +72,13 @@ pub(crate) struct Shared {
 const CLOSED_KEPT: usize = 1024;
 
 impl Shared {
-    fn record_close(&self, from: SocketAddr, source_id: Option<SourceId>, abnormal: bool, reason: String) {
+    fn record_close(
+        &self,
+        from: SocketAddr,
+        source_id: Option<SourceId>,
+        abnormal: bool,
+        reason: String,
+    ) {
         if abnormal {
             self.refused.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(%from, source = ?source_id.as_ref().map(|s| s.as_str()), %reason, "session closed");
@@ -83,7 +89,12 @@ impl Shared {
         if c.len() >= CLOSED_KEPT {
             c.remove(0);
         }
-        c.push(ClosedSession { from, source_id, abnormal, reason });
+        c.push(ClosedSession {
+            from,
+            source_id,
+            abnormal,
+            reason,
+        });
     }
 }
 
@@ -135,7 +146,12 @@ impl Listener {
             .name(format!("orbitte-accept-{}", addr.port()))
             .spawn(move || accept_loop(listener, s))?;
         tracing::info!(%addr, source = %shared.cfg.source_id, epoch = %shared.cfg.epoch, "listening");
-        Ok(Self { shared, addr, accept: Some(accept), local })
+        Ok(Self {
+            shared,
+            addr,
+            accept: Some(accept),
+            local,
+        })
     }
 
     /// The bound address.
@@ -150,7 +166,11 @@ impl Listener {
 
     /// The sessions closed so far (the last 1024), with reasons.
     pub fn closed_sessions(&self) -> Vec<ClosedSession> {
-        self.shared.closed.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.shared
+            .closed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Counters.
@@ -159,7 +179,12 @@ impl Listener {
             accepted: self.shared.accepted.load(Ordering::Relaxed),
             admitted: self.shared.admitted.load(Ordering::Relaxed),
             refused: self.shared.refused.load(Ordering::Relaxed),
-            live: self.shared.live.lock().unwrap_or_else(|p| p.into_inner()).len() as u64,
+            live: self
+                .shared
+                .live
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .len() as u64,
             data_requests: self.shared.data_requests.load(Ordering::Relaxed),
             data_bytes: self.shared.data_bytes.load(Ordering::Relaxed),
         }
@@ -173,7 +198,13 @@ impl Listener {
 
     fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        for c in self.shared.live.lock().unwrap_or_else(|p| p.into_inner()).values() {
+        for c in self
+            .shared
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
             let _ = c.stream.shutdown(Shutdown::Both);
         }
         if let Some(h) = self.accept.take() {
@@ -214,13 +245,33 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             if live.len() >= shared.cfg.max_sessions {
                 drop(live);
                 let mut s = stream;
-                send_error(&mut s, ErrorCode::RESOURCE_EXHAUSTED, FrameType(0), "too many sessions");
-                shared.record_close(from, None, true, format!("refused: {} sessions open (max_sessions)", shared.cfg.max_sessions));
+                send_error(
+                    &mut s,
+                    ErrorCode::RESOURCE_EXHAUSTED,
+                    FrameType(0),
+                    "too many sessions",
+                );
+                shared.record_close(
+                    from,
+                    None,
+                    true,
+                    format!(
+                        "refused: {} sessions open (max_sessions)",
+                        shared.cfg.max_sessions
+                    ),
+                );
                 continue;
             }
             match stream.try_clone() {
                 Ok(clone) => {
-                    live.insert(conn, LiveConn { source: None, session: None, stream: clone });
+                    live.insert(
+                        conn,
+                        LiveConn {
+                            source: None,
+                            session: None,
+                            stream: clone,
+                        },
+                    );
                 }
                 Err(e) => {
                     shared.record_close(from, None, true, format!("cannot clone the socket: {e}"));
@@ -234,7 +285,11 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             .spawn(move || serve_conn(stream, from, conn, s));
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot spawn a session thread");
-            shared.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn);
+            shared
+                .live
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&conn);
         }
     }
 }
@@ -244,7 +299,11 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
     let hs = match handshake::accept(&mut stream, cfg, &shared.peers, Some(from)) {
         Ok(h) => h,
         Err(e) => {
-            shared.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn);
+            shared
+                .live
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&conn);
             shared.record_close(from, None, true, format!("handshake failed: {e}"));
             return;
         }
@@ -254,7 +313,11 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
     // Connection bound per source, and the epoch rule's "drop old sessions".
     let over_limit = {
         let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
-        if let Admission::Replaced { previous, invalidated } = &hs.admission {
+        if let Admission::Replaced {
+            previous,
+            invalidated,
+        } = &hs.admission
+        {
             let mut dropped = 0;
             for c in live.values() {
                 if c.session.is_some_and(|s| invalidated.sessions.contains(&s)) {
@@ -267,7 +330,10 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
                 "newer epoch adopted: sessions of the old epoch closed"
             );
         }
-        let same = live.values().filter(|c| c.source.as_ref() == Some(&source)).count();
+        let same = live
+            .values()
+            .filter(|c| c.source.as_ref() == Some(&source))
+            .count();
         if same >= cfg.max_connections_per_source {
             true
         } else {
@@ -279,9 +345,20 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
         }
     };
     let reason = if over_limit {
-        let msg = format!("too many connections from {source} (max_connections_per_source {})", cfg.max_connections_per_source);
-        send_error(&mut stream, ErrorCode::RESOURCE_EXHAUSTED, FrameType::HELLO, &msg);
-        crate::transport::tcp::serve::CloseReason { abnormal: true, text: msg }
+        let msg = format!(
+            "too many connections from {source} (max_connections_per_source {})",
+            cfg.max_connections_per_source
+        );
+        send_error(
+            &mut stream,
+            ErrorCode::RESOURCE_EXHAUSTED,
+            FrameType::HELLO,
+            &msg,
+        );
+        crate::transport::tcp::serve::CloseReason {
+            abnormal: true,
+            text: msg,
+        }
     } else {
         // p2p metadata: our publications, then the data phase.
         let mut scratch = Vec::new();
@@ -293,7 +370,10 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
             }
         }
         match sent {
-            Err(e) => crate::transport::tcp::serve::CloseReason { abnormal: true, text: format!("cannot send publications: {e}") },
+            Err(e) => crate::transport::tcp::serve::CloseReason {
+                abnormal: true,
+                text: format!("cannot send publications: {e}"),
+            },
             Ok(()) => {
                 let ctx = ServeCtx {
                     cfg,
@@ -310,7 +390,15 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
         }
     };
     let _ = stream.shutdown(Shutdown::Both);
-    shared.peers.lock().unwrap_or_else(|p| p.into_inner()).session_closed(hs.session);
-    shared.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn);
+    shared
+        .peers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .session_closed(hs.session);
+    shared
+        .live
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&conn);
     shared.record_close(from, Some(source), reason.abnormal, reason.text);
 }

@@ -39,7 +39,7 @@ use orbitte_wire::{AdmitError, Capabilities, DecodeError, Epoch, ErrorCode, Host
 
 pub use handshake::Handshake;
 pub use listener::{ClosedSession, Listener, ListenerStats};
-pub use publications::{Published, PublicationTable, RangeLookup};
+pub use publications::{PublicationTable, Published, RangeLookup};
 
 /// Settings shared by both ends of sessions.
 #[derive(Debug, Clone)]
@@ -167,7 +167,11 @@ pub enum SessionError {
 /// that processes in different network namespaces (which cannot reach each
 /// other's abstract unix sockets) count as different hosts.
 pub fn default_host_id() -> HostId {
-    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_owned()).unwrap_or_default();
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default()
+    };
     let machine = read("/etc/machine-id");
     let boot = read("/proc/sys/kernel/random/boot_id");
     let netns = std::fs::read_link("/proc/self/ns/net")

@@ -57,7 +57,12 @@ pub fn choose_path(source: &str, range: u64, inputs: &PathInputs) -> Result<Path
     let mut reasons = Vec::new();
     if inputs.same_host {
         match &inputs.local {
-            Ok(()) => return Ok(PathChoice { path: PathKind::Local, fell_back }),
+            Ok(()) => {
+                return Ok(PathChoice {
+                    path: PathKind::Local,
+                    fell_back,
+                });
+            }
             Err(why) => {
                 fell_back.push((PathKind::Local, why.clone()));
                 reasons.push((PathKind::Local, why.clone()));
@@ -67,7 +72,16 @@ pub fn choose_path(source: &str, range: u64, inputs: &PathInputs) -> Result<Path
         reasons.push((PathKind::Local, "peer is on another host".to_owned()));
     }
     match &inputs.rdma {
-        Ok(()) => return Ok(warn_fallbacks(source, range, PathChoice { path: PathKind::Rdma, fell_back })),
+        Ok(()) => {
+            return Ok(warn_fallbacks(
+                source,
+                range,
+                PathChoice {
+                    path: PathKind::Rdma,
+                    fell_back,
+                },
+            ));
+        }
         Err(why) => {
             if inputs.rdma_applies {
                 fell_back.push((PathKind::Rdma, why.clone()));
@@ -76,7 +90,14 @@ pub fn choose_path(source: &str, range: u64, inputs: &PathInputs) -> Result<Path
         }
     }
     match &inputs.tcp {
-        Ok(()) => Ok(warn_fallbacks(source, range, PathChoice { path: PathKind::Tcp, fell_back })),
+        Ok(()) => Ok(warn_fallbacks(
+            source,
+            range,
+            PathChoice {
+                path: PathKind::Tcp,
+                fell_back,
+            },
+        )),
         Err(why) => {
             reasons.push((PathKind::Tcp, why.clone()));
             Err(NoPath { reasons })
@@ -110,11 +131,18 @@ mod tests {
 
     #[test]
     fn local_first_then_rdma_then_tcp() {
-        assert_eq!(choose_path("p", 1, &inputs()).unwrap().path, PathKind::Local);
+        assert_eq!(
+            choose_path("p", 1, &inputs()).unwrap().path,
+            PathKind::Local
+        );
         let mut i = inputs();
         i.same_host = false;
         let c = choose_path("p", 1, &i).unwrap();
-        assert_eq!((c.path, c.fell_back.len()), (PathKind::Rdma, 0), "another host is not a fallback");
+        assert_eq!(
+            (c.path, c.fell_back.len()),
+            (PathKind::Rdma, 0),
+            "another host is not a fallback"
+        );
         i.rdma_applies = false;
         i.rdma = Err("peer has no rdma".into());
         let c = choose_path("p", 1, &i).unwrap();
@@ -130,7 +158,10 @@ mod tests {
         assert_eq!(c.path, PathKind::Tcp);
         assert_eq!(
             c.fell_back,
-            vec![(PathKind::Local, "range has no memfd".into()), (PathKind::Rdma, "port 1 down".into())]
+            vec![
+                (PathKind::Local, "range has no memfd".into()),
+                (PathKind::Rdma, "port 1 down".into())
+            ]
         );
     }
 

@@ -59,7 +59,11 @@ impl PublicationTable {
     }
 
     /// Publishes all of `memory` with `access`; returns the range id.
-    pub fn publish(&self, memory: Arc<HostMemory>, access: AccessFlags) -> std::io::Result<RangeId> {
+    pub fn publish(
+        &self,
+        memory: Arc<HostMemory>,
+        access: AccessFlags,
+    ) -> std::io::Result<RangeId> {
         let length = memory.len() as u64;
         self.publish_view(memory, 0, length, access)
     }
@@ -81,27 +85,47 @@ impl PublicationTable {
         }
         let token = AccessToken(u64::from_ne_bytes(super::random_bytes()?));
         let id = RangeId(self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
-        let p = Published { memory, offset, length, access, token };
-        self.ranges.write().unwrap_or_else(|e| e.into_inner()).insert(id, p);
+        let p = Published {
+            memory,
+            offset,
+            length,
+            access,
+            token,
+        };
+        self.ranges
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, p);
         Ok(id)
     }
 
     /// Retires a range: new requests for it fail with `retired`/`unknown
     /// range`. Returns whether it was published.
     pub fn retire(&self, range: RangeId) -> bool {
-        self.ranges.write().unwrap_or_else(|e| e.into_inner()).remove(&range).is_some()
+        self.ranges
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&range)
+            .is_some()
     }
 }
 
 impl RangeLookup for PublicationTable {
     fn lookup(&self, range: RangeId) -> Option<Published> {
-        self.ranges.read().unwrap_or_else(|e| e.into_inner()).get(&range).cloned()
+        self.ranges
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&range)
+            .cloned()
     }
 
     fn published(&self) -> Vec<(RangeId, Published)> {
         let r = self.ranges.read().unwrap_or_else(|e| e.into_inner());
         r.iter()
-            .filter(|(_, p)| p.access.contains(AccessFlags::REMOTE_READ) || p.access.contains(AccessFlags::REMOTE_WRITE))
+            .filter(|(_, p)| {
+                p.access.contains(AccessFlags::REMOTE_READ)
+                    || p.access.contains(AccessFlags::REMOTE_WRITE)
+            })
             .map(|(id, p)| (*id, p.clone()))
             .collect()
     }
@@ -126,12 +150,26 @@ pub(crate) fn descriptor(id: RangeId, p: &Published, host: &HostId) -> RangeDesc
 
 /// The `segment-publication` frames (at most `MAX_RANGES_PER_FRAME` ranges
 /// each) describing everything `lookup` publishes.
-pub(crate) fn publication_frames(lookup: &dyn RangeLookup, epoch: Epoch, host: &HostId) -> Vec<SegmentPublication> {
-    let all: Vec<RangeDescriptor> = lookup.published().iter().map(|(id, p)| descriptor(*id, p, host)).collect();
+pub(crate) fn publication_frames(
+    lookup: &dyn RangeLookup,
+    epoch: Epoch,
+    host: &HostId,
+) -> Vec<SegmentPublication> {
+    let all: Vec<RangeDescriptor> = lookup
+        .published()
+        .iter()
+        .map(|(id, p)| descriptor(*id, p, host))
+        .collect();
     if all.is_empty() {
-        return vec![SegmentPublication { epoch, ranges: Vec::new() }];
+        return vec![SegmentPublication {
+            epoch,
+            ranges: Vec::new(),
+        }];
     }
     all.chunks(orbitte_wire::MAX_RANGES_PER_FRAME)
-        .map(|c| SegmentPublication { epoch, ranges: c.to_vec() })
+        .map(|c| SegmentPublication {
+            epoch,
+            ranges: c.to_vec(),
+        })
         .collect()
 }

@@ -16,11 +16,23 @@ pub(crate) fn fabric(nics: usize, delivery: Delivery, seed: u64) -> SimFabric {
     for h in ["a", "b"] {
         for i in 0..nics {
             let host = if h == "a" { 1 } else { 2 };
-            devs.push(SimDeviceDesc::roce(&format!("{h}{i}"), [10, host, i as u8, 1]));
+            devs.push(SimDeviceDesc::roce(
+                &format!("{h}{i}"),
+                [10, host, i as u8, 1],
+            ));
         }
     }
-    let timing = SimTiming { base_latency: Duration::from_micros(1), bytes_per_sec: 0, jitter: Duration::ZERO };
-    SimFabric::new(SimDescription::new(devs).with_delivery(delivery).with_timing(timing), seed)
+    let timing = SimTiming {
+        base_latency: Duration::from_micros(1),
+        bytes_per_sec: 0,
+        jitter: Duration::ZERO,
+    };
+    SimFabric::new(
+        SimDescription::new(devs)
+            .with_delivery(delivery)
+            .with_timing(timing),
+        seed,
+    )
 }
 
 pub(crate) fn names(host: &str, nics: usize) -> Vec<String> {
@@ -53,7 +65,9 @@ pub(crate) fn connect(a: &TransferEngine, b: &TransferEngine) -> (PeerInfo, Peer
 }
 
 pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 pub(crate) fn region(len: usize, seed: u8) -> Arc<HostMemory> {
@@ -78,7 +92,10 @@ pub(crate) fn drive_wait(
         if let Some(o) = e.poll(id) {
             return o;
         }
-        assert!(std::time::Instant::now() < deadline, "no outcome for {id}: a wait did not end");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no outcome for {id}: a wait did not end"
+        );
         std::thread::sleep(Duration::from_micros(200));
     }
 }
@@ -97,18 +114,28 @@ pub(crate) fn drive_drain(fabric: &SimFabric, e: &TransferEngine, id: orbitte_en
 /// prefix arrived; outside it, destination bytes changed only inside the
 /// outcome's uncertain range; `Complete` means every byte, `None` (WRITE)
 /// means no byte.
-pub(crate) fn check_bytes(o: &orbitte_engine::Outcome, src: &[u8], dst_before: &[u8], dst_after: &[u8]) {
+pub(crate) fn check_bytes(
+    o: &orbitte_engine::Outcome,
+    src: &[u8],
+    dst_before: &[u8],
+    dst_after: &[u8],
+) {
     use orbitte_engine::RemoteEffect;
     let p = o.completed_prefix as usize;
     assert_eq!(dst_after[..p], src[..p], "completed prefix arrived ({o:?})");
     for i in p..dst_after.len() {
         if !o.uncertain.contains(&(i as u64)) {
-            assert_eq!(dst_after[i], dst_before[i], "byte {i} outside the uncertain range changed ({o:?})");
+            assert_eq!(
+                dst_after[i], dst_before[i],
+                "byte {i} outside the uncertain range changed ({o:?})"
+            );
         }
     }
     match o.remote_effect {
         RemoteEffect::Complete => assert_eq!(dst_after, src),
-        RemoteEffect::None if o.op == orbitte_engine::Op::Write => assert_eq!(dst_after, dst_before),
+        RemoteEffect::None if o.op == orbitte_engine::Op::Write => {
+            assert_eq!(dst_after, dst_before)
+        }
         _ => {}
     }
 }

@@ -14,8 +14,8 @@ use orbitte_engine::session::{Listener, PublicationTable, SessionConfig, SharedP
 use orbitte_engine::transport::local::LocalTransport;
 use orbitte_engine::transport::tcp::TcpTransport;
 use orbitte_engine::transport::{
-    EventSink, Op, PathKind, PeerId, PostContext, RailId, RailSpec, RangeId, RegistrationId, Transport,
-    TransportEvent, WorkItem,
+    EventSink, Op, PathKind, PeerId, PostContext, RailId, RailSpec, RangeId, RegistrationId,
+    Transport, TransportEvent, WorkItem,
 };
 use orbitte_memory::HostMemory;
 use orbitte_wire::{AccessFlags, Epoch, PeerTable, RangeDescriptor, SourceId};
@@ -47,7 +47,12 @@ impl Target {
         let peers = table(&cfg);
         let ranges = PublicationTable::new();
         let listener = Listener::bind(cfg.clone(), peers.clone(), ranges.clone(), addr).unwrap();
-        Self { cfg, peers, ranges, listener }
+        Self {
+            cfg,
+            peers,
+            ranges,
+            listener,
+        }
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -122,7 +127,13 @@ impl Driver {
         g.transports.insert(t.path(), t);
     }
 
-    pub fn add_rails(&self, path: PathKind, peer: PeerId, n: usize, max_in_flight: u32) -> Vec<RailId> {
+    pub fn add_rails(
+        &self,
+        path: PathKind,
+        peer: PeerId,
+        n: usize,
+        max_in_flight: u32,
+    ) -> Vec<RailId> {
         let mut g = self.inner.lock().unwrap();
         (0..n)
             .map(|_| {
@@ -186,7 +197,13 @@ impl Driver {
                 let end = start + work[start..].iter().take_while(|w| w.rail == rail).count();
                 let items = &work[start..end];
                 let path = g.core.rail_spec(rail).map(|s| s.path);
-                let Inner { transports, regs, remote, core, .. } = &mut *g;
+                let Inner {
+                    transports,
+                    regs,
+                    remote,
+                    core,
+                    ..
+                } = &mut *g;
                 let ctx = Ctx { regs, remote };
                 let res = match path.and_then(|p| transports.get_mut(&p)) {
                     Some(t) => t.post(rail, items, &ctx),
@@ -227,8 +244,15 @@ impl Driver {
             }
             let now = Instant::now();
             assert!(now < deadline, "no outcome for {id} within {bound:?}");
-            let wake = g.core.poll_timeout().map(|t| t.saturating_duration_since(now)).unwrap_or(bound);
-            let wait = wake.min(deadline - now).min(Duration::from_millis(50)).max(Duration::from_millis(1));
+            let wake = g
+                .core
+                .poll_timeout()
+                .map(|t| t.saturating_duration_since(now))
+                .unwrap_or(bound);
+            let wait = wake
+                .min(deadline - now)
+                .min(Duration::from_millis(50))
+                .max(Duration::from_millis(1));
             g = self.cv.wait_timeout(g, wait).unwrap().0;
         }
     }
@@ -246,7 +270,11 @@ impl Driver {
             if s == DrainStatus::Drained || Instant::now() >= deadline {
                 return s;
             }
-            g = self.cv.wait_timeout(g, Duration::from_millis(20)).unwrap().0;
+            g = self
+                .cv
+                .wait_timeout(g, Duration::from_millis(20))
+                .unwrap()
+                .0;
         }
     }
 }
@@ -306,7 +334,13 @@ impl Initiator {
         let local = LocalTransport::new(driver.sink());
         driver.add_transport(Box::new(tcp.clone()));
         driver.add_transport(Box::new(local.clone()));
-        Self { cfg, peers, driver, tcp, local }
+        Self {
+            cfg,
+            peers,
+            driver,
+            tcp,
+            local,
+        }
     }
 
     /// Opens `n` tcp rails to `addr` for `peer`.
@@ -315,8 +349,16 @@ impl Initiator {
         peer: PeerId,
         addr: SocketAddr,
         n: usize,
-    ) -> Result<(Vec<RailId>, orbitte_engine::transport::tcp::TcpPeerLink), orbitte_engine::session::SessionError> {
-        let rails = self.driver.add_rails(PathKind::Tcp, peer, n, self.cfg.max_in_flight_per_connection * 2);
+    ) -> Result<
+        (Vec<RailId>, orbitte_engine::transport::tcp::TcpPeerLink),
+        orbitte_engine::session::SessionError,
+    > {
+        let rails = self.driver.add_rails(
+            PathKind::Tcp,
+            peer,
+            n,
+            self.cfg.max_in_flight_per_connection * 2,
+        );
         let link = self.tcp.open_rails(peer, addr, &rails)?;
         self.driver.set_remote(peer, &link.ranges);
         Ok((rails, link))
@@ -341,7 +383,9 @@ pub mod raw {
     use std::time::Duration;
 
     use orbitte_wire::auth::ClusterSecret;
-    use orbitte_wire::{Epoch, Frame, FrameHeader, HEADER_LEN, Hello, Identity, Nonce, SourceId, Capabilities};
+    use orbitte_wire::{
+        Capabilities, Epoch, Frame, FrameHeader, HEADER_LEN, Hello, Identity, Nonce, SourceId,
+    };
 
     pub fn connect(addr: SocketAddr) -> TcpStream {
         let s = TcpStream::connect(addr).unwrap();
@@ -372,7 +416,9 @@ pub mod raw {
                 Ok(f) => out.push(f),
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return out,
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return out,
-                Err(e) => panic!("target did not close the session within the bound: {e}; frames {out:?}"),
+                Err(e) => {
+                    panic!("target did not close the session within the bound: {e}; frames {out:?}")
+                }
             }
         }
     }
@@ -392,9 +438,15 @@ pub mod raw {
         secret: Option<&ClusterSecret>,
     ) -> (TcpStream, Frame) {
         let mut s = connect(addr);
-        let Frame::Challenge(ch) = read_frame(&mut s).unwrap() else { panic!("no challenge") };
+        let Frame::Challenge(ch) = read_frame(&mut s).unwrap() else {
+            panic!("no challenge")
+        };
         let mut hello = Hello {
-            identity: Identity::new(SourceId::new(source).unwrap(), Epoch::new(epoch).unwrap(), Capabilities::TCP),
+            identity: Identity::new(
+                SourceId::new(source).unwrap(),
+                Epoch::new(epoch).unwrap(),
+                Capabilities::TCP,
+            ),
             nonce: Nonce([7; 32]),
             proof: None,
         };
@@ -436,11 +488,19 @@ pub mod child {
             c.args(&wrapper[1..]).arg(&exe);
             c
         };
-        cmd.args([entry, "--exact", "--ignored", "--nocapture", "--test-threads=1"]);
+        cmd.args([
+            entry,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ]);
         for (k, v) in env {
             cmd.env(k, v);
         }
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
         let mut child = cmd.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = channel();
@@ -453,7 +513,11 @@ pub mod child {
             }
         });
         let stdin = child.stdin.take();
-        Peer { child, stdin, lines: rx }
+        Peer {
+            child,
+            stdin,
+            lines: rx,
+        }
     }
 
     impl Peer {
@@ -464,7 +528,10 @@ pub mod child {
             loop {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 match self.lines.recv_timeout(left) {
-                    Ok(l) if l.starts_with(prefix) => return l,
+                    // The harness may print "test name ... " before our line.
+                    Ok(l) if l.contains(prefix) => {
+                        return l[l.find(prefix).unwrap_or(0)..].to_owned();
+                    }
                     Ok(_) => {}
                     Err(e) => panic!("child did not print {prefix:?} within {bound:?}: {e}"),
                 }
@@ -493,7 +560,11 @@ pub mod child {
 
     /// A free loopback port (bound then released).
     pub fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
     }
 }
 

@@ -92,6 +92,8 @@ pub(super) struct NativeContext {
     identity: DeviceIdentity,
     ports: u8,
     max_cqe: u32,
+    /// GID table length per port (index = port - 1), read at open.
+    gid_lens: Vec<u32>,
 }
 
 // SAFETY: libibverbs contexts are thread safe (rdma-core documents every
@@ -118,6 +120,7 @@ impl NativeContext {
             identity,
             ports: 0,
             max_cqe: 0,
+            gid_lens: Vec::new(),
         };
         // From here a failure closes the context through `destroy`.
         let init = (|| {
@@ -127,6 +130,10 @@ impl NativeContext {
             let attr = this.device_attr()?;
             this.ports = attr.phys_port_cnt;
             this.max_cqe = u32::try_from(attr.max_cqe).unwrap_or(0);
+            for port in 1..=this.ports {
+                let len = this.port_attr(port).map_or(0, |a| a.gid_tbl_len);
+                this.gid_lens.push(u32::try_from(len).unwrap_or(0));
+            }
             Ok(())
         })();
         if let Err(e) = init {
@@ -218,7 +225,17 @@ impl ContextOps for NativeContext {
     }
 
     fn query_gid(&self, port: u8, index: u32) -> Result<GidEntry, QueryError> {
-        let len = u32::try_from(self.port_attr(port)?.gid_tbl_len).unwrap_or(0);
+        if port == 0 || port > self.ports {
+            return Err(QueryError::InvalidPort {
+                port,
+                ports: self.ports,
+            });
+        }
+        let len = self
+            .gid_lens
+            .get(usize::from(port) - 1)
+            .copied()
+            .unwrap_or(0);
         if index >= len {
             return Err(QueryError::InvalidGidIndex { port, index, len });
         }

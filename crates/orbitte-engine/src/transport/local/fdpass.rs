@@ -20,7 +20,12 @@ pub(crate) fn send_with_fd(sock: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) 
     if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
         return Err(io::Error::other("ancillary buffer too small for one fd"));
     }
-    let n = rustix::net::sendmsg(sock.as_fd(), &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL)?;
+    let n = rustix::net::sendmsg(
+        sock.as_fd(),
+        &[IoSlice::new(bytes)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
     if n != bytes.len() {
         // The fd went with the first bytes; send the rest plainly.
         use std::io::Write;
@@ -32,7 +37,10 @@ pub(crate) fn send_with_fd(sock: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) 
 
 /// Receives up to `buf.len()` bytes and the fd attached to them, if any.
 /// Extra fds (a misbehaving peer) are closed.
-pub(crate) fn recv_with_fd(sock: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+pub(crate) fn recv_with_fd(
+    sock: &UnixStream,
+    buf: &mut [u8],
+) -> io::Result<(usize, Option<OwnedFd>)> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let msg = rustix::net::recvmsg(

@@ -64,27 +64,32 @@ impl LocalServer {
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
-        let thread = std::thread::Builder::new().name("orbitte-local-accept".into()).spawn(move || {
-            while !st.load(Ordering::Acquire) && !shared.stop.load(Ordering::Acquire) {
-                match listener.accept() {
-                    Ok((s, _)) => {
-                        let sh = shared.clone();
-                        let _ = std::thread::Builder::new()
-                            .name("orbitte-local-session".into())
-                            .spawn(move || serve_local(s, &sh));
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "local accept failed");
-                        std::thread::sleep(Duration::from_millis(50));
+        let thread = std::thread::Builder::new()
+            .name("orbitte-local-accept".into())
+            .spawn(move || {
+                while !st.load(Ordering::Acquire) && !shared.stop.load(Ordering::Acquire) {
+                    match listener.accept() {
+                        Ok((s, _)) => {
+                            let sh = shared.clone();
+                            let _ = std::thread::Builder::new()
+                                .name("orbitte-local-session".into())
+                                .spawn(move || serve_local(s, &sh));
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "local accept failed");
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
                     }
                 }
-            }
-        })?;
+            })?;
         tracing::debug!(%name, "local path serving");
-        Ok(Self { stop, thread: Some(thread) })
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
     }
 
     pub(crate) fn stop(mut self) {
@@ -98,11 +103,15 @@ impl LocalServer {
 /// An fd a peer may map: the memfd itself for writable ranges, a read-only
 /// reopen otherwise.
 fn handout_fd(mem: &HostMemory, writable: bool) -> std::io::Result<OwnedFd> {
-    let fd = mem.memfd().ok_or_else(|| std::io::Error::other("memory has no memfd"))?;
+    let fd = mem
+        .memfd()
+        .ok_or_else(|| std::io::Error::other("memory has no memfd"))?;
     if writable {
         return fd.try_clone_to_owned();
     }
-    let f = std::fs::OpenOptions::new().read(true).open(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
     Ok(f.into())
 }
 
@@ -125,9 +134,14 @@ fn serve_local(mut s: UnixStream, shared: &crate::session::listener::Shared) {
             let writable = p.access.contains(AccessFlags::REMOTE_WRITE);
             let fd = handout_fd(&p.memory, writable)?;
             let desc = crate::session::publications::descriptor(id, &p, &cfg.host_id);
-            let frame = Frame::SegmentPublication(SegmentPublication { epoch: cfg.epoch, ranges: vec![desc] });
+            let frame = Frame::SegmentPublication(SegmentPublication {
+                epoch: cfg.epoch,
+                ranges: vec![desc],
+            });
             scratch.clear();
-            frame.encode(&mut scratch).map_err(|e| SessionError::Protocol(e.to_string()))?;
+            frame
+                .encode(&mut scratch)
+                .map_err(|e| SessionError::Protocol(e.to_string()))?;
             fdpass::send_with_fd(&s, &scratch, fd.as_fd())?;
             handed += 1;
         }
@@ -139,7 +153,11 @@ fn serve_local(mut s: UnixStream, shared: &crate::session::listener::Shared) {
         s.flush()?;
         Ok(())
     })();
-    shared.peers.lock().unwrap_or_else(|p| p.into_inner()).session_closed(hs.session);
+    shared
+        .peers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .session_closed(hs.session);
     match result {
         Ok(()) => tracing::info!(peer = %hs.peer.source_id, handed, "local mappings handed out"),
         Err(e) => tracing::warn!(peer = %hs.peer.source_id, error = %e, "local session failed"),
@@ -167,7 +185,9 @@ pub enum LocalError {
     #[error(transparent)]
     Session(#[from] SessionError),
     /// The server is not the peer we expected.
-    #[error("local server answered as {found} epoch {found_epoch}, expected {expected} epoch {expected_epoch}")]
+    #[error(
+        "local server answered as {found} epoch {found_epoch}, expected {expected} epoch {expected_epoch}"
+    )]
     WrongPeer {
         /// Expected source.
         expected: SourceId,
@@ -245,7 +265,11 @@ pub struct LocalAttach {
 impl LocalTransport {
     /// A local transport reporting to `sink`.
     pub fn new(sink: Arc<dyn EventSink>) -> Arc<Self> {
-        Arc::new(Self { sink, rails: RwLock::new(HashMap::new()), maps: RwLock::new(HashMap::new()) })
+        Arc::new(Self {
+            sink,
+            rails: RwLock::new(HashMap::new()),
+            maps: RwLock::new(HashMap::new()),
+        })
     }
 
     /// Connects to `identity`'s local server, maps every range it hands out
@@ -268,7 +292,10 @@ impl LocalTransport {
         let mut s = UnixStream::connect_addr(&addr).map_err(unreachable)?;
         let hs = handshake::connect(&mut s, cfg, peers, None)?;
         let close = |peers: &SharedPeerTable| {
-            peers.lock().unwrap_or_else(|p| p.into_inner()).session_closed(hs.session);
+            peers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .session_closed(hs.session);
         };
         if hs.peer.source_id != identity.source_id || hs.peer.epoch != identity.epoch {
             close(peers);
@@ -283,29 +310,58 @@ impl LocalTransport {
         close(peers);
         let received = received?;
         let mut mapped = HashMap::new();
-        let mut out = LocalAttach { ranges: Vec::new(), writable: Vec::new() };
+        let mut out = LocalAttach {
+            ranges: Vec::new(),
+            writable: Vec::new(),
+        };
         for (desc, fd) in received {
             let Some(hint) = &desc.local else { continue };
             if hint.mechanism != LocalMechanism::MEMFD || hint.host_id != cfg.host_id {
                 continue;
             }
             let writable = desc.access.contains(AccessFlags::REMOTE_WRITE);
-            let len = hint.file_offset.checked_add(desc.length).and_then(|l| usize::try_from(l).ok());
+            let len = hint
+                .file_offset
+                .checked_add(desc.length)
+                .and_then(|l| usize::try_from(l).ok());
             let Some(len) = len else {
-                return Err(LocalError::Map { range: desc.range_id.0, error: "range end overflows".into() });
+                return Err(LocalError::Map {
+                    range: desc.range_id.0,
+                    error: "range end overflows".into(),
+                });
             };
-            let memory = HostMemory::map_shared(fd, len, writable)
-                .map_err(|e| LocalError::Map { range: desc.range_id.0, error: e.to_string() })?;
+            let memory =
+                HostMemory::map_shared(fd, len, writable).map_err(|e| LocalError::Map {
+                    range: desc.range_id.0,
+                    error: e.to_string(),
+                })?;
             out.ranges.push(desc.range_id);
             if writable {
                 out.writable.push(desc.range_id);
             }
-            mapped.insert(desc.range_id, Mapped { memory, base: hint.file_offset, length: desc.length });
+            mapped.insert(
+                desc.range_id,
+                Mapped {
+                    memory,
+                    base: hint.file_offset,
+                    length: desc.length,
+                },
+            );
         }
-        self.maps.write().unwrap_or_else(|p| p.into_inner()).insert(peer, mapped);
+        self.maps
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(peer, mapped);
         for &rail in rails {
-            let r = Arc::new(LocalRail { peer, queue: Mutex::new(RailQueue::default()), cv: Condvar::new() });
-            self.rails.write().unwrap_or_else(|p| p.into_inner()).insert(rail, r.clone());
+            let r = Arc::new(LocalRail {
+                peer,
+                queue: Mutex::new(RailQueue::default()),
+                cv: Condvar::new(),
+            });
+            self.rails
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(rail, r.clone());
             let sink = self.sink.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("orbitte-local-rail-{}", rail.0))
@@ -320,12 +376,19 @@ impl LocalTransport {
     /// Drops the mappings of `peer` (after its epoch changed or it left).
     /// Rails of the peer fail new work with `unknown-range`.
     pub fn detach(&self, peer: PeerId) {
-        self.maps.write().unwrap_or_else(|p| p.into_inner()).remove(&peer);
+        self.maps
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&peer);
     }
 
     /// Whether `range` of `peer` is mapped.
     pub fn is_mapped(&self, peer: PeerId, range: RangeId) -> bool {
-        self.maps.read().unwrap_or_else(|p| p.into_inner()).get(&peer).is_some_and(|m| m.contains_key(&range))
+        self.maps
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&peer)
+            .is_some_and(|m| m.contains_key(&range))
     }
 }
 
@@ -342,7 +405,9 @@ fn receive_ranges(
         let mut header = [0u8; HEADER_LEN];
         let (n, fd) = fdpass::recv_with_fd(s, &mut header)?;
         if n == 0 {
-            return Err(SessionError::Closed { during: "receiving local mappings" });
+            return Err(SessionError::Closed {
+                during: "receiving local mappings",
+            });
         }
         s.read_exact(&mut header[n..])?;
         let h = FrameHeader::decode(&header)?;
@@ -357,13 +422,27 @@ fn receive_ranges(
                         p.epoch
                     )));
                 }
-                let fd = fd.ok_or_else(|| SessionError::Protocol("local publication without an fd".into()))?;
-                let Some(desc) = p.ranges.into_iter().next() else { continue };
+                let fd = fd.ok_or_else(|| {
+                    SessionError::Protocol("local publication without an fd".into())
+                })?;
+                let Some(desc) = p.ranges.into_iter().next() else {
+                    continue;
+                };
                 out.push((desc, fd));
             }
             Frame::Goodbye(_) => return Ok(out),
-            Frame::Error(e) => return Err(SessionError::Refused { code: e.code, message: e.message.to_string() }),
-            other => return Err(SessionError::Protocol(format!("unexpected {} on the local socket", other.frame_type()))),
+            Frame::Error(e) => {
+                return Err(SessionError::Refused {
+                    code: e.code,
+                    message: e.message.to_string(),
+                });
+            }
+            other => {
+                return Err(SessionError::Protocol(format!(
+                    "unexpected {} on the local socket",
+                    other.frame_type()
+                )));
+            }
         }
     }
 }
@@ -383,7 +462,12 @@ fn rail_worker(rail: RailId, r: Arc<LocalRail>, sink: Arc<dyn EventSink>) {
         };
         for job in batch.drain(..) {
             let status = execute(&job);
-            events.push(TransportEvent::Completed { rail, token: job.item.token, status, released: true });
+            events.push(TransportEvent::Completed {
+                rail,
+                token: job.item.token,
+                status,
+                released: true,
+            });
         }
         sink.deliver(&mut events);
         events.clear();
@@ -398,15 +482,19 @@ fn failed(status: Status) -> SliceStatus {
 }
 
 fn execute(job: &Job) -> SliceStatus {
-    let Some(remote) = &job.remote else { return failed(Status::UNKNOWN_RANGE) };
+    let Some(remote) = &job.remote else {
+        return failed(Status::UNKNOWN_RANGE);
+    };
     let it = &job.item;
     let len = it.len as usize;
     match it.remote_offset.checked_add(u64::from(it.len)) {
         Some(end) if end <= remote.length => {}
         _ => return failed(Status::OUT_OF_BOUNDS),
     }
-    let (Ok(roff), Ok(loff)) = (usize::try_from(remote.base + it.remote_offset), usize::try_from(it.local_offset))
-    else {
+    let (Ok(roff), Ok(loff)) = (
+        usize::try_from(remote.base + it.remote_offset),
+        usize::try_from(it.local_offset),
+    ) else {
         return failed(Status::OUT_OF_BOUNDS);
     };
     let r = match it.op {
@@ -423,22 +511,51 @@ fn execute(job: &Job) -> SliceStatus {
 
 impl LocalTransport {
     /// Queues `items` on `rail` (see [`Transport::post`]).
-    pub fn post_items(&self, rail: RailId, items: &[WorkItem], ctx: &dyn PostContext) -> Result<(), PostError> {
-        let Some(r) = self.rails.read().unwrap_or_else(|p| p.into_inner()).get(&rail).cloned() else {
-            return Err(PostError { rail, posted: 0, reason: "unknown local rail".into() });
+    pub fn post_items(
+        &self,
+        rail: RailId,
+        items: &[WorkItem],
+        ctx: &dyn PostContext,
+    ) -> Result<(), PostError> {
+        let Some(r) = self
+            .rails
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&rail)
+            .cloned()
+        else {
+            return Err(PostError {
+                rail,
+                posted: 0,
+                reason: "unknown local rail".into(),
+            });
         };
         let maps = self.maps.read().unwrap_or_else(|p| p.into_inner());
         let peer_maps = maps.get(&r.peer);
         let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
         if q.closed {
-            return Err(PostError { rail, posted: 0, reason: "local rail closed".into() });
+            return Err(PostError {
+                rail,
+                posted: 0,
+                reason: "local rail closed".into(),
+            });
         }
         for (i, item) in items.iter().enumerate() {
             let Some(local) = ctx.memory(item.registration) else {
-                return Err(PostError { rail, posted: i, reason: "local registration is gone".into() });
+                return Err(PostError {
+                    rail,
+                    posted: i,
+                    reason: "local registration is gone".into(),
+                });
             };
-            let remote = peer_maps.and_then(|m| m.get(&RangeId(item.range.0))).cloned();
-            q.jobs.push_back(Job { item: *item, local: local.clone(), remote });
+            let remote = peer_maps
+                .and_then(|m| m.get(&RangeId(item.range.0)))
+                .cloned();
+            q.jobs.push_back(Job {
+                item: *item,
+                local: local.clone(),
+                remote,
+            });
         }
         r.cv.notify_one();
         Ok(())
@@ -446,7 +563,12 @@ impl LocalTransport {
 
     /// Stops `rail` after the items already queued.
     pub fn close(&self, rail: RailId) {
-        if let Some(r) = self.rails.write().unwrap_or_else(|p| p.into_inner()).remove(&rail) {
+        if let Some(r) = self
+            .rails
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&rail)
+        {
             r.queue.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
             r.cv.notify_all();
         }
@@ -458,7 +580,12 @@ impl Transport for Arc<LocalTransport> {
         PathKind::Local
     }
 
-    fn post(&mut self, rail: RailId, items: &[WorkItem], ctx: &dyn PostContext) -> Result<(), PostError> {
+    fn post(
+        &mut self,
+        rail: RailId,
+        items: &[WorkItem],
+        ctx: &dyn PostContext,
+    ) -> Result<(), PostError> {
         self.post_items(rail, items, ctx)
     }
 

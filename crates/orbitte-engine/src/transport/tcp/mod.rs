@@ -28,7 +28,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
-use orbitte_wire::{AccessToken, Admission, Frame, RangeDescriptor, RangeId, SegmentPublication, SourceId};
+use orbitte_wire::{
+    AccessToken, Admission, Frame, RangeDescriptor, RangeId, SegmentPublication, SourceId,
+};
 
 use crate::session::io::FrameReader;
 use crate::session::{Handshake, SessionConfig, SessionError, SharedPeerTable, handshake};
@@ -91,36 +93,55 @@ impl TcpTransport {
         })
     }
 
-    fn open_connection(&self, addr: SocketAddr) -> Result<(TcpStream, Handshake, SegmentPublication), SessionError> {
+    fn open_connection(
+        &self,
+        addr: SocketAddr,
+    ) -> Result<(TcpStream, Handshake, SegmentPublication), SessionError> {
         let mut stream = TcpStream::connect_timeout(&addr, self.cfg.handshake_timeout)?;
         stream.set_nodelay(true)?;
         let hs = handshake::connect(&mut stream, &self.cfg, &self.peers, Some(addr))?;
-        let close = || self.peers.lock().unwrap_or_else(|p| p.into_inner()).session_closed(hs.session);
+        let close = || {
+            self.peers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .session_closed(hs.session)
+        };
         let deadline = Instant::now() + self.cfg.handshake_timeout;
         let left = deadline.saturating_duration_since(Instant::now());
-        let publication = match FrameReader::new().read(&mut stream, Some(left), self.cfg.frame_timeout) {
-            Ok(Frame::SegmentPublication(p)) if p.epoch == hs.peer.epoch => p,
-            Ok(Frame::Error(e)) => {
-                close();
-                return Err(SessionError::Refused { code: e.code, message: e.message.to_string() });
-            }
-            Ok(other) => {
-                close();
-                return Err(SessionError::Protocol(format!(
-                    "expected the peer's segment-publication, got {}",
-                    other.frame_type()
-                )));
-            }
-            Err(SessionError::Idle) => {
-                close();
-                return Err(SessionError::Timeout { what: "a segment-publication" });
-            }
-            Err(e) => {
-                close();
-                return Err(e);
-            }
-        };
-        if let Err(e) = self.peers.lock().unwrap_or_else(|p| p.into_inner()).record_publication(hs.session, &publication) {
+        let publication =
+            match FrameReader::new().read(&mut stream, Some(left), self.cfg.frame_timeout) {
+                Ok(Frame::SegmentPublication(p)) if p.epoch == hs.peer.epoch => p,
+                Ok(Frame::Error(e)) => {
+                    close();
+                    return Err(SessionError::Refused {
+                        code: e.code,
+                        message: e.message.to_string(),
+                    });
+                }
+                Ok(other) => {
+                    close();
+                    return Err(SessionError::Protocol(format!(
+                        "expected the peer's segment-publication, got {}",
+                        other.frame_type()
+                    )));
+                }
+                Err(SessionError::Idle) => {
+                    close();
+                    return Err(SessionError::Timeout {
+                        what: "a segment-publication",
+                    });
+                }
+                Err(e) => {
+                    close();
+                    return Err(e);
+                }
+            };
+        if let Err(e) = self
+            .peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record_publication(hs.session, &publication)
+        {
             close();
             return Err(SessionError::Protocol(e.to_string()));
         }
@@ -132,7 +153,12 @@ impl TcpTransport {
     /// out to be a newer epoch of a source we knew, the rails and
     /// descriptors of the old epoch are dropped first (see
     /// [`TcpPeerLink::closed_rails`]); an older epoch is refused.
-    pub fn open_rails(&self, peer: PeerId, addr: SocketAddr, rails: &[RailId]) -> Result<TcpPeerLink, SessionError> {
+    pub fn open_rails(
+        &self,
+        peer: PeerId,
+        addr: SocketAddr,
+        rails: &[RailId],
+    ) -> Result<TcpPeerLink, SessionError> {
         if rails.is_empty() {
             return Err(SessionError::Limit("open at least one rail".into()));
         }
@@ -143,8 +169,12 @@ impl TcpTransport {
                 Ok((s, hs, p)) => {
                     if let Some((first, _)) = &first_pub {
                         let first: &Handshake = first;
-                        if first.peer.source_id != hs.peer.source_id || first.peer.epoch != hs.peer.epoch {
-                            return Err(SessionError::Protocol("connections to one address reached different peers".into()));
+                        if first.peer.source_id != hs.peer.source_id
+                            || first.peer.epoch != hs.peer.epoch
+                        {
+                            return Err(SessionError::Protocol(
+                                "connections to one address reached different peers".into(),
+                            ));
                         }
                     }
                     if first_pub.is_none() {
@@ -166,7 +196,11 @@ impl TcpTransport {
             return Err(SessionError::Limit("no connection opened".into()));
         };
         let mut closed_rails = Vec::new();
-        if let Admission::Replaced { previous, invalidated } = &hs.admission {
+        if let Admission::Replaced {
+            previous,
+            invalidated,
+        } = &hs.admission
+        {
             closed_rails = self.drop_source(&hs.peer.source_id, Some(*previous));
             tracing::info!(
                 source = %hs.peer.source_id, old_epoch = %previous, new_epoch = %hs.peer.epoch,
@@ -174,37 +208,71 @@ impl TcpTransport {
                 "newer epoch adopted: old rails and cached descriptors dropped"
             );
         }
-        let ranges: HashMap<RangeId, RangeDescriptor> =
-            publication.ranges.iter().map(|r| (r.range_id, r.clone())).collect();
-        self.state.write().unwrap_or_else(|p| p.into_inner()).insert(
-            peer,
-            PeerState { source: hs.peer.source_id.clone(), epoch: hs.peer.epoch, ranges },
-        );
+        let ranges: HashMap<RangeId, RangeDescriptor> = publication
+            .ranges
+            .iter()
+            .map(|r| (r.range_id, r.clone()))
+            .collect();
+        self.state
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                peer,
+                PeerState {
+                    source: hs.peer.source_id.clone(),
+                    epoch: hs.peer.epoch,
+                    ranges,
+                },
+            );
         let mut started = Vec::with_capacity(opened.len());
         for (rail, stream, rhs) in opened {
             let state = self.state.clone();
             let epoch = hs.peer.epoch;
-            let on_pub: Arc<dyn Fn(SegmentPublication) + Send + Sync> = Arc::new(move |p: SegmentPublication| {
-                if p.epoch != epoch {
-                    return;
-                }
-                if let Some(ps) = state.write().unwrap_or_else(|e| e.into_inner()).get_mut(&peer) {
-                    for r in p.ranges {
-                        ps.ranges.insert(r.range_id, r);
+            let on_pub: Arc<dyn Fn(SegmentPublication) + Send + Sync> =
+                Arc::new(move |p: SegmentPublication| {
+                    if p.epoch != epoch {
+                        return;
                     }
-                }
-            });
-            let r = Rail::start(rail, rhs.session, stream, &self.cfg, self.sink.clone(), on_pub)
-                .map_err(SessionError::Io)?;
-            self.rails.write().unwrap_or_else(|p| p.into_inner()).insert(rail, (peer, r));
+                    if let Some(ps) = state
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_mut(&peer)
+                    {
+                        for r in p.ranges {
+                            ps.ranges.insert(r.range_id, r);
+                        }
+                    }
+                });
+            let r = Rail::start(
+                rail,
+                rhs.session,
+                stream,
+                &self.cfg,
+                self.sink.clone(),
+                on_pub,
+            )
+            .map_err(SessionError::Io)?;
+            self.rails
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(rail, (peer, r));
             started.push(rail);
         }
-        Ok(TcpPeerLink { handshake: hs, ranges: publication.ranges, rails: started, closed_rails })
+        Ok(TcpPeerLink {
+            handshake: hs,
+            ranges: publication.ranges,
+            rails: started,
+            closed_rails,
+        })
     }
 
     /// Closes the rails and forgets the descriptors of every peer that is
     /// `source` (at `epoch`, or any epoch when `None`). Returns the rails.
-    pub fn drop_source(&self, source: &SourceId, epoch: Option<orbitte_wire::Epoch>) -> Vec<RailId> {
+    pub fn drop_source(
+        &self,
+        source: &SourceId,
+        epoch: Option<orbitte_wire::Epoch>,
+    ) -> Vec<RailId> {
         let peers: Vec<PeerId> = self
             .state
             .read()
@@ -215,7 +283,10 @@ impl TcpTransport {
             .collect();
         let mut closed = Vec::new();
         for p in &peers {
-            self.state.write().unwrap_or_else(|e| e.into_inner()).remove(p);
+            self.state
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(p);
             let rails: Vec<RailId> = self
                 .rails
                 .read()
@@ -234,29 +305,62 @@ impl TcpTransport {
 
     /// The descriptor of `range` of `peer`, as cached.
     pub fn range(&self, peer: PeerId, range: RangeId) -> Option<RangeDescriptor> {
-        self.state.read().unwrap_or_else(|p| p.into_inner()).get(&peer)?.ranges.get(&range).cloned()
+        self.state
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&peer)?
+            .ranges
+            .get(&range)
+            .cloned()
     }
 
     /// Whether `rail` is up.
     pub fn rail_is_up(&self, rail: RailId) -> bool {
-        self.rails.read().unwrap_or_else(|p| p.into_inner()).get(&rail).is_some_and(|(_, r)| !r.is_down())
+        self.rails
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&rail)
+            .is_some_and(|(_, r)| !r.is_down())
     }
 }
 
 impl TcpTransport {
     /// Queues `items` on `rail` (see [`Transport::post`]).
-    pub fn post_items(&self, rail: RailId, items: &[WorkItem], ctx: &dyn PostContext) -> Result<(), PostError> {
-        let Some((peer, r)) = self.rails.read().unwrap_or_else(|p| p.into_inner()).get(&rail).cloned() else {
-            return Err(PostError { rail, posted: 0, reason: "unknown tcp rail".into() });
+    pub fn post_items(
+        &self,
+        rail: RailId,
+        items: &[WorkItem],
+        ctx: &dyn PostContext,
+    ) -> Result<(), PostError> {
+        let Some((peer, r)) = self
+            .rails
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&rail)
+            .cloned()
+        else {
+            return Err(PostError {
+                rail,
+                posted: 0,
+                reason: "unknown tcp rail".into(),
+            });
         };
         let state = self.state.read().unwrap_or_else(|p| p.into_inner());
         let Some(ps) = state.get(&peer) else {
-            return Err(PostError { rail, posted: 0, reason: "peer of the rail was dropped (epoch changed)".into() });
+            return Err(PostError {
+                rail,
+                posted: 0,
+                reason: "peer of the rail was dropped (epoch changed)".into(),
+            });
         };
         let mut jobs = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let Some(local) = ctx.memory(item.registration) else {
-                return Err(PostError { rail, posted: i, reason: "local registration is gone".into() });
+                return Err(PostError {
+                    rail,
+                    posted: i,
+                    reason: "local registration is gone".into(),
+                });
             };
             // The engine's cached descriptor first, ours (from connect) next;
             // an unknown range goes out with token 0 and the target refuses it.
@@ -265,25 +369,45 @@ impl TcpTransport {
                 .map(|d| d.token)
                 .or_else(|| ps.ranges.get(&RangeId(item.range.0)).map(|d| d.token))
                 .unwrap_or(AccessToken(0));
-            jobs.push(Job { item: *item, local: local.clone(), token });
+            jobs.push(Job {
+                item: *item,
+                local: local.clone(),
+                token,
+            });
         }
         drop(state);
-        r.push(jobs.into_iter()).map_err(|why| PostError { rail, posted: 0, reason: why })
+        r.push(jobs.into_iter()).map_err(|why| PostError {
+            rail,
+            posted: 0,
+            reason: why,
+        })
     }
 
     /// Takes `rail` down so it reports every outstanding item.
     pub fn flush_rail(&self, rail: RailId) {
-        if let Some((_, r)) = self.rails.read().unwrap_or_else(|p| p.into_inner()).get(&rail) {
-            r.fail("flushed by the engine");
+        if let Some((_, r)) = self
+            .rails
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&rail)
+        {
+            r.fail("flushed by the engine", true);
         }
     }
 
     /// Closes `rail` (its outstanding items are reported as failed).
     pub fn close(&self, rail: RailId) {
-        let removed = self.rails.write().unwrap_or_else(|p| p.into_inner()).remove(&rail);
+        let removed = self
+            .rails
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&rail);
         if let Some((_, r)) = removed {
-            r.fail("rail closed");
-            self.peers.lock().unwrap_or_else(|p| p.into_inner()).session_closed(r.session);
+            r.fail("rail closed", true);
+            self.peers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .session_closed(r.session);
         }
     }
 }
@@ -293,7 +417,12 @@ impl Transport for Arc<TcpTransport> {
         PathKind::Tcp
     }
 
-    fn post(&mut self, rail: RailId, items: &[WorkItem], ctx: &dyn PostContext) -> Result<(), PostError> {
+    fn post(
+        &mut self,
+        rail: RailId,
+        items: &[WorkItem],
+        ctx: &dyn PostContext,
+    ) -> Result<(), PostError> {
         self.post_items(rail, items, ctx)
     }
 

@@ -34,7 +34,11 @@ pub(crate) struct PayloadIo {
 
 impl PayloadIo {
     pub(crate) fn new(zero_copy: bool) -> Self {
-        Self { scratch: Vec::new(), pipe: None, zero_copy }
+        Self {
+            scratch: Vec::new(),
+            pipe: None,
+            zero_copy,
+        }
     }
 
     fn scratch(&mut self) -> &mut [u8] {
@@ -59,7 +63,9 @@ impl PayloadIo {
             let mut off = offset;
             let end = offset + len as u64;
             while off < end {
-                let want = usize::try_from(end - off).unwrap_or(usize::MAX).min(CHUNK * 4);
+                let want = usize::try_from(end - off)
+                    .unwrap_or(usize::MAX)
+                    .min(CHUNK * 4);
                 match rustix::fs::sendfile(sock.as_fd(), fd, Some(&mut off), want) {
                     Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                     Ok(_) => {}
@@ -74,7 +80,8 @@ impl PayloadIo {
         while done < len {
             let n = (len - done).min(CHUNK);
             let buf = &mut self.scratch()[..n];
-            mem.read_at(offset as usize + done, buf).map_err(io::Error::other)?;
+            mem.read_at(offset as usize + done, buf)
+                .map_err(io::Error::other)?;
             sock.write_all(buf)?;
             done += n;
         }
@@ -91,7 +98,10 @@ impl PayloadIo {
     ) -> io::Result<()> {
         check(mem, offset, len)?;
         if !mem.is_writable() {
-            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "memory is read-only"));
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "memory is read-only",
+            ));
         }
         if self.zero_copy
             && let Some(fd) = mem.memfd()
@@ -102,7 +112,9 @@ impl PayloadIo {
                 let _ = rustix::pipe::fcntl_setpipe_size(&w, CHUNK);
                 self.pipe = Some((r, w));
             }
-            let Some((r, w)) = &self.pipe else { unreachable!("pipe made above") };
+            let Some((r, w)) = &self.pipe else {
+                unreachable!("pipe made above")
+            };
             let mut out_off = offset;
             let mut left = len;
             while left > 0 {
@@ -124,7 +136,14 @@ impl PayloadIo {
                 // socket read, so the pipe never holds bytes across an error.
                 let mut in_pipe = n;
                 while in_pipe > 0 {
-                    match rustix::pipe::splice(r, None, fd, Some(&mut out_off), in_pipe, SpliceFlags::MOVE) {
+                    match rustix::pipe::splice(
+                        r,
+                        None,
+                        fd,
+                        Some(&mut out_off),
+                        in_pipe,
+                        SpliceFlags::MOVE,
+                    ) {
                         Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                         Ok(m) => in_pipe -= m,
                         Err(rustix::io::Errno::INTR) => {}
@@ -145,7 +164,8 @@ impl PayloadIo {
             let n = (len - done).min(CHUNK);
             let buf = &mut self.scratch()[..n];
             sock.read_exact(buf)?;
-            mem.write_at(offset as usize + done, buf).map_err(io::Error::other)?;
+            mem.write_at(offset as usize + done, buf)
+                .map_err(io::Error::other)?;
             done += n;
         }
         Ok(())
@@ -192,8 +212,12 @@ mod tests {
         let dst = if raw_dst {
             let fd = HostMemory::alloc(3 * CHUNK + 17).unwrap();
             // A peer mapping has no memfd of its own: exercises the scratch path.
-            HostMemory::map_shared(fd.memfd().unwrap().try_clone_to_owned().unwrap(), fd.len(), true)
-                .unwrap()
+            HostMemory::map_shared(
+                fd.memfd().unwrap().try_clone_to_owned().unwrap(),
+                fd.len(),
+                true,
+            )
+            .unwrap()
         } else {
             HostMemory::alloc(3 * CHUNK + 17).unwrap()
         };

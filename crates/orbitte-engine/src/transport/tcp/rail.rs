@@ -25,7 +25,9 @@ use super::payload::PayloadIo;
 use super::serve::send_more as send_header_more;
 use crate::session::io::{FrameReader, write_frame};
 use crate::session::{SessionConfig, SessionError};
-use crate::transport::{EventSink, Op, RailId, SliceFailure, SliceStatus, TransportEvent, WorkItem};
+use crate::transport::{
+    EventSink, Op, RailId, SliceFailure, SliceStatus, TransportEvent, WorkItem,
+};
 
 #[derive(Debug, Clone)]
 pub(crate) struct Job {
@@ -88,7 +90,17 @@ impl Rail {
             .spawn(move || writer(r1, w_stream, zero_copy))?;
         std::thread::Builder::new()
             .name(format!("orbitte-tcp-r{}", id.0))
-            .spawn(move || reader(r2, stream, zero_copy, frame_timeout, io_timeout, sink, on_publication))?;
+            .spawn(move || {
+                reader(
+                    r2,
+                    stream,
+                    zero_copy,
+                    frame_timeout,
+                    io_timeout,
+                    sink,
+                    on_publication,
+                )
+            })?;
         Ok(rail)
     }
 
@@ -107,10 +119,16 @@ impl Rail {
     }
 
     /// Takes the rail down (idempotent): the reader then reports everything.
-    pub(crate) fn fail(&self, why: &str) {
+    /// A rail that goes down unasked is a warning; one closed or flushed on
+    /// request (`deliberate`) is logged at debug.
+    pub(crate) fn fail(&self, why: &str, deliberate: bool) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if st.down.is_none() {
-            tracing::warn!(rail = self.id.0, reason = why, "tcp rail down");
+            if deliberate {
+                tracing::debug!(rail = self.id.0, reason = why, "tcp rail closed");
+            } else {
+                tracing::warn!(rail = self.id.0, reason = why, "tcp rail down");
+            }
             st.down = Some(why.into());
         }
         drop(st);
@@ -119,7 +137,11 @@ impl Rail {
     }
 
     pub(crate) fn is_down(&self) -> bool {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).down.is_some()
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .down
+            .is_some()
     }
 }
 
@@ -140,7 +162,9 @@ fn writer(rail: Arc<Rail>, mut stream: TcpStream, zero_copy: bool) {
                 }
                 st = rail.cv.wait(st).unwrap_or_else(|p| p.into_inner());
             }
-            let Some(job) = st.queue.pop_front() else { continue };
+            let Some(job) = st.queue.pop_front() else {
+                continue;
+            };
             st.in_flight.push_back(job.clone());
             job
         };
@@ -168,14 +192,16 @@ fn writer(rail: Arc<Rail>, mut stream: TcpStream, zero_copy: bool) {
                 match f.encode(&mut scratch) {
                     Err(e) => Err(SessionError::Protocol(e.to_string())),
                     Ok(()) => send_header_more(&stream, &scratch)
-                        .and_then(|()| io.send(&stream, &job.local, it.local_offset, it.len as usize))
+                        .and_then(|()| {
+                            io.send(&stream, &job.local, it.local_offset, it.len as usize)
+                        })
                         .map_err(SessionError::Io),
                 }
             }
         };
         drop(job);
         if let Err(e) = r {
-            rail.fail(&format!("sending a request failed: {e}"));
+            rail.fail(&format!("sending a request failed: {e}"), false);
             let mut st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
             st.writer_done = true;
             rail.cv.notify_all();
@@ -238,21 +264,34 @@ fn reader(
             let mut st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
             match st.in_flight.front() {
                 Some(j) if j.item.token.0 == request_id.0 && j.item.op == op => {}
-                _ => break format!("answer for request {} does not match the oldest request in flight", request_id.0),
+                _ => {
+                    break format!(
+                        "answer for request {} does not match the oldest request in flight",
+                        request_id.0
+                    );
+                }
             }
             st.last_progress = Instant::now();
             st.in_flight.pop_front()
         };
-        let Some(job) = job else { break "in-flight list empty".into() };
+        let Some(job) = job else {
+            break "in-flight list empty".into();
+        };
         rail.cv.notify_all();
         let mut st_status = completion(status);
         if op == Op::Read && status.is_ok() {
             if length != job.item.len {
-                let msg = format!("read answer of {length} bytes for a {}-byte request", job.item.len);
+                let msg = format!(
+                    "read answer of {length} bytes for a {}-byte request",
+                    job.item.len
+                );
                 events.push(TransportEvent::Completed {
                     rail: rail.id,
                     token: job.item.token,
-                    status: SliceStatus::Failed(SliceFailure::Completion { status: msg.clone().into(), code: 0 }),
+                    status: SliceStatus::Failed(SliceFailure::Completion {
+                        status: msg.clone().into(),
+                        code: 0,
+                    }),
                     released: true,
                 });
                 sink.deliver(&mut events);
@@ -276,27 +315,46 @@ fn reader(
             }
         } else if op == Op::Write && status.is_ok() && length != job.item.len {
             st_status = SliceStatus::Failed(SliceFailure::Completion {
-                status: format!("write answer of {length} bytes for a {}-byte request", job.item.len).into(),
+                status: format!(
+                    "write answer of {length} bytes for a {}-byte request",
+                    job.item.len
+                )
+                .into(),
                 code: 0,
             });
         }
-        events.push(TransportEvent::Completed { rail: rail.id, token: job.item.token, status: st_status, released: true });
+        events.push(TransportEvent::Completed {
+            rail: rail.id,
+            token: job.item.token,
+            status: st_status,
+            released: true,
+        });
         sink.deliver(&mut events);
         events.clear();
     };
-    rail.fail(&why);
+    rail.fail(&why, false);
     // Wait until the writer let go of local memory (the socket is shut, so
     // a blocked send returns at once).
     let (in_flight, queued, reason) = {
         let mut st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
         while !st.writer_done {
-            let (g, _) = rail.cv.wait_timeout(st, Duration::from_millis(100)).unwrap_or_else(|p| p.into_inner());
+            let (g, _) = rail
+                .cv
+                .wait_timeout(st, Duration::from_millis(100))
+                .unwrap_or_else(|p| p.into_inner());
             st = g;
         }
         let reason = st.down.clone().unwrap_or_else(|| why.clone().into());
-        (std::mem::take(&mut st.in_flight), std::mem::take(&mut st.queue), reason)
+        (
+            std::mem::take(&mut st.in_flight),
+            std::mem::take(&mut st.queue),
+            reason,
+        )
     };
-    events.push(TransportEvent::RailDown { rail: rail.id, reason: reason.clone() });
+    events.push(TransportEvent::RailDown {
+        rail: rail.id,
+        reason: reason.clone(),
+    });
     for j in in_flight {
         events.push(TransportEvent::Completed {
             rail: rail.id,

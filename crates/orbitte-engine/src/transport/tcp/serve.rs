@@ -21,7 +21,9 @@ use orbitte_wire::{
 
 use super::payload::PayloadIo;
 use crate::session::io::{FrameReader, send_error, write_frame};
-use crate::session::{PeerIdentity, Published, RangeLookup, SessionConfig, SessionError, SharedPeerTable};
+use crate::session::{
+    PeerIdentity, Published, RangeLookup, SessionConfig, SessionError, SharedPeerTable,
+};
 
 /// How often a quiet connection checks whether the listener shuts down.
 const POLL: Duration = Duration::from_millis(200);
@@ -37,10 +39,16 @@ pub(crate) struct CloseReason {
 
 impl CloseReason {
     fn normal(text: impl Into<String>) -> Self {
-        Self { abnormal: false, text: text.into() }
+        Self {
+            abnormal: false,
+            text: text.into(),
+        }
     }
     fn abnormal(text: impl Into<String>) -> Self {
-        Self { abnormal: true, text: text.into() }
+        Self {
+            abnormal: true,
+            text: text.into(),
+        }
     }
 }
 
@@ -69,7 +77,6 @@ pub(crate) fn send_more(sock: &TcpStream, mut bytes: &[u8]) -> std::io::Result<(
     }
     Ok(())
 }
-
 
 fn check(
     ranges: &dyn RangeLookup,
@@ -123,20 +130,36 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                 return CloseReason::abnormal(format!("malformed frame: {e}"));
             }
             Err(SessionError::Timeout { what }) => {
-                send_error(stream, ErrorCode::TIMEOUT, FrameType(0), "frame not completed in time");
-                return CloseReason::abnormal(format!("peer did not complete {what} within {:?}", cfg.frame_timeout));
+                send_error(
+                    stream,
+                    ErrorCode::TIMEOUT,
+                    FrameType(0),
+                    "frame not completed in time",
+                );
+                return CloseReason::abnormal(format!(
+                    "peer did not complete {what} within {:?}",
+                    cfg.frame_timeout
+                ));
             }
-            Err(SessionError::Closed { .. }) => return CloseReason::normal("peer closed the connection"),
+            Err(SessionError::Closed { .. }) => {
+                return CloseReason::normal("peer closed the connection");
+            }
             Err(e) => return CloseReason::abnormal(format!("connection failed: {e}")),
         };
         last_request = Instant::now();
         // The epoch rule on every request: a newer incarnation of the
         // source may have been admitted since this session opened.
-        let current = ctx.peers.lock().unwrap_or_else(|p| p.into_inner()).epoch_of(&ctx.peer.source_id);
+        let current = ctx
+            .peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .epoch_of(&ctx.peer.source_id);
         if current != Some(ctx.peer.epoch) {
             let msg = format!(
                 "session of {} at epoch {} is superseded (authoritative epoch {:?})",
-                ctx.peer.source_id, ctx.peer.epoch, current.map(|e| e.value())
+                ctx.peer.source_id,
+                ctx.peer.epoch,
+                current.map(|e| e.value())
             );
             send_error(stream, ErrorCode::STALE_EPOCH, frame.frame_type(), &msg);
             return CloseReason::abnormal(msg);
@@ -149,7 +172,14 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
         }
         let result = match frame {
             Frame::ReadRequest(r) => {
-                match check(ctx.ranges, r.range_id, r.token, r.offset, r.length, AccessFlags::REMOTE_READ) {
+                match check(
+                    ctx.ranges,
+                    r.range_id,
+                    r.token,
+                    r.offset,
+                    r.length,
+                    AccessFlags::REMOTE_READ,
+                ) {
                     Ok(p) => {
                         let resp = Frame::ReadResponse(ReadResponse {
                             request_id: r.request_id,
@@ -161,10 +191,17 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                         scratch.clear();
                         match resp.encode(&mut scratch) {
                             Ok(()) => send_more(stream, &scratch)
-                                .and_then(|()| io.send(stream, &p.memory, p.offset + r.offset, r.length as usize))
-                            .map(|()| {
-                                ctx.bytes.fetch_add(u64::from(r.length), Ordering::Relaxed);
-                            }),
+                                .and_then(|()| {
+                                    io.send(
+                                        stream,
+                                        &p.memory,
+                                        p.offset + r.offset,
+                                        r.length as usize,
+                                    )
+                                })
+                                .map(|()| {
+                                    ctx.bytes.fetch_add(u64::from(r.length), Ordering::Relaxed);
+                                }),
                             Err(e) => Err(std::io::Error::other(e)),
                         }
                     }
@@ -182,24 +219,30 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                 }
             }
             Frame::WriteRequest(w) => {
-                let status =
-                    match check(ctx.ranges, w.range_id, w.token, w.offset, w.length, AccessFlags::REMOTE_WRITE) {
-                        Ok(p) => {
-                            let _ = stream.set_read_timeout(Some(cfg.io_timeout));
-                            match io.recv(stream, &p.memory, p.offset + w.offset, w.length as usize) {
-                                Ok(()) => {
-                                    ctx.bytes.fetch_add(u64::from(w.length), Ordering::Relaxed);
-                                    Ok(Status::OK)
-                                }
-                                Err(e) => Err(e),
+                let status = match check(
+                    ctx.ranges,
+                    w.range_id,
+                    w.token,
+                    w.offset,
+                    w.length,
+                    AccessFlags::REMOTE_WRITE,
+                ) {
+                    Ok(p) => {
+                        let _ = stream.set_read_timeout(Some(cfg.io_timeout));
+                        match io.recv(stream, &p.memory, p.offset + w.offset, w.length as usize) {
+                            Ok(()) => {
+                                ctx.bytes.fetch_add(u64::from(w.length), Ordering::Relaxed);
+                                Ok(Status::OK)
                             }
+                            Err(e) => Err(e),
                         }
-                        Err(status) => {
-                            tracing::debug!(session = ?ctx.session, range = w.range_id.0, %status, "write refused");
-                            let _ = stream.set_read_timeout(Some(cfg.io_timeout));
-                            io.discard(stream, u64::from(w.length)).map(|()| status)
-                        }
-                    };
+                    }
+                    Err(status) => {
+                        tracing::debug!(session = ?ctx.session, range = w.range_id.0, %status, "write refused");
+                        let _ = stream.set_read_timeout(Some(cfg.io_timeout));
+                        io.discard(stream, u64::from(w.length)).map(|()| status)
+                    }
+                };
                 match status {
                     Ok(status) => {
                         let resp = Frame::WriteResponse(WriteResponse {
@@ -214,19 +257,38 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                     Err(e) => Err(e),
                 }
             }
-            Frame::Goodbye(g) => return CloseReason::normal(format!("peer said goodbye ({}: {})", g.reason, g.message)),
+            Frame::Goodbye(g) => {
+                return CloseReason::normal(format!(
+                    "peer said goodbye ({}: {})",
+                    g.reason, g.message
+                ));
+            }
             Frame::Error(e) => {
                 return CloseReason::abnormal(format!("peer sent error {}: {}", e.code, e.message));
             }
             other => {
-                let msg = format!("{} is not allowed after the handshake on a tcp session", other.frame_type());
-                send_error(stream, ErrorCode::UNEXPECTED_FRAME, other.frame_type(), &msg);
+                let msg = format!(
+                    "{} is not allowed after the handshake on a tcp session",
+                    other.frame_type()
+                );
+                send_error(
+                    stream,
+                    ErrorCode::UNEXPECTED_FRAME,
+                    other.frame_type(),
+                    &msg,
+                );
                 return CloseReason::abnormal(msg);
             }
         };
         if let Err(e) = result {
-            let what = if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
-                format!("peer stalled for {:?} (not reading answers or not sending payload): {e}", cfg.io_timeout)
+            let what = if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) {
+                format!(
+                    "peer stalled for {:?} (not reading answers or not sending payload): {e}",
+                    cfg.io_timeout
+                )
             } else {
                 format!("data transfer failed: {e}")
             };
@@ -236,7 +298,10 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
 }
 
 fn goodbye(stream: &mut TcpStream, reason: GoodbyeReason, text: &str) -> Result<(), SessionError> {
-    let f = Frame::Goodbye(orbitte_wire::Goodbye { reason, message: orbitte_wire::Message::truncating(text) });
+    let f = Frame::Goodbye(orbitte_wire::Goodbye {
+        reason,
+        message: orbitte_wire::Message::truncating(text),
+    });
     let mut scratch = Vec::new();
     write_frame(stream, &f, &mut scratch)?;
     stream.flush()?;

@@ -1,0 +1,214 @@
+//! The measurement loop: `--threads` threads, each submitting batches of
+//! `--batch-size` requests of one block size to its own window of the
+//! remote range until `--duration` has passed.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use indicatif::ProgressBar;
+use orbitte::transport::Op;
+use orbitte::{Outcome, Status};
+
+use super::backend::{Backend, Req};
+use super::report::Point;
+use super::{engine_op, target_byte};
+use crate::Failure;
+use crate::cli::BenchArgs;
+use crate::stats::{Latencies, gbps};
+
+/// Byte `i` of block `block` of batch number `seq` of thread `t` (what a
+/// WRITE with `--check` sends).
+fn write_byte(t: usize, seq: u64, i: u64) -> u8 {
+    (i.wrapping_mul(131) ^ seq.wrapping_mul(0x2545_F491) ^ (t as u64) << 5) as u8
+}
+
+fn describe(o: &Outcome) -> String {
+    let failure = o
+        .failure
+        .as_ref()
+        .map_or_else(|| "no failure information".to_owned(), ToString::to_string);
+    format!(
+        "request {} ({:?}, {} bytes) ended {:?}: completed prefix {} bytes, {failure}, remote effect {:?}, drain {:?}",
+        o.request, o.op, o.len, o.status, o.completed_prefix, o.remote_effect, o.drain
+    )
+}
+
+fn check_complete(results: &[(Outcome, Duration)]) -> Result<(), Failure> {
+    match results.iter().find(|(o, _)| o.status != Status::Complete) {
+        Some((o, _)) => Err(Failure::failed(describe(o))),
+        None => Ok(()),
+    }
+}
+
+struct Shared {
+    stop: AtomicBool,
+    bytes: AtomicU64,
+    ops: AtomicU64,
+    checked: AtomicU64,
+}
+
+/// Measures one block size.
+pub(crate) fn run(
+    backend: &dyn Backend,
+    args: &BenchArgs,
+    block: u64,
+    bar: &ProgressBar,
+) -> Result<Point, Failure> {
+    let threads = args.threads as usize;
+    let batch = u64::from(args.batch_size);
+    let window = block * batch;
+    let shared = Shared {
+        stop: AtomicBool::new(false),
+        bytes: AtomicU64::new(0),
+        ops: AtomicU64::new(0),
+        checked: AtomicU64::new(0),
+    };
+    let duration = Duration::from_secs_f64(args.duration);
+    let first_error: Mutex<Option<Failure>> = Mutex::new(None);
+    let latencies: Mutex<Latencies> = Mutex::new(Latencies::default());
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (shared, first_error, latencies) = (&shared, &first_error, &latencies);
+            s.spawn(move || {
+                let mut lat = Latencies::default();
+                let r = thread_loop(
+                    backend, args, t, block, window, start, duration, shared, &mut lat,
+                );
+                if let Err(f) = r {
+                    shared.stop.store(true, Ordering::Release);
+                    let mut e = first_error.lock().unwrap_or_else(|p| p.into_inner());
+                    e.get_or_insert(f);
+                }
+                latencies
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .merge(lat);
+            });
+        }
+        // The progress bar, from this thread.
+        while !shared.stop.load(Ordering::Acquire) && start.elapsed() < duration {
+            std::thread::sleep(Duration::from_millis(100));
+            let e = start.elapsed();
+            bar.set_position(e.as_millis() as u64);
+            bar.set_message(format!(
+                "{:.2} GB/s",
+                gbps(shared.bytes.load(Ordering::Relaxed), e)
+            ));
+        }
+    });
+    let elapsed = start.elapsed();
+    if let Some(f) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(f);
+    }
+    let bytes = shared.bytes.load(Ordering::Relaxed);
+    let ops = shared.ops.load(Ordering::Relaxed);
+    let mut lat = latencies.into_inner().unwrap_or_else(|p| p.into_inner());
+    Ok(Point {
+        block_size: block,
+        seconds: elapsed.as_secs_f64(),
+        bytes,
+        requests: ops,
+        gbps: gbps(bytes, elapsed),
+        ops_per_s: ops as f64 / elapsed.as_secs_f64().max(1e-9),
+        latency: lat.summary(),
+        checked_bytes: args.check.then(|| shared.checked.load(Ordering::Relaxed)),
+        baseline: None,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn thread_loop(
+    backend: &dyn Backend,
+    args: &BenchArgs,
+    t: usize,
+    block: u64,
+    window: u64,
+    start: Instant,
+    duration: Duration,
+    shared: &Shared,
+    lat: &mut Latencies,
+) -> Result<(), Failure> {
+    let op = engine_op(args.op);
+    let base = t as u64 * (backend.remote_len() / u64::from(args.threads));
+    let reqs: Vec<Req> = (0..u64::from(args.batch_size))
+        .map(|j| Req {
+            op,
+            local_offset: j * block,
+            remote_offset: base + j * block,
+            len: block,
+        })
+        .collect();
+    let local = backend.local(t);
+    let win = usize::try_from(window).map_err(|_| Failure::usage("window too large"))?;
+    let mut buf = vec![0u8; if args.check { win } else { 0 }];
+    let mut seq = 0u64;
+    while !shared.stop.load(Ordering::Acquire) && start.elapsed() < duration {
+        seq += 1;
+        if args.check && op == Op::Write {
+            for (i, b) in buf.iter_mut().enumerate() {
+                *b = write_byte(t, seq, i as u64);
+            }
+            local
+                .write_at(0, &buf)
+                .map_err(|e| Failure::failed(e.to_string()))?;
+        }
+        let results = backend.batch(t, &reqs, false)?;
+        check_complete(&results)?;
+        for (_, d) in &results {
+            lat.record(*d);
+        }
+        shared.bytes.fetch_add(window, Ordering::Relaxed);
+        shared
+            .ops
+            .fetch_add(results.len() as u64, Ordering::Relaxed);
+        if args.check {
+            verify(backend, t, &reqs, op, seq, base, &mut buf)?;
+            shared.checked.fetch_add(window, Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}
+
+/// READ: the local bytes are the target's initial pattern at the remote
+/// offsets. WRITE: the remote bytes, read back into scratch memory, are
+/// the bytes sent.
+fn verify(
+    backend: &dyn Backend,
+    t: usize,
+    reqs: &[Req],
+    op: Op,
+    seq: u64,
+    base: u64,
+    buf: &mut [u8],
+) -> Result<(), Failure> {
+    let mem = if op == Op::Write {
+        let back: Vec<Req> = reqs.iter().map(|r| Req { op: Op::Read, ..*r }).collect();
+        let results = backend.batch(t, &back, true)?;
+        check_complete(&results)?;
+        backend.scratch(t)
+    } else {
+        backend.local(t)
+    };
+    mem.read_at(0, buf)
+        .map_err(|e| Failure::failed(e.to_string()))?;
+    for (i, &b) in buf.iter().enumerate() {
+        let want = if op == Op::Write {
+            write_byte(t, seq, i as u64)
+        } else {
+            target_byte(base + i as u64)
+        };
+        if b != want {
+            return Err(Failure::failed(format!(
+                "data check failed: thread {t}, batch {seq}, byte {i} of the window is {b:#04x}, expected {want:#04x}{}",
+                if op == Op::Read {
+                    " (a READ check expects a fresh target whose range nobody wrote)"
+                } else {
+                    ""
+                }
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,250 @@
+//! `orbitte bench`: loopback (target and initiator in this process),
+//! target, or initiator; one block size or a sweep with a chart; a
+//! baseline measured in the same run.
+
+mod backend;
+mod baseline;
+mod measure;
+mod report;
+
+use std::io::IsTerminal as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use orbitte::HostMemory;
+use orbitte::core::CoreConfig;
+use orbitte::transport::PathKind;
+
+use crate::Failure;
+use crate::cli::{BenchArgs, Op, PathName, Role};
+use crate::net::{Initiator, RW, Target, session_config};
+use backend::Backend;
+use report::{Point, Report};
+
+/// Block sizes of `--sweep`.
+const SWEEP: [u64; 6] = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20];
+
+/// Byte `k` of a target's range before anything is written (the pattern a
+/// READ with `--check` expects).
+pub(crate) fn target_byte(k: u64) -> u8 {
+    ((k.wrapping_mul(0x9E37_79B1) >> 13) as u8) ^ (k as u8)
+}
+
+/// Fills `mem` with [`target_byte`].
+pub(crate) fn fill_target_pattern(mem: &HostMemory) -> Result<(), String> {
+    const CHUNK: usize = 1 << 20;
+    let mut buf = vec![0u8; CHUNK];
+    let mut off = 0;
+    while off < mem.len() {
+        let n = CHUNK.min(mem.len() - off);
+        for (i, b) in buf[..n].iter_mut().enumerate() {
+            *b = target_byte((off + i) as u64);
+        }
+        mem.write_at(off, &buf[..n]).map_err(|e| e.to_string())?;
+        off += n;
+    }
+    Ok(())
+}
+
+fn path_kind(p: PathName) -> Result<PathKind, Failure> {
+    match p {
+        PathName::Rdma => Ok(PathKind::Rdma),
+        PathName::Tcp => Ok(PathKind::Tcp),
+        PathName::Local => Ok(PathKind::Local),
+        other => Err(Failure::usage(format!(
+            "bench measures the rdma, tcp and local paths, not {}; run `orbitte doctor --path {}` for its checks",
+            report::path_name(other),
+            report::path_name(other)
+        ))),
+    }
+}
+
+/// The bytes a target publishes for these settings.
+fn range_len(args: &BenchArgs) -> u64 {
+    let block = if args.sweep {
+        SWEEP[SWEEP.len() - 1].max(args.block_size)
+    } else {
+        args.block_size
+    };
+    block * u64::from(args.batch_size) * u64::from(args.threads)
+}
+
+fn source_id(args: &BenchArgs, role: &str) -> String {
+    args.source_id
+        .clone()
+        .unwrap_or_else(|| format!("orbitte-bench-{role}-{}", std::process::id()))
+}
+
+fn parse_addr(s: &str, flag: &str) -> Result<SocketAddr, Failure> {
+    use std::net::ToSocketAddrs as _;
+    s.to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| {
+            Failure::usage(format!(
+                "{flag} `{s}` is not an address like 127.0.0.1:7400 or host:7400"
+            ))
+        })
+}
+
+pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
+    let want = args.path.map(path_kind).transpose()?;
+    let len = range_len(args);
+    if len > 64 << 30 {
+        return Err(Failure::usage(format!(
+            "block size x batch size x threads is {len} bytes, more than 64 GiB: lower one of them"
+        )));
+    }
+    match args.role {
+        Role::Target => run_target(args, len),
+        Role::Initiator => {
+            if want == Some(PathKind::Rdma) {
+                return Err(Failure::usage(
+                    "--path rdma runs in loopback only (two processes need a tcp control link for rdma, not built yet): use --role loopback",
+                ));
+            }
+            let peer = args.peer.as_deref().unwrap_or_default();
+            let addr = parse_addr(peer, "--peer")?;
+            let initiator = new_initiator(args, "initiator")?;
+            let backend = backend::CoreBackend::connect(&initiator, addr, args, want)?;
+            let describe = format!("initiator to {addr}");
+            bench_with(args, &backend, &describe, None)
+        }
+        Role::Loopback => {
+            if want == Some(PathKind::Rdma) {
+                let backend = backend::RdmaBackend::start(args, len)?;
+                return bench_with(
+                    args,
+                    &backend,
+                    "loopback (two engines in this process)",
+                    None,
+                );
+            }
+            let listen = parse_addr(&args.listen, "--listen")?;
+            let cfg = session_config(&source_id(args, "target"), None).map_err(Failure::usage)?;
+            let target = Target::start(cfg, listen).map_err(Failure::failed)?;
+            let mem = alloc(len)?;
+            fill_target_pattern(&mem).map_err(Failure::failed)?;
+            target
+                .ranges
+                .publish(mem, RW)
+                .map_err(|e| Failure::failed(format!("cannot publish the target range: {e}")))?;
+            let addr = target.listener.local_addr();
+            let initiator = new_initiator(args, "initiator")?;
+            let r = backend::CoreBackend::connect(&initiator, addr, args, want).and_then(|b| {
+                bench_with(
+                    args,
+                    &b,
+                    "loopback (target and initiator in this process)",
+                    Some(()),
+                )
+            });
+            target.listener.shutdown();
+            r
+        }
+    }
+}
+
+fn alloc(len: u64) -> Result<Arc<HostMemory>, Failure> {
+    let n = usize::try_from(len).map_err(|_| Failure::usage("range too large for this machine"))?;
+    HostMemory::alloc(n).map_err(|e| {
+        Failure::failed(format!(
+            "cannot allocate {len} bytes of host memory: {e}; lower --block-size, --batch-size or --threads"
+        ))
+    })
+}
+
+fn new_initiator(args: &BenchArgs, role: &str) -> Result<Initiator, Failure> {
+    let cfg = session_config(&source_id(args, role), None).map_err(Failure::usage)?;
+    Ok(Initiator::new(
+        cfg,
+        CoreConfig {
+            slice_size: 64 * 1024,
+            request_timeout: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(5),
+        },
+    ))
+}
+
+fn run_target(args: &BenchArgs, len: u64) -> Result<(), Failure> {
+    let listen = parse_addr(&args.listen, "--listen")?;
+    let cfg = session_config(&source_id(args, "target"), None).map_err(Failure::usage)?;
+    let target = Target::start(cfg, listen).map_err(Failure::failed)?;
+    let mem = alloc(len)?;
+    fill_target_pattern(&mem).map_err(Failure::failed)?;
+    let range = target
+        .ranges
+        .publish(mem, RW)
+        .map_err(|e| Failure::failed(format!("cannot publish the target range: {e}")))?;
+    // The first line is for scripts and tests: the address initiators use.
+    println!(
+        "listening on {} (range {} of {len} bytes, read-write; local path {})",
+        target.listener.local_addr(),
+        range.0,
+        if target.listener.serves_local() {
+            "served"
+        } else {
+            "not served"
+        }
+    );
+    eprintln!("orbitte: target ready; stop it with Ctrl-C");
+    // A target serves until it is killed (Ctrl-C); the listener's threads
+    // do the work.
+    let _target = target;
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// Runs one point or the sweep on `backend` and prints the report.
+fn bench_with(
+    args: &BenchArgs,
+    backend: &dyn Backend,
+    role: &str,
+    loopback: Option<()>,
+) -> Result<(), Failure> {
+    let sizes: Vec<u64> = if args.sweep {
+        SWEEP.to_vec()
+    } else {
+        vec![args.block_size]
+    };
+    let show = !args.quiet && std::io::stderr().is_terminal();
+    let mut points = Vec::new();
+    for &block in &sizes {
+        let bar = progress(show, args.duration, block);
+        let mut point: Point = measure::run(backend, args, block, &bar)?;
+        bar.finish_and_clear();
+        if !args.no_baseline && loopback.is_some() {
+            point.baseline = baseline::measure(backend.path(), args, block);
+        }
+        points.push(point);
+    }
+    let report = Report::new(args, backend, role, points);
+    if args.sweep {
+        report.write_chart(&args.chart)?;
+    }
+    report.print(args.json)
+}
+
+fn progress(show: bool, seconds: f64, block: u64) -> ProgressBar {
+    if !show {
+        return ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
+    }
+    let ms = (seconds * 1000.0) as u64;
+    let bar = ProgressBar::new(ms);
+    if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:30}] {elapsed_precise} {msg}") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(format!("block {}", crate::chart::human_bytes(block)));
+    bar
+}
+
+/// The op as the engine names it.
+pub(crate) fn engine_op(op: Op) -> orbitte::transport::Op {
+    match op {
+        Op::Read => orbitte::transport::Op::Read,
+        Op::Write => orbitte::transport::Op::Write,
+    }
+}

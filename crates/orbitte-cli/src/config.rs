@@ -1,0 +1,499 @@
+//! The TOML file of `orbitte serve`: the engine's settings, the ranges to
+//! publish, and the `[rdma]` selectors (parsed by orbitte-topology).
+//!
+//! Every error names the file, the key and what was expected; unknown keys
+//! are errors, so a typo never passes silently. `docs/configuration.md`
+//! lists every key, and `tests/configuration_doc.rs` keeps it in step
+//! (through `orbitte serve --check --json`, which prints every key).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use orbitte::topology::ConfigOverrides;
+use serde::Serialize;
+
+use crate::cli::parse_size;
+
+/// What a range allows peers to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum RangeAccess {
+    /// Peers may READ.
+    Read,
+    /// Peers may WRITE.
+    Write,
+    /// Peers may READ and WRITE.
+    ReadWrite,
+}
+
+/// One `[[range]]`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct RangeConfig {
+    pub(crate) name: String,
+    pub(crate) size: u64,
+    pub(crate) access: RangeAccess,
+    /// Byte every position starts with (default 0).
+    pub(crate) fill: u8,
+}
+
+/// The whole file, with defaults filled in.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ServeConfig {
+    pub(crate) engine: EngineConfig,
+    pub(crate) budgets: BudgetConfig,
+    pub(crate) range: Vec<RangeConfig>,
+    /// The `[rdma]` table as given (absent keys: discovery).
+    pub(crate) rdma: ConfigOverrides,
+    /// Whether the file has an `[rdma]` table (then serve also registers
+    /// the ranges for Host Direct, and a failure is an error).
+    pub(crate) rdma_table: bool,
+}
+
+/// `[engine]`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct EngineConfig {
+    pub(crate) source_id: String,
+    pub(crate) epoch: Option<u64>,
+    pub(crate) last_epoch: Option<u64>,
+    pub(crate) listen: SocketAddr,
+    pub(crate) cluster_secret_file: Option<String>,
+    pub(crate) slice_size: u64,
+    pub(crate) request_timeout_ms: u64,
+    pub(crate) drain_timeout_ms: u64,
+    pub(crate) handshake_timeout_ms: u64,
+    pub(crate) max_in_flight: u32,
+    pub(crate) signal_interval: u32,
+    pub(crate) dispatch_mask: u64,
+}
+
+/// `[budgets]`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct BudgetConfig {
+    pub(crate) max_mrs: u64,
+    pub(crate) max_bytes: u64,
+}
+
+impl EngineConfig {
+    pub(crate) fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+    pub(crate) fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_timeout_ms)
+    }
+    pub(crate) fn handshake_timeout(&self) -> Duration {
+        Duration::from_millis(self.handshake_timeout_ms)
+    }
+}
+
+/// Keys of each table, for "unknown key" messages.
+const ENGINE_KEYS: &[&str] = &[
+    "source_id",
+    "epoch",
+    "last_epoch",
+    "listen",
+    "cluster_secret_file",
+    "slice_size",
+    "request_timeout_ms",
+    "drain_timeout_ms",
+    "handshake_timeout_ms",
+    "max_in_flight",
+    "signal_interval",
+    "dispatch_mask",
+];
+const BUDGET_KEYS: &[&str] = &["max_mrs", "max_bytes"];
+const RANGE_KEYS: &[&str] = &["name", "size", "access", "fill"];
+const TABLES: &[&str] = &["engine", "budgets", "range", "rdma"];
+
+/// A config problem: one line naming the file, the key and the fix.
+#[derive(Debug)]
+pub(crate) struct ConfigError(pub(crate) String);
+
+struct Ctx<'a> {
+    origin: &'a str,
+}
+
+impl Ctx<'_> {
+    fn err(&self, key: &str, expected: &str, found: &toml::Value) -> ConfigError {
+        let found = match found {
+            toml::Value::String(s) => format!("{s:?}"),
+            other => other.to_string(),
+        };
+        ConfigError(format!(
+            "config file {}: key {key}: expected {expected}, found {found}",
+            self.origin
+        ))
+    }
+
+    fn unknown(&self, table: &str, key: &str, known: &[&str]) -> ConfigError {
+        let key = if table.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{table}.{key}")
+        };
+        ConfigError(format!(
+            "config file {}: unknown key {key}; known: {}",
+            self.origin,
+            known.join(", ")
+        ))
+    }
+
+    fn missing(&self, key: &str, fix: &str) -> ConfigError {
+        ConfigError(format!(
+            "config file {}: key {key} is missing: {fix}",
+            self.origin
+        ))
+    }
+
+    fn u64(&self, key: &str, v: &toml::Value, min: u64, max: u64) -> Result<u64, ConfigError> {
+        let expected = format!("an integer {min}..={max}");
+        match v {
+            toml::Value::Integer(n) => u64::try_from(*n)
+                .ok()
+                .filter(|n| (min..=max).contains(n))
+                .ok_or_else(|| self.err(key, &expected, v)),
+            _ => Err(self.err(key, &expected, v)),
+        }
+    }
+
+    fn size(&self, key: &str, v: &toml::Value) -> Result<u64, ConfigError> {
+        const EXPECTED: &str =
+            "a size in bytes: an integer or a string like \"64K\", \"1M\", \"2G\"";
+        match v {
+            toml::Value::Integer(n) if *n > 0 => Ok(*n as u64),
+            toml::Value::String(s) => parse_size(s).map_err(|_| self.err(key, EXPECTED, v)),
+            _ => Err(self.err(key, EXPECTED, v)),
+        }
+    }
+
+    fn string<'v>(
+        &self,
+        key: &str,
+        v: &'v toml::Value,
+        expected: &str,
+    ) -> Result<&'v str, ConfigError> {
+        v.as_str().ok_or_else(|| self.err(key, expected, v))
+    }
+}
+
+/// Reads and checks the file.
+pub(crate) fn load(path: &Path) -> Result<ServeConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError(format!(
+            "cannot read config file {}: {e}; pass an existing TOML file with --config",
+            path.display()
+        ))
+    })?;
+    parse(&text, &path.display().to_string())
+}
+
+/// Parses the text of a config file (`origin` names it in errors).
+pub(crate) fn parse(text: &str, origin: &str) -> Result<ServeConfig, ConfigError> {
+    let cx = Ctx { origin };
+    let root: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        let msg = e.to_string();
+        let first = msg.lines().next().unwrap_or("invalid toml").trim().to_owned();
+        ConfigError(format!(
+            "config file {origin}: invalid toml: {first}; fix the syntax (see docs/configuration.md)"
+        ))
+    })?;
+    for key in root.keys() {
+        if !TABLES.contains(&key.as_str()) {
+            return Err(cx.unknown("", key, TABLES));
+        }
+    }
+    let table = |name: &str| -> Result<Option<&toml::Table>, ConfigError> {
+        match root.get(name) {
+            None => Ok(None),
+            Some(toml::Value::Table(t)) => Ok(Some(t)),
+            Some(other) => Err(cx.err(name, &format!("a table [{name}]"), other)),
+        }
+    };
+    let engine = parse_engine(&cx, table("engine")?)?;
+    let budgets = parse_budgets(&cx, table("budgets")?)?;
+    let range = match root.get("range") {
+        None => Vec::new(),
+        Some(toml::Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| parse_range(&cx, i, v))
+            .collect::<Result<_, _>>()?,
+        Some(other) => return Err(cx.err("range", "an array of tables [[range]]", other)),
+    };
+    let mut names: Vec<&str> = range
+        .iter()
+        .map(|r: &RangeConfig| r.name.as_str())
+        .collect();
+    names.sort_unstable();
+    if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+        return Err(ConfigError(format!(
+            "config file {origin}: key range.name: two ranges are named {:?}; give each [[range]] its own name",
+            w[0]
+        )));
+    }
+    let (rdma, rdma_table) = match table("rdma")? {
+        Some(t) => (
+            ConfigOverrides::from_toml_table(t, origin).map_err(|e| ConfigError(e.to_string()))?,
+            true,
+        ),
+        None => (ConfigOverrides::default(), false),
+    };
+    Ok(ServeConfig {
+        engine,
+        budgets,
+        range,
+        rdma,
+        rdma_table,
+    })
+}
+
+fn parse_engine(cx: &Ctx<'_>, t: Option<&toml::Table>) -> Result<EngineConfig, ConfigError> {
+    let empty = toml::Table::new();
+    let t = t.unwrap_or(&empty);
+    for key in t.keys() {
+        if !ENGINE_KEYS.contains(&key.as_str()) {
+            return Err(cx.unknown("engine", key, ENGINE_KEYS));
+        }
+    }
+    let source_id = match t.get("source_id") {
+        Some(v) => {
+            let s = cx.string(
+                "engine.source_id",
+                v,
+                "a name like \"decode-0\" (1..=255 printable bytes)",
+            )?;
+            if s.is_empty() || s.len() > 255 || s.chars().any(|c| c.is_control()) {
+                return Err(cx.err(
+                    "engine.source_id",
+                    "a name like \"decode-0\" (1..=255 printable bytes)",
+                    v,
+                ));
+            }
+            s.to_owned()
+        }
+        None => {
+            return Err(cx.missing(
+                "engine.source_id",
+                "add source_id = \"<stable name of this engine>\" under [engine]",
+            ));
+        }
+    };
+    let listen = match t.get("listen") {
+        Some(v) => {
+            let s = cx.string("engine.listen", v, "an address like \"0.0.0.0:7400\"")?;
+            s.parse::<SocketAddr>()
+                .map_err(|_| cx.err("engine.listen", "an address like \"0.0.0.0:7400\"", v))?
+        }
+        None => SocketAddr::from(([0, 0, 0, 0], 7400)),
+    };
+    let opt_u64 = |key: &str, min: u64, max: u64| -> Result<Option<u64>, ConfigError> {
+        t.get(key)
+            .map(|v| cx.u64(&format!("engine.{key}"), v, min, max))
+            .transpose()
+    };
+    let max_i64 = i64::MAX as u64;
+    let slice_size = match t.get("slice_size") {
+        Some(v) => {
+            let n = cx.size("engine.slice_size", v)?;
+            if n > u64::from(u32::MAX) {
+                return Err(cx.err("engine.slice_size", "a size up to 4G - 1", v));
+            }
+            n
+        }
+        None => 64 << 10,
+    };
+    let dispatch_mask = match t.get("dispatch_mask") {
+        None => u64::MAX,
+        Some(v @ toml::Value::Array(ids)) => {
+            let mut m = 0u64;
+            for id in ids {
+                match id {
+                    toml::Value::Integer(n) if (0..64).contains(n) => m |= 1 << n,
+                    _ => {
+                        return Err(cx.err(
+                            "engine.dispatch_mask",
+                            "a list of NIC IDs 0..=63, e.g. [0, 1, 4]",
+                            v,
+                        ));
+                    }
+                }
+            }
+            m
+        }
+        Some(v) => {
+            return Err(cx.err(
+                "engine.dispatch_mask",
+                "a list of NIC IDs 0..=63, e.g. [0, 1, 4]",
+                v,
+            ));
+        }
+    };
+    let cluster_secret_file = t
+        .get("cluster_secret_file")
+        .map(|v| {
+            cx.string(
+                "engine.cluster_secret_file",
+                v,
+                "a path to a file of at least 16 random bytes",
+            )
+            .map(str::to_owned)
+        })
+        .transpose()?;
+    Ok(EngineConfig {
+        source_id,
+        epoch: opt_u64("epoch", 1, max_i64)?,
+        last_epoch: opt_u64("last_epoch", 1, max_i64)?,
+        listen,
+        cluster_secret_file,
+        slice_size,
+        request_timeout_ms: opt_u64("request_timeout_ms", 1, 86_400_000)?.unwrap_or(10_000),
+        drain_timeout_ms: opt_u64("drain_timeout_ms", 1, 86_400_000)?.unwrap_or(5_000),
+        handshake_timeout_ms: opt_u64("handshake_timeout_ms", 1, 86_400_000)?.unwrap_or(5_000),
+        max_in_flight: opt_u64("max_in_flight", 1, 65_536)?.map_or(128, |n| n as u32),
+        signal_interval: opt_u64("signal_interval", 1, 65_536)?.map_or(16, |n| n as u32),
+        dispatch_mask,
+    })
+}
+
+fn parse_budgets(cx: &Ctx<'_>, t: Option<&toml::Table>) -> Result<BudgetConfig, ConfigError> {
+    let defaults = orbitte::Budgets::default();
+    let empty = toml::Table::new();
+    let t = t.unwrap_or(&empty);
+    for key in t.keys() {
+        if !BUDGET_KEYS.contains(&key.as_str()) {
+            return Err(cx.unknown("budgets", key, BUDGET_KEYS));
+        }
+    }
+    Ok(BudgetConfig {
+        max_mrs: t
+            .get("max_mrs")
+            .map(|v| cx.u64("budgets.max_mrs", v, 1, u64::from(u32::MAX)))
+            .transpose()?
+            .unwrap_or(defaults.max_mrs),
+        max_bytes: t
+            .get("max_bytes")
+            .map(|v| cx.size("budgets.max_bytes", v))
+            .transpose()?
+            .unwrap_or(defaults.max_bytes),
+    })
+}
+
+fn parse_range(cx: &Ctx<'_>, i: usize, v: &toml::Value) -> Result<RangeConfig, ConfigError> {
+    let Some(t) = v.as_table() else {
+        return Err(cx.err("range", "an array of tables [[range]]", v));
+    };
+    for key in t.keys() {
+        if !RANGE_KEYS.contains(&key.as_str()) {
+            return Err(cx.unknown("range", key, RANGE_KEYS));
+        }
+    }
+    let name = match t.get("name") {
+        Some(v) => cx
+            .string("range.name", v, "a name like \"kv-cache\"")?
+            .to_owned(),
+        None => format!("range-{i}"),
+    };
+    let size = match t.get("size") {
+        Some(v) => cx.size("range.size", v)?,
+        None => {
+            return Err(cx.missing(
+                &format!("range.size (range {name:?})"),
+                "add size = \"1G\" (or a byte count) to the [[range]]",
+            ));
+        }
+    };
+    if size > 1 << 40 {
+        return Err(cx.err(
+            "range.size",
+            "at most 1T per range",
+            t.get("size").unwrap_or(&toml::Value::Integer(0)),
+        ));
+    }
+    let access = match t.get("access") {
+        None => RangeAccess::ReadWrite,
+        Some(v) => match v.as_str() {
+            Some("read") => RangeAccess::Read,
+            Some("write") => RangeAccess::Write,
+            Some("read-write") => RangeAccess::ReadWrite,
+            _ => {
+                return Err(cx.err(
+                    "range.access",
+                    "one of \"read\", \"write\", \"read-write\"",
+                    v,
+                ));
+            }
+        },
+    };
+    let fill = match t.get("fill") {
+        None => 0,
+        Some(v) => cx.u64("range.fill", v, 0, 255)? as u8,
+    };
+    Ok(RangeConfig {
+        name,
+        size,
+        access,
+        fill,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        parse(text, "t.toml").unwrap_err().0
+    }
+
+    #[test]
+    fn minimal_file_gets_defaults() {
+        let c = parse("[engine]\nsource_id = \"a\"\n", "t.toml").unwrap();
+        assert_eq!(c.engine.slice_size, 64 << 10);
+        assert_eq!(c.engine.listen.port(), 7400);
+        assert!(c.range.is_empty());
+        assert!(!c.rdma_table);
+    }
+
+    #[test]
+    fn errors_name_the_key_and_the_fix() {
+        assert_eq!(
+            err("[engine]\nsource_id = \"a\"\nslice_size = \"12X\"\n"),
+            "config file t.toml: key engine.slice_size: expected a size in bytes: an integer or a string like \"64K\", \"1M\", \"2G\", found \"12X\""
+        );
+        assert!(
+            err("[engine]\nsource_id = \"a\"\nslise_size = 1\n").starts_with(
+                "config file t.toml: unknown key engine.slise_size; known: source_id,"
+            )
+        );
+        assert!(err("[engine]\n").contains("key engine.source_id is missing"));
+        assert!(err("[engin]\n").contains("unknown key engin"));
+        assert!(
+            err("[engine]\nsource_id = \"a\"\n[[range]]\nname = \"x\"\n")
+                .contains("range.size (range \"x\") is missing")
+        );
+        assert!(
+            err("[engine]\nsource_id = \"a\"\n[[range]]\nsize = 1\naccess = \"rw\"\n")
+                .contains("key range.access: expected one of")
+        );
+        assert!(err("[engine]\nsource_id = \"a\"\n[rdma]\nport = 0\n").contains("rdma.port"));
+        assert!(err("[engine\n").contains("invalid toml"));
+        assert!(!err("[engine\n").contains('\n'));
+        assert!(
+            err("[engine]\nsource_id = \"a\"\ndispatch_mask = [64]\n").contains("NIC IDs 0..=63")
+        );
+    }
+
+    #[test]
+    fn ranges_parse_with_sizes_and_access() {
+        let c = parse(
+            "[engine]\nsource_id = \"a\"\n[[range]]\nname = \"kv\"\nsize = \"1M\"\naccess = \"read\"\nfill = 7\n[[range]]\nsize = 4096\n",
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(c.range.len(), 2);
+        assert_eq!(c.range[0].size, 1 << 20);
+        assert_eq!(c.range[0].access, RangeAccess::Read);
+        assert_eq!(c.range[0].fill, 7);
+        assert_eq!(c.range[1].name, "range-1");
+        assert_eq!(c.range[1].access, RangeAccess::ReadWrite);
+    }
+}

@@ -1,0 +1,240 @@
+//! `orbitte serve --config FILE`: a target engine that publishes the
+//! configured ranges and serves peers until it is stopped.
+//!
+//! The ranges are published over the tcp path (and the local path to
+//! same-host peers) through the engine's session listener. With an
+//! `[rdma]` table they are also registered for Host Direct on every usable
+//! NIC context (a registration failure is then an error, never a silent
+//! switch).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use orbitte::topology::{ConfigOverrides, RdmaConfig, SysfsRoots, discover};
+use orbitte::wire::AccessFlags;
+use orbitte::wire::auth::ClusterSecret;
+use orbitte::{Access, Budgets, DeviceMask, EngineBuilder, HostMemory, TransferEngine};
+use serde::Serialize;
+
+use crate::Failure;
+use crate::cli::ServeArgs;
+use crate::config::{self, RangeAccess, ServeConfig};
+use crate::net::{Target, session_config};
+
+#[derive(Debug, Serialize)]
+struct Effective<'a> {
+    config: &'a ServeConfig,
+    /// The RdmaConfig after the file and the ORBITTE_RDMA_* variables.
+    rdma_effective: String,
+}
+
+pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
+    let origin = args.config.display().to_string();
+    let cfg = config::load(&args.config).map_err(|e| Failure::usage(e.0))?;
+    let env = ConfigOverrides::from_env().map_err(|e| Failure::usage(e.to_string()))?;
+    let mut rdma = RdmaConfig::default();
+    rdma.apply(&cfg.rdma);
+    rdma.apply(&env);
+    if let Some(device) = &rdma.device {
+        check_device(device, &origin, matches!(env.device, Some(Some(_))))?;
+    }
+    let secret = match &cfg.engine.cluster_secret_file {
+        None => None,
+        Some(file) => {
+            let bytes = std::fs::read(file).map_err(|e| {
+                Failure::usage(format!(
+                    "config file {origin}: key engine.cluster_secret_file: cannot read {file}: {e}; point it at a readable file of at least 16 random bytes"
+                ))
+            })?;
+            Some(ClusterSecret::new(bytes).map_err(|e| {
+                Failure::usage(format!(
+                    "config file {origin}: key engine.cluster_secret_file: {e}; write at least 16 random bytes (head -c 32 /dev/urandom > FILE)"
+                ))
+            })?)
+        }
+    };
+    let engine = build_engine(&cfg, &rdma, &origin)?;
+    if args.check {
+        let eff = Effective {
+            config: &cfg,
+            rdma_effective: rdma.to_string(),
+        };
+        if args.json {
+            let text = serde_json::to_string_pretty(&eff)
+                .map_err(|e| Failure::failed(format!("cannot write json: {e}")))?;
+            println!("{text}");
+        } else {
+            println!("config file {origin} is valid");
+            println!(
+                "  source id {}, listen {}, {} range(s), rdma {}",
+                cfg.engine.source_id,
+                cfg.engine.listen,
+                cfg.range.len(),
+                eff.rdma_effective
+            );
+        }
+        // Nothing was initialized or registered: dropping the engine
+        // stops its timer thread and owns no native object.
+        drop(engine);
+        return Ok(());
+    }
+    let mut scfg = session_config(&cfg.engine.source_id, Some(engine.epoch()))
+        .map_err(|e| Failure::usage(format!("config file {origin}: key engine.source_id: {e}")))?;
+    scfg.cluster_secret = secret;
+    scfg.handshake_timeout = cfg.engine.handshake_timeout();
+    let target = Target::start(scfg, cfg.engine.listen)
+        .map_err(|e| Failure::failed(format!("{e} (config file {origin}, key engine.listen)")))?;
+    for r in &cfg.range {
+        let mem = alloc_range(r.size, &r.name)?;
+        if r.fill != 0 {
+            mem.fill(0, mem.len(), r.fill)
+                .map_err(|e| Failure::failed(format!("range {}: {e}", r.name)))?;
+        }
+        let (flags, access) = match r.access {
+            RangeAccess::Read => (
+                AccessFlags::REMOTE_READ,
+                Access::Remote {
+                    read: true,
+                    write: false,
+                },
+            ),
+            RangeAccess::Write => (
+                AccessFlags::REMOTE_WRITE,
+                Access::Remote {
+                    read: false,
+                    write: true,
+                },
+            ),
+            RangeAccess::ReadWrite => (
+                AccessFlags(AccessFlags::REMOTE_READ.0 | AccessFlags::REMOTE_WRITE.0),
+                Access::REMOTE_READ_WRITE,
+            ),
+        };
+        let rdma_note = if cfg.rdma_table {
+            let reg = engine.register_host(Arc::clone(&mem), access).map_err(|e| {
+                let text = e.to_string();
+                Failure::failed(format!(
+                    "range {}: host direct registration failed: {}; fix the [rdma] table of {origin} or remove it to serve over tcp/local only (`orbitte topology` shows every device and port)",
+                    r.name,
+                    text.lines().next().unwrap_or_default()
+                ))
+            })?;
+            format!(", rdma: {} MR copies", reg.copies)
+        } else {
+            String::new()
+        };
+        let id = target
+            .ranges
+            .publish(mem, flags)
+            .map_err(|e| Failure::failed(format!("range {}: cannot publish: {e}", r.name)))?;
+        println!(
+            "published range {} (id {}): {} bytes, {:?} access, fill {:#04x}{rdma_note}",
+            r.name, id.0, r.size, r.access, r.fill
+        );
+        tracing::info!(range = %r.name, id = id.0, size = r.size, access = ?r.access, "published");
+    }
+    if cfg.range.is_empty() {
+        tracing::warn!(
+            "no [[range]] in the config: peers can connect but find nothing to read or write"
+        );
+    }
+    let addr = target.listener.local_addr();
+    println!(
+        "serving as {} (epoch {}) on {addr}; local path {}",
+        engine.source_id(),
+        engine.epoch(),
+        if target.listener.serves_local() {
+            "served"
+        } else {
+            "not served"
+        }
+    );
+    tracing::info!(source = engine.source_id(), epoch = engine.epoch(), %addr, "serving");
+    let mut last = target.listener.stats();
+    loop {
+        std::thread::sleep(Duration::from_secs(10));
+        let s = target.listener.stats();
+        if s != last {
+            tracing::info!(
+                sessions = s.live,
+                admitted = s.admitted,
+                refused = s.refused,
+                requests = s.data_requests,
+                bytes = s.data_bytes,
+                "serving"
+            );
+            last = s;
+        }
+    }
+}
+
+fn alloc_range(size: u64, name: &str) -> Result<Arc<HostMemory>, Failure> {
+    let n = usize::try_from(size).map_err(|_| {
+        Failure::usage(format!(
+            "range {name}: size {size} does not fit this machine"
+        ))
+    })?;
+    HostMemory::alloc(n).map_err(|e| {
+        Failure::failed(format!(
+            "range {name}: cannot allocate {size} bytes of host memory: {e}; lower range.size"
+        ))
+    })
+}
+
+/// A pinned device must exist on this machine.
+fn check_device(device: &str, origin: &str, from_env: bool) -> Result<(), Failure> {
+    let topology = discover(&SysfsRoots::host());
+    if topology.slot_by_name(device).is_some() {
+        return Ok(());
+    }
+    let names: Vec<&str> = topology.slots().iter().map(|s| s.name()).collect();
+    let found = if names.is_empty() {
+        "this machine has no RDMA device".to_owned()
+    } else {
+        format!("devices here: {}", names.join(", "))
+    };
+    let place = if from_env {
+        "environment variable ORBITTE_RDMA_DEVICE".to_owned()
+    } else {
+        format!("config file {origin}: key rdma.device")
+    };
+    Err(Failure::usage(format!(
+        "{place}: no RDMA device named {device} ({found}); name one that `orbitte topology` lists, or remove the pin to discover"
+    )))
+}
+
+fn build_engine(
+    cfg: &ServeConfig,
+    rdma: &RdmaConfig,
+    origin: &str,
+) -> Result<TransferEngine, Failure> {
+    let e = &cfg.engine;
+    let mut b = EngineBuilder::new(e.source_id.clone())
+        .listen(e.listen)
+        .rdma(rdma.clone())
+        .budgets(Budgets {
+            max_mrs: cfg.budgets.max_mrs,
+            max_bytes: cfg.budgets.max_bytes,
+        })
+        .dispatch_mask(DeviceMask(e.dispatch_mask))
+        .slice_size(u32::try_from(e.slice_size).unwrap_or(u32::MAX))
+        .request_timeout(e.request_timeout())
+        .drain_timeout(e.drain_timeout())
+        .handshake_timeout(e.handshake_timeout())
+        .max_in_flight(e.max_in_flight)
+        .signal_interval(e.signal_interval);
+    if let Some(x) = e.epoch {
+        b = b.epoch(x);
+    }
+    if let Some(x) = e.last_epoch {
+        b = b.last_epoch(x);
+    }
+    b.build().map_err(|err| {
+        let key = match &err {
+            orbitte::BuildError::Setting { name, .. } => format!("engine.{name}"),
+            orbitte::BuildError::SourceId(_) => "engine.source_id".into(),
+            _ => "engine.epoch".into(),
+        };
+        Failure::usage(format!("config file {origin}: key {key}: {err}"))
+    })
+}

@@ -1,0 +1,588 @@
+//! The `orbitte` command as users run it: exit statuses, one-line errors,
+//! topology on recorded sysfs trees, doctor's JSON, bench in loopback and
+//! as two processes, serve from a config file.
+#![forbid(unsafe_code)]
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use assert_cmd::cargo::CommandCargoExt as _;
+
+fn orbitte() -> Command {
+    let mut c = Command::cargo_bin("orbitte").expect("the orbitte binary is built");
+    // The tests decide the log filter and the RDMA selectors themselves.
+    c.env_remove("ORBITTE_LOG").env("ORBITTE_LOG", "error");
+    for v in orbitte::topology::ENV_VARS {
+        c.env_remove(v);
+    }
+    c
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn run(args: &[&str]) -> Run {
+    run_cmd(orbitte().args(args))
+}
+
+fn run_cmd(c: &mut Command) -> Run {
+    let out = c.output().expect("orbitte runs");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Exit status 2 and exactly one line on stderr, starting `orbitte: ` and
+/// containing every `needle`; no backtrace.
+fn assert_usage_error(r: &Run, needles: &[&str]) {
+    assert_eq!(r.code, 2, "exit status; stderr: {}", r.stderr);
+    let lines: Vec<&str> = r.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line on stderr, got: {:?}", r.stderr);
+    assert!(lines[0].starts_with("orbitte: "), "{}", lines[0]);
+    assert!(!r.stderr.contains("panicked") && !r.stderr.contains("backtrace"));
+    for n in needles {
+        assert!(lines[0].contains(n), "`{n}` missing from: {}", lines[0]);
+    }
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../orbitte-topology/tests/fixtures")
+        .join(name)
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not json ({e}): {text}"))
+}
+
+// ---- bad flags ----
+
+#[test]
+fn bad_flag_values_give_one_line_and_status_2() {
+    assert_usage_error(
+        &run(&["bench", "--block-size", "12X"]),
+        &["--block-size", "use K, M or G"],
+    );
+    assert_usage_error(&run(&["bench", "--op", "erase"]), &["erase", "--op"]);
+    assert_usage_error(
+        &run(&["bench", "--duration", "0"]),
+        &["--duration", "between 0 and 86400"],
+    );
+    assert_usage_error(&run(&["bench", "--batch-size", "0"]), &["--batch-size"]);
+    assert_usage_error(&run(&["bench", "--role", "initiator"]), &["--peer"]);
+    assert_usage_error(&run(&["doctor", "--path", "warp"]), &["warp"]);
+    assert_usage_error(&run(&["frobnicate"]), &["frobnicate"]);
+    assert_usage_error(
+        &run(&["topology", "--sysfs-root", "/nonexistent-dir"]),
+        &["--sysfs-root", "sys"],
+    );
+    assert_usage_error(
+        &run(&["bench", "--path", "nvlink"]),
+        &["nvlink", "orbitte doctor --path nvlink"],
+    );
+    assert_usage_error(&run(&["--log", "[[[", "doctor"]), &["--log"]);
+}
+
+#[test]
+fn help_and_version_exit_0() {
+    let r = run(&["--help"]);
+    assert_eq!(r.code, 0);
+    for cmd in ["doctor", "topology", "bench", "serve"] {
+        assert!(r.stdout.contains(cmd), "{cmd} in help");
+    }
+    assert_eq!(run(&["--version"]).code, 0);
+}
+
+#[test]
+fn unreachable_peer_is_one_line_naming_the_fix() {
+    // Port 1 on loopback: nothing listens there.
+    let r = run(&[
+        "bench",
+        "--role",
+        "initiator",
+        "--peer",
+        "127.0.0.1:1",
+        "--duration",
+        "0.2",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let last = r.stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("orbitte: cannot reach the target at 127.0.0.1:1"),
+        "{last}"
+    );
+    assert!(last.contains("orbitte bench --role target"), "{last}");
+}
+
+// ---- bad config files ----
+
+fn config(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
+    f
+}
+
+fn serve_check(text: &str) -> Run {
+    let f = config(text);
+    run(&["serve", "--config", f.path().to_str().unwrap(), "--check"])
+}
+
+#[test]
+fn bad_config_files_give_one_line_naming_the_key_and_status_2() {
+    assert_usage_error(
+        &serve_check("[engine]\nsource_id = \"a\"\nslice_size = \"12X\"\n"),
+        &["key engine.slice_size", "expected a size", "\"12X\""],
+    );
+    assert_usage_error(
+        &serve_check("[engine]\nsource_id = \"a\"\nslise_size = 1\n"),
+        &["unknown key engine.slise_size", "known: source_id"],
+    );
+    assert_usage_error(
+        &serve_check("[engine]\nlisten = \"0.0.0.0:1\"\n"),
+        &["engine.source_id is missing"],
+    );
+    assert_usage_error(&serve_check("[engine\nsource_id = 1\n"), &["invalid toml"]);
+    assert_usage_error(
+        &serve_check("[engine]\nsource_id = \"a\"\n[[range]]\nsize = \"1M\"\naccess = \"all\"\n"),
+        &["key range.access", "\"read-write\""],
+    );
+    assert_usage_error(
+        &serve_check("[engine]\nsource_id = \"a\"\n[rdma]\nport = 0\n"),
+        &["key rdma.port", "1..=255"],
+    );
+    assert_usage_error(
+        &serve_check("[engine]\nsource_id = \"a\"\nmax_in_flight = 0\n"),
+        &["key engine.max_in_flight"],
+    );
+    assert_usage_error(
+        &run(&["serve", "--config", "/nonexistent/orbitte.toml"]),
+        &[
+            "cannot read config file /nonexistent/orbitte.toml",
+            "--config",
+        ],
+    );
+}
+
+#[test]
+fn a_config_naming_a_missing_device_is_one_line_with_the_fix() {
+    let r = serve_check("[engine]\nsource_id = \"a\"\n[rdma]\ndevice = \"mlx5_99\"\n");
+    assert_usage_error(
+        &r,
+        &[
+            "key rdma.device",
+            "no RDMA device named mlx5_99",
+            "orbitte topology",
+        ],
+    );
+    // The same pin from the environment names the variable.
+    let f = config("[engine]\nsource_id = \"a\"\n");
+    let r = run_cmd(
+        orbitte()
+            .args(["serve", "--config", f.path().to_str().unwrap(), "--check"])
+            .env("ORBITTE_RDMA_DEVICE", "mlx5_99"),
+    );
+    assert_usage_error(&r, &["environment variable ORBITTE_RDMA_DEVICE", "mlx5_99"]);
+    // A misspelt variable is refused, not ignored.
+    let r = run_cmd(
+        orbitte()
+            .args(["serve", "--config", f.path().to_str().unwrap(), "--check"])
+            .env("ORBITTE_RDMA_PROT", "1"),
+    );
+    assert_usage_error(&r, &["ORBITTE_RDMA_PROT"]);
+}
+
+// ---- topology ----
+
+#[test]
+fn topology_lists_nic_ids_ports_gids_and_selection_on_fixtures() {
+    let r = run(&[
+        "topology",
+        "--sysfs-root",
+        fixture("cx7-roce").to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("nic 0 mlx5_0"), "{}", r.stdout);
+    assert!(r.stdout.contains("port 1 DOWN"), "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("gid 3 ::ffff:192.168.10.11 RoCE v2 on ens1f0np0"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("selected nic 0 mlx5_0 port 1 gid 3"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout
+            .contains("initialized: not initialized: no engine running in this process"),
+        "{}",
+        r.stdout
+    );
+}
+
+#[test]
+fn topology_shows_inert_slots_with_their_error() {
+    let r = run(&[
+        "topology",
+        "--sysfs-root",
+        fixture("lab-edge-cases").to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.contains("nic 2 mlx5_2 inert: discovery failed"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("not-a-guid"), "{}", r.stdout);
+    assert!(r.stdout.contains("nic 7 rxe0"), "{}", r.stdout);
+}
+
+#[test]
+fn topology_json_has_slots_affinity_and_selection() {
+    let r = run(&[
+        "topology",
+        "--json",
+        "--sysfs-root",
+        fixture("dgx-8gpu").to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v = json(&r.stdout);
+    let text = v.to_string();
+    for dev in ["mlx5_0", "mlx5_3", "mlx5_11"] {
+        assert!(text.contains(dev), "{dev}");
+    }
+    let affinity = v["affinity"].as_array().expect("affinity array");
+    // Two NUMA nodes with NICs, eight GPUs.
+    assert_eq!(affinity.len(), 10, "{affinity:?}");
+    assert_eq!(affinity[2]["location"], "cuda device 0");
+    assert_eq!(affinity[2]["ranking"][0]["name"], "mlx5_0");
+    assert!(
+        v["selection"]["Ok"]["rails"]
+            .as_array()
+            .is_some_and(|r| r.len() == 8),
+        "{}",
+        v["selection"]
+    );
+    assert_eq!(v["initialized"]["state"], "not-initialized");
+}
+
+#[test]
+fn topology_config_selectors_apply() {
+    let f = config("[rdma]\ndevice = \"mlx5_1\"\n");
+    let r = run(&[
+        "topology",
+        "--sysfs-root",
+        fixture("cx7-roce").to_str().unwrap(),
+        "--config",
+        f.path().to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // mlx5_1's port is down: the strict pin selects nothing and says why.
+    assert!(r.stdout.contains("no rdma port selected"), "{}", r.stdout);
+    assert!(r.stdout.contains("not active"), "{}", r.stdout);
+}
+
+// ---- doctor ----
+
+const PATHS: [&str; 7] = [
+    "rdma",
+    "tcp",
+    "local",
+    "cuda-staging",
+    "gpudirect-rdma",
+    "cuda-ipc",
+    "nvlink",
+];
+
+#[test]
+fn doctor_json_has_every_path_with_four_checks() {
+    let r = run(&["doctor", "--json"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v = json(&r.stdout);
+    let rows = v["paths"].as_array().expect("paths");
+    let names: Vec<&str> = rows.iter().filter_map(|r| r["path"].as_str()).collect();
+    assert_eq!(names, PATHS);
+    for row in rows {
+        for check in ["build", "discovery", "completion", "drain"] {
+            let status = row[check]["status"].as_str().unwrap_or_default();
+            assert!(
+                ["pass", "fail", "skipped", "not-implemented"].contains(&status),
+                "{}: {check} = {status}",
+                row["path"]
+            );
+            if status == "fail" {
+                assert!(
+                    row[check]["reason"].is_string() && row[check]["fix"].is_string(),
+                    "{row}"
+                );
+            }
+        }
+        let works = ["build", "discovery", "completion", "drain"]
+            .iter()
+            .all(|c| row[c]["status"] == "pass");
+        assert_eq!(row["works"], works, "{row}");
+    }
+    for p in ["gpudirect-rdma", "cuda-ipc", "nvlink"] {
+        let row = rows.iter().find(|r| r["path"] == p).unwrap();
+        assert_eq!(row["completion"]["status"], "not-implemented");
+    }
+}
+
+#[test]
+fn doctor_exit_status_follows_the_path_asked_for() {
+    // tcp over loopback works wherever the tests run.
+    let r = run(&["doctor", "--path", "tcp", "--json"]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(json(&r.stdout)["paths"][0]["works"], true);
+    // A path that is not implemented never works.
+    let r = run(&["doctor", "--path", "nvlink"]);
+    assert_eq!(r.code, 1);
+    let last = r.stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("orbitte: path nvlink does not work: build check: not implemented"),
+        "{last}"
+    );
+}
+
+// ---- bench ----
+
+fn bench_json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["bench", "--json", "--quiet"];
+    all.extend_from_slice(args);
+    let r = run(&all);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    json(&r.stdout)
+}
+
+fn assert_point_ok(p: &serde_json::Value, checked: bool) {
+    assert!(p["gbps"].as_f64().is_some_and(|g| g > 0.0), "{p}");
+    assert!(p["ops_per_s"].as_f64().is_some_and(|g| g > 0.0), "{p}");
+    assert!(p["requests"].as_u64().is_some_and(|n| n > 0), "{p}");
+    for q in ["p50_us", "p99_us", "p999_us"] {
+        assert!(
+            p["latency"][q].as_f64().is_some_and(|l| l > 0.0),
+            "{q}: {p}"
+        );
+    }
+    if checked {
+        assert!(p["checked_bytes"].as_u64().is_some_and(|n| n > 0), "{p}");
+    }
+}
+
+#[test]
+fn bench_loopback_with_check_reports_numbers_and_the_path() {
+    for op in ["write", "read"] {
+        let v = bench_json(&[
+            "--duration",
+            "0.3",
+            "--check",
+            "--op",
+            op,
+            "--block-size",
+            "16K",
+            "--batch-size",
+            "4",
+        ]);
+        assert!(
+            ["local", "tcp"].contains(&v["path"].as_str().unwrap_or_default()),
+            "{v}"
+        );
+        assert!(
+            v["path_note"]
+                .as_str()
+                .is_some_and(|n| n.contains("path policy")),
+            "{v}"
+        );
+        assert_point_ok(&v["points"][0], true);
+        assert!(
+            v["points"][0]["baseline"]["gbps"]
+                .as_f64()
+                .is_some_and(|g| g > 0.0),
+            "{v}"
+        );
+    }
+}
+
+#[test]
+fn bench_loopback_on_tcp_with_threads() {
+    let v = bench_json(&[
+        "--duration",
+        "0.3",
+        "--check",
+        "--path",
+        "tcp",
+        "--threads",
+        "2",
+        "--block-size",
+        "100000",
+    ]);
+    assert_eq!(v["path"], "tcp");
+    assert_point_ok(&v["points"][0], true);
+    assert!(
+        v["points"][0]["baseline"]["name"]
+            .as_str()
+            .is_some_and(|n| n.contains("raw tcp socket"))
+    );
+}
+
+#[test]
+fn bench_sweep_writes_an_svg_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let chart = dir.path().join("sweep.svg");
+    let v = bench_json(&[
+        "--duration",
+        "0.1",
+        "--sweep",
+        "--chart",
+        chart.to_str().unwrap(),
+        "--batch-size",
+        "2",
+    ]);
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 6);
+    for p in points {
+        assert_point_ok(p, false);
+    }
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert!(svg.starts_with("<svg"));
+    assert_eq!(
+        svg.matches("<polyline").count(),
+        2,
+        "orbitte and the baseline"
+    );
+    assert!(svg.contains(">4M<"));
+}
+
+/// Kills the child when dropped (a failing test leaves no process behind).
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a long-running `orbitte` and returns it with the address from
+/// its first stdout line matching `marker`.
+fn spawn_with_addr(args: &[&str], marker: &str) -> (KillOnDrop, String) {
+    let mut child = KillOnDrop(
+        orbitte()
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn orbitte"),
+    );
+    let out = child.0.stdout.take().unwrap();
+    let mut lines = BufReader::new(out).lines();
+    let line = lines
+        .find_map(|l| l.ok().filter(|l| l.contains(marker)))
+        .expect("the address line");
+    let addr = line
+        .split_whitespace()
+        .find(|w| w.starts_with("127.0.0.1:"))
+        .expect("an address")
+        .trim_end_matches([';', ','])
+        .to_owned();
+    // Keep reading so that later lines never meet a closed pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, addr)
+}
+
+#[test]
+fn bench_target_and_initiator_as_two_processes() {
+    let (_target, addr) = spawn_with_addr(
+        &[
+            "bench",
+            "--role",
+            "target",
+            "--listen",
+            "127.0.0.1:0",
+            "--block-size",
+            "64K",
+        ],
+        "listening on",
+    );
+    for path in ["tcp", "local"] {
+        let v = bench_json(&[
+            "--role",
+            "initiator",
+            "--peer",
+            &addr,
+            "--path",
+            path,
+            "--duration",
+            "0.3",
+            "--check",
+            "--op",
+            "read",
+        ]);
+        assert_eq!(v["path"], path, "{v}");
+        assert!(
+            v["peer"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("orbitte-bench-target-")),
+            "{v}"
+        );
+        assert_point_ok(&v["points"][0], true);
+    }
+    // A block size the target's range cannot hold: one line, the fix.
+    let r = run(&[
+        "bench",
+        "--role",
+        "initiator",
+        "--peer",
+        &addr,
+        "--block-size",
+        "1M",
+        "--duration",
+        "0.2",
+    ]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .contains("start the target with the same settings"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn serve_publishes_configured_ranges_to_initiators() {
+    let f = config(
+        "[engine]\nsource_id = \"serve-test\"\nlisten = \"127.0.0.1:0\"\n\n[[range]]\nname = \"kv\"\nsize = \"2M\"\naccess = \"read-write\"\n",
+    );
+    let (_serve, addr) = spawn_with_addr(
+        &["serve", "--config", f.path().to_str().unwrap()],
+        "serving as",
+    );
+    let v = bench_json(&[
+        "--role",
+        "initiator",
+        "--peer",
+        &addr,
+        "--path",
+        "tcp",
+        "--duration",
+        "0.3",
+        "--check",
+    ]);
+    assert_eq!(
+        v["peer"].as_str().map(|p| p.starts_with("serve-test")),
+        Some(true),
+        "{v}"
+    );
+    assert_point_ok(&v["points"][0], true);
+}

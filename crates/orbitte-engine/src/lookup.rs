@@ -1,0 +1,75 @@
+//! The engine's registration table as the tcp/local target's
+//! [`RangeLookup`](crate::session::RangeLookup): what a peer may reach on
+//! the non-rdma paths is exactly what this engine published (remotely
+//! accessible, not retired), with the same token as in its descriptor.
+
+use std::sync::{Arc, Weak};
+
+use orbitte_wire::{AccessFlags, RangeId};
+
+use crate::TransferEngine;
+use crate::engine::Shared;
+use crate::registration::{Access, RegEntry, RegState};
+use crate::session::{Published, RangeLookup};
+
+pub(crate) struct EngineRanges(Weak<Shared>);
+
+impl std::fmt::Debug for EngineRanges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EngineRanges")
+    }
+}
+
+fn published(e: &RegEntry) -> Option<Published> {
+    if e.state != RegState::Published {
+        return None;
+    }
+    let Access::Remote { read, write } = e.access else {
+        return None;
+    };
+    let mut access = AccessFlags(0);
+    if read {
+        access = access | AccessFlags::REMOTE_READ;
+    }
+    if write {
+        access = access | AccessFlags::REMOTE_WRITE;
+    }
+    Some(Published {
+        memory: e.memory.clone(),
+        offset: 0,
+        length: e.memory.len() as u64,
+        access,
+        token: e.token,
+    })
+}
+
+impl RangeLookup for EngineRanges {
+    fn lookup(&self, range: RangeId) -> Option<Published> {
+        let shared = self.0.upgrade()?;
+        let st = shared.lock();
+        st.tables.regs.get(&range.0).and_then(published)
+    }
+
+    fn published(&self) -> Vec<(RangeId, Published)> {
+        let Some(shared) = self.0.upgrade() else {
+            return Vec::new();
+        };
+        let st = shared.lock();
+        let mut v: Vec<_> = st
+            .tables
+            .regs
+            .iter()
+            .filter_map(|(id, e)| published(e).map(|p| (RangeId(*id), p)))
+            .collect();
+        v.sort_by_key(|(id, _)| id.0);
+        v
+    }
+}
+
+impl TransferEngine {
+    /// The published ranges as the tcp/local target looks them up (range id
+    /// = registration id; token = the descriptor's token).
+    pub fn range_lookup(&self) -> Arc<dyn RangeLookup> {
+        Arc::new(EngineRanges(Arc::downgrade(&self.shared)))
+    }
+}

@@ -1,0 +1,85 @@
+//! The capability matrix as data: rdma evaluated for real on the sim, the
+//! other paths as rows the engine does not evaluate.
+#![forbid(unsafe_code)]
+
+mod common;
+
+use common::*;
+use orbitte_engine::{Check, EngineBuilder, PathKind};
+use orbitte_verbs::WcStatus;
+use orbitte_verbs::sim::{Delivery, SimDescription, SimFabric, WrMatch};
+
+#[test]
+fn rdma_row_passes_build_discovery_completion_and_drain_on_a_working_nic() {
+    let fabric = fabric(2, Delivery::Background, 60);
+    let a = builder(&fabric, "a", 2).build().unwrap();
+    assert!(!a.topology().initialized);
+    let m = a.capabilities();
+    let r = m.row(PathKind::Rdma).unwrap();
+    assert_eq!(
+        (&r.build, &r.discovery, &r.completion, &r.drain),
+        (&Check::Pass, &Check::Pass, &Check::Pass, &Check::Pass),
+        "{m}"
+    );
+    assert!(a.topology().initialized, "the check is an RDMA use");
+    for p in [PathKind::GpudirectRdma, PathKind::CudaIpc, PathKind::Nvlink] {
+        let row = m.row(p).unwrap();
+        assert_eq!(row.build, Check::NotImplemented);
+        assert_eq!(row.completion, Check::NotImplemented);
+    }
+    for p in [PathKind::Tcp, PathKind::Local, PathKind::CudaStaging] {
+        assert!(matches!(m.row(p).unwrap().discovery, Check::Skipped { .. }));
+    }
+    assert_eq!(m.rows.len(), 7);
+    assert!(m.to_string().contains("gpudirect-rdma"));
+}
+
+#[test]
+fn no_device_fails_discovery_with_a_fix_and_skips_the_rest() {
+    let fabric = SimFabric::new(SimDescription::new(vec![]), 61);
+    let a = EngineBuilder::new("lonely")
+        .provider(fabric.provider())
+        .build()
+        .unwrap();
+    let r = a.evaluate_rdma();
+    assert_eq!(r.build, Check::Pass);
+    let Check::Fail { reason, fix } = &r.discovery else {
+        panic!("{r:?}")
+    };
+    assert!(reason.contains("no RDMA device"), "{reason}");
+    assert!(fix.contains("rdma-core"), "{fix}");
+    assert!(matches!(r.completion, Check::Skipped { .. }));
+    assert!(matches!(r.drain, Check::Skipped { .. }));
+}
+
+#[test]
+fn a_paused_port_fails_discovery_not_build() {
+    let fabric = fabric(1, Delivery::Background, 62);
+    fabric.faults().port_down("a0", 1).unwrap();
+    let a = builder(&fabric, "a", 1).build().unwrap();
+    let r = a.evaluate_rdma();
+    assert!(
+        matches!(&r.discovery, Check::Fail { reason, .. } if reason.contains("down")),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn a_failing_loopback_fails_completion_and_skips_drain() {
+    let fabric = fabric(1, Delivery::Background, 63);
+    let a = builder(&fabric, "a", 1).build().unwrap();
+    a.topology();
+    fabric
+        .faults()
+        .fail_send(WrMatch::nth(1), WcStatus::RetryExceeded, false);
+    let r = a.evaluate_rdma();
+    assert_eq!(r.discovery, Check::Pass);
+    let Check::Fail { reason, .. } = &r.completion else {
+        panic!("{r:?}")
+    };
+    assert!(
+        reason.contains("RetryExceeded") && reason.contains("NIC ID 0"),
+        "{reason}"
+    );
+    assert!(matches!(r.drain, Check::Skipped { .. }));
+}

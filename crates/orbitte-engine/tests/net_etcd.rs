@@ -1,0 +1,160 @@
+//! Cluster metadata in a real etcd started on loopback by the test: records
+//! under a key prefix with leases, so a dead engine's entry expires.
+//!
+//! Built with `--features etcd`. Without an `etcd` binary the test prints
+//! `skipped: etcd not installed`, except under CI=true, where it fails.
+#![forbid(unsafe_code)]
+#![cfg(feature = "etcd")]
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use orbitte_engine::metadata::etcd::EtcdMetadata;
+use orbitte_engine::metadata::{CacheUpdate, DescriptorCache, PeerRecord, RangeRecord};
+
+struct Etcd {
+    child: Child,
+    endpoint: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start_etcd() -> Option<Etcd> {
+    if Command::new("etcd").arg("--version").output().is_err() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI must run the etcd test: etcd not installed"
+        );
+        println!("skipped: etcd not installed");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (client, peer) = (free_port(), free_port());
+    let c = format!("http://127.0.0.1:{client}");
+    let p = format!("http://127.0.0.1:{peer}");
+    let child = Command::new("etcd")
+        .args(["--name", "orbitte-test", "--data-dir"])
+        .arg(dir.path())
+        .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
+        .args([
+            "--listen-peer-urls",
+            &p,
+            "--initial-advertise-peer-urls",
+            &p,
+        ])
+        .args(["--initial-cluster", &format!("orbitte-test={p}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start etcd");
+    Some(Etcd {
+        child,
+        endpoint: format!("127.0.0.1:{client}"),
+        _dir: dir,
+    })
+}
+
+fn connect(etcd: &Etcd, ttl: Duration) -> EtcdMetadata {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match EtcdMetadata::connect(std::slice::from_ref(&etcd.endpoint), "/orbitte/test", ttl) {
+            // A first request proves the server is up (connect is lazy).
+            Ok(m) if m.list().is_ok() => return m,
+            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
+            Ok(m) => panic!("etcd not answering: {:?}", m.list()),
+            Err(e) => panic!("etcd not reachable: {e}"),
+        }
+    }
+}
+
+fn record(source: &str, epoch: u64) -> PeerRecord {
+    PeerRecord {
+        source_id: source.into(),
+        epoch,
+        listen_addr: "127.0.0.1:7000".into(),
+        host_id: "host-a".into(),
+        ranges: vec![RangeRecord {
+            range_id: 1,
+            length: 4096,
+            access: 6,
+            token: 42,
+            local_host: Some("host-a".into()),
+        }],
+    }
+}
+
+#[test]
+fn records_live_under_a_prefix_and_expire_with_their_lease() {
+    let Some(etcd) = start_etcd() else { return };
+    let mut a = connect(&etcd, Duration::from_secs(2));
+    let b = connect(&etcd, Duration::from_secs(2));
+    a.publish(&record("engine-a", 5)).unwrap();
+    let seen = b
+        .lookup("engine-a")
+        .unwrap()
+        .expect("record visible to another client");
+    assert_eq!(seen, record("engine-a", 5));
+    assert_eq!(b.list().unwrap().len(), 1);
+
+    // Kept alive well past the TTL while the engine lives.
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(b.lookup("engine-a").unwrap().is_some(), "lease kept alive");
+
+    // A newer epoch replaces the old record; the cache follows the epoch rule.
+    a.publish(&record("engine-a", 6)).unwrap();
+    let mut cache = DescriptorCache::new();
+    assert_eq!(cache.update(record("engine-a", 5)), CacheUpdate::Inserted);
+    let newer = b.lookup("engine-a").unwrap().unwrap();
+    assert_eq!(
+        cache.update(newer),
+        CacheUpdate::Replaced {
+            old_epoch: 5,
+            dropped: 1
+        }
+    );
+
+    // The engine dies (keep-alives stop): the entry expires by itself.
+    a.abandon();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while b.lookup("engine-a").unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "record of a dead engine did not expire"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // An orderly close revokes at once.
+    let mut c = connect(&etcd, Duration::from_secs(30));
+    c.publish(&record("engine-c", 1)).unwrap();
+    assert!(b.lookup("engine-c").unwrap().is_some());
+    c.close().unwrap();
+    assert!(b.lookup("engine-c").unwrap().is_none());
+}
+
+#[test]
+fn an_unreachable_etcd_is_an_error_not_a_hang() {
+    let port = free_port();
+    match EtcdMetadata::connect(
+        &[format!("127.0.0.1:{port}")],
+        "/orbitte/test",
+        Duration::from_secs(2),
+    ) {
+        Ok(m) => assert!(m.list().is_err()),
+        Err(e) => assert!(e.to_string().contains("127.0.0.1"), "{e}"),
+    }
+}
