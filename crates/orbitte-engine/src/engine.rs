@@ -477,7 +477,11 @@ fn poll_loop(shared: &Shared, nic: u32, cq: verbs::CompletionQueue, ctx: verbs::
         let mut st = shared.lock();
         for c in &buf[..n] {
             match st.qpn_rail.get(&(nic, c.qp_num)) {
-                Some(&rail) => rdma::completion_events(rail, c, &mut events),
+                Some(&rail) => {
+                    if rdma::completion_events(rail, c, &mut events) {
+                        st.rdma.mark_failed(rail);
+                    }
+                }
                 None => tracing::debug!(
                     device,
                     qpn = c.qp_num,
@@ -510,6 +514,7 @@ fn poll_loop(shared: &Shared, nic: u32, cq: verbs::CompletionQueue, ctx: verbs::
                 | verbs::AsyncEvent::QpAccessError { qpn }
                 | verbs::AsyncEvent::QpRequestError { qpn } => {
                     if let Some(&rail) = st.qpn_rail.get(&(nic, qpn)) {
+                        st.rdma.mark_failed(rail);
                         let reason = format!("qp {qpn} on {device} hit {ev:?}");
                         events.push(TransportEvent::RailDown {
                             rail,
@@ -953,6 +958,8 @@ impl TransferEngine {
     /// Submits a batch of READ/WRITE requests: all admitted or none (a typed
     /// error names the first bad request; nothing is posted then).
     pub fn submit(&self, batch: &[TransferRequest]) -> Result<Vec<RequestId>, SubmitError> {
+        let span = tracing::trace_span!("submit", requests = batch.len());
+        let _g = span.enter();
         let mut guard = self.lock();
         let st = &mut *guard;
         let now = Instant::now();

@@ -592,6 +592,7 @@ impl TransferEngine {
                     remote_nic,
                     qp: RailQp::Rts(qp),
                     device,
+                    failed: false,
                 },
             );
             st.qpn_rail.insert((nic, qpn), rail);

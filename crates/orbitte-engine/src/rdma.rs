@@ -32,6 +32,9 @@ pub(crate) struct RdmaRail {
     pub(crate) remote_nic: u16,
     pub(crate) qp: RailQp,
     pub(crate) device: String,
+    /// The device reported the QP in the error state (an error or flush
+    /// completion, a fatal event): it never carries work again.
+    pub(crate) failed: bool,
 }
 
 impl RdmaRail {
@@ -100,7 +103,14 @@ impl RdmaTransport {
 
     /// Whether the rail's QP is still ready to send.
     pub(crate) fn is_rts(&self, rail: RailId) -> bool {
-        matches!(self.rail(rail).map(|r| &r.qp), Some(RailQp::Rts(_)))
+        self.rail(rail).is_some_and(|r| !r.failed && matches!(r.qp, RailQp::Rts(_)))
+    }
+
+    /// Records that the device put the rail's QP in the error state.
+    pub(crate) fn mark_failed(&mut self, rail: RailId) {
+        if let Some(r) = self.rails.get_mut(rail.0 as usize).and_then(Option::as_mut) {
+            r.failed = true;
+        }
     }
 
     /// Destroys the rail's QP; a failure is kept as evidence and returned.
@@ -133,12 +143,13 @@ impl RdmaTransport {
     }
 }
 
-/// Converts one work completion of a rail into events.
+/// Converts one work completion of a rail into events. Returns whether the
+/// completion shows the QP in the error state.
 pub(crate) fn completion_events(
     rail: RailId,
     c: &verbs::Completion,
     out: &mut Vec<TransportEvent>,
-) {
+) -> bool {
     let status = match c.status {
         WcStatus::Success => SliceStatus::Success,
         WcStatus::WrFlush => SliceStatus::Failed(SliceFailure::Flushed),
@@ -159,6 +170,7 @@ pub(crate) fn completion_events(
             format!("qp {} in error after a {:?} completion", c.qp_num, c.status).into();
         out.push(TransportEvent::RailDown { rail, reason });
     }
+    error
 }
 
 impl Transport for RdmaTransport {

@@ -267,12 +267,19 @@ fn a_child_initiator_replaying_an_old_epoch_is_rejected_by_the_target() {
     );
     let l = p.expect("REFUSED", BOUND);
     assert!(l.contains("stale-epoch"), "{l}");
-    assert!(
-        t.listener
+    // The target records the refusal right after sending it: wait (bounded).
+    let logged = (0..400).any(|_| {
+        let found = t
+            .listener
             .closed_sessions()
             .iter()
-            .any(|c| c.abnormal && c.reason.contains("presented epoch 40"))
-    );
+            .any(|c| c.abnormal && c.reason.contains("presented epoch 40"));
+        if !found {
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        found
+    });
+    assert!(logged, "{:?}", t.listener.closed_sessions());
 }
 
 #[test]

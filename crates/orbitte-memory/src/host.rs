@@ -36,6 +36,12 @@ pub enum MemoryError {
         /// Size of the range.
         size: usize,
     },
+    /// A peer's fd can still be shrunk: mapping it would let the peer make
+    /// our accesses fault (SIGBUS) by truncating the file.
+    #[error(
+        "shared memory fd is not sealed against shrinking (F_SEAL_SHRINK); the peer must create it with HostMemory::alloc"
+    )]
+    NotSealed,
     /// A write to a range mapped read-only.
     #[error("range is mapped read-only; the peer published it without remote write access")]
     ReadOnly,
@@ -146,7 +152,12 @@ impl HostMemory {
             return Err(MemoryError::ZeroLength);
         }
         // SAFETY: the name is a NUL-terminated C string literal.
-        let raw = unsafe { libc::memfd_create(c"orbitte-host".as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe {
+            libc::memfd_create(
+                c"orbitte-host".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
         if raw < 0 {
             return Err(os_err("memfd_create", len));
         }
@@ -161,6 +172,13 @@ impl HostMemory {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
             return Err(os_err("ftruncate", len));
         }
+        // Seal the size, so a peer holding the fd (the local path) can
+        // neither shrink the file under our mapping nor grow it.
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+        // SAFETY: fcntl on an fd we own, with integer arguments only.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(os_err("fcntl(F_ADD_SEALS)", len));
+        }
         let (ptr, map_len) = map(fd.as_fd(), len, true)?;
         Ok(Arc::new(Self {
             ptr,
@@ -171,9 +189,10 @@ impl HostMemory {
 
     /// Maps `len` bytes of a peer's shared memory fd (the local path).
     ///
-    /// The fd must refer to a memfd (or file) of at least `len` bytes; a
-    /// shorter file makes accesses past its end fault, so the caller checks
-    /// the size first (this function does, with `fstat`).
+    /// The fd must refer to a memfd of at least `len` bytes sealed against
+    /// shrinking (as [`alloc`](Self::alloc) makes them): otherwise the peer
+    /// could truncate it and make our accesses fault. Both are checked
+    /// (`fstat`, `F_GET_SEALS`) and refused with a typed error.
     pub fn map_shared(fd: OwnedFd, len: usize, writable: bool) -> Result<Arc<Self>, MemoryError> {
         if len == 0 {
             return Err(MemoryError::ZeroLength);
@@ -190,6 +209,11 @@ impl HostMemory {
             source,
         })?
         .len();
+        // SAFETY: fcntl(F_GET_SEALS) on a valid fd, no pointers involved.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(MemoryError::NotSealed);
+        }
         if (file_len as u128) < len as u128 {
             return Err(MemoryError::OutOfBounds {
                 offset: 0,
@@ -430,6 +454,36 @@ mod tests {
         assert_eq!(m.to_vec(100, 5).unwrap(), b"hello");
         m.copy_from(0, &peer, 100, 5).unwrap();
         assert_eq!(peer.to_vec(0, 5).unwrap(), b"hello");
+    }
+
+    #[test]
+    fn allocated_memfd_cannot_be_resized_by_a_peer() {
+        let m = HostMemory::alloc(4096).unwrap();
+        let file = std::fs::File::from(m.memfd().unwrap().try_clone_to_owned().unwrap());
+        assert!(file.set_len(0).is_err(), "shrink must be sealed");
+        assert!(file.set_len(8192).is_err(), "grow must be sealed");
+        assert_eq!(m.to_vec(4095, 1).unwrap(), vec![0]);
+    }
+
+    #[test]
+    fn unsealed_fds_are_refused() {
+        let f = tempfile_fd(4096);
+        assert!(matches!(
+            HostMemory::map_shared(f, 4096, true),
+            Err(MemoryError::NotSealed)
+        ));
+    }
+
+    fn tempfile_fd(len: u64) -> OwnedFd {
+        // SAFETY: NUL-terminated literal; the returned fd is checked.
+        let raw = unsafe { libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: memfd_create returned a fresh fd we now own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        std::fs::File::from(fd.try_clone().unwrap())
+            .set_len(len)
+            .unwrap();
+        fd
     }
 
     #[test]

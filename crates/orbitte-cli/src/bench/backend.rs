@@ -46,6 +46,8 @@ pub(crate) trait Backend: Sync {
     fn local(&self, t: usize) -> &Arc<HostMemory>;
     /// Thread `t`'s scratch memory (where `--check` reads WRITEs back).
     fn scratch(&self, t: usize) -> &Arc<HostMemory>;
+    /// Slices posted and not yet drained, over all requests.
+    fn outstanding_slices(&self) -> u64;
     /// Submits `reqs` as one batch (on thread `t`'s scratch memory if
     /// `scratch`), waits for every outcome, and returns each with its
     /// latency from submission.
@@ -178,6 +180,10 @@ impl Backend for CoreBackend<'_> {
 
     fn local(&self, t: usize) -> &Arc<HostMemory> {
         &self.threads[t].local.1
+    }
+
+    fn outstanding_slices(&self) -> u64 {
+        self.initiator.driver.outstanding_slices()
     }
 
     fn scratch(&self, t: usize) -> &Arc<HostMemory> {
@@ -333,6 +339,10 @@ impl Backend for RdmaBackend {
 
     fn local(&self, t: usize) -> &Arc<HostMemory> {
         &self.threads[t].local.1
+    }
+
+    fn outstanding_slices(&self) -> u64 {
+        self.a.outstanding_slices()
     }
 
     fn scratch(&self, t: usize) -> &Arc<HostMemory> {

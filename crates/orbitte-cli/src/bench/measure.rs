@@ -102,6 +102,18 @@ pub(crate) fn run(
     if let Some(f) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(f);
     }
+    // Every request had its outcome; now nothing may stay outstanding on
+    // the local buffers.
+    let drain_deadline = Instant::now() + Duration::from_secs(5);
+    while backend.outstanding_slices() != 0 && Instant::now() < drain_deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let outstanding = backend.outstanding_slices();
+    if outstanding != 0 {
+        return Err(Failure::failed(format!(
+            "{outstanding} slice(s) still outstanding 5 s after the last outcome: the local buffers are not drained; rerun with --log debug and report it"
+        )));
+    }
     let bytes = shared.bytes.load(Ordering::Relaxed);
     let ops = shared.ops.load(Ordering::Relaxed);
     let mut lat = latencies.into_inner().unwrap_or_else(|p| p.into_inner());
@@ -114,6 +126,7 @@ pub(crate) fn run(
         ops_per_s: ops as f64 / elapsed.as_secs_f64().max(1e-9),
         latency: lat.summary(),
         checked_bytes: args.check.then(|| shared.checked.load(Ordering::Relaxed)),
+        drained: true,
         baseline: None,
     })
 }

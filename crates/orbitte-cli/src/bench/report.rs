@@ -31,6 +31,8 @@ pub(crate) struct Point {
     pub(crate) latency: Option<LatencySummary>,
     /// Bytes verified with `--check` (absent without it).
     pub(crate) checked_bytes: Option<u64>,
+    /// Nothing outstanding on the local buffers after the last outcome.
+    pub(crate) drained: bool,
     pub(crate) baseline: Option<Baseline>,
 }
 
@@ -152,11 +154,16 @@ impl Report {
                 },
             );
             println!(
-                "  block {:>5}: {:8.3} GB/s {:>12.0} ops/s  {lat}  ({} requests{})",
+                "  block {:>5}: {:8.3} GB/s {:>12.0} ops/s  {lat}  ({} requests, {}{})",
                 human_bytes(p.block_size),
                 p.gbps,
                 p.ops_per_s,
                 p.requests,
+                if p.drained {
+                    "all drained"
+                } else {
+                    "NOT drained"
+                },
                 match p.checked_bytes {
                     Some(b) => format!(", check passed on {b} bytes"),
                     None => String::new(),
