@@ -150,7 +150,12 @@ pub(crate) struct BenchArgs {
     /// Skip the baseline (raw TCP socket for tcp, memcpy for local).
     #[arg(long)]
     pub(crate) no_baseline: bool,
-    /// This engine's source id (default: orbitte-bench-<role>-<pid>).
+    /// With --path rdma: run on the simulated RDMA fabric in this process
+    /// (zero-latency, unlimited bandwidth), which measures the engine's
+    /// own overhead per slice, not a NIC.
+    #[arg(long)]
+    pub(crate) sim: bool,
+    /// This engine's source id (default: orbitte-bench-ROLE-PID).
     #[arg(long, value_name = "ID")]
     pub(crate) source_id: Option<String>,
 }

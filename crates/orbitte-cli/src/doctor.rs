@@ -6,7 +6,7 @@
 //! which evaluates rdma for real); tcp and local evaluated here with a real
 //! loopback WRITE and READ through the engine's core and transports, unless
 //! the engine's matrix already evaluates them; the CUDA rows from
-//! [`orbitte::cuda::probe`].
+//! [`orbitte::cuda::probe()`].
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;

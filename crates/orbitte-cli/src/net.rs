@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 use orbitte::HostMemory;
 use orbitte::core::{Core, CoreConfig, CoreRequest};
 use orbitte::session::path::{PathInputs, choose_path};
-use orbitte::session::{Listener, PeerIdentity, PublicationTable, SessionConfig, SharedPeerTable};
+use orbitte::session::{
+    Listener, PeerIdentity, PublicationTable, RangeLookup, SessionConfig, SharedPeerTable,
+};
 use orbitte::transport::local::LocalTransport;
 use orbitte::transport::tcp::TcpTransport;
 use orbitte::transport::{
@@ -61,14 +63,22 @@ pub(crate) struct Target {
 }
 
 impl Target {
+    /// Serves a fresh publication table (fill it with `ranges.publish`).
     pub(crate) fn start(cfg: SessionConfig, addr: SocketAddr) -> Result<Self, String> {
         let ranges = PublicationTable::new();
-        let listener = Listener::bind(cfg.clone(), peer_table(&cfg), ranges.clone(), addr)
-            .map_err(|e| {
-                format!("cannot listen on {addr}: {e}; pick a free address with --listen")
-            })?;
+        let listener = listen(cfg, ranges.clone(), addr)?;
         Ok(Self { ranges, listener })
     }
+}
+
+/// Serves `lookup` (a publication table, or an engine's registrations).
+pub(crate) fn listen(
+    cfg: SessionConfig,
+    lookup: Arc<dyn RangeLookup>,
+    addr: SocketAddr,
+) -> Result<Listener, String> {
+    Listener::bind(cfg.clone(), peer_table(&cfg), lookup, addr)
+        .map_err(|e| format!("cannot listen on {addr}: {e}; pick a free address"))
 }
 
 struct Inner {

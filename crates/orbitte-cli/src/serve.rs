@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use orbitte::session::{PublicationTable, RangeLookup};
 use orbitte::topology::{ConfigOverrides, RdmaConfig, SysfsRoots, discover};
 use orbitte::wire::AccessFlags;
 use orbitte::wire::auth::ClusterSecret;
@@ -19,7 +20,7 @@ use serde::Serialize;
 use crate::Failure;
 use crate::cli::ServeArgs;
 use crate::config::{self, RangeAccess, ServeConfig};
-use crate::net::{Target, session_config};
+use crate::net::{listen, session_config};
 
 #[derive(Debug, Serialize)]
 struct Effective<'a> {
@@ -82,7 +83,17 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::usage(format!("config file {origin}: key engine.source_id: {e}")))?;
     scfg.cluster_secret = secret;
     scfg.handshake_timeout = cfg.engine.handshake_timeout();
-    let target = Target::start(scfg, cfg.engine.listen)
+    // One publication: with an [rdma] table the ranges are Host Direct
+    // registrations of the engine, and tcp/local peers reach exactly those
+    // (same range ids and tokens as in the engine's segment descriptors);
+    // without it, a publication table of the tcp/local paths.
+    let table = PublicationTable::new();
+    let lookup: Arc<dyn RangeLookup> = if cfg.rdma_table {
+        engine.range_lookup()
+    } else {
+        table.clone()
+    };
+    let listener = listen(scfg, lookup, cfg.engine.listen)
         .map_err(|e| Failure::failed(format!("{e} (config file {origin}, key engine.listen)")))?;
     for r in &cfg.range {
         let mem = alloc_range(r.size, &r.name)?;
@@ -110,7 +121,7 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
                 Access::REMOTE_READ_WRITE,
             ),
         };
-        let rdma_note = if cfg.rdma_table {
+        let (id, note) = if cfg.rdma_table {
             let reg = engine.register_host(Arc::clone(&mem), access).map_err(|e| {
                 let text = e.to_string();
                 Failure::failed(format!(
@@ -119,41 +130,40 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
                     text.lines().next().unwrap_or_default()
                 ))
             })?;
-            format!(", rdma: {} MR copies", reg.copies)
+            (reg.id.0, format!(", rdma: {} MR copies", reg.copies))
         } else {
-            String::new()
+            let id = table
+                .publish(mem, flags)
+                .map_err(|e| Failure::failed(format!("range {}: cannot publish: {e}", r.name)))?;
+            (id.0, ", tcp/local only (no [rdma] table)".to_owned())
         };
-        let id = target
-            .ranges
-            .publish(mem, flags)
-            .map_err(|e| Failure::failed(format!("range {}: cannot publish: {e}", r.name)))?;
         println!(
-            "published range {} (id {}): {} bytes, {:?} access, fill {:#04x}{rdma_note}",
-            r.name, id.0, r.size, r.access, r.fill
+            "published range {} (id {id}): {} bytes, {:?} access, fill {:#04x}{note}",
+            r.name, r.size, r.access, r.fill
         );
-        tracing::info!(range = %r.name, id = id.0, size = r.size, access = ?r.access, "published");
+        tracing::info!(range = %r.name, id, size = r.size, access = ?r.access, "published");
     }
     if cfg.range.is_empty() {
         tracing::warn!(
             "no [[range]] in the config: peers can connect but find nothing to read or write"
         );
     }
-    let addr = target.listener.local_addr();
+    let addr = listener.local_addr();
     println!(
         "serving as {} (epoch {}) on {addr}; local path {}",
         engine.source_id(),
         engine.epoch(),
-        if target.listener.serves_local() {
+        if listener.serves_local() {
             "served"
         } else {
             "not served"
         }
     );
     tracing::info!(source = engine.source_id(), epoch = engine.epoch(), %addr, "serving");
-    let mut last = target.listener.stats();
+    let mut last = listener.stats();
     loop {
         std::thread::sleep(Duration::from_secs(10));
-        let s = target.listener.stats();
+        let s = listener.stats();
         if s != last {
             tracing::info!(
                 sessions = s.live,

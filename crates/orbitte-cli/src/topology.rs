@@ -243,6 +243,13 @@ fn human(r: &Report) -> String {
                     rail.nic, rail.device, rail.port, rail.gid
                 );
             }
+            // Every other slot and port, with why it was left out.
+            let _ = writeln!(out, "  every device and port:");
+            for nic in &sel.report {
+                for line in nic.to_string().lines() {
+                    let _ = writeln!(out, "    {line}");
+                }
+            }
         }
         Err(e) => {
             for line in e.lines() {

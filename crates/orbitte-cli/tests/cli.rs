@@ -246,6 +246,32 @@ fn topology_shows_inert_slots_with_their_error() {
 }
 
 #[test]
+fn topology_says_why_a_device_is_left_out_when_others_are_selected() {
+    let r = run(&[
+        "topology",
+        "--sysfs-root",
+        fixture("ib-hdr").to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.contains("selected nic 0 mlx5_0 port 1 gid 0"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("gid 0 fe80::c42:a103:65:4a10 IB"),
+        "{}",
+        r.stdout
+    );
+    let why = r
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("nic 1 mlx5_1:"))
+        .expect("mlx5_1's line");
+    assert!(why.contains("not readable and writable"), "{why}");
+}
+
+#[test]
 fn topology_json_has_slots_affinity_and_selection() {
     let r = run(&[
         "topology",
@@ -585,4 +611,84 @@ fn serve_publishes_configured_ranges_to_initiators() {
         "{v}"
     );
     assert_point_ok(&v["points"][0], true);
+}
+
+#[test]
+fn bench_rdma_on_the_simulated_fabric_moves_checked_bytes() {
+    let v = bench_json(&[
+        "--path",
+        "rdma",
+        "--sim",
+        "--duration",
+        "0.3",
+        "--check",
+        "--batch-size",
+        "4",
+        "--block-size",
+        "16K",
+    ]);
+    assert_eq!(v["path"], "rdma");
+    assert!(
+        v["path_note"]
+            .as_str()
+            .is_some_and(|n| n.contains("simulated fabric")),
+        "{v}"
+    );
+    assert_point_ok(&v["points"][0], true);
+    assert_eq!(v["points"][0]["drained"], true);
+    assert_usage_error(&run(&["bench", "--sim"]), &["--path rdma"]);
+}
+
+#[test]
+fn bench_rdma_on_this_machine_runs_exactly_when_doctor_says_rdma_works() {
+    let works = run(&["doctor", "--path", "rdma"]).code == 0;
+    let r = run(&[
+        "bench",
+        "--path",
+        "rdma",
+        "--duration",
+        "0.3",
+        "--check",
+        "--json",
+        "--quiet",
+    ]);
+    if works {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert_point_ok(&json(&r.stdout)["points"][0], true);
+    } else {
+        assert_eq!(r.code, 1, "{}", r.stderr);
+        let last = r.stderr.lines().last().unwrap_or_default();
+        assert!(last.starts_with("orbitte: rdma path: "), "{last}");
+        assert!(last.contains("orbitte doctor --path rdma"), "{last}");
+        println!(
+            "skipped: no usable rdma device here ({last}); checked the one-line refusal instead"
+        );
+    }
+}
+
+#[test]
+fn topology_initialize_reports_what_an_engine_initialized() {
+    let r = run(&["topology", "--initialize", "--json"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v = json(&r.stdout);
+    let state = v["initialized"]["state"].as_str().unwrap_or_default();
+    assert!(["initialized", "not-initialized"].contains(&state), "{v}");
+    if state == "initialized" {
+        assert!(
+            v["initialized"]["trigger"]
+                .as_str()
+                .is_some_and(|t| t.contains("Host Direct registration"))
+        );
+    } else {
+        assert!(v["initialized"]["why"].is_string());
+    }
+    assert_usage_error(
+        &run(&[
+            "topology",
+            "--initialize",
+            "--sysfs-root",
+            fixture("cx7-roce").to_str().unwrap(),
+        ]),
+        &["--initialize", "--sysfs-root"],
+    );
 }

@@ -202,6 +202,11 @@ pub(crate) struct State {
     pub(crate) nic_order: Vec<u32>,
     pub(crate) outcomes: HashMap<RequestId, Outcome>,
     pub(crate) unquiesced: Vec<Unquiesced>,
+    /// Closed rdma rails waiting for their flushed work to drain before
+    /// their queue pair is destroyed.
+    pub(crate) reap: Vec<RailId>,
+    /// This engine's source id and epoch (for `Unquiesced` evidence).
+    pub(crate) who: (String, u64),
     work: Vec<WorkItem>,
     rotor: usize,
 }
@@ -262,6 +267,18 @@ impl State {
                 tracing::warn!(error = %e, "flushing a rail failed; its slices stay undrained");
             }
         }
+        if !self.reap.is_empty() {
+            let ready: Vec<RailId> = self
+                .reap
+                .iter()
+                .copied()
+                .filter(|r| self.core.rail_in_flight(*r) == 0)
+                .collect();
+            self.reap.retain(|r| !ready.contains(r));
+            for rail in ready {
+                self.destroy_rdma_rail(rail);
+            }
+        }
         while let Some(o) = self.core.poll_outcome() {
             self.outcomes.insert(o.request, o);
         }
@@ -273,6 +290,50 @@ impl State {
         }
         self.core.handle_timeout(now);
         self.pump(now);
+    }
+
+    /// Closes a rail for good: no new work; an rdma rail's queue pair is
+    /// flushed now and destroyed once its work drained (or now, if idle).
+    pub(crate) fn retire_rail(&mut self, rail: RailId, now: Instant) {
+        let busy = self.core.close_rail(rail, now);
+        match self.owner.get(rail.0 as usize) {
+            Some(Owner::Rdma) if busy => {
+                if let Err(e) = self.rdma.flush(rail) {
+                    tracing::warn!(error = %e, "flushing a closed rail failed");
+                }
+                self.reap.push(rail);
+            }
+            Some(Owner::Rdma) => self.destroy_rdma_rail(rail),
+            Some(Owner::Other(t)) => {
+                if let Some(tr) = self.others.get_mut(*t) {
+                    let res = if busy {
+                        tr.flush(rail)
+                    } else {
+                        tr.close_rail(rail)
+                    };
+                    if let Err(e) = res {
+                        tracing::warn!(error = %e, "closing a rail failed");
+                    }
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// Destroys an rdma rail's queue pair; a failure is `Unquiesced`.
+    fn destroy_rdma_rail(&mut self, rail: RailId) {
+        if let Err(u) = self.rdma.destroy(rail) {
+            let u = Unquiesced {
+                source_id: self.who.0.clone(),
+                epoch: self.who.1,
+                during: format!("closing rail {}", rail.0),
+                failures: vec![*u],
+                retained: Charges::default(),
+            };
+            tracing::error!(error = %u, "unquiesced: fencing new admission");
+            self.fence(format!("unquiesced during {}", u.during));
+            self.unquiesced.push(u);
+        }
     }
 
     pub(crate) fn fence(&mut self, reason: impl Into<Arc<str>>) {
@@ -392,6 +453,8 @@ impl EngineBuilder {
             nic_order: Vec::new(),
             outcomes: HashMap::new(),
             unquiesced: Vec::new(),
+            reap: Vec::new(),
+            who: (source_id.as_str().to_owned(), epoch.value()),
             work: Vec::new(),
             rotor: 0,
         };
@@ -695,11 +758,24 @@ impl TransferEngine {
     /// Host Direct registration: prepares MRs on every prepared NIC context
     /// (paused ports included, whatever the dispatch mask), one copy per
     /// context for `Access::LocalOnly`, two for `Access::Remote`, and
-    /// publishes the range only when all succeeded.
+    /// publishes the range only when all succeeded. The memory's location
+    /// is unknown: rails are used in NIC ID order.
     pub fn register_host(
         &self,
         memory: Arc<HostMemory>,
         access: Access,
+    ) -> Result<Registration, RegisterError> {
+        self.register_host_at(memory, access, MemoryLocation::Host { numa_node: None })
+    }
+
+    /// [`register_host`](Self::register_host) for memory at a known
+    /// location (NUMA node): requests on it stripe over rails in affinity
+    /// order (PCIe distance, then NUMA distance, then NIC ID), best first.
+    pub fn register_host_at(
+        &self,
+        memory: Arc<HostMemory>,
+        access: Access,
+        location: MemoryLocation,
     ) -> Result<Registration, RegisterError> {
         if let Some(reason) = self.lock().core.fenced().cloned() {
             return Err(RegisterError::Fenced { reason });
@@ -709,9 +785,7 @@ impl TransferEngine {
             write: false,
         } = access
         {
-            return Err(RegisterError::NoUsableNic {
-                report: "remote access without read or write: use Access::LocalOnly".into(),
-            });
+            return Err(RegisterError::InvalidAccess);
         }
         self.ensure_contexts()
             .map_err(|report| RegisterError::NoUsableNic { report })?;
@@ -737,6 +811,15 @@ impl TransferEngine {
             let id = st.next_reg;
             st.next_reg += 1;
             (id, pds, ask)
+        };
+        let nic_order = {
+            let st = self.lock();
+            let ranked = st
+                .init
+                .as_ref()
+                .and_then(|i| i.topology.rank_nics(location).ok())
+                .unwrap_or_default();
+            crate::registration::affinity_classes(&ranked)
         };
         let span = tracing::debug_span!("register_host", id, len, ?access);
         let _g = span.enter();
@@ -836,6 +919,7 @@ impl TransferEngine {
                 by_nic,
                 charge: ask,
                 token: fresh_token(),
+                nic_order,
             },
         );
         tracing::debug!(id, copies = n, "registration published");
@@ -1084,6 +1168,16 @@ impl TransferEngine {
                     peer: r.peer.0,
                     why: why.join("; ").into(),
                 }));
+            }
+            // Affinity allows the rails whose NIC is in the best class for
+            // this memory among the usable ones (all of them when the
+            // memory's location is unknown); rotate among those.
+            let class = |rail: &RailId| {
+                let nic = st.core.rail_spec(*rail).and_then(|s| s.nic);
+                nic.map_or(0, |n| reg.affinity_class(n))
+            };
+            if let Some(best) = rails.iter().map(class).min() {
+                rails.retain(|r| class(r) == best);
             }
             let k = rails.len();
             rails.rotate_left(st.rotor % k);

@@ -113,6 +113,9 @@ pub enum RegisterError {
         /// The registration failure that started the release.
         cause: String,
     },
+    /// `Access::Remote` with neither read nor write.
+    #[error("remote access without read or write: use Access::LocalOnly or allow read/write")]
+    InvalidAccess,
     /// The engine is fenced.
     #[error("engine is fenced, registration refused: {reason}")]
     Fenced {

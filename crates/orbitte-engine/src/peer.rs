@@ -527,14 +527,7 @@ impl TransferEngine {
             return;
         };
         for rail in p.rails {
-            let busy = st.core.close_rail(rail, now);
-            if matches!(st.owner.get(rail.0 as usize), Some(Owner::Rdma)) {
-                if busy {
-                    let _ = crate::transport::Transport::flush(&mut st.rdma, rail);
-                } else if let Err(u) = st.rdma.destroy(rail) {
-                    tracing::error!(error = %u, "destroying an old incarnation's qp failed; retained");
-                }
-            }
+            st.retire_rail(rail, now);
         }
         st.pump(now);
     }
@@ -563,12 +556,7 @@ impl TransferEngine {
             .unwrap_or_default();
         for rail in old {
             if matches!(st.owner.get(rail.0 as usize), Some(Owner::Rdma)) {
-                let busy = st.core.close_rail(rail, now);
-                if busy {
-                    let _ = crate::transport::Transport::flush(&mut st.rdma, rail);
-                } else {
-                    let _ = st.rdma.destroy(rail);
-                }
+                st.retire_rail(rail, now);
                 if let Some(p) = st.tables.peers.get_mut(&peer.0) {
                     p.rails.retain(|r| *r != rail);
                 }

@@ -103,7 +103,8 @@ impl RdmaTransport {
 
     /// Whether the rail's QP is still ready to send.
     pub(crate) fn is_rts(&self, rail: RailId) -> bool {
-        self.rail(rail).is_some_and(|r| !r.failed && matches!(r.qp, RailQp::Rts(_)))
+        self.rail(rail)
+            .is_some_and(|r| !r.failed && matches!(r.qp, RailQp::Rts(_)))
     }
 
     /// Records that the device put the rail's QP in the error state.

@@ -166,6 +166,94 @@ pub(crate) struct RegEntry {
     pub(crate) pin: Arc<RegPin>,
     pub(crate) charge: Charges,
     pub(crate) token: wire::AccessToken,
+    /// (NIC ID, affinity class) best first; class 0 is the best
+    /// (PCIe distance, NUMA distance) pair, equal pairs share a class.
+    pub(crate) nic_order: Vec<(u32, u32)>,
+}
+
+impl RegEntry {
+    /// Affinity class of a NIC for this memory (unknown NICs rank last).
+    pub(crate) fn affinity_class(&self, nic: u32) -> u32 {
+        self.nic_order
+            .iter()
+            .find(|(n, _)| *n == nic)
+            .map_or(u32::MAX, |(_, c)| *c)
+    }
+}
+
+/// Groups NICs ranked best first into affinity classes: NICs with the same
+/// PCIe distance and NUMA distance share a class.
+pub(crate) fn affinity_classes(ranked: &[orbitte_topology::NicAffinity]) -> Vec<(u32, u32)> {
+    let mut class = 0;
+    let mut out = Vec::with_capacity(ranked.len());
+    for (i, a) in ranked.iter().enumerate() {
+        if i > 0 && (a.pcie, a.numa_distance) != (ranked[i - 1].pcie, ranked[i - 1].numa_distance) {
+            class += 1;
+        }
+        out.push((a.nic.0, class));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use orbitte_topology::{NicAffinity, NicId, PcieDistance};
+
+    use super::*;
+
+    fn aff(nic: u32, numa: Option<u32>) -> NicAffinity {
+        NicAffinity {
+            nic: NicId(nic),
+            name: format!("n{nic}"),
+            pcie: PcieDistance::Unknown,
+            numa_distance: numa,
+        }
+    }
+
+    #[test]
+    fn nics_with_equal_distances_share_an_affinity_class() {
+        let ranked = [
+            aff(2, Some(10)),
+            aff(3, Some(10)),
+            aff(0, Some(20)),
+            aff(1, None),
+        ];
+        assert_eq!(affinity_classes(&ranked), [(2, 0), (3, 0), (0, 1), (1, 2)]);
+        let unknown = [aff(0, None), aff(1, None)];
+        assert_eq!(
+            affinity_classes(&unknown),
+            [(0, 0), (1, 0)],
+            "unknown location: every NIC is allowed"
+        );
+    }
+
+    #[test]
+    fn budgets_name_the_first_exceeded_limit() {
+        let l = Ledger {
+            budgets: Budgets {
+                max_mrs: 2,
+                max_bytes: 100,
+            },
+            in_use: Charges { mrs: 1, bytes: 10 },
+        };
+        assert!(l.check(Charges { mrs: 1, bytes: 90 }).is_ok());
+        let e = l
+            .check(Charges { mrs: 2, bytes: 1 })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("memory regions")
+                && e.contains("asked 2")
+                && e.contains("in use 1")
+                && e.contains("limit 2"),
+            "{e}"
+        );
+        let e = l
+            .check(Charges { mrs: 1, bytes: 91 })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("registered bytes"), "{e}");
+    }
 }
 
 impl RegEntry {

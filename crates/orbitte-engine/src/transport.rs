@@ -242,7 +242,10 @@ pub enum TransportEvent {
 }
 
 /// Where a transport sends its events. The engine implements it; its
-/// `deliver` may be called from any thread.
+/// `deliver` may be called from any thread except from inside
+/// [`Transport::post`], [`Transport::flush`] or [`Transport::close_rail`]:
+/// those run under the engine's lock, which `deliver` takes (report from
+/// the transport's own threads, or queue the events and deliver later).
 pub trait EventSink: Send + Sync {
     /// Hands a batch of events to the engine.
     fn deliver(&self, events: &mut Vec<TransportEvent>);

@@ -83,3 +83,27 @@ fn a_failing_loopback_fails_completion_and_skips_drain() {
     );
     assert!(matches!(r.drain, Check::Skipped { .. }));
 }
+
+#[test]
+fn the_default_native_provider_never_fails_the_build_and_reports_discovery() {
+    // Whatever this machine has: no libibverbs and no device are a reported
+    // capability, never a build failure or a panic.
+    let a = EngineBuilder::new("native").build().unwrap();
+    let r = a.evaluate_rdma();
+    assert_eq!(r.build, Check::Pass);
+    match &r.discovery {
+        Check::Pass => {}
+        Check::Fail { reason, fix } => {
+            assert!(!reason.is_empty() && !fix.is_empty());
+            assert!(matches!(r.completion, Check::Skipped { .. }));
+            let err = a
+                .register_host(region(64, 1), orbitte_engine::Access::LocalOnly)
+                .unwrap_err();
+            assert!(
+                matches!(err, orbitte_engine::RegisterError::NoUsableNic { .. }),
+                "{err:?}"
+            );
+        }
+        other => panic!("discovery must pass or fail with a fix: {other:?}"),
+    }
+}

@@ -196,6 +196,17 @@ fn port_paused_mid_batch_gives_the_documented_outcome_within_the_timeout() {
     // rail is left; a1 still carries new work.
     let rails = &s.a.peers()[0].rails;
     assert!(rails.iter().any(|r| r.nic == Some(1) && r.up), "{rails:?}");
+    // The port recovers, but a0's queue pair saw errors: that rail stays
+    // down (reopen the peer to replace it) instead of failing every new
+    // request with flushes.
+    s.fabric.faults().port_up("a0", 1).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(s.a.topology().contexts.iter().all(|c| c.port_active));
+    let rails = &s.a.peers()[0].rails;
+    let a0 = rails.iter().find(|r| r.nic == Some(0)).unwrap();
+    if o.failure.is_some() {
+        assert!(!a0.up, "{rails:?}");
+    }
 }
 
 #[test]

@@ -51,12 +51,12 @@ fn target_rejects_an_older_initiator_epoch_and_replaces_on_a_newer_one() {
         }
         other => panic!("{other:?}"),
     }
-    assert!(
+    net_support::eventually("stale epoch refusal recorded", || {
         t.listener
             .closed_sessions()
             .iter()
             .any(|c| c.abnormal && c.reason.contains("epoch 5"))
-    );
+    });
     assert_eq!(
         t.peers
             .lock()

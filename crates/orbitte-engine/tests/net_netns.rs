@@ -106,9 +106,27 @@ struct Netns {
     b: String,
 }
 
+/// Removes namespaces left by an earlier run that was killed before its
+/// cleanup ran (their creator's pid is gone).
+fn remove_stale() {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else { return };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or_default();
+        let mut parts = name.split('-');
+        if parts.next() != Some("orbt") {
+            continue;
+        }
+        let pid = parts.nth(1).unwrap_or_default();
+        if !pid.is_empty() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = ip(&["netns", "del", name]);
+        }
+    }
+}
+
 impl Netns {
     fn create(tag: &str) -> Result<Self, String> {
-        let id = std::process::id() % 100_000;
+        remove_stale();
+        let id = std::process::id();
         let n = Self {
             a: format!("orbt-{tag}-{id}-a"),
             b: format!("orbt-{tag}-{id}-b"),
@@ -129,7 +147,7 @@ impl Netns {
     }
 
     fn cut(&self) -> Result<(), String> {
-        let id = std::process::id() % 100_000;
+        let id = std::process::id();
         ip(&["-n", &self.a, "link", "set", &format!("ob{id}cuta"), "down"])
     }
 }

@@ -37,6 +37,12 @@ fn use_the_source_owners_current_authoritative_epoch_a_newer_epoch_replaces_the_
     assert_eq!(new.epoch, 20);
     assert_ne!(new.id, old.id);
     assert_eq!(a.peers().len(), 1, "the old incarnation is gone");
+    // Its queue pair was destroyed (the sim no longer knows it).
+    let old_qpn = old.rails[0].qpn.unwrap();
+    assert!(
+        fabric.faults().qp_fatal("a0", old_qpn).is_err(),
+        "old rail's qp destroyed"
+    );
     // Everything cached from the old one is invalid.
     let err = a
         .submit(&[TransferRequest::write(ra.id, 0, old.id, RangeId(1), 0, 8)])
@@ -349,7 +355,13 @@ fn reopening_a_peer_at_the_same_epoch_replaces_rails_that_went_down() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let req = TransferRequest::write(ra.id, 0, pb.id, RangeId(rb.id.0), 0, 4096);
-    assert!(matches!(a.submit(&[req]), Err(SubmitError::Invalid { error: RequestError::NoRail { .. }, .. })));
+    assert!(matches!(
+        a.submit(&[req]),
+        Err(SubmitError::Invalid {
+            error: RequestError::NoRail { .. },
+            ..
+        })
+    ));
     // Same incarnation, new session: a reconnect keeps the PeerId and
     // replaces the rails.
     let (again, _) = connect(&a, &b);

@@ -723,7 +723,7 @@ fn port_down_and_up_raise_async_events() {
     let down = Command::new("ip")
         .args(["link", "set", &netdev, "down"])
         .status();
-    if !down.is_ok_and(|s| s.success()) {
+    if !down.as_ref().is_ok_and(|s| s.success()) {
         println!("skipped: `ip link set {netdev} down` failed: {down:?}");
         return;
     }

@@ -1281,3 +1281,109 @@ fn concurrent_posters_keep_order_per_qp_with_background_delivery() {
         assert_eq!(got, want);
     }
 }
+
+#[test]
+fn qp_access_flags_and_stale_keys_are_enforced() {
+    // The responder QP accepts remote reads only.
+    let f = fabric(34);
+    let p = f.provider();
+    let a = half(&*p, "sim0");
+    let b = half(&*p, "sim1");
+    let (ea, eb) = (endpoint(&a, 1), endpoint(&b, 2));
+    let mut qa =
+        a.qp.connect(InitAttrs::new(1), RtrAttrs::new(eb, 1), RtsAttrs::new(1))
+            .unwrap();
+    let read_only = InitAttrs {
+        access: Access::REMOTE_READ,
+        ..InitAttrs::new(1)
+    };
+    let _qb =
+        b.qp.connect(read_only, RtrAttrs::new(ea, 1), RtsAttrs::new(2))
+            .unwrap();
+    let qpn = qa.qp_num();
+    b.mem.write_at(0, b"readable").unwrap();
+    let dst = [a.mr.sge(0, 8).unwrap()];
+    qa.post_send(&[SendWr::read(1, &dst, b.mr.remote(0).unwrap())])
+        .unwrap();
+    f.drive();
+    assert_eq!(poll_all(&a.cq), [ok(1, WcOpcode::RdmaRead, 8, qpn)]);
+    assert_eq!(a.mem.to_vec(0, 8).unwrap(), b"readable");
+    qa.post_send(&[SendWr::write(2, &dst, b.mr.remote(100).unwrap())])
+        .unwrap();
+    f.drive();
+    assert_eq!(poll_all(&a.cq), [err(2, WcStatus::RemoteAccess, qpn)]);
+    assert_eq!(b.mem.to_vec(100, 8).unwrap(), vec![0; 8]);
+
+    // A region registered for remote reads only refuses writes.
+    let f = fabric(35);
+    let (mut a, b) = pair(&f);
+    let qpn = a.qp.qp_num();
+    let mem = HostMemory::alloc(4096).unwrap();
+    let mr =
+        b.pd.register(
+            mem.clone(),
+            0..4096,
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+        )
+        .unwrap();
+    let src = [a.mr.sge(0, 8).unwrap()];
+    a.qp.post_send(&[
+        SendWr::read(1, &src, mr.remote(0).unwrap()),
+        SendWr::write(2, &src, mr.remote(0).unwrap()),
+    ])
+    .unwrap();
+    f.drive();
+    assert_eq!(
+        poll_all(&a.cq),
+        [
+            ok(1, WcOpcode::RdmaRead, 8, qpn),
+            err(2, WcStatus::RemoteAccess, qpn)
+        ]
+    );
+
+    // Keys of a closed region are stale: remote use is an access error,
+    // local use a protection error.
+    let f = fabric(36);
+    let (mut a, b) = pair(&f);
+    let qpn = a.qp.qp_num();
+    let mem = HostMemory::alloc(4096).unwrap();
+    let mr =
+        b.pd.register(mem.clone(), 0..4096, Access::remote_read_write())
+            .unwrap();
+    let stale = mr.remote(0).unwrap();
+    mr.close().unwrap();
+    let src = [a.mr.sge(0, 8).unwrap()];
+    a.qp.post_send(&[SendWr::write(1, &src, stale)]).unwrap();
+    f.drive();
+    assert_eq!(poll_all(&a.cq), [err(1, WcStatus::RemoteAccess, qpn)]);
+    assert_eq!(mem.to_vec(0, 8).unwrap(), vec![0; 8]);
+
+    let f = fabric(37);
+    let (mut a, b) = pair(&f);
+    let qpn = a.qp.qp_num();
+    let local =
+        a.pd.register(a.mem.clone(), 0..4096, Access::local_only())
+            .unwrap();
+    let stale = [local.sge(0, 8).unwrap()];
+    local.close().unwrap();
+    a.qp.post_send(&[SendWr::write(1, &stale, b.mr.remote(0).unwrap())])
+        .unwrap();
+    f.drive();
+    assert_eq!(poll_all(&a.cq), [err(1, WcStatus::LocalProtection, qpn)]);
+}
+
+#[test]
+fn huge_timeouts_do_not_overflow() {
+    let f = fabric(38);
+    let (mut a, b) = pair(&f);
+    let src = [a.mr.sge(0, 8).unwrap()];
+    a.qp.post_send(&[SendWr::write(1, &src, b.mr.remote(0).unwrap())])
+        .unwrap();
+    f.drive();
+    assert!(a.cq.wait(Duration::MAX).unwrap());
+    f.faults().port_down("sim0", 1).unwrap();
+    assert_eq!(
+        a.ctx.next_async_event(Duration::MAX).unwrap(),
+        Some(AsyncEvent::PortError { port: 1 })
+    );
+}

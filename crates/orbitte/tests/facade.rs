@@ -90,6 +90,9 @@ fn facade_reexports_memory_and_topology_types() {
     let _mask = orbitte::DeviceMask::ALL;
     let _cfg = orbitte::RdmaConfig::default();
     assert!(!orbitte::topology::ENV_VARS.is_empty());
-    let m = orbitte::memory::HostMemory::alloc(4096).unwrap();
+    // The memory crate is reachable as a module too.
+    let m = HostMemory::alloc(4096).unwrap();
     assert!(m.is_shareable());
+    let e: Result<(), orbitte::memory::MemoryError> = m.write_at(4096, &[1]);
+    assert!(e.is_err(), "bounds-checked");
 }

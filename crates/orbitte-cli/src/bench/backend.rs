@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use orbitte::transport::{Op, PathKind, RangeId, RegistrationId};
+use orbitte::verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric, SimTiming};
 use orbitte::{
     Access, EngineBuilder, HostMemory, InProcessLink, Outcome, PeerInfo, TransferEngine,
     TransferRequest,
@@ -237,6 +238,7 @@ impl Backend for CoreBackend<'_> {
 /// over an in-process control link: Host Direct READ/WRITE on this host's
 /// RDMA NIC (loopback through the NIC).
 pub(crate) struct RdmaBackend {
+    sim: bool,
     a: TransferEngine,
     b: TransferEngine,
     peer: PeerInfo,
@@ -247,14 +249,32 @@ pub(crate) struct RdmaBackend {
 
 impl RdmaBackend {
     pub(crate) fn start(args: &BenchArgs, len: u64) -> Result<Self, Failure> {
-        let build = |id: String| {
-            EngineBuilder::new(id)
-                .build()
+        let fabric = args.sim.then(|| {
+            SimFabric::new(
+                SimDescription::new(vec![
+                    SimDeviceDesc::roce("sim_initiator", [10, 0, 0, 1]),
+                    SimDeviceDesc::roce("sim_target", [10, 0, 0, 2]),
+                ])
+                .with_delivery(Delivery::Background)
+                .with_timing(SimTiming {
+                    base_latency: Duration::ZERO,
+                    bytes_per_sec: 0,
+                    jitter: Duration::ZERO,
+                }),
+                1,
+            )
+        });
+        let build = |id: String, device: &str| {
+            let mut b = EngineBuilder::new(id);
+            if let Some(f) = &fabric {
+                b = b.provider(f.provider_for(&[device]));
+            }
+            b.build()
                 .map_err(|e| Failure::failed(format!("cannot build an engine: {e}")))
         };
         let pid = std::process::id();
-        let a = build(format!("orbitte-bench-initiator-{pid}"))?;
-        let b = build(format!("orbitte-bench-target-{pid}"))?;
+        let a = build(format!("orbitte-bench-initiator-{pid}"), "sim_initiator")?;
+        let b = build(format!("orbitte-bench-target-{pid}"), "sim_target")?;
         let no_rdma = |e: orbitte::RegisterError| {
             let text = e.to_string();
             let first = text.lines().next().unwrap_or_default().to_owned();
@@ -297,6 +317,7 @@ impl RdmaBackend {
             }
         })?;
         Ok(Self {
+            sim: args.sim,
             a,
             b,
             peer,
@@ -323,10 +344,17 @@ impl Backend for RdmaBackend {
     }
 
     fn path_note(&self) -> String {
-        format!(
-            "asked for with --path; {} rail(s) on this host's NIC(s)",
-            self.peer.rails.len()
-        )
+        if self.sim {
+            format!(
+                "asked for with --path; {} rail(s) on the simulated fabric (--sim: zero latency, unlimited bandwidth: the engine's own overhead, not a NIC)",
+                self.peer.rails.len()
+            )
+        } else {
+            format!(
+                "asked for with --path; {} rail(s) on this host's NIC(s)",
+                self.peer.rails.len()
+            )
+        }
     }
 
     fn peer(&self) -> String {

@@ -157,7 +157,9 @@ fn thread_loop(
     let win = usize::try_from(window).map_err(|_| Failure::usage("window too large"))?;
     let mut buf = vec![0u8; if args.check { win } else { 0 }];
     let mut seq = 0u64;
-    while !shared.stop.load(Ordering::Acquire) && start.elapsed() < duration {
+    // At least one batch per thread, however loaded the machine: a point
+    // without a sample says nothing.
+    while !shared.stop.load(Ordering::Acquire) && (seq == 0 || start.elapsed() < duration) {
         seq += 1;
         if args.check && op == Op::Write {
             for (i, b) in buf.iter_mut().enumerate() {

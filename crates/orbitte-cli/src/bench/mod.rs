@@ -91,6 +91,11 @@ fn parse_addr(s: &str, flag: &str) -> Result<SocketAddr, Failure> {
 
 pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
     let want = args.path.map(path_kind).transpose()?;
+    if args.sim && want != Some(PathKind::Rdma) {
+        return Err(Failure::usage(
+            "--sim runs the rdma path on the simulated fabric: add --path rdma",
+        ));
+    }
     let len = range_len(args);
     if len > 64 << 30 {
         return Err(Failure::usage(format!(

@@ -66,6 +66,8 @@ struct Harness {
     outcomes: Vec<Outcome>,
     work: Vec<WorkItem>,
     posts: usize,
+    /// The next post accepts only this many items, then fails.
+    fail_next_post: Option<usize>,
 }
 
 impl Harness {
@@ -87,6 +89,7 @@ impl Harness {
             outcomes: Vec::new(),
             work: Vec::new(),
             posts: 0,
+            fail_next_post: None,
         };
         (h, ids)
     }
@@ -104,8 +107,14 @@ impl Harness {
             // Every run ends signaled (selective signaling rule).
             assert!(self.work[end - 1].signaled);
             self.posts += 1;
-            for w in &self.work[start..end] {
+            let accepted = self.fail_next_post.take().map_or(end - start, |k| k.min(end - start));
+            for w in &self.work[start..start + accepted] {
                 self.queues[rail.0 as usize].push_back((*w, false));
+            }
+            if accepted < end - start {
+                let err = PostError { rail, posted: accepted, reason: "injected post failure".into() };
+                let run = self.work[start..end].to_vec();
+                self.core.handle_post_error(self.now, &err, &run);
             }
             start = end;
         }
@@ -658,6 +667,7 @@ fn fuzz_one(seed: u64) {
                 let r = rng.below(nrails as u64) as usize;
                 h.step(r, Fate::Hang);
             }
+            5 => h.fail_next_post = Some(rng.below(3) as usize),
             _ => {
                 let r = rng.below(nrails as u64) as usize;
                 let hung = h.queues[r].front().is_some_and(|q| q.1);

@@ -24,8 +24,10 @@
 //! connections per source and `max_sessions` in all. Every close is logged
 //! with its reason (`tracing` warn) and kept in [`ClosedSession`] records.
 
+mod engine_net;
 pub(crate) mod handshake;
 pub(crate) mod io;
+mod link;
 pub(crate) mod listener;
 pub mod path;
 pub(crate) mod publications;
@@ -38,6 +40,7 @@ use orbitte_wire::auth::{AuthError, ClusterSecret};
 use orbitte_wire::{AdmitError, Capabilities, DecodeError, Epoch, ErrorCode, HostId, SourceId};
 
 pub use handshake::Handshake;
+pub use link::TcpControlLink;
 pub use listener::{ClosedSession, Listener, ListenerStats};
 pub use publications::{PublicationTable, Published, RangeLookup};
 

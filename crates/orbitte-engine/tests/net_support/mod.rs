@@ -593,3 +593,14 @@ pub fn run_child_target() {
         }
     }
 }
+
+/// Polls `f` until it holds, at most ten seconds (then panics naming `what`).
+pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..400 {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("not within the bound: {what}");
+}

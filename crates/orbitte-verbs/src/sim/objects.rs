@@ -22,6 +22,10 @@ use crate::wr::{Completion, RecvWr, SendWr};
 
 const EINVAL: i32 = libc::EINVAL;
 
+/// Longest single wait (a year): `Duration::MAX` means "forever" to callers
+/// and must not overflow `Instant`.
+const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+
 fn destroy_fault(
     shared: &Shared,
     device: usize,
@@ -167,7 +171,7 @@ impl ContextOps for SimContext {
     }
 
     fn next_async_event(&self, timeout: Duration) -> Result<Option<AsyncEvent>, AsyncEventError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + timeout.min(MAX_WAIT);
         let mut st = self.shared.lock();
         loop {
             if let Some(ev) = st.contexts.get_mut(&self.id).and_then(|c| c.1.pop_front()) {
@@ -405,7 +409,7 @@ impl CqOps for SimCq {
     }
 
     fn wait(&self, timeout: Duration) -> Result<bool, WaitError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + timeout.min(MAX_WAIT);
         let mut st = self.shared.lock();
         loop {
             match st.cqs.get(&self.id) {

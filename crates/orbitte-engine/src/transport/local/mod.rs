@@ -67,13 +67,30 @@ impl LocalServer {
         let thread = std::thread::Builder::new()
             .name("orbitte-local-accept".into())
             .spawn(move || {
+                let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
                 while !st.load(Ordering::Acquire) && !shared.stop.load(Ordering::Acquire) {
                     match listener.accept() {
                         Ok((s, _)) => {
-                            let sh = shared.clone();
-                            let _ = std::thread::Builder::new()
+                            // Same bound as tcp sessions: a local flood of
+                            // connections cannot make unbounded threads.
+                            if live.load(Ordering::Acquire) >= shared.cfg.max_sessions {
+                                tracing::warn!(
+                                    max = shared.cfg.max_sessions,
+                                    "local session refused: too many open"
+                                );
+                                continue;
+                            }
+                            live.fetch_add(1, Ordering::AcqRel);
+                            let (sh, lv) = (shared.clone(), live.clone());
+                            let spawned = std::thread::Builder::new()
                                 .name("orbitte-local-session".into())
-                                .spawn(move || serve_local(s, &sh));
+                                .spawn(move || {
+                                    serve_local(s, &sh);
+                                    lv.fetch_sub(1, Ordering::AcqRel);
+                                });
+                            if spawned.is_err() {
+                                live.fetch_sub(1, Ordering::AcqRel);
+                            }
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                             std::thread::sleep(Duration::from_millis(20));
@@ -392,6 +409,9 @@ impl LocalTransport {
     }
 }
 
+/// Most ranges one local session may hand out (each holds an fd here).
+const MAX_LOCAL_RANGES: usize = 4096;
+
 /// Reads publication frames (each with its fd) until the server's goodbye.
 fn receive_ranges(
     s: &mut UnixStream,
@@ -428,6 +448,11 @@ fn receive_ranges(
                 let Some(desc) = p.ranges.into_iter().next() else {
                     continue;
                 };
+                if out.len() >= MAX_LOCAL_RANGES {
+                    return Err(SessionError::Limit(format!(
+                        "local server handed out more than {MAX_LOCAL_RANGES} ranges"
+                    )));
+                }
                 out.push((desc, fd));
             }
             Frame::Goodbye(_) => return Ok(out),
