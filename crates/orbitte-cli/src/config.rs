@@ -57,6 +57,8 @@ pub(crate) struct EngineConfig {
     pub(crate) epoch: Option<u64>,
     pub(crate) last_epoch: Option<u64>,
     pub(crate) listen: SocketAddr,
+    /// Where rdma peers open their control link (with an `[rdma]` table).
+    pub(crate) control_listen: Option<SocketAddr>,
     pub(crate) cluster_secret_file: Option<String>,
     pub(crate) slice_size: u64,
     pub(crate) request_timeout_ms: u64,
@@ -92,6 +94,7 @@ const ENGINE_KEYS: &[&str] = &[
     "epoch",
     "last_epoch",
     "listen",
+    "control_listen",
     "cluster_secret_file",
     "slice_size",
     "request_timeout_ms",
@@ -238,6 +241,11 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<ServeConfig, ConfigError
         ),
         None => (ConfigOverrides::default(), false),
     };
+    if engine.control_listen.is_some() && !rdma_table {
+        return Err(ConfigError(format!(
+            "config file {origin}: key engine.control_listen is set without an [rdma] table: add [rdma] (rdma peers need Host Direct registrations) or remove the key"
+        )));
+    }
     Ok(ServeConfig {
         engine,
         budgets,
@@ -285,6 +293,23 @@ fn parse_engine(cx: &Ctx<'_>, t: Option<&toml::Table>) -> Result<EngineConfig, C
                 .map_err(|_| cx.err("engine.listen", "an address like \"0.0.0.0:7400\"", v))?
         }
         None => SocketAddr::from(([0, 0, 0, 0], 7400)),
+    };
+    let control_listen = match t.get("control_listen") {
+        Some(v) => {
+            let s = cx.string(
+                "engine.control_listen",
+                v,
+                "an address like \"0.0.0.0:7401\"",
+            )?;
+            Some(s.parse::<SocketAddr>().map_err(|_| {
+                cx.err(
+                    "engine.control_listen",
+                    "an address like \"0.0.0.0:7401\"",
+                    v,
+                )
+            })?)
+        }
+        None => None,
     };
     let opt_u64 = |key: &str, min: u64, max: u64| -> Result<Option<u64>, ConfigError> {
         t.get(key)
@@ -344,6 +369,7 @@ fn parse_engine(cx: &Ctx<'_>, t: Option<&toml::Table>) -> Result<EngineConfig, C
         epoch: opt_u64("epoch", 1, max_i64)?,
         last_epoch: opt_u64("last_epoch", 1, max_i64)?,
         listen,
+        control_listen,
         cluster_secret_file,
         slice_size,
         request_timeout_ms: opt_u64("request_timeout_ms", 1, 86_400_000)?.unwrap_or(10_000),

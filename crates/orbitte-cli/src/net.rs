@@ -25,7 +25,7 @@ use orbitte::session::{
 use orbitte::transport::local::LocalTransport;
 use orbitte::transport::tcp::TcpTransport;
 use orbitte::transport::{
-    EventSink, Op, PathKind, PeerId, PostContext, PostError, RailId, RailSpec, RangeId,
+    EventSink, MarkerFate, Op, PathKind, PeerId, PostContext, PostError, RailId, RailSpec, RangeId,
     RegistrationId, Transport, TransportEvent, WorkItem,
 };
 use orbitte::wire::{AccessFlags, Epoch, PeerTable, RangeDescriptor, SourceId};
@@ -149,12 +149,22 @@ impl Driver {
             }
             g.core.handle_timeout(now);
         }
-        while let Some(rail) = g.core.poll_flush(now) {
+        // A rail to flush comes with a marker; report its fate back the
+        // way the engine's driver does.
+        while let Some((rail, marker)) = g.core.poll_flush(now) {
             let path = g.core.rail_spec(rail).map(|s| s.path);
-            if let Some(t) = path.and_then(|p| g.transports.get_mut(&p))
-                && let Err(e) = t.flush(rail)
-            {
-                tracing::warn!(error = %e, "flushing a rail failed");
+            let res = match path.and_then(|p| g.transports.get_mut(&p)) {
+                Some(t) => t.flush_marked(rail, marker),
+                None => Ok(MarkerFate::Dropped),
+            };
+            match res {
+                Ok(MarkerFate::Posted) => {}
+                Ok(MarkerFate::Dropped) => g.core.marker_dropped(rail, marker),
+                Ok(MarkerFate::Released) => g.core.release_rail(now, rail),
+                Err(e) => {
+                    tracing::warn!(error = %e, "flushing a rail failed; its slices stay undrained");
+                    g.core.marker_dropped(rail, marker);
+                }
             }
         }
         loop {
@@ -468,5 +478,48 @@ pub(crate) fn request(
         len,
         rails: peer.rails.clone(),
         keepalive: None,
+    }
+}
+
+/// Accepts rdma peers: every connection on `listener` (non-blocking) is a
+/// control link an initiator opens a peer over (`TransferEngine::open_peer`
+/// on its side). The links stay open while this runs; returns when `stop`
+/// is set.
+pub(crate) fn accept_rdma_peers(
+    listener: &std::net::TcpListener,
+    engine: &orbitte::TransferEngine,
+    stop: &std::sync::atomic::AtomicBool,
+) {
+    use std::sync::atomic::Ordering;
+    let mut links = Vec::new();
+    while !stop.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((stream, from)) => {
+                let accepted = stream.set_nonblocking(false).and_then(|()| {
+                    orbitte::session::TcpControlLink::new(stream, Duration::from_secs(5))
+                });
+                let mut link = match accepted {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::warn!(%from, error = %e, "control link setup failed");
+                        continue;
+                    }
+                };
+                match engine.accept_peer(&mut link) {
+                    Ok(p) => {
+                        tracing::info!(%from, peer = %p.source_id, rails = p.rails.len(), "rdma peer accepted");
+                        links.push(link);
+                    }
+                    Err(e) => tracing::warn!(%from, error = %e, "rdma peer refused"),
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting a control link failed");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
     }
 }

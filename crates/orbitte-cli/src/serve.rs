@@ -1,16 +1,20 @@
 //! `orbitte serve --config FILE`: a target engine that publishes the
 //! configured ranges and serves peers until it is stopped.
 //!
-//! The ranges are published over the tcp path (and the local path to
+//! The ranges are served over the tcp path (and the local path to
 //! same-host peers) through the engine's session listener. With an
-//! `[rdma]` table they are also registered for Host Direct on every usable
-//! NIC context (a registration failure is then an error, never a silent
-//! switch).
+//! `[rdma]` table they are Host Direct registrations of the engine, on
+//! every usable NIC context (a registration failure is then an error,
+//! never a silent switch), and the listener serves exactly those
+//! registrations; without it they go into a publication table of the
+//! tcp/local paths.
 
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use orbitte::session::{PublicationTable, RangeLookup};
+use orbitte::session::PublicationTable;
 use orbitte::topology::{ConfigOverrides, RdmaConfig, SysfsRoots, discover};
 use orbitte::wire::AccessFlags;
 use orbitte::wire::auth::ClusterSecret;
@@ -20,7 +24,7 @@ use serde::Serialize;
 use crate::Failure;
 use crate::cli::ServeArgs;
 use crate::config::{self, RangeAccess, ServeConfig};
-use crate::net::{listen, session_config};
+use crate::net::{accept_rdma_peers, listen};
 
 #[derive(Debug, Serialize)]
 struct Effective<'a> {
@@ -79,22 +83,30 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
         drop(engine);
         return Ok(());
     }
-    let mut scfg = session_config(&cfg.engine.source_id, Some(engine.epoch()))
+    let mut scfg = engine
+        .session_config()
         .map_err(|e| Failure::usage(format!("config file {origin}: key engine.source_id: {e}")))?;
     scfg.cluster_secret = secret;
     scfg.handshake_timeout = cfg.engine.handshake_timeout();
     // One publication: with an [rdma] table the ranges are Host Direct
     // registrations of the engine, and tcp/local peers reach exactly those
-    // (same range ids and tokens as in the engine's segment descriptors);
-    // without it, a publication table of the tcp/local paths.
+    // (`serve_tcp` serves the engine's registrations: same range ids and
+    // tokens as in its segment descriptors); without it, a publication
+    // table of the tcp/local paths.
     let table = PublicationTable::new();
-    let lookup: Arc<dyn RangeLookup> = if cfg.rdma_table {
-        engine.range_lookup()
+    let listened = if cfg.rdma_table {
+        engine
+            .serve_tcp(scfg, cfg.engine.listen)
+            .map_err(|e| e.to_string())
     } else {
-        table.clone()
+        listen(scfg, table.clone(), cfg.engine.listen)
     };
-    let listener = listen(scfg, lookup, cfg.engine.listen)
-        .map_err(|e| Failure::failed(format!("{e} (config file {origin}, key engine.listen)")))?;
+    let listener = listened.map_err(|e| {
+        Failure::failed(format!(
+            "cannot listen on {}: {e} (config file {origin}, key engine.listen)",
+            cfg.engine.listen
+        ))
+    })?;
     for r in &cfg.range {
         let mem = alloc_range(r.size, &r.name)?;
         if r.fill != 0 {
@@ -148,6 +160,17 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
             "no [[range]] in the config: peers can connect but find nothing to read or write"
         );
     }
+    let engine = Arc::new(engine);
+    let control = match (cfg.rdma_table, cfg.engine.control_listen) {
+        (true, Some(at)) => Some(control_listener(&engine, at, &origin)?),
+        (true, None) => {
+            tracing::warn!(
+                "[rdma] without engine.control_listen: rdma peers cannot open this engine; tcp/local peers can"
+            );
+            None
+        }
+        (false, _) => None,
+    };
     let addr = listener.local_addr();
     println!(
         "serving as {} (epoch {}) on {addr}; local path {}",
@@ -159,6 +182,9 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
             "not served"
         }
     );
+    if let Some(at) = control {
+        println!("rdma control link on {at}");
+    }
     tracing::info!(source = engine.source_id(), epoch = engine.epoch(), %addr, "serving");
     let mut last = listener.stats();
     loop {
@@ -176,6 +202,31 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
             last = s;
         }
     }
+}
+
+/// Accepts rdma peers on `at` in a thread for as long as serve runs.
+fn control_listener(
+    engine: &Arc<TransferEngine>,
+    at: SocketAddr,
+    origin: &str,
+) -> Result<SocketAddr, Failure> {
+    let bind = || -> std::io::Result<(TcpListener, SocketAddr)> {
+        let l = TcpListener::bind(at)?;
+        l.set_nonblocking(true)?;
+        let a = l.local_addr()?;
+        Ok((l, a))
+    };
+    let (listener, addr) = bind().map_err(|e| {
+        Failure::failed(format!(
+            "cannot listen on {at}: {e} (config file {origin}, key engine.control_listen)"
+        ))
+    })?;
+    let engine = engine.clone();
+    std::thread::Builder::new()
+        .name("orbitte-serve-control".into())
+        .spawn(move || accept_rdma_peers(&listener, &engine, &AtomicBool::new(false)))
+        .map_err(|e| Failure::failed(format!("cannot start the control thread: {e}")))?;
+    Ok(addr)
 }
 
 fn alloc_range(size: u64, name: &str) -> Result<Arc<HostMemory>, Failure> {

@@ -692,3 +692,87 @@ fn topology_initialize_reports_what_an_engine_initialized() {
         &["--initialize", "--sysfs-root"],
     );
 }
+
+#[test]
+fn serve_with_an_rdma_table_registers_for_host_direct_or_says_why_not() {
+    let f = config(
+        "[engine]\nsource_id = \"serve-rdma\"\nlisten = \"127.0.0.1:0\"\n\n[[range]]\nsize = \"1M\"\n\n[rdma]\n",
+    );
+    let path = f.path().to_str().unwrap();
+    if run(&["doctor", "--path", "rdma"]).code == 0 {
+        let (_serve, addr) = spawn_with_addr(&["serve", "--config", path], "serving as");
+        let v = bench_json(&[
+            "--role",
+            "initiator",
+            "--peer",
+            &addr,
+            "--path",
+            "tcp",
+            "--duration",
+            "0.3",
+            "--check",
+            "--block-size",
+            "16K",
+        ]);
+        assert_point_ok(&v["points"][0], true);
+    } else {
+        let r = run(&["serve", "--config", path]);
+        assert_eq!(r.code, 1, "{}", r.stderr);
+        let last = r.stderr.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("orbitte: range range-0: host direct registration failed: "),
+            "{last}"
+        );
+        assert!(last.contains("[rdma] table"), "{last}");
+        println!("skipped: no usable rdma device here; checked the one-line refusal instead");
+    }
+}
+
+#[test]
+fn bench_rdma_target_and_initiator_as_two_processes_when_rdma_works() {
+    if run(&["doctor", "--path", "rdma"]).code != 0 {
+        let r = run(&[
+            "bench",
+            "--role",
+            "target",
+            "--path",
+            "rdma",
+            "--listen",
+            "127.0.0.1:0",
+        ]);
+        assert_eq!(r.code, 1, "{}", r.stderr);
+        let last = r.stderr.lines().last().unwrap_or_default();
+        assert!(last.starts_with("orbitte: rdma path: "), "{last}");
+        println!(
+            "skipped: no usable rdma device here; checked the target's one-line refusal instead"
+        );
+        return;
+    }
+    let (_target, addr) = spawn_with_addr(
+        &[
+            "bench",
+            "--role",
+            "target",
+            "--path",
+            "rdma",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        "listening on",
+    );
+    let v = bench_json(&[
+        "--role",
+        "initiator",
+        "--peer",
+        &addr,
+        "--path",
+        "rdma",
+        "--duration",
+        "0.3",
+        "--check",
+        "--op",
+        "read",
+    ]);
+    assert_eq!(v["path"], "rdma");
+    assert_point_ok(&v["points"][0], true);
+}

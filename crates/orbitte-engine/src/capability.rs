@@ -87,6 +87,9 @@ pub struct PathRow {
     pub completion: Check,
     /// Nothing outstanding afterwards.
     pub drain: Check,
+    /// What a reader must not conclude from the row (e.g. "a CUDA compute
+    /// probe proves nothing about transport").
+    pub notes: Vec<String>,
 }
 
 impl PathRow {
@@ -98,6 +101,7 @@ impl PathRow {
             discovery: Check::NotImplemented,
             completion: Check::NotImplemented,
             drain: Check::NotImplemented,
+            notes: Vec::new(),
         }
     }
 
@@ -109,6 +113,7 @@ impl PathRow {
             discovery: Check::skipped(why),
             completion: Check::skipped(why),
             drain: Check::skipped(why),
+            notes: Vec::new(),
         }
     }
 }
@@ -161,6 +166,9 @@ impl fmt::Display for CapabilityMatrix {
             writeln!(f, "{:<15} discovery: {}", "", r.discovery)?;
             writeln!(f, "{:<15} completion: {}", "", r.completion)?;
             writeln!(f, "{:<15} drain: {}", "", r.drain)?;
+            for n in &r.notes {
+                writeln!(f, "{:<15} note: {n}", "")?;
+            }
         }
         Ok(())
     }
@@ -175,6 +183,7 @@ impl TransferEngine {
     pub fn capabilities(&self) -> CapabilityMatrix {
         let mut m = CapabilityMatrix::baseline();
         m.contribute(self.evaluate_rdma());
+        crate::staging::contribute_cuda_rows(&mut m); // staging: CUDA rows (no engine round trip)
         m
     }
 
@@ -190,6 +199,9 @@ impl TransferEngine {
             discovery: Check::skipped("not reached"),
             completion: Check::skipped("discovery failed"),
             drain: Check::skipped("completion failed"),
+            notes: vec![
+                "a listed device is not a working route; completion proves this NIC's loopback only, not reachability of a peer".into(),
+            ],
         };
         {
             let st = self.lock();

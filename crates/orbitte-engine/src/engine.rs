@@ -28,8 +28,8 @@ use crate::registration::{
     Access, Charges, Ledger, NicCopies, RegEntry, RegPin, RegState, Registration, fresh_token,
 };
 use crate::transport::{
-    EventSink, Op, PeerId, PostContext, RailId, RailSpec, RangeId, RegistrationId, Transport,
-    TransportEvent, WorkItem,
+    EventSink, MarkerFate, Op, PeerId, PostContext, RailId, RailSpec, RangeId, RegistrationId,
+    Transport, TransportEvent, WorkItem,
 };
 
 /// One READ or WRITE of a batch.
@@ -191,10 +191,8 @@ pub(crate) struct State {
     pub(crate) tables: Tables,
     pub(crate) next_reg: u64,
     pub(crate) next_peer: u32,
-    pub(crate) next_session: u64,
     pub(crate) next_connect: u64,
     pub(crate) ledger: Ledger,
-    pub(crate) peer_table: PeerTable,
     pub(crate) listed: Vec<verbs::DeviceInfo>,
     pub(crate) listing_error: Option<String>,
     pub(crate) init: Option<Initialized>,
@@ -257,14 +255,23 @@ impl State {
             start = end;
         }
         self.work = work;
-        while let Some(rail) = self.core.poll_flush(now) {
+        while let Some((rail, marker)) = self.core.poll_flush(now) {
             let res = match self.owner.get(rail.0 as usize) {
-                Some(Owner::Rdma) => self.rdma.flush(rail),
-                Some(Owner::Other(i)) => self.others.get_mut(*i).map_or(Ok(()), |t| t.flush(rail)),
-                None => Ok(()),
+                Some(Owner::Rdma) => self.rdma.flush_marked(rail, marker),
+                Some(Owner::Other(i)) => self
+                    .others
+                    .get_mut(*i)
+                    .map_or(Ok(MarkerFate::Dropped), |t| t.flush_marked(rail, marker)),
+                None => Ok(MarkerFate::Dropped),
             };
-            if let Err(e) = res {
-                tracing::warn!(error = %e, "flushing a rail failed; its slices stay undrained");
+            match res {
+                Ok(MarkerFate::Posted) => {}
+                Ok(MarkerFate::Dropped) => self.core.marker_dropped(rail, marker),
+                Ok(MarkerFate::Released) => self.core.release_rail(now, rail),
+                Err(e) => {
+                    tracing::error!(error = %e, "flushing a rail failed; its slices stay undrained");
+                    self.core.marker_dropped(rail, marker);
+                }
             }
         }
         if !self.reap.is_empty() {
@@ -292,31 +299,22 @@ impl State {
         self.pump(now);
     }
 
-    /// Closes a rail for good: no new work; an rdma rail's queue pair is
-    /// flushed now and destroyed once its work drained (or now, if idle).
+    /// Closes a rail for good: no new work; a busy rail is flushed (by the
+    /// next pump) and, for rdma, its queue pair destroyed once its work
+    /// drained; an idle one is destroyed now.
     pub(crate) fn retire_rail(&mut self, rail: RailId, now: Instant) {
         let busy = self.core.close_rail(rail, now);
         match self.owner.get(rail.0 as usize) {
-            Some(Owner::Rdma) if busy => {
-                if let Err(e) = self.rdma.flush(rail) {
-                    tracing::warn!(error = %e, "flushing a closed rail failed");
-                }
-                self.reap.push(rail);
-            }
+            Some(Owner::Rdma) if busy => self.reap.push(rail),
             Some(Owner::Rdma) => self.destroy_rdma_rail(rail),
-            Some(Owner::Other(t)) => {
-                if let Some(tr) = self.others.get_mut(*t) {
-                    let res = if busy {
-                        tr.flush(rail)
-                    } else {
-                        tr.close_rail(rail)
-                    };
-                    if let Err(e) = res {
-                        tracing::warn!(error = %e, "closing a rail failed");
-                    }
+            Some(Owner::Other(t)) if !busy => {
+                if let Some(tr) = self.others.get_mut(*t)
+                    && let Err(e) = tr.close_rail(rail)
+                {
+                    tracing::warn!(error = %e, "closing a rail failed");
                 }
             }
-            None => {}
+            _ => {}
         }
     }
 
@@ -370,6 +368,10 @@ pub(crate) struct Settings {
 
 pub(crate) struct Shared {
     pub(crate) state: Mutex<State>,
+    /// The wire's epoch rules, shared with the net sessions. Lock order:
+    /// `state` before `peer_table`, never the other way round.
+    pub(crate) peer_table: Arc<Mutex<PeerTable>>,
+    pub(crate) next_session: std::sync::atomic::AtomicU64,
     pub(crate) cond: Condvar,
     pub(crate) stop: AtomicBool,
     pub(crate) source_id: SourceId,
@@ -381,6 +383,10 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn peer_table(&self) -> MutexGuard<'_, PeerTable> {
+        self.peer_table.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -440,13 +446,11 @@ impl EngineBuilder {
             tables: Tables::default(),
             next_reg: 1,
             next_peer: 1,
-            next_session: 1,
             next_connect: 1,
             ledger: Ledger {
                 budgets: self.budgets,
                 in_use: Charges::default(),
             },
-            peer_table: PeerTable::new(source_id.clone()),
             listed,
             listing_error,
             init: None,
@@ -459,6 +463,8 @@ impl EngineBuilder {
             rotor: 0,
         };
         let shared = Arc::new(Shared {
+            peer_table: Arc::new(Mutex::new(PeerTable::new(source_id.clone()))),
+            next_session: std::sync::atomic::AtomicU64::new(1),
             state: Mutex::new(state),
             cond: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -614,6 +620,19 @@ impl TransferEngine {
         self.shared.epoch.value()
     }
 
+    /// The engine's peer table (the wire's epoch and version rules), for
+    /// control sessions outside the engine (the tcp session) to admit
+    /// hellos into. Lock it briefly; never call into the engine while
+    /// holding it.
+    pub fn peer_table(&self) -> Arc<Mutex<PeerTable>> {
+        self.shared.peer_table.clone()
+    }
+
+    /// A fresh session id for the peer table, unique in this engine.
+    pub fn new_session_id(&self) -> wire::SessionId {
+        wire::SessionId(self.shared.next_session.fetch_add(1, Ordering::Relaxed))
+    }
+
     /// The listen address given to the builder (used by the tcp session).
     pub fn listen_addr(&self) -> Option<std::net::SocketAddr> {
         self.shared.settings.listen
@@ -703,6 +722,7 @@ impl TransferEngine {
                     .map(|n| ContextStatus {
                         nic: n.id.0,
                         device: n.identity.name.clone(),
+                        driver: n.driver.clone(),
                         port: n.port,
                         gid_index: n.gid_index,
                         port_active: n.port_active(),
@@ -928,6 +948,54 @@ impl TransferEngine {
             len: len as u64,
             access,
             copies: n,
+        })
+    }
+
+    /// Registers a range for the tcp and local paths only: no MR is made on
+    /// any NIC (nothing is charged) and the rdma path is never offered for
+    /// it. An explicit choice for hosts without RDMA, never a fallback:
+    /// [`register_host`](Self::register_host) does not switch to it.
+    pub fn register_host_without_rdma(
+        &self,
+        memory: Arc<HostMemory>,
+        access: Access,
+    ) -> Result<Registration, RegisterError> {
+        if let Access::Remote {
+            read: false,
+            write: false,
+        } = access
+        {
+            return Err(RegisterError::InvalidAccess);
+        }
+        let mut st = self.lock();
+        if let Some(reason) = st.core.fenced().cloned() {
+            return Err(RegisterError::Fenced { reason });
+        }
+        let id = st.next_reg;
+        st.next_reg += 1;
+        let len = memory.len() as u64;
+        st.tables.regs.insert(
+            id,
+            RegEntry {
+                pin: Arc::new(RegPin {
+                    memory: memory.clone(),
+                }),
+                memory,
+                access,
+                state: RegState::Published,
+                copies: Vec::new(),
+                by_nic: Vec::new(),
+                charge: Charges::default(),
+                token: fresh_token(),
+                nic_order: Vec::new(),
+            },
+        );
+        tracing::debug!(id, len, "registration published for tcp/local only");
+        Ok(Registration {
+            id: RegistrationId(id),
+            len,
+            access,
+            copies: 0,
         })
     }
 
@@ -1347,28 +1415,10 @@ impl TransferEngine {
         {
             let mut st = self.lock();
             st.fence("engine shutting down");
-            let rails = st.rdma.live_rails();
             let now = Instant::now();
-            for rail in rails {
-                if st.core.close_rail(rail, now) {
-                    let _ = st.rdma.flush(rail);
-                }
-            }
-            let others: Vec<(RailId, usize)> = st
-                .owner
-                .iter()
-                .enumerate()
-                .filter_map(|(i, o)| match o {
-                    Owner::Other(t) => Some((RailId(i as u32), *t)),
-                    Owner::Rdma => None,
-                })
-                .collect();
-            for (rail, t) in others {
-                if st.core.close_rail(rail, now)
-                    && let Some(tr) = st.others.get_mut(t)
-                {
-                    let _ = tr.flush(rail);
-                }
+            // Close every rail: busy ones are flushed by the pump.
+            for rail in (0..st.owner.len() as u32).map(RailId) {
+                st.core.close_rail(rail, now);
             }
             st.pump(now);
         }

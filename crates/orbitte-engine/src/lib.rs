@@ -15,6 +15,51 @@
 //!   in the net modules).
 //! - the driver ([`TransferEngine`]): one poller thread per NIC context, a
 //!   timer thread, and the caller's thread posting.
+//! - [`control`]: the control-link seam for peer setup (in-process here,
+//!   tcp in the session module); [`capability`]: the capability matrix as
+//!   data, rdma evaluated for real.
+//!
+//! # Example: two engines on the simulated fabric
+//! ```
+//! use std::time::Duration;
+//! use orbitte_engine::{Access, EngineBuilder, InProcessLink, RangeId, TransferRequest};
+//! use orbitte_memory::HostMemory;
+//! use orbitte_verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric};
+//!
+//! let fabric = SimFabric::new(
+//!     SimDescription::new(vec![
+//!         SimDeviceDesc::roce("a0", [10, 0, 0, 1]),
+//!         SimDeviceDesc::roce("b0", [10, 0, 0, 2]),
+//!     ])
+//!     .with_delivery(Delivery::Background),
+//!     7,
+//! );
+//! let a = EngineBuilder::new("prefill").provider(fabric.provider_for(&["a0"])).build()?;
+//! let b = EngineBuilder::new("decode").provider(fabric.provider_for(&["b0"])).build()?;
+//!
+//! let src = HostMemory::alloc(1 << 20)?;
+//! src.fill(0, 1 << 20, 0xab)?;
+//! let dst = HostMemory::alloc(1 << 20)?;
+//! let local = a.register_host(src, Access::LocalOnly)?;
+//! let remote = b.register_host(dst.clone(), Access::REMOTE_READ_WRITE)?;
+//!
+//! // Open the peer over a control link (in-process here; tcp in production).
+//! let (mut la, mut lb) = InProcessLink::pair();
+//! let peer = std::thread::scope(|s| {
+//!     let accept = s.spawn(|| b.accept_peer(&mut lb));
+//!     let peer = a.open_peer(&mut la);
+//!     accept.join().unwrap().map(|_| ())?;
+//!     peer
+//! })?;
+//!
+//! let req = TransferRequest::write(local.id, 0, peer.id, RangeId(remote.id.0), 0, 1 << 20);
+//! let ids = a.submit(&[req])?;
+//! let outcome = a.wait(ids[0], Duration::from_secs(5))?;
+//! assert!(outcome.is_complete());
+//! a.wait_drain(ids[0], Duration::from_secs(5))?; // the buffer is ours again
+//! assert_eq!(dst.to_vec(0, 4)?, [0xab; 4]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! # Buffer ownership
 //! Registered memory is an `Arc<HostMemory>`; the engine's table, every MR
@@ -30,8 +75,8 @@ mod config;
 pub mod control;
 pub mod core;
 mod engine;
-mod lookup;
 pub mod error;
+mod lookup;
 mod nic;
 pub mod outcome;
 mod peer;
@@ -41,6 +86,8 @@ pub mod transport;
 // net (issue 7, helper "net"): sessions and metadata; tcp/local under transport/.
 pub mod metadata;
 pub mod session;
+// cuda-staging path (issue 8, helper "staging"): GPU memory through pinned bounce buffers.
+pub mod staging;
 
 pub use capability::{CapabilityMatrix, Check, PathRow};
 pub use config::EngineBuilder;
@@ -57,4 +104,4 @@ pub use outcome::{
 pub use registration::{Access, Budgets, Charges, Registration};
 pub use transport::{Op, PathKind, PeerId, RailId, RangeId, RegistrationId};
 
-pub use orbitte_topology::{DeviceMask, RdmaConfig};
+pub use orbitte_topology::{DeviceMask, MemoryLocation, RdmaConfig};

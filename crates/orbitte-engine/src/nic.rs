@@ -22,6 +22,7 @@ use orbitte_verbs::{CompletionQueue, Context, DeviceIdentity, ProtectionDomain, 
 pub(crate) struct NicCtx {
     pub(crate) id: NicId,
     pub(crate) identity: DeviceIdentity,
+    pub(crate) driver: Option<String>,
     pub(crate) context: Context,
     pub(crate) pd: ProtectionDomain,
     pub(crate) cq: CompletionQueue,
@@ -71,6 +72,9 @@ pub struct ContextStatus {
     pub nic: u32,
     /// Device name.
     pub device: String,
+    /// Kernel driver / provider the device list reported (`mlx5_core`,
+    /// `rxe`, `sim`), if known.
+    pub driver: Option<String>,
     /// Selected port.
     pub port: u8,
     /// Selected GID index.
@@ -249,6 +253,7 @@ pub(crate) fn initialize(
                 Ok((pd, cq)) => nics.push(NicCtx {
                     id: rail.nic,
                     identity: ctx.identity().clone(),
+                    driver: diag.info.driver.clone(),
                     context: ctx,
                     pd,
                     cq,

@@ -182,12 +182,10 @@ impl TransferEngine {
         let hello = init.handle_challenge(challenge)?;
         link.send(&hello)?;
         let ack = self.recv(link)?;
-        let (session, established) = {
-            let mut st = self.lock();
-            let session = wire::SessionId(st.next_session);
-            st.next_session += 1;
-            let est = init.handle_hello_ack(ack, &mut st.peer_table, session, from)?;
-            (session, est)
+        let session = self.new_session_id();
+        let established = {
+            let mut table = self.shared.peer_table();
+            init.handle_hello_ack(ack, &mut table, session, from)?
         };
         let publication = self.segment_publication();
         link.send(&Frame::SegmentPublication(publication))?;
@@ -296,11 +294,10 @@ impl TransferEngine {
         let mut resp = Responder::new(self.identity(), None, nonce());
         link.send(&resp.challenge())?;
         let hello = self.recv(link)?;
+        let session = self.new_session_id();
         let handled = {
-            let mut st = self.lock();
-            let session = wire::SessionId(st.next_session);
-            st.next_session += 1;
-            resp.handle_hello(hello, &mut st.peer_table, session, from)
+            let mut table = self.shared.peer_table();
+            resp.handle_hello(hello, &mut table, session, from)
                 .map(|(ack, est)| (session, ack, est))
         };
         let (session, ack, established) = match handled {
@@ -386,7 +383,8 @@ impl TransferEngine {
             .sessions
             .last()
             .ok_or_else(|| OpenPeerError::Rejected("peer has no session".into()))?;
-        st.peer_table
+        self.shared
+            .peer_table()
             .record_publication(session, publication)
             .map_err(|e| OpenPeerError::Rejected(e.to_string()))?;
         for r in &publication.ranges {
@@ -413,7 +411,8 @@ impl TransferEngine {
             .sessions
             .last()
             .ok_or_else(|| OpenPeerError::Rejected("peer has no session".into()))?;
-        st.peer_table
+        self.shared
+            .peer_table()
             .record_retire(session, retire)
             .map_err(|e| OpenPeerError::Rejected(e.to_string()))?;
         for id in &retire.range_ids {
@@ -456,6 +455,25 @@ impl TransferEngine {
         v
     }
 
+    /// Records a peer whose session was established outside the engine
+    /// (the tcp session admitted its hello into
+    /// [`peer_table`](Self::peer_table) under `session`) with the
+    /// publication it sent.
+    /// Needs no NIC context: the peer has no rdma rails until
+    /// [`open_peer`](Self::open_peer) makes some; attach tcp/local rails
+    /// with [`add_rail`](Self::add_rail). Epoch rules as for `open_peer`: a
+    /// replacement invalidates the old incarnation's rails and descriptors.
+    pub fn adopt_peer(
+        &self,
+        session: wire::SessionId,
+        established: &Established,
+        publication: &wire::SegmentPublication,
+    ) -> Result<PeerInfo, OpenPeerError> {
+        self.fenced_peer()?;
+        let id = self.adopt(session, established, publication)?;
+        Ok(peer_info(&self.lock(), id))
+    }
+
     /// Records the peer (new, reconnect or replacement) and its ranges.
     fn adopt(
         &self,
@@ -464,7 +482,8 @@ impl TransferEngine {
         publication: &wire::SegmentPublication,
     ) -> Result<PeerId, OpenPeerError> {
         let mut st = self.lock();
-        st.peer_table
+        self.shared
+            .peer_table()
             .record_publication(session, publication)
             .map_err(|e| OpenPeerError::Rejected(e.to_string()))?;
         let source = est.peer.source_id.clone();
@@ -533,7 +552,7 @@ impl TransferEngine {
     }
 
     fn abandon(&self, session: wire::SessionId, e: OpenPeerError) -> OpenPeerError {
-        self.lock().peer_table.session_closed(session);
+        self.shared.peer_table().session_closed(session);
         e
     }
 
@@ -545,7 +564,10 @@ impl TransferEngine {
         connect_id: wire::ConnectId,
         made: Vec<(u32, u16, verbs::QueuePair<verbs::qp_state::Rts>, String)>,
     ) {
-        let _ = st.peer_table.record_rc_connection(session, connect_id);
+        let _ = self
+            .shared
+            .peer_table()
+            .record_rc_connection(session, connect_id);
         let now = Instant::now();
         // A reconnect replaces the rails of the same incarnation.
         let old: Vec<_> = st

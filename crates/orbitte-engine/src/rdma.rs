@@ -14,8 +14,8 @@ use orbitte_verbs::qp_state::{Errored, Rts};
 use orbitte_verbs::{self as verbs, QueuePair, RemoteAddr, SendOp, SendWr, Sge, WcStatus};
 
 use crate::transport::{
-    CleanupError, Op, PathKind, PeerId, PostContext, PostError, RailId, RangeId, RegistrationId,
-    SliceFailure, SliceStatus, SliceToken, Transport, TransportEvent, WorkItem,
+    CleanupError, MarkerFate, Op, PathKind, PeerId, PostContext, PostError, RailId, RangeId,
+    RegistrationId, SliceFailure, SliceStatus, SliceToken, Transport, TransportEvent, WorkItem,
 };
 
 /// A rail's queue pair in whatever state it is.
@@ -304,6 +304,45 @@ impl Transport for RdmaTransport {
                 r.qp = other;
                 Ok(())
             }
+        }
+    }
+
+    fn flush_marked(
+        &mut self,
+        rail: RailId,
+        marker: SliceToken,
+    ) -> Result<MarkerFate, CleanupError> {
+        let Some(r) = self.rails.get_mut(rail.0 as usize).and_then(Option::as_mut) else {
+            return Ok(MarkerFate::Released);
+        };
+        // The marker: a signaled zero-length WRITE. Posted before the
+        // transition, it completes (or flushes) after every earlier work
+        // request of the queue pair.
+        let posted = match &mut r.qp {
+            RailQp::Rts(qp) => {
+                let wr = SendWr {
+                    wr_id: marker.0,
+                    op: SendOp::Write {
+                        remote: RemoteAddr { addr: 0, rkey: 0 },
+                        imm: None,
+                    },
+                    sges: &[],
+                    signaled: true,
+                };
+                qp.post_send(&[wr]).is_ok()
+            }
+            _ => false,
+        };
+        if posted {
+            self.flush(rail)?;
+            return Ok(MarkerFate::Posted);
+        }
+        // No marker possible: destroy the queue pair, after which the NIC
+        // touches none of its buffers; everything outstanding is released.
+        let device = r.device.clone();
+        match self.destroy(rail) {
+            Ok(()) => Ok(MarkerFate::Released),
+            Err(e) => Err(flush_failure(&device, rail, e)),
         }
     }
 

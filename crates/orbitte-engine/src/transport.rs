@@ -303,9 +303,36 @@ pub trait Transport: Send + fmt::Debug {
     /// shutdown so that drain can finish. Idempotent.
     fn flush(&mut self, rail: RailId) -> Result<(), CleanupError>;
 
+    /// Flushes the rail with a marker (see
+    /// [`Core::poll_flush`](crate::core::Core::poll_flush)): a transport
+    /// with selective signaling posts `marker` as a signaled item before it
+    /// moves the rail to the error state, and reports it like any item.
+    /// The default (transports that report every item) calls
+    /// [`flush`](Self::flush) and drops the marker.
+    fn flush_marked(
+        &mut self,
+        rail: RailId,
+        marker: SliceToken,
+    ) -> Result<MarkerFate, CleanupError> {
+        let _ = marker;
+        self.flush(rail).map(|()| MarkerFate::Dropped)
+    }
+
     /// Releases the rail's resources. An error means they are still held
     /// (the engine then reports `Unquiesced`).
     fn close_rail(&mut self, rail: RailId) -> Result<(), CleanupError>;
+}
+
+/// What became of a flush marker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkerFate {
+    /// Posted: its completion will be reported.
+    Posted,
+    /// Not posted: the transport reports every item itself.
+    Dropped,
+    /// Not posted, and the transport released everything outstanding on
+    /// the rail (rdma: the queue pair was destroyed).
+    Released,
 }
 
 /// A partial or failed post.

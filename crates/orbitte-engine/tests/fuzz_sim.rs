@@ -157,6 +157,10 @@ fn one(seed: u64) -> Vec<orbitte_engine::Status> {
                 a.cancel(ids[rng.below(ids.len() as u64) as usize]);
             }
             3 => std::thread::sleep(Duration::from_millis(1)),
+            4 => {
+                let dev = format!("a{}", rng.below(nics as u64));
+                faults.port_up(&dev, 1).unwrap();
+            }
             _ => {
                 fabric.step();
             }

@@ -372,3 +372,102 @@ fn reopening_a_peer_at_the_same_epoch_replaces_rails_that_went_down() {
     assert!(a.wait(id, Duration::from_secs(5)).unwrap().is_complete());
     assert_eq!(dst.to_vec(0, 4096).unwrap(), pattern(4096, 1));
 }
+
+/// Plays a peer's hello against `table` (what net's tcp session does).
+fn admit(
+    a: &TransferEngine,
+    epoch: u64,
+) -> Result<(wire::SessionId, wire::handshake::Established), wire::handshake::HandshakeError> {
+    use wire::handshake::{Initiator, Responder};
+    let local = wire::Identity::new(
+        wire::SourceId::new(a.source_id()).unwrap(),
+        wire::Epoch::new(a.epoch()).unwrap(),
+        wire::Capabilities::TCP,
+    );
+    let remote = wire::Identity::new(
+        wire::SourceId::new("remote").unwrap(),
+        wire::Epoch::new(epoch).unwrap(),
+        wire::Capabilities::TCP,
+    );
+    let mut resp = Responder::new(local, None, wire::Nonce([3; 32]));
+    let mut init = Initiator::new(remote, None, wire::Nonce([4; 32]));
+    let hello = init.handle_challenge(resp.challenge())?;
+    let session = a.new_session_id();
+    let table = a.peer_table();
+    let mut table = table.lock().unwrap();
+    let (_ack, est) = resp.handle_hello(hello, &mut table, session, None)?;
+    Ok((session, est))
+}
+
+fn publication(epoch: u64, range: u64) -> wire::SegmentPublication {
+    wire::SegmentPublication {
+        epoch: wire::Epoch::new(epoch).unwrap(),
+        ranges: vec![wire::RangeDescriptor {
+            range_id: wire::RangeId(range),
+            address: 0x1000,
+            length: 4096,
+            access: wire::AccessFlags::REMOTE_READ | wire::AccessFlags::REMOTE_WRITE,
+            token: wire::AccessToken(9),
+            rkeys: vec![],
+            local: None,
+        }],
+    }
+}
+
+#[test]
+fn a_peer_adopted_from_an_outside_session_needs_no_nic_and_follows_the_epoch_rules() {
+    use orbitte_verbs::sim::SimDescription;
+    let fabric = SimFabric::new(SimDescription::new(vec![]), 56);
+    let a = orbitte_engine::EngineBuilder::new("a")
+        .provider(fabric.provider())
+        .build()
+        .unwrap();
+    // No RDMA here: Host Direct registration fails, the explicit tcp/local
+    // registration works and is published without rkeys.
+    assert!(a.register_host(region(4096, 1), Access::LocalOnly).is_err());
+    let r = a
+        .register_host_without_rdma(region(4096, 1), Access::REMOTE_READ_WRITE)
+        .unwrap();
+    assert_eq!(r.copies, 0);
+    assert_eq!(a.charges(), orbitte_engine::Charges::default());
+    let p = a.segment_publication();
+    assert_eq!(p.ranges.len(), 1);
+    assert!(p.ranges[0].rkeys.is_empty());
+
+    let (s1, e1) = admit(&a, 10).unwrap();
+    let old = a.adopt_peer(s1, &e1, &publication(10, 5)).unwrap();
+    assert_eq!((old.epoch, old.rails.len()), (10, 0));
+    assert!(a.topology().contexts.is_empty(), "no NIC context needed");
+    // A request to a peer without rails is refused at submit.
+    let req = TransferRequest::write(r.id, 0, old.id, RangeId(5), 0, 16);
+    let err = a.submit(&[req]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SubmitError::Invalid {
+                error: RequestError::NoRail { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Older epoch: refused by the shared table.
+    assert!(admit(&a, 9).is_err());
+    // Newer epoch: replaces, the old PeerId is gone.
+    let (s2, e2) = admit(&a, 11).unwrap();
+    let new = a.adopt_peer(s2, &e2, &publication(11, 6)).unwrap();
+    assert_ne!(new.id, old.id);
+    assert_eq!(a.peers().len(), 1);
+    assert_eq!(a.peers()[0].ranges[0].0, RangeId(6));
+    let err = a.submit(&[req]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SubmitError::Invalid {
+                error: RequestError::UnknownPeer(_),
+                ..
+            }
+        ),
+        "{err}"
+    );
+}

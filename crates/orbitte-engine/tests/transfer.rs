@@ -50,3 +50,42 @@ fn write_and_read_between_two_engines_check_every_byte() {
     );
     assert_eq!(a.outstanding_slices(), 0);
 }
+
+#[test]
+fn a_mixed_batch_stripes_over_eight_rails_and_every_byte_arrives() {
+    let fabric = fabric(8, Delivery::Background, 2);
+    let a = builder(&fabric, "a", 8).build().unwrap();
+    let b = builder(&fabric, "b", 8).build().unwrap();
+    let len = 1 << 20;
+    let la = region(len, 3);
+    let rb_mem = region(len, 4);
+    let ra = register(&a, &la, Access::LocalOnly);
+    let rb = register(&b, &rb_mem, Access::REMOTE_READ_WRITE);
+    let (peer, _) = connect(&a, &b);
+    assert_eq!(peer.rails.len(), 8);
+    let range = RangeId(rb.id.0);
+    // First half: 8 WRITEs local -> remote; second half: 8 READs remote -> local.
+    let chunk = (len / 16) as u64;
+    let mut batch = Vec::new();
+    for i in 0..8u64 {
+        batch.push(
+            TransferRequest::write(ra.id, i * chunk, peer.id, range, i * chunk, chunk).label(i),
+        );
+    }
+    for i in 8..16u64 {
+        batch.push(
+            TransferRequest::read(ra.id, i * chunk, peer.id, range, i * chunk, chunk).label(i),
+        );
+    }
+    let ids = a.submit(&batch).unwrap();
+    let outcomes = a.wait_all(&ids, Duration::from_secs(10)).unwrap();
+    assert!(outcomes.iter().all(|o| o.is_complete()), "{outcomes:?}");
+    let half = len / 2;
+    assert_eq!(rb_mem.to_vec(0, half).unwrap(), pattern(len, 3)[..half]);
+    assert_eq!(la.to_vec(half, half).unwrap(), pattern(len, 4)[half..]);
+    // The remote half that was only read is untouched; the local half that
+    // was only written from is untouched.
+    assert_eq!(rb_mem.to_vec(half, half).unwrap(), pattern(len, 4)[half..]);
+    assert_eq!(la.to_vec(0, half).unwrap(), pattern(len, 3)[..half]);
+    assert_eq!(a.outstanding_slices(), 0);
+}

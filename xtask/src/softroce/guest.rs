@@ -203,6 +203,10 @@ fn drive(
                             .ok();
                         ended = Some(Instant::now());
                     } else {
+                        if let Some(at) = line.find(FAIL) {
+                            // The guest's watchdog, not the command, speaks.
+                            fail = Some(line[at + FAIL.len()..].trim_end_matches('@').to_string());
+                        }
                         let mut out = stdout.lock();
                         let _ = writeln!(out, "{line}");
                         let _ = out.flush();
@@ -246,10 +250,15 @@ fn drive(
                         "qemu was stopped from outside ({line}) before the command finished"
                     ));
                 }
+                if begun.is_some()
+                    && let Some(rc) = control.status().or(end_rc)
+                {
+                    return Ok(rc);
+                }
                 if let Some(reason) = fail {
                     let seen = show_tail(&tail);
                     return Err(format!(
-                        "guest setup failed: {reason}; {seen}the boot log is {}",
+                        "the guest failed: {reason}; {seen}the boot log is {}",
                         log_path.display()
                     ));
                 }
@@ -260,9 +269,6 @@ fn drive(
                         status.unwrap_or_else(|| "status unknown".into()),
                         log_path.display()
                     ));
-                }
-                if let Some(rc) = control.status().or(end_rc) {
-                    return Ok(rc);
                 }
                 let seen = show_tail(&tail);
                 return Err(format!(

@@ -38,7 +38,8 @@ const BAKED_SCRIPTS: &[&str] = &["build-image.sh", "initramfs-init.sh", "boot.sh
 /// Bump when the xtask's own part of the build changes (vmlinux extraction).
 const FORMAT: &str = "softroce-image-1";
 
-/// Wall-clock bound on a whole image build (normally about 2 minutes).
+/// Wall-clock bound on a whole image build (normally about 2 minutes);
+/// `SOFTROCE_BUILD_TIMEOUT` (seconds) overrides it.
 const BUILD_TIMEOUT: Duration = Duration::from_secs(20 * 60);
 
 /// A built guest image.
@@ -124,6 +125,7 @@ impl Prepared {
         );
         fs::create_dir_all(&cache)
             .map_err(|e| format!("cannot create the cache folder {}: {e}", cache.display()))?;
+        remove_dead_builds(&cache);
         let tmp = cache.join(format!("image-{key}.tmp-{}", std::process::id()));
         let _cleanup = RemoveOnDrop(tmp.clone());
         fs::create_dir_all(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
@@ -356,7 +358,12 @@ fn build_script(scripts: &Path, out: &Path, mirror: &str, log: &Path) -> Result<
     .collect();
     drop(tx);
     let started = Instant::now();
-    let deadline = started + BUILD_TIMEOUT;
+    let limit = std::env::var("SOFTROCE_BUILD_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&v| v > 0)
+        .map_or(BUILD_TIMEOUT, Duration::from_secs);
+    let deadline = started + limit;
     let mut tail: Vec<String> = Vec::new();
     let status = loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
@@ -385,12 +392,13 @@ fn build_script(scripts: &Path, out: &Path, mirror: &str, log: &Path) -> Result<
             }
         }
         if Instant::now() > deadline {
+            kill_tree(child.id());
             let _ = child.kill();
             let _ = child.wait();
             return Err(format!(
-                "the image build did not finish within {}; see {} (is the mirror slow?)",
-                secs(BUILD_TIMEOUT),
-                log.display()
+                "the image build did not finish within {} (stopped it); is the mirror slow? \
+                 SOFTROCE_BUILD_TIMEOUT raises the limit",
+                secs(limit),
             ));
         }
     };
@@ -499,10 +507,72 @@ fn remove_stale_images(cache: &Path, current: &Path) {
     for entry in rd.flatten() {
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with("image-") && path != current && !name.contains(".tmp-") {
+        if name.starts_with("image-") && !name.contains(".tmp-") && path != current {
             let _ = fs::remove_dir_all(&path);
         }
     }
+}
+
+/// Removes half-built images of builds that were stopped (Ctrl-C runs no
+/// destructors) once their builder is gone.
+fn remove_dead_builds(cache: &Path) {
+    let Ok(rd) = fs::read_dir(cache) else {
+        return;
+    };
+    for entry in rd.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some((_, pid)) = name.rsplit_once(".tmp-")
+            && name.starts_with("image-")
+            && !Path::new("/proc").join(pid).exists()
+        {
+            drop(RemoveOnDrop(entry.path()));
+        }
+    }
+}
+
+/// Kills `pid` and every process below it (the build script's debootstrap,
+/// wget, dpkg and chroot children), found through /proc.
+fn kill_tree(pid: u32) {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    if let Ok(rd) = fs::read_dir("/proc") {
+        for entry in rd.flatten() {
+            let Some(p) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            // /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces.
+            let Ok(stat) = fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            if let Some(ppid) = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|n| n.parse::<u32>().ok())
+            {
+                parents.push((p, ppid));
+            }
+        }
+    }
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    let _ = Command::new("kill")
+        .arg("-KILL")
+        .args(tree.iter().map(u32::to_string))
+        .stderr(Stdio::null())
+        .status();
 }
 
 /// Removes a half-built image folder on every exit path.

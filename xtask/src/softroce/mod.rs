@@ -33,8 +33,8 @@ usage: cargo xtask softroce <build|run|test> [options]
 
 environment: SOFTROCE_MIRROR (Debian mirror), SOFTROCE_CACHE (image cache folder),
 SOFTROCE_ACCEL (tcg|kvm, default: kvm only where it really works), SOFTROCE_QEMU,
-SOFTROCE_BOOT_TIMEOUT (seconds), SOFTROCE_KERNEL (vmlinux|bzimage), SOFTROCE_VERBOSE=1
-(show the guest's boot messages)
+SOFTROCE_BOOT_TIMEOUT and SOFTROCE_BUILD_TIMEOUT (seconds), SOFTROCE_KERNEL
+(vmlinux|bzimage), SOFTROCE_VERBOSE=1 (show the guest's boot messages)
 ";
 
 pub(crate) fn run(args: &[String]) -> Result<(), String> {

@@ -2,21 +2,22 @@
 //! tcp/local transports ([`CoreBackend`]), or two `TransferEngine`s on the
 //! rdma path ([`RdmaBackend`]).
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use orbitte::session::TcpControlLink;
 use orbitte::transport::{Op, PathKind, RangeId, RegistrationId};
 use orbitte::verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric, SimTiming};
 use orbitte::{
-    Access, EngineBuilder, HostMemory, InProcessLink, Outcome, PeerInfo, TransferEngine,
-    TransferRequest,
+    Access, EngineBuilder, HostMemory, Outcome, PeerInfo, TransferEngine, TransferRequest,
 };
 
 use super::fill_target_pattern;
 use crate::Failure;
 use crate::cli::BenchArgs;
-use crate::net::{Initiator, Peer, request};
+use crate::net::{Initiator, Peer, accept_rdma_peers, request};
 
 /// Bound on one wait: far beyond the core's request timeout (10 s), so it
 /// only ends a wait on a stuck core.
@@ -234,21 +235,120 @@ impl Backend for CoreBackend<'_> {
     }
 }
 
-/// Two `TransferEngine`s in this process on the native provider, connected
-/// over an in-process control link: Host Direct READ/WRITE on this host's
-/// RDMA NIC (loopback through the NIC).
+/// The rdma path through `TransferEngine`s: the initiator engine here, the
+/// target engine in this process (loopback, on this host's NICs or the
+/// simulated fabric) or in another process or host. Either way the peer is
+/// opened over a TCP control link (handshake, descriptors, RC connect).
 pub(crate) struct RdmaBackend {
     sim: bool,
     a: TransferEngine,
-    b: TransferEngine,
+    /// The loopback target, stopped after the initiator.
+    target: Option<RdmaTarget>,
+    _link: TcpControlLink,
     peer: PeerInfo,
     range: RangeId,
     range_len: u64,
     threads: Vec<ThreadMem>,
 }
 
+/// A target engine answering control links on a TCP listener: every
+/// connection is a peer opened by an initiator.
+pub(crate) struct RdmaTarget {
+    pub(crate) engine: Arc<TransferEngine>,
+    pub(crate) addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RdmaTarget {
+    /// Publishes `len` bytes (read-write, the bench's pattern) and accepts
+    /// peers on `listen`.
+    pub(crate) fn start(
+        engine: TransferEngine,
+        len: u64,
+        listen: SocketAddr,
+    ) -> Result<(Self, RangeId), Failure> {
+        let remote = alloc(len)?;
+        fill_target_pattern(&remote).map_err(Failure::failed)?;
+        let published = engine
+            .register_host(remote, Access::REMOTE_READ_WRITE)
+            .map_err(no_rdma)?;
+        let listener = TcpListener::bind(listen).map_err(|e| {
+            Failure::failed(format!(
+                "cannot listen on {listen}: {e}; pick a free address with --listen"
+            ))
+        })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Failure::failed(e.to_string()))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Failure::failed(e.to_string()))?;
+        let engine = Arc::new(engine);
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (engine, stop) = (engine.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("orbitte-bench-accept".into())
+                .spawn(move || accept_rdma_peers(&listener, &engine, &stop))
+                .map_err(|e| Failure::failed(e.to_string()))?
+        };
+        Ok((
+            Self {
+                engine,
+                addr,
+                stop,
+                thread: Some(thread),
+            },
+            RangeId(published.id.0),
+        ))
+    }
+}
+
+impl Drop for RdmaTarget {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Err(u) = self.engine.shutdown(Duration::from_secs(5)) {
+            tracing::error!(error = %u, "target engine shutdown");
+        }
+    }
+}
+
+fn no_rdma(e: orbitte::RegisterError) -> Failure {
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or_default().to_owned();
+    Failure::failed(format!(
+        "rdma path: {first}; run `orbitte doctor --path rdma` for every check, or measure tcp/local (leave out --path)"
+    ))
+}
+
+/// An engine on the native provider, or on `fabric`'s `device`.
+fn engine(id: String, fabric: Option<&SimFabric>, device: &str) -> Result<TransferEngine, Failure> {
+    let mut b = EngineBuilder::new(id);
+    if let Some(f) = fabric {
+        b = b.provider(f.provider_for(&[device]));
+    }
+    b.build()
+        .map_err(|e| Failure::failed(format!("cannot build an engine: {e}")))
+}
+
+/// The bench's rdma target engine (native provider), for `--role target`.
+pub(crate) fn rdma_target(
+    args: &BenchArgs,
+    len: u64,
+    listen: SocketAddr,
+) -> Result<(RdmaTarget, RangeId), Failure> {
+    let id = super::source_id(args, "target");
+    RdmaTarget::start(engine(id, None, "")?, len, listen)
+}
+
 impl RdmaBackend {
-    pub(crate) fn start(args: &BenchArgs, len: u64) -> Result<Self, Failure> {
+    /// Loopback: a target engine and an initiator engine in this process
+    /// (on the simulated fabric with `--sim`).
+    pub(crate) fn loopback(args: &BenchArgs, len: u64) -> Result<Self, Failure> {
         let fabric = args.sim.then(|| {
             SimFabric::new(
                 SimDescription::new(vec![
@@ -264,29 +364,33 @@ impl RdmaBackend {
                 1,
             )
         });
-        let build = |id: String, device: &str| {
-            let mut b = EngineBuilder::new(id);
-            if let Some(f) = &fabric {
-                b = b.provider(f.provider_for(&[device]));
-            }
-            b.build()
-                .map_err(|e| Failure::failed(format!("cannot build an engine: {e}")))
-        };
-        let pid = std::process::id();
-        let a = build(format!("orbitte-bench-initiator-{pid}"), "sim_initiator")?;
-        let b = build(format!("orbitte-bench-target-{pid}"), "sim_target")?;
-        let no_rdma = |e: orbitte::RegisterError| {
-            let text = e.to_string();
-            let first = text.lines().next().unwrap_or_default().to_owned();
-            Failure::failed(format!(
-                "rdma path: {first}; run `orbitte doctor --path rdma` for every check, or measure tcp/local (leave out --path)"
-            ))
-        };
-        let remote = alloc(len)?;
-        fill_target_pattern(&remote).map_err(Failure::failed)?;
-        let published = b
-            .register_host(remote, Access::REMOTE_READ_WRITE)
-            .map_err(no_rdma)?;
+        let b = engine(
+            super::source_id(args, "target"),
+            fabric.as_ref(),
+            "sim_target",
+        )?;
+        let (target, _) = RdmaTarget::start(b, len, SocketAddr::from(([127, 0, 0, 1], 0)))?;
+        let addr = target.addr;
+        let a = engine(
+            super::source_id(args, "initiator"),
+            fabric.as_ref(),
+            "sim_initiator",
+        )?;
+        Self::connect(args, a, addr, Some(target))
+    }
+
+    /// Initiator: connects to a target in another process or host.
+    pub(crate) fn initiator(args: &BenchArgs, addr: SocketAddr) -> Result<Self, Failure> {
+        let a = engine(super::source_id(args, "initiator"), None, "")?;
+        Self::connect(args, a, addr, None)
+    }
+
+    fn connect(
+        args: &BenchArgs,
+        a: TransferEngine,
+        addr: SocketAddr,
+        target: Option<RdmaTarget>,
+    ) -> Result<Self, Failure> {
         let per = thread_len(args);
         let mut threads = Vec::new();
         for _ in 0..args.threads {
@@ -303,26 +407,42 @@ impl RdmaBackend {
                 scratch: (rs.id, s),
             });
         }
-        let (mut la, mut lb) = InProcessLink::pair();
-        let peer = std::thread::scope(|s| {
-            let accept = s.spawn(|| b.accept_peer(&mut lb));
-            let opened = a.open_peer(&mut la);
-            let accepted = accept.join();
-            match (opened, accepted) {
-                (Ok(p), Ok(Ok(_))) => Ok(p),
-                (Err(e), _) | (_, Ok(Err(e))) => Err(Failure::failed(format!(
-                    "rdma path: cannot connect the two engines: {e}; run `orbitte doctor --path rdma`"
-                ))),
-                (_, Err(_)) => Err(Failure::failed("rdma path: the accepting thread panicked")),
-            }
+        let mut link = TcpControlLink::connect(addr, Duration::from_secs(5)).map_err(|e| {
+            Failure::failed(format!(
+                "cannot reach the target at {addr}: {e}; check that `orbitte bench --role target --path rdma` runs there and the address is right"
+            ))
         })?;
+        let peer = a.open_peer(&mut link).map_err(|e| {
+            Failure::failed(format!(
+                "rdma path: cannot open the peer at {addr}: {e}; run `orbitte doctor --path rdma` on both hosts"
+            ))
+        })?;
+        let need = super::range_len(args);
+        let rw = |f: orbitte::wire::AccessFlags| {
+            f.contains(orbitte::wire::AccessFlags::REMOTE_READ)
+                && f.contains(orbitte::wire::AccessFlags::REMOTE_WRITE)
+        };
+        let Some(&(range, range_len, _)) =
+            peer.ranges.iter().filter(|r| rw(r.2)).max_by_key(|r| r.1)
+        else {
+            return Err(Failure::failed(format!(
+                "the target {} publishes no read-write range: start it with `orbitte bench --role target --path rdma`",
+                peer.source_id
+            )));
+        };
+        if range_len < need {
+            return Err(Failure::failed(format!(
+                "the target's largest read-write range is {range_len} bytes; this run needs {need}: start the target with the same settings or lower them"
+            )));
+        }
         Ok(Self {
             sim: args.sim,
             a,
-            b,
+            target,
+            _link: link,
             peer,
-            range: RangeId(published.id.0),
-            range_len: published.len,
+            range,
+            range_len,
             threads,
         })
     }
@@ -330,11 +450,11 @@ impl RdmaBackend {
 
 impl Drop for RdmaBackend {
     fn drop(&mut self) {
-        for e in [&self.a, &self.b] {
-            if let Err(u) = e.shutdown(Duration::from_secs(5)) {
-                tracing::error!(error = %u, "engine shutdown");
-            }
+        if let Err(u) = self.a.shutdown(Duration::from_secs(5)) {
+            tracing::error!(error = %u, "engine shutdown");
         }
+        // Then the loopback target (its Drop shuts its engine down).
+        self.target.take();
     }
 }
 

@@ -103,15 +103,15 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
         )));
     }
     match args.role {
+        Role::Target if want == Some(PathKind::Rdma) => run_rdma_target(args, len),
         Role::Target => run_target(args, len),
         Role::Initiator => {
-            if want == Some(PathKind::Rdma) {
-                return Err(Failure::usage(
-                    "--path rdma runs in loopback only (two processes need a tcp control link for rdma, not built yet): use --role loopback",
-                ));
-            }
             let peer = args.peer.as_deref().unwrap_or_default();
             let addr = parse_addr(peer, "--peer")?;
+            if want == Some(PathKind::Rdma) {
+                let backend = backend::RdmaBackend::initiator(args, addr)?;
+                return bench_with(args, &backend, &format!("initiator to {addr}"), None);
+            }
             let initiator = new_initiator(args, "initiator")?;
             let backend = backend::CoreBackend::connect(&initiator, addr, args, want)?;
             let describe = format!("initiator to {addr}");
@@ -119,11 +119,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
         }
         Role::Loopback => {
             if want == Some(PathKind::Rdma) {
-                let backend = backend::RdmaBackend::start(args, len)?;
+                let backend = backend::RdmaBackend::loopback(args, len)?;
                 return bench_with(
                     args,
                     &backend,
-                    "loopback (two engines in this process)",
+                    "loopback (target and initiator engines in this process, tcp control link)",
                     None,
                 );
             }
@@ -197,6 +197,29 @@ fn run_target(args: &BenchArgs, len: u64) -> Result<(), Failure> {
     eprintln!("orbitte: target ready; stop it with Ctrl-C");
     // A target serves until it is killed (Ctrl-C); the listener's threads
     // do the work.
+    let _target = target;
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// `--role target --path rdma`: a target engine on this host's NICs that
+/// accepts rdma peers over tcp control links.
+fn run_rdma_target(args: &BenchArgs, len: u64) -> Result<(), Failure> {
+    if args.sim {
+        return Err(Failure::usage(
+            "--sim runs in one process: use it with --role loopback",
+        ));
+    }
+    let listen = parse_addr(&args.listen, "--listen")?;
+    let (target, range) = backend::rdma_target(args, len, listen)?;
+    println!(
+        "listening on {} (rdma control link; range {} of {len} bytes, read-write, registered on {} NIC context(s))",
+        target.addr,
+        range.0,
+        target.engine.topology().contexts.len()
+    );
+    eprintln!("orbitte: rdma target ready; stop it with Ctrl-C");
     let _target = target;
     loop {
         std::thread::sleep(Duration::from_secs(3600));

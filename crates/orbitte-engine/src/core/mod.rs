@@ -104,6 +104,8 @@ enum SliceState {
     Posted,
     /// Reported, transport still holds the local bytes.
     AwaitRelease,
+    /// A flush marker: belongs to no request (see [`Core::poll_flush`]).
+    Marker,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -223,24 +225,28 @@ impl Core {
         self.rails.get(rail.0 as usize).map_or(0, |r| r.fifo.len())
     }
 
-    /// Marks the rail closed (no new work, ever). Returns whether it still
-    /// has unreported work items.
+    /// Marks the rail closed (no new work, ever). A rail with unreported
+    /// work items is queued for a flush ([`poll_flush`](Self::poll_flush)).
+    /// Returns whether it still has unreported work items.
     pub fn close_rail(&mut self, rail: RailId, now: Instant) -> bool {
         self.rail_down(rail, "rail closed".into(), now);
-        match self.rails.get_mut(rail.0 as usize) {
-            Some(r) => {
-                r.closed = true;
-                !r.fifo.is_empty()
-            }
-            None => false,
+        let Some(r) = self.rails.get_mut(rail.0 as usize) else {
+            return false;
+        };
+        r.closed = true;
+        let busy = !r.fifo.is_empty();
+        if busy && !r.flush_requested {
+            r.flush_requested = true;
+            self.flush.push_back(rail);
         }
+        busy
     }
 
     /// Stops all new admission with `reason` (cleanup failed: Unquiesced,
     /// or shutdown).
     pub fn fence(&mut self, reason: Arc<str>) {
         if self.fence.is_none() {
-            tracing::warn!(%reason, "transfer core fenced");
+            tracing::debug!(%reason, "transfer core fenced");
             self.fence = Some(reason);
         }
     }
@@ -567,6 +573,10 @@ impl Core {
     /// A slice was reported (it left the rail's ring already).
     fn finish_slice(&mut self, now: Instant, sidx: u32, status: SliceStatus, released: bool) {
         let slot = self.slices[sidx as usize];
+        if matches!(slot.state, SliceState::Marker) {
+            self.free_slice(sidx);
+            return;
+        }
         let req = &mut self.requests[slot.req as usize];
         if req.generation != slot.req_gen || !req.live {
             // Cannot happen while the slab is consistent; never panic.
@@ -811,16 +821,82 @@ impl Core {
         self.outcomes.pop_front()
     }
 
-    /// Next rail the driver must flush because a drain deadline passed. The
-    /// rail is marked down: it takes no new work.
-    pub fn poll_flush(&mut self, now: Instant) -> Option<RailId> {
+    /// Next rail the driver must flush (a drain deadline passed, or a busy
+    /// rail was closed), with a *marker* token the core appended to the
+    /// rail's ring. The rail is marked down: it takes no new work.
+    ///
+    /// The driver hands both to [`Transport::flush_marked`]: rdma posts the
+    /// marker as a signaled work request and then moves the queue pair to
+    /// the error state, so the marker's completion (success or flush)
+    /// arrives after every earlier one and covers work requests that ran
+    /// unsignaled without a later signaled one (a post that failed half
+    /// way). Then report [`MarkerFate`] back: `Dropped` with
+    /// [`marker_dropped`](Self::marker_dropped), `Released` with
+    /// [`release_rail`](Self::release_rail).
+    ///
+    /// [`Transport::flush_marked`]: crate::transport::Transport::flush_marked
+    /// [`MarkerFate`]: crate::transport::MarkerFate
+    pub fn poll_flush(&mut self, now: Instant) -> Option<(RailId, SliceToken)> {
         let rail = self.flush.pop_front()?;
         self.rail_down(
             rail,
-            "flushed: a request stayed undrained past the drain timeout".into(),
+            "flushed: a request stayed undrained past the drain timeout, or the rail was closed"
+                .into(),
             now,
         );
-        Some(rail)
+        let sidx = self.take_slice_slot();
+        let s = &mut self.slices[sidx as usize];
+        s.generation = s.generation.wrapping_add(1);
+        s.state = SliceState::Marker;
+        s.rail = rail.0;
+        let token = token_of(sidx, s.generation);
+        self.rails[rail.0 as usize].fifo.push_back(token.0);
+        Some((rail, token))
+    }
+
+    /// The transport did not post the flush marker (it reports every item
+    /// individually): forget it.
+    pub fn marker_dropped(&mut self, rail: RailId, marker: SliceToken) {
+        let Some(r) = self.rails.get_mut(rail.0 as usize) else {
+            return;
+        };
+        if let Some(pos) = r.fifo.iter().position(|t| *t == marker.0) {
+            r.fifo.remove(pos);
+            let (sidx, _) = split(marker.0);
+            self.free_slice(sidx);
+        }
+    }
+
+    /// The transport released everything still outstanding on the rail
+    /// (rdma: the queue pair was destroyed, so the NIC no longer touches
+    /// the buffers). Unreported slices count as flushed and drained.
+    pub fn release_rail(&mut self, now: Instant, rail: RailId) {
+        let Some(r) = self.rails.get_mut(rail.0 as usize) else {
+            return;
+        };
+        let fifo = std::mem::take(&mut r.fifo);
+        for t in fifo {
+            let (sidx, _) = split(t);
+            self.finish_slice(now, sidx, SliceStatus::Failed(SliceFailure::Flushed), true);
+        }
+    }
+
+    fn take_slice_slot(&mut self) -> u32 {
+        match self.free_slices.pop() {
+            Some(s) => s,
+            None => {
+                self.slices.push(SliceSlot {
+                    generation: 0,
+                    state: SliceState::Free,
+                    req: 0,
+                    req_gen: 0,
+                    index: 0,
+                    rail: 0,
+                    len: 0,
+                });
+                (self.slices.len() - 1) as u32
+            }
+        }
     }
 
     /// Whether the request's local bytes are free again. Unknown or freed

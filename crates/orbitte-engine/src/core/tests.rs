@@ -107,12 +107,19 @@ impl Harness {
             // Every run ends signaled (selective signaling rule).
             assert!(self.work[end - 1].signaled);
             self.posts += 1;
-            let accepted = self.fail_next_post.take().map_or(end - start, |k| k.min(end - start));
+            let accepted = self
+                .fail_next_post
+                .take()
+                .map_or(end - start, |k| k.min(end - start));
             for w in &self.work[start..start + accepted] {
                 self.queues[rail.0 as usize].push_back((*w, false));
             }
             if accepted < end - start {
-                let err = PostError { rail, posted: accepted, reason: "injected post failure".into() };
+                let err = PostError {
+                    rail,
+                    posted: accepted,
+                    reason: "injected post failure".into(),
+                };
                 let run = self.work[start..end].to_vec();
                 self.core.handle_post_error(self.now, &err, &run);
             }
@@ -121,8 +128,8 @@ impl Harness {
         while let Some(o) = self.core.poll_outcome() {
             self.outcomes.push(o);
         }
-        while let Some(r) = self.core.poll_flush(self.now) {
-            self.flush(r);
+        while let Some((r, marker)) = self.core.poll_flush(self.now) {
+            self.flush_marked(r, marker);
         }
     }
 
@@ -188,7 +195,26 @@ impl Harness {
         self.core.handle_event(self.now, ev);
     }
 
-    /// QP to error: every queued item reports flushed.
+    /// The driver's flush: a signaled marker, then QP to error.
+    fn flush_marked(&mut self, rail: RailId, marker: SliceToken) {
+        let m = WorkItem {
+            token: marker,
+            rail,
+            op: Op::Write,
+            registration: RegistrationId(0),
+            local_offset: 0,
+            peer: PeerId(0),
+            range: RangeId(0),
+            remote_offset: 0,
+            len: 0,
+            signaled: true,
+        };
+        self.queues[rail.0 as usize].push_back((m, false));
+        self.flush(rail);
+    }
+
+    /// QP to error (a device error or the flush): every queued item
+    /// reports flushed; items that ran unsignaled report nothing.
     fn flush(&mut self, rail: RailId) {
         self.broken[rail.0 as usize] = true;
         while self.step(rail.0 as usize, Fate::Ok) {}

@@ -30,6 +30,7 @@ pub(crate) mod io;
 mod link;
 pub(crate) mod listener;
 pub mod path;
+pub mod probe;
 pub(crate) mod publications;
 
 use std::net::SocketAddr;

@@ -1,0 +1,748 @@
+//! The cuda-staging path through the engine, without a GPU: each test
+//! compiles orbitte-cuda's stub driver (`tests/stub/libcuda_stub.c`, a fake
+//! GPU whose "device memory" is host memory and whose copies really move
+//! bytes) with `cc`, then re-runs this test binary as a child process with
+//! the stub first on LD_LIBRARY_PATH and one `#[ignore]`d `child_*` entry
+//! selected. The child runs staged WRITEs and READs between two engines on
+//! the sim fabric (rdma rails) and asserts bytes and outcome fields; the
+//! parent requires that exactly one test passed in the child, so any panic
+//! fails it.
+//!
+//! Without `cc` the tests print `skipped: ...`, except under CI=true.
+//! `real_driver_round_trip_or_skip` runs in this process: without a driver
+//! it checks the "skipped: no CUDA driver (libcuda.so.1 not found)" answer;
+//! with one (a GPU machine) it runs the round trip on device 0.
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use orbitte_cuda::{CudaBuffer, CudaDevice, StagingPipeline};
+use orbitte_engine::staging::{
+    COMPUTE_PROBE_CAVEAT, CudaRegisterError, CudaStaging, LoopbackTarget, StagedFailure,
+    StagedRequest, StagedSubmitError, StagingDrain, StagingSetupError, cuda_rows,
+    evaluate_cuda_staging,
+};
+use orbitte_engine::{
+    Access, Budgets, CapabilityMatrix, Check, EngineBuilder, InProcessLink, PathKind, PeerId,
+    RangeId, RemoteEffect, Status, TransferEngine,
+};
+use orbitte_memory::HostMemory;
+use orbitte_verbs::WcStatus;
+use orbitte_verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric, SimTiming, WrMatch};
+
+const CHILD: &str = "ORBITTE_STAGING_CHILD";
+const NO_DRIVER: &str = "no CUDA driver (libcuda.so.1 not found)";
+
+// ---- the stub driver and the child process ---------------------------------
+
+/// Compiles orbitte-cuda's stub into `dir` as libcuda.so.1 and libcuda.so.
+fn build_stub(dir: &Path) -> Result<(), String> {
+    let src =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../orbitte-cuda/tests/stub/libcuda_stub.c");
+    let out = dir.join("libcuda.so.1");
+    let result = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .arg("-lpthread")
+        .output()
+        .map_err(|e| format!("cannot run cc: {e}"))?;
+    if !result.status.success() {
+        return Err(format!(
+            "cc failed: {}",
+            String::from_utf8_lossy(&result.stderr)
+        ));
+    }
+    std::fs::copy(&out, dir.join("libcuda.so")).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Runs child entry `child` against the stub in `mode`; returns its output.
+fn run_child(child: &str, mode: &str, env: &[(&str, &str)]) -> Option<String> {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    if let Err(e) = build_stub(dir.path()) {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("CI has a C compiler, but building the stub driver failed: {e}");
+        }
+        println!("skipped: no C compiler for the stub driver ({e})");
+        return None;
+    }
+    let mut path = PathBuf::from(dir.path()).into_os_string();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        child,
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("LD_LIBRARY_PATH", path)
+    .env("ORBITTE_STUB_MODE", mode)
+    .env(CHILD, child)
+    .env_remove("ORBITTE_STUB_FAIL_SYNC_AFTER");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run the child test");
+    let text = format!(
+        "{}\n--- stderr ---\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "child {child} failed ({}):\n{text}",
+        out.status
+    );
+    assert!(
+        text.contains("1 passed"),
+        "child {child} did not run exactly one test:\n{text}"
+    );
+    println!("{text}");
+    Some(text)
+}
+
+/// Whether this process is the child for `name` (else the entry is a no-op).
+fn is_child(name: &str) -> bool {
+    let me = std::env::var(CHILD).as_deref() == Ok(name);
+    if !me {
+        println!("skipped: {name} runs only as a child of the staging tests");
+    }
+    me
+}
+
+// ---- two engines on the sim fabric ------------------------------------------
+
+const CHUNK: usize = 16 << 10;
+const SLICE: u32 = 4096;
+
+struct Pair {
+    fabric: SimFabric,
+    a: TransferEngine,
+    b: TransferEngine,
+    /// B's remotely accessible range.
+    dst: Arc<HostMemory>,
+    peer: PeerId,
+    range: RangeId,
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
+        .collect()
+}
+
+/// Engines A and B, `nics` RoCE NICs each, A opened B; B publishes
+/// `remote_len` bytes (pattern seed 2) for remote READ and WRITE.
+fn pair(nics: usize, signal_interval: u32, remote_len: usize) -> Pair {
+    let mut devs = Vec::new();
+    for (h, host) in [("a", 1), ("b", 2)] {
+        for i in 0..nics {
+            devs.push(SimDeviceDesc::roce(
+                &format!("{h}{i}"),
+                [10, host, i as u8, 1],
+            ));
+        }
+    }
+    let timing = SimTiming {
+        base_latency: Duration::from_micros(1),
+        bytes_per_sec: 0,
+        jitter: Duration::ZERO,
+    };
+    let fabric = SimFabric::new(
+        SimDescription::new(devs)
+            .with_delivery(Delivery::Background)
+            .with_timing(timing),
+        7,
+    );
+    let engine = |h: &str| {
+        let names: Vec<String> = (0..nics).map(|i| format!("{h}{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        EngineBuilder::new(format!("staging-{h}"))
+            .provider(fabric.provider_for(&refs))
+            .slice_size(SLICE)
+            .request_timeout(Duration::from_secs(5))
+            .drain_timeout(Duration::from_millis(200))
+            .handshake_timeout(Duration::from_secs(5))
+            .max_in_flight(16)
+            .signal_interval(signal_interval)
+            .budgets(Budgets::default())
+            .build()
+            .expect("build engine")
+    };
+    let a = engine("a");
+    let b = engine("b");
+    let dst = HostMemory::alloc(remote_len).unwrap();
+    dst.write_at(0, &pattern(remote_len, 2)).unwrap();
+    let rb = b
+        .register_host(dst.clone(), Access::REMOTE_READ_WRITE)
+        .expect("register B's range");
+    let (mut la, mut lb) = InProcessLink::pair();
+    let peer = std::thread::scope(|s| {
+        let hb = s.spawn(|| b.accept_peer(&mut lb));
+        let pa = a.open_peer(&mut la).expect("open_peer");
+        hb.join().expect("accept thread").expect("accept_peer");
+        pa
+    });
+    Pair {
+        fabric,
+        a,
+        b,
+        dst,
+        peer: peer.id,
+        range: RangeId(rb.id.0),
+    }
+}
+
+/// Device copies only (no network): puts `bytes` into GPU memory.
+fn put(dev: &CudaDevice, gpu: &Arc<CudaBuffer>, offset: usize, bytes: &[u8]) {
+    let mut p = StagingPipeline::new(dev, 1 << 20).unwrap();
+    p.upload(gpu, offset, bytes.len(), |c| {
+        c.write_from(&bytes[c.offset()..c.offset() + c.len()])
+    })
+    .unwrap();
+}
+
+/// Device copies only (no network): reads GPU memory.
+fn get(dev: &CudaDevice, gpu: &Arc<CudaBuffer>, offset: usize, len: usize) -> Vec<u8> {
+    let mut p = StagingPipeline::new(dev, 1 << 20).unwrap();
+    let mut v = vec![0; len];
+    p.download(gpu, offset, len, |c| {
+        c.read_into(&mut v[c.offset()..c.offset() + c.len()])
+    })
+    .unwrap();
+    v
+}
+
+// ---- scenarios (run in a child on the fake GPU, or on a real one) -----------
+
+/// WRITE GPU -> B and READ B -> GPU, 100 000 bytes in 7 chunks (the last
+/// partial), over 2 rails, checked byte for byte; then two staged WRITEs at
+/// once (two lanes); the bounce registrations are released at drop.
+fn round_trip_scenario() {
+    const LEN: usize = 100_000;
+    let p = pair(2, 4, 300_000);
+    let dev = CudaDevice::open(0).unwrap();
+    let gpu = CudaBuffer::alloc(&dev, 2 * LEN).unwrap();
+    let src = pattern(LEN, 1);
+    put(&dev, &gpu, 0, &src);
+    let before = p.a.charges();
+    let staging = CudaStaging::new(&p.a, &dev, CHUNK, 2).unwrap();
+    assert_eq!(staging.bounce_registrations().len(), 4, "two per lane");
+    let charged = p.a.charges();
+    assert!(
+        charged.bytes >= before.bytes + 4 * CHUNK as u64,
+        "bounce buffers are charged like any Host Direct range: {before:?} -> {charged:?}"
+    );
+    let reg = staging.register_cuda(gpu.clone()).unwrap();
+    assert_eq!(reg.len, 2 * LEN as u64);
+
+    let w = staging
+        .run(&StagedRequest::write(reg.id, 0, p.peer, p.range, 1000, LEN as u64).label(9))
+        .unwrap();
+    assert_eq!(w.status, Status::Complete, "{w:?}");
+    assert_eq!(w.label, 9);
+    assert_eq!(w.completed_prefix, LEN as u64);
+    assert_eq!((w.chunks, w.completed_chunks), (7, 7));
+    assert_eq!(w.failure, None);
+    assert_eq!(w.remote_effect, RemoteEffect::Complete);
+    assert_eq!(w.drain, StagingDrain::Drained);
+    assert!(w.uncertain.is_empty(), "{w:?}");
+    let remote = p.dst.to_vec(0, 300_000).unwrap();
+    assert_eq!(remote[1000..1000 + LEN], src[..], "GPU bytes arrived at B");
+    assert_eq!(
+        remote[..1000],
+        pattern(300_000, 2)[..1000],
+        "bytes before untouched"
+    );
+    assert_eq!(remote[1000 + LEN..], pattern(300_000, 2)[1000 + LEN..]);
+
+    let r = staging
+        .run(&StagedRequest::read(
+            reg.id, LEN as u64, p.peer, p.range, 1000, LEN as u64,
+        ))
+        .unwrap();
+    assert!(r.is_complete(), "{r:?}");
+    assert_eq!(r.completed_prefix, LEN as u64);
+    assert_eq!(r.remote_effect, RemoteEffect::None);
+    assert_eq!(r.drain, StagingDrain::Drained);
+    assert_eq!(
+        get(&dev, &gpu, LEN, LEN),
+        src,
+        "B's bytes landed in GPU memory"
+    );
+
+    // Two staged requests at once, one per lane.
+    let outcomes: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2u64)
+            .map(|k| {
+                let staging = &staging;
+                let (peer, range) = (p.peer, p.range);
+                s.spawn(move || {
+                    staging
+                        .run(&StagedRequest::write(
+                            reg.id,
+                            k * 50_000,
+                            peer,
+                            range,
+                            150_000 + k * 50_000,
+                            50_000,
+                        ))
+                        .unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for o in &outcomes {
+        assert!(o.is_complete(), "{o:?}");
+    }
+    assert_eq!(p.dst.to_vec(150_000, LEN).unwrap(), src);
+    assert_eq!(p.a.outstanding_slices(), 0);
+    let lanes = staging.lanes();
+    assert_eq!((lanes.idle, lanes.busy, lanes.fenced_network), (2, 0, 0));
+    assert_eq!(staging.is_drained(), Ok(true));
+    drop(staging);
+    assert_eq!(p.a.charges(), before, "bounce buffers unregistered at drop");
+    drop((p.fabric, p.b));
+}
+
+#[test]
+fn staged_write_and_read_move_gpu_bytes_between_two_engines() {
+    run_child("child_round_trip", "fake-gpu", &[]);
+}
+
+#[test]
+#[ignore = "runs as a child of staged_write_and_read_move_gpu_bytes_between_two_engines"]
+fn child_round_trip() {
+    if is_child("child_round_trip") {
+        round_trip_scenario();
+    }
+}
+
+/// 4 chunks of 4 slices, one rail, every slice signalled; the 6th send work
+/// request (chunk 1, slice 1) moves its bytes and then completes in error.
+fn failing_pair(len: usize) -> (Pair, CudaDevice, Arc<CudaBuffer>) {
+    let p = pair(1, 1, len);
+    let dev = CudaDevice::open(0).unwrap();
+    let gpu = CudaBuffer::alloc(&dev, len).unwrap();
+    p.fabric
+        .faults()
+        .fail_send(WrMatch::nth(6), WcStatus::RemoteOperation, true);
+    (p, dev, gpu)
+}
+
+#[test]
+fn a_chunk_write_failing_mid_transfer_gives_the_completed_prefix() {
+    run_child("child_write_failure", "fake-gpu", &[]);
+}
+
+#[test]
+#[ignore = "runs as a child of a_chunk_write_failing_mid_transfer_gives_the_completed_prefix"]
+fn child_write_failure() {
+    if !is_child("child_write_failure") {
+        return;
+    }
+    const LEN: usize = 4 * CHUNK;
+    let (p, dev, gpu) = failing_pair(LEN);
+    let src = pattern(LEN, 5);
+    put(&dev, &gpu, 0, &src);
+    let staging = CudaStaging::new(&p.a, &dev, CHUNK, 1).unwrap();
+    let reg = staging.register_cuda(gpu).unwrap();
+    let before = p.dst.to_vec(0, LEN).unwrap();
+    let o = staging
+        .run(&StagedRequest::write(
+            reg.id, 0, p.peer, p.range, 0, LEN as u64,
+        ))
+        .unwrap();
+    println!("{o:?}");
+    assert_eq!(o.status, Status::Failed);
+    // Chunk 0 whole, then chunk 1's slice 0: known done end to end.
+    assert_eq!(o.completed_prefix, CHUNK as u64 + u64::from(SLICE));
+    assert_eq!(o.completed_chunks, 1);
+    let Some(StagedFailure::Network {
+        chunk,
+        offset,
+        info,
+        drained,
+        ..
+    }) = o.failure.clone()
+    else {
+        panic!("{o:?}")
+    };
+    assert_eq!((chunk, offset, drained), (1, CHUNK as u64, true));
+    let info = info.expect("failure information");
+    assert_eq!(
+        (info.slice, info.nic, info.path),
+        (1, Some(0), PathKind::Rdma)
+    );
+    assert_eq!(info.offset, CHUNK as u64 + u64::from(SLICE), "request-relative");
+    let RemoteEffect::Possible { bytes } = o.remote_effect.clone() else {
+        panic!("{o:?}")
+    };
+    assert!(bytes.contains(&(o.completed_prefix)), "{bytes:?}");
+    assert_eq!(o.uncertain, bytes);
+    assert_eq!(o.drain, StagingDrain::Drained, "the error flushed the rest");
+    let after = p.dst.to_vec(0, LEN).unwrap();
+    let prefix = o.completed_prefix as usize;
+    assert_eq!(
+        after[..prefix],
+        src[..prefix],
+        "the completed prefix arrived"
+    );
+    assert_eq!(
+        after[prefix..prefix + SLICE as usize],
+        src[prefix..prefix + SLICE as usize],
+        "the failed WRITE did change remote bytes (uncertain)"
+    );
+    for i in prefix..LEN {
+        if !o.uncertain.contains(&(i as u64)) {
+            assert_eq!(
+                after[i], before[i],
+                "byte {i} outside the uncertain range changed"
+            );
+        }
+    }
+    // The lane went back to the pool.
+    assert_eq!(staging.lanes().idle, 1);
+}
+
+#[test]
+fn a_chunk_read_failing_mid_transfer_leaves_gpu_bytes_past_the_prefix() {
+    run_child("child_read_failure", "fake-gpu", &[]);
+}
+
+#[test]
+#[ignore = "runs as a child of a_chunk_read_failing_mid_transfer_leaves_gpu_bytes_past_the_prefix"]
+fn child_read_failure() {
+    if !is_child("child_read_failure") {
+        return;
+    }
+    const LEN: usize = 4 * CHUNK;
+    let (p, dev, gpu) = failing_pair(LEN);
+    gpu.fill(0, LEN, 0xee).unwrap();
+    let staging = CudaStaging::new(&p.a, &dev, CHUNK, 1).unwrap();
+    let reg = staging.register_cuda(gpu.clone()).unwrap();
+    let o = staging
+        .run(&StagedRequest::read(reg.id, 0, p.peer, p.range, 0, LEN as u64).label(3))
+        .unwrap();
+    println!("{o:?}");
+    assert_eq!(o.status, Status::Failed);
+    assert_eq!(o.label, 3);
+    assert_eq!(
+        o.completed_prefix, CHUNK as u64,
+        "only chunk 0 landed in GPU memory"
+    );
+    assert_eq!(o.completed_chunks, 1);
+    assert!(
+        matches!(o.failure, Some(StagedFailure::Network { chunk: 1, .. })),
+        "{o:?}"
+    );
+    assert_eq!(o.remote_effect, RemoteEffect::None);
+    assert!(
+        o.uncertain.is_empty(),
+        "copies drained: nothing past the prefix"
+    );
+    assert_eq!(o.drain, StagingDrain::Drained);
+    let back = get(&dev, &gpu, 0, LEN);
+    assert_eq!(back[..CHUNK], pattern(LEN, 2)[..CHUNK]);
+    assert!(
+        back[CHUNK..].iter().all(|&b| b == 0xee),
+        "GPU bytes past the prefix unchanged"
+    );
+}
+
+#[test]
+fn a_device_copy_that_does_not_drain_fences_the_pipeline() {
+    run_child(
+        "child_copy_fault",
+        "fake-gpu",
+        &[("ORBITTE_STUB_FAIL_SYNC_AFTER", "3")],
+    );
+}
+
+#[test]
+#[ignore = "runs as a child of a_device_copy_that_does_not_drain_fences_the_pipeline"]
+fn child_copy_fault() {
+    if !is_child("child_copy_fault") {
+        return;
+    }
+    // Every cuStreamSynchronize after the third fails (sticky).
+    const LEN: usize = 4 * CHUNK;
+    let p = pair(1, 4, LEN);
+    let dev = CudaDevice::open(0).unwrap();
+    let gpu = CudaBuffer::alloc(&dev, LEN).unwrap();
+    gpu.fill(0, LEN, 0x5a).unwrap(); // cuCtxSynchronize: not counted
+    let staging = CudaStaging::new(&p.a, &dev, CHUNK, 1).unwrap();
+    let reg = staging.register_cuda(gpu).unwrap();
+    let before = p.dst.to_vec(0, LEN).unwrap();
+    let o = staging
+        .run(&StagedRequest::write(
+            reg.id, 0, p.peer, p.range, 0, LEN as u64,
+        ))
+        .unwrap();
+    println!("{o:?}");
+    assert_eq!(o.status, Status::Failed);
+    // Chunks 0..3 were synchronized and written; chunk 3's wait failed.
+    assert_eq!(o.completed_prefix, 3 * CHUNK as u64);
+    assert!(
+        matches!(o.failure, Some(StagedFailure::Copy { .. })),
+        "{o:?}"
+    );
+    assert_eq!(
+        o.drain,
+        StagingDrain::Pending {
+            copies_drained: false,
+            network: vec![]
+        }
+    );
+    assert_eq!(
+        o.remote_effect,
+        RemoteEffect::Possible {
+            bytes: o.completed_prefix..o.completed_prefix
+        }
+    );
+    let after = p.dst.to_vec(0, LEN).unwrap();
+    assert!(after[..3 * CHUNK].iter().all(|&b| b == 0x5a));
+    assert_eq!(after[3 * CHUNK..], before[3 * CHUNK..]);
+    // The lane is unquiesced for good: retained, never reused.
+    let lanes = staging.lanes();
+    assert_eq!((lanes.idle, lanes.unquiesced), (0, 1));
+    let again = staging
+        .run(&StagedRequest::write(reg.id, 0, p.peer, p.range, 0, 1))
+        .unwrap_err();
+    assert!(matches!(again, StagedSubmitError::Fenced { .. }), "{again}");
+    println!("{again}");
+    let e = staging.wait_drain(Duration::from_millis(50)).unwrap_err();
+    assert!(e.contains("unquiesced"), "{e}");
+    assert_eq!(staging.is_drained(), Ok(false));
+    assert_eq!(staging.bounce_registrations().len(), 2, "still registered");
+}
+
+#[test]
+fn bad_input_and_direct_gpu_registration_are_typed_errors() {
+    run_child("child_bad_input", "fake-gpu", &[]);
+}
+
+#[test]
+#[ignore = "runs as a child of bad_input_and_direct_gpu_registration_are_typed_errors"]
+fn child_bad_input() {
+    if !is_child("child_bad_input") {
+        return;
+    }
+    let p = pair(1, 4, 4096);
+    let dev = CudaDevice::open(0).unwrap();
+    let e = CudaStaging::new(&p.a, &dev, CHUNK, 0).unwrap_err();
+    assert!(matches!(e, StagingSetupError::Zero { depth: 0, .. }), "{e}");
+    let staging = CudaStaging::new(&p.a, &dev, CHUNK, 1).unwrap();
+    let gpu = CudaBuffer::alloc(&dev, 8192).unwrap();
+    let e = staging
+        .register_direct(gpu.clone(), Access::REMOTE_READ_WRITE)
+        .unwrap_err();
+    assert_eq!(
+        e,
+        CudaRegisterError::NotImplemented {
+            path: PathKind::GpudirectRdma
+        }
+    );
+    assert!(
+        e.to_string().starts_with("gpudirect-rdma: not implemented"),
+        "{e}"
+    );
+    let reg = staging.register_cuda(gpu).unwrap();
+    let run = |r: StagedRequest| staging.run(&r).unwrap_err();
+    let (peer, range) = (p.peer, p.range);
+    assert_eq!(
+        run(StagedRequest::write(reg.id, 0, peer, range, 0, 0)),
+        StagedSubmitError::ZeroLength
+    );
+    let e = run(StagedRequest::write(reg.id, 8000, peer, range, 0, 1000));
+    assert_eq!(
+        e,
+        StagedSubmitError::OutOfRange {
+            side: "gpu",
+            offset: 8000,
+            len: 1000,
+            size: 8192
+        }
+    );
+    assert!(e.to_string().contains("8192"), "{e}");
+    assert!(matches!(
+        run(StagedRequest::read(reg.id, 0, peer, range, 4000, 1000)),
+        StagedSubmitError::OutOfRange {
+            side: "remote",
+            size: 4096,
+            ..
+        }
+    ));
+    assert!(matches!(
+        run(StagedRequest::write(reg.id, 0, peer, range, u64::MAX, 2)),
+        StagedSubmitError::Overflow { .. }
+    ));
+    assert_eq!(
+        run(StagedRequest::write(reg.id, 0, PeerId(99), range, 0, 1)),
+        StagedSubmitError::UnknownPeer(99)
+    );
+    assert!(matches!(
+        run(StagedRequest::write(reg.id, 0, peer, RangeId(12345), 0, 1)),
+        StagedSubmitError::UnpublishedRemote { range: 12345, .. }
+    ));
+    let other = orbitte_engine::staging::CudaRegistrationId(777);
+    assert_eq!(
+        run(StagedRequest::write(other, 0, peer, range, 0, 1)),
+        StagedSubmitError::UnknownRegistration(other)
+    );
+    assert!(staging.unregister_cuda(reg.id).is_ok());
+    assert!(matches!(
+        run(StagedRequest::write(reg.id, 0, peer, range, 0, 1)),
+        StagedSubmitError::UnknownRegistration(_)
+    ));
+    // orbitte-cuda's own bad input: typed errors naming device and numbers.
+    let e = CudaDevice::open(7).unwrap_err();
+    assert!(
+        e.to_string().contains("CUDA device 7 does not exist"),
+        "{e}"
+    );
+    let e = CudaBuffer::alloc(&dev, 1 << 40).unwrap_err();
+    assert!(e.to_string().contains(&(1u64 << 40).to_string()), "{e}");
+    assert_eq!(staging.lanes().idle, 1, "refusals hold no lane");
+}
+
+#[test]
+fn the_capability_rows_round_trip_through_the_engine_on_the_fake_gpu() {
+    run_child("child_capability", "fake-gpu", &[]);
+}
+
+#[test]
+#[ignore = "runs as a child of the_capability_rows_round_trip_through_the_engine_on_the_fake_gpu"]
+fn child_capability() {
+    if !is_child("child_capability") {
+        return;
+    }
+    let p = pair(1, 4, 1 << 20);
+    let target = LoopbackTarget {
+        peer: p.peer,
+        range: p.range,
+        offset: 4096,
+    };
+    let cap = evaluate_cuda_staging(&p.a, 0, Some(target));
+    println!("{cap:#?}");
+    let row = cap.row(PathKind::CudaStaging).unwrap();
+    for c in [&row.build, &row.discovery, &row.completion, &row.drain] {
+        assert_eq!(*c, Check::Pass, "{row:?}");
+    }
+    assert!(
+        row.notes.iter().any(|n| n.contains("through the engine")),
+        "{:?}",
+        row.notes
+    );
+    not_implemented_rows_and_caveat(&cap);
+    let mut m = CapabilityMatrix::baseline();
+    cap.contribute_to(&mut m);
+    assert!(m.row(PathKind::CudaStaging).unwrap().completion.is_pass());
+    // Without a loopback peer range the completion check is not claimed.
+    let cap = cuda_rows(0);
+    let row = cap.row(PathKind::CudaStaging).unwrap();
+    assert!(row.discovery.is_pass());
+    assert!(
+        matches!(&row.completion, Check::Skipped { why } if why.contains("loopback")),
+        "{row:?}"
+    );
+}
+
+fn not_implemented_rows_and_caveat(cap: &orbitte_engine::staging::CudaCapability) {
+    for path in [PathKind::GpudirectRdma, PathKind::CudaIpc, PathKind::Nvlink] {
+        let row = cap.row(path).unwrap_or_else(|| panic!("{path} row"));
+        for c in [&row.build, &row.discovery, &row.completion, &row.drain] {
+            assert_eq!(*c, Check::NotImplemented, "{row:?}");
+        }
+    }
+    for row in &cap.rows {
+        assert!(
+            row.notes.iter().any(|n| n == COMPUTE_PROBE_CAVEAT),
+            "{row:?}"
+        );
+    }
+    assert_eq!(cap.rows.len(), 4);
+}
+
+#[test]
+fn a_driver_without_devices_is_skipped_in_the_rows() {
+    run_child("child_no_device", "no-device", &[]);
+}
+
+#[test]
+#[ignore = "runs as a child of a_driver_without_devices_is_skipped_in_the_rows"]
+fn child_no_device() {
+    if !is_child("child_no_device") {
+        return;
+    }
+    let p = pair(1, 4, 1 << 20);
+    let target = LoopbackTarget {
+        peer: p.peer,
+        range: p.range,
+        offset: 0,
+    };
+    let cap = evaluate_cuda_staging(&p.a, 0, Some(target));
+    let row = cap.row(PathKind::CudaStaging).unwrap();
+    assert!(row.build.is_pass());
+    assert!(
+        matches!(&row.discovery, Check::Skipped { why } if why.starts_with("no CUDA device")),
+        "{row:?}"
+    );
+    assert!(matches!(row.completion, Check::Skipped { .. }));
+    not_implemented_rows_and_caveat(&cap);
+    assert!(CudaDevice::open(0).is_err());
+}
+
+/// In this process: without a driver every CUDA answer is "skipped: no CUDA
+/// driver (libcuda.so.1 not found)", never a panic; with one (a GPU
+/// machine, `scripts/gpu-check.sh`), the round trip runs on device 0.
+/// `ORBITTE_REQUIRE_GPU=1` makes a missing driver a failure.
+#[test]
+fn real_driver_round_trip_or_skip() {
+    match orbitte_cuda::driver() {
+        Err(e) if e.reason() == NO_DRIVER => {
+            let cap = cuda_rows(0);
+            let row = cap.row(PathKind::CudaStaging).unwrap();
+            assert!(row.build.is_pass());
+            assert_eq!(
+                row.discovery,
+                Check::Skipped {
+                    why: NO_DRIVER.to_owned()
+                }
+            );
+            assert!(matches!(row.completion, Check::Skipped { .. }));
+            not_implemented_rows_and_caveat(&cap);
+            let e = CudaDevice::open(0).unwrap_err();
+            assert!(e.to_string().starts_with(NO_DRIVER), "{e}");
+            assert!(
+                std::env::var("ORBITTE_REQUIRE_GPU").as_deref() != Ok("1"),
+                "ORBITTE_REQUIRE_GPU=1 but {e}"
+            );
+            println!("skipped: {NO_DRIVER}");
+        }
+        Err(e) => panic!("a CUDA driver is present but unusable: {e}"),
+        Ok(_) => match orbitte_cuda::devices() {
+            Ok(list) if !list.is_empty() => {
+                println!("running on {list:?}");
+                round_trip_scenario();
+            }
+            other => {
+                assert!(
+                    std::env::var("ORBITTE_REQUIRE_GPU").as_deref() != Ok("1"),
+                    "ORBITTE_REQUIRE_GPU=1 but {other:?}"
+                );
+                println!("skipped: no CUDA device ({other:?})");
+            }
+        },
+    }
+}
