@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU check for orbitte-cuda (issue 8), for a machine with an NVIDIA GPU and
-# driver. Usage, from anywhere in the repository:
+# GPU check for orbitte-cuda and the engine's cuda-staging path (issue 8), for
+# a machine with an NVIDIA GPU and driver. Usage, from anywhere in the
+# repository:
 #
 #   scripts/gpu-check.sh
 #
@@ -10,6 +11,13 @@
 # 2. The staging benchmark (benches/staging.rs): 64 MiB through the staging
 #    pipeline at 1, 4 and 16 MiB chunks, next to the raw pinned cuMemcpy
 #    D2H/H2D baseline measured in the same run, in GB/s.
+# 3. The engine's cuda-staging tests (crates/orbitte-engine/tests/staging.rs),
+#    release build, GPU mandatory: the stub-driver children plus a staged
+#    WRITE and READ GPU -> remote -> GPU between two engines on device 0.
+# 4. The engine staging benchmark (examples/staging_bench.rs): 64 MiB staged
+#    WRITE and READ THROUGH THE ENGINE (sim fabric rails, in-process memcpy
+#    network) at 1, 4 and 16 MiB chunks, next to raw pinned cuMemcpy D2H/H2D
+#    and an engine host-to-host reference, all in the same run, in GB/s.
 #
 # The whole check must fit in 5 minutes (builds included); each step gets what
 # is left of that budget and the script fails when it runs out.
@@ -41,5 +49,11 @@ timeout "$(left)" cargo test -p orbitte-cuda
 
 echo "== staging benchmark (64 MiB; raw pinned copy is the baseline)"
 timeout "$(left)" cargo bench -p orbitte-cuda --bench staging
+
+echo "== cargo test --release -p orbitte-engine --test staging (GPU round trip through the engine)"
+timeout "$(left)" cargo test --release -p orbitte-engine --test staging
+
+echo "== engine staging benchmark (64 MiB through the engine; raw pinned copy is the baseline)"
+timeout "$(left)" cargo run --release -p orbitte-engine --example staging_bench -- 64 5
 
 echo "== gpu-check passed in ${SECONDS}s"

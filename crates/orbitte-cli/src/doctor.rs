@@ -2,25 +2,24 @@
 //! checks (build, discovery, completion, drain), each with its reason and
 //! fix.
 //!
-//! Sources: the engine's own matrix ([`orbitte::TransferEngine::capabilities`],
-//! which evaluates rdma for real); tcp and local evaluated here with a real
-//! loopback WRITE and READ through the engine's core and transports, unless
-//! the engine's matrix already evaluates them; the CUDA rows from
-//! [`orbitte::cuda::probe()`].
+//! Source: the engine's own matrix ([`orbitte::TransferEngine::capabilities`]):
+//! rdma evaluated for real (a loopback WRITE and READ on the selected NIC),
+//! tcp and local with a loopback request through each transport, the CUDA
+//! rows from the engine's staging module. When rdma works, the doctor opens
+//! a second engine as a loopback peer so that cuda-staging's completion
+//! check (GPU -> peer -> GPU through the engine) runs for real. Rows the
+//! engine leaves unevaluated fall back to [`orbitte::cuda::probe()`] (CUDA)
+//! or are shown as the engine gives them.
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use orbitte::core::CoreConfig;
-use orbitte::transport::{Op, PathKind, RangeId};
-use orbitte::{DrainStatus, EngineBuilder, HostMemory, Status};
+use orbitte::transport::{PathKind, RangeId};
+use orbitte::{EngineBuilder, HostMemory};
 use serde::Serialize;
 
 use crate::Failure;
 use crate::cli::{DoctorArgs, PathName};
-use crate::net::{Initiator, RW, Target, request, session_config};
 
 /// One check's answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -159,11 +158,19 @@ pub(crate) fn run(args: &DoctorArgs) -> Result<(), Failure> {
     let only = args.path.map(path_of);
     let wanted = |p: PathKind| only.is_none_or(|o| o == p);
     let engine_rows = engine_matrix(only);
-    let cuda = if wanted(PathKind::CudaStaging)
-        || wanted(PathKind::GpudirectRdma)
-        || wanted(PathKind::CudaIpc)
-        || wanted(PathKind::Nvlink)
-    {
+    let cuda_wanted = [
+        PathKind::CudaStaging,
+        PathKind::GpudirectRdma,
+        PathKind::CudaIpc,
+        PathKind::Nvlink,
+    ]
+    .into_iter()
+    .any(wanted);
+    // The probe only where the engine's matrix has no CUDA rows of its own.
+    let engine_has_cuda = engine_rows
+        .iter()
+        .any(|r| r.path == PathKind::CudaStaging && evaluated(r));
+    let cuda = if cuda_wanted && !engine_has_cuda {
         orbitte::cuda::probe::probe()
     } else {
         Vec::new()
@@ -174,26 +181,24 @@ pub(crate) fn run(args: &DoctorArgs) -> Result<(), Failure> {
             continue;
         }
         let engine_row = engine_rows.iter().find(|r| r.path == p).cloned();
-        let row = match p {
-            PathKind::Rdma => match engine_row {
-                Some(r) => from_engine(r),
-                None => Row::new(
-                    "rdma",
-                    "orbitte doctor",
-                    [
-                        Check::pass("compiled in"),
-                        Check::fail("the engine could not be built", "see the log above"),
-                        Check::skipped("discovery failed"),
-                        Check::skipped("discovery failed"),
-                    ],
-                    Vec::new(),
-                ),
-            },
-            PathKind::Tcp | PathKind::Local => match engine_row {
-                Some(r) if evaluated(&r) => from_engine(r),
-                _ => evaluate_net(p),
-            },
-            _ => match cuda.iter().find(|c| c.path == p.name()) {
+        let row = match (p, engine_row) {
+            // The engine's own evaluation comes first.
+            (_, Some(r)) if evaluated(&r) => from_engine(r),
+            (PathKind::Rdma, _) => Row::new(
+                "rdma",
+                "orbitte doctor",
+                [
+                    Check::pass("compiled in"),
+                    Check::fail(
+                        "the engine could not be built",
+                        "run with --log debug to see why",
+                    ),
+                    Check::skipped("discovery failed"),
+                    Check::skipped("discovery failed"),
+                ],
+                Vec::new(),
+            ),
+            (_, engine_row) => match cuda.iter().find(|c| c.path == p.name()) {
                 Some(c) => Row::new(
                     p.name(),
                     "orbitte-cuda probe",
@@ -254,9 +259,6 @@ pub(crate) fn run(args: &DoctorArgs) -> Result<(), Failure> {
 /// The engine's matrix (it evaluates rdma for real: an RDMA use, so it
 /// initializes contexts).
 fn engine_matrix(only: Option<PathKind>) -> Vec<orbitte::PathRow> {
-    if only.is_some_and(|p| p != PathKind::Rdma && p != PathKind::Tcp && p != PathKind::Local) {
-        return orbitte::CapabilityMatrix::baseline().rows;
-    }
     let engine = match EngineBuilder::new(format!("orbitte-doctor-{}", std::process::id())).build()
     {
         Ok(e) => e,
@@ -265,11 +267,58 @@ fn engine_matrix(only: Option<PathKind>) -> Vec<orbitte::PathRow> {
             return Vec::new();
         }
     };
-    let m = engine.capabilities();
+    let mut m = engine.capabilities();
+    let rdma_works = m.row(PathKind::Rdma).is_some_and(|r| {
+        r.build.is_pass() && r.discovery.is_pass() && r.completion.is_pass() && r.drain.is_pass()
+    });
+    if rdma_works && only.is_none_or(|p| p == PathKind::CudaStaging) {
+        // cuda-staging's completion is a GPU -> remote -> GPU round trip
+        // through the engine: it needs a loopback peer, which rdma gives.
+        if let Some(cap) = cuda_through_loopback(&engine) {
+            cap.contribute_to(&mut m);
+        }
+    }
     if let Err(u) = engine.shutdown(Duration::from_secs(5)) {
         tracing::error!(error = %u, "engine shutdown after the capability matrix");
     }
     m.rows
+}
+
+/// A second engine with a scratch range, opened as a peer of `engine`,
+/// for the staged round trip.
+fn cuda_through_loopback(
+    engine: &orbitte::TransferEngine,
+) -> Option<orbitte::staging::CudaCapability> {
+    use orbitte::staging::{LOOPBACK_BYTES, LoopbackTarget, evaluate_cuda_staging};
+    let peer_engine = EngineBuilder::new(format!("orbitte-doctor-peer-{}", std::process::id()))
+        .build()
+        .ok()?;
+    let result = (|| {
+        let scratch = HostMemory::alloc(usize::try_from(LOOPBACK_BYTES).ok()?).ok()?;
+        let reg = peer_engine
+            .register_host(scratch, orbitte::Access::REMOTE_READ_WRITE)
+            .ok()?;
+        let (mut la, mut lb) = orbitte::InProcessLink::pair();
+        let peer = std::thread::scope(|s| {
+            let h = s.spawn(|| peer_engine.accept_peer(&mut lb));
+            let p = engine.open_peer(&mut la);
+            let accepted = h.join().ok().and_then(Result::ok);
+            p.ok().filter(|_| accepted.is_some())
+        })?;
+        Some(evaluate_cuda_staging(
+            engine,
+            0,
+            Some(LoopbackTarget {
+                peer: peer.id,
+                range: RangeId(reg.id.0),
+                offset: 0,
+            }),
+        ))
+    })();
+    if let Err(u) = peer_engine.shutdown(Duration::from_secs(5)) {
+        tracing::error!(error = %u, "loopback peer shutdown");
+    }
+    result
 }
 
 /// Whether the engine evaluated a row (rather than leaving it to the path).
@@ -288,175 +337,8 @@ fn from_engine(r: orbitte::PathRow) -> Row {
             r.completion.into(),
             r.drain.into(),
         ],
-        Vec::new(),
+        r.notes,
     )
-}
-
-const PROBE: usize = 64 << 10;
-
-/// tcp or local: a target and an initiator in this process, a 64 KiB WRITE
-/// then READ back, bytes compared, then drain.
-fn evaluate_net(path: PathKind) -> Row {
-    let name = path.name();
-    let build = Check::pass("compiled in (orbitte-engine transport::tcp / transport::local)");
-    let mut checks = [
-        build,
-        Check::skipped("not reached"),
-        Check::skipped("discovery did not pass"),
-        Check::skipped("completion did not pass"),
-    ];
-    let notes = match path {
-        PathKind::Local => vec![
-            "same host, different process: bytes move through shared memory (memfd), never a socket"
-                .into(),
-        ],
-        _ => {
-            vec!["evaluated over 127.0.0.1: a pass says nothing about reaching other hosts".into()]
-        }
-    };
-    let row = |checks| Row::new(name, "orbitte doctor (loopback)", checks, notes.clone());
-    let cfg = match session_config(
-        &format!("orbitte-doctor-target-{}", std::process::id()),
-        None,
-    ) {
-        Ok(c) => c,
-        Err(e) => {
-            checks[1] = Check::fail(e, "report this: the doctor's source id is invalid");
-            return row(checks);
-        }
-    };
-    let addr: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 0));
-    let target = match Target::start(cfg, addr) {
-        Ok(t) => t,
-        Err(e) => {
-            checks[1] = Check::fail(e, "allow this process to listen on 127.0.0.1");
-            return row(checks);
-        }
-    };
-    let result = (|| -> Result<(), ()> {
-        let remote = HostMemory::alloc(PROBE).map_err(|e| {
-            checks[1] = Check::fail(
-                format!("cannot allocate shared host memory: {e}"),
-                "check memfd_create and mmap limits (ulimit -l, vm.max_map_count)",
-            );
-        })?;
-        if path == PathKind::Local && !target.listener.serves_local() {
-            checks[1] = Check::fail(
-                "the local path's unix socket could not be bound",
-                "run where abstract unix sockets are allowed (same network namespace)",
-            );
-            return Err(());
-        }
-        let range = target.ranges.publish(remote.clone(), RW).map_err(|e| {
-            checks[1] = Check::fail(format!("cannot publish a range: {e}"), "see the log");
-        })?;
-        checks[1] = Check::pass(match path {
-            PathKind::Local => "loopback listener and the local path's unix socket are up",
-            _ => "loopback listener is up",
-        });
-        let icfg = session_config(&format!("orbitte-doctor-{}", std::process::id()), None)
-            .map_err(|_| ())?;
-        let init = Initiator::new(
-            icfg,
-            CoreConfig {
-                slice_size: 16 << 10,
-                request_timeout: Duration::from_secs(5),
-                drain_timeout: Duration::from_secs(2),
-            },
-        );
-        let peer = init
-            .connect(target.listener.local_addr(), 1, Some(path))
-            .map_err(|e| {
-                checks[2] = Check::fail(
-                    e,
-                    format!("run with --log debug; the {name} path's sessions log why"),
-                );
-            })?;
-        let result = probe_transfer(&init, &peer, RangeId(range.0), &remote);
-        init.close(&peer);
-        match result {
-            Ok(ids) => {
-                checks[2] = Check::pass(format!(
-                    "{PROBE} B WRITE then READ back over {name}, bytes compared"
-                ));
-                let undrained: Vec<_> = ids
-                    .iter()
-                    .filter(|id| {
-                        init.driver.wait_drain(**id, Duration::from_secs(5)) != DrainStatus::Drained
-                    })
-                    .collect();
-                let outstanding = init.driver.outstanding_slices();
-                checks[3] = if undrained.is_empty() && outstanding == 0 {
-                    Check::pass("no slice outstanding on the local buffers afterwards")
-                } else {
-                    Check::fail(
-                        format!(
-                            "{} request(s) undrained, {outstanding} slice(s) outstanding after 5 s",
-                            undrained.len()
-                        ),
-                        "report this with the log (--log debug): a completed request must drain",
-                    )
-                };
-                Ok(())
-            }
-            Err((reason, fix)) => {
-                checks[2] = Check::fail(reason, fix);
-                Err(())
-            }
-        }
-    })();
-    let _ = result;
-    target.listener.shutdown();
-    row(checks)
-}
-
-fn probe_transfer(
-    init: &Initiator,
-    peer: &crate::net::Peer,
-    range: RangeId,
-    remote: &Arc<HostMemory>,
-) -> Result<Vec<orbitte::RequestId>, (String, String)> {
-    let io = |e: orbitte::memory::MemoryError| (e.to_string(), "see the log".to_owned());
-    let src = HostMemory::alloc(PROBE).map_err(io)?;
-    let dst = HostMemory::alloc(PROBE).map_err(io)?;
-    let pattern: Vec<u8> = (0..PROBE).map(|i| (i * 7 + 3) as u8).collect();
-    src.write_at(0, &pattern).map_err(io)?;
-    let (rs, rd) = (init.driver.register(src), init.driver.register(dst.clone()));
-    let mut ids = Vec::new();
-    for (op, reg) in [(Op::Write, rs), (Op::Read, rd)] {
-        let id = init
-            .driver
-            .submit(vec![request(1, op, reg, 0, peer, range, 0, PROBE as u64)])
-            .map_err(|e| (format!("submit refused: {e}"), "report this".to_owned()))?;
-        let o = init
-            .driver
-            .wait(id[0], Duration::from_secs(30))
-            .ok_or_else(|| {
-                (
-                    "no outcome within 30 s".to_owned(),
-                    "report this with --log debug".to_owned(),
-                )
-            })?;
-        if o.status != Status::Complete {
-            let f = o
-                .failure
-                .map_or_else(|| format!("{:?}", o.status), |f| f.to_string());
-            return Err((
-                format!("{op} of {PROBE} B did not complete: {f}"),
-                "run with --log debug to see why the session failed".into(),
-            ));
-        }
-        ids.push(id[0]);
-    }
-    if remote.to_vec(0, PROBE).map_err(io)? != pattern
-        || dst.to_vec(0, PROBE).map_err(io)? != pattern
-    {
-        return Err((
-            "bytes read back differ from the bytes written".into(),
-            "report this: a completed request moved wrong bytes".into(),
-        ));
-    }
-    Ok(ids)
 }
 
 fn human(m: &Matrix) -> String {

@@ -10,8 +10,8 @@ mod bench;
 mod chart;
 mod cli;
 mod config;
+mod control;
 mod doctor;
-mod net;
 mod serve;
 mod stats;
 mod topology;
@@ -80,7 +80,14 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            eprintln!("orbitte: {}", f.message);
+            // One line, whatever the wrapped error's text looks like.
+            let line: Vec<&str> = f
+                .message
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            eprintln!("orbitte: {}", line.join(" "));
             ExitCode::from(f.code)
         }
     }

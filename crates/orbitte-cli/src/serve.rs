@@ -1,22 +1,19 @@
 //! `orbitte serve --config FILE`: a target engine that publishes the
 //! configured ranges and serves peers until it is stopped.
 //!
-//! The ranges are served over the tcp path (and the local path to
-//! same-host peers) through the engine's session listener. With an
-//! `[rdma]` table they are Host Direct registrations of the engine, on
-//! every usable NIC context (a registration failure is then an error,
-//! never a silent switch), and the listener serves exactly those
-//! registrations; without it they go into a publication table of the
-//! tcp/local paths.
+//! The engine serves its registrations over the tcp path (and the local
+//! path to same-host peers) with `serve_tcp`. With an `[rdma]` table the
+//! ranges are Host Direct registrations on every usable NIC context (a
+//! registration failure is then an error, never a silent switch) and rdma
+//! peers open the engine over control links on `engine.control_listen`;
+//! without it they are registered for tcp and local only.
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use orbitte::session::PublicationTable;
 use orbitte::topology::{ConfigOverrides, RdmaConfig, SysfsRoots, discover};
-use orbitte::wire::AccessFlags;
 use orbitte::wire::auth::ClusterSecret;
 use orbitte::{Access, Budgets, DeviceMask, EngineBuilder, HostMemory, TransferEngine};
 use serde::Serialize;
@@ -24,7 +21,7 @@ use serde::Serialize;
 use crate::Failure;
 use crate::cli::ServeArgs;
 use crate::config::{self, RangeAccess, ServeConfig};
-use crate::net::{accept_rdma_peers, listen};
+use crate::control::accept_rdma_peers;
 
 #[derive(Debug, Serialize)]
 struct Effective<'a> {
@@ -88,20 +85,12 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::usage(format!("config file {origin}: key engine.source_id: {e}")))?;
     scfg.cluster_secret = secret;
     scfg.handshake_timeout = cfg.engine.handshake_timeout();
-    // One publication: with an [rdma] table the ranges are Host Direct
-    // registrations of the engine, and tcp/local peers reach exactly those
-    // (`serve_tcp` serves the engine's registrations: same range ids and
-    // tokens as in its segment descriptors); without it, a publication
-    // table of the tcp/local paths.
-    let table = PublicationTable::new();
-    let listened = if cfg.rdma_table {
-        engine
-            .serve_tcp(scfg, cfg.engine.listen)
-            .map_err(|e| e.to_string())
-    } else {
-        listen(scfg, table.clone(), cfg.engine.listen)
-    };
-    let listener = listened.map_err(|e| {
+    // The engine serves its registrations over tcp (and local to
+    // same-host peers): with an [rdma] table they are Host Direct
+    // registrations, also reachable by rdma peers; without it,
+    // registrations for the tcp and local paths only (an explicit choice,
+    // not a fallback).
+    let listener = engine.serve_tcp(scfg, cfg.engine.listen).map_err(|e| {
         Failure::failed(format!(
             "cannot listen on {}: {e} (config file {origin}, key engine.listen)",
             cfg.engine.listen
@@ -113,25 +102,16 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
             mem.fill(0, mem.len(), r.fill)
                 .map_err(|e| Failure::failed(format!("range {}: {e}", r.name)))?;
         }
-        let (flags, access) = match r.access {
-            RangeAccess::Read => (
-                AccessFlags::REMOTE_READ,
-                Access::Remote {
-                    read: true,
-                    write: false,
-                },
-            ),
-            RangeAccess::Write => (
-                AccessFlags::REMOTE_WRITE,
-                Access::Remote {
-                    read: false,
-                    write: true,
-                },
-            ),
-            RangeAccess::ReadWrite => (
-                AccessFlags(AccessFlags::REMOTE_READ.0 | AccessFlags::REMOTE_WRITE.0),
-                Access::REMOTE_READ_WRITE,
-            ),
+        let access = match r.access {
+            RangeAccess::Read => Access::Remote {
+                read: true,
+                write: false,
+            },
+            RangeAccess::Write => Access::Remote {
+                read: false,
+                write: true,
+            },
+            RangeAccess::ReadWrite => Access::REMOTE_READ_WRITE,
         };
         let (id, note) = if cfg.rdma_table {
             let reg = engine.register_host(Arc::clone(&mem), access).map_err(|e| {
@@ -144,10 +124,10 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
             })?;
             (reg.id.0, format!(", rdma: {} MR copies", reg.copies))
         } else {
-            let id = table
-                .publish(mem, flags)
+            let reg = engine
+                .register_host_without_rdma(mem, access)
                 .map_err(|e| Failure::failed(format!("range {}: cannot publish: {e}", r.name)))?;
-            (id.0, ", tcp/local only (no [rdma] table)".to_owned())
+            (reg.id.0, ", tcp/local only (no [rdma] table)".to_owned())
         };
         println!(
             "published range {} (id {id}): {} bytes, {:?} access, fill {:#04x}{note}",

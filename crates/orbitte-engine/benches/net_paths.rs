@@ -30,8 +30,10 @@ const TOTAL: usize = 64 << 20;
 const CONNS: usize = 4;
 const BLOCKS: [(usize, &str); 2] = [(64 << 10, "64KiB"), (1 << 20, "1MiB")];
 
-/// Raw sockets: `CONNS` pairs; each round every sender streams
-/// `TOTAL / CONNS` bytes in `block` writes and its receiver acks one byte.
+/// Raw sockets: `CONNS` pairs; each round every sender streams its
+/// `TOTAL / CONNS`-byte share of a `TOTAL`-byte buffer in `block` writes,
+/// its receiver reads them into its share of another `TOTAL`-byte buffer
+/// (the same memory footprint as the paths) and acks one byte.
 struct RawPairs {
     senders: Vec<TcpStream>,
 }
@@ -46,13 +48,13 @@ impl RawPairs {
             s.set_nodelay(true).unwrap();
             let (mut r, _) = l.accept().unwrap();
             std::thread::spawn(move || {
-                let mut buf = vec![0u8; block];
                 let per = TOTAL / CONNS;
+                let mut buf = vec![0u8; per];
                 loop {
                     let mut got = 0;
                     while got < per {
                         let want = block.min(per - got);
-                        if r.read_exact(&mut buf[..want]).is_err() {
+                        if r.read_exact(&mut buf[got..got + want]).is_err() {
                             return;
                         }
                         got += want;
@@ -69,13 +71,14 @@ impl RawPairs {
 
     fn round(&mut self, block: usize, data: &[u8]) {
         std::thread::scope(|sc| {
-            for s in &mut self.senders {
+            for (k, s) in self.senders.iter_mut().enumerate() {
                 sc.spawn(move || {
                     let per = TOTAL / CONNS;
+                    let mine = &data[k * per..(k + 1) * per];
                     let mut sent = 0;
                     while sent < per {
                         let n = block.min(per - sent);
-                        s.write_all(&data[..n]).unwrap();
+                        s.write_all(&mine[sent..sent + n]).unwrap();
                         sent += n;
                     }
                     let mut ack = [0u8; 1];
@@ -94,8 +97,16 @@ struct TcpSetup {
     range: u64,
 }
 
+/// `NET_BENCH_ZERO_COPY=0` measures the scratch-buffer path instead of
+/// sendfile/splice.
+fn session_cfg(source: &str) -> orbitte_engine::session::SessionConfig {
+    let mut c = cfg(source, 1);
+    c.zero_copy = std::env::var("NET_BENCH_ZERO_COPY").as_deref() != Ok("0");
+    c
+}
+
 fn tcp_setup(block: usize) -> TcpSetup {
-    let t = Target::start(cfg("bench-target", 1));
+    let t = Target::start(session_cfg("bench-target"));
     let remote = HostMemory::alloc(TOTAL).unwrap();
     let range = t.ranges.publish(remote, RW).unwrap().0;
     let core = CoreConfig {
@@ -103,7 +114,7 @@ fn tcp_setup(block: usize) -> TcpSetup {
         request_timeout: Duration::from_secs(60),
         drain_timeout: Duration::from_secs(10),
     };
-    let i = Initiator::new(cfg("bench-initiator", 1), core);
+    let i = Initiator::new(session_cfg("bench-initiator"), core);
     let local = HostMemory::alloc(TOTAL).unwrap();
     pattern(&local, 1);
     let reg = i.driver.register(local);
@@ -155,7 +166,7 @@ fn tcp(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(5))
         .warm_up_time(Duration::from_secs(1));
     g.throughput(Throughput::Bytes(TOTAL as u64));
-    let data = vec![7u8; 1 << 20];
+    let data = vec![7u8; TOTAL];
     for (block, name) in BLOCKS {
         let mut raw = RawPairs::new(block);
         g.bench_function(BenchmarkId::new("raw_socket_baseline", name), |b| {

@@ -183,6 +183,9 @@ impl TransferEngine {
     pub fn capabilities(&self) -> CapabilityMatrix {
         let mut m = CapabilityMatrix::baseline();
         m.contribute(self.evaluate_rdma());
+        // net: real loopback WRITE+READ through the tcp and local transports.
+        m.contribute(crate::session::probe::tcp_row());
+        m.contribute(crate::session::probe::local_row());
         crate::staging::contribute_cuda_rows(&mut m); // staging: CUDA rows (no engine round trip)
         m
     }

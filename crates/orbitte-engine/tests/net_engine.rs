@@ -194,3 +194,139 @@ fn engines_open_rdma_peers_over_a_tcp_control_link() {
     let _ = a.shutdown(Duration::from_secs(5));
     let _ = b.shutdown(Duration::from_secs(5));
 }
+
+#[test]
+fn transfer_engines_run_requests_over_tcp_and_local_with_the_engine_contract() {
+    use orbitte_engine::session::{NetOpenError, PathPreference};
+    use orbitte_engine::{DrainStatus, RemoteEffect, TransferRequest};
+    net_support::logs();
+    let fabric = SimFabric::new(
+        SimDescription::new(vec![
+            SimDeviceDesc::roce("a0", [10, 1, 0, 1]),
+            SimDeviceDesc::roce("b0", [10, 2, 0, 1]),
+        ])
+        .with_delivery(Delivery::Background),
+        3,
+    );
+    let target = EngineBuilder::new("net-target")
+        .provider(fabric.provider_for(&["a0"]))
+        .build()
+        .unwrap();
+    let client = EngineBuilder::new("net-client")
+        .provider(fabric.provider_for(&["b0"]))
+        .build()
+        .unwrap();
+    let remote = HostMemory::alloc(4 << 20).unwrap();
+    pattern(&remote, 6);
+    let range = target
+        .register_host_without_rdma(
+            remote.clone(),
+            Access::Remote {
+                read: true,
+                write: true,
+            },
+        )
+        .unwrap();
+    let listener = target
+        .serve_tcp(
+            target.session_config().unwrap(),
+            "127.0.0.1:0".parse().unwrap(),
+        )
+        .unwrap();
+
+    let range_id = orbitte_engine::RangeId(range.id.0);
+    let net = client.attach_net(client.session_config().unwrap());
+    let src = HostMemory::alloc(4 << 20).unwrap();
+    pattern(&src, 7);
+    let dst = HostMemory::alloc(4 << 20).unwrap();
+    let s = client
+        .register_host_without_rdma(src.clone(), Access::LocalOnly)
+        .unwrap();
+    let d = client
+        .register_host_without_rdma(dst.clone(), Access::LocalOnly)
+        .unwrap();
+
+    // Only rdma through here is refused with a reason.
+    assert!(matches!(
+        net.open_peer(
+            &client,
+            listener.local_addr(),
+            1,
+            PathPreference::Only(PathKind::Rdma)
+        ),
+        Err(NetOpenError::Unsupported(PathKind::Rdma))
+    ));
+
+    // tcp, explicitly (same host, but asked for): 3 connections.
+    let peer = net
+        .open_peer(
+            &client,
+            listener.local_addr(),
+            3,
+            PathPreference::Only(PathKind::Tcp),
+        )
+        .unwrap();
+    assert_eq!(
+        (peer.path, peer.rails.len(), peer.fell_back.len()),
+        (PathKind::Tcp, 3, 0)
+    );
+    let before = listener.stats().data_requests;
+    let ids = client
+        .submit(&[TransferRequest::write(s.id, 0, peer.info.id, range_id, 0, 2 << 20).label(1)])
+        .unwrap();
+    let o = client.wait(ids[0], BOUND).unwrap();
+    assert_eq!(
+        (o.status, o.remote_effect.clone()),
+        (Status::Complete, RemoteEffect::Complete),
+        "{o:?}"
+    );
+    assert_eq!(
+        remote.to_vec(0, 2 << 20).unwrap(),
+        src.to_vec(0, 2 << 20).unwrap()
+    );
+    assert!(
+        listener.stats().data_requests > before,
+        "bytes went over tcp"
+    );
+    // Out of range: refused at submit time by the engine, nothing posted.
+    assert!(
+        client
+            .submit(&[TransferRequest::read(
+                d.id,
+                0,
+                peer.info.id,
+                range_id,
+                4 << 20,
+                1
+            )])
+            .is_err()
+    );
+
+    // Auto on the same host: the local path (a reconnect of the same epoch).
+    let local = net
+        .open_peer(&client, listener.local_addr(), 2, PathPreference::Auto)
+        .unwrap();
+    assert_eq!(local.path, PathKind::Local, "{local:?}");
+    let before = listener.stats();
+    let ids = client
+        .submit(&[TransferRequest::read(
+            d.id,
+            0,
+            local.info.id,
+            range_id,
+            0,
+            4 << 20,
+        )])
+        .unwrap();
+    let o = client.wait(ids[0], BOUND).unwrap();
+    assert_eq!(o.status, Status::Complete, "{o:?}");
+    assert_eq!(client.drain_status(ids[0]), DrainStatus::Drained);
+    assert!(dst.to_vec(0, 4 << 20).unwrap() == remote.to_vec(0, 4 << 20).unwrap());
+    let after = listener.stats();
+    assert_eq!(
+        after.data_bytes, before.data_bytes,
+        "no byte crossed the socket on the local path"
+    );
+    let _ = client.shutdown(Duration::from_secs(5));
+    let _ = target.shutdown(Duration::from_secs(5));
+}

@@ -109,7 +109,9 @@ struct Netns {
 /// Removes namespaces left by an earlier run that was killed before its
 /// cleanup ran (their creator's pid is gone).
 fn remove_stale() {
-    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else { return };
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let name = line.split_whitespace().next().unwrap_or_default();
         let mut parts = name.split('-');

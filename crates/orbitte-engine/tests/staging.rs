@@ -26,8 +26,8 @@ use orbitte_engine::staging::{
     evaluate_cuda_staging,
 };
 use orbitte_engine::{
-    Access, Budgets, CapabilityMatrix, Check, EngineBuilder, InProcessLink, PathKind, PeerId,
-    RangeId, RemoteEffect, Status, TransferEngine,
+    Access, Budgets, CapabilityMatrix, Check, EngineBuilder, InProcessLink, Op, PathKind, PeerId,
+    RangeId, RemoteEffect, Status, SubmitError, TransferEngine,
 };
 use orbitte_memory::HostMemory;
 use orbitte_verbs::WcStatus;
@@ -132,6 +132,8 @@ struct Pair {
     dst: Arc<HostMemory>,
     peer: PeerId,
     range: RangeId,
+    /// A 4 KiB range of B that peers may only READ.
+    read_only: RangeId,
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -143,6 +145,16 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 /// Engines A and B, `nics` RoCE NICs each, A opened B; B publishes
 /// `remote_len` bytes (pattern seed 2) for remote READ and WRITE.
 fn pair(nics: usize, signal_interval: u32, remote_len: usize) -> Pair {
+    pair_timed(nics, signal_interval, remote_len, Duration::from_secs(5))
+}
+
+/// [`pair`] with A's request timeout.
+fn pair_timed(
+    nics: usize,
+    signal_interval: u32,
+    remote_len: usize,
+    request_timeout: Duration,
+) -> Pair {
     let mut devs = Vec::new();
     for (h, host) in [("a", 1), ("b", 2)] {
         for i in 0..nics {
@@ -169,7 +181,7 @@ fn pair(nics: usize, signal_interval: u32, remote_len: usize) -> Pair {
         EngineBuilder::new(format!("staging-{h}"))
             .provider(fabric.provider_for(&refs))
             .slice_size(SLICE)
-            .request_timeout(Duration::from_secs(5))
+            .request_timeout(request_timeout)
             .drain_timeout(Duration::from_millis(200))
             .handshake_timeout(Duration::from_secs(5))
             .max_in_flight(16)
@@ -185,6 +197,15 @@ fn pair(nics: usize, signal_interval: u32, remote_len: usize) -> Pair {
     let rb = b
         .register_host(dst.clone(), Access::REMOTE_READ_WRITE)
         .expect("register B's range");
+    let ro = b
+        .register_host(
+            HostMemory::alloc(4096).unwrap(),
+            Access::Remote {
+                read: true,
+                write: false,
+            },
+        )
+        .expect("register B's read-only range");
     let (mut la, mut lb) = InProcessLink::pair();
     let peer = std::thread::scope(|s| {
         let hb = s.spawn(|| b.accept_peer(&mut lb));
@@ -199,6 +220,7 @@ fn pair(nics: usize, signal_interval: u32, remote_len: usize) -> Pair {
         dst,
         peer: peer.id,
         range: RangeId(rb.id.0),
+        read_only: RangeId(ro.id.0),
     }
 }
 
@@ -384,7 +406,11 @@ fn child_write_failure() {
         (info.slice, info.nic, info.path),
         (1, Some(0), PathKind::Rdma)
     );
-    assert_eq!(info.offset, CHUNK as u64 + u64::from(SLICE), "request-relative");
+    assert_eq!(
+        info.offset,
+        CHUNK as u64 + u64::from(SLICE),
+        "request-relative"
+    );
     let RemoteEffect::Possible { bytes } = o.remote_effect.clone() else {
         panic!("{o:?}")
     };
@@ -458,6 +484,72 @@ fn child_read_failure() {
         back[CHUNK..].iter().all(|&b| b == 0xee),
         "GPU bytes past the prefix unchanged"
     );
+}
+
+#[test]
+fn a_chunk_request_that_does_not_drain_fences_its_lane_until_it_drains() {
+    run_child("child_stalled_chunk", "fake-gpu", &[]);
+}
+
+#[test]
+#[ignore = "runs as a child of a_chunk_request_that_does_not_drain_fences_its_lane_until_it_drains"]
+fn child_stalled_chunk() {
+    if !is_child("child_stalled_chunk") {
+        return;
+    }
+    const LEN: usize = 4 * CHUNK;
+    // A's requests time out after 300 ms; 200 ms later the engine flushes
+    // the rail holding the stalled slice, which drains the request.
+    let p = pair_timed(1, 1, LEN, Duration::from_millis(300));
+    let dev = CudaDevice::open(0).unwrap();
+    let gpu = CudaBuffer::alloc(&dev, LEN).unwrap();
+    let src = pattern(LEN, 9);
+    put(&dev, &gpu, 0, &src);
+    // The 6th send work request (chunk 1, slice 1) never completes.
+    p.fabric.faults().stall_send(WrMatch::nth(6));
+    let staging = CudaStaging::new(&p.a, &dev, CHUNK, 1)
+        .unwrap()
+        .with_waits(Duration::from_secs(10), Duration::from_millis(20));
+    let reg = staging.register_cuda(gpu).unwrap();
+    let o = staging
+        .run(&StagedRequest::write(
+            reg.id, 0, p.peer, p.range, 0, LEN as u64,
+        ))
+        .unwrap();
+    println!("{o:?}");
+    assert_eq!(o.status, Status::TimedOut);
+    assert_eq!(o.completed_prefix, CHUNK as u64 + u64::from(SLICE));
+    let Some(StagedFailure::Network {
+        chunk: 1,
+        request,
+        status: Status::TimedOut,
+        drained: false,
+        ..
+    }) = o.failure.clone()
+    else {
+        panic!("{o:?}")
+    };
+    assert_eq!(
+        o.drain,
+        StagingDrain::Pending {
+            copies_drained: true,
+            network: vec![request]
+        },
+        "the stalled slice still holds the bounce buffer"
+    );
+    assert!(matches!(o.remote_effect, RemoteEffect::Possible { .. }));
+    assert_eq!(
+        p.dst.to_vec(0, o.completed_prefix as usize).unwrap(),
+        src[..o.completed_prefix as usize]
+    );
+    // Fenced now (unless the engine already flushed it), never unquiesced;
+    // the engine's drain timeout flushes the rail, and the lane returns.
+    let lanes = staging.lanes();
+    assert_eq!(lanes.unquiesced, 0);
+    assert_eq!(lanes.fenced_network + lanes.idle, 1);
+    staging.wait_drain(Duration::from_secs(10)).unwrap();
+    assert_eq!(staging.lanes().idle, 1);
+    assert_eq!(staging.is_drained(), Ok(true));
 }
 
 #[test]
@@ -600,6 +692,10 @@ fn child_bad_input() {
         run(StagedRequest::write(other, 0, peer, range, 0, 1)),
         StagedSubmitError::UnknownRegistration(other)
     );
+    assert!(matches!(
+        run(StagedRequest::write(reg.id, 0, peer, p.read_only, 0, 1)),
+        StagedSubmitError::WrongAccess { op: Op::Write, .. }
+    ));
     assert!(staging.unregister_cuda(reg.id).is_ok());
     assert!(matches!(
         run(StagedRequest::write(reg.id, 0, peer, range, 0, 1)),
@@ -614,6 +710,58 @@ fn child_bad_input() {
     let e = CudaBuffer::alloc(&dev, 1 << 40).unwrap_err();
     assert!(e.to_string().contains(&(1u64 << 40).to_string()), "{e}");
     assert_eq!(staging.lanes().idle, 1, "refusals hold no lane");
+    // A fenced engine refuses chunk 0: nothing was posted, so it is an
+    // error, not an outcome, and the lane goes back to the pool.
+    let reg = staging
+        .register_cuda(CudaBuffer::alloc(&dev, 4096).unwrap())
+        .unwrap();
+    let _ = p.a.shutdown(Duration::from_secs(1));
+    let e = staging
+        .run(&StagedRequest::read(reg.id, 0, peer, p.read_only, 0, 4096))
+        .unwrap_err();
+    assert!(
+        matches!(e, StagedSubmitError::Refused(SubmitError::Fenced { .. })),
+        "{e}"
+    );
+    assert_eq!(staging.lanes().idle, 1);
+}
+
+#[test]
+fn a_registration_error_never_switches_bounce_buffers_to_another_path() {
+    run_child("child_no_rdma", "fake-gpu", &[]);
+}
+
+#[test]
+#[ignore = "runs as a child of a_registration_error_never_switches_bounce_buffers_to_another_path"]
+fn child_no_rdma() {
+    if !is_child("child_no_rdma") {
+        return;
+    }
+    // An engine without any RDMA NIC: Host Direct registration fails.
+    let fabric = SimFabric::new(SimDescription::new(vec![]), 1);
+    let e = EngineBuilder::new("staging-no-nic")
+        .provider(fabric.provider_for(&[]))
+        .build()
+        .unwrap();
+    let dev = CudaDevice::open(0).unwrap();
+    let err = CudaStaging::new(&e, &dev, CHUNK, 2).unwrap_err();
+    println!("{err}");
+    assert!(
+        matches!(
+            err,
+            StagingSetupError::Register {
+                lane: 0,
+                slot: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(e.charges(), Default::default(), "nothing left registered");
+    // The tcp/local-only registration is an explicit, separate choice.
+    let staging = CudaStaging::new_without_rdma(&e, &dev, CHUNK, 2).unwrap();
+    assert_eq!(staging.bounce_registrations().len(), 4);
+    assert_eq!(e.charges(), Default::default(), "no MR, nothing charged");
 }
 
 #[test]

@@ -105,6 +105,12 @@ const NATIVE_SUITES: &[Suite] = &[
         package: "orbitte-verbs",
         target: Target::Test("native"),
     },
+    // The same scenarios on the sim and on rxe0, with the documented
+    // differences (issue 10, item 3; docs/verbs.md "Sim versus rxe").
+    Suite {
+        package: "orbitte-verbs",
+        target: Target::Test("scenarios"),
+    },
     // The CLI's topology on rxe0, after one Host Direct registration through
     // the native provider (issue 10, item 4).
     Suite {

@@ -1,26 +1,34 @@
-//! What the measurement loop runs batches on: the engine's core with its
-//! tcp/local transports ([`CoreBackend`]), or two `TransferEngine`s on the
-//! rdma path ([`RdmaBackend`]).
+//! What the measurement loop runs batches on: an initiator
+//! `TransferEngine` with one open peer. The target engine runs in this
+//! process (loopback) or in another process or host.
+//!
+//! - tcp and local: the initiator opens the peer with the engine's net
+//!   paths (`attach_net(..).open_peer(..)`: a tcp session, the target's
+//!   publications, then the path the policy picks or the one asked for);
+//!   the target serves its registrations with `serve_tcp`.
+//! - rdma: the initiator opens the peer with `open_peer` over a TCP control
+//!   link (handshake, segment descriptors, RC connect); the target accepts
+//!   control links ([`crate::control::accept_rdma_peers`]).
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use orbitte::session::TcpControlLink;
+use orbitte::session::{Listener, NetPaths, PathPreference, TcpControlLink};
 use orbitte::transport::{Op, PathKind, RangeId, RegistrationId};
 use orbitte::verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric, SimTiming};
 use orbitte::{
-    Access, EngineBuilder, HostMemory, Outcome, PeerInfo, TransferEngine, TransferRequest,
+    Access, EngineBuilder, HostMemory, Outcome, PeerId, TransferEngine, TransferRequest,
 };
 
 use super::fill_target_pattern;
 use crate::Failure;
 use crate::cli::BenchArgs;
-use crate::net::{Initiator, Peer, accept_rdma_peers, request};
+use crate::control::accept_rdma_peers;
 
-/// Bound on one wait: far beyond the core's request timeout (10 s), so it
-/// only ends a wait on a stuck core.
+/// Bound on one wait: far beyond the engine's request timeout (10 s), so
+/// it only ends a wait on a stuck engine.
 const WAIT_BOUND: Duration = Duration::from_secs(60);
 
 /// One request of a batch, relative to the thread's memory and window.
@@ -32,33 +40,6 @@ pub(crate) struct Req {
     /// Into the remote range.
     pub(crate) remote_offset: u64,
     pub(crate) len: u64,
-}
-
-/// Runs batches for the measurement loop.
-pub(crate) trait Backend: Sync {
-    /// The path requests take.
-    fn path(&self) -> PathKind;
-    /// Why this path (the policy's choice, or `--path`).
-    fn path_note(&self) -> String;
-    /// The peer, as `source-id (epoch N)`.
-    fn peer(&self) -> String;
-    /// Bytes of the remote range.
-    fn remote_len(&self) -> u64;
-    /// Thread `t`'s local memory (source of WRITEs, destination of READs).
-    fn local(&self, t: usize) -> &Arc<HostMemory>;
-    /// Thread `t`'s scratch memory (where `--check` reads WRITEs back).
-    fn scratch(&self, t: usize) -> &Arc<HostMemory>;
-    /// Slices posted and not yet drained, over all requests.
-    fn outstanding_slices(&self) -> u64;
-    /// Submits `reqs` as one batch (on thread `t`'s scratch memory if
-    /// `scratch`), waits for every outcome, and returns each with its
-    /// latency from submission.
-    fn batch(
-        &self,
-        t: usize,
-        reqs: &[Req],
-        scratch: bool,
-    ) -> Result<Vec<(Outcome, Duration)>, Failure>;
 }
 
 struct ThreadMem {
@@ -74,255 +55,18 @@ fn alloc(len: u64) -> Result<Arc<HostMemory>, Failure> {
     super::alloc(len)
 }
 
-/// tcp or local through the engine's core (see `crate::net`).
-pub(crate) struct CoreBackend<'a> {
-    initiator: &'a Initiator,
-    peer: Peer,
-    range: RangeId,
-    range_len: u64,
-    asked: bool,
-    threads: Vec<ThreadMem>,
-}
-
-impl<'a> CoreBackend<'a> {
-    pub(crate) fn connect(
-        initiator: &'a Initiator,
-        addr: SocketAddr,
-        args: &BenchArgs,
-        want: Option<PathKind>,
-    ) -> Result<Self, Failure> {
-        let rails = usize::try_from(args.threads).unwrap_or(1).clamp(1, 8);
-        let peer = initiator
-            .connect(addr, rails, want)
-            .map_err(Failure::failed)?;
-        let need = super::range_len(args);
-        let Some(r) = peer
-            .ranges
-            .iter()
-            .filter(|r| {
-                r.access.contains(orbitte::wire::AccessFlags::REMOTE_READ)
-                    && r.access.contains(orbitte::wire::AccessFlags::REMOTE_WRITE)
-            })
-            .max_by_key(|r| r.length)
-        else {
-            return Err(Failure::failed(format!(
-                "the target {} publishes no read-write range: start it with `orbitte bench --role target` or publish one in `orbitte serve`'s config",
-                peer.source_id
-            )));
-        };
-        if r.length < need {
-            return Err(Failure::failed(format!(
-                "the target's largest read-write range is {} bytes; this run needs {need} (block size x batch size x threads{}): start the target with the same settings or lower them",
-                r.length,
-                if args.sweep {
-                    ", 4M blocks for --sweep"
-                } else {
-                    ""
-                }
-            )));
-        }
-        let (range, range_len) = (RangeId(r.range_id.0), r.length);
-        let per = thread_len(args);
-        let mut threads = Vec::new();
-        for _ in 0..args.threads {
-            let l = alloc(per)?;
-            let s = alloc(per)?;
-            threads.push(ThreadMem {
-                local: (initiator.driver.register(l.clone()), l),
-                scratch: (initiator.driver.register(s.clone()), s),
-            });
-        }
-        Ok(Self {
-            initiator,
-            peer,
-            range,
-            range_len,
-            asked: want.is_some(),
-            threads,
-        })
-    }
-}
-
-impl Drop for CoreBackend<'_> {
-    fn drop(&mut self) {
-        self.initiator.close(&self.peer);
-    }
-}
-
-impl Backend for CoreBackend<'_> {
-    fn path(&self) -> PathKind {
-        self.peer.path
-    }
-
-    fn path_note(&self) -> String {
-        let mut note = if self.asked {
-            "asked for with --path".to_owned()
-        } else {
-            match self.peer.path {
-                PathKind::Local => {
-                    "chosen by the path policy: same host, the target's memory is mapped here"
-                        .to_owned()
-                }
-                _ => "chosen by the path policy".to_owned(),
-            }
-        };
-        for (p, why) in &self.peer.fell_back {
-            note.push_str(&format!("; fell back from {p}: {why}"));
-        }
-        note
-    }
-
-    fn peer(&self) -> String {
-        format!("{} (epoch {})", self.peer.source_id, self.peer.epoch)
-    }
-
-    fn remote_len(&self) -> u64 {
-        self.range_len
-    }
-
-    fn local(&self, t: usize) -> &Arc<HostMemory> {
-        &self.threads[t].local.1
-    }
-
-    fn outstanding_slices(&self) -> u64 {
-        self.initiator.driver.outstanding_slices()
-    }
-
-    fn scratch(&self, t: usize) -> &Arc<HostMemory> {
-        &self.threads[t].scratch.1
-    }
-
-    fn batch(
-        &self,
-        t: usize,
-        reqs: &[Req],
-        scratch: bool,
-    ) -> Result<Vec<(Outcome, Duration)>, Failure> {
-        let mem = &self.threads[t];
-        let reg = if scratch { mem.scratch.0 } else { mem.local.0 };
-        let batch = reqs
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                request(
-                    i as u64,
-                    r.op,
-                    reg,
-                    r.local_offset,
-                    &self.peer,
-                    self.range,
-                    r.remote_offset,
-                    r.len,
-                )
-            })
-            .collect();
-        let t0 = Instant::now();
-        let ids = self
-            .initiator
-            .driver
-            .submit(batch)
-            .map_err(|e| Failure::failed(format!("submit refused: {e}")))?;
-        let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
-            let o = self.initiator.driver.wait(id, WAIT_BOUND).ok_or_else(|| {
-                Failure::failed(format!(
-                    "no outcome for request {id} within {WAIT_BOUND:?}: the engine's core is stuck (a bug); rerun with --log debug"
-                ))
-            })?;
-            out.push((o, t0.elapsed()));
-        }
-        Ok(out)
-    }
-}
-
-/// The rdma path through `TransferEngine`s: the initiator engine here, the
-/// target engine in this process (loopback, on this host's NICs or the
-/// simulated fabric) or in another process or host. Either way the peer is
-/// opened over a TCP control link (handshake, descriptors, RC connect).
-pub(crate) struct RdmaBackend {
-    sim: bool,
-    a: TransferEngine,
-    /// The loopback target, stopped after the initiator.
-    target: Option<RdmaTarget>,
-    _link: TcpControlLink,
-    peer: PeerInfo,
-    range: RangeId,
-    range_len: u64,
-    threads: Vec<ThreadMem>,
-}
-
-/// A target engine answering control links on a TCP listener: every
-/// connection is a peer opened by an initiator.
-pub(crate) struct RdmaTarget {
-    pub(crate) engine: Arc<TransferEngine>,
-    pub(crate) addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl RdmaTarget {
-    /// Publishes `len` bytes (read-write, the bench's pattern) and accepts
-    /// peers on `listen`.
-    pub(crate) fn start(
-        engine: TransferEngine,
-        len: u64,
-        listen: SocketAddr,
-    ) -> Result<(Self, RangeId), Failure> {
-        let remote = alloc(len)?;
-        fill_target_pattern(&remote).map_err(Failure::failed)?;
-        let published = engine
-            .register_host(remote, Access::REMOTE_READ_WRITE)
-            .map_err(no_rdma)?;
-        let listener = TcpListener::bind(listen).map_err(|e| {
-            Failure::failed(format!(
-                "cannot listen on {listen}: {e}; pick a free address with --listen"
-            ))
-        })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| Failure::failed(e.to_string()))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| Failure::failed(e.to_string()))?;
-        let engine = Arc::new(engine);
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (engine, stop) = (engine.clone(), stop.clone());
-            std::thread::Builder::new()
-                .name("orbitte-bench-accept".into())
-                .spawn(move || accept_rdma_peers(&listener, &engine, &stop))
-                .map_err(|e| Failure::failed(e.to_string()))?
-        };
-        Ok((
-            Self {
-                engine,
-                addr,
-                stop,
-                thread: Some(thread),
-            },
-            RangeId(published.id.0),
-        ))
-    }
-}
-
-impl Drop for RdmaTarget {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        if let Err(u) = self.engine.shutdown(Duration::from_secs(5)) {
-            tracing::error!(error = %u, "target engine shutdown");
-        }
-    }
-}
-
-fn no_rdma(e: orbitte::RegisterError) -> Failure {
+fn no_rdma(e: &orbitte::RegisterError) -> Failure {
     let text = e.to_string();
     let first = text.lines().next().unwrap_or_default().to_owned();
     Failure::failed(format!(
         "rdma path: {first}; run `orbitte doctor --path rdma` for every check, or measure tcp/local (leave out --path)"
     ))
+}
+
+fn shutdown(engine: &TransferEngine, what: &str) {
+    if let Err(u) = engine.shutdown(Duration::from_secs(5)) {
+        tracing::error!(error = %u, "{what} engine shutdown");
+    }
 }
 
 /// An engine on the native provider, or on `fabric`'s `device`.
@@ -335,21 +79,137 @@ fn engine(id: String, fabric: Option<&SimFabric>, device: &str) -> Result<Transf
         .map_err(|e| Failure::failed(format!("cannot build an engine: {e}")))
 }
 
-/// The bench's rdma target engine (native provider), for `--role target`.
-pub(crate) fn rdma_target(
-    args: &BenchArgs,
-    len: u64,
-    listen: SocketAddr,
-) -> Result<(RdmaTarget, RangeId), Failure> {
-    let id = super::source_id(args, "target");
-    RdmaTarget::start(engine(id, None, "")?, len, listen)
+/// A bench target: an engine publishing one read-write range (the bench's
+/// pattern), reachable over tcp/local (`serve_tcp`) or over rdma (control
+/// links).
+pub(crate) struct Target {
+    pub(crate) engine: Arc<TransferEngine>,
+    pub(crate) addr: SocketAddr,
+    pub(crate) range: RangeId,
+    /// Local path served (tcp/local targets).
+    pub(crate) serves_local: bool,
+    listener: Option<Listener>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl RdmaBackend {
+impl Target {
+    /// `path` rdma: Host Direct registration and a control-link listener;
+    /// otherwise a tcp/local-only registration and `serve_tcp`.
+    pub(crate) fn start(
+        engine: TransferEngine,
+        rdma: bool,
+        len: u64,
+        listen: SocketAddr,
+    ) -> Result<Self, Failure> {
+        let remote = alloc(len)?;
+        fill_target_pattern(&remote).map_err(Failure::failed)?;
+        let published = if rdma {
+            engine
+                .register_host(remote, Access::REMOTE_READ_WRITE)
+                .map_err(|e| no_rdma(&e))?
+        } else {
+            engine
+                .register_host_without_rdma(remote, Access::REMOTE_READ_WRITE)
+                .map_err(|e| Failure::failed(format!("cannot publish the target range: {e}")))?
+        };
+        let range = RangeId(published.id.0);
+        let engine = Arc::new(engine);
+        let stop = Arc::new(AtomicBool::new(false));
+        let cannot_listen = |e: &dyn std::fmt::Display| {
+            Failure::failed(format!(
+                "cannot listen on {listen}: {e}; pick a free address with --listen"
+            ))
+        };
+        if !rdma {
+            let cfg = engine
+                .session_config()
+                .map_err(|e| Failure::usage(format!("invalid source id: {e}")))?;
+            let listener = engine
+                .serve_tcp(cfg, listen)
+                .map_err(|e| cannot_listen(&e))?;
+            return Ok(Self {
+                addr: listener.local_addr(),
+                serves_local: listener.serves_local(),
+                engine,
+                range,
+                listener: Some(listener),
+                stop,
+                thread: None,
+            });
+        }
+        let bind = || -> std::io::Result<(TcpListener, SocketAddr)> {
+            let l = TcpListener::bind(listen)?;
+            l.set_nonblocking(true)?;
+            let a = l.local_addr()?;
+            Ok((l, a))
+        };
+        let (listener, addr) = bind().map_err(|e| cannot_listen(&e))?;
+        let thread = {
+            let (engine, stop) = (engine.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("orbitte-bench-accept".into())
+                .spawn(move || accept_rdma_peers(&listener, &engine, &stop))
+                .map_err(|e| Failure::failed(e.to_string()))?
+        };
+        Ok(Self {
+            engine,
+            addr,
+            range,
+            serves_local: false,
+            listener: None,
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(l) = self.listener.take() {
+            l.shutdown();
+        }
+        shutdown(&self.engine, "target");
+    }
+}
+
+/// The bench's target engine on this host (native provider).
+pub(crate) fn target(args: &BenchArgs, rdma: bool, len: u64) -> Result<Target, Failure> {
+    let listen = super::parse_addr(&args.listen, "--listen")?;
+    let id = super::source_id(args, "target");
+    Target::start(engine(id, None, "")?, rdma, len, listen)
+}
+
+/// The initiator engine with one open peer.
+pub(crate) struct Backend {
+    a: TransferEngine,
+    /// The loopback target, stopped after the initiator.
+    target: Option<Target>,
+    _link: Option<TcpControlLink>,
+    _net: Option<NetPaths>,
+    peer: PeerId,
+    peer_name: String,
+    path: PathKind,
+    path_note: String,
+    range: RangeId,
+    range_len: u64,
+    threads: Vec<ThreadMem>,
+}
+
+impl Backend {
     /// Loopback: a target engine and an initiator engine in this process
-    /// (on the simulated fabric with `--sim`).
-    pub(crate) fn loopback(args: &BenchArgs, len: u64) -> Result<Self, Failure> {
-        let fabric = args.sim.then(|| {
+    /// (rdma on the simulated fabric with `--sim`).
+    pub(crate) fn loopback(
+        args: &BenchArgs,
+        want: Option<PathKind>,
+        len: u64,
+    ) -> Result<Self, Failure> {
+        let rdma = want == Some(PathKind::Rdma);
+        let fabric = (rdma && args.sim).then(|| {
             SimFabric::new(
                 SimDescription::new(vec![
                     SimDeviceDesc::roce("sim_initiator", [10, 0, 0, 1]),
@@ -369,135 +229,189 @@ impl RdmaBackend {
             fabric.as_ref(),
             "sim_target",
         )?;
-        let (target, _) = RdmaTarget::start(b, len, SocketAddr::from(([127, 0, 0, 1], 0)))?;
+        let listen = super::parse_addr(&args.listen, "--listen")?;
+        let target = Target::start(b, rdma, len, listen)?;
         let addr = target.addr;
         let a = engine(
             super::source_id(args, "initiator"),
             fabric.as_ref(),
             "sim_initiator",
         )?;
-        Self::connect(args, a, addr, Some(target))
+        Self::connect(args, a, addr, want, Some(target))
     }
 
     /// Initiator: connects to a target in another process or host.
-    pub(crate) fn initiator(args: &BenchArgs, addr: SocketAddr) -> Result<Self, Failure> {
+    pub(crate) fn initiator(
+        args: &BenchArgs,
+        addr: SocketAddr,
+        want: Option<PathKind>,
+    ) -> Result<Self, Failure> {
         let a = engine(super::source_id(args, "initiator"), None, "")?;
-        Self::connect(args, a, addr, None)
+        Self::connect(args, a, addr, want, None)
     }
 
     fn connect(
         args: &BenchArgs,
         a: TransferEngine,
         addr: SocketAddr,
-        target: Option<RdmaTarget>,
+        want: Option<PathKind>,
+        target: Option<Target>,
     ) -> Result<Self, Failure> {
+        let rdma = want == Some(PathKind::Rdma);
         let per = thread_len(args);
         let mut threads = Vec::new();
         for _ in 0..args.threads {
             let l = alloc(per)?;
             let s = alloc(per)?;
-            let rl = a
-                .register_host(l.clone(), Access::LocalOnly)
-                .map_err(no_rdma)?;
-            let rs = a
-                .register_host(s.clone(), Access::LocalOnly)
-                .map_err(no_rdma)?;
+            let reg = |m: &Arc<HostMemory>| {
+                if rdma {
+                    a.register_host(m.clone(), Access::LocalOnly)
+                        .map_err(|e| no_rdma(&e))
+                } else {
+                    a.register_host_without_rdma(m.clone(), Access::LocalOnly)
+                        .map_err(|e| Failure::failed(format!("cannot register memory: {e}")))
+                }
+            };
+            let (rl, rs) = (reg(&l)?, reg(&s)?);
             threads.push(ThreadMem {
                 local: (rl.id, l),
                 scratch: (rs.id, s),
             });
         }
-        let mut link = TcpControlLink::connect(addr, Duration::from_secs(5)).map_err(|e| {
+        let unreachable = |e: &dyn std::fmt::Display| {
             Failure::failed(format!(
-                "cannot reach the target at {addr}: {e}; check that `orbitte bench --role target --path rdma` runs there and the address is right"
+                "cannot reach the target at {addr}: {e}; check that `orbitte bench --role target{}` or `orbitte serve` runs there and the address is right",
+                if rdma { " --path rdma" } else { "" }
             ))
-        })?;
-        let peer = a.open_peer(&mut link).map_err(|e| {
-            Failure::failed(format!(
-                "rdma path: cannot open the peer at {addr}: {e}; run `orbitte doctor --path rdma` on both hosts"
-            ))
-        })?;
+        };
+        let (info, path, path_note, link, net) = if rdma {
+            let mut link = TcpControlLink::connect(addr, Duration::from_secs(5))
+                .map_err(|e| unreachable(&e))?;
+            let info = a.open_peer(&mut link).map_err(|e| {
+                Failure::failed(format!(
+                    "rdma path: cannot open the peer at {addr}: {e}; run `orbitte doctor --path rdma` on both hosts"
+                ))
+            })?;
+            let note = if args.sim {
+                format!(
+                    "asked for with --path; {} rail(s) on the simulated fabric (--sim: zero latency, unlimited bandwidth: the engine's own overhead, not a NIC)",
+                    info.rails.len()
+                )
+            } else {
+                format!(
+                    "asked for with --path; {} rail(s) on this host's NIC(s)",
+                    info.rails.len()
+                )
+            };
+            (info, PathKind::Rdma, note, Some(link), None)
+        } else {
+            let cfg = a
+                .session_config()
+                .map_err(|e| Failure::usage(format!("invalid source id: {e}")))?;
+            let net = a.attach_net(cfg);
+            let prefer = want.map_or(PathPreference::Auto, PathPreference::Only);
+            let rails = usize::try_from(args.threads).unwrap_or(1).clamp(1, 8);
+            let peer = net.open_peer(&a, addr, rails, prefer).map_err(|e| {
+                let text = e.to_string();
+                if matches!(e, orbitte::session::NetOpenError::Session(_)) {
+                    unreachable(&text)
+                } else {
+                    Failure::failed(format!(
+                        "cannot open the peer at {addr} on the {} path: {text}; run `orbitte doctor` or pick another --path",
+                        want.map_or("chosen", PathKind::name)
+                    ))
+                }
+            })?;
+            let mut note = if want.is_some() {
+                "asked for with --path".to_owned()
+            } else if peer.path == PathKind::Local {
+                "chosen by the path policy: same host, the target's memory is mapped here"
+                    .to_owned()
+            } else {
+                "chosen by the path policy".to_owned()
+            };
+            for (p, why) in &peer.fell_back {
+                note.push_str(&format!("; fell back from {p}: {why}"));
+            }
+            (peer.info, peer.path, note, None, Some(net))
+        };
         let need = super::range_len(args);
         let rw = |f: orbitte::wire::AccessFlags| {
             f.contains(orbitte::wire::AccessFlags::REMOTE_READ)
                 && f.contains(orbitte::wire::AccessFlags::REMOTE_WRITE)
         };
         let Some(&(range, range_len, _)) =
-            peer.ranges.iter().filter(|r| rw(r.2)).max_by_key(|r| r.1)
+            info.ranges.iter().filter(|r| rw(r.2)).max_by_key(|r| r.1)
         else {
             return Err(Failure::failed(format!(
-                "the target {} publishes no read-write range: start it with `orbitte bench --role target --path rdma`",
-                peer.source_id
+                "the target {} publishes no read-write range: start it with `orbitte bench --role target` or publish one in `orbitte serve`'s config",
+                info.source_id
             )));
         };
         if range_len < need {
             return Err(Failure::failed(format!(
-                "the target's largest read-write range is {range_len} bytes; this run needs {need}: start the target with the same settings or lower them"
+                "the target's largest read-write range is {range_len} bytes; this run needs {need} (block size x batch size x threads{}): start the target with the same settings or lower them",
+                if args.sweep {
+                    ", 4M blocks for --sweep"
+                } else {
+                    ""
+                }
             )));
         }
         Ok(Self {
-            sim: args.sim,
+            peer: info.id,
+            peer_name: format!("{} (epoch {})", info.source_id, info.epoch),
             a,
             target,
             _link: link,
-            peer,
+            _net: net,
+            path,
+            path_note,
             range,
             range_len,
             threads,
         })
     }
-}
 
-impl Drop for RdmaBackend {
-    fn drop(&mut self) {
-        if let Err(u) = self.a.shutdown(Duration::from_secs(5)) {
-            tracing::error!(error = %u, "engine shutdown");
-        }
-        // Then the loopback target (its Drop shuts its engine down).
-        self.target.take();
-    }
-}
-
-impl Backend for RdmaBackend {
-    fn path(&self) -> PathKind {
-        PathKind::Rdma
+    /// The path requests take.
+    pub(crate) fn path(&self) -> PathKind {
+        self.path
     }
 
-    fn path_note(&self) -> String {
-        if self.sim {
-            format!(
-                "asked for with --path; {} rail(s) on the simulated fabric (--sim: zero latency, unlimited bandwidth: the engine's own overhead, not a NIC)",
-                self.peer.rails.len()
-            )
-        } else {
-            format!(
-                "asked for with --path; {} rail(s) on this host's NIC(s)",
-                self.peer.rails.len()
-            )
-        }
+    /// Why this path (the policy's choice, or `--path`).
+    pub(crate) fn path_note(&self) -> &str {
+        &self.path_note
     }
 
-    fn peer(&self) -> String {
-        format!("{} (epoch {})", self.peer.source_id, self.peer.epoch)
+    /// The peer, as `source-id (epoch N)`.
+    pub(crate) fn peer(&self) -> &str {
+        &self.peer_name
     }
 
-    fn remote_len(&self) -> u64 {
+    /// Bytes of the remote range.
+    pub(crate) fn remote_len(&self) -> u64 {
         self.range_len
     }
 
-    fn local(&self, t: usize) -> &Arc<HostMemory> {
+    /// Thread `t`'s local memory (source of WRITEs, destination of READs).
+    pub(crate) fn local(&self, t: usize) -> &Arc<HostMemory> {
         &self.threads[t].local.1
     }
 
-    fn outstanding_slices(&self) -> u64 {
-        self.a.outstanding_slices()
-    }
-
-    fn scratch(&self, t: usize) -> &Arc<HostMemory> {
+    /// Thread `t`'s scratch memory (where `--check` reads WRITEs back).
+    pub(crate) fn scratch(&self, t: usize) -> &Arc<HostMemory> {
         &self.threads[t].scratch.1
     }
 
-    fn batch(
+    /// Slices posted and not yet drained, over all requests.
+    pub(crate) fn outstanding_slices(&self) -> u64 {
+        self.a.outstanding_slices()
+    }
+
+    /// Submits `reqs` as one batch (on thread `t`'s scratch memory if
+    /// `scratch`), waits for every outcome, and returns each with its
+    /// latency from submission.
+    pub(crate) fn batch(
         &self,
         t: usize,
         reqs: &[Req],
@@ -516,7 +430,7 @@ impl Backend for RdmaBackend {
                 f(
                     reg,
                     r.local_offset,
-                    self.peer.id,
+                    self.peer,
                     self.range,
                     r.remote_offset,
                     r.len,
@@ -538,5 +452,13 @@ impl Backend for RdmaBackend {
             out.push((o, t0.elapsed()));
         }
         Ok(out)
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        shutdown(&self.a, "initiator");
+        // Then the loopback target (its Drop stops its engine).
+        self.target.take();
     }
 }

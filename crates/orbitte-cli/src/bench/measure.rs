@@ -50,7 +50,7 @@ struct Shared {
 
 /// Measures one block size.
 pub(crate) fn run(
-    backend: &dyn Backend,
+    backend: &Backend,
     args: &BenchArgs,
     block: u64,
     bar: &ProgressBar,
@@ -133,7 +133,7 @@ pub(crate) fn run(
 
 #[allow(clippy::too_many_arguments)]
 fn thread_loop(
-    backend: &dyn Backend,
+    backend: &Backend,
     args: &BenchArgs,
     t: usize,
     block: u64,
@@ -190,7 +190,7 @@ fn thread_loop(
 /// offsets. WRITE: the remote bytes, read back into scratch memory, are
 /// the bytes sent.
 fn verify(
-    backend: &dyn Backend,
+    backend: &Backend,
     t: usize,
     reqs: &[Req],
     op: Op,

@@ -14,12 +14,10 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use orbitte::HostMemory;
-use orbitte::core::CoreConfig;
 use orbitte::transport::PathKind;
 
 use crate::Failure;
 use crate::cli::{BenchArgs, Op, PathName, Role};
-use crate::net::{Initiator, RW, Target, session_config};
 use backend::Backend;
 use report::{Point, Report};
 
@@ -96,6 +94,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
             "--sim runs the rdma path on the simulated fabric: add --path rdma",
         ));
     }
+    if args.sim && args.role != Role::Loopback {
+        return Err(Failure::usage(
+            "--sim runs in one process: use it with --role loopback",
+        ));
+    }
     let len = range_len(args);
     if len > 64 << 30 {
         return Err(Failure::usage(format!(
@@ -103,51 +106,21 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
         )));
     }
     match args.role {
-        Role::Target if want == Some(PathKind::Rdma) => run_rdma_target(args, len),
-        Role::Target => run_target(args, len),
+        Role::Target => run_target(args, want == Some(PathKind::Rdma), len),
         Role::Initiator => {
             let peer = args.peer.as_deref().unwrap_or_default();
             let addr = parse_addr(peer, "--peer")?;
-            if want == Some(PathKind::Rdma) {
-                let backend = backend::RdmaBackend::initiator(args, addr)?;
-                return bench_with(args, &backend, &format!("initiator to {addr}"), None);
-            }
-            let initiator = new_initiator(args, "initiator")?;
-            let backend = backend::CoreBackend::connect(&initiator, addr, args, want)?;
-            let describe = format!("initiator to {addr}");
-            bench_with(args, &backend, &describe, None)
+            let backend = Backend::initiator(args, addr, want)?;
+            bench_with(args, &backend, &format!("initiator to {addr}"), false)
         }
         Role::Loopback => {
-            if want == Some(PathKind::Rdma) {
-                let backend = backend::RdmaBackend::loopback(args, len)?;
-                return bench_with(
-                    args,
-                    &backend,
-                    "loopback (target and initiator engines in this process, tcp control link)",
-                    None,
-                );
-            }
-            let listen = parse_addr(&args.listen, "--listen")?;
-            let cfg = session_config(&source_id(args, "target"), None).map_err(Failure::usage)?;
-            let target = Target::start(cfg, listen).map_err(Failure::failed)?;
-            let mem = alloc(len)?;
-            fill_target_pattern(&mem).map_err(Failure::failed)?;
-            target
-                .ranges
-                .publish(mem, RW)
-                .map_err(|e| Failure::failed(format!("cannot publish the target range: {e}")))?;
-            let addr = target.listener.local_addr();
-            let initiator = new_initiator(args, "initiator")?;
-            let r = backend::CoreBackend::connect(&initiator, addr, args, want).and_then(|b| {
-                bench_with(
-                    args,
-                    &b,
-                    "loopback (target and initiator in this process)",
-                    Some(()),
-                )
-            });
-            target.listener.shutdown();
-            r
+            let backend = Backend::loopback(args, want, len)?;
+            let role = if want == Some(PathKind::Rdma) {
+                "loopback (target and initiator engines in this process, tcp control link)"
+            } else {
+                "loopback (target and initiator engines in this process)"
+            };
+            bench_with(args, &backend, role, true)
         }
     }
 }
@@ -161,65 +134,32 @@ fn alloc(len: u64) -> Result<Arc<HostMemory>, Failure> {
     })
 }
 
-fn new_initiator(args: &BenchArgs, role: &str) -> Result<Initiator, Failure> {
-    let cfg = session_config(&source_id(args, role), None).map_err(Failure::usage)?;
-    Ok(Initiator::new(
-        cfg,
-        CoreConfig {
-            slice_size: 64 * 1024,
-            request_timeout: Duration::from_secs(10),
-            drain_timeout: Duration::from_secs(5),
-        },
-    ))
-}
-
-fn run_target(args: &BenchArgs, len: u64) -> Result<(), Failure> {
-    let listen = parse_addr(&args.listen, "--listen")?;
-    let cfg = session_config(&source_id(args, "target"), None).map_err(Failure::usage)?;
-    let target = Target::start(cfg, listen).map_err(Failure::failed)?;
-    let mem = alloc(len)?;
-    fill_target_pattern(&mem).map_err(Failure::failed)?;
-    let range = target
-        .ranges
-        .publish(mem, RW)
-        .map_err(|e| Failure::failed(format!("cannot publish the target range: {e}")))?;
+/// `--role target`: publishes one range and serves initiators until it is
+/// stopped (tcp and local; with `--path rdma`, rdma peers over control
+/// links).
+fn run_target(args: &BenchArgs, rdma: bool, len: u64) -> Result<(), Failure> {
+    let target = backend::target(args, rdma, len)?;
     // The first line is for scripts and tests: the address initiators use.
-    println!(
-        "listening on {} (range {} of {len} bytes, read-write; local path {})",
-        target.listener.local_addr(),
-        range.0,
-        if target.listener.serves_local() {
-            "served"
-        } else {
-            "not served"
-        }
-    );
+    if rdma {
+        println!(
+            "listening on {} (rdma control link; range {} of {len} bytes, read-write, registered on {} NIC context(s))",
+            target.addr,
+            target.range.0,
+            target.engine.topology().contexts.len()
+        );
+    } else {
+        println!(
+            "listening on {} (range {} of {len} bytes, read-write; tcp, local path {})",
+            target.addr,
+            target.range.0,
+            if target.serves_local {
+                "served"
+            } else {
+                "not served"
+            }
+        );
+    }
     eprintln!("orbitte: target ready; stop it with Ctrl-C");
-    // A target serves until it is killed (Ctrl-C); the listener's threads
-    // do the work.
-    let _target = target;
-    loop {
-        std::thread::sleep(Duration::from_secs(3600));
-    }
-}
-
-/// `--role target --path rdma`: a target engine on this host's NICs that
-/// accepts rdma peers over tcp control links.
-fn run_rdma_target(args: &BenchArgs, len: u64) -> Result<(), Failure> {
-    if args.sim {
-        return Err(Failure::usage(
-            "--sim runs in one process: use it with --role loopback",
-        ));
-    }
-    let listen = parse_addr(&args.listen, "--listen")?;
-    let (target, range) = backend::rdma_target(args, len, listen)?;
-    println!(
-        "listening on {} (rdma control link; range {} of {len} bytes, read-write, registered on {} NIC context(s))",
-        target.addr,
-        range.0,
-        target.engine.topology().contexts.len()
-    );
-    eprintln!("orbitte: rdma target ready; stop it with Ctrl-C");
     let _target = target;
     loop {
         std::thread::sleep(Duration::from_secs(3600));
@@ -229,9 +169,9 @@ fn run_rdma_target(args: &BenchArgs, len: u64) -> Result<(), Failure> {
 /// Runs one point or the sweep on `backend` and prints the report.
 fn bench_with(
     args: &BenchArgs,
-    backend: &dyn Backend,
+    backend: &Backend,
     role: &str,
-    loopback: Option<()>,
+    loopback: bool,
 ) -> Result<(), Failure> {
     let sizes: Vec<u64> = if args.sweep {
         SWEEP.to_vec()
@@ -244,7 +184,7 @@ fn bench_with(
         let bar = progress(show, args.duration, block);
         let mut point: Point = measure::run(backend, args, block, &bar)?;
         bar.finish_and_clear();
-        if !args.no_baseline && loopback.is_some() {
+        if !args.no_baseline && loopback {
             point.baseline = baseline::measure(backend.path(), args, block);
         }
         points.push(point);

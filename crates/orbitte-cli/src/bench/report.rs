@@ -64,18 +64,13 @@ pub(crate) fn path_name(p: PathName) -> &'static str {
 }
 
 impl Report {
-    pub(crate) fn new(
-        args: &BenchArgs,
-        backend: &dyn Backend,
-        role: &str,
-        points: Vec<Point>,
-    ) -> Self {
+    pub(crate) fn new(args: &BenchArgs, backend: &Backend, role: &str, points: Vec<Point>) -> Self {
         Self {
             role: role.to_owned(),
             op: args.op,
             path: backend.path().name().to_owned(),
-            path_note: backend.path_note(),
-            peer: backend.peer(),
+            path_note: backend.path_note().to_owned(),
+            peer: backend.peer().to_owned(),
             batch_size: args.batch_size,
             threads: args.threads,
             duration_s: args.duration,

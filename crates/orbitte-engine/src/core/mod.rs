@@ -530,7 +530,15 @@ impl Core {
             tracing::debug!(?rail, "completion on an unknown rail ignored");
             return;
         };
-        if !r.fifo.contains(&token.0) {
+        // A live posted slice (or marker) of this rail is in its ring
+        // (invariant), so the slab answers in O(1) what a ring scan would.
+        let (tidx, tgen) = split(token.0);
+        let known = self.slices.get(tidx as usize).is_some_and(|s| {
+            s.generation == tgen
+                && s.rail == rail.0
+                && matches!(s.state, SliceState::Posted | SliceState::Marker)
+        });
+        if !known || r.fifo.is_empty() {
             tracing::debug!(?rail, ?token, "completion for an unknown slice ignored");
             return;
         }

@@ -8,7 +8,7 @@
 //! - **etcd** (cluster mode, cargo feature `etcd`): each engine stores a
 //!   [`PeerRecord`] under `<prefix>/engines/<source id>`, attached to a
 //!   lease that the engine keeps alive; when the engine dies the lease
-//!   expires and the record disappears. See [`etcd`].
+//!   expires and the record disappears. See the `etcd` module.
 //!
 //! Both modes feed the same cache, and the cache obeys the epoch rule: a
 //! record of an older epoch than the one cached is refused, a newer one

@@ -24,7 +24,10 @@ pub struct Handshake {
     pub admission: Admission,
 }
 
-static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
+/// Session ids of net's handshakes. They share the engine's peer table with
+/// the engine's own sessions (numbered from 1 by `new_session_id`), so they
+/// start far above them and the two never collide.
+static NEXT_SESSION: AtomicU64 = AtomicU64::new(1 << 48);
 
 /// A process-unique session id.
 pub(crate) fn next_session_id() -> SessionId {

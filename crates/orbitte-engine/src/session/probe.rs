@@ -187,9 +187,12 @@ fn item(token: u64, rail: RailId, op: Op, reg: u64, range: RangeId) -> WorkItem 
     }
 }
 
+/// Posts work items on the probed transport.
+type Post<'a> = dyn FnMut(&[WorkItem], &Ctx) -> Result<(), String> + 'a;
+
 /// WRITE `src` to the range, READ it back into `dst`, compare.
 fn exchange(
-    post: &mut dyn FnMut(&[WorkItem], &Ctx) -> Result<(), String>,
+    post: &mut Post<'_>,
     sink: &Collect,
     s: &Setup,
     rail: RailId,

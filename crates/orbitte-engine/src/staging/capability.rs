@@ -217,11 +217,14 @@ fn round_trip(
         })
         .map_err(|e| format!("filling GPU memory: {e}"))?;
     gpu.fill(n, n, 0).map_err(|e| e.to_string())?;
-    let staging =
-        CudaStaging::new(engine, &dev, LOOPBACK_CHUNK, 1).map_err(|e| e.to_string())?;
-    let reg = staging.register_cuda(gpu.clone()).map_err(|e| e.to_string())?;
+    let staging = CudaStaging::new(engine, &dev, LOOPBACK_CHUNK, 1).map_err(|e| e.to_string())?;
+    let reg = staging
+        .register_cuda(gpu.clone())
+        .map_err(|e| e.to_string())?;
     let w = staging
-        .run(&StagedRequest::write(reg.id, 0, t.peer, t.range, t.offset, n as u64))
+        .run(&StagedRequest::write(
+            reg.id, 0, t.peer, t.range, t.offset, n as u64,
+        ))
         .map_err(|e| format!("staged WRITE refused: {e}"))?;
     if !w.is_complete() {
         return Err(format!(
@@ -232,7 +235,9 @@ fn round_trip(
         ));
     }
     let r = staging
-        .run(&StagedRequest::read(reg.id, n as u64, t.peer, t.range, t.offset, n as u64))
+        .run(&StagedRequest::read(
+            reg.id, n as u64, t.peer, t.range, t.offset, n as u64,
+        ))
         .map_err(|e| format!("staged READ refused: {e}"))?;
     if !r.is_complete() {
         return Err(format!(
@@ -265,7 +270,10 @@ fn round_trip(
     );
     let drain = if !w.drain.is_drained() || !r.drain.is_drained() {
         Check::Fail {
-            reason: format!("staged requests not drained: WRITE {:?}, READ {:?}", w.drain, r.drain),
+            reason: format!(
+                "staged requests not drained: WRITE {:?}, READ {:?}",
+                w.drain, r.drain
+            ),
             fix: "keep the evidence; the bounce buffers stay retained".to_owned(),
         }
     } else {

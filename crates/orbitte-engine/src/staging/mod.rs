@@ -57,35 +57,39 @@
 //! twin (see `docs/cuda.md`).
 
 mod capability;
+mod finish;
+mod lanes;
 mod outcome;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
-use orbitte_cuda::{
-    CudaDevice, PinnedBuffer, StagedChunk, StagingError, StagingFailure, StagingPipeline,
-};
+use orbitte_cuda::{CudaDevice, StagedChunk, StagingPipeline};
 use orbitte_memory::HostMemory;
 use orbitte_topology::{MemoryLocation, PciAddress};
 use orbitte_wire as wire;
 
 use crate::engine::{TransferEngine, TransferRequest};
 use crate::error::WaitError;
-use crate::outcome::{DrainStatus, Outcome, RemoteEffect, RequestId, Status, SubmitError};
+use crate::outcome::{DrainStatus, Outcome, RequestId};
 use crate::registration::{Access, Registration};
-use crate::transport::{Op, PathKind, RegistrationId};
+use crate::transport::{Op, PathKind};
 
 pub use capability::{
     CudaCapability, LOOPBACK_BYTES, LOOPBACK_CHUNK, LoopbackTarget, contribute_cuda_rows,
     cuda_rows, evaluate_cuda_staging,
 };
+pub use lanes::LaneCounts;
 pub use orbitte_cuda::{COMPUTE_PROBE_CAVEAT, CudaBuffer, DEFAULT_CHUNK_SIZE};
 pub use outcome::{
     CudaRegisterError, CudaRegistration, CudaRegistrationId, StagedFailure, StagedOutcome,
     StagedRequest, StagedSubmitError, StagingDrain, StagingSetupError,
 };
+
+use finish::{ChunkError, Net};
+use lanes::{Bounce, Lane, Pool};
 
 /// How long a chunk's outcome is waited for before the chunk is cancelled
 /// (a backstop: the engine's own request timeout normally ends it first).
@@ -93,55 +97,6 @@ pub const DEFAULT_CHUNK_WAIT: Duration = Duration::from_secs(60);
 /// How long a failed chunk's engine request is given to drain before its
 /// lane is fenced.
 pub const DEFAULT_DRAIN_WAIT: Duration = Duration::from_secs(5);
-
-/// One bounce buffer and the engine registration the NIC uses for it.
-#[derive(Debug)]
-struct Bounce {
-    pinned: Arc<PinnedBuffer>,
-    /// What the engine registered: the pinned buffer's host twin.
-    host: Arc<HostMemory>,
-    registration: RegistrationId,
-}
-
-/// A pipeline with its registered bounce buffers.
-#[derive(Debug)]
-struct Lane {
-    index: usize,
-    pipeline: StagingPipeline,
-    bounces: Vec<Bounce>,
-}
-
-/// A lane that may not run: a network request is undrained on one of its
-/// bounce buffers, or a copy did not drain (unquiesced, forever).
-#[derive(Debug)]
-struct Fenced {
-    lane: Lane,
-    network: Vec<RequestId>,
-    unquiesced: bool,
-    reason: String,
-}
-
-#[derive(Debug, Default)]
-struct Pool {
-    idle: Vec<Lane>,
-    busy: usize,
-    fenced: Vec<Fenced>,
-}
-
-/// Counts of the pool's lanes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LaneCounts {
-    /// Lanes in the pool.
-    pub lanes: usize,
-    /// Ready for a request.
-    pub idle: usize,
-    /// Running a request.
-    pub busy: usize,
-    /// Fenced until a chunk request drains.
-    pub fenced_network: usize,
-    /// Unquiesced for good (a copy did not drain).
-    pub unquiesced: usize,
-}
 
 /// The cuda-staging path of one engine on one CUDA device (see the module
 /// docs).
@@ -168,13 +123,25 @@ impl std::fmt::Debug for CudaStaging<'_> {
     }
 }
 
+/// How the bounce buffers are registered with the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BounceRegistration {
+    /// Host Direct: MRs on every NIC context (rdma rails).
+    HostDirect,
+    /// No MR: tcp and local rails only.
+    WithoutRdma,
+}
+
 /// Where the bounce buffers sit for NIC ranking: near the GPU.
 fn location(device: &CudaDevice) -> MemoryLocation {
     device
         .info()
         .ok()
         .and_then(|i| i.pci_bus_id.parse::<PciAddress>().ok())
-        .map_or(MemoryLocation::Host { numa_node: None }, MemoryLocation::GpuAt)
+        .map_or(
+            MemoryLocation::Host { numa_node: None },
+            MemoryLocation::GpuAt,
+        )
 }
 
 impl<'e> CudaStaging<'e> {
@@ -187,6 +154,36 @@ impl<'e> CudaStaging<'e> {
         device: &CudaDevice,
         chunk: usize,
         depth: usize,
+    ) -> Result<Self, StagingSetupError> {
+        Self::setup(engine, device, chunk, depth, BounceRegistration::HostDirect)
+    }
+
+    /// Like [`new`](Self::new), but for an engine whose peers are reached
+    /// over tcp or local rails only: the bounce buffers are registered with
+    /// [`TransferEngine::register_host_without_rdma`] (no MR, nothing
+    /// charged), so requests on them can use no rdma rail. An explicit
+    /// choice: [`new`](Self::new) never falls back to it.
+    pub fn new_without_rdma(
+        engine: &'e TransferEngine,
+        device: &CudaDevice,
+        chunk: usize,
+        depth: usize,
+    ) -> Result<Self, StagingSetupError> {
+        Self::setup(
+            engine,
+            device,
+            chunk,
+            depth,
+            BounceRegistration::WithoutRdma,
+        )
+    }
+
+    fn setup(
+        engine: &'e TransferEngine,
+        device: &CudaDevice,
+        chunk: usize,
+        depth: usize,
+        how: BounceRegistration,
     ) -> Result<Self, StagingSetupError> {
         if depth == 0 || chunk == 0 {
             return Err(StagingSetupError::Zero { depth, chunk });
@@ -230,7 +227,15 @@ impl<'e> CudaStaging<'e> {
                         });
                     }
                 };
-                match engine.register_host_at(host.clone(), Access::LocalOnly, at) {
+                let registered = match how {
+                    BounceRegistration::HostDirect => {
+                        engine.register_host_at(host.clone(), Access::LocalOnly, at)
+                    }
+                    BounceRegistration::WithoutRdma => {
+                        engine.register_host_without_rdma(host.clone(), Access::LocalOnly)
+                    }
+                };
+                match registered {
                     Ok(Registration { id, .. }) => lane.bounces.push(Bounce {
                         pinned,
                         host,
@@ -250,7 +255,13 @@ impl<'e> CudaStaging<'e> {
             }
             lanes.push(lane);
         }
-        tracing::debug!(device = device.index(), chunk, depth, "cuda-staging pool ready");
+        tracing::debug!(
+            device = device.index(),
+            chunk,
+            depth,
+            ?how,
+            "cuda-staging pool ready"
+        );
         lanes.reverse(); // pop() hands out lane 0 first
         Ok(Self {
             engine,
@@ -288,17 +299,6 @@ impl<'e> CudaStaging<'e> {
     /// Bytes per chunk.
     pub fn chunk_size(&self) -> usize {
         self.chunk
-    }
-
-    /// The engine registrations of the bounce buffers (two per lane), for
-    /// diagnostics (charges, topology).
-    pub fn bounce_registrations(&self) -> Vec<RegistrationId> {
-        let pool = self.lock_pool();
-        pool.idle
-            .iter()
-            .chain(pool.fenced.iter().map(|f| &f.lane))
-            .flat_map(|l| l.bounces.iter().map(|b| b.registration))
-            .collect()
     }
 
     /// Registers a CUDA buffer of this pool's device for staged requests.
@@ -350,83 +350,14 @@ impl<'e> CudaStaging<'e> {
         buffer: Arc<CudaBuffer>,
         access: Access,
     ) -> Result<Registration, CudaRegisterError> {
-        tracing::debug!(len = buffer.len(), ?access, "gpudirect-rdma registration refused");
+        tracing::debug!(
+            len = buffer.len(),
+            ?access,
+            "gpudirect-rdma registration refused"
+        );
         Err(CudaRegisterError::NotImplemented {
             path: PathKind::GpudirectRdma,
         })
-    }
-
-    /// Counts of the pool's lanes (fenced lanes whose chunk requests have
-    /// drained since are returned to the pool first).
-    pub fn lanes(&self) -> LaneCounts {
-        let mut pool = self.lock_pool();
-        self.reclaim(&mut pool);
-        LaneCounts {
-            lanes: self.depth,
-            idle: pool.idle.len(),
-            busy: pool.busy,
-            fenced_network: pool.fenced.iter().filter(|f| !f.unquiesced).count(),
-            unquiesced: pool.fenced.iter().filter(|f| f.unquiesced).count(),
-        }
-    }
-
-    /// The drain check of the pool: every idle lane's copy streams idle
-    /// (`cuStreamQuery`), no lane fenced and none busy. Errors name the
-    /// lane and the driver status.
-    pub fn is_drained(&self) -> Result<bool, String> {
-        let mut pool = self.lock_pool();
-        self.reclaim(&mut pool);
-        if pool.busy > 0 || !pool.fenced.is_empty() {
-            return Ok(false);
-        }
-        for lane in &pool.idle {
-            match lane.pipeline.is_drained() {
-                Ok(true) => {}
-                Ok(false) => return Ok(false),
-                Err(e) => return Err(format!("pipeline {}: {e}", lane.index)),
-            }
-        }
-        Ok(true)
-    }
-
-    /// Waits until no lane is fenced by an undrained chunk request (and none
-    /// is busy). Lanes unquiesced by a copy never drain: the error names
-    /// them.
-    pub fn wait_drain(&self, timeout: Duration) -> Result<(), String> {
-        let deadline = Instant::now() + timeout;
-        let mut pool = self.lock_pool();
-        loop {
-            self.reclaim(&mut pool);
-            let waiting = pool.busy + pool.fenced.iter().filter(|f| !f.unquiesced).count();
-            let dead: Vec<String> = pool
-                .fenced
-                .iter()
-                .filter(|f| f.unquiesced)
-                .map(|f| format!("pipeline {}: {}", f.lane.index, f.reason))
-                .collect();
-            if waiting == 0 {
-                return if dead.is_empty() {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "unquiesced (retained for good): {}",
-                        dead.join("; ")
-                    ))
-                };
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(format!(
-                    "{waiting} cuda-staging pipeline(s) still busy or holding undrained chunk \
-                     requests after {timeout:?}"
-                ));
-            }
-            let step = (deadline - now).min(Duration::from_millis(10));
-            pool = self
-                .cond
-                .wait_timeout(pool, step)
-                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
-        }
     }
 
     /// Runs one staged READ or WRITE on the caller's thread and returns its
@@ -458,7 +389,9 @@ impl<'e> CudaStaging<'e> {
             }),
         };
         let outcome = self.outcome(req, lane.index, result, net);
-        if let Some(StagedFailure::Refused { chunk: 0, error, .. }) = &outcome.failure
+        if let Some(StagedFailure::Refused {
+            chunk: 0, error, ..
+        }) = &outcome.failure
             && outcome.drain.is_drained()
         {
             let error = error.clone();
@@ -512,14 +445,12 @@ impl<'e> CudaStaging<'e> {
             .into_iter()
             .find(|p| p.id == req.peer)
             .ok_or(StagedSubmitError::UnknownPeer(req.peer.0))?;
-        let &(_, rsize, access) = peer
-            .ranges
-            .iter()
-            .find(|r| r.0 == req.range)
-            .ok_or(StagedSubmitError::UnpublishedRemote {
+        let &(_, rsize, access) = peer.ranges.iter().find(|r| r.0 == req.range).ok_or(
+            StagedSubmitError::UnpublishedRemote {
                 peer: req.peer.0,
                 range: req.range.0,
-            })?;
+            },
+        )?;
         if rend > rsize {
             return Err(StagedSubmitError::OutOfRange {
                 side: "remote",
@@ -593,7 +524,6 @@ impl<'e> CudaStaging<'e> {
             c.write_from(&net.scratch[..len])
                 .map_err(|e| ChunkError::Internal(e.to_string()))?;
         }
-        net.chunks_done += 1;
         tracing::trace!(chunk = c.index(), request = %o.request, "chunk moved");
         Ok(())
     }
@@ -615,8 +545,8 @@ impl<'e> CudaStaging<'e> {
             }
             Err(e) => return Err(self.lost(id, e, net)),
         };
-        let drained = o.drain == DrainStatus::Drained
-            || self.engine.wait_drain(id, self.drain_wait).is_ok();
+        let drained =
+            o.drain == DrainStatus::Drained || self.engine.wait_drain(id, self.drain_wait).is_ok();
         if !drained {
             net.undrained.push(id);
         }
@@ -638,313 +568,4 @@ impl<'e> CudaStaging<'e> {
         }
         ChunkError::Internal(e.to_string())
     }
-
-    /// Builds the outcome of a staged request from the pipeline's result.
-    fn outcome(
-        &self,
-        req: &StagedRequest,
-        lane: usize,
-        result: Result<orbitte_cuda::StagingReport, StagingError<ChunkError>>,
-        net: Net,
-    ) -> StagedOutcome {
-        let chunk = self.chunk as u64;
-        let chunks = u32::try_from(req.len.div_ceil(chunk)).unwrap_or(u32::MAX);
-        let mut o = StagedOutcome {
-            label: req.label,
-            op: req.op,
-            len: req.len,
-            status: Status::Complete,
-            completed_prefix: req.len,
-            chunk_size: chunk,
-            chunks,
-            completed_chunks: chunks,
-            failure: None,
-            uncertain: req.len..req.len,
-            remote_effect: match req.op {
-                Op::Write => RemoteEffect::Complete,
-                Op::Read => RemoteEffect::None,
-            },
-            drain: StagingDrain::Drained,
-            lane,
-        };
-        let e = match result {
-            Ok(_) if net.undrained.is_empty() => return o,
-            Ok(_) => {
-                // Cannot happen (a chunk that did not drain fails its
-                // handler), but never claim a drain that was not seen.
-                o.drain = StagingDrain::Pending {
-                    copies_drained: true,
-                    network: net.undrained,
-                };
-                return o;
-            }
-            Err(e) => e,
-        };
-        let copies_drained = e.drained;
-        let landed = e.completed as u64;
-        // For a WRITE: (prefix, end of uncertain bytes, anything posted for
-        // the failed chunk); for a READ the destination is the GPU.
-        let (prefix, uncertain_end, posted, status, failure) = match e.failure {
-            StagingFailure::Handler { offset, source } => {
-                let offset = offset as u64;
-                let index = u32::try_from(offset / chunk).unwrap_or(u32::MAX);
-                match source {
-                    ChunkError::Network { outcome, drained } => {
-                        let (prefix, end) = match req.op {
-                            Op::Write => (
-                                offset + outcome.completed_prefix,
-                                offset + outcome.uncertain.end.max(outcome.completed_prefix),
-                            ),
-                            Op::Read => (landed, landed),
-                        };
-                        let status = match outcome.status {
-                            Status::TimedOut | Status::Cancelled => Status::TimedOut,
-                            _ => Status::Failed,
-                        };
-                        let posted = outcome.remote_effect != RemoteEffect::None
-                            || outcome.status == Status::Complete;
-                        let f = StagedFailure::Network {
-                            chunk: index,
-                            offset,
-                            request: outcome.request,
-                            status: outcome.status,
-                            // Request-relative, like every offset here.
-                            info: outcome.failure.map(|mut i| {
-                                i.offset += offset;
-                                i
-                            }),
-                            drained,
-                        };
-                        (prefix, end, posted, status, f)
-                    }
-                    ChunkError::Refused(error) => (
-                        landed,
-                        landed,
-                        false,
-                        Status::Failed,
-                        StagedFailure::Refused {
-                            chunk: index,
-                            offset,
-                            error,
-                        },
-                    ),
-                    ChunkError::Internal(reason) => {
-                        tracing::error!(%reason, "cuda-staging chunk failed");
-                        // Unknown whether the chunk was posted: uncertain.
-                        let end = match req.op {
-                            Op::Write => (offset + chunk).min(req.len),
-                            Op::Read => landed,
-                        };
-                        (
-                            landed,
-                            end,
-                            true,
-                            Status::Failed,
-                            StagedFailure::Internal {
-                                chunk: index,
-                                offset,
-                                reason,
-                            },
-                        )
-                    }
-                }
-            }
-            StagingFailure::Copy(error) => (
-                landed,
-                landed,
-                false,
-                Status::Failed,
-                StagedFailure::Copy { error },
-            ),
-            StagingFailure::Unquiesced(error) => (
-                landed,
-                landed,
-                false,
-                Status::Failed,
-                StagedFailure::Unquiesced { error },
-            ),
-            other => (
-                landed,
-                (landed + chunk).min(req.len),
-                true,
-                Status::Failed,
-                StagedFailure::Internal {
-                    chunk: u32::try_from(landed / chunk).unwrap_or(u32::MAX),
-                    offset: landed,
-                    reason: other.to_string(),
-                },
-            ),
-        };
-        o.status = status;
-        o.completed_prefix = prefix.min(req.len);
-        o.completed_chunks = if o.completed_prefix == req.len {
-            chunks
-        } else {
-            u32::try_from(o.completed_prefix / chunk).unwrap_or(u32::MAX)
-        };
-        o.failure = Some(failure);
-        o.uncertain = match req.op {
-            // A READ whose copies did not drain may have written GPU bytes
-            // past the prefix (an issued copy may still land).
-            Op::Read if !copies_drained => o.completed_prefix..req.len,
-            _ => o.completed_prefix..uncertain_end.clamp(o.completed_prefix, req.len),
-        };
-        o.remote_effect = match req.op {
-            Op::Read => RemoteEffect::None,
-            Op::Write if o.completed_prefix == 0 && !posted => RemoteEffect::None,
-            Op::Write => RemoteEffect::Possible {
-                bytes: o.uncertain.clone(),
-            },
-        };
-        if !copies_drained || !net.undrained.is_empty() {
-            o.drain = StagingDrain::Pending {
-                copies_drained,
-                network: net.undrained,
-            };
-        }
-        o
-    }
-
-    fn lock_pool(&self) -> MutexGuard<'_, Pool> {
-        self.pool.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Takes an idle lane, waiting while all are busy.
-    fn acquire(&self) -> Result<Lane, StagedSubmitError> {
-        let mut pool = self.lock_pool();
-        loop {
-            self.reclaim(&mut pool);
-            if let Some(lane) = pool.idle.pop() {
-                pool.busy += 1;
-                return Ok(lane);
-            }
-            let pending = pool.fenced.iter().any(|f| !f.unquiesced);
-            if pool.busy == 0 && !pending {
-                let reasons = pool
-                    .fenced
-                    .iter()
-                    .map(|f| format!("pipeline {}: {}", f.lane.index, f.reason))
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                return Err(StagedSubmitError::Fenced { reasons });
-            }
-            if pool.busy == 0 {
-                // Only lanes waiting for a chunk request to drain: give the
-                // engine a moment, then look again.
-                let reasons = pool
-                    .fenced
-                    .iter()
-                    .map(|f| format!("pipeline {}: {}", f.lane.index, f.reason))
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                pool = self
-                    .cond
-                    .wait_timeout(pool, Duration::from_millis(10))
-                    .map_or_else(|e| e.into_inner().0, |(g, _)| g);
-                self.reclaim(&mut pool);
-                if pool.idle.is_empty() && pool.busy == 0 {
-                    return Err(StagedSubmitError::Fenced { reasons });
-                }
-                continue;
-            }
-            pool = self
-                .cond
-                .wait_timeout(pool, Duration::from_millis(50))
-                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
-        }
-    }
-
-    /// Returns a lane to the pool, or fences it.
-    fn release(&self, lane: Lane, drain: &StagingDrain, reason: &str) {
-        let mut pool = self.lock_pool();
-        pool.busy -= 1;
-        match drain {
-            StagingDrain::Drained => pool.idle.push(lane),
-            StagingDrain::Pending {
-                copies_drained,
-                network,
-            } => {
-                tracing::warn!(
-                    lane = lane.index,
-                    copies_drained,
-                    undrained_requests = network.len(),
-                    "cuda-staging pipeline fenced: its bounce buffers stay retained"
-                );
-                pool.fenced.push(Fenced {
-                    unquiesced: !copies_drained || lane.pipeline.is_unquiesced(),
-                    network: network.clone(),
-                    reason: reason.to_owned(),
-                    lane,
-                });
-            }
-        }
-        drop(pool);
-        self.cond.notify_all();
-    }
-
-    /// Moves fenced lanes whose chunk requests have all drained back to
-    /// the idle list.
-    fn reclaim(&self, pool: &mut Pool) {
-        let mut i = 0;
-        while i < pool.fenced.len() {
-            let f = &pool.fenced[i];
-            let ready = !f.unquiesced
-                && f.network
-                    .iter()
-                    .all(|id| self.engine.drain_status(*id) == DrainStatus::Drained)
-                && matches!(f.lane.pipeline.is_drained(), Ok(true));
-            if ready {
-                let f = pool.fenced.swap_remove(i);
-                tracing::debug!(lane = f.lane.index, "fenced cuda-staging pipeline drained");
-                pool.idle.push(f.lane);
-            } else {
-                i += 1;
-            }
-        }
-    }
-}
-
-impl Drop for CudaStaging<'_> {
-    /// Unregisters the bounce buffers of drained lanes. Fenced lanes keep
-    /// their registrations (retained: something may still touch them).
-    fn drop(&mut self) {
-        let mut pool = self.lock_pool();
-        self.reclaim(&mut pool);
-        for lane in pool.idle.drain(..) {
-            for b in &lane.bounces {
-                if let Err(e) = self.engine.unregister(b.registration) {
-                    tracing::warn!(error = %e, lane = lane.index, "unregistering a bounce buffer failed; it stays retained");
-                }
-            }
-        }
-        for f in pool.fenced.drain(..) {
-            tracing::warn!(
-                lane = f.lane.index,
-                reason = %f.reason,
-                "cuda-staging pipeline still fenced at drop: its bounce buffers stay registered and retained"
-            );
-            // Retained for the life of the process: an undrained request or
-            // copy may still reach these buffers.
-            std::mem::forget(f);
-        }
-    }
-}
-
-/// Per-request state of the chunk handler.
-#[derive(Debug, Default)]
-struct Net {
-    scratch: Vec<u8>,
-    chunks_done: u32,
-    undrained: Vec<RequestId>,
-}
-
-/// Why a chunk's network part failed.
-#[derive(Debug, thiserror::Error)]
-enum ChunkError {
-    #[error("chunk request ended {:?}", outcome.status)]
-    Network { outcome: Box<Outcome>, drained: bool },
-    #[error("chunk request refused: {0}")]
-    Refused(SubmitError),
-    #[error("{0}")]
-    Internal(String),
 }

@@ -188,10 +188,7 @@ impl fmt::Display for StagedFailure {
                 info,
                 drained,
             } => {
-                write!(
-                    f,
-                    "chunk {chunk} (offset {offset}), {request}: {status:?}"
-                )?;
+                write!(f, "chunk {chunk} (offset {offset}), {request}: {status:?}")?;
                 if let Some(i) = info {
                     write!(f, ", {i}")?;
                 }

@@ -177,10 +177,19 @@ impl Driver {
             }
             g.core.handle_timeout(now);
         }
-        while let Some(rail) = g.core.poll_flush(now) {
+        while let Some((rail, marker)) = g.core.poll_flush(now) {
             let path = g.core.rail_spec(rail).map(|s| s.path);
-            if let Some(t) = path.and_then(|p| g.transports.get_mut(&p)) {
-                let _ = t.flush(rail);
+            let fate = path
+                .and_then(|p| g.transports.get_mut(&p))
+                .map(|t| t.flush_marked(rail, marker));
+            match fate {
+                Some(Ok(orbitte_engine::transport::MarkerFate::Posted)) => {}
+                Some(Ok(orbitte_engine::transport::MarkerFate::Released)) => {
+                    g.core.marker_dropped(rail, marker);
+                    g.core.release_rail(now, rail);
+                }
+                // tcp and local report every item: the marker is not posted.
+                _ => g.core.marker_dropped(rail, marker),
             }
         }
         loop {

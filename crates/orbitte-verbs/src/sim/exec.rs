@@ -83,16 +83,23 @@ fn needs_receive(op: &SendOp) -> bool {
 
 /// A SEND (or WRITE with immediate) on a QP with infinite RNR retry whose
 /// reachable peer has no receive posted waits, as hardware keeps retrying.
+/// One whose local SGEs do not fit their keys does not wait: the NIC reads
+/// them before the first packet leaves, and fails `LocalProtection` at once.
 fn waits_for_receive(shared: &Shared, st: &State, key: QpKey, head: &PendingSend) -> bool {
     if !needs_receive(&head.op) || head.fault.is_some() {
         return false;
     }
-    let infinite = st
-        .qps
-        .get(&key)
-        .and_then(|q| q.rts)
-        .is_some_and(|r| r.rnr_retry == 7);
-    if !infinite {
+    let Some(qp) = st.qps.get(&key) else {
+        return false;
+    };
+    if qp.rts.is_none_or(|r| r.rnr_retry != 7) {
+        return false;
+    }
+    if head
+        .sges
+        .iter()
+        .any(|s| local_mr(st, key.0, qp.pd, s, Access::NONE).is_none())
+    {
         return false;
     }
     match resolve(shared, st, key) {

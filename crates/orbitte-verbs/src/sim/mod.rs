@@ -49,6 +49,7 @@
 //!   mismatch, GID type mismatch) produce `RetryExceeded`.
 //! - SEND consumes the peer's receives in order; with `rnr_retry` 7 a SEND
 //!   waits for a receive, otherwise it fails `RnrRetryExceeded`. A SEND
+//!   whose local SGEs do not fit fails `LocalProtection` without waiting. A SEND
 //!   larger than the receive fails `LocalLength` at the responder and
 //!   `RemoteInvalidRequest` at the requester.
 //! - Send queue slots are freed when a completion is polled, including the

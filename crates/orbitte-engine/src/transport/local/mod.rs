@@ -1,7 +1,7 @@
 //! The local path: same-host peers in different processes move bytes
 //! through shared memory, never through a socket.
 //!
-//! The target's [`LocalServer`] listens on an abstract unix socket named
+//! The target's local server listens on an abstract unix socket named
 //! after its source id and epoch ([`socket_name`]). A same-host initiator
 //! connects, runs the normal session handshake over it (epochs and the
 //! cluster secret apply exactly as on tcp), and receives one
@@ -260,6 +260,7 @@ pub struct LocalTransport {
     sink: Arc<dyn EventSink>,
     rails: RwLock<HashMap<RailId, Arc<LocalRail>>>,
     maps: RwLock<HashMap<PeerId, HashMap<RangeId, Mapped>>>,
+    sources: RwLock<HashMap<PeerId, SourceId>>,
 }
 
 impl std::fmt::Debug for LocalTransport {
@@ -286,11 +287,12 @@ impl LocalTransport {
             sink,
             rails: RwLock::new(HashMap::new()),
             maps: RwLock::new(HashMap::new()),
+            sources: RwLock::new(HashMap::new()),
         })
     }
 
-    /// Connects to `identity`'s local server, maps every range it hands out
-    /// and starts `rails` (one worker thread each) for `peer`.
+    /// Maps the peer's ranges ([`map_peer`](Self::map_peer)) and starts
+    /// `rails` for it ([`start_rails`](Self::start_rails)).
     pub fn attach(
         self: &Arc<Self>,
         cfg: &SessionConfig,
@@ -298,6 +300,21 @@ impl LocalTransport {
         peer: PeerId,
         identity: &PeerIdentity,
         rails: &[RailId],
+    ) -> Result<LocalAttach, LocalError> {
+        let out = self.map_peer(cfg, peers, peer, identity)?;
+        self.start_rails(peer, rails)?;
+        Ok(out)
+    }
+
+    /// Connects to `identity`'s local server (the normal handshake, then
+    /// one memfd per mappable range) and maps every range it hands out for
+    /// `peer`, replacing earlier mappings of `peer`.
+    pub fn map_peer(
+        &self,
+        cfg: &SessionConfig,
+        peers: &SharedPeerTable,
+        peer: PeerId,
+        identity: &PeerIdentity,
     ) -> Result<LocalAttach, LocalError> {
         let name = socket_name(&identity.source_id, identity.epoch);
         let unreachable = |error| LocalError::Unreachable {
@@ -365,10 +382,29 @@ impl LocalTransport {
                 },
             );
         }
-        self.maps
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(peer, mapped);
+        {
+            // A newer incarnation of the same source replaces the old one's
+            // mappings (they would otherwise keep its memory alive here).
+            let mut sources = self.sources.write().unwrap_or_else(|p| p.into_inner());
+            let mut maps = self.maps.write().unwrap_or_else(|p| p.into_inner());
+            let stale: Vec<PeerId> = sources
+                .iter()
+                .filter(|(p, s)| **p != peer && **s == identity.source_id)
+                .map(|(p, _)| *p)
+                .collect();
+            for p in stale {
+                sources.remove(&p);
+                maps.remove(&p);
+            }
+            sources.insert(peer, identity.source_id.clone());
+            maps.insert(peer, mapped);
+        }
+        Ok(out)
+    }
+
+    /// Starts `rails` (one worker thread each) for a peer mapped with
+    /// [`map_peer`](Self::map_peer).
+    pub fn start_rails(&self, peer: PeerId, rails: &[RailId]) -> Result<(), LocalError> {
         for &rail in rails {
             let r = Arc::new(LocalRail {
                 peer,
@@ -387,7 +423,7 @@ impl LocalTransport {
                 return Err(LocalError::Session(SessionError::Io(e)));
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Drops the mappings of `peer` (after its epoch changed or it left).
@@ -481,6 +517,13 @@ fn rail_worker(rail: RailId, r: Arc<LocalRail>, sink: Arc<dyn EventSink>) {
                 q = r.cv.wait(q).unwrap_or_else(|p| p.into_inner());
             }
             if q.jobs.is_empty() && q.closed {
+                drop(q);
+                // Nothing is outstanding: the engine stops using the rail.
+                events.push(TransportEvent::RailDown {
+                    rail,
+                    reason: "local rail closed".into(),
+                });
+                sink.deliver(&mut events);
                 return;
             }
             q.jobs.drain(..).collect()
@@ -584,6 +627,36 @@ impl LocalTransport {
         }
         r.cv.notify_one();
         Ok(())
+    }
+
+    /// Closes every rail of `peer` and reports them down to the engine at
+    /// once; returns them.
+    pub fn close_peer(&self, peer: PeerId) -> Vec<RailId> {
+        let rails: Vec<RailId> = self
+            .rails
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, r)| r.peer == peer)
+            .map(|(id, _)| *id)
+            .collect();
+        for r in &rails {
+            self.close(*r);
+        }
+        // Tell the engine now, so the next submit no longer picks them (the
+        // rail threads report again when they finish; a second RailDown is
+        // harmless). Never call this from inside an engine callback.
+        let mut events: Vec<TransportEvent> = rails
+            .iter()
+            .map(|r| TransportEvent::RailDown {
+                rail: *r,
+                reason: "peer switched path".into(),
+            })
+            .collect();
+        if !events.is_empty() {
+            self.sink.deliver(&mut events);
+        }
+        rails
     }
 
     /// Stops `rail` after the items already queued.

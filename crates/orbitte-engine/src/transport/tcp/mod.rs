@@ -4,11 +4,11 @@
 //! per rail, each a full session with its own handshake) and pipelines up to
 //! `max_in_flight_per_connection` requests on each, so a large batch striped
 //! over the rails fills the link. Payloads move between the socket and
-//! [`HostMemory`](orbitte_memory::HostMemory) directly ([`payload`]): a
+//! [`HostMemory`](orbitte_memory::HostMemory) directly (module `payload`): a
 //! WRITE's bytes are sent from the registered range, a READ's answer is
 //! received into it.
 //!
-//! Target side: [`serve`] (run by [`crate::session::Listener`]) checks each
+//! Target side: `serve` (run by [`crate::session::Listener`]) checks each
 //! request against the published ranges and never reads or writes outside a
 //! range published as remotely accessible.
 //!
@@ -35,7 +35,8 @@ use orbitte_wire::{
 use crate::session::io::FrameReader;
 use crate::session::{Handshake, SessionConfig, SessionError, SharedPeerTable, handshake};
 use crate::transport::{
-    CleanupError, EventSink, PathKind, PeerId, PostContext, PostError, RailId, Transport, WorkItem,
+    CleanupError, EventSink, PathKind, PeerId, PostContext, PostError, RailId, Transport,
+    TransportEvent, WorkItem,
 };
 
 use rail::{Job, Rail};
@@ -60,6 +61,39 @@ pub struct TcpPeerLink {
     /// Rails of an older epoch of the same source that were closed because
     /// this connection adopted a newer one.
     pub closed_rails: Vec<RailId>,
+}
+
+/// One admitted tcp session not yet started as a rail.
+#[derive(Debug)]
+pub struct Dialed {
+    stream: Option<TcpStream>,
+    handshake: Handshake,
+    publication: SegmentPublication,
+    peers: SharedPeerTable,
+}
+
+impl Dialed {
+    /// The handshake (peer identity, session id, admission).
+    pub fn handshake(&self) -> &Handshake {
+        &self.handshake
+    }
+
+    /// The peer's publication received at connect (p2p metadata).
+    pub fn publication(&self) -> &SegmentPublication {
+        &self.publication
+    }
+}
+
+impl Drop for Dialed {
+    fn drop(&mut self) {
+        if let Some(s) = self.stream.take() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+            self.peers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .session_closed(self.handshake.session);
+        }
+    }
 }
 
 /// The tcp [`Transport`].
@@ -148,58 +182,67 @@ impl TcpTransport {
         Ok((stream, hs, publication))
     }
 
+    /// Opens one session to the engine at `addr`: handshake (the peer is
+    /// admitted into this engine's peer table) and its publication. Start
+    /// it as a rail with [`start_rails`](Self::start_rails); dropping it
+    /// closes the session.
+    pub fn dial(&self, addr: SocketAddr) -> Result<Dialed, SessionError> {
+        let (stream, handshake, publication) = self.open_connection(addr)?;
+        Ok(Dialed {
+            stream: Some(stream),
+            handshake,
+            publication,
+            peers: self.peers.clone(),
+        })
+    }
+
     /// Opens one session per rail to the engine at `addr`, registers the
-    /// peer's ranges for `peer` and starts the rails. When the peer turns
-    /// out to be a newer epoch of a source we knew, the rails and
-    /// descriptors of the old epoch are dropped first (see
-    /// [`TcpPeerLink::closed_rails`]); an older epoch is refused.
+    /// peer's ranges for `peer` and starts the rails (see
+    /// [`dial`](Self::dial) and [`start_rails`](Self::start_rails)).
     pub fn open_rails(
         &self,
         peer: PeerId,
         addr: SocketAddr,
         rails: &[RailId],
     ) -> Result<TcpPeerLink, SessionError> {
-        if rails.is_empty() {
-            return Err(SessionError::Limit("open at least one rail".into()));
-        }
-        let mut opened: Vec<(RailId, TcpStream, Handshake)> = Vec::with_capacity(rails.len());
-        let mut first_pub = None;
+        let mut dialed = Vec::with_capacity(rails.len());
         for &rail in rails {
-            match self.open_connection(addr) {
-                Ok((s, hs, p)) => {
-                    if let Some((first, _)) = &first_pub {
-                        let first: &Handshake = first;
-                        if first.peer.source_id != hs.peer.source_id
-                            || first.peer.epoch != hs.peer.epoch
-                        {
-                            return Err(SessionError::Protocol(
-                                "connections to one address reached different peers".into(),
-                            ));
-                        }
-                    }
-                    if first_pub.is_none() {
-                        first_pub = Some((hs.clone(), p));
-                    }
-                    opened.push((rail, s, hs));
-                }
-                Err(e) => {
-                    let mut t = self.peers.lock().unwrap_or_else(|p| p.into_inner());
-                    for (_, s, hs) in &opened {
-                        let _ = s.shutdown(std::net::Shutdown::Both);
-                        t.session_closed(hs.session);
-                    }
-                    return Err(e);
-                }
-            }
+            dialed.push((rail, self.dial(addr)?));
         }
-        let Some((hs, publication)) = first_pub else {
-            return Err(SessionError::Limit("no connection opened".into()));
+        self.start_rails(peer, dialed)
+    }
+
+    /// Starts dialed sessions as rails of `peer`. All must have reached the
+    /// same source and epoch. When the peer turns out to be a newer epoch
+    /// of a source we knew, the rails and descriptors of the old epoch are
+    /// dropped first (see [`TcpPeerLink::closed_rails`]); an older epoch
+    /// was already refused by [`dial`](Self::dial).
+    pub fn start_rails(
+        &self,
+        peer: PeerId,
+        mut dialed: Vec<(RailId, Dialed)>,
+    ) -> Result<TcpPeerLink, SessionError> {
+        let Some((_, first)) = dialed.first() else {
+            return Err(SessionError::Limit("open at least one rail".into()));
         };
+        let hs = first.handshake.clone();
+        let publication = first.publication.clone();
+        if dialed.iter().any(|(_, d)| {
+            d.handshake.peer.source_id != hs.peer.source_id
+                || d.handshake.peer.epoch != hs.peer.epoch
+        }) {
+            return Err(SessionError::Protocol(
+                "connections to one address reached different peers".into(),
+            ));
+        }
         let mut closed_rails = Vec::new();
-        if let Admission::Replaced {
+        if let Some(Admission::Replaced {
             previous,
             invalidated,
-        } = &hs.admission
+        }) = dialed
+            .iter()
+            .map(|(_, d)| &d.handshake.admission)
+            .find(|a| matches!(a, Admission::Replaced { .. }))
         {
             closed_rails = self.drop_source(&hs.peer.source_id, Some(*previous));
             tracing::info!(
@@ -224,10 +267,14 @@ impl TcpTransport {
                     ranges,
                 },
             );
-        let mut started = Vec::with_capacity(opened.len());
-        for (rail, stream, rhs) in opened {
+        let mut started = Vec::with_capacity(dialed.len());
+        for (rail, d) in &mut dialed {
+            let Some(stream) = d.stream.take() else {
+                continue;
+            };
             let state = self.state.clone();
             let epoch = hs.peer.epoch;
+            let peer_id = peer;
             let on_pub: Arc<dyn Fn(SegmentPublication) + Send + Sync> =
                 Arc::new(move |p: SegmentPublication| {
                     if p.epoch != epoch {
@@ -236,7 +283,7 @@ impl TcpTransport {
                     if let Some(ps) = state
                         .write()
                         .unwrap_or_else(|e| e.into_inner())
-                        .get_mut(&peer)
+                        .get_mut(&peer_id)
                     {
                         for r in p.ranges {
                             ps.ranges.insert(r.range_id, r);
@@ -244,8 +291,8 @@ impl TcpTransport {
                     }
                 });
             let r = Rail::start(
-                rail,
-                rhs.session,
+                *rail,
+                d.handshake.session,
                 stream,
                 &self.cfg,
                 self.sink.clone(),
@@ -255,8 +302,8 @@ impl TcpTransport {
             self.rails
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(rail, (peer, r));
-            started.push(rail);
+                .insert(*rail, (peer, r));
+            started.push(*rail);
         }
         Ok(TcpPeerLink {
             handshake: hs,
@@ -381,6 +428,36 @@ impl TcpTransport {
             posted: 0,
             reason: why,
         })
+    }
+
+    /// Closes every rail of `peer` (outstanding items are reported as
+    /// failed) and reports them down to the engine at once; returns them.
+    pub fn close_peer(&self, peer: PeerId) -> Vec<RailId> {
+        let rails: Vec<RailId> = self
+            .rails
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, (p, _))| *p == peer)
+            .map(|(r, _)| *r)
+            .collect();
+        for r in &rails {
+            self.close(*r);
+        }
+        // Tell the engine now, so the next submit no longer picks them (the
+        // rail threads report again when they finish; a second RailDown is
+        // harmless). Never call this from inside an engine callback.
+        let mut events: Vec<TransportEvent> = rails
+            .iter()
+            .map(|r| TransportEvent::RailDown {
+                rail: *r,
+                reason: "peer switched path".into(),
+            })
+            .collect();
+        if !events.is_empty() {
+            self.sink.deliver(&mut events);
+        }
+        rails
     }
 
     /// Takes `rail` down so it reports every outstanding item.
