@@ -233,6 +233,25 @@ impl HostMemory {
         }))
     }
 
+    /// Wraps another [`DmaBuffer`] (e.g. orbitte-cuda's pinned bounce
+    /// buffers) so it can be registered and copied like any host range. It
+    /// cannot be shared by fd. Sound without `unsafe` at the call site,
+    /// because `DmaBuffer`'s own contract promises exactly what
+    /// [`from_raw_parts`](Self::from_raw_parts) requires; the buffer is kept
+    /// alive by the returned value.
+    pub fn from_dma_buffer(buffer: Arc<dyn DmaBuffer>) -> Result<Arc<Self>, MemoryError> {
+        if !buffer.is_writable() {
+            return Err(MemoryError::ReadOnly);
+        }
+        let len = buffer.len();
+        let ptr = NonNull::new(buffer.as_ptr()).ok_or(MemoryError::ZeroLength)?;
+        // SAFETY: DmaBuffer promises one mapping of `len` bytes at `ptr`,
+        // valid at the same address while the value lives, writable by other
+        // agents, with no Rust references handed out; the Arc moved into
+        // `keepalive` keeps it alive as long as the HostMemory.
+        unsafe { Self::from_raw_parts(ptr, len, Box::new(buffer)) }
+    }
+
     /// Wraps memory the caller already owns. It cannot be shared by fd.
     ///
     /// # Safety
@@ -516,6 +535,26 @@ mod tests {
         let m = unsafe { HostMemory::from_raw_parts(ptr, 64, Box::new(v)) }.unwrap();
         assert!(!m.is_shareable());
         assert_eq!(m.to_vec(0, 3).unwrap(), vec![7, 7, 7]);
+    }
+
+    #[test]
+    fn dma_buffers_wrap_without_copying() {
+        let inner = HostMemory::alloc(4096).unwrap();
+        inner.write_at(10, b"abc").unwrap();
+        let outer = HostMemory::from_dma_buffer(inner.clone()).unwrap();
+        assert_eq!(outer.as_ptr(), inner.as_ptr());
+        assert_eq!(outer.to_vec(10, 3).unwrap(), b"abc");
+        assert!(!outer.is_shareable());
+        let ro = HostMemory::map_shared(
+            inner.memfd().unwrap().try_clone_to_owned().unwrap(),
+            4096,
+            false,
+        )
+        .unwrap();
+        assert!(matches!(
+            HostMemory::from_dma_buffer(ro),
+            Err(MemoryError::ReadOnly)
+        ));
     }
 
     #[test]
