@@ -217,12 +217,37 @@ fn undocumented_unsafe(text: &str) -> Vec<usize> {
         if !(is_block || is_impl) || code.contains("unsafe fn") || code.contains("unsafe extern") {
             continue;
         }
-        let from = i.saturating_sub(3);
-        if !lines[from..=i].iter().any(|l| l.contains("SAFETY:")) {
+        if !has_safety_comment(&lines, i) {
             bad.push(i + 1);
         }
     }
     bad
+}
+
+/// Whether line `i`, or the comment block (and attributes) right above it,
+/// or the statement it continues (up to three lines back), says `SAFETY:`.
+fn has_safety_comment(lines: &[&str], i: usize) -> bool {
+    if lines[i].contains("SAFETY:") {
+        return true;
+    }
+    let mut j = i;
+    let mut code_lines = 0;
+    while j > 0 {
+        j -= 1;
+        let t = lines[j].trim_start();
+        if t.contains("SAFETY:") {
+            return true;
+        }
+        if t.starts_with("//") || t.starts_with("#[") {
+            continue;
+        }
+        // A statement split over lines (`let x =` then `unsafe {`).
+        code_lines += 1;
+        if code_lines > 3 || t.is_empty() || t.ends_with(';') || t.ends_with('}') {
+            return false;
+        }
+    }
+    false
 }
 
 fn fmt_problem(root: &Path) -> Option<String> {
@@ -306,6 +331,14 @@ mod tests {
     fn unsafe_without_safety_comment_is_found() {
         let text = "fn a() {\n    unsafe { x() }\n}\n// SAFETY: fine\nunsafe impl Send for A {}\n";
         assert_eq!(undocumented_unsafe(text), vec![2]);
+    }
+
+    #[test]
+    fn long_safety_comment_blocks_count() {
+        let text = "// SAFETY: a\n// b\n// c\n// d\n// e\nunsafe { x() }\n";
+        assert!(undocumented_unsafe(text).is_empty());
+        let text = "// SAFETY: a\nfoo();\nunsafe { x() }\n";
+        assert_eq!(undocumented_unsafe(text), vec![3]);
     }
 
     #[test]

@@ -168,7 +168,10 @@ fn run(dev: &CudaDevice, len: usize, iters: usize) -> Result<(), Error> {
     let host = HostMemory::alloc(len)?;
     let rh = a.register_host(host, Access::LocalOnly)?;
     let engine_op = |r: TransferRequest| -> Result<(), Error> {
-        let id = a.submit(&[r])?[0];
+        let id = *a
+            .submit(&[r])?
+            .first()
+            .ok_or("the engine returned no request id")?;
         let o = a.wait(id, Duration::from_secs(120))?;
         if !o.is_complete() {
             return Err(format!("engine request ended {o:?}").into());

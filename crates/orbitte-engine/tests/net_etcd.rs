@@ -158,3 +158,97 @@ fn an_unreachable_etcd_is_an_error_not_a_hang() {
         Err(e) => assert!(e.to_string().contains("127.0.0.1"), "{e}"),
     }
 }
+
+#[test]
+fn an_engine_found_through_etcd_is_opened_and_serves_requests() {
+    use orbitte_engine::session::PathPreference;
+    use orbitte_engine::{Access, EngineBuilder, PathKind, Status, TransferRequest};
+    use orbitte_memory::HostMemory;
+    use orbitte_verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric};
+
+    let Some(etcd) = start_etcd() else { return };
+    let fabric = SimFabric::new(
+        SimDescription::new(vec![
+            SimDeviceDesc::roce("a0", [10, 1, 0, 1]),
+            SimDeviceDesc::roce("b0", [10, 2, 0, 1]),
+        ])
+        .with_delivery(Delivery::Background),
+        4,
+    );
+    let target = EngineBuilder::new("etcd-target")
+        .provider(fabric.provider_for(&["a0"]))
+        .build()
+        .unwrap();
+    let client = EngineBuilder::new("etcd-client")
+        .provider(fabric.provider_for(&["b0"]))
+        .build()
+        .unwrap();
+    let remote = HostMemory::alloc(1 << 20).unwrap();
+    remote.fill(0, 1 << 20, 0x5a).unwrap();
+    let reg = target
+        .register_host_without_rdma(
+            remote.clone(),
+            Access::Remote {
+                read: true,
+                write: true,
+            },
+        )
+        .unwrap();
+    let cfg = target.session_config().unwrap();
+    let host = cfg.host_id.as_str().to_owned();
+    let listener = target
+        .serve_tcp(cfg, "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let mut meta = connect(&etcd, Duration::from_secs(2));
+    meta.publish(&PeerRecord::from_publication(
+        target.source_id(),
+        listener.local_addr(),
+        &host,
+        &target.segment_publication(),
+    ))
+    .unwrap();
+
+    let reader = connect(&etcd, Duration::from_secs(2));
+    let net = client.attach_net(client.session_config().unwrap());
+    let peer = net
+        .open_peer_from_etcd(
+            &client,
+            &reader,
+            "etcd-target",
+            2,
+            PathPreference::Only(PathKind::Tcp),
+        )
+        .unwrap();
+    assert_eq!(peer.path, PathKind::Tcp);
+    let dst = HostMemory::alloc(1 << 20).unwrap();
+    let d = client
+        .register_host_without_rdma(dst.clone(), Access::LocalOnly)
+        .unwrap();
+    let ids = client
+        .submit(&[TransferRequest::read(
+            d.id,
+            0,
+            peer.info.id,
+            orbitte_engine::RangeId(reg.id.0),
+            0,
+            1 << 20,
+        )])
+        .unwrap();
+    assert_eq!(
+        client.wait(ids[0], Duration::from_secs(30)).unwrap().status,
+        Status::Complete
+    );
+    assert_eq!(
+        dst.to_vec(0, 1 << 20).unwrap(),
+        remote.to_vec(0, 1 << 20).unwrap()
+    );
+
+    // Unknown sources are an error naming the cause.
+    let e = net
+        .open_peer_from_etcd(&client, &reader, "nobody", 1, PathPreference::Auto)
+        .unwrap_err();
+    assert!(e.to_string().contains("no record of nobody"), "{e}");
+    meta.close().unwrap();
+    let _ = client.shutdown(Duration::from_secs(5));
+    let _ = target.shutdown(Duration::from_secs(5));
+}

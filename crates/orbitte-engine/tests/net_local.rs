@@ -211,3 +211,40 @@ fn the_local_server_requires_the_cluster_secret_too() {
     assert!(e.to_string().contains("auth-required"), "{e}");
     assert!(!i.local.is_mapped(PeerId(1), orbitte_wire::RangeId(1)));
 }
+
+#[test]
+fn garbage_on_the_local_socket_is_closed_and_others_still_map() {
+    use std::io::{Read, Write};
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixStream};
+    net_support::logs();
+    let mut c = cfg("local-target", 9);
+    c.handshake_timeout = Duration::from_millis(300);
+    let t = Target::start(c.clone());
+    let mem = HostMemory::alloc(1 << 16).unwrap();
+    let range = t.ranges.publish(mem, RW).unwrap();
+    let name = orbitte_engine::transport::local::socket_name(&c.source_id, c.epoch);
+    let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    // Garbage, and a silent client: both closed within the handshake bound.
+    for garbage in [&b"not a frame at all, just bytes"[..], &b""[..]] {
+        let mut s = UnixStream::connect_addr(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.write_all(garbage).unwrap();
+        let mut sink = Vec::new();
+        // Ends with EOF or a reset (the server closed); a hang would time
+        // out and fail.
+        match s.read_to_end(&mut sink) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("local server did not close the session: {e}"),
+        }
+    }
+    let i = Initiator::new(cfg("neighbour", 1), CoreConfig::default());
+    let (_, link) = i.connect_tcp(PeerId(1), t.addr(), 1).unwrap();
+    let rails = i.driver.add_rails(PathKind::Local, PeerId(1), 1, 8);
+    let att = i
+        .local
+        .attach(&i.cfg, &i.peers, PeerId(1), &link.handshake.peer, &rails)
+        .unwrap();
+    assert_eq!(att.ranges, vec![range]);
+}

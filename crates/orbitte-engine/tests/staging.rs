@@ -772,9 +772,13 @@ fn the_capability_rows_round_trip_through_the_engine_on_the_fake_gpu() {
 #[test]
 #[ignore = "runs as a child of the_capability_rows_round_trip_through_the_engine_on_the_fake_gpu"]
 fn child_capability() {
-    if !is_child("child_capability") {
-        return;
+    if is_child("child_capability") {
+        capability_scenario();
     }
+}
+
+/// The CUDA rows with the engine round trip on device 0 (fake or real).
+fn capability_scenario() {
     let p = pair(1, 4, 1 << 20);
     let target = LoopbackTarget {
         peer: p.peer,
@@ -796,6 +800,19 @@ fn child_capability() {
     let mut m = CapabilityMatrix::baseline();
     cap.contribute_to(&mut m);
     assert!(m.row(PathKind::CudaStaging).unwrap().completion.is_pass());
+    // A target that cannot take the round trip fails completion, with the
+    // reason, and drain is not evaluated.
+    let bad = LoopbackTarget {
+        range: p.read_only,
+        ..target
+    };
+    let cap = evaluate_cuda_staging(&p.a, 0, Some(bad));
+    let row = cap.row(PathKind::CudaStaging).unwrap();
+    assert!(
+        matches!(&row.completion, Check::Fail { reason, .. } if reason.contains("refused")),
+        "{row:?}"
+    );
+    assert!(matches!(row.drain, Check::Skipped { .. }), "{row:?}");
     // Without a loopback peer range the completion check is not claimed.
     let cap = cuda_rows(0);
     let row = cap.row(PathKind::CudaStaging).unwrap();
@@ -883,6 +900,7 @@ fn real_driver_round_trip_or_skip() {
             Ok(list) if !list.is_empty() => {
                 println!("running on {list:?}");
                 round_trip_scenario();
+                capability_scenario();
             }
             other => {
                 assert!(

@@ -26,6 +26,15 @@ enum Target {
         args: &'static [&'static str],
         expect: &'static [&'static str],
     },
+    /// A shell snippet (POSIX sh) run with `$BIN` set to the package's
+    /// binary `name`: passes when it exits 0. For what one command cannot
+    /// show: two processes, output that must be counted.
+    Script {
+        name: &'static str,
+        /// What it shows, for the report.
+        label: &'static str,
+        script: &'static str,
+    },
 }
 
 /// A test binary honouring `ORBITTE_TEST_DEVICE`, or a command, that the
@@ -48,7 +57,7 @@ impl Suite {
                 true,
             ),
             Target::Test(t) => (vec!["--test".into(), t.into()], "test", t.into(), true),
-            Target::Bin { name, .. } => {
+            Target::Bin { name, .. } | Target::Script { name, .. } => {
                 (vec!["--bin".into(), name.into()], "bin", name.into(), false)
             }
         }
@@ -61,6 +70,7 @@ impl Suite {
             Target::Bin { name, args, .. } => {
                 format!("{} `{name} {}`", self.package, args.join(" "))
             }
+            Target::Script { name, label, .. } => format!("{} `{name}`: {label}", self.package),
         }
     }
 
@@ -88,6 +98,7 @@ impl Suite {
                 }
                 check
             }
+            Target::Script { script, .. } => format!("BIN={exe} sh -c {}", quote(script)),
         }
     }
 }
@@ -110,6 +121,40 @@ const NATIVE_SUITES: &[Suite] = &[
     Suite {
         package: "orbitte-verbs",
         target: Target::Test("scenarios"),
+    },
+    // Two engines in two processes on the native provider (issue 10, item
+    // 4): Host Direct registrations, open_peer / accept_peer over a TCP
+    // control link, a mixed batch of WRITE and READ requests and a READ-back
+    // batch over rxe0 loopback, every byte and every outcome field checked,
+    // both engines shut down without anything Unquiesced.
+    Suite {
+        package: "orbitte-engine",
+        target: Target::Test("native_rdma"),
+    },
+    // `orbitte doctor`: the rdma path's build, discovery, completion (a real
+    // loopback WRITE and READ on rxe0) and drain checks all pass.
+    Suite {
+        package: "orbitte-cli",
+        target: Target::Script {
+            name: "orbitte",
+            label: "doctor --path rdma --json: build, discovery, completion and drain pass",
+            script: DOCTOR_RDMA,
+        },
+    },
+    // The CLI's topology from sysfs: rxe0, its active port and its GIDs
+    // (RoCE v2 on eth0, the IPv4-mapped one selected).
+    Suite {
+        package: "orbitte-cli",
+        target: Target::Bin {
+            name: "orbitte",
+            args: &["topology"],
+            expect: &[
+                "rxe0",
+                "port 1 ACTIVE",
+                "::ffff:10.0.2.15 RoCE v2 on eth0",
+                "selected nic 0 rxe0 port 1",
+            ],
+        },
     },
     // The CLI's topology on rxe0, after one Host Direct registration through
     // the native provider (issue 10, item 4).
@@ -170,7 +215,68 @@ const NATIVE_SUITES: &[Suite] = &[
             expect: &["all drained", "check passed"],
         },
     },
+    // The same through two processes: `orbitte bench --role target --path
+    // rdma` and two initiators after it (READ while the target still holds
+    // its initial pattern, then WRITE), each over its own control link.
+    Suite {
+        package: "orbitte-cli",
+        target: Target::Script {
+            name: "orbitte",
+            label: "bench --role target / --role initiator --path rdma --check (read, write)",
+            script: BENCH_TWO_PROCESSES,
+        },
+    },
 ];
+
+/// `orbitte doctor --path rdma --json` exits 0 (the path works) and its one
+/// row has four passing checks and `"works": true`.
+const DOCTOR_RDMA: &str = r#"out=/tmp/softroce-doctor.json
+"$BIN" doctor --path rdma --json >"$out" 2>&1
+r=$?
+cat "$out"
+[ $r = 0 ] || { echo "softroce: doctor exited with $r"; exit 1; }
+for check in build discovery completion drain; do
+    if ! grep -A1 "\"$check\": {" "$out" | grep -q '"status": "pass"'; then
+        echo "softroce: the rdma $check check does not pass"
+        exit 1
+    fi
+done
+grep -q '"works": true' "$out" || { echo 'softroce: the rdma row lacks "works": true'; exit 1; }
+"#;
+
+/// A bench target in the background (killed on exit), then one initiator
+/// per op, each passing on exit 0, `all drained` and `check passed`.
+const BENCH_TWO_PROCESSES: &str = r#"sizes="--block-size 4K --batch-size 4"
+out=/tmp/softroce-target.out
+"$BIN" bench --role target --path rdma --listen 127.0.0.1:0 $sizes >"$out" 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
+i=0
+until grep -q '^listening on ' "$out"; do
+    if ! kill -0 $pid 2>/dev/null; then
+        cat "$out"; echo "softroce: the bench target exited before listening"; exit 1
+    fi
+    i=$((i + 1))
+    if [ $i -gt 1200 ]; then
+        cat "$out"; echo "softroce: the bench target did not listen within 120 s"; exit 1
+    fi
+    sleep 0.1
+done
+addr=$(sed -n 's/^listening on \([^ ]*\) .*/\1/p' "$out")
+echo "softroce: target process $pid: $(head -n 1 "$out")"
+for op in read write; do
+    init=/tmp/softroce-initiator.out
+    "$BIN" bench --role initiator --peer "$addr" --path rdma --op $op $sizes \
+        --duration 1 --check --no-baseline >"$init" 2>&1
+    r=$?
+    cat "$init"
+    [ $r = 0 ] || { echo "softroce: the $op initiator exited with $r"; exit 1; }
+    for want in 'all drained' 'check passed'; do
+        grep -qF "$want" "$init" || { echo "softroce: the $op initiator's output lacks \`$want\`"; exit 1; }
+    done
+done
+kill -0 $pid 2>/dev/null || { cat "$out"; echo "softroce: the bench target died"; exit 1; }
+"#;
 
 /// The guest's smoke check, run before the suites: rxe0 exists, its port is
 /// active and it has a RoCE v2 GID (on eth0's IPv4 address).
@@ -442,6 +548,71 @@ mod tests {
         ));
         assert!(!passes(&suite(&["rxe0"], &["RoCE v2"]), "/bin/echo", &[]));
         assert!(!passes(&suite(&["rxe0"], &["rxe0"]), "/bin/false", &[]));
+    }
+
+    #[test]
+    fn a_script_suite_runs_with_bin_set_and_passes_on_exit_zero() {
+        let suite = |script| Suite {
+            package: "p",
+            target: Target::Script {
+                name: "echo",
+                label: "l",
+                script,
+            },
+        };
+        let ok = r#"[ "$("$BIN" "it's")" = "it's" ]"#;
+        assert!(passes(&suite(ok), "/bin/echo", &[]));
+        assert!(!passes(&suite(ok), "/bin/true", &[]));
+        assert!(!passes(&suite("\"$BIN\"; exit 2"), "/bin/true", &[]));
+        assert_eq!(suite(ok).label(), "p `echo`: l");
+    }
+
+    /// A fake `orbitte` printing `out` and exiting with `rc`.
+    fn fake_bin(name: &str, out: &str, rc: i32) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("xtask-suites-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(
+            &path,
+            format!("#!/bin/sh\ncat <<'EOF'\n{out}\nEOF\nexit {rc}\n"),
+        )
+        .unwrap();
+        Command::new("chmod").arg("+x").arg(&path).status().unwrap();
+        path
+    }
+
+    fn doctor_json(completion: &str, works: bool) -> String {
+        let check = |s: &str| {
+            format!("{{\n        \"status\": \"{s}\",\n        \"detail\": \"\"\n      }}")
+        };
+        format!(
+            "{{\n  \"asked\": \"rdma\",\n  \"paths\": [\n    {{\n      \"path\": \"rdma\",\n      \"works\": {works},\n      \"build\": {},\n      \"discovery\": {},\n      \"completion\": {},\n      \"drain\": {}\n    }}\n  ]\n}}",
+            check("pass"),
+            check("pass"),
+            check(completion),
+            check("pass")
+        )
+    }
+
+    #[test]
+    fn the_doctor_suite_needs_all_four_rdma_checks_to_pass() {
+        let suite = Suite {
+            package: "orbitte-cli",
+            target: Target::Script {
+                name: "orbitte",
+                label: "doctor",
+                script: DOCTOR_RDMA,
+            },
+        };
+        let run = |name: &str, out: &str, rc: i32| {
+            passes(&suite, &fake_bin(name, out, rc).to_string_lossy(), &[])
+        };
+        assert!(run("all-pass", &doctor_json("pass", true), 0));
+        assert!(!run("completion-fails", &doctor_json("fail", false), 0));
+        assert!(!run("not-works", &doctor_json("pass", false), 0));
+        assert!(!run("exit-1", &doctor_json("pass", true), 1));
+        let dir = std::env::temp_dir().join(format!("xtask-suites-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

@@ -72,6 +72,34 @@ pub struct PeerRecord {
 }
 
 impl PeerRecord {
+    /// The record of an engine that serves `publication` at `listen_addr`
+    /// (e.g. `TransferEngine::segment_publication()` and the address of
+    /// its `serve_tcp` listener).
+    pub fn from_publication(
+        source_id: &str,
+        listen_addr: std::net::SocketAddr,
+        host_id: &str,
+        publication: &orbitte_wire::SegmentPublication,
+    ) -> Self {
+        Self {
+            source_id: source_id.to_owned(),
+            epoch: publication.epoch.value(),
+            listen_addr: listen_addr.to_string(),
+            host_id: host_id.to_owned(),
+            ranges: publication
+                .ranges
+                .iter()
+                .map(|r| RangeRecord {
+                    range_id: r.range_id.0,
+                    length: r.length,
+                    access: r.access.0,
+                    token: r.token.0,
+                    local_host: r.local.as_ref().map(|h| h.host_id.as_str().to_owned()),
+                })
+                .collect(),
+        }
+    }
+
     /// The JSON bytes stored in the metadata service.
     pub fn to_bytes(&self) -> Vec<u8> {
         // Serializing plain strings and integers cannot fail.

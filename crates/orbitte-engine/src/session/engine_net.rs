@@ -32,7 +32,19 @@ impl TransferEngine {
         let source = SourceId::new(self.source_id())?;
         // The engine's epoch is never 0 (EngineBuilder chooses it).
         let epoch = Epoch::new(self.epoch()).unwrap_or(Epoch::MIN);
-        Ok(SessionConfig::new(source, epoch))
+        let mut cfg = SessionConfig::new(source, epoch);
+        // Sessions go into the engine's one peer table: number them with
+        // the engine's counter (as `new_session_id` does).
+        let shared = std::sync::Arc::downgrade(&self.shared);
+        let fallback = super::SessionIds::process();
+        cfg.session_ids = super::SessionIds::new(move || match shared.upgrade() {
+            Some(s) => orbitte_wire::SessionId(
+                s.next_session
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            ),
+            None => fallback.next(),
+        });
+        Ok(cfg)
     }
 
     /// Starts a session listener on `addr` (port 0: any) that serves this
@@ -135,6 +147,41 @@ impl NetPaths {
     /// The local transport.
     pub fn local(&self) -> &std::sync::Arc<LocalTransport> {
         &self.local
+    }
+
+    /// Opens the engine that cluster metadata (etcd) lists as `source`:
+    /// looks its record up, then [`open_peer`](Self::open_peer) at the
+    /// recorded address. The session's epoch rule still decides: a record
+    /// whose listener now belongs to an older incarnation is refused.
+    #[cfg(feature = "etcd")]
+    pub fn open_peer_from_etcd(
+        &self,
+        engine: &TransferEngine,
+        etcd: &crate::metadata::etcd::EtcdMetadata,
+        source: &str,
+        rails: usize,
+        prefer: PathPreference,
+    ) -> Result<NetPeer, NetOpenError> {
+        let record = etcd
+            .lookup(source)
+            .map_err(|e| SessionError::Protocol(format!("etcd lookup of {source} failed: {e}")))?
+            .ok_or_else(|| {
+                SessionError::Protocol(format!(
+                    "no record of {source} in etcd (expired or never published)"
+                ))
+            })?;
+        let addr: SocketAddr = record.listen_addr.parse().map_err(|e| {
+            SessionError::Protocol(format!("record of {source} has a bad address: {e}"))
+        })?;
+        let peer = self.open_peer(engine, addr, rails, prefer)?;
+        if peer.info.epoch < record.epoch {
+            return Err(SessionError::Protocol(format!(
+                "{source} at {addr} answered with epoch {}, older than its record's {}",
+                peer.info.epoch, record.epoch
+            ))
+            .into());
+        }
+        Ok(peer)
     }
 
     /// Opens the engine at `addr` as a peer of `engine` with `rails`

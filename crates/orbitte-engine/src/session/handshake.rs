@@ -108,7 +108,7 @@ pub(crate) fn connect<C: Conn>(
         send_error(c, e.error_code(), FrameType::HELLO_ACK, &e.to_string());
         return Err(e.into());
     }
-    let session = next_session_id();
+    let session = cfg.session_ids.next();
     let admission = {
         let mut table = peers.lock().unwrap_or_else(|p| p.into_inner());
         table.admit(session, addr, &ack.identity)
@@ -183,7 +183,7 @@ pub(crate) fn accept<C: Conn>(
         send_error(c, e.error_code(), FrameType::HELLO, &e.to_string());
         return Err(e.into());
     }
-    let session = next_session_id();
+    let session = cfg.session_ids.next();
     let admission = {
         let mut table = peers.lock().unwrap_or_else(|p| p.into_inner());
         table.admit(session, from, &hello.identity)

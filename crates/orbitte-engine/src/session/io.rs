@@ -57,6 +57,10 @@ fn is_timeout(e: &io::Error) -> bool {
 }
 
 /// Reads exactly `buf.len()` bytes before `deadline`.
+///
+/// The socket timeout is set once to the time left and set again only
+/// after a read timed out, so a peer that trickles bytes is cut off within
+/// twice the bound at worst, and a fast peer costs one `setsockopt`.
 pub(crate) fn read_exact_by<C: Conn>(
     c: &mut C,
     buf: &mut [u8],
@@ -64,17 +68,21 @@ pub(crate) fn read_exact_by<C: Conn>(
     what: &'static str,
 ) -> Result<(), SessionError> {
     let mut done = 0;
+    let mut armed = false;
     while done < buf.len() {
         let now = Instant::now();
         if now >= deadline {
             return Err(SessionError::Timeout { what });
         }
-        c.set_read_timeout_(Some((deadline - now).max(Duration::from_millis(1))))?;
+        if !armed {
+            c.set_read_timeout_(Some((deadline - now).max(Duration::from_millis(1))))?;
+            armed = true;
+        }
         match c.read(&mut buf[done..]) {
             Ok(0) => return Err(SessionError::Closed { during: what }),
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if is_timeout(&e) => {}
+            Err(e) if is_timeout(&e) => armed = false,
             Err(e) => return Err(e.into()),
         }
     }
@@ -105,23 +113,25 @@ impl FrameReader {
     ) -> Result<Frame, SessionError> {
         let mut header = [0u8; HEADER_LEN];
         c.set_read_timeout_(idle)?;
-        loop {
-            match c.read(&mut header[..1]) {
+        // Up to a whole header in one read (never more: the payload that
+        // may follow is the caller's to move).
+        let got = loop {
+            match c.read(&mut header) {
                 Ok(0) => {
                     return Err(SessionError::Closed {
                         during: "waiting for a frame",
                     });
                 }
-                Ok(_) => break,
+                Ok(n) => break n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if is_timeout(&e) => return Err(SessionError::Idle),
                 Err(e) => return Err(e.into()),
             }
-        }
+        };
         let deadline = Instant::now() + frame_timeout;
         read_exact_by(
             c,
-            &mut header[1..],
+            &mut header[got..],
             deadline,
             "a frame header (truncated frame)",
         )?;

@@ -23,6 +23,12 @@
 //! is closed after `io_timeout`; at most `max_connections_per_source`
 //! connections per source and `max_sessions` in all. Every close is logged
 //! with its reason (`tracing` warn) and kept in [`ClosedSession`] records.
+//!
+//! On a [`TransferEngine`](crate::TransferEngine): `serve_tcp` (target),
+//! `attach_net` + [`NetPaths::open_peer`] (initiator, path policy in
+//! [`path`]), [`TcpControlLink`] for the rdma control channel, and
+//! [`probe`] for the capability rows. The path policy and the limits are
+//! in `docs/paths.md`.
 
 mod engine_net;
 pub(crate) mod handshake;
@@ -84,6 +90,38 @@ pub struct SessionConfig {
     /// Test knob: the target sleeps this long before serving each request
     /// (makes "killed mid-batch" deterministic). Zero in production.
     pub serve_delay: Duration,
+    /// Where admitted sessions get their ids. Sessions admitted into an
+    /// engine's peer table must use the engine's numbering
+    /// (`TransferEngine::session_config` sets it).
+    pub session_ids: SessionIds,
+}
+
+/// A source of session ids for a peer table.
+#[derive(Clone)]
+pub struct SessionIds(Arc<dyn Fn() -> orbitte_wire::SessionId + Send + Sync>);
+
+impl SessionIds {
+    /// Ids from `next`, which must never repeat one within its table.
+    pub fn new(next: impl Fn() -> orbitte_wire::SessionId + Send + Sync + 'static) -> Self {
+        Self(Arc::new(next))
+    }
+
+    /// A process-wide counter (for peer tables that only net's sessions
+    /// use). It starts at 2^48, far above any engine's own numbering.
+    pub fn process() -> Self {
+        Self::new(handshake::next_session_id)
+    }
+
+    /// The next id.
+    pub fn next(&self) -> orbitte_wire::SessionId {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for SessionIds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionIds(..)")
+    }
 }
 
 impl SessionConfig {
@@ -104,6 +142,7 @@ impl SessionConfig {
             max_in_flight_per_connection: 16,
             zero_copy: true,
             serve_delay: Duration::ZERO,
+            session_ids: SessionIds::process(),
         }
     }
 }

@@ -9,7 +9,6 @@ use crate::transport::Op;
 /// Per-request state of the chunk handler.
 #[derive(Debug, Default)]
 pub(super) struct Net {
-    pub(super) scratch: Vec<u8>,
     pub(super) undrained: Vec<RequestId>,
 }
 

@@ -7,18 +7,16 @@ use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 use orbitte_cuda::{PinnedBuffer, StagingPipeline};
-use orbitte_memory::HostMemory;
 
 use super::{CudaStaging, StagedSubmitError, StagingDrain};
 use crate::outcome::{DrainStatus, RequestId};
 use crate::transport::RegistrationId;
 
-/// One bounce buffer and the engine registration the NIC uses for it.
+/// One bounce buffer and the engine registration the NIC uses for it (of
+/// the pinned buffer itself, through `HostMemory::from_dma_buffer`).
 #[derive(Debug)]
 pub(super) struct Bounce {
     pub(super) pinned: Arc<PinnedBuffer>,
-    /// What the engine registered: the pinned buffer's host twin.
-    pub(super) host: Arc<HostMemory>,
     pub(super) registration: RegistrationId,
 }
 

@@ -50,11 +50,10 @@
 //! bounce buffer.
 //!
 //! # Bounce buffers and the NIC
-//! The engine registers `Arc<HostMemory>`. Until orbitte-memory can wrap a
-//! pinned [`DmaBuffer`](orbitte_memory::DmaBuffer) safely, each bounce
-//! buffer has a same-sized `HostMemory` twin that the engine registers, and
-//! one host memcpy per chunk moves bytes between the pinned buffer and its
-//! twin (see `docs/cuda.md`).
+//! The engine registers `Arc<HostMemory>`; each pinned bounce buffer is
+//! wrapped as one with `HostMemory::from_dma_buffer` (which keeps the pinned
+//! buffer alive), so the NIC reads and writes the bounce buffer itself: no
+//! host memcpy between the device copy and the network.
 
 mod capability;
 mod finish;
@@ -67,7 +66,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use orbitte_cuda::{CudaDevice, StagedChunk, StagingPipeline};
-use orbitte_memory::HostMemory;
+use orbitte_memory::{DmaBuffer, HostMemory};
 use orbitte_topology::{MemoryLocation, PciAddress};
 use orbitte_wire as wire;
 
@@ -215,7 +214,10 @@ impl<'e> CudaStaging<'e> {
                 bounces: Vec::with_capacity(2),
             };
             for (slot, pinned) in lane.pipeline.bounce_buffers().into_iter().enumerate() {
-                let host = match HostMemory::alloc(pinned.len()) {
+                // The engine's view of the pinned buffer itself: the NIC
+                // reads and writes the bounce buffer directly.
+                let view = pinned.clone() as Arc<dyn DmaBuffer>;
+                let host = match HostMemory::from_dma_buffer(view) {
                     Ok(h) => h,
                     Err(source) => {
                         lanes.push(lane);
@@ -229,16 +231,15 @@ impl<'e> CudaStaging<'e> {
                 };
                 let registered = match how {
                     BounceRegistration::HostDirect => {
-                        engine.register_host_at(host.clone(), Access::LocalOnly, at)
+                        engine.register_host_at(host, Access::LocalOnly, at)
                     }
                     BounceRegistration::WithoutRdma => {
-                        engine.register_host_without_rdma(host.clone(), Access::LocalOnly)
+                        engine.register_host_without_rdma(host, Access::LocalOnly)
                     }
                 };
                 match registered {
                     Ok(Registration { id, .. }) => lane.bounces.push(Bounce {
                         pinned,
-                        host,
                         registration: id,
                     }),
                     Err(source) => {
@@ -487,51 +488,34 @@ impl<'e> CudaStaging<'e> {
                 "a staged chunk is in a buffer this lane did not register".into(),
             ));
         };
-        let len = c.len();
-        let at = c.buffer_offset();
-        net.scratch.resize(len, 0);
+        let len = c.len() as u64;
+        let at = c.buffer_offset() as u64;
         let remote_offset = req.remote_offset + c.offset() as u64;
+        // The engine registered the pinned buffer itself: for a WRITE the
+        // synchronized device copy is already where the NIC reads; for a
+        // READ the NIC writes where the copy to the device reads.
         let tr = match req.op {
             Op::Write => {
-                c.read_into(&mut net.scratch[..len])
-                    .map_err(|e| ChunkError::Internal(e.to_string()))?;
-                b.host
-                    .write_at(at, &net.scratch[..len])
-                    .map_err(|e| ChunkError::Internal(e.to_string()))?;
-                TransferRequest::write(
-                    b.registration,
-                    at as u64,
-                    req.peer,
-                    req.range,
-                    remote_offset,
-                    len as u64,
-                )
+                TransferRequest::write(b.registration, at, req.peer, req.range, remote_offset, len)
             }
-            Op::Read => TransferRequest::read(
-                b.registration,
-                at as u64,
-                req.peer,
-                req.range,
-                remote_offset,
-                len as u64,
-            ),
+            Op::Read => {
+                TransferRequest::read(b.registration, at, req.peer, req.range, remote_offset, len)
+            }
         };
         let o = self.transfer(tr.label(req.label), net)?;
-        if req.op == Op::Read {
-            b.host
-                .read_at(at, &mut net.scratch[..len])
-                .map_err(|e| ChunkError::Internal(e.to_string()))?;
-            c.write_from(&net.scratch[..len])
-                .map_err(|e| ChunkError::Internal(e.to_string()))?;
-        }
         tracing::trace!(chunk = c.index(), request = %o.request, "chunk moved");
         Ok(())
     }
 
     /// Submits one chunk request and waits for its outcome and its drain.
     fn transfer(&self, tr: TransferRequest, net: &mut Net) -> Result<Outcome, ChunkError> {
-        let id = match self.engine.submit(&[tr]) {
-            Ok(ids) => ids[0],
+        let id = match self.engine.submit(&[tr]).map(|ids| ids.first().copied()) {
+            Ok(Some(id)) => id,
+            Ok(None) => {
+                return Err(ChunkError::Internal(
+                    "the engine accepted the chunk request but returned no request id".into(),
+                ));
+            }
             Err(e) => return Err(ChunkError::Refused(e)),
         };
         let o = match self.engine.wait(id, self.chunk_wait) {

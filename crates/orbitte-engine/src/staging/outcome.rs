@@ -154,9 +154,9 @@ pub enum StagedFailure {
         /// The engine's refusal.
         error: SubmitError,
     },
-    /// The chunk could not be handled (a bounce buffer's host copy failed,
-    /// or the chunk request's outcome was lost); whether it was posted is
-    /// unknown, so its bytes count as uncertain.
+    /// The chunk could not be handled (it sat in a bounce buffer this lane
+    /// did not register, or the chunk request's outcome was lost); whether
+    /// it was posted is unknown, so its bytes count as uncertain.
     Internal {
         /// Chunk index.
         chunk: u32,
@@ -282,7 +282,8 @@ pub enum StagingSetupError {
         #[source]
         source: PipelineError,
     },
-    /// The host view of a bounce buffer could not be made.
+    /// The engine's view of a pinned bounce buffer
+    /// (`HostMemory::from_dma_buffer`) could not be made.
     #[error("host view of bounce buffer {slot} of cuda-staging pipeline {lane}: {source}")]
     View {
         /// Pipeline index.

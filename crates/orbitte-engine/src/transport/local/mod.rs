@@ -16,26 +16,24 @@
 //! `memcpy` on a worker thread per rail ([`LocalTransport`]).
 
 mod fdpass;
+mod server;
+
+pub(crate) use server::LocalServer;
 
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::io::Read;
+use std::os::fd::OwnedFd;
 use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use orbitte_memory::HostMemory;
 use orbitte_wire::{
-    AccessFlags, Epoch, Frame, FrameHeader, GoodbyeReason, HEADER_LEN, LocalMechanism, RangeId,
-    SegmentPublication, SourceId, Status,
+    AccessFlags, Epoch, Frame, FrameHeader, HEADER_LEN, LocalMechanism, RangeId, SourceId, Status,
 };
 
-use crate::session::io::write_frame;
 use crate::session::{PeerIdentity, SessionConfig, SessionError, SharedPeerTable, handshake};
 use crate::transport::{
     CleanupError, EventSink, Op, PathKind, PeerId, PostContext, PostError, RailId, SliceFailure,
@@ -47,138 +45,6 @@ pub fn socket_name(source: &SourceId, epoch: Epoch) -> String {
     let mut h = DefaultHasher::new();
     source.as_str().hash(&mut h);
     format!("orbitte-local/{:016x}/{}", h.finish(), epoch.value())
-}
-
-/// Target side: hands mappable ranges to authenticated same-host peers.
-#[derive(Debug)]
-pub(crate) struct LocalServer {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl LocalServer {
-    pub(crate) fn start(shared: Arc<crate::session::listener::Shared>) -> std::io::Result<Self> {
-        let name = socket_name(&shared.cfg.source_id, shared.cfg.epoch);
-        let addr = UnixAddr::from_abstract_name(name.as_bytes())?;
-        let listener = UnixListener::bind_addr(&addr)?;
-        listener.set_nonblocking(true)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let st = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("orbitte-local-accept".into())
-            .spawn(move || {
-                let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-                while !st.load(Ordering::Acquire) && !shared.stop.load(Ordering::Acquire) {
-                    match listener.accept() {
-                        Ok((s, _)) => {
-                            // Same bound as tcp sessions: a local flood of
-                            // connections cannot make unbounded threads.
-                            if live.load(Ordering::Acquire) >= shared.cfg.max_sessions {
-                                tracing::warn!(
-                                    max = shared.cfg.max_sessions,
-                                    "local session refused: too many open"
-                                );
-                                continue;
-                            }
-                            live.fetch_add(1, Ordering::AcqRel);
-                            let (sh, lv) = (shared.clone(), live.clone());
-                            let spawned = std::thread::Builder::new()
-                                .name("orbitte-local-session".into())
-                                .spawn(move || {
-                                    serve_local(s, &sh);
-                                    lv.fetch_sub(1, Ordering::AcqRel);
-                                });
-                            if spawned.is_err() {
-                                live.fetch_sub(1, Ordering::AcqRel);
-                            }
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(20));
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "local accept failed");
-                            std::thread::sleep(Duration::from_millis(50));
-                        }
-                    }
-                }
-            })?;
-        tracing::debug!(%name, "local path serving");
-        Ok(Self {
-            stop,
-            thread: Some(thread),
-        })
-    }
-
-    pub(crate) fn stop(mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// An fd a peer may map: the memfd itself for writable ranges, a read-only
-/// reopen otherwise.
-fn handout_fd(mem: &HostMemory, writable: bool) -> std::io::Result<OwnedFd> {
-    let fd = mem
-        .memfd()
-        .ok_or_else(|| std::io::Error::other("memory has no memfd"))?;
-    if writable {
-        return fd.try_clone_to_owned();
-    }
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
-    Ok(f.into())
-}
-
-fn serve_local(mut s: UnixStream, shared: &crate::session::listener::Shared) {
-    let cfg = &shared.cfg;
-    let hs = match handshake::accept(&mut s, cfg, &shared.peers, None) {
-        Ok(h) => h,
-        Err(e) => {
-            tracing::warn!(error = %e, "local session refused");
-            return;
-        }
-    };
-    let mut scratch = Vec::new();
-    let mut handed = 0usize;
-    let result = (|| -> Result<(), SessionError> {
-        for (id, p) in shared.ranges.published() {
-            if !p.is_mappable() {
-                continue;
-            }
-            let writable = p.access.contains(AccessFlags::REMOTE_WRITE);
-            let fd = handout_fd(&p.memory, writable)?;
-            let desc = crate::session::publications::descriptor(id, &p, &cfg.host_id);
-            let frame = Frame::SegmentPublication(SegmentPublication {
-                epoch: cfg.epoch,
-                ranges: vec![desc],
-            });
-            scratch.clear();
-            frame
-                .encode(&mut scratch)
-                .map_err(|e| SessionError::Protocol(e.to_string()))?;
-            fdpass::send_with_fd(&s, &scratch, fd.as_fd())?;
-            handed += 1;
-        }
-        let bye = Frame::Goodbye(orbitte_wire::Goodbye {
-            reason: GoodbyeReason::NORMAL,
-            message: orbitte_wire::Message::truncating("all mappable ranges sent"),
-        });
-        write_frame(&mut s, &bye, &mut scratch)?;
-        s.flush()?;
-        Ok(())
-    })();
-    shared
-        .peers
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .session_closed(hs.session);
-    match result {
-        Ok(()) => tracing::info!(peer = %hs.peer.source_id, handed, "local mappings handed out"),
-        Err(e) => tracing::warn!(peer = %hs.peer.source_id, error = %e, "local session failed"),
-    }
 }
 
 /// Why attaching the local path to a peer failed (the caller falls back to
@@ -666,6 +532,20 @@ impl LocalTransport {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&rail)
+        {
+            r.queue.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+            r.cv.notify_all();
+        }
+    }
+}
+
+impl Drop for LocalTransport {
+    fn drop(&mut self) {
+        for (_, r) in self
+            .rails
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
         {
             r.queue.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
             r.cv.notify_all();

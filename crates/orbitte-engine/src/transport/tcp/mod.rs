@@ -489,6 +489,20 @@ impl TcpTransport {
     }
 }
 
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        // The rail threads hold their own handles: stop them.
+        for (_, (_, r)) in self
+            .rails
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+        {
+            r.fail("transport dropped", true);
+        }
+    }
+}
+
 impl Transport for Arc<TcpTransport> {
     fn path(&self) -> PathKind {
         PathKind::Tcp
