@@ -17,13 +17,15 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Arc;
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
 use orbitte_engine::session::TcpControlLink;
+use orbitte_engine::transport::SliceFailure;
 use orbitte_engine::{
-    Access, DrainStatus, EngineBuilder, Op, Outcome, RangeId, RdmaConfig, RemoteEffect, Status,
-    TransferEngine, TransferRequest,
+    Access, DrainStatus, EngineBuilder, Op, Outcome, PathKind, PeerInfo, RangeId, RdmaConfig,
+    Registration, RemoteEffect, Status, TransferEngine, TransferRequest,
 };
 use orbitte_memory::HostMemory;
 use orbitte_wire::AccessFlags;
@@ -113,8 +115,9 @@ fn child_target() {
 
 /// The target: publishes one read-write range (Host Direct), accepts one
 /// peer over a TCP control link, then answers `check OFFSET LEN SEED`
-/// (are these bytes of the range `pattern(LEN, SEED)`'s?) until `quit` or
-/// the end of its input, and shuts its engine down.
+/// (are these bytes of the range `pattern(LEN, SEED)`'s?) and `retire`
+/// (unpublish the range, revoking its rkey) until `quit` or the end of its
+/// input, and shuts its engine down.
 fn run_target() {
     logs();
     let device = std::env::var("ORBITTE_TEST_DEVICE").expect("the parent names the device");
@@ -166,6 +169,10 @@ fn run_target() {
                     ),
                 }
             }
+            ["retire"] => match engine.retire(reg.id) {
+                Ok(()) => println!("RETIRED ok"),
+                Err(e) => println!("RETIRED failed: {e}"),
+            },
             ["quit"] => break,
             _ => println!("CHECK bad: unknown command {line:?}"),
         }
@@ -322,7 +329,7 @@ struct Connected {
 }
 
 fn connect(device: &str) -> Connected {
-    let mut target = TargetProcess::spawn();
+    let target = TargetProcess::spawn();
     let ready = target.expect("READY ");
     let (addr, range, range_len, target_copies) = (
         ready[0].clone(),
@@ -334,7 +341,7 @@ fn connect(device: &str) -> Connected {
     // Read-write: two MR copies per NIC context (local and remote keys).
     assert!(target_copies >= 2, "target registration: {ready:?}");
 
-    let a = engine(INITIATOR_SOURCE, &device);
+    let a = engine(INITIATOR_SOURCE, device);
     let local = HostMemory::alloc(LEN).unwrap();
     local.write_at(0, &pattern(LEN, SEED_INITIATOR)).unwrap();
     let reg = a
@@ -440,6 +447,11 @@ fn host_direct_write_and_read_batches_between_two_processes() {
         assert_eq!(a.drain_status(ids[k]), DrainStatus::Drained);
     }
     assert_eq!(a.outstanding_slices(), 0);
+    println!(
+        "{} requests over {} rail(s) on {device}: all complete and drained",
+        outcomes.len(),
+        peer.rails.len()
+    );
 
     // Bytes: READ destinations hold the target's pattern over the length
     // read and are untouched after it; nothing else of local memory moved.
@@ -502,6 +514,87 @@ fn host_direct_write_and_read_batches_between_two_processes() {
     // Unquiesced.
     a.shutdown(BOUND).expect("initiator shutdown");
     assert!(a.unquiesced().is_empty(), "{:?}", a.unquiesced());
+    drop(link);
+    target.send("quit");
+    assert_eq!(target.expect("SHUTDOWN ").join(" "), "ok");
+    let status = target.child.wait().expect("the target process ends");
+    assert!(status.success(), "target process: {status}");
+}
+
+/// The error path on the device: the target retires its range (its remote
+/// MR is deregistered, so the rkey the initiator holds is stale) and a
+/// WRITE to it fails with the device's remote access error, reported in
+/// the outcome; nothing of the target's memory changed and the request
+/// drains. A WRITE before the retire proves the route worked.
+#[test]
+fn a_write_with_a_revoked_rkey_fails_with_the_device_status() {
+    let Some(device) = device() else { return };
+    logs();
+    let Connected {
+        mut target,
+        a,
+        local: _local,
+        reg,
+        peer,
+        range,
+        _link: link,
+    } = connect(&device);
+    let len = 4 * SLICE as usize;
+    let ids = a
+        .submit(&[TransferRequest::write(reg.id, 0, peer.id, range, 0, len as u64).label(1)])
+        .expect("submit the first WRITE");
+    let o = a.wait(ids[0], BOUND).expect("its outcome");
+    check_outcome(&o, Op::Write, len as u64, 1);
+    target.check(0, len, SEED_INITIATOR);
+
+    target.send("retire");
+    assert_eq!(target.expect("RETIRED ").join(" "), "ok");
+    // The initiator still holds the old descriptor: the engine posts, the
+    // target's device refuses.
+    let off = 2 * len;
+    let ids = a
+        .submit(&[TransferRequest::write(
+            reg.id, off as u64, peer.id, range, off as u64, len as u64,
+        )
+        .label(2)])
+        .expect("submit the WRITE on the revoked rkey");
+    let o = a.wait(ids[0], BOUND).expect("its outcome");
+    println!("the WRITE on the revoked rkey: {o:?}");
+    let what = format!("{o:?}");
+    assert_eq!(o.status, Status::Failed, "{what}");
+    assert_eq!((o.label, o.op, o.len), (2, Op::Write, len as u64), "{what}");
+    assert_eq!(o.slices, 4, "{what}");
+    assert_eq!((o.completed_prefix, o.completed_slices), (0, 0), "{what}");
+    let failure = o.failure.as_ref().expect("failure information");
+    assert_eq!((failure.slice, failure.offset), (0, 0), "{what}");
+    assert_eq!(failure.path, PathKind::Rdma, "{what}");
+    assert!(failure.nic.is_some(), "{what}");
+    match &failure.status {
+        // IBV_WC_REM_ACCESS_ERR
+        SliceFailure::Completion { code, status } => {
+            assert_eq!(*code, 10, "{what}");
+            assert!(status.contains("RemoteAccess"), "{what}");
+        }
+        other => panic!("want the device's completion status, got {other:?} ({what})"),
+    }
+    // Something was posted, so the engine cannot claim that nothing
+    // changed remotely; whatever it allows is inside the request.
+    match &o.remote_effect {
+        RemoteEffect::Possible { bytes } => {
+            assert!(bytes.end <= len as u64 && !bytes.is_empty(), "{what}")
+        }
+        other => panic!("want a possible remote effect, got {other:?} ({what})"),
+    }
+    assert!(o.uncertain.end <= len as u64, "{what}");
+    a.wait_drain(ids[0], BOUND)
+        .expect("the failed WRITE drains");
+    assert_eq!(a.drain_status(ids[0]), DrainStatus::Drained);
+    assert_eq!(a.outstanding_slices(), 0);
+    // rxe checks the rkey before writing: no byte moved.
+    target.check(off, len, SEED_TARGET);
+    target.check(len, LEN - len, SEED_TARGET);
+
+    a.shutdown(BOUND).expect("initiator shutdown");
     drop(link);
     target.send("quit");
     assert_eq!(target.expect("SHUTDOWN ").join(" "), "ok");

@@ -104,9 +104,8 @@ impl Suite {
 }
 
 /// The native suites, in the order the guest runs them. Add a line when a
-/// crate gains tests or a command that talk to a real verbs device (the
-/// engine's rdma path between two engines, `orbitte doctor`). An entry whose
-/// target does not exist yet is reported as missing, not built.
+/// crate gains tests or a command that talk to a real verbs device. An
+/// entry whose target does not exist yet is reported as missing, not built.
 const NATIVE_SUITES: &[Suite] = &[
     Suite {
         package: "orbitte-verbs-sys",
