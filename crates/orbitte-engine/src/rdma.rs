@@ -312,14 +312,23 @@ impl Transport for RdmaTransport {
         rail: RailId,
         marker: SliceToken,
     ) -> Result<MarkerFate, CleanupError> {
+        // The queue pair goes to the error state first, then the marker (a
+        // signaled zero-length WRITE) is posted to it: work posted to a QP
+        // in the error state completes with a flush after every earlier
+        // work request and never executes (as the kernel's ib_drain_sq), so
+        // a healthy peer never sees the marker. A QP that cannot be moved
+        // to error gets no marker: it is destroyed below.
+        if let Err(e) = self.flush(rail) {
+            tracing::warn!(
+                error = %e,
+                "moving a rail's queue pair to error failed; destroying it"
+            );
+        }
         let Some(r) = self.rails.get_mut(rail.0 as usize).and_then(Option::as_mut) else {
             return Ok(MarkerFate::Released);
         };
-        // The marker: a signaled zero-length WRITE. Posted before the
-        // transition, it completes (or flushes) after every earlier work
-        // request of the queue pair.
         let posted = match &mut r.qp {
-            RailQp::Rts(qp) => {
+            RailQp::Errored(qp) => {
                 let wr = SendWr {
                     wr_id: marker.0,
                     op: SendOp::Write {
@@ -329,12 +338,20 @@ impl Transport for RdmaTransport {
                     sges: &[],
                     signaled: true,
                 };
-                qp.post_send(&[wr]).is_ok()
+                match qp.post_send(&[wr]) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(
+                            error = %e,
+                            "posting a rail's flush marker failed; destroying its queue pair"
+                        );
+                        false
+                    }
+                }
             }
             _ => false,
         };
         if posted {
-            self.flush(rail)?;
             return Ok(MarkerFate::Posted);
         }
         // No marker possible: destroy the queue pair, after which the NIC

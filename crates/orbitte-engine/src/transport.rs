@@ -305,8 +305,10 @@ pub trait Transport: Send + fmt::Debug {
 
     /// Flushes the rail with a marker (see
     /// [`Core::poll_flush`](crate::core::Core::poll_flush)): a transport
-    /// with selective signaling posts `marker` as a signaled item before it
-    /// moves the rail to the error state, and reports it like any item.
+    /// with selective signaling moves the rail to the error state first and
+    /// then posts `marker` as a signaled item (so it is flushed after every
+    /// earlier item and never executes at the peer), and reports it like
+    /// any item.
     /// The default (transports that report every item) calls
     /// [`flush`](Self::flush) and drops the marker.
     fn flush_marked(

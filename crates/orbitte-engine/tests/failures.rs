@@ -17,8 +17,8 @@ use orbitte_engine::{
     UnregisterError,
 };
 use orbitte_memory::HostMemory;
-use orbitte_verbs::WcStatus;
 use orbitte_verbs::sim::{Delivery, SimFabric, WrMatch};
+use orbitte_verbs::{QpState, WcStatus};
 
 const LEN: usize = 8 * 4096;
 
@@ -329,4 +329,91 @@ fn read_failures_keep_remote_bytes_untouched() {
         &local_before,
         &s.src.to_vec(0, LEN).unwrap(),
     );
+}
+
+/// `post_send` fails part-way through a run (the driver refuses the 3rd
+/// work request): the two before it were really posted, the refused one
+/// and everything after it never reach the NIC. The rail is flushed at
+/// once (its marker covers the posted slices, signaled or not), so the
+/// request fails without waiting for its timeout: the outcome names the
+/// first refused slice with the driver's error, claims no more than the
+/// posted slices as possible remote effect, and is drained.
+#[test]
+fn a_post_failing_part_way_gives_prefix_failure_remote_effect_and_drain() {
+    for signal_interval in [1, 4] {
+        let s = setup(1, 31, signal_interval);
+        s.fabric
+            .faults()
+            .fail_post(WrMatch::nth(3).on_device("a0"), 22);
+        let before = s.dst.to_vec(0, LEN).unwrap();
+        let id = s.a.submit(&[s.req]).unwrap()[0];
+        let o = drive_wait(&s.fabric, &s.a, id);
+        println!("signal interval {signal_interval}: {o:?}");
+        assert_eq!(o.status, Status::Failed, "{o:?}");
+        let f = o.failure.clone().unwrap();
+        assert_eq!((f.slice, f.offset, f.nic), (2, 2 * 4096, Some(0)), "{f:?}");
+        let SliceFailure::PostFailed(reason) = &f.status else {
+            panic!("{f:?}")
+        };
+        assert!(
+            reason.contains("work request 2") && reason.contains("ibv_post_send"),
+            "{reason}"
+        );
+        // Slices 0 and 1 were posted: their bytes may have landed (and did),
+        // nothing else may have.
+        let posted = 0..2 * 4096u64;
+        match &o.remote_effect {
+            RemoteEffect::Possible { bytes } => assert!(
+                bytes.start >= posted.start && bytes.end <= posted.end,
+                "{o:?}"
+            ),
+            other => panic!("a posted WRITE is a possible remote effect: {other:?}"),
+        }
+        assert!(o.completed_prefix <= 2 * 4096, "{o:?}");
+        assert_eq!(o.drain, DrainStatus::Drained, "{o:?}");
+        drive_drain(&s.fabric, &s.a, id);
+        assert_eq!(s.a.outstanding_slices(), 0);
+        let after = s.dst.to_vec(0, LEN).unwrap();
+        assert!(
+            after[2 * 4096..] == before[2 * 4096..],
+            "refused slices never ran"
+        );
+        check_bytes(&o, &s.src.to_vec(0, LEN).unwrap(), &before, &after);
+        // The rail is down (reopen the peer to replace it); nothing was
+        // replayed.
+        let rail = &s.a.peers()[0].rails[0];
+        assert!(!rail.up, "{rail:?}");
+        s.a.unregister(s.req.registration).unwrap();
+    }
+}
+
+/// The drain flush moves the queue pair to the error state *before* it
+/// posts the signaled marker, so the marker is flushed and never executes
+/// at a healthy peer. The sim refuses any post to a ready (RTS) QP from
+/// the moment the request times out: the marker still goes out (the QP is
+/// in error by then), so the QP is not destroyed by the fallback.
+#[test]
+fn the_flush_marker_is_posted_after_the_queue_pair_is_in_error() {
+    let s = setup(1, 32, 4);
+    s.fabric.faults().stall_send(WrMatch::nth(2));
+    let id = s.a.submit(&[s.req]).unwrap()[0];
+    let o = drive_wait(&s.fabric, &s.a, id);
+    assert_eq!(o.status, Status::TimedOut);
+    assert!(matches!(o.drain, DrainStatus::Pending { .. }), "{o:?}");
+    let qpn = s.a.peers()[0].rails[0].qpn.expect("the rail's qp");
+    s.fabric
+        .faults()
+        .fail_post(WrMatch::nth(1).on_device("a0").in_state(QpState::Rts), 22);
+    drive_drain(&s.fabric, &s.a, id);
+    let rail = &s.a.peers()[0].rails[0];
+    assert!(!rail.up, "a flushed rail takes no new work: {rail:?}");
+    assert_eq!(
+        rail.qpn,
+        Some(qpn),
+        "the marker was posted to the errored qp (not refused on an RTS one, \
+         which would have destroyed it): {rail:?}"
+    );
+    // The peer's rail is healthy: it saw neither the marker nor an error.
+    let theirs = &s._b.peers()[0].rails[0];
+    assert!(theirs.up, "{theirs:?}");
 }

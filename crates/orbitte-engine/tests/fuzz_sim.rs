@@ -1,6 +1,8 @@
 //! Seeded fault injection over many random schedules, on the sim fabric
-//! through the whole engine (verbs, pollers, timers), checking the
-//! contract's invariants each time:
+//! through the whole engine (verbs, pollers, timers): stalled work
+//! requests, error completions (with and without remote effect), posts
+//! refused part-way through a batch, port pauses, QP fatal errors and
+//! cancels, checking the contract's invariants each time:
 //! - bytes outside the completed prefix changed only where the outcome's
 //!   uncertain range ("possible") allows; `Complete` means every byte;
 //! - every wait ends (an outcome by the request timeout, drain after the
@@ -18,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use orbitte_engine::transport::SliceFailure;
 use orbitte_engine::{Access, Charges, Op, RangeId, TransferRequest};
 use orbitte_verbs::WcStatus;
 use orbitte_verbs::sim::{Delivery, WrMatch};
@@ -54,13 +57,14 @@ fn fuzz_sim_fault_schedules_keep_the_contract() {
     let n = seeds();
     let mut seen = std::collections::BTreeMap::new();
     for seed in 0..n {
-        for status in one(seed) {
-            *seen.entry(format!("{status:?}")).or_insert(0u32) += 1;
+        for tag in one(seed) {
+            *seen.entry(tag).or_insert(0u32) += 1;
         }
     }
-    // The schedules must reach every ending, or the fuzz proves little.
+    // The schedules must reach every ending (and a refused post), or the
+    // fuzz proves little.
     if n >= 200 {
-        for status in ["Complete", "Failed", "TimedOut", "Cancelled"] {
+        for status in ["Complete", "Failed", "TimedOut", "Cancelled", "PostFailed"] {
             assert!(
                 seen.contains_key(status),
                 "no {status} outcome in {n} seeds: {seen:?}"
@@ -69,7 +73,9 @@ fn fuzz_sim_fault_schedules_keep_the_contract() {
     }
 }
 
-fn one(seed: u64) -> Vec<orbitte_engine::Status> {
+/// Runs one schedule; returns each outcome's status, plus `PostFailed`
+/// for each outcome whose failure is a refused post.
+fn one(seed: u64) -> Vec<String> {
     let mut rng = Rng(seed);
     let nics = 1 + rng.below(2) as usize;
     let fabric = fabric(nics, Delivery::Manual, seed);
@@ -106,6 +112,9 @@ fn one(seed: u64) -> Vec<orbitte_engine::Status> {
                 ][rng.below(3) as usize];
                 faults.fail_send(WrMatch::nth(nth), status, rng.below(2) == 0);
             }
+            // post_send refused part-way through a batch (EINVAL, or ENOMEM:
+            // a full queue).
+            6 => faults.fail_post(WrMatch::nth(nth), [22, 12][rng.below(2) as usize]),
             _ => {}
         }
     }
@@ -211,5 +220,16 @@ fn one(seed: u64) -> Vec<orbitte_engine::Status> {
         weak_local.upgrade().is_none(),
         "seed {seed}: the engine let go of the memory"
     );
-    outcomes.iter().map(|o| o.status).collect()
+    let mut tags: Vec<String> = outcomes.iter().map(|o| format!("{:?}", o.status)).collect();
+    tags.extend(
+        outcomes
+            .iter()
+            .filter(|o| {
+                o.failure
+                    .as_ref()
+                    .is_some_and(|f| matches!(f.status, SliceFailure::PostFailed(_)))
+            })
+            .map(|_| "PostFailed".to_owned()),
+    );
+    tags
 }

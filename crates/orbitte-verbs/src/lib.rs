@@ -45,11 +45,12 @@
 //!     let _ = qp.post_send(&[]);
 //! }
 //! ```
-//! A QP moved to the error state on purpose cannot post:
+//! A QP moved to the error state may still post (the work flushes), but it
+//! is no longer a ready QP: it cannot stand in for one, nor go back to RTS
+//! (see [`qp_state`]):
 //! ```compile_fail
-//! fn post_after_into_error(qp: orbitte_verbs::QueuePair) {
-//!     let mut qp = qp.into_error().unwrap();
-//!     let _ = qp.post_send(&[]);
+//! fn errored_is_not_ready(qp: orbitte_verbs::QueuePair) -> orbitte_verbs::QueuePair {
+//!     qp.into_error().unwrap()
 //! }
 //! ```
 //! A QP cannot be cloned (one owner):
@@ -64,6 +65,11 @@
 //!     let _ = qp.post_send(&[]);
 //!     let _ = qp.post_recv(&[]);
 //!     let _ = init.post_recv(&[]);
+//! }
+//! fn drain(qp: orbitte_verbs::QueuePair, marker: orbitte_verbs::SendWr<'_>) {
+//!     let mut qp = qp.into_error().unwrap();
+//!     let _ = qp.post_send(&[marker]); // completes with WrFlush
+//!     let _ = qp.post_recv(&[]);
 //! }
 //! fn close_then_nothing(mr: orbitte_verbs::MemoryRegion) {
 //!     let _ = mr.lkey();
@@ -122,6 +128,7 @@ const _: () = {
     send_sync::<CompletionQueue>();
     send_sync::<QueuePair<qp_state::Reset>>();
     send_sync::<QueuePair<qp_state::Rts>>();
+    send_sync::<QueuePair<qp_state::Errored>>();
     send_sync::<std::sync::Arc<dyn Provider>>();
     send_sync::<sim::SimFabric>();
     send_sync::<Unquiesced>();

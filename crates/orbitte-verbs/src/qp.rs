@@ -19,10 +19,22 @@
 //! }
 //! ```
 //!
-//! The device can still move a QP to the error state on its own (a failed
-//! work request, a fatal event): posting then succeeds and the work
-//! completes with [`WcStatus::WrFlush`](crate::WcStatus::WrFlush), as on
-//! hardware. [`QueuePair::state`] asks the provider.
+//! A QP in the error state accepts work and flushes it: posting succeeds
+//! and each request completes with
+//! [`WcStatus::WrFlush`](crate::WcStatus::WrFlush), in order after the
+//! work outstanding before it, and never executes (the kernel's
+//! `ib_drain_sq` relies on this). That holds for a QP moved there on
+//! purpose (`QueuePair<Errored>` may post sends and receives) and for one
+//! the device moved there on its own (a failed work request, a fatal
+//! event) while it is still typed `Rts`. [`QueuePair::state`] asks the
+//! provider. An errored QP never becomes ready again:
+//!
+//! ```compile_fail
+//! fn back_to_rts(qp: orbitte_verbs::QueuePair, attrs: orbitte_verbs::RtsAttrs) {
+//!     let qp = qp.into_error().unwrap();
+//!     let _ = qp.rts(attrs);
+//! }
+//! ```
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -48,8 +60,11 @@ pub mod qp_state {
         const STATE: crate::QpState;
     }
 
-    /// States in which receives may be posted.
+    /// States in which receives may be posted (in `Errored` they flush).
     pub trait Receivable: State {}
+
+    /// States in which sends may be posted (in `Errored` they flush).
+    pub trait Sendable: State {}
 
     macro_rules! marker {
         ($(#[$doc:meta] $name:ident => $state:ident),* $(,)?) => {$(
@@ -79,9 +94,13 @@ pub mod qp_state {
     impl Receivable for Init {}
     impl Receivable for Rtr {}
     impl Receivable for Rts {}
+    impl Receivable for Errored {}
+
+    impl Sendable for Rts {}
+    impl Sendable for Errored {}
 }
 
-use qp_state::{Errored, Init, Receivable, Reset, Rtr, Rts, State};
+use qp_state::{Errored, Init, Receivable, Reset, Rtr, Rts, Sendable, State};
 
 /// An RC queue pair, typed by its state. Not `Clone`: one owner posts
 /// (posting borrows it mutably); it may be moved between threads.
@@ -216,10 +235,16 @@ impl QueuePair<Rtr> {
     }
 }
 
-impl QueuePair<Rts> {
+impl<S: Sendable> QueuePair<S> {
     /// Posts send work requests with one doorbell. Returns when they are
     /// queued, not done: each signaled request (and every failed one)
     /// yields a completion on the send CQ, in posting order.
+    ///
+    /// On a QP in the error state (`Errored`, or moved there by the
+    /// device) every request completes with `WrFlush`, signaled or not,
+    /// after the completions of the work posted before it, and never
+    /// executes: a signaled request posted after
+    /// [`into_error`](Self::into_error) is how a send queue is drained.
     ///
     /// The buffer-lifetime rule: the bytes an SGE names may be read or
     /// written by the device until that request's completion (or a later
@@ -236,7 +261,9 @@ impl QueuePair<Rts> {
 }
 
 impl<S: Receivable> QueuePair<S> {
-    /// Posts receive work requests with one doorbell.
+    /// Posts receive work requests with one doorbell. On a QP in the
+    /// error state they complete with `WrFlush` (rxe: only once the QP is
+    /// moved to error again; see docs/verbs.md, "Sim versus rxe").
     pub fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
         self.ops().post_recv(wrs)
     }

@@ -8,14 +8,16 @@ use orbitte_memory::HostMemory;
 use orbitte_verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric, WrMatch};
 use orbitte_verbs::{
     Access, AsyncEvent, Completion, CompletionQueue, Context, InitAttrs, MemoryRegion, Mtu,
-    ObjectKind, PostErrorKind, ProtectionDomain, Provider, QpCaps, QpState, QueuePair, RecvWr,
-    RemoteAddr, Route, RtrAttrs, RtsAttrs, SendWr, Sge, UnquiescedCause, WcOpcode, WcStatus,
+    NativeError, ObjectKind, PostError, PostErrorKind, ProtectionDomain, Provider, QpCaps, QpState,
+    QueuePair, RecvWr, RemoteAddr, Route, RtrAttrs, RtsAttrs, SendWr, Sge, UnquiescedCause,
+    WcOpcode, WcStatus,
 };
 
 const EBUSY: i32 = 16;
 const ENOMEM: i32 = 12;
 const EFAULT: i32 = 14;
 const EACCES: i32 = 13;
+const EINVAL: i32 = 22;
 
 fn fabric(seed: u64) -> SimFabric {
     SimFabric::new(
@@ -789,6 +791,67 @@ fn a_chosen_error_status_with_and_without_remote_effect() {
 }
 
 #[test]
+fn a_post_refused_part_way_through_a_batch() {
+    let f = fabric(30);
+    let (mut a, b) = pair(&f);
+    let qa = a.qp.qp_num();
+    a.mem.fill(0, 64, 7).unwrap();
+    f.faults().fail_post(WrMatch::nth(3).on_qp(qa), EINVAL);
+    let src = [a.mr.sge(0, 8).unwrap()];
+    let w = |id: u64, at: usize| SendWr::write(id, &src, b.mr.remote(at).unwrap());
+    let e =
+        a.qp.post_send(&[w(1, 0).signaled(false), w(2, 8), w(3, 16), w(4, 24)])
+            .unwrap_err();
+    assert_eq!(
+        e,
+        PostError {
+            qpn: qa,
+            index: 2,
+            kind: PostErrorKind::Native(NativeError::new("ibv_post_send", EINVAL)),
+        },
+        "the index of the first request not posted"
+    );
+    assert!(e.to_string().contains("work request 2"), "{e}");
+    // The two before it were really posted and run; 3 and 4 were not.
+    assert_eq!(f.pending(), 2);
+    f.drive();
+    assert_eq!(poll_all(&a.cq), [ok(2, WcOpcode::RdmaWrite, 8, qa)]);
+    assert_eq!(b.mem.to_vec(0, 16).unwrap(), vec![7; 16]);
+    assert_eq!(b.mem.to_vec(16, 48).unwrap(), vec![0; 48]);
+    assert_eq!(a.qp.state().unwrap(), QpState::Rts, "the qp is unaffected");
+    // The fault fires once.
+    a.qp.post_send(&[w(5, 16)]).unwrap();
+    f.drive();
+    assert_eq!(poll_all(&a.cq), [ok(5, WcOpcode::RdmaWrite, 8, qa)]);
+    // ENOMEM is reported as a full queue, like the native provider does.
+    f.faults()
+        .fail_post(WrMatch::nth(1).on_device("sim0"), ENOMEM);
+    let e = a.qp.post_send(&[w(6, 24), w(7, 32)]).unwrap_err();
+    assert_eq!(
+        (e.index, e.kind),
+        (
+            0,
+            PostErrorKind::QueueFull {
+                depth: QpCaps::default().max_send_wr
+            }
+        )
+    );
+    assert_eq!(f.pending(), 0, "nothing of that batch was posted");
+    // A refused post on a qp moved to error: nothing posted, no flush.
+    f.faults().fail_post(WrMatch::nth(2), EINVAL);
+    let mut a_err = a.qp.into_error().unwrap();
+    let e = a_err.post_send(&[w(8, 0), w(9, 8)]).unwrap_err();
+    assert_eq!(e.index, 1);
+    assert_eq!(poll_all(&a.cq), [err(8, WcStatus::WrFlush, qa)]);
+    assert_eq!(b.mem.to_vec(16, 48).unwrap()[8..], vec![0; 40]);
+    // A fault restricted to a ready QP ignores posts to one in error.
+    f.faults()
+        .fail_post(WrMatch::nth(1).in_state(QpState::Rts), EINVAL);
+    a_err.post_send(&[w(10, 0)]).unwrap();
+    assert_eq!(poll_all(&a.cq), [err(10, WcStatus::WrFlush, qa)]);
+}
+
+#[test]
 fn registration_failure_at_the_nth() {
     let f = fabric(20);
     let p = f.provider();
@@ -815,10 +878,7 @@ fn registration_failure_at_the_nth() {
         } => {
             assert_eq!(device.name, "sim1");
             assert_eq!(len, 4096);
-            assert_eq!(
-                source,
-                orbitte_verbs::NativeError::new("ibv_reg_mr", ENOMEM)
-            );
+            assert_eq!(source, NativeError::new("ibv_reg_mr", ENOMEM));
         }
         other => panic!("unexpected {other:?}"),
     }
@@ -831,7 +891,7 @@ fn registration_failure_at_the_nth() {
     assert!(matches!(
         pd0.register(mem, 0..4096, Access::local_only()),
         Err(orbitte_verbs::RegisterError::Native {
-            source: orbitte_verbs::NativeError { errno: EFAULT, .. },
+            source: NativeError { errno: EFAULT, .. },
             ..
         })
     ));
@@ -850,10 +910,7 @@ fn device_open_failure_and_denied_uverbs() {
     match p.open("sim0") {
         Err(orbitte_verbs::OpenError::Native { device, source }) => {
             assert_eq!(device.name, "sim0");
-            assert_eq!(
-                source,
-                orbitte_verbs::NativeError::new("ibv_open_device", ENOMEM)
-            );
+            assert_eq!(source, NativeError::new("ibv_open_device", ENOMEM));
         }
         other => panic!("unexpected {other:?}"),
     }
@@ -866,7 +923,7 @@ fn device_open_failure_and_denied_uverbs() {
     assert!(matches!(
         p.open("sim2"),
         Err(orbitte_verbs::OpenError::Native {
-            source: orbitte_verbs::NativeError { errno: EACCES, .. },
+            source: NativeError { errno: EACCES, .. },
             ..
         })
     ));
@@ -896,7 +953,7 @@ fn destroy_ebusy_gives_unquiesced_and_retains() {
     assert_eq!(e.device.name, "sim0");
     assert_eq!(
         e.cause,
-        UnquiescedCause::Native(orbitte_verbs::NativeError::new("ibv_dereg_mr", EBUSY))
+        UnquiescedCause::Native(NativeError::new("ibv_dereg_mr", EBUSY))
     );
     assert_eq!(
         e.cleanup.tried,

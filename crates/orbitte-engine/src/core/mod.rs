@@ -445,20 +445,30 @@ impl Core {
     }
 
     /// Records that a post stopped early: the items after `err.posted` of
-    /// `items` (the run given to the transport) were never posted. The rail
-    /// is marked down.
+    /// `items` (the run given to the transport) were never posted: they
+    /// fail with `PostFailed`, the first of them is the request's failure,
+    /// and they count neither as posted nor in the uncertain range. The
+    /// rail is marked down, and if it still holds posted items it is queued
+    /// for a flush ([`poll_flush`](Self::poll_flush)) at once: items that
+    /// ran unsignaled before the failure have no signaled item after them,
+    /// and only the flush's marker reports them.
     pub fn handle_post_error(&mut self, now: Instant, err: &PostError, items: &[WorkItem]) {
         let failed = &items[err.posted.min(items.len())..];
         let rail_idx = err.rail.0 as usize;
         if rail_idx >= self.rails.len() {
             return;
         }
-        // The failed items are the newest entries of the rail's ring.
+        // The failed items are the newest entries of the rail's ring: take
+        // them out newest first, then fail them in posting order, so the
+        // failure names the first slice that was not posted.
+        let rail = &mut self.rails[rail_idx];
         for item in failed.iter().rev() {
-            let rail = &mut self.rails[rail_idx];
             if rail.fifo.back() == Some(&item.token.0) {
                 rail.fifo.pop_back();
             }
+        }
+        let slice_size = u64::from(self.config.slice_size);
+        for item in failed {
             let (sidx, sgeneration) = split(item.token.0);
             if let Some(slot) = self.slices.get(sidx as usize).copied()
                 && slot.generation == sgeneration
@@ -467,7 +477,9 @@ impl Core {
                 if let Some(req) = self.requests.get_mut(slot.req as usize)
                     && req.generation == slot.req_gen
                 {
+                    // Never posted: no remote effect, not in the hull.
                     req.posted -= 1;
+                    req.unpost(err.rail, slot.index, slice_size);
                 }
                 self.finish_slice(
                     now,
@@ -480,6 +492,11 @@ impl Core {
         // Earlier unsignaled items of the accepted part need a signaled
         // cover; the transport reports them when it flushes the rail.
         self.rail_down(err.rail, err.reason.clone(), now);
+        let r = &mut self.rails[rail_idx];
+        if !r.fifo.is_empty() && !r.flush_requested {
+            r.flush_requested = true;
+            self.flush.push_back(err.rail);
+        }
     }
 
     /// Feeds one transport event.
@@ -833,12 +850,12 @@ impl Core {
     /// rail was closed), with a *marker* token the core appended to the
     /// rail's ring. The rail is marked down: it takes no new work.
     ///
-    /// The driver hands both to [`Transport::flush_marked`]: rdma posts the
-    /// marker as a signaled work request and then moves the queue pair to
-    /// the error state, so the marker's completion (success or flush)
-    /// arrives after every earlier one and covers work requests that ran
-    /// unsignaled without a later signaled one (a post that failed half
-    /// way). Then report [`MarkerFate`] back: `Dropped` with
+    /// The driver hands both to [`Transport::flush_marked`]: rdma moves the
+    /// queue pair to the error state and then posts the marker as a
+    /// signaled work request, which the NIC flushes (it never executes at
+    /// the peer), so the marker's completion arrives after every earlier
+    /// one and covers work requests that ran unsignaled without a later
+    /// signaled one (a post that failed half way). Then report [`MarkerFate`] back: `Dropped` with
     /// [`marker_dropped`](Self::marker_dropped), `Released` with
     /// [`release_rail`](Self::release_rail).
     ///

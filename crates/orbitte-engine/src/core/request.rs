@@ -99,6 +99,27 @@ impl Req {
         self.keepalive = r.keepalive;
     }
 
+    /// A post refused slice `index` (and every later one of this request
+    /// on the same rail, the newest items of its ring): rolls that rail's
+    /// next slice back to it, so `hull_end` covers only slices the
+    /// transport accepted. The request is abandoned, so nothing is posted
+    /// from there again.
+    pub(super) fn unpost(&mut self, rail: RailId, index: u32, slice_size: u64) {
+        if let Some(pos) = self.rails.iter().position(|r| *r == rail) {
+            self.next[pos] = self.next[pos].min(index);
+        }
+        // Each rail position posts its slices in order (pos, pos + k, ...),
+        // so the furthest posted slice ends with one of the last ones.
+        let k = self.rails.len() as u32;
+        self.hull_end = self
+            .next
+            .iter()
+            .filter(|&&n| n >= k)
+            .map(|&n| ((u64::from(n - k) + 1) * slice_size).min(self.len))
+            .max()
+            .unwrap_or(0);
+    }
+
     /// Marks slice `index` done and advances the completed prefix.
     pub(super) fn mark_done(&mut self, index: u32) {
         let (w, b) = ((index / 64) as usize, index % 64);

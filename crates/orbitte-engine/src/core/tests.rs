@@ -195,8 +195,10 @@ impl Harness {
         self.core.handle_event(self.now, ev);
     }
 
-    /// The driver's flush: a signaled marker, then QP to error.
+    /// The driver's flush: QP to error, then a signaled marker (flushed
+    /// after everything queued before it).
     fn flush_marked(&mut self, rail: RailId, marker: SliceToken) {
+        self.broken[rail.0 as usize] = true;
         let m = WorkItem {
             token: marker,
             rail,

@@ -561,7 +561,12 @@ unsafe impl Sync for NativeCq {}
 fn completion(wc: &b::ibv_wc) -> Completion {
     let status = WcStatus::from_raw(wc.status);
     let ok = status.is_success();
-    let imm = (ok && wc.wc_flags & b::IBV_WC_WITH_IMM != 0)
+    // The immediate belongs to the receiver: only receive completions
+    // define it. A requester's completion of a SEND or WRITE with
+    // immediate may carry IBV_WC_WITH_IMM with an undefined value (mlx5,
+    // rxe), so it is never reported there.
+    let receive = matches!(wc.opcode, b::IBV_WC_RECV | b::IBV_WC_RECV_RDMA_WITH_IMM);
+    let imm = (ok && receive && wc.wc_flags & b::IBV_WC_WITH_IMM != 0)
         // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate.
         .then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data }));
     Completion {
@@ -961,5 +966,54 @@ impl QpOps for NativeQp {
             }),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wc(opcode: u32, status: u32, flags: u32) -> b::ibv_wc {
+        let mut wc = b::ibv_wc {
+            wr_id: 7,
+            status,
+            opcode,
+            wc_flags: flags,
+            byte_len: 16,
+            qp_num: 3,
+            ..Default::default()
+        };
+        wc.__bindgen_anon_1.imm_data = 0xdead_beef_u32.to_be();
+        wc
+    }
+
+    /// The immediate is reported only for receive opcodes: a requester's
+    /// completion with IBV_WC_WITH_IMM (mlx5, rxe) has an undefined value.
+    #[test]
+    fn immediate_only_in_receive_completions() {
+        let with = b::IBV_WC_WITH_IMM;
+        for (opcode, want) in [
+            (b::IBV_WC_RECV, Some(0xdead_beef)),
+            (b::IBV_WC_RECV_RDMA_WITH_IMM, Some(0xdead_beef)),
+            (b::IBV_WC_SEND, None),
+            (b::IBV_WC_RDMA_WRITE, None),
+            (b::IBV_WC_RDMA_READ, None),
+        ] {
+            let c = completion(&wc(opcode, b::IBV_WC_SUCCESS, with));
+            assert_eq!(c.imm, want, "opcode {opcode}");
+            assert_eq!(c.opcode, Some(WcOpcode::from_raw(opcode)));
+            assert_eq!((c.wr_id, c.byte_len, c.qp_num), (7, 16, 3));
+        }
+        // No flag: no immediate, even on a receive.
+        assert_eq!(
+            completion(&wc(b::IBV_WC_RECV, b::IBV_WC_SUCCESS, 0)).imm,
+            None
+        );
+        // Error completions define nothing but the basics.
+        let c = completion(&wc(b::IBV_WC_RECV, b::IBV_WC_WR_FLUSH_ERR, with));
+        assert_eq!(
+            (c.status, c.opcode, c.byte_len, c.imm),
+            (WcStatus::WrFlush, None, 0, None)
+        );
     }
 }

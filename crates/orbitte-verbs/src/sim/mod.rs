@@ -71,7 +71,7 @@ use crate::error::{DeviceListError, ObjectKind, OpenError};
 use crate::provider::Provider;
 use crate::types::{
     AsyncEvent, DeviceIdentity, DeviceInfo, Gid, GidEntry, GidType, LinkLayer, Mtu, NodeAccess,
-    PortState, ProviderKind, Speed, UverbsNode, Width,
+    PortState, ProviderKind, QpState, Speed, UverbsNode, Width,
 };
 use crate::wr::WcStatus;
 
@@ -436,6 +436,8 @@ pub struct WrMatch {
     pub qpn: Option<u32>,
     /// Which matching request (1 = the next one).
     pub nth: u32,
+    /// Only requests posted while the QP is in this state.
+    pub state: Option<QpState>,
 }
 
 impl WrMatch {
@@ -445,6 +447,7 @@ impl WrMatch {
             device: None,
             qpn: None,
             nth: nth.max(1),
+            state: None,
         }
     }
 
@@ -457,6 +460,13 @@ impl WrMatch {
     /// Restricted to a QP.
     pub fn on_qp(mut self, qpn: u32) -> Self {
         self.qpn = Some(qpn);
+        self
+    }
+
+    /// Restricted to requests posted while their QP is in `state` (for
+    /// example only to a ready QP, `QpState::Rts`, not to one in error).
+    pub fn in_state(mut self, state: QpState) -> Self {
+        self.state = Some(state);
         self
     }
 }
@@ -567,6 +577,24 @@ impl Faults {
             m,
             seen: 0,
             kind: state::SendFaultKind::Fail { status, apply_data },
+        });
+    }
+
+    /// `post_send` refuses the matching send work request with `errno`, as
+    /// a driver does (`ibv_post_send` failing part-way through a batch):
+    /// it returns [`PostError`](crate::PostError) whose `index` is the
+    /// matching request's position in its batch, with
+    /// [`PostErrorKind::QueueFull`](crate::PostErrorKind::QueueFull) for
+    /// ENOMEM and [`PostErrorKind::Native`](crate::PostErrorKind::Native)
+    /// (`ibv_post_send`, errno) otherwise. The requests before it in the
+    /// batch are really posted and run; it and the rest of the batch are
+    /// not posted. The QP's state does not change. Requests are counted in
+    /// posting order, as for the other send faults.
+    pub fn fail_post(&self, m: WrMatch, errno: i32) {
+        self.shared.lock().faults.sends.push(state::SendFault {
+            m,
+            seen: 0,
+            kind: state::SendFaultKind::RefusePost { errno },
         });
     }
 

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use orbitte_memory::DmaBuffer;
 
 use super::Shared;
-use super::state::{CqRec, FaultState, MrRec, PendingRecv, PendingSend, QpKey, QpRec};
+use super::state::{
+    CqRec, FaultState, MrRec, PendingRecv, PendingSend, QpKey, QpRec, SendFaultKind,
+};
 use crate::backend::{ContextOps, CqOps, Destroy, MrOps, PdOps, QpOps, Transition};
 use crate::error::{
     AllocPdError, AsyncEventError, CreateCqError, CreateQpError, ModifyError, NativeError,
@@ -583,7 +585,21 @@ impl QpOps for SimQp {
                 ));
             }
             let errored = qp.state == QpState::Error;
-            let fault = st.faults.send(name, qpn);
+            let (depth, state) = (qp.caps.max_send_wr, qp.state);
+            let fault = st.faults.send(name, qpn, state);
+            if let Some(SendFaultKind::RefusePost { errno }) = fault {
+                // As the native provider reports a refused post: ENOMEM is a
+                // full queue, anything else the driver's errno. The requests
+                // before this one stay posted.
+                let kind = if errno == libc::ENOMEM {
+                    PostErrorKind::QueueFull { depth }
+                } else {
+                    PostErrorKind::Native(NativeError::new("ibv_post_send", errno))
+                };
+                drop(st);
+                self.shared.cond.notify_all();
+                return Err(err(i, kind));
+            }
             let jitter = if timing.jitter.is_zero() {
                 0
             } else {

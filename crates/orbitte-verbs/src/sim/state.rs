@@ -116,7 +116,14 @@ pub(crate) struct CqRec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SendFaultKind {
     Stall,
-    Fail { status: WcStatus, apply_data: bool },
+    Fail {
+        status: WcStatus,
+        apply_data: bool,
+    },
+    /// `post_send` refuses the request (and the rest of its batch).
+    RefusePost {
+        errno: i32,
+    },
 }
 
 #[derive(Debug)]
@@ -167,11 +174,17 @@ impl FaultState {
         Some(self.destroys.remove(i).2)
     }
 
-    pub(crate) fn send(&mut self, device_name: &str, qpn: u32) -> Option<SendFaultKind> {
+    pub(crate) fn send(
+        &mut self,
+        device_name: &str,
+        qpn: u32,
+        state: QpState,
+    ) -> Option<SendFaultKind> {
         let mut fired = None;
         for f in &mut self.sends {
             if f.m.device.as_deref().is_none_or(|d| d == device_name)
                 && f.m.qpn.is_none_or(|q| q == qpn)
+                && f.m.state.is_none_or(|s| s == state)
             {
                 f.seen += 1;
                 if f.seen == f.m.nth && fired.is_none() {
