@@ -19,6 +19,9 @@
 //!   next chunk overlaps the caller's handling of the previous one.
 //! - [`probe()`]: the capability matrix rows for the CUDA paths, as plain
 //!   data.
+//! - `testing` (feature `testing`, off by default): a fake `libcuda.so.1`
+//!   and the harness that runs test entries against it, for this crate's
+//!   and the engine's tests.
 //!
 //! # Scope
 //! Allocation and synchronized host staging are real paths. Registering GPU
@@ -40,6 +43,8 @@ mod error;
 mod pinned;
 mod pipeline;
 pub mod probe;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use buffer::{AllocError, CudaBuffer, MemoryKind, PointerError, PointerInfo};
 pub use copy::{CopyError, CopyStream};

@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use cudarc::driver::sys;
-use orbitte_memory::DmaBuffer;
+use orbitte_memory::{DmaBuffer, dma};
 
 use crate::device::{CudaDevice, DeviceError};
 use crate::error::{CuError, RangeError, check, check_range};
@@ -134,34 +134,29 @@ impl PinnedBuffer {
 
     /// Copies bytes out of the buffer.
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), RangeError> {
-        self.check(offset, dst.len())?;
-        // SAFETY: bounds checked above; `dst` is a distinct Rust buffer.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.ptr.as_ptr().add(offset),
-                dst.as_mut_ptr(),
-                dst.len(),
-            )
-        };
-        Ok(())
+        dma::read_at(self, offset, dst).map_err(|_| self.out_of_range(offset, dst.len()))
     }
 
     /// Copies bytes into the buffer.
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<(), RangeError> {
-        self.check(offset, src.len())?;
-        // SAFETY: bounds checked above; `src` is a distinct Rust buffer.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len())
-        };
-        Ok(())
+        dma::write_at(self, offset, src).map_err(|_| self.out_of_range(offset, src.len()))
     }
 
     /// Sets `len` bytes at `offset` to `byte`.
     pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), RangeError> {
-        self.check(offset, len)?;
-        // SAFETY: bounds checked above.
-        unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(offset), byte, len) };
-        Ok(())
+        dma::fill(self, offset, len, byte).map_err(|_| self.out_of_range(offset, len))
+    }
+
+    /// The error of orbitte-memory's bounds-checked copies, in this crate's
+    /// terms. Pinned memory is always writable, so being out of range is
+    /// the only way those copies fail here.
+    fn out_of_range(&self, offset: usize, len: usize) -> RangeError {
+        RangeError {
+            what: "pinned buffer",
+            offset,
+            len,
+            size: self.len,
+        }
     }
 
     /// Copies `len` bytes at `offset` into a new vector.

@@ -242,27 +242,7 @@ impl StagingPipeline {
     where
         F: FnMut(&StagedChunk<'_>) -> Result<(), E>,
     {
-        const DIR: &str = "download";
-        let span = tracing::debug_span!(
-            "staging",
-            direction = DIR,
-            device = self.device.index(),
-            offset,
-            len
-        );
-        let _entered = span.enter();
-        self.admit(DIR, src, offset, len)?;
-        let chunks = len.div_ceil(self.chunk_size);
-        let mut run = Run::new(
-            &self.slots,
-            &mut self.unquiesced,
-            src,
-            self.chunk_size,
-            offset,
-            len,
-        );
-        let mut completed = 0;
-        let outcome: Result<(), StagingFailure<E>> = (|| {
+        self.stage("download", src, offset, len, |run, chunks, completed| {
             for k in 0..chunks.min(2) {
                 run.issue(Direction::DeviceToHost, k)?;
             }
@@ -272,20 +252,13 @@ impl StagingPipeline {
                     offset: run.start(k),
                     source,
                 })?;
-                completed += run.chunk_len(k);
+                *completed += run.chunk_len(k);
                 if k + 2 < chunks {
                     run.issue(Direction::DeviceToHost, k + 2)?;
                 }
             }
             Ok(())
-        })();
-        finish(
-            DIR,
-            run,
-            outcome,
-            completed,
-            StagingReport { bytes: len, chunks },
-        )
+        })
     }
 
     /// Moves `len` bytes from the host into `dst` at `offset`, chunk by
@@ -304,33 +277,13 @@ impl StagingPipeline {
     where
         F: FnMut(&StagedChunk<'_>) -> Result<(), E>,
     {
-        const DIR: &str = "upload";
-        let span = tracing::debug_span!(
-            "staging",
-            direction = DIR,
-            device = self.device.index(),
-            offset,
-            len
-        );
-        let _entered = span.enter();
-        self.admit(DIR, dst, offset, len)?;
-        let chunks = len.div_ceil(self.chunk_size);
-        let mut run = Run::new(
-            &self.slots,
-            &mut self.unquiesced,
-            dst,
-            self.chunk_size,
-            offset,
-            len,
-        );
-        let mut completed = 0;
-        let outcome: Result<(), StagingFailure<E>> = (|| {
+        self.stage("upload", dst, offset, len, |run, chunks, completed| {
             for k in 0..chunks {
                 if k >= 2 {
                     // The slot's previous copy (chunk k - 2) must land before
                     // the slot is refilled; chunks land in order.
                     run.wait(k - 2)?;
-                    completed += run.chunk_len(k - 2);
+                    *completed += run.chunk_len(k - 2);
                 }
                 fill(&run.chunk(k)).map_err(|source| StagingFailure::Handler {
                     offset: run.start(k),
@@ -340,12 +293,46 @@ impl StagingPipeline {
             }
             for k in chunks.saturating_sub(2)..chunks {
                 run.wait(k)?;
-                completed += run.chunk_len(k);
+                *completed += run.chunk_len(k);
             }
             Ok(())
-        })();
+        })
+    }
+
+    /// What both directions share around their chunk schedule: the span,
+    /// admission, the [`Run`], and the drain and result of [`finish`].
+    /// `schedule` gets the run, the chunk count and the completed prefix to
+    /// advance.
+    fn stage<E>(
+        &mut self,
+        direction: &'static str,
+        buf: &Arc<CudaBuffer>,
+        offset: usize,
+        len: usize,
+        schedule: impl FnOnce(&mut Run<'_>, usize, &mut usize) -> Result<(), StagingFailure<E>>,
+    ) -> Result<StagingReport, StagingError<E>> {
+        let span = tracing::debug_span!(
+            "staging",
+            direction,
+            device = self.device.index(),
+            offset,
+            len
+        );
+        let _entered = span.enter();
+        self.admit(direction, buf, offset, len)?;
+        let chunks = len.div_ceil(self.chunk_size);
+        let mut run = Run::new(
+            &self.slots,
+            &mut self.unquiesced,
+            buf,
+            self.chunk_size,
+            offset,
+            len,
+        );
+        let mut completed = 0;
+        let outcome = schedule(&mut run, chunks, &mut completed);
         finish(
-            DIR,
+            direction,
             run,
             outcome,
             completed,

@@ -1,139 +1,72 @@
-//! The driver paths, exercised without a GPU: each test compiles the stub
-//! driver in tests/stub/libcuda_stub.c with `cc`, then re-runs this test
-//! binary as a child process with the stub first on LD_LIBRARY_PATH (the
-//! loader reads it only at process start) and one `#[ignore]`d `child_*`
-//! entry selected. The child asserts; the parent checks it ran exactly one
-//! test and passed, so a panic anywhere in the child fails the parent.
+//! The driver paths, exercised without a GPU: each test builds the stub
+//! driver of orbitte-cuda's `testing` module (testing/stub_libcuda.c) with
+//! `cc`, then re-runs this test binary as a child process with the stub
+//! first on LD_LIBRARY_PATH (the loader reads it only at process start) and
+//! one `#[ignore]`d `child_*` entry selected. The child asserts; the parent
+//! checks it ran exactly one test and passed, so a panic anywhere in the
+//! child fails the parent.
 //!
 //! Without `cc` the tests print `skipped: ...`, except under CI=true, where
 //! `cc` is installed and its absence is a failure.
 
 mod common;
-
-use std::path::{Path, PathBuf};
-use std::process::Command;
+// orbitte-cuda's `testing` module, the same file the engine's tests use
+// through feature `testing`: a crate cannot turn on its own feature for its
+// integration tests without depending on itself.
+#[allow(unreachable_pub)]
+#[path = "../src/testing.rs"]
+mod testing;
 
 use orbitte_cuda::driver::DriverError;
 use orbitte_cuda::{
     AllocError, Check, CopyError, CudaBuffer, CudaDevice, DeviceError, PointerError,
     StagingFailure, StagingPipeline, devices, driver, probe,
 };
+use testing::{StubHarness, StubKind};
 
-const CHILD: &str = "ORBITTE_STUB_CHILD";
-
-/// Compiles the stub into `dir` as libcuda.so.1 and libcuda.so (cudarc
-/// tries the unversioned name first, and a system copy must not win).
-fn build_stub(dir: &Path, omit_htod: bool) -> Result<(), String> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/stub/libcuda_stub.c");
-    let out = dir.join("libcuda.so.1");
-    let mut cmd = Command::new("cc");
-    cmd.args(["-shared", "-fPIC", "-O1", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .arg("-lpthread");
-    if omit_htod {
-        cmd.arg("-DOMIT_HTOD");
-    }
-    let result = cmd.output().map_err(|e| format!("cannot run cc: {e}"))?;
-    if !result.status.success() {
-        return Err(format!(
-            "cc failed: {}",
-            String::from_utf8_lossy(&result.stderr)
-        ));
-    }
-    std::fs::copy(&out, dir.join("libcuda.so")).map_err(|e| e.to_string())?;
-    Ok(())
-}
-
-/// Runs child entry `child` against the stub in `mode`; returns its output.
-fn run_child(child: &str, mode: &str, omit_htod: bool, env: &[(&str, &str)]) -> Option<String> {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    if let Err(e) = build_stub(dir.path(), omit_htod) {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("CI has a C compiler, but building the stub driver failed: {e}");
-        }
-        println!("skipped: no C compiler for the stub driver ({e})");
-        return None;
-    }
-    let mut path = PathBuf::from(dir.path()).into_os_string();
-    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
-        path.push(":");
-        path.push(old);
-    }
-    let exe = std::env::current_exe().expect("test binary path");
-    let mut cmd = Command::new(exe);
-    cmd.args([
-        child,
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("LD_LIBRARY_PATH", path)
-    .env("ORBITTE_STUB_MODE", mode)
-    .env(CHILD, child)
-    .env_remove("ORBITTE_STUB_FAIL_SYNC_AFTER");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run the child test");
-    let text = format!(
-        "{}\n--- stderr ---\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "child {child} failed ({}):\n{text}",
-        out.status
-    );
-    assert!(
-        text.contains("1 passed"),
-        "child {child} did not run exactly one test:\n{text}"
-    );
-    println!("{text}");
-    Some(text)
-}
-
-/// Whether this process is the child for `name` (else the entry is a no-op).
-fn is_child(name: &str) -> bool {
-    let me = std::env::var(CHILD).as_deref() == Ok(name);
-    if !me {
-        println!("skipped: {name} runs only as a child of the stub_driver tests");
-    }
-    me
-}
+/// Children of this binary are selected by `ORBITTE_STUB_CHILD`.
+const STUB: StubHarness = StubHarness::new("ORBITTE_STUB_CHILD", "stub_driver");
 
 // ---- parents -------------------------------------------------------------
 
 #[test]
 fn no_device_from_cuinit_is_a_typed_error() {
-    if let Some(out) = run_child("child_no_device", "no-device", false, &[]) {
+    if let Some(out) = STUB.run_child("child_no_device", "no-device", StubKind::Complete, &[]) {
         assert!(out.contains("no CUDA device"), "{out}");
     }
 }
 
 #[test]
 fn zero_devices_is_a_typed_error() {
-    run_child("child_zero_devices", "zero-devices", false, &[]);
+    STUB.run_child(
+        "child_zero_devices",
+        "zero-devices",
+        StubKind::Complete,
+        &[],
+    );
 }
 
 #[test]
 fn a_driver_missing_a_symbol_is_a_typed_error() {
-    run_child("child_missing_symbol", "fake-gpu", true, &[]);
+    STUB.run_child(
+        "child_missing_symbol",
+        "fake-gpu",
+        StubKind::WithoutHtoD,
+        &[],
+    );
 }
 
 #[test]
 fn staging_runs_on_the_fake_device() {
-    run_child("child_fake_gpu", "fake-gpu", false, &[]);
+    STUB.run_child("child_fake_gpu", "fake-gpu", StubKind::Complete, &[]);
 }
 
 #[test]
 fn a_failed_drain_makes_the_pipeline_unquiesced() {
-    run_child(
+    STUB.run_child(
         "child_sync_fault",
         "fake-gpu",
-        false,
+        StubKind::Complete,
         &[("ORBITTE_STUB_FAIL_SYNC_AFTER", "3")],
     );
 }
@@ -183,7 +116,7 @@ fn assert_no_device(expected_reason: &str) {
 #[test]
 #[ignore = "child process entry, run by no_device_from_cuinit_is_a_typed_error"]
 fn child_no_device() {
-    if is_child("child_no_device") {
+    if STUB.is_child("child_no_device") {
         assert_no_device("CUDA_ERROR_NO_DEVICE");
     }
 }
@@ -191,7 +124,7 @@ fn child_no_device() {
 #[test]
 #[ignore = "child process entry, run by zero_devices_is_a_typed_error"]
 fn child_zero_devices() {
-    if is_child("child_zero_devices") {
+    if STUB.is_child("child_zero_devices") {
         assert_no_device("cuDeviceGetCount reported 0");
     }
 }
@@ -199,7 +132,7 @@ fn child_zero_devices() {
 #[test]
 #[ignore = "child process entry, run by a_driver_missing_a_symbol_is_a_typed_error"]
 fn child_missing_symbol() {
-    if !is_child("child_missing_symbol") {
+    if !STUB.is_child("child_missing_symbol") {
         return;
     }
     match driver() {
@@ -225,7 +158,7 @@ fn child_missing_symbol() {
 #[test]
 #[ignore = "child process entry, run by staging_runs_on_the_fake_device"]
 fn child_fake_gpu() {
-    if !is_child("child_fake_gpu") {
+    if !STUB.is_child("child_fake_gpu") {
         return;
     }
     let dev = CudaDevice::open(0).unwrap();
@@ -247,7 +180,7 @@ fn child_fake_gpu() {
 #[test]
 #[ignore = "child process entry, run by a_failed_drain_makes_the_pipeline_unquiesced"]
 fn child_sync_fault() {
-    if !is_child("child_sync_fault") {
+    if !STUB.is_child("child_sync_fault") {
         return;
     }
     // The stub fails every cuStreamSynchronize after the third.

@@ -25,7 +25,7 @@ use crate::nic::{self, ContextStatus, EngineTopology, Initialized};
 use crate::outcome::{DrainStatus, Outcome, RequestError, RequestId, SubmitError};
 use crate::rdma::{self, RdmaTransport};
 use crate::registration::{
-    Access, Charges, Ledger, NicCopies, RegEntry, RegPin, RegState, Registration, fresh_token,
+    Access, Charges, Ledger, NicCopies, RegEntry, RegState, Registration, close_copies,
 };
 use crate::transport::{
     EventSink, MarkerFate, Op, PeerId, PostContext, RailId, RailSpec, RangeId, RegistrationId,
@@ -890,17 +890,11 @@ impl TransferEngine {
         if let Some(err) = failure {
             // Release the copies made so far; a release that fails leaves
             // them retained (verbs keeps the owners and memory) and charged.
-            let mut failures = Vec::new();
-            let mut retained = Charges::default();
-            for c in copies {
-                for mr in std::iter::once(c.local).chain(c.remote) {
-                    if let Err(u) = mr.close() {
-                        failures.push(u);
-                        retained.mrs += 1;
-                        retained.bytes += len as u64;
-                    }
-                }
-            }
+            let failures = close_copies(copies);
+            let retained = Charges {
+                mrs: failures.len() as u64,
+                bytes: failures.len() as u64 * len as u64,
+            };
             let mut st = self.lock();
             st.ledger.release(ask);
             st.ledger.charge(retained);
@@ -919,29 +913,9 @@ impl TransferEngine {
             }
             return Err(err);
         }
-        let mut st = self.lock();
-        let max_nic = copies.iter().map(|c| c.nic as usize + 1).max().unwrap_or(0);
-        let mut by_nic = vec![None; max_nic];
-        for (i, c) in copies.iter().enumerate() {
-            by_nic[c.nic as usize] = Some(i);
-        }
         let n = copies.len() as u64 * access.copies_per_context();
-        st.tables.regs.insert(
-            id,
-            RegEntry {
-                pin: Arc::new(RegPin {
-                    memory: memory.clone(),
-                }),
-                memory,
-                access,
-                state: RegState::Published,
-                copies,
-                by_nic,
-                charge: ask,
-                token: fresh_token(),
-                nic_order,
-            },
-        );
+        let entry = RegEntry::published(memory, access, copies, ask, nic_order);
+        self.lock().tables.regs.insert(id, entry);
         tracing::debug!(id, copies = n, "registration published");
         Ok(Registration {
             id: RegistrationId(id),
@@ -976,19 +950,7 @@ impl TransferEngine {
         let len = memory.len() as u64;
         st.tables.regs.insert(
             id,
-            RegEntry {
-                pin: Arc::new(RegPin {
-                    memory: memory.clone(),
-                }),
-                memory,
-                access,
-                state: RegState::Published,
-                copies: Vec::new(),
-                by_nic: Vec::new(),
-                charge: Charges::default(),
-                token: fresh_token(),
-                nic_order: Vec::new(),
-            },
+            RegEntry::published(memory, access, Vec::new(), Charges::default(), Vec::new()),
         );
         tracing::debug!(id, len, "registration published for tcp/local only");
         Ok(Registration {
@@ -1062,14 +1024,7 @@ impl TransferEngine {
             return Err(UnregisterError::Unknown(registration));
         };
         let len = entry.memory.len() as u64;
-        let mut failures = Vec::new();
-        for c in entry.copies {
-            for mr in std::iter::once(c.local).chain(c.remote) {
-                if let Err(u) = mr.close() {
-                    failures.push(u);
-                }
-            }
-        }
+        let failures = close_copies(entry.copies);
         let retained = Charges {
             mrs: failures.len() as u64,
             bytes: failures.len() as u64 * len,

@@ -372,25 +372,15 @@ impl TransferEngine {
         peer: PeerId,
         publication: &wire::SegmentPublication,
     ) -> Result<(), OpenPeerError> {
-        let mut st = self.lock();
-        let st = &mut *st;
-        let p = st
-            .tables
-            .peers
-            .get_mut(&peer.0)
-            .ok_or_else(|| OpenPeerError::Rejected(format!("unknown peer {}", peer.0)))?;
-        let session = *p
-            .sessions
-            .last()
-            .ok_or_else(|| OpenPeerError::Rejected("peer has no session".into()))?;
-        self.shared
-            .peer_table()
-            .record_publication(session, publication)
-            .map_err(|e| OpenPeerError::Rejected(e.to_string()))?;
-        for r in &publication.ranges {
-            p.ranges.insert(RangeId(r.range_id.0), r.clone());
-        }
-        Ok(())
+        self.update_peer_ranges(
+            peer,
+            |table, session| table.record_publication(session, publication),
+            |ranges| {
+                for r in &publication.ranges {
+                    ranges.insert(RangeId(r.range_id.0), r.clone());
+                }
+            },
+        )
     }
 
     /// Applies a `segment-retire` a peer sent: requests naming those ranges
@@ -399,6 +389,29 @@ impl TransferEngine {
         &self,
         peer: PeerId,
         retire: &wire::SegmentRetire,
+    ) -> Result<(), OpenPeerError> {
+        self.update_peer_ranges(
+            peer,
+            |table, session| table.record_retire(session, retire),
+            |ranges| {
+                for id in &retire.range_ids {
+                    ranges.remove(&RangeId(id.0));
+                }
+            },
+        )
+    }
+
+    /// Records a frame about `peer`'s ranges in the shared peer table (on
+    /// the peer's latest session; `record` refuses a wrong epoch), then
+    /// applies it to the peer's cached descriptors with `apply`.
+    fn update_peer_ranges(
+        &self,
+        peer: PeerId,
+        record: impl FnOnce(
+            &mut wire::PeerTable,
+            wire::SessionId,
+        ) -> Result<wire::Invalidation, wire::RecordError>,
+        apply: impl FnOnce(&mut HashMap<RangeId, wire::RangeDescriptor>),
     ) -> Result<(), OpenPeerError> {
         let mut st = self.lock();
         let st = &mut *st;
@@ -411,13 +424,9 @@ impl TransferEngine {
             .sessions
             .last()
             .ok_or_else(|| OpenPeerError::Rejected("peer has no session".into()))?;
-        self.shared
-            .peer_table()
-            .record_retire(session, retire)
+        record(&mut self.shared.peer_table(), session)
             .map_err(|e| OpenPeerError::Rejected(e.to_string()))?;
-        for id in &retire.range_ids {
-            p.ranges.remove(&RangeId(id.0));
-        }
+        apply(&mut p.ranges);
         Ok(())
     }
 

@@ -172,6 +172,35 @@ pub(crate) struct RegEntry {
 }
 
 impl RegEntry {
+    /// A published entry for `memory` with its MR `copies` (none for a
+    /// tcp/local-only range), charged `charge`, with a fresh access token.
+    pub(crate) fn published(
+        memory: Arc<HostMemory>,
+        access: Access,
+        copies: Vec<NicCopies>,
+        charge: Charges,
+        nic_order: Vec<(u32, u32)>,
+    ) -> Self {
+        let max_nic = copies.iter().map(|c| c.nic as usize + 1).max().unwrap_or(0);
+        let mut by_nic = vec![None; max_nic];
+        for (i, c) in copies.iter().enumerate() {
+            by_nic[c.nic as usize] = Some(i);
+        }
+        Self {
+            pin: Arc::new(RegPin {
+                memory: memory.clone(),
+            }),
+            memory,
+            access,
+            state: RegState::Published,
+            copies,
+            by_nic,
+            charge,
+            token: fresh_token(),
+            nic_order,
+        }
+    }
+
     /// Affinity class of a NIC for this memory (unknown NICs rank last).
     pub(crate) fn affinity_class(&self, nic: u32) -> u32 {
         self.nic_order
@@ -179,6 +208,20 @@ impl RegEntry {
             .find(|(n, _)| *n == nic)
             .map_or(u32::MAX, |(_, c)| *c)
     }
+}
+
+/// Deregisters every MR of `copies` and returns the deregistrations that
+/// failed (verbs keeps those MRs, their owners and memory, retained).
+pub(crate) fn close_copies(copies: Vec<NicCopies>) -> Vec<verbs::Unquiesced> {
+    let mut failures = Vec::new();
+    for c in copies {
+        for mr in std::iter::once(c.local).chain(c.remote) {
+            if let Err(u) = mr.close() {
+                failures.push(u);
+            }
+        }
+    }
+    failures
 }
 
 /// Groups NICs ranked best first into affinity classes: NICs with the same

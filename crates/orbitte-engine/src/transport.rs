@@ -251,6 +251,33 @@ pub trait EventSink: Send + Sync {
     fn deliver(&self, events: &mut Vec<TransportEvent>);
 }
 
+/// Closes `rails` one by one with `close`, then tells `sink` at once that
+/// they are down (`reason`), so the engine's next submit no longer picks
+/// them; returns them. Rail threads that report again when they finish are
+/// harmless (a second `RailDown` changes nothing). Never call this from
+/// inside an engine callback (see [`EventSink`]).
+pub(crate) fn close_rails_now(
+    sink: &dyn EventSink,
+    rails: Vec<RailId>,
+    reason: &str,
+    mut close: impl FnMut(RailId),
+) -> Vec<RailId> {
+    for r in &rails {
+        close(*r);
+    }
+    let mut events: Vec<TransportEvent> = rails
+        .iter()
+        .map(|r| TransportEvent::RailDown {
+            rail: *r,
+            reason: reason.into(),
+        })
+        .collect();
+    if !events.is_empty() {
+        sink.deliver(&mut events);
+    }
+    rails
+}
+
 /// How the engine should treat one rail.
 #[derive(Debug, Clone)]
 pub struct RailSpec {

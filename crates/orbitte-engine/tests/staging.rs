@@ -1,12 +1,12 @@
 //! The cuda-staging path through the engine, without a GPU: each test
-//! compiles orbitte-cuda's stub driver (`tests/stub/libcuda_stub.c`, a fake
-//! GPU whose "device memory" is host memory and whose copies really move
-//! bytes) with `cc`, then re-runs this test binary as a child process with
-//! the stub first on LD_LIBRARY_PATH and one `#[ignore]`d `child_*` entry
-//! selected. The child runs staged WRITEs and READs between two engines on
-//! the sim fabric (rdma rails) and asserts bytes and outcome fields; the
-//! parent requires that exactly one test passed in the child, so any panic
-//! fails it.
+//! builds orbitte-cuda's stub driver (`orbitte_cuda::testing`,
+//! `testing/stub_libcuda.c`: a fake GPU whose "device memory" is host memory
+//! and whose copies really move bytes) with `cc`, then re-runs this test
+//! binary as a child process with the stub first on LD_LIBRARY_PATH and one
+//! `#[ignore]`d `child_*` entry selected. The child runs staged WRITEs and
+//! READs between two engines on the sim fabric (rdma rails) and asserts
+//! bytes and outcome fields; the parent requires that exactly one test
+//! passed in the child, so any panic fails it.
 //!
 //! Without `cc` the tests print `skipped: ...`, except under CI=true.
 //! `real_driver_round_trip_or_skip` runs in this process: without a driver
@@ -14,11 +14,12 @@
 //! with one (a GPU machine) it runs the round trip on device 0.
 #![forbid(unsafe_code)]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use orbitte_cuda::testing::{StubHarness, StubKind};
 use orbitte_cuda::{CudaBuffer, CudaDevice, StagingPipeline};
 use orbitte_engine::staging::{
     COMPUTE_PROBE_CAVEAT, CudaRegisterError, CudaStaging, LoopbackTarget, StagedFailure,
@@ -26,98 +27,17 @@ use orbitte_engine::staging::{
     evaluate_cuda_staging,
 };
 use orbitte_engine::{
-    Access, Budgets, CapabilityMatrix, Check, EngineBuilder, InProcessLink, Op, PathKind, PeerId,
-    RangeId, RemoteEffect, Status, SubmitError, TransferEngine,
+    Access, Budgets, CapabilityMatrix, Check, EngineBuilder, Op, PathKind, PeerId, RangeId,
+    RemoteEffect, Status, SubmitError, TransferEngine,
 };
 use orbitte_memory::HostMemory;
 use orbitte_verbs::WcStatus;
-use orbitte_verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric, SimTiming, WrMatch};
+use orbitte_verbs::sim::{Delivery, SimDescription, SimFabric, WrMatch};
 
-const CHILD: &str = "ORBITTE_STAGING_CHILD";
 const NO_DRIVER: &str = "no CUDA driver (libcuda.so.1 not found)";
 
-// ---- the stub driver and the child process ---------------------------------
-
-/// Compiles orbitte-cuda's stub into `dir` as libcuda.so.1 and libcuda.so.
-fn build_stub(dir: &Path) -> Result<(), String> {
-    let src =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../orbitte-cuda/tests/stub/libcuda_stub.c");
-    let out = dir.join("libcuda.so.1");
-    let result = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .arg("-lpthread")
-        .output()
-        .map_err(|e| format!("cannot run cc: {e}"))?;
-    if !result.status.success() {
-        return Err(format!(
-            "cc failed: {}",
-            String::from_utf8_lossy(&result.stderr)
-        ));
-    }
-    std::fs::copy(&out, dir.join("libcuda.so")).map_err(|e| e.to_string())?;
-    Ok(())
-}
-
-/// Runs child entry `child` against the stub in `mode`; returns its output.
-fn run_child(child: &str, mode: &str, env: &[(&str, &str)]) -> Option<String> {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    if let Err(e) = build_stub(dir.path()) {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("CI has a C compiler, but building the stub driver failed: {e}");
-        }
-        println!("skipped: no C compiler for the stub driver ({e})");
-        return None;
-    }
-    let mut path = PathBuf::from(dir.path()).into_os_string();
-    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
-        path.push(":");
-        path.push(old);
-    }
-    let exe = std::env::current_exe().expect("test binary path");
-    let mut cmd = Command::new(exe);
-    cmd.args([
-        child,
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("LD_LIBRARY_PATH", path)
-    .env("ORBITTE_STUB_MODE", mode)
-    .env(CHILD, child)
-    .env_remove("ORBITTE_STUB_FAIL_SYNC_AFTER");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run the child test");
-    let text = format!(
-        "{}\n--- stderr ---\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "child {child} failed ({}):\n{text}",
-        out.status
-    );
-    assert!(
-        text.contains("1 passed"),
-        "child {child} did not run exactly one test:\n{text}"
-    );
-    println!("{text}");
-    Some(text)
-}
-
-/// Whether this process is the child for `name` (else the entry is a no-op).
-fn is_child(name: &str) -> bool {
-    let me = std::env::var(CHILD).as_deref() == Ok(name);
-    if !me {
-        println!("skipped: {name} runs only as a child of the staging tests");
-    }
-    me
-}
+/// Children of this binary are selected by `ORBITTE_STAGING_CHILD`.
+const STUB: StubHarness = StubHarness::new("ORBITTE_STAGING_CHILD", "staging");
 
 // ---- two engines on the sim fabric ------------------------------------------
 
@@ -155,28 +75,9 @@ fn pair_timed(
     remote_len: usize,
     request_timeout: Duration,
 ) -> Pair {
-    let mut devs = Vec::new();
-    for (h, host) in [("a", 1), ("b", 2)] {
-        for i in 0..nics {
-            devs.push(SimDeviceDesc::roce(
-                &format!("{h}{i}"),
-                [10, host, i as u8, 1],
-            ));
-        }
-    }
-    let timing = SimTiming {
-        base_latency: Duration::from_micros(1),
-        bytes_per_sec: 0,
-        jitter: Duration::ZERO,
-    };
-    let fabric = SimFabric::new(
-        SimDescription::new(devs)
-            .with_delivery(Delivery::Background)
-            .with_timing(timing),
-        7,
-    );
+    let fabric = common::fabric(nics, Delivery::Background, 7);
     let engine = |h: &str| {
-        let names: Vec<String> = (0..nics).map(|i| format!("{h}{i}")).collect();
+        let names = common::names(h, nics);
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         EngineBuilder::new(format!("staging-{h}"))
             .provider(fabric.provider_for(&refs))
@@ -206,13 +107,7 @@ fn pair_timed(
             },
         )
         .expect("register B's read-only range");
-    let (mut la, mut lb) = InProcessLink::pair();
-    let peer = std::thread::scope(|s| {
-        let hb = s.spawn(|| b.accept_peer(&mut lb));
-        let pa = a.open_peer(&mut la).expect("open_peer");
-        hb.join().expect("accept thread").expect("accept_peer");
-        pa
-    });
+    let (peer, _) = common::connect(&a, &b);
     Pair {
         fabric,
         a,
@@ -339,13 +234,13 @@ fn round_trip_scenario() {
 
 #[test]
 fn staged_write_and_read_move_gpu_bytes_between_two_engines() {
-    run_child("child_round_trip", "fake-gpu", &[]);
+    STUB.run_child("child_round_trip", "fake-gpu", StubKind::Complete, &[]);
 }
 
 #[test]
 #[ignore = "runs as a child of staged_write_and_read_move_gpu_bytes_between_two_engines"]
 fn child_round_trip() {
-    if is_child("child_round_trip") {
+    if STUB.is_child("child_round_trip") {
         round_trip_scenario();
     }
 }
@@ -364,13 +259,13 @@ fn failing_pair(len: usize) -> (Pair, CudaDevice, Arc<CudaBuffer>) {
 
 #[test]
 fn a_chunk_write_failing_mid_transfer_gives_the_completed_prefix() {
-    run_child("child_write_failure", "fake-gpu", &[]);
+    STUB.run_child("child_write_failure", "fake-gpu", StubKind::Complete, &[]);
 }
 
 #[test]
 #[ignore = "runs as a child of a_chunk_write_failing_mid_transfer_gives_the_completed_prefix"]
 fn child_write_failure() {
-    if !is_child("child_write_failure") {
+    if !STUB.is_child("child_write_failure") {
         return;
     }
     const LEN: usize = 4 * CHUNK;
@@ -443,13 +338,13 @@ fn child_write_failure() {
 
 #[test]
 fn a_chunk_read_failing_mid_transfer_leaves_gpu_bytes_past_the_prefix() {
-    run_child("child_read_failure", "fake-gpu", &[]);
+    STUB.run_child("child_read_failure", "fake-gpu", StubKind::Complete, &[]);
 }
 
 #[test]
 #[ignore = "runs as a child of a_chunk_read_failing_mid_transfer_leaves_gpu_bytes_past_the_prefix"]
 fn child_read_failure() {
-    if !is_child("child_read_failure") {
+    if !STUB.is_child("child_read_failure") {
         return;
     }
     const LEN: usize = 4 * CHUNK;
@@ -488,13 +383,13 @@ fn child_read_failure() {
 
 #[test]
 fn a_chunk_request_that_does_not_drain_fences_its_lane_until_it_drains() {
-    run_child("child_stalled_chunk", "fake-gpu", &[]);
+    STUB.run_child("child_stalled_chunk", "fake-gpu", StubKind::Complete, &[]);
 }
 
 #[test]
 #[ignore = "runs as a child of a_chunk_request_that_does_not_drain_fences_its_lane_until_it_drains"]
 fn child_stalled_chunk() {
-    if !is_child("child_stalled_chunk") {
+    if !STUB.is_child("child_stalled_chunk") {
         return;
     }
     const LEN: usize = 4 * CHUNK;
@@ -554,9 +449,10 @@ fn child_stalled_chunk() {
 
 #[test]
 fn a_device_copy_that_does_not_drain_fences_the_pipeline() {
-    run_child(
+    STUB.run_child(
         "child_copy_fault",
         "fake-gpu",
+        StubKind::Complete,
         &[("ORBITTE_STUB_FAIL_SYNC_AFTER", "3")],
     );
 }
@@ -564,7 +460,7 @@ fn a_device_copy_that_does_not_drain_fences_the_pipeline() {
 #[test]
 #[ignore = "runs as a child of a_device_copy_that_does_not_drain_fences_the_pipeline"]
 fn child_copy_fault() {
-    if !is_child("child_copy_fault") {
+    if !STUB.is_child("child_copy_fault") {
         return;
     }
     // Every cuStreamSynchronize after the third fails (sticky).
@@ -621,13 +517,13 @@ fn child_copy_fault() {
 
 #[test]
 fn bad_input_and_direct_gpu_registration_are_typed_errors() {
-    run_child("child_bad_input", "fake-gpu", &[]);
+    STUB.run_child("child_bad_input", "fake-gpu", StubKind::Complete, &[]);
 }
 
 #[test]
 #[ignore = "runs as a child of bad_input_and_direct_gpu_registration_are_typed_errors"]
 fn child_bad_input() {
-    if !is_child("child_bad_input") {
+    if !STUB.is_child("child_bad_input") {
         return;
     }
     let p = pair(1, 4, 4096);
@@ -728,13 +624,13 @@ fn child_bad_input() {
 
 #[test]
 fn a_registration_error_never_switches_bounce_buffers_to_another_path() {
-    run_child("child_no_rdma", "fake-gpu", &[]);
+    STUB.run_child("child_no_rdma", "fake-gpu", StubKind::Complete, &[]);
 }
 
 #[test]
 #[ignore = "runs as a child of a_registration_error_never_switches_bounce_buffers_to_another_path"]
 fn child_no_rdma() {
-    if !is_child("child_no_rdma") {
+    if !STUB.is_child("child_no_rdma") {
         return;
     }
     // An engine without any RDMA NIC: Host Direct registration fails.
@@ -766,13 +662,13 @@ fn child_no_rdma() {
 
 #[test]
 fn the_capability_rows_round_trip_through_the_engine_on_the_fake_gpu() {
-    run_child("child_capability", "fake-gpu", &[]);
+    STUB.run_child("child_capability", "fake-gpu", StubKind::Complete, &[]);
 }
 
 #[test]
 #[ignore = "runs as a child of the_capability_rows_round_trip_through_the_engine_on_the_fake_gpu"]
 fn child_capability() {
-    if is_child("child_capability") {
+    if STUB.is_child("child_capability") {
         capability_scenario();
     }
 }
@@ -841,13 +737,13 @@ fn not_implemented_rows_and_caveat(cap: &orbitte_engine::staging::CudaCapability
 
 #[test]
 fn a_driver_without_devices_is_skipped_in_the_rows() {
-    run_child("child_no_device", "no-device", &[]);
+    STUB.run_child("child_no_device", "no-device", StubKind::Complete, &[]);
 }
 
 #[test]
 #[ignore = "runs as a child of a_driver_without_devices_is_skipped_in_the_rows"]
 fn child_no_device() {
-    if !is_child("child_no_device") {
+    if !STUB.is_child("child_no_device") {
         return;
     }
     let p = pair(1, 4, 1 << 20);

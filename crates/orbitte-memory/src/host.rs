@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::DmaBuffer;
+use crate::{DmaBuffer, dma};
 
 /// Why a host memory operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -318,54 +318,22 @@ impl HostMemory {
 
     /// Checks that `offset..offset+len` lies inside the range.
     pub fn check(&self, offset: usize, len: usize) -> Result<(), MemoryError> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(()),
-            _ => Err(MemoryError::OutOfBounds {
-                offset,
-                len,
-                size: self.len,
-            }),
-        }
+        dma::check(self, offset, len)
     }
 
     /// Copies bytes out of the range.
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemoryError> {
-        self.check(offset, dst.len())?;
-        // SAFETY: bounds checked above; `dst` is a distinct Rust buffer, so
-        // the regions do not overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.ptr.as_ptr().add(offset),
-                dst.as_mut_ptr(),
-                dst.len(),
-            )
-        };
-        Ok(())
+        dma::read_at(self, offset, dst)
     }
 
     /// Copies bytes into the range.
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<(), MemoryError> {
-        self.check(offset, src.len())?;
-        if !self.is_writable() {
-            return Err(MemoryError::ReadOnly);
-        }
-        // SAFETY: bounds checked above; the mapping is writable; `src` is a
-        // distinct Rust buffer.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len())
-        };
-        Ok(())
+        dma::write_at(self, offset, src)
     }
 
     /// Sets `len` bytes at `offset` to `byte`.
     pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), MemoryError> {
-        self.check(offset, len)?;
-        if !self.is_writable() {
-            return Err(MemoryError::ReadOnly);
-        }
-        // SAFETY: bounds checked above and the mapping is writable.
-        unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(offset), byte, len) };
-        Ok(())
+        dma::fill(self, offset, len, byte)
     }
 
     /// Copies `len` bytes from `src` at `src_offset` into `self` at

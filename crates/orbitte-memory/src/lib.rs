@@ -23,6 +23,7 @@
 //! established by the transfer engine's completions, not by this type.
 #![warn(missing_docs)]
 
+pub mod dma;
 mod host;
 
 pub use host::{HostMemory, MemoryError};

@@ -393,21 +393,7 @@ impl Core {
                 req.hull_end = req.hull_end.max(offset + u64::from(len));
                 // Take a slice slot (reused; allocation only while the
                 // slab grows to its high-water mark).
-                let sidx = match self.free_slices.pop() {
-                    Some(s) => s,
-                    None => {
-                        self.slices.push(SliceSlot {
-                            generation: 0,
-                            state: SliceState::Free,
-                            req: 0,
-                            req_gen: 0,
-                            index: 0,
-                            rail: 0,
-                            len: 0,
-                        });
-                        (self.slices.len() - 1) as u32
-                    }
-                };
+                let sidx = take_slice_slot(&mut self.slices, &mut self.free_slices);
                 let s = &mut self.slices[sidx as usize];
                 s.generation = s.generation.wrapping_add(1);
                 s.state = SliceState::Posted;
@@ -869,7 +855,7 @@ impl Core {
                 .into(),
             now,
         );
-        let sidx = self.take_slice_slot();
+        let sidx = take_slice_slot(&mut self.slices, &mut self.free_slices);
         let s = &mut self.slices[sidx as usize];
         s.generation = s.generation.wrapping_add(1);
         s.state = SliceState::Marker;
@@ -906,24 +892,6 @@ impl Core {
         }
     }
 
-    fn take_slice_slot(&mut self) -> u32 {
-        match self.free_slices.pop() {
-            Some(s) => s,
-            None => {
-                self.slices.push(SliceSlot {
-                    generation: 0,
-                    state: SliceState::Free,
-                    req: 0,
-                    req_gen: 0,
-                    index: 0,
-                    rail: 0,
-                    len: 0,
-                });
-                (self.slices.len() - 1) as u32
-            }
-        }
-    }
-
     /// Whether the request's local bytes are free again. Unknown or freed
     /// ids are drained.
     pub fn drain_status(&self, id: RequestId) -> DrainStatus {
@@ -944,6 +912,27 @@ impl Core {
         self.requests
             .get(slot as usize)
             .is_some_and(|r| r.generation == generation && r.live && !r.finished)
+    }
+}
+
+/// A free slice slot: a reused one, or a new one while the slab grows to
+/// its high-water mark. (Takes the two fields, not the core, so that
+/// `poll_work` can call it while it holds a rail and a request.)
+fn take_slice_slot(slices: &mut Vec<SliceSlot>, free: &mut Vec<u32>) -> u32 {
+    match free.pop() {
+        Some(s) => s,
+        None => {
+            slices.push(SliceSlot {
+                generation: 0,
+                state: SliceState::Free,
+                req: 0,
+                req_gen: 0,
+                index: 0,
+                rail: 0,
+                len: 0,
+            });
+            (slices.len() - 1) as u32
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use orbitte_wire::{AccessFlags, Epoch, PeerTable, RangeDescriptor, SourceId};
 use super::{Listener, PublicationTable, SessionConfig, SharedPeerTable};
 use crate::capability::{Check, PathRow};
 use crate::transport::local::LocalTransport;
-use crate::transport::tcp::TcpTransport;
+use crate::transport::tcp::{TcpPeerLink, TcpTransport};
 use crate::transport::{
     EventSink, Op, PathKind, PeerId, PostContext, RailId, RangeId, RegistrationId, SliceStatus,
     SliceToken, TransportEvent, WorkItem,
@@ -251,49 +251,80 @@ fn exchange(
     (Check::Pass, drain)
 }
 
-/// The tcp row: build pass; discovery = a loopback listener; completion =
-/// a loopback WRITE and READ through [`TcpTransport`]; drain = released.
-pub fn tcp_row() -> PathRow {
+/// A row for `path` whose build passed and whose discovery is the probe
+/// target of [`setup`] (`None`, and the row says why, when that failed).
+fn start_row(path: PathKind, note: &str) -> (PathRow, Option<Setup>) {
     let mut row = PathRow {
-        path: PathKind::Tcp,
+        path,
         build: Check::Pass,
         discovery: Check::Pass,
         completion: skip("discovery failed"),
         drain: skip("discovery failed"),
-        notes: vec![
-            "a loopback request proves this host's tcp stack, not the route to a remote peer"
-                .into(),
-        ],
+        notes: vec![note.into()],
     };
-    let s = match setup(PathKind::Tcp) {
-        Ok(s) => s,
+    match setup(path) {
+        Ok(s) => (row, Some(s)),
         Err(c) => {
             row.discovery = c;
-            return row;
+            (row, None)
         }
-    };
-    let sink = Arc::new(Collect::default());
-    let tcp = TcpTransport::new(s.cfg.clone(), s.peers.clone(), sink.clone());
-    let rail = RailId(0);
-    let link = match tcp.open_rails(PeerId(0), s.addr, &[rail]) {
-        Ok(l) => l,
-        Err(e) => {
-            row.completion = Check::Fail {
-                reason: format!("loopback session failed: {e}"),
-                fix: FIX_LOOPBACK.into(),
-            };
-            return row;
-        }
-    };
+    }
+}
+
+/// Opens one loopback tcp session to the probe target as `rail`,
+/// reporting to `sink`; the completion check when that fails.
+fn open_loopback(
+    s: &Setup,
+    sink: Arc<dyn EventSink>,
+    rail: RailId,
+) -> Result<(Arc<TcpTransport>, TcpPeerLink), Check> {
+    let tcp = TcpTransport::new(s.cfg.clone(), s.peers.clone(), sink);
+    match tcp.open_rails(PeerId(0), s.addr, &[rail]) {
+        Ok(link) => Ok((tcp, link)),
+        Err(e) => Err(Check::Fail {
+            reason: format!("loopback session failed: {e}"),
+            fix: FIX_LOOPBACK.into(),
+        }),
+    }
+}
+
+/// The first range the probe target published, with the range table
+/// [`exchange`] wants; the completion check when there is none.
+fn first_range(link: &TcpPeerLink) -> Result<(RangeId, HashMap<RangeId, RangeDescriptor>), Check> {
     let Some(first) = link.ranges.first().cloned() else {
-        row.completion = Check::Fail {
+        return Err(Check::Fail {
             reason: "loopback target published nothing".into(),
             fix: "report a bug".into(),
-        };
-        return row;
+        });
     };
     let range = RangeId(first.range_id.0);
-    let ranges = HashMap::from([(range, first)]);
+    Ok((range, HashMap::from([(range, first)])))
+}
+
+/// The tcp row: build pass; discovery = a loopback listener; completion =
+/// a loopback WRITE and READ through [`TcpTransport`]; drain = released.
+pub fn tcp_row() -> PathRow {
+    let (mut row, s) = start_row(
+        PathKind::Tcp,
+        "a loopback request proves this host's tcp stack, not the route to a remote peer",
+    );
+    let Some(s) = s else { return row };
+    let sink = Arc::new(Collect::default());
+    let rail = RailId(0);
+    let (tcp, link) = match open_loopback(&s, sink.clone(), rail) {
+        Ok(l) => l,
+        Err(c) => {
+            row.completion = c;
+            return row;
+        }
+    };
+    let (range, ranges) = match first_range(&link) {
+        Ok(r) => r,
+        Err(c) => {
+            row.completion = c;
+            return row;
+        }
+    };
     let mut post =
         |items: &[WorkItem], ctx: &Ctx| tcp.post_items(rail, items, ctx).map_err(|e| e.to_string());
     (row.completion, row.drain) = exchange(&mut post, &sink, &s, rail, range, ranges);
@@ -305,33 +336,17 @@ pub fn tcp_row() -> PathRow {
 /// shareable memfd; completion = a WRITE and READ through the mapping;
 /// drain = released.
 pub fn local_row() -> PathRow {
-    let mut row = PathRow {
-        path: PathKind::Local,
-        build: Check::Pass,
-        discovery: Check::Pass,
-        completion: skip("discovery failed"),
-        drain: skip("discovery failed"),
-        notes: vec![
-            "only peers on this host and network namespace with memfd-backed ranges use it".into(),
-        ],
-    };
-    let s = match setup(PathKind::Local) {
-        Ok(s) => s,
-        Err(c) => {
-            row.discovery = c;
-            return row;
-        }
-    };
+    let (mut row, s) = start_row(
+        PathKind::Local,
+        "only peers on this host and network namespace with memfd-backed ranges use it",
+    );
+    let Some(s) = s else { return row };
     let sink = Arc::new(Collect::default());
     // The tcp session brings the identity and the descriptors (p2p).
-    let tcp = TcpTransport::new(s.cfg.clone(), s.peers.clone(), Arc::new(Collect::default()));
-    let link = match tcp.open_rails(PeerId(0), s.addr, &[RailId(1)]) {
+    let (tcp, link) = match open_loopback(&s, Arc::new(Collect::default()), RailId(1)) {
         Ok(l) => l,
-        Err(e) => {
-            row.completion = Check::Fail {
-                reason: format!("loopback session failed: {e}"),
-                fix: FIX_LOOPBACK.into(),
-            };
+        Err(c) => {
+            row.completion = c;
             return row;
         }
     };
@@ -346,15 +361,13 @@ pub fn local_row() -> PathRow {
         tcp.close(RailId(1));
         return row;
     }
-    let Some(first) = link.ranges.first().cloned() else {
-        row.completion = Check::Fail {
-            reason: "loopback target published nothing".into(),
-            fix: "report a bug".into(),
-        };
-        return row;
+    let (range, ranges) = match first_range(&link) {
+        Ok(r) => r,
+        Err(c) => {
+            row.completion = c;
+            return row;
+        }
     };
-    let range = RangeId(first.range_id.0);
-    let ranges = HashMap::from([(range, first)]);
     let mut post = |items: &[WorkItem], ctx: &Ctx| {
         local
             .post_items(rail, items, ctx)

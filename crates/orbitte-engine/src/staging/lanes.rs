@@ -45,6 +45,17 @@ pub(super) struct Pool {
     pub(super) fenced: Vec<Fenced>,
 }
 
+impl Pool {
+    /// Why each fenced lane is fenced, for [`StagedSubmitError::Fenced`].
+    fn fenced_reasons(&self) -> String {
+        self.fenced
+            .iter()
+            .map(|f| format!("pipeline {}: {}", f.lane.index, f.reason))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
 /// Counts of the pool's lanes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaneCounts {
@@ -160,23 +171,13 @@ impl CudaStaging<'_> {
             }
             let pending = pool.fenced.iter().any(|f| !f.unquiesced);
             if pool.busy == 0 && !pending {
-                let reasons = pool
-                    .fenced
-                    .iter()
-                    .map(|f| format!("pipeline {}: {}", f.lane.index, f.reason))
-                    .collect::<Vec<_>>()
-                    .join("; ");
+                let reasons = pool.fenced_reasons();
                 return Err(StagedSubmitError::Fenced { reasons });
             }
             if pool.busy == 0 {
                 // Only lanes waiting for a chunk request to drain: give the
                 // engine a moment, then look again.
-                let reasons = pool
-                    .fenced
-                    .iter()
-                    .map(|f| format!("pipeline {}: {}", f.lane.index, f.reason))
-                    .collect::<Vec<_>>()
-                    .join("; ");
+                let reasons = pool.fenced_reasons();
                 pool = self
                     .cond
                     .wait_timeout(pool, Duration::from_millis(10))

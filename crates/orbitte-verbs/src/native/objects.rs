@@ -49,6 +49,15 @@ fn rc_errno(rc: i32) -> i32 {
     }
 }
 
+/// `Ok` for a verbs call that returned 0, else the call's native error.
+fn rc_check(call: &'static str, rc: i32) -> Result<(), NativeError> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(NativeError::new(call, rc_errno(rc)))
+    }
+}
+
 fn set_nonblocking(fd: RawFd) -> Result<(), i32> {
     // SAFETY: fcntl on an fd owned by libibverbs for this context; only
     // the O_NONBLOCK status flag changes.
@@ -147,9 +156,7 @@ impl NativeContext {
         let mut attr = b::ibv_device_attr::default();
         // SAFETY: live context and a writable attr struct.
         let rc = unsafe { (self.verbs.ibv_query_device)(self.ctx.as_ptr(), &mut attr) };
-        if rc != 0 {
-            return Err(NativeError::new("ibv_query_device", rc_errno(rc)));
-        }
+        rc_check("ibv_query_device", rc)?;
         Ok(attr)
     }
 
@@ -170,9 +177,7 @@ impl NativeContext {
         let mut attr = b::ibv_port_attr::default();
         // SAFETY: live context and a writable attr struct.
         let rc = unsafe { self.verbs.query_port(self.ctx.as_ptr(), port, &mut attr) };
-        if rc != 0 {
-            return Err(self.native(NativeError::new("ibv_query_port", rc_errno(rc))));
-        }
+        rc_check("ibv_query_port", rc).map_err(|e| self.native(e))?;
         Ok(attr)
     }
 }
@@ -181,10 +186,7 @@ impl Destroy for NativeContext {
     fn destroy(&self) -> Result<(), NativeError> {
         // SAFETY: called once, after every child was destroyed (ownership).
         let rc = unsafe { (self.verbs.ibv_close_device)(self.ctx.as_ptr()) };
-        if rc != 0 {
-            return Err(NativeError::new("ibv_close_device", rc_errno(rc)));
-        }
-        Ok(())
+        rc_check("ibv_close_device", rc)
     }
 }
 
@@ -279,9 +281,7 @@ impl ContextOps for NativeContext {
                 // SAFETY: live context and a writable gid.
                 let rc =
                     unsafe { (self.verbs.ibv_query_gid)(self.ctx.as_ptr(), port, i, &mut raw) };
-                if rc != 0 {
-                    return Err(self.native(NativeError::new("ibv_query_gid", rc_errno(rc))));
-                }
+                rc_check("ibv_query_gid", rc).map_err(|e| self.native(e))?;
                 // SAFETY: every bit pattern of the union is a valid byte array.
                 let gid = Gid(unsafe { raw.raw });
                 if gid.is_zero() {
@@ -420,10 +420,7 @@ impl Destroy for NativePd {
     fn destroy(&self) -> Result<(), NativeError> {
         // SAFETY: called once, after its MRs and QPs were destroyed.
         let rc = unsafe { (self.verbs.ibv_dealloc_pd)(self.pd.as_ptr()) };
-        if rc != 0 {
-            return Err(NativeError::new("ibv_dealloc_pd", rc_errno(rc)));
-        }
-        Ok(())
+        rc_check("ibv_dealloc_pd", rc)
     }
 }
 
@@ -523,10 +520,7 @@ impl Destroy for NativeMr {
         // SAFETY: called once; the handle layer keeps the buffer alive
         // until this succeeds (and forever if it fails).
         let rc = unsafe { (self.verbs.ibv_dereg_mr)(self.mr.as_ptr()) };
-        if rc != 0 {
-            return Err(NativeError::new("ibv_dereg_mr", rc_errno(rc)));
-        }
-        Ok(())
+        rc_check("ibv_dereg_mr", rc)
     }
 }
 
@@ -614,15 +608,10 @@ impl Destroy for NativeCq {
         // SAFETY: called once, after every QP using the CQ was destroyed;
         // every channel event was acknowledged in `wait`.
         let rc = unsafe { (self.verbs.ibv_destroy_cq)(self.cq.as_ptr()) };
-        if rc != 0 {
-            return Err(NativeError::new("ibv_destroy_cq", rc_errno(rc)));
-        }
+        rc_check("ibv_destroy_cq", rc)?;
         // SAFETY: the channel's only CQ is gone.
         let rc = unsafe { (self.verbs.ibv_destroy_comp_channel)(self.channel.as_ptr()) };
-        if rc != 0 {
-            return Err(NativeError::new("ibv_destroy_comp_channel", rc_errno(rc)));
-        }
-        Ok(())
+        rc_check("ibv_destroy_comp_channel", rc)
     }
 }
 
@@ -724,10 +713,7 @@ impl Destroy for NativeQp {
         // SAFETY: called once; async events of the QP were acknowledged
         // when read.
         let rc = unsafe { (self.verbs.ibv_destroy_qp)(self.qp.as_ptr()) };
-        if rc != 0 {
-            return Err(NativeError::new("ibv_destroy_qp", rc_errno(rc)));
-        }
-        Ok(())
+        rc_check("ibv_destroy_qp", rc)
     }
 }
 
@@ -744,6 +730,55 @@ impl NativeQp {
             index,
             kind,
         }
+    }
+
+    /// Posts with `post` the longest prefix of `wrs` whose SGE lists fit
+    /// `max_sge` (when not empty), then refuses the first work request that
+    /// does not fit: verbs would fail the whole chain at that entry anyway.
+    fn post_fitting<W>(
+        &self,
+        wrs: &[W],
+        sges: impl Fn(&W) -> usize,
+        max_sge: u32,
+        post: impl FnOnce(&[W]) -> Result<(), PostError>,
+    ) -> Result<(), PostError> {
+        let bad = wrs.iter().position(|w| sges(w) > max_sge as usize);
+        let ok = &wrs[..bad.unwrap_or(wrs.len())];
+        if !ok.is_empty() {
+            post(ok)?;
+        }
+        match bad {
+            Some(index) => Err(PostError {
+                qpn: self.qpn,
+                index,
+                kind: PostErrorKind::TooManySges {
+                    sges: sges(&wrs[index]),
+                    max: max_sge,
+                },
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Links the native work requests in `list` into one chain (each `next`
+/// points at the following entry; the last keeps its null) and returns its
+/// head. The pointers stay valid while `list` is neither moved nor grown.
+fn link_chain<T>(list: &mut Vec<T>, next: impl Fn(&mut T) -> &mut *mut T) -> *mut T {
+    let base = list.as_mut_ptr();
+    for i in 1..list.len() {
+        *next(&mut list[i - 1]) = base.wrapping_add(i);
+    }
+    base
+}
+
+/// Position in the chain at `base` of the work request the provider
+/// refused (`bad`; null means it named none: the first).
+fn chain_index<T>(base: *mut T, bad: *mut T) -> usize {
+    if bad.is_null() {
+        0
+    } else {
+        (bad as usize - base as usize) / size_of::<T>()
     }
 }
 
@@ -844,128 +879,100 @@ impl QpOps for NativeQp {
     }
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
-        let max = self.caps.max_send_sge as usize;
-        let bad = wrs.iter().position(|w| w.sges.len() > max);
-        let ok = &wrs[..bad.unwrap_or(wrs.len())];
-        if !ok.is_empty() {
-            let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-            let list = &mut scratch.send;
-            list.clear();
-            for w in ok {
-                let mut n = b::ibv_send_wr {
-                    wr_id: w.wr_id,
-                    // The NIC only reads the SGEs; `Sge` is layout-identical
-                    // to `ibv_sge` (asserted above).
-                    sg_list: w.sges.as_ptr().cast_mut().cast(),
-                    num_sge: w.sges.len() as i32,
-                    send_flags: if w.signaled { b::IBV_SEND_SIGNALED } else { 0 },
-                    ..Default::default()
-                };
-                match w.op {
-                    SendOp::Write { remote, imm } => {
-                        n.opcode = if imm.is_some() {
-                            b::IBV_WR_RDMA_WRITE_WITH_IMM
-                        } else {
-                            b::IBV_WR_RDMA_WRITE
-                        };
-                        n.__bindgen_anon_1.imm_data = imm.unwrap_or(0).to_be();
-                        n.wr.rdma = b::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                            remote_addr: remote.addr,
-                            rkey: remote.rkey,
-                        };
+        let max = self.caps.max_send_sge;
+        self.post_fitting(
+            wrs,
+            |w| w.sges.len(),
+            max,
+            |ok| {
+                let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+                let list = &mut scratch.send;
+                list.clear();
+                for w in ok {
+                    let mut n = b::ibv_send_wr {
+                        wr_id: w.wr_id,
+                        // The NIC only reads the SGEs; `Sge` is layout-identical
+                        // to `ibv_sge` (asserted above).
+                        sg_list: w.sges.as_ptr().cast_mut().cast(),
+                        num_sge: w.sges.len() as i32,
+                        send_flags: if w.signaled { b::IBV_SEND_SIGNALED } else { 0 },
+                        ..Default::default()
+                    };
+                    match w.op {
+                        SendOp::Write { remote, imm } => {
+                            n.opcode = if imm.is_some() {
+                                b::IBV_WR_RDMA_WRITE_WITH_IMM
+                            } else {
+                                b::IBV_WR_RDMA_WRITE
+                            };
+                            n.__bindgen_anon_1.imm_data = imm.unwrap_or(0).to_be();
+                            n.wr.rdma = b::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                                remote_addr: remote.addr,
+                                rkey: remote.rkey,
+                            };
+                        }
+                        SendOp::Read { remote } => {
+                            n.opcode = b::IBV_WR_RDMA_READ;
+                            n.wr.rdma = b::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                                remote_addr: remote.addr,
+                                rkey: remote.rkey,
+                            };
+                        }
+                        SendOp::Send { imm } => {
+                            n.opcode = if imm.is_some() {
+                                b::IBV_WR_SEND_WITH_IMM
+                            } else {
+                                b::IBV_WR_SEND
+                            };
+                            n.__bindgen_anon_1.imm_data = imm.unwrap_or(0).to_be();
+                        }
                     }
-                    SendOp::Read { remote } => {
-                        n.opcode = b::IBV_WR_RDMA_READ;
-                        n.wr.rdma = b::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                            remote_addr: remote.addr,
-                            rkey: remote.rkey,
-                        };
-                    }
-                    SendOp::Send { imm } => {
-                        n.opcode = if imm.is_some() {
-                            b::IBV_WR_SEND_WITH_IMM
-                        } else {
-                            b::IBV_WR_SEND
-                        };
-                        n.__bindgen_anon_1.imm_data = imm.unwrap_or(0).to_be();
-                    }
+                    list.push(n);
                 }
-                list.push(n);
-            }
-            let base = list.as_mut_ptr();
-            for i in 1..list.len() {
-                list[i - 1].next = base.wrapping_add(i);
-            }
-            let mut bad_wr = ptr::null_mut();
-            // SAFETY: a live QP (in any state: the device reports a bad
-            // state as an error code); a valid chain whose SGE lists borrow
-            // `wrs`, alive for the call; posting is serialized by the lock.
-            let rc = unsafe { sys::ibv_post_send(self.qp.as_ptr(), base, &mut bad_wr) };
-            if rc != 0 {
-                let index = if bad_wr.is_null() {
-                    0
-                } else {
-                    (bad_wr as usize - base as usize) / size_of::<b::ibv_send_wr>()
-                };
-                return Err(self.post_error(index, rc, "ibv_post_send", self.caps.max_send_wr));
-            }
-        }
-        match bad {
-            Some(index) => Err(PostError {
-                qpn: self.qpn,
-                index,
-                kind: PostErrorKind::TooManySges {
-                    sges: wrs[index].sges.len(),
-                    max: self.caps.max_send_sge,
-                },
-            }),
-            None => Ok(()),
-        }
+                let base = link_chain(list, |w| &mut w.next);
+                let mut bad_wr = ptr::null_mut();
+                // SAFETY: a live QP (in any state: the device reports a bad
+                // state as an error code); a valid chain whose SGE lists borrow
+                // `wrs`, alive for the call; posting is serialized by the lock.
+                let rc = unsafe { sys::ibv_post_send(self.qp.as_ptr(), base, &mut bad_wr) };
+                if rc != 0 {
+                    let index = chain_index(base, bad_wr);
+                    return Err(self.post_error(index, rc, "ibv_post_send", self.caps.max_send_wr));
+                }
+                Ok(())
+            },
+        )
     }
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
-        let max = self.caps.max_recv_sge as usize;
-        let bad = wrs.iter().position(|w| w.sges.len() > max);
-        let ok = &wrs[..bad.unwrap_or(wrs.len())];
-        if !ok.is_empty() {
-            let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-            let list = &mut scratch.recv;
-            list.clear();
-            for w in ok {
-                list.push(b::ibv_recv_wr {
-                    wr_id: w.wr_id,
-                    next: ptr::null_mut(),
-                    sg_list: w.sges.as_ptr().cast_mut().cast(),
-                    num_sge: w.sges.len() as i32,
-                });
-            }
-            let base = list.as_mut_ptr();
-            for i in 1..list.len() {
-                list[i - 1].next = base.wrapping_add(i);
-            }
-            let mut bad_wr = ptr::null_mut();
-            // SAFETY: as in post_send, for the receive chain.
-            let rc = unsafe { sys::ibv_post_recv(self.qp.as_ptr(), base, &mut bad_wr) };
-            if rc != 0 {
-                let index = if bad_wr.is_null() {
-                    0
-                } else {
-                    (bad_wr as usize - base as usize) / size_of::<b::ibv_recv_wr>()
-                };
-                return Err(self.post_error(index, rc, "ibv_post_recv", self.caps.max_recv_wr));
-            }
-        }
-        match bad {
-            Some(index) => Err(PostError {
-                qpn: self.qpn,
-                index,
-                kind: PostErrorKind::TooManySges {
-                    sges: wrs[index].sges.len(),
-                    max: self.caps.max_recv_sge,
-                },
-            }),
-            None => Ok(()),
-        }
+        let max = self.caps.max_recv_sge;
+        self.post_fitting(
+            wrs,
+            |w| w.sges.len(),
+            max,
+            |ok| {
+                let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+                let list = &mut scratch.recv;
+                list.clear();
+                for w in ok {
+                    list.push(b::ibv_recv_wr {
+                        wr_id: w.wr_id,
+                        next: ptr::null_mut(),
+                        sg_list: w.sges.as_ptr().cast_mut().cast(),
+                        num_sge: w.sges.len() as i32,
+                    });
+                }
+                let base = link_chain(list, |w| &mut w.next);
+                let mut bad_wr = ptr::null_mut();
+                // SAFETY: as in post_send, for the receive chain.
+                let rc = unsafe { sys::ibv_post_recv(self.qp.as_ptr(), base, &mut bad_wr) };
+                if rc != 0 {
+                    let index = chain_index(base, bad_wr);
+                    return Err(self.post_error(index, rc, "ibv_post_recv", self.caps.max_recv_wr));
+                }
+                Ok(())
+            },
+        )
     }
 }
 

@@ -9,7 +9,7 @@ use orbitte_memory::DmaBuffer;
 
 use super::Shared;
 use super::state::{
-    CqRec, FaultState, MrRec, PendingRecv, PendingSend, QpKey, QpRec, SendFaultKind,
+    CqRec, FaultState, MrRec, PendingRecv, PendingSend, QpKey, QpRec, SendFaultKind, State,
 };
 use crate::backend::{ContextOps, CqOps, Destroy, MrOps, PdOps, QpOps, Transition};
 use crate::error::{
@@ -27,6 +27,32 @@ const EINVAL: i32 = libc::EINVAL;
 /// Longest single wait (a year): `Duration::MAX` means "forever" to callers
 /// and must not overflow `Instant`.
 const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Waits on the fabric's condition variable until `check` finds something
+/// (`Some`) or `timeout` passes (`None`). `check` runs under the fabric
+/// lock, first before any wait.
+fn wait_for<T>(
+    shared: &Shared,
+    timeout: Duration,
+    mut check: impl FnMut(&mut State) -> Option<T>,
+) -> Option<T> {
+    let deadline = Instant::now() + timeout.min(MAX_WAIT);
+    let mut st = shared.lock();
+    loop {
+        if let Some(found) = check(&mut st) {
+            return Some(found);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return None;
+        }
+        st = shared
+            .cond
+            .wait_timeout(st, deadline - now)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|e| e.into_inner().0);
+    }
+}
 
 fn destroy_fault(
     shared: &Shared,
@@ -173,23 +199,9 @@ impl ContextOps for SimContext {
     }
 
     fn next_async_event(&self, timeout: Duration) -> Result<Option<AsyncEvent>, AsyncEventError> {
-        let deadline = Instant::now() + timeout.min(MAX_WAIT);
-        let mut st = self.shared.lock();
-        loop {
-            if let Some(ev) = st.contexts.get_mut(&self.id).and_then(|c| c.1.pop_front()) {
-                return Ok(Some(ev));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(None);
-            }
-            st = self
-                .shared
-                .cond
-                .wait_timeout(st, deadline - now)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
-        }
+        Ok(wait_for(&self.shared, timeout, |st| {
+            st.contexts.get_mut(&self.id).and_then(|c| c.1.pop_front())
+        }))
     }
 }
 
@@ -411,25 +423,12 @@ impl CqOps for SimCq {
     }
 
     fn wait(&self, timeout: Duration) -> Result<bool, WaitError> {
-        let deadline = Instant::now() + timeout.min(MAX_WAIT);
-        let mut st = self.shared.lock();
-        loop {
-            match st.cqs.get(&self.id) {
-                Some(cq) if !cq.queue.is_empty() || cq.overflowed => return Ok(true),
-                None => return Ok(false),
-                Some(_) => {}
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(false);
-            }
-            st = self
-                .shared
-                .cond
-                .wait_timeout(st, deadline - now)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
-        }
+        let ready = wait_for(&self.shared, timeout, |st| match st.cqs.get(&self.id) {
+            Some(cq) if !cq.queue.is_empty() || cq.overflowed => Some(true),
+            None => Some(false),
+            Some(_) => None,
+        });
+        Ok(ready.unwrap_or(false))
     }
 }
 

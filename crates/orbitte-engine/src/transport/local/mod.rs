@@ -37,7 +37,7 @@ use orbitte_wire::{
 use crate::session::{PeerIdentity, SessionConfig, SessionError, SharedPeerTable, handshake};
 use crate::transport::{
     CleanupError, EventSink, Op, PathKind, PeerId, PostContext, PostError, RailId, SliceFailure,
-    SliceStatus, Transport, TransportEvent, WorkItem,
+    SliceStatus, Transport, TransportEvent, WorkItem, close_rails_now,
 };
 
 /// The abstract unix socket name of a source owner's local server.
@@ -376,8 +376,11 @@ fn receive_ranges(
 
 fn rail_worker(rail: RailId, r: Arc<LocalRail>, sink: Arc<dyn EventSink>) {
     let mut events = Vec::with_capacity(64);
+    // The jobs taken from the queue at each wakeup: swapped with the
+    // queue's (empty) deque, so no wakeup allocates once both are grown.
+    let mut batch = std::collections::VecDeque::new();
     loop {
-        let mut batch: Vec<Job> = {
+        {
             let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
             while q.jobs.is_empty() && !q.closed {
                 q = r.cv.wait(q).unwrap_or_else(|p| p.into_inner());
@@ -392,8 +395,8 @@ fn rail_worker(rail: RailId, r: Arc<LocalRail>, sink: Arc<dyn EventSink>) {
                 sink.deliver(&mut events);
                 return;
             }
-            q.jobs.drain(..).collect()
-        };
+            std::mem::swap(&mut q.jobs, &mut batch);
+        }
         for job in batch.drain(..) {
             let status = execute(&job);
             events.push(TransportEvent::Completed {
@@ -506,23 +509,7 @@ impl LocalTransport {
             .filter(|(_, r)| r.peer == peer)
             .map(|(id, _)| *id)
             .collect();
-        for r in &rails {
-            self.close(*r);
-        }
-        // Tell the engine now, so the next submit no longer picks them (the
-        // rail threads report again when they finish; a second RailDown is
-        // harmless). Never call this from inside an engine callback.
-        let mut events: Vec<TransportEvent> = rails
-            .iter()
-            .map(|r| TransportEvent::RailDown {
-                rail: *r,
-                reason: "peer switched path".into(),
-            })
-            .collect();
-        if !events.is_empty() {
-            self.sink.deliver(&mut events);
-        }
-        rails
+        close_rails_now(&*self.sink, rails, "peer switched path", |r| self.close(r))
     }
 
     /// Stops `rail` after the items already queued.

@@ -35,8 +35,8 @@ use orbitte_wire::{
 use crate::session::io::FrameReader;
 use crate::session::{Handshake, SessionConfig, SessionError, SharedPeerTable, handshake};
 use crate::transport::{
-    CleanupError, EventSink, PathKind, PeerId, PostContext, PostError, RailId, Transport,
-    TransportEvent, WorkItem,
+    CleanupError, EventSink, PathKind, PeerId, PostContext, PostError, RailId, Transport, WorkItem,
+    close_rails_now,
 };
 
 use rail::{Job, Rail};
@@ -441,23 +441,7 @@ impl TcpTransport {
             .filter(|(_, (p, _))| *p == peer)
             .map(|(r, _)| *r)
             .collect();
-        for r in &rails {
-            self.close(*r);
-        }
-        // Tell the engine now, so the next submit no longer picks them (the
-        // rail threads report again when they finish; a second RailDown is
-        // harmless). Never call this from inside an engine callback.
-        let mut events: Vec<TransportEvent> = rails
-            .iter()
-            .map(|r| TransportEvent::RailDown {
-                rail: *r,
-                reason: "peer switched path".into(),
-            })
-            .collect();
-        if !events.is_empty() {
-            self.sink.deliver(&mut events);
-        }
-        rails
+        close_rails_now(&*self.sink, rails, "peer switched path", |r| self.close(r))
     }
 
     /// Takes `rail` down so it reports every outstanding item.

@@ -1,8 +1,10 @@
 /*
- * A stand-in for libcuda.so.1, compiled by tests/stub_driver.rs during the
- * test and put on LD_LIBRARY_PATH of a child process. It exports exactly the
- * driver functions orbitte-cuda may call (REQUIRED_DRIVER_SYMBOLS), so the
- * error paths and the staging logic run in CI without a GPU.
+ * A stand-in for libcuda.so.1, compiled during the test by orbitte-cuda's
+ * `testing` module (feature `testing`; used by orbitte-cuda's
+ * tests/stub_driver.rs and orbitte-engine's tests/staging.rs) and put on
+ * LD_LIBRARY_PATH of a child process. It exports exactly the driver
+ * functions orbitte-cuda may call (REQUIRED_DRIVER_SYMBOLS), so the error
+ * paths and the staging logic run in CI without a GPU.
  *
  * ORBITTE_STUB_MODE selects the behaviour:
  *   no-device     cuInit returns CUDA_ERROR_NO_DEVICE (100)
