@@ -373,6 +373,10 @@ pub(crate) struct Shared {
     pub(crate) peer_table: Arc<Mutex<PeerTable>>,
     pub(crate) next_session: std::sync::atomic::AtomicU64,
     pub(crate) cond: Condvar,
+    /// Wakes only the timer thread (at stop). It runs on its own schedule
+    /// and is not woken by every event batch: whoever delivers a batch
+    /// already pumps, so a timer pump after each one is work done twice.
+    pub(crate) timer: Condvar,
     pub(crate) stop: AtomicBool,
     pub(crate) source_id: SourceId,
     pub(crate) epoch: Epoch,
@@ -467,6 +471,7 @@ impl EngineBuilder {
             next_session: std::sync::atomic::AtomicU64::new(1),
             state: Mutex::new(state),
             cond: Condvar::new(),
+            timer: Condvar::new(),
             stop: AtomicBool::new(false),
             source_id,
             epoch,
@@ -517,7 +522,7 @@ fn timer_loop(shared: &Shared) {
             });
         let wait = next.clamp(Duration::from_millis(1), Duration::from_millis(50));
         st = shared
-            .cond
+            .timer
             .wait_timeout(st, wait)
             .map_or_else(|e| e.into_inner().0, |(g, _)| g);
     }
@@ -527,15 +532,22 @@ fn poll_loop(shared: &Shared, nic: u32, cq: verbs::CompletionQueue, ctx: verbs::
     let mut buf = [Completion::default(); 64];
     let mut events = Vec::with_capacity(256);
     let device = ctx.identity().name.clone();
+    let poll = |buf: &mut [Completion]| match cq.poll(buf) {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(device, error = %e, "polling the completion queue failed");
+            0
+        }
+    };
     while !shared.stop.load(Ordering::Acquire) {
-        let _ = cq.wait(Duration::from_millis(2));
-        let n = match cq.poll(&mut buf) {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::warn!(device, error = %e, "polling the completion queue failed");
-                0
-            }
-        };
+        // Poll first; arm and wait only when the queue is empty, so a busy
+        // queue costs no notification (a syscall on some providers) per
+        // batch.
+        let mut n = poll(&mut buf);
+        if n == 0 {
+            let _ = cq.wait(Duration::from_millis(2));
+            n = poll(&mut buf);
+        }
         let mut asyncs = Vec::new();
         while let Ok(Some(ev)) = ctx.next_async_event(Duration::ZERO) {
             asyncs.push(ev);
@@ -1451,6 +1463,7 @@ impl TransferEngine {
     fn stop_threads(&self) {
         self.shared.stop.store(true, Ordering::Release);
         self.shared.cond.notify_all();
+        self.shared.timer.notify_all();
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         for t in threads {
             let _ = t.join();

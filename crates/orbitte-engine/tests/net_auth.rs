@@ -8,7 +8,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use net_support::{Initiator, RW, Target, cfg, pattern, raw, request};
+use net_support::{Initiator, RW, Target, cfg, pattern, raw, request, untouched};
 use orbitte_engine::core::CoreConfig;
 use orbitte_engine::outcome::Status;
 use orbitte_engine::session::SessionError;
@@ -67,15 +67,6 @@ fn secured_target() -> (Target, Arc<HostMemory>, orbitte_wire::RangeId) {
     pattern(&mem, 3);
     let id = t.ranges.publish(mem.clone(), RW).unwrap();
     (t, mem, id)
-}
-
-fn untouched(mem: &HostMemory) {
-    let fresh = HostMemory::alloc(mem.len()).unwrap();
-    pattern(&fresh, 3);
-    assert!(
-        mem.to_vec(0, mem.len()).unwrap() == fresh.to_vec(0, mem.len()).unwrap(),
-        "target memory changed"
-    );
 }
 
 fn refused_code(e: &SessionError) -> ErrorCode {
@@ -170,7 +161,7 @@ fn a_peer_without_the_proof_can_neither_read_nor_write_and_is_logged() {
             .any(|f| matches!(f, Frame::SegmentPublication(_))),
         "publications leaked: {frames:?}"
     );
-    untouched(&mem);
+    untouched(&mem, 3);
     net_support::eventually("three refusals recorded", || {
         t.listener
             .closed_sessions()

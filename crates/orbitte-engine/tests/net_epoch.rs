@@ -8,7 +8,7 @@ mod net_support;
 
 use std::time::Duration;
 
-use net_support::{Initiator, RW, Target, cfg, pattern, request};
+use net_support::{Initiator, RW, Target, cfg, eventually, pattern, request};
 use orbitte_engine::core::CoreConfig;
 use orbitte_engine::outcome::Status;
 use orbitte_engine::session::SessionError;
@@ -17,16 +17,6 @@ use orbitte_memory::HostMemory;
 use orbitte_wire::{AdmitError, ErrorCode};
 
 const BOUND: Duration = Duration::from_secs(30);
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    for _ in 0..400 {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    panic!("not within the bound: {what}");
-}
 
 #[test]
 fn target_rejects_an_older_initiator_epoch_and_replaces_on_a_newer_one() {
@@ -51,7 +41,7 @@ fn target_rejects_an_older_initiator_epoch_and_replaces_on_a_newer_one() {
         }
         other => panic!("{other:?}"),
     }
-    net_support::eventually("stale epoch refusal recorded", || {
+    eventually("stale epoch refusal recorded", || {
         t.listener
             .closed_sessions()
             .iter()
@@ -73,7 +63,7 @@ fn target_rejects_an_older_initiator_epoch_and_replaces_on_a_newer_one() {
     let local = HostMemory::alloc(4096).unwrap();
     let reg = b20.driver.register(local.clone());
     let (rails, _) = b20.connect_tcp(PeerId(1), t.addr(), 1).unwrap();
-    wait_until("old rails down", || {
+    eventually("old rails down", || {
         old_rails.iter().all(|r| !b10.tcp.rail_is_up(*r))
     });
     let o = b20.driver.wait(
@@ -132,7 +122,7 @@ fn initiator_adopts_a_restarted_target_and_rejects_a_replayed_old_epoch_at_the_s
         other => panic!("{other:?}"),
     }
     // The stale target was told why.
-    wait_until("stale target saw the refusal", || {
+    eventually("stale target saw the refusal", || {
         t9.listener
             .closed_sessions()
             .iter()

@@ -374,6 +374,17 @@ impl Initiator {
     }
 }
 
+/// Asserts that `mem` still holds exactly [`pattern`]`(seed)`: the target
+/// memory a refused request must not have touched.
+pub fn untouched(mem: &HostMemory, seed: u8) {
+    let fresh = HostMemory::alloc(mem.len()).unwrap();
+    pattern(&fresh, seed);
+    assert!(
+        mem.to_vec(0, mem.len()).unwrap() == fresh.to_vec(0, mem.len()).unwrap(),
+        "target memory changed"
+    );
+}
+
 /// Installs a test subscriber once so that warnings show with --nocapture.
 pub fn logs() {
     let _ = tracing_subscriber::fmt()

@@ -732,6 +732,37 @@ impl NativeQp {
         }
     }
 
+    /// Links the native work requests in `list` into one chain (each
+    /// `next` points at the following entry; the last keeps its null) and
+    /// hands its head and the bad-request out pointer to `post` (the verbs
+    /// call `call`); a refusal names the position of the request the
+    /// provider stopped at (the first when it named none), `depth` being
+    /// the queue's depth for a full queue.
+    fn post_chain<T>(
+        &self,
+        list: &mut Vec<T>,
+        next: impl Fn(&mut T) -> &mut *mut T,
+        call: &'static str,
+        depth: u32,
+        post: impl FnOnce(*mut T, &mut *mut T) -> i32,
+    ) -> Result<(), PostError> {
+        let base = list.as_mut_ptr();
+        for i in 1..list.len() {
+            *next(&mut list[i - 1]) = base.wrapping_add(i);
+        }
+        let mut bad = ptr::null_mut();
+        let rc = post(base, &mut bad);
+        if rc == 0 {
+            return Ok(());
+        }
+        let index = if bad.is_null() {
+            0
+        } else {
+            (bad as usize - base as usize) / size_of::<T>()
+        };
+        Err(self.post_error(index, rc, call, depth))
+    }
+
     /// Posts with `post` the longest prefix of `wrs` whose SGE lists fit
     /// `max_sge` (when not empty), then refuses the first work request that
     /// does not fit: verbs would fail the whole chain at that entry anyway.
@@ -758,27 +789,6 @@ impl NativeQp {
             }),
             None => Ok(()),
         }
-    }
-}
-
-/// Links the native work requests in `list` into one chain (each `next`
-/// points at the following entry; the last keeps its null) and returns its
-/// head. The pointers stay valid while `list` is neither moved nor grown.
-fn link_chain<T>(list: &mut Vec<T>, next: impl Fn(&mut T) -> &mut *mut T) -> *mut T {
-    let base = list.as_mut_ptr();
-    for i in 1..list.len() {
-        *next(&mut list[i - 1]) = base.wrapping_add(i);
-    }
-    base
-}
-
-/// Position in the chain at `base` of the work request the provider
-/// refused (`bad`; null means it named none: the first).
-fn chain_index<T>(base: *mut T, bad: *mut T) -> usize {
-    if bad.is_null() {
-        0
-    } else {
-        (bad as usize - base as usize) / size_of::<T>()
     }
 }
 
@@ -929,17 +939,20 @@ impl QpOps for NativeQp {
                     }
                     list.push(n);
                 }
-                let base = link_chain(list, |w| &mut w.next);
-                let mut bad_wr = ptr::null_mut();
-                // SAFETY: a live QP (in any state: the device reports a bad
-                // state as an error code); a valid chain whose SGE lists borrow
-                // `wrs`, alive for the call; posting is serialized by the lock.
-                let rc = unsafe { sys::ibv_post_send(self.qp.as_ptr(), base, &mut bad_wr) };
-                if rc != 0 {
-                    let index = chain_index(base, bad_wr);
-                    return Err(self.post_error(index, rc, "ibv_post_send", self.caps.max_send_wr));
-                }
-                Ok(())
+                let depth = self.caps.max_send_wr;
+                self.post_chain(
+                    list,
+                    |w| &mut w.next,
+                    "ibv_post_send",
+                    depth,
+                    |head, bad| {
+                        // SAFETY: a live QP (in any state: the device reports a
+                        // bad state as an error code); a valid chain whose SGE
+                        // lists borrow `wrs`, alive for the call; posting is
+                        // serialized by the lock.
+                        unsafe { sys::ibv_post_send(self.qp.as_ptr(), head, bad) }
+                    },
+                )
             },
         )
     }
@@ -962,15 +975,17 @@ impl QpOps for NativeQp {
                         num_sge: w.sges.len() as i32,
                     });
                 }
-                let base = link_chain(list, |w| &mut w.next);
-                let mut bad_wr = ptr::null_mut();
-                // SAFETY: as in post_send, for the receive chain.
-                let rc = unsafe { sys::ibv_post_recv(self.qp.as_ptr(), base, &mut bad_wr) };
-                if rc != 0 {
-                    let index = chain_index(base, bad_wr);
-                    return Err(self.post_error(index, rc, "ibv_post_recv", self.caps.max_recv_wr));
-                }
-                Ok(())
+                let depth = self.caps.max_recv_wr;
+                self.post_chain(
+                    list,
+                    |w| &mut w.next,
+                    "ibv_post_recv",
+                    depth,
+                    |head, bad| {
+                        // SAFETY: as in post_send, for the receive chain.
+                        unsafe { sys::ibv_post_recv(self.qp.as_ptr(), head, bad) }
+                    },
+                )
             },
         )
     }
