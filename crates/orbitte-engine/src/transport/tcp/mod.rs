@@ -401,11 +401,14 @@ impl TcpTransport {
             });
         };
         let mut jobs = Vec::with_capacity(items.len());
-        for (i, item) in items.iter().enumerate() {
+        for item in items {
             let Some(local) = ctx.memory(item.registration) else {
+                // Nothing has been queued yet (jobs go out together below),
+                // so nothing was posted: claiming `i` would leave those
+                // items waiting for a completion that never comes.
                 return Err(PostError {
                     rail,
-                    posted: i,
+                    posted: 0,
                     reason: "local registration is gone".into(),
                 });
             };
