@@ -14,6 +14,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use orbitte::topology::RdmaConfig;
 use orbitte::transport::{PathKind, RangeId};
 use orbitte::{EngineBuilder, HostMemory};
 use serde::Serialize;
@@ -139,6 +140,9 @@ impl Row {
 #[derive(Debug, Serialize)]
 struct Matrix {
     asked: Option<String>,
+    /// The RDMA selection the engine ran with (defaults, then the
+    /// `ORBITTE_RDMA_*` variables).
+    rdma_config: String,
     paths: Vec<Row>,
 }
 
@@ -157,7 +161,11 @@ fn path_of(p: PathName) -> PathKind {
 pub(crate) fn run(args: &DoctorArgs) -> Result<(), Failure> {
     let only = args.path.map(path_of);
     let wanted = |p: PathKind| only.is_none_or(|o| o == p);
-    let engine_rows = engine_matrix(only);
+    // The CLI, not the library, reads the environment: code defaults, then
+    // the ORBITTE_RDMA_* variables (doctor has no config file).
+    let rdma = RdmaConfig::resolve(RdmaConfig::default(), None)
+        .map_err(|e| Failure::usage(e.to_string()))?;
+    let engine_rows = engine_matrix(only, &rdma);
     let cuda_wanted = [
         PathKind::CudaStaging,
         PathKind::GpudirectRdma,
@@ -220,6 +228,7 @@ pub(crate) fn run(args: &DoctorArgs) -> Result<(), Failure> {
     }
     let matrix = Matrix {
         asked: only.map(|p| p.name().to_owned()),
+        rdma_config: rdma.to_string(),
         paths: rows,
     };
     if args.json {
@@ -258,8 +267,10 @@ pub(crate) fn run(args: &DoctorArgs) -> Result<(), Failure> {
 
 /// The engine's matrix (it evaluates rdma for real: an RDMA use, so it
 /// initializes contexts).
-fn engine_matrix(only: Option<PathKind>) -> Vec<orbitte::PathRow> {
-    let engine = match EngineBuilder::new(format!("orbitte-doctor-{}", std::process::id())).build()
+fn engine_matrix(only: Option<PathKind>, rdma: &RdmaConfig) -> Vec<orbitte::PathRow> {
+    let engine = match EngineBuilder::new(format!("orbitte-doctor-{}", std::process::id()))
+        .rdma(rdma.clone())
+        .build()
     {
         Ok(e) => e,
         Err(e) => {
@@ -274,7 +285,7 @@ fn engine_matrix(only: Option<PathKind>) -> Vec<orbitte::PathRow> {
     if rdma_works && only.is_none_or(|p| p == PathKind::CudaStaging) {
         // cuda-staging's completion is a GPU -> remote -> GPU round trip
         // through the engine: it needs a loopback peer, which rdma gives.
-        if let Some(cap) = cuda_through_loopback(&engine) {
+        if let Some(cap) = cuda_through_loopback(&engine, rdma) {
             cap.contribute_to(&mut m);
         }
     }
@@ -288,9 +299,11 @@ fn engine_matrix(only: Option<PathKind>) -> Vec<orbitte::PathRow> {
 /// for the staged round trip.
 fn cuda_through_loopback(
     engine: &orbitte::TransferEngine,
+    rdma: &RdmaConfig,
 ) -> Option<orbitte::staging::CudaCapability> {
     use orbitte::staging::{LOOPBACK_BYTES, LoopbackTarget, evaluate_cuda_staging};
     let peer_engine = EngineBuilder::new(format!("orbitte-doctor-peer-{}", std::process::id()))
+        .rdma(rdma.clone())
         .build()
         .ok()?;
     let result = (|| {
@@ -343,6 +356,7 @@ fn from_engine(r: orbitte::PathRow) -> Row {
 
 fn human(m: &Matrix) -> String {
     let mut out = String::new();
+    let _ = writeln!(out, "rdma selection: {}", m.rdma_config);
     let _ = writeln!(
         out,
         "{:<15} {:<16} {:<16} {:<16} {:<16}",

@@ -10,6 +10,8 @@ use orbitte::topology::{
     DeviceMask, MemoryLocation, NicAffinity, RdmaConfig, Selection, SysfsRoots, Topology, discover,
     select,
 };
+use orbitte::verbs::Provider as _;
+use orbitte::verbs::native::NativeProvider;
 use orbitte::{Access, EngineBuilder, EngineTopology, HostMemory};
 use serde::Serialize;
 
@@ -48,10 +50,20 @@ struct ContextRow {
     port_active: bool,
 }
 
+/// What the verbs provider said about the discovered devices.
+#[derive(Debug, Serialize)]
+struct ProviderReport {
+    /// The devices the provider lists, when it was asked and answered.
+    listed: Option<Vec<String>>,
+    /// Why visibility is unknown, when it is.
+    unknown: Option<String>,
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
     sysfs_root: String,
     discovered: Topology,
+    provider: ProviderReport,
     affinity: Vec<AffinityRow>,
     config: String,
     selection: Result<Selection, String>,
@@ -76,7 +88,13 @@ pub(crate) fn run(args: &TopologyArgs) -> Result<(), Failure> {
         }
         None => (SysfsRoots::host(), "/".to_owned()),
     };
-    let topology = discover(&roots);
+    let mut topology = discover(&roots);
+    let listing = if args.sysfs_root.is_some() {
+        Err("not asked: --sysfs-root is a recorded tree, not this machine's devices".to_owned())
+    } else {
+        native_listing()
+    };
+    let provider = apply_visibility(&mut topology, listing);
     let config = RdmaConfig::resolve(RdmaConfig::default(), args.config.as_deref())
         .map_err(|e| Failure::usage(e.to_string()))?;
     let selection = select(&topology, &config, DeviceMask::ALL).map_err(|e| e.to_string());
@@ -93,6 +111,7 @@ pub(crate) fn run(args: &TopologyArgs) -> Result<(), Failure> {
     let report = Report {
         sysfs_root: root_name,
         discovered: topology,
+        provider,
         affinity,
         config: config.to_string(),
         selection,
@@ -106,6 +125,37 @@ pub(crate) fn run(args: &TopologyArgs) -> Result<(), Failure> {
         print!("{}", human(&report));
     }
     Ok(())
+}
+
+/// The device names the native provider (libibverbs) lists, or why the
+/// list failed.
+fn native_listing() -> Result<Vec<String>, String> {
+    NativeProvider::new()
+        .devices()
+        .map(|l| l.into_iter().map(|d| d.identity.name).collect())
+        .map_err(|e| format!("device list failed: {e}"))
+}
+
+/// Marks each discovered NIC visible or not visible to the provider from
+/// its listing; when there is no listing, visibility stays unknown and the
+/// report says why.
+fn apply_visibility(
+    topology: &mut Topology,
+    listing: Result<Vec<String>, String>,
+) -> ProviderReport {
+    match listing {
+        Ok(names) => {
+            topology.set_provider_visibility(names.iter().map(String::as_str));
+            ProviderReport {
+                listed: Some(names),
+                unknown: None,
+            }
+        }
+        Err(why) => ProviderReport {
+            listed: None,
+            unknown: Some(why),
+        },
+    }
 }
 
 /// Host memory on each NUMA node that has a NIC, then each GPU.
@@ -209,6 +259,18 @@ fn human(r: &Report) -> String {
             let _ = writeln!(out, "  {line}");
         }
     }
+    match (&r.provider.listed, &r.provider.unknown) {
+        (Some(names), _) if names.is_empty() => {
+            let _ = writeln!(out, "provider (libibverbs) lists no device");
+        }
+        (Some(names), _) => {
+            let _ = writeln!(out, "provider (libibverbs) lists: {}", names.join(", "));
+        }
+        (None, Some(why)) => {
+            let _ = writeln!(out, "provider visibility unknown: {why}");
+        }
+        (None, None) => {}
+    }
     let _ = writeln!(
         out,
         "affinity (best first: pcie distance, numa distance, nic id):"
@@ -296,4 +358,64 @@ fn human(r: &Report) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn report(listing: Result<Vec<String>, String>) -> String {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../orbitte-topology/tests/fixtures/cx7-roce");
+        let mut discovered = discover(&SysfsRoots::fixture(&root));
+        let provider = apply_visibility(&mut discovered, listing);
+        let config = RdmaConfig::default();
+        let selection = select(&discovered, &config, DeviceMask::ALL).map_err(|e| e.to_string());
+        human(&Report {
+            sysfs_root: root.display().to_string(),
+            affinity: affinity(&discovered),
+            discovered,
+            provider,
+            config: config.to_string(),
+            selection,
+            initialized: Initialized::NotInitialized { why: "test".into() },
+        })
+    }
+
+    fn nic_line<'a>(out: &'a str, nic: &str) -> &'a str {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(nic))
+            .unwrap_or_else(|| panic!("no line for {nic}: {out}"))
+    }
+
+    #[test]
+    fn the_provider_listing_marks_nics_visible_and_not_visible() {
+        let out = report(Ok(vec!["mlx5_0".into()]));
+        assert!(
+            nic_line(&out, "nic 0 mlx5_0").contains("provider visible"),
+            "{out}"
+        );
+        assert!(
+            nic_line(&out, "nic 1 mlx5_1").contains("provider not visible"),
+            "{out}"
+        );
+        assert!(out.contains("provider (libibverbs) lists: mlx5_0"), "{out}");
+    }
+
+    #[test]
+    fn a_failed_device_list_leaves_visibility_unknown_with_the_reason() {
+        let out = report(Err(
+            "device list failed: ibv_get_device_list failed: errno 38".into(),
+        ));
+        assert!(
+            nic_line(&out, "nic 0 mlx5_0").contains("provider unknown"),
+            "{out}"
+        );
+        assert!(
+            out.contains("provider visibility unknown: device list failed: ibv_get_device_list failed: errno 38"),
+            "{out}"
+        );
+    }
 }

@@ -228,6 +228,49 @@ fn topology_lists_nic_ids_ports_gids_and_selection_on_fixtures() {
     );
 }
 
+/// A recorded tree is not this machine's devices: the provider is not
+/// asked, each NIC's visibility is unknown, and the report says why.
+#[test]
+fn topology_reports_provider_visibility_unknown_with_the_reason_on_fixtures() {
+    let r = run(&[
+        "topology",
+        "--sysfs-root",
+        fixture("cx7-roce").to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let nic0 = r
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("nic 0 mlx5_0"))
+        .expect("mlx5_0's line");
+    assert!(nic0.ends_with("provider unknown"), "{nic0}");
+    assert!(
+        r.stdout.lines().any(|l| l
+            == "provider visibility unknown: not asked: --sysfs-root is a recorded tree, not this machine's devices"),
+        "{}",
+        r.stdout
+    );
+}
+
+/// On this machine the native provider is asked: either it lists devices
+/// (each discovered NIC is then visible or not visible), or visibility is
+/// unknown with the device list's failure.
+#[test]
+fn topology_asks_the_native_provider_on_this_machine() {
+    let r = run(&["topology"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let line = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("provider"))
+        .unwrap_or_else(|| panic!("no provider line: {}", r.stdout));
+    assert!(
+        line.starts_with("provider (libibverbs) lists")
+            || line.starts_with("provider visibility unknown: device list failed: "),
+        "{line}"
+    );
+}
+
 #[test]
 fn topology_shows_inert_slots_with_their_error() {
     let r = run(&[
@@ -376,6 +419,56 @@ fn doctor_exit_status_follows_the_path_asked_for() {
         last.starts_with("orbitte: path nvlink does not work: build check: not implemented"),
         "{last}"
     );
+}
+
+/// The CLI applies the ORBITTE_RDMA_* variables to every engine it builds:
+/// doctor runs with the pin and says so (and a listed machine's discovery
+/// failure names it), and a misspelt variable is refused, not ignored.
+#[test]
+fn doctor_and_bench_apply_the_rdma_environment() {
+    let r = run_cmd(
+        orbitte()
+            .args(["doctor", "--path", "rdma"])
+            .env("ORBITTE_RDMA_DEVICE", "nosuch"),
+    );
+    assert_eq!(
+        r.code, 1,
+        "a pin to a missing device never works: {}",
+        r.stdout
+    );
+    assert!(
+        r.stdout
+            .lines()
+            .next()
+            .is_some_and(|l| l.starts_with("rdma selection: device=nosuch ")),
+        "{}",
+        r.stdout
+    );
+    let r = run_cmd(
+        orbitte()
+            .args(["doctor", "--path", "tcp", "--json"])
+            .env("ORBITTE_RDMA_DEVICE", "nosuch"),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v = json(&r.stdout);
+    assert!(
+        v["rdma_config"]
+            .as_str()
+            .is_some_and(|c| c.contains("device=nosuch")),
+        "{v}"
+    );
+    let r = run_cmd(
+        orbitte()
+            .args(["doctor", "--path", "tcp"])
+            .env("ORBITTE_RDMA_PROT", "1"),
+    );
+    assert_usage_error(&r, &["ORBITTE_RDMA_PROT"]);
+    let r = run_cmd(
+        orbitte()
+            .args(["bench", "--duration", "0.1", "--quiet"])
+            .env("ORBITTE_RDMA_PROT", "1"),
+    );
+    assert_usage_error(&r, &["ORBITTE_RDMA_PROT"]);
 }
 
 // ---- bench ----

@@ -51,6 +51,43 @@ fn the_index_links_every_page() {
     }
 }
 
+/// The index's glossary row names the glossary's terms a reader meets
+/// first (the paths and the matrix included).
+#[test]
+fn the_index_names_the_glossary_terms() {
+    let index = std::fs::read_to_string(root().join("docs/README.md")).unwrap();
+    let glossary = std::fs::read_to_string(root().join("docs/glossary.md")).unwrap();
+    let row = index
+        .lines()
+        .find(|l| l.starts_with("| [glossary.md](glossary.md)"))
+        .expect("the glossary row");
+    for term in [
+        "source owner",
+        "epoch",
+        "Host Direct",
+        "path",
+        "capability matrix",
+        "rail",
+        "NIC ID",
+        "inert slot",
+        "dispatch mask",
+        "Unquiesced",
+    ] {
+        let cell = format!(" {term},");
+        let last = format!(" {term} |");
+        assert!(
+            row.contains(&cell) || row.contains(&last),
+            "docs/README.md's glossary row lacks {term}: {row}"
+        );
+        assert!(
+            glossary
+                .to_lowercase()
+                .contains(&format!("**{}.**", term.to_lowercase())),
+            "docs/glossary.md defines no {term}"
+        );
+    }
+}
+
 #[test]
 fn relative_links_of_the_user_docs_resolve() {
     // The pages this crate's owner writes, and the README's links.

@@ -95,7 +95,10 @@ impl EngineBuilder {
         self
     }
 
-    /// RDMA device/port/GID selection (strict pins or discovery).
+    /// RDMA device/port/GID selection (strict pins or discovery). The
+    /// engine uses exactly this configuration and reads no environment
+    /// variable; to honour `ORBITTE_RDMA_*` (as the `orbitte` command
+    /// does), pass the result of `RdmaConfig::resolve`.
     pub fn rdma(mut self, config: RdmaConfig) -> Self {
         self.rdma = config;
         self

@@ -257,7 +257,17 @@ impl State {
         self.work = work;
         while let Some((rail, marker)) = self.core.poll_flush(now) {
             let res = match self.owner.get(rail.0 as usize) {
-                Some(Owner::Rdma) => self.rdma.flush_marked(rail, marker),
+                Some(Owner::Rdma) => match self.rdma.flush_with_marker(rail, marker) {
+                    Ok(fate) => Ok(fate),
+                    Err(u) => {
+                        // The queue pair could be neither flushed nor
+                        // destroyed: its slices stay undrained, verbs
+                        // retains it, and the engine is Unquiesced.
+                        self.record_rail_unquiesced(format!("flushing rail {}", rail.0), *u);
+                        self.core.marker_dropped(rail, marker);
+                        continue;
+                    }
+                },
                 Some(Owner::Other(i)) => self
                     .others
                     .get_mut(*i)
@@ -321,17 +331,31 @@ impl State {
     /// Destroys an rdma rail's queue pair; a failure is `Unquiesced`.
     fn destroy_rdma_rail(&mut self, rail: RailId) {
         if let Err(u) = self.rdma.destroy(rail) {
-            let u = Unquiesced {
-                source_id: self.who.0.clone(),
-                epoch: self.who.1,
-                during: format!("closing rail {}", rail.0),
-                failures: vec![*u],
-                retained: Charges::default(),
-            };
-            tracing::error!(error = %u, "unquiesced: fencing new admission");
-            self.fence(format!("unquiesced during {}", u.during));
-            self.unquiesced.push(u);
+            self.record_rail_unquiesced(format!("closing rail {}", rail.0), *u);
         }
+    }
+
+    /// Records a failed queue pair destroy of a rail as `Unquiesced` (the
+    /// QP is retained by verbs; a QP carries no budget charge) and fences
+    /// new admission with the reason.
+    fn record_rail_unquiesced(&mut self, during: String, failure: verbs::Unquiesced) {
+        let u = Unquiesced {
+            source_id: self.who.0.clone(),
+            epoch: self.who.1,
+            during,
+            failures: vec![failure],
+            retained: Charges::default(),
+        };
+        tracing::error!(error = %u, "unquiesced: fencing new admission");
+        self.fence(format!(
+            "unquiesced during {}: {}",
+            u.during,
+            u.failures
+                .first()
+                .map(|f| f.to_string())
+                .unwrap_or_default()
+        ));
+        self.unquiesced.push(u);
     }
 
     pub(crate) fn fence(&mut self, reason: impl Into<Arc<str>>) {
@@ -423,8 +447,9 @@ impl std::fmt::Debug for TransferEngine {
 }
 
 impl EngineBuilder {
-    /// Builds the engine. Lists the provider's devices (NIC IDs) but opens
-    /// none: contexts initialize at the first Host Direct registration or
+    /// Builds the engine. Lists the provider's devices (NIC IDs, in the
+    /// natural name order `orbitte topology` numbers sysfs devices in) but
+    /// opens none: contexts initialize at the first Host Direct registration or
     /// first RDMA use.
     pub fn build(self) -> Result<TransferEngine, BuildError> {
         let (source_id, epoch) = self.checked()?;
@@ -433,7 +458,15 @@ impl EngineBuilder {
             .clone()
             .unwrap_or_else(|| Arc::new(verbs::native::NativeProvider::new()));
         let (listed, listing_error) = match provider.devices() {
-            Ok(l) => (l, None),
+            // NIC IDs are topology positions: number the provider's devices
+            // in the order sysfs discovery does (natural name order), not in
+            // the provider's list order.
+            Ok(mut l) => {
+                l.sort_by(|a, b| {
+                    orbitte_topology::nic_name_order(&a.identity.name, &b.identity.name)
+                });
+                (l, None)
+            }
             Err(e) => (Vec::new(), Some(e.to_string())),
         };
         let core = Core::new(CoreConfig {
@@ -759,7 +792,7 @@ impl TransferEngine {
         self.lock().unquiesced.clone()
     }
 
-    fn unquiesced_from(
+    pub(crate) fn unquiesced_from(
         &self,
         during: String,
         failures: Vec<verbs::Unquiesced>,
@@ -774,7 +807,7 @@ impl TransferEngine {
         }
     }
 
-    fn record_unquiesced(&self, st: &mut State, u: &Unquiesced) {
+    pub(crate) fn record_unquiesced(&self, st: &mut State, u: &Unquiesced) {
         tracing::error!(error = %u, "unquiesced: fencing new admission");
         st.fence(format!(
             "unquiesced during {}: {}",

@@ -5,12 +5,13 @@
 
 use std::sync::{Arc, Weak};
 
-use orbitte_wire::{AccessFlags, RangeId};
+use orbitte_wire::{AccessFlags, NicRkey, RangeId};
 
 use crate::TransferEngine;
 use crate::engine::Shared;
 use crate::registration::{Access, RegEntry, RegState};
 use crate::session::{Published, RangeLookup};
+use crate::transport::RegistrationId;
 
 pub(crate) struct EngineRanges(Weak<Shared>);
 
@@ -63,6 +64,20 @@ impl RangeLookup for EngineRanges {
             .collect();
         v.sort_by_key(|(id, _)| id.0);
         v
+    }
+
+    fn rkeys(&self, range: RangeId) -> Vec<NicRkey> {
+        let Some(shared) = self.0.upgrade() else {
+            return Vec::new();
+        };
+        let st = shared.lock();
+        let nics = st.nic_info();
+        st.tables
+            .regs
+            .get(&range.0)
+            .and_then(|e| e.descriptor(RegistrationId(range.0), &nics))
+            .map(|d| d.rkeys)
+            .unwrap_or_default()
     }
 }
 

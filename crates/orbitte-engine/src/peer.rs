@@ -33,7 +33,7 @@ use crate::engine::{Owner, PeerInfo, PeerState, State, TransferEngine, peer_info
 use crate::error::{LinkError, OpenPeerError};
 use crate::nic::NicCtx;
 use crate::rdma::{RailQp, RdmaRail};
-use crate::transport::{PathKind, PeerId, RailSpec, RangeId};
+use crate::transport::{PathKind, PeerId, RailId, RailSpec, RangeId};
 
 fn nonce() -> wire::Nonce {
     let mut n = [0u8; 32];
@@ -563,6 +563,55 @@ impl TransferEngine {
     fn abandon(&self, session: wire::SessionId, e: OpenPeerError) -> OpenPeerError {
         self.shared.peer_table().session_closed(session);
         e
+    }
+
+    /// Whether this engine has a usable rdma rail: NIC contexts (prepared
+    /// on first use) and at least one with an active port. `Err((has
+    /// contexts, why not))`: with contexts but no active port the engine
+    /// still advertises RDMA (the path policy reports a fallback).
+    pub(crate) fn rdma_usable(&self) -> Result<(), (bool, String)> {
+        self.ensure_contexts().map_err(|e| (false, e))?;
+        let st = self.lock();
+        let nics = self.ordered_nics(&st);
+        if nics.iter().any(|n| n.port_active()) {
+            return Ok(());
+        }
+        let down: Vec<String> = nics
+            .iter()
+            .map(|n| {
+                format!(
+                    "NIC ID {} ({}) port {} not active",
+                    n.id.0, n.identity.name, n.port
+                )
+            })
+            .collect();
+        Err((true, down.join("; ")))
+    }
+
+    /// Closes `peer`'s rdma rails (a net peer switched to another path).
+    /// Returns the rails closed.
+    pub(crate) fn close_rdma_rails(&self, peer: PeerId) -> Vec<RailId> {
+        let mut st = self.lock();
+        let now = Instant::now();
+        let rails: Vec<RailId> = st
+            .tables
+            .peers
+            .get(&peer.0)
+            .map(|p| p.rails.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| matches!(st.owner.get(r.0 as usize), Some(Owner::Rdma)))
+            .collect();
+        for &rail in &rails {
+            st.retire_rail(rail, now);
+            if let Some(p) = st.tables.peers.get_mut(&peer.0) {
+                p.rails.retain(|r| *r != rail);
+            }
+        }
+        if !rails.is_empty() {
+            st.pump(now);
+        }
+        rails
     }
 
     fn install_rails(

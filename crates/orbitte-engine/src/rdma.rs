@@ -312,6 +312,34 @@ impl Transport for RdmaTransport {
         rail: RailId,
         marker: SliceToken,
     ) -> Result<MarkerFate, CleanupError> {
+        let device = self
+            .rail(rail)
+            .map(|r| r.device.clone())
+            .unwrap_or_default();
+        self.flush_with_marker(rail, marker)
+            .map_err(|e| flush_failure(&device, rail, e))
+    }
+
+    fn close_rail(&mut self, rail: RailId) -> Result<(), CleanupError> {
+        let device = self
+            .rail(rail)
+            .map(|r| r.device.clone())
+            .unwrap_or_default();
+        self.destroy(rail)
+            .map_err(|e| flush_failure(&device, rail, e))
+    }
+}
+
+impl RdmaTransport {
+    /// [`Transport::flush_marked`] keeping the native evidence: when the
+    /// queue pair has to be destroyed and that fails, the error is the
+    /// verbs `Unquiesced` (the QP is retained by verbs), which the engine
+    /// records as its own `Unquiesced` and fences on.
+    pub(crate) fn flush_with_marker(
+        &mut self,
+        rail: RailId,
+        marker: SliceToken,
+    ) -> Result<MarkerFate, Box<verbs::Unquiesced>> {
         // The queue pair goes to the error state first, then the marker (a
         // signaled zero-length WRITE) is posted to it: work posted to a QP
         // in the error state completes with a flush after every earlier
@@ -356,19 +384,6 @@ impl Transport for RdmaTransport {
         }
         // No marker possible: destroy the queue pair, after which the NIC
         // touches none of its buffers; everything outstanding is released.
-        let device = r.device.clone();
-        match self.destroy(rail) {
-            Ok(()) => Ok(MarkerFate::Released),
-            Err(e) => Err(flush_failure(&device, rail, e)),
-        }
-    }
-
-    fn close_rail(&mut self, rail: RailId) -> Result<(), CleanupError> {
-        let device = self
-            .rail(rail)
-            .map(|r| r.device.clone())
-            .unwrap_or_default();
-        self.destroy(rail)
-            .map_err(|e| flush_failure(&device, rail, e))
+        self.destroy(rail).map(|()| MarkerFate::Released)
     }
 }

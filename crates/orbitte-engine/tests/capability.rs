@@ -6,8 +6,8 @@ mod common;
 
 use common::*;
 use orbitte_engine::{Check, EngineBuilder, PathKind};
-use orbitte_verbs::WcStatus;
 use orbitte_verbs::sim::{Delivery, SimDescription, SimFabric, WrMatch};
+use orbitte_verbs::{ObjectKind, WcStatus};
 
 #[test]
 fn rdma_row_passes_build_discovery_completion_and_drain_on_a_working_nic() {
@@ -88,6 +88,68 @@ fn a_failing_loopback_fails_completion_and_skips_drain() {
         "{reason}"
     );
     assert!(matches!(r.drain, Check::Skipped { .. }));
+}
+
+const EBUSY: i32 = 16;
+
+/// A destroy of the loopback's own objects that fails is a native cleanup
+/// failure like any other: `Unquiesced` recorded with the evidence, new
+/// admission fenced with the reason, and the drain check fails.
+#[test]
+fn a_failed_destroy_in_the_loopback_is_unquiesced_and_fences() {
+    let fabric = fabric(1, Delivery::Background, 64);
+    let a = builder(&fabric, "a", 1).build().unwrap();
+    a.topology();
+    fabric
+        .faults()
+        .fail_destroy("a0", ObjectKind::QueuePair, EBUSY)
+        .unwrap();
+    let r = a.evaluate_rdma();
+    assert_eq!(r.completion, Check::Pass, "{r:?}");
+    let Check::Fail { reason, fix } = &r.drain else {
+        panic!("{r:?}")
+    };
+    assert!(reason.contains("a0"), "{reason}");
+    assert!(fix.contains("Unquiesced"), "{fix}");
+    let u = a.unquiesced();
+    assert_eq!(u.len(), 1, "{u:?}");
+    assert!(u[0].during.contains("capability check"), "{}", u[0]);
+    assert_eq!(u[0].failures[0].object, ObjectKind::QueuePair);
+    assert_eq!(u[0].failures[0].device.name, "a0");
+    let fenced = a.fenced().expect("fenced");
+    assert!(fenced.contains("unquiesced"), "{fenced}");
+    assert!(matches!(
+        a.register_host(region(64, 1), orbitte_engine::Access::LocalOnly),
+        Err(orbitte_engine::RegisterError::Fenced { .. })
+    ));
+}
+
+/// An early error (the WRITE's completion fails) still closes every
+/// loopback object explicitly, so a failed destroy there is reported and
+/// recorded, not hidden in a drop.
+#[test]
+fn an_early_loopback_error_still_closes_and_reports_its_objects() {
+    let fabric = fabric(1, Delivery::Background, 65);
+    let a = builder(&fabric, "a", 1).build().unwrap();
+    a.topology();
+    fabric
+        .faults()
+        .fail_send(WrMatch::nth(1), WcStatus::RetryExceeded, false);
+    fabric
+        .faults()
+        .fail_destroy("a0", ObjectKind::MemoryRegion, EBUSY)
+        .unwrap();
+    let r = a.evaluate_rdma();
+    assert!(matches!(r.completion, Check::Fail { .. }), "{r:?}");
+    assert!(
+        matches!(&r.drain, Check::Fail { reason, .. } if reason.contains("a0")),
+        "{r:?}"
+    );
+    let u = a.unquiesced();
+    assert_eq!(u.len(), 1, "{u:?}");
+    assert_eq!(u[0].failures[0].object, ObjectKind::MemoryRegion);
+    assert!(a.fenced().is_some());
+    assert_eq!(fabric.counts().qps, 0, "the loopback QPs were destroyed");
 }
 
 #[test]

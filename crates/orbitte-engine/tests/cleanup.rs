@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use common::*;
 use orbitte_engine::{
-    Access, Charges, OpenPeerError, RangeId, RegisterError, SubmitError, TransferRequest,
+    Access, Charges, OpenPeerError, RangeId, RegisterError, Status, SubmitError, TransferRequest,
     UnregisterError,
 };
-use orbitte_verbs::sim::Delivery;
-use orbitte_verbs::{ObjectKind, UnquiescedCause};
+use orbitte_verbs::sim::{Delivery, WrMatch};
+use orbitte_verbs::{ObjectKind, QpState, UnquiescedCause};
 
 const EBUSY: i32 = 16;
 
@@ -182,4 +182,62 @@ fn shutdown_with_a_failing_qp_destroy_is_unquiesced_with_evidence() {
     // A clean shutdown has nothing to report.
     b.shutdown(Duration::from_secs(1)).unwrap();
     assert!(b.unquiesced().is_empty());
+}
+
+/// A rail flush whose marker cannot be posted falls back to destroying the
+/// queue pair; when that destroy fails (EBUSY) the flush is a native
+/// cleanup failure like any other: recorded as `Unquiesced` with the
+/// evidence, new admission fenced with the reason.
+#[test]
+fn a_failed_rail_flush_is_unquiesced_and_fences_admission() {
+    let fabric = fabric(1, Delivery::Manual, 45);
+    let a = builder(&fabric, "a", 1).epoch(9).build().unwrap();
+    let b = builder(&fabric, "b", 1).build().unwrap();
+    let ra = register(&a, &region(4 * 4096, 1), Access::LocalOnly);
+    let rb = register(&b, &region(4 * 4096, 2), Access::REMOTE_READ_WRITE);
+    let (pb, _) = connect(&a, &b);
+    fabric.faults().stall_send(WrMatch::nth(2));
+    let req = TransferRequest::write(ra.id, 0, pb.id, RangeId(rb.id.0), 0, 4 * 4096);
+    let id = a.submit(&[req]).unwrap()[0];
+    let o = drive_wait(&fabric, &a, id);
+    assert_eq!(o.status, Status::TimedOut);
+    // The flush marker is refused on the errored QP, so the engine
+    // destroys the QP, and that destroy fails.
+    fabric
+        .faults()
+        .fail_post(WrMatch::nth(1).on_device("a0").in_state(QpState::Error), 22);
+    fabric
+        .faults()
+        .fail_destroy("a0", ObjectKind::QueuePair, EBUSY)
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while a.unquiesced().is_empty() {
+        fabric.drive();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a failed rail flush was not recorded as unquiesced (fenced: {:?})",
+            a.fenced()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let u = a.unquiesced().remove(0);
+    assert_eq!((u.source_id.as_str(), u.epoch), ("engine-a", 9));
+    assert!(u.during.contains("flushing rail"), "{u}");
+    let f = &u.failures[0];
+    assert_eq!(f.object, ObjectKind::QueuePair);
+    assert_eq!(f.device.name, "a0");
+    assert!(
+        matches!(&f.cause, UnquiescedCause::Native(e) if e.errno == EBUSY),
+        "{f}"
+    );
+    assert!(f.cleanup.retained, "{f:?}");
+    let reason = a.fenced().expect("fenced");
+    assert!(
+        reason.contains("unquiesced") && reason.contains("flushing rail"),
+        "{reason}"
+    );
+    assert!(
+        matches!(a.submit(&[req]), Err(SubmitError::Fenced { .. })),
+        "new admission is fenced"
+    );
 }

@@ -246,15 +246,36 @@ fn transfer_engines_run_requests_over_tcp_and_local_with_the_engine_contract() {
         .register_host_without_rdma(dst.clone(), Access::LocalOnly)
         .unwrap();
 
-    // Only rdma through here is refused with a reason.
+    // Only rdma to a target without Host Direct ranges is refused, naming
+    // every path and why.
+    match net.open_peer(
+        &client,
+        listener.local_addr(),
+        1,
+        PathPreference::Only(PathKind::Rdma),
+    ) {
+        Err(NetOpenError::NoPath(e)) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("rdma: the peer publishes no range with rkeys"),
+                "{text}"
+            );
+            assert!(
+                text.contains("tcp: rdma was asked for explicitly"),
+                "{text}"
+            );
+        }
+        other => panic!("expected NoPath, got {other:?}"),
+    }
+    // Paths without a transport here are refused as such.
     assert!(matches!(
         net.open_peer(
             &client,
             listener.local_addr(),
             1,
-            PathPreference::Only(PathKind::Rdma)
+            PathPreference::Only(PathKind::Nvlink)
         ),
-        Err(NetOpenError::Unsupported(PathKind::Rdma))
+        Err(NetOpenError::Unsupported(PathKind::Nvlink))
     ));
 
     // tcp, explicitly (same host, but asked for): 3 connections.
@@ -329,4 +350,323 @@ fn transfer_engines_run_requests_over_tcp_and_local_with_the_engine_contract() {
     );
     let _ = client.shutdown(Duration::from_secs(5));
     let _ = target.shutdown(Duration::from_secs(5));
+}
+
+/// Two engines with sim rails, as on two hosts: the target publishes a Host
+/// Direct range, serves sessions on loopback and (optionally) rdma control
+/// links; the initiator's session config names another host, so the local
+/// path does not apply.
+struct RdmaPair {
+    fabric: SimFabric,
+    target: orbitte_engine::TransferEngine,
+    client: orbitte_engine::TransferEngine,
+    remote: std::sync::Arc<HostMemory>,
+    range: orbitte_engine::RangeId,
+    listener: orbitte_engine::session::Listener,
+    net: orbitte_engine::session::NetPaths,
+    src: std::sync::Arc<HostMemory>,
+    src_reg: orbitte_engine::RegistrationId,
+}
+
+fn rdma_pair(seed: u64) -> RdmaPair {
+    let fabric = SimFabric::new(
+        SimDescription::new(vec![
+            SimDeviceDesc::roce("a0", [10, 1, 0, 1]),
+            SimDeviceDesc::roce("b0", [10, 2, 0, 1]),
+        ])
+        .with_delivery(Delivery::Background),
+        seed,
+    );
+    let target = EngineBuilder::new("auto-target")
+        .provider(fabric.provider_for(&["a0"]))
+        .build()
+        .unwrap();
+    let client = EngineBuilder::new("auto-client")
+        .provider(fabric.provider_for(&["b0"]))
+        .build()
+        .unwrap();
+    let remote = HostMemory::alloc(1 << 20).unwrap();
+    pattern(&remote, 11);
+    let reg = target
+        .register_host(remote.clone(), Access::REMOTE_READ_WRITE)
+        .unwrap();
+    let listener = target
+        .serve_tcp(
+            target.session_config().unwrap(),
+            "127.0.0.1:0".parse().unwrap(),
+        )
+        .unwrap();
+    let mut cfg = client.session_config().unwrap();
+    cfg.host_id = orbitte_wire::HostId::new("another-host").unwrap();
+    let net = client.attach_net(cfg);
+    let src = HostMemory::alloc(1 << 20).unwrap();
+    pattern(&src, 12);
+    let src_reg = client
+        .register_host(src.clone(), Access::LocalOnly)
+        .unwrap();
+    RdmaPair {
+        fabric,
+        target,
+        client,
+        remote,
+        range: orbitte_engine::RangeId(reg.id.0),
+        listener,
+        net,
+        src,
+        src_reg: src_reg.id,
+    }
+}
+
+/// One connection on `l`, or `None` when none arrives within `bound`.
+fn accept_within(l: &std::net::TcpListener, bound: Duration) -> Option<std::net::TcpStream> {
+    l.set_nonblocking(true).unwrap();
+    let deadline = std::time::Instant::now() + bound;
+    while std::time::Instant::now() < deadline {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).unwrap();
+                return Some(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("accept failed: {e}"),
+        }
+    }
+    None
+}
+
+impl Drop for RdmaPair {
+    fn drop(&mut self) {
+        let _ = self.client.shutdown(Duration::from_secs(5));
+        let _ = self.target.shutdown(Duration::from_secs(5));
+    }
+}
+
+#[test]
+fn auto_picks_rdma_when_both_engines_have_rails_and_the_target_serves_a_control_link() {
+    use orbitte_engine::TransferRequest;
+    use orbitte_engine::session::{PathPreference, PeerAddrs, TcpControlLink};
+    use orbitte_verbs::WcStatus;
+    use orbitte_verbs::sim::WrMatch;
+    net_support::logs();
+    let p = rdma_pair(21);
+    let control = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = PeerAddrs::session(p.listener.local_addr())
+        .with_rdma_control(control.local_addr().unwrap());
+    let (peer, accepted) = std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            // Bounded, so that a peer that never dials fails the test
+            // instead of hanging it.
+            let stream = accept_within(&control, BOUND)?;
+            let mut link = TcpControlLink::new(stream, Duration::from_secs(5)).unwrap();
+            let r = p.target.accept_peer(&mut link);
+            Some((r, link))
+        });
+        let peer = p.net.open_peer(&p.client, at, 2, PathPreference::Auto);
+        let accepted = h.join().unwrap();
+        (peer, accepted)
+    });
+    let peer = peer.expect("auto over rdma");
+    let (accepted, _link) = accepted.expect("the initiator dialed the control link");
+    accepted.expect("the target accepted the rdma peer");
+    assert_eq!(peer.path, PathKind::Rdma, "{peer:?}");
+    assert!(peer.fell_back.is_empty(), "{peer:?}");
+    assert!(!peer.rails.is_empty());
+    for r in &peer.rails {
+        let info = peer.info.rails.iter().find(|i| i.rail == *r).unwrap();
+        assert!(info.nic.is_some() && info.qpn.is_some(), "{info:?}");
+    }
+    let before = p.listener.stats();
+    let ids = p
+        .client
+        .submit(&[TransferRequest::write(
+            p.src_reg,
+            0,
+            peer.info.id,
+            p.range,
+            0,
+            256 << 10,
+        )])
+        .unwrap();
+    let o = p.client.wait(ids[0], BOUND).unwrap();
+    assert_eq!(o.status, Status::Complete, "{o:?}");
+    assert_eq!(
+        p.remote.to_vec(0, 256 << 10).unwrap(),
+        p.src.to_vec(0, 256 << 10).unwrap()
+    );
+    assert_eq!(
+        p.listener.stats().data_requests,
+        before.data_requests,
+        "no byte went over tcp"
+    );
+    // A failing work request names the rdma path and the rail's NIC.
+    p.fabric.faults().fail_send(
+        WrMatch::nth(1).on_device("b0"),
+        WcStatus::RemoteAccess,
+        false,
+    );
+    let ids = p
+        .client
+        .submit(&[TransferRequest::write(
+            p.src_reg,
+            0,
+            peer.info.id,
+            p.range,
+            0,
+            64 << 10,
+        )])
+        .unwrap();
+    let o = p.client.wait(ids[0], BOUND).unwrap();
+    let f = o.failure.clone().expect("the injected failure");
+    assert_eq!(f.path, PathKind::Rdma, "{f:?}");
+    assert!(peer.rails.contains(&f.rail), "{f:?} {peer:?}");
+    assert!(f.nic.is_some(), "{f:?}");
+
+    // One path per peer: asking for tcp closes the rdma rails...
+    let tcp = p
+        .net
+        .open_peer(&p.client, at, 2, PathPreference::Only(PathKind::Tcp))
+        .unwrap();
+    assert_eq!((tcp.path, tcp.fell_back.len()), (PathKind::Tcp, 0));
+    assert!(
+        tcp.info.rails.iter().all(|r| r.nic.is_none()),
+        "rdma rails closed: {tcp:?}"
+    );
+    let before = p.listener.stats().data_requests;
+    let ids = p
+        .client
+        .submit(&[TransferRequest::read(
+            p.src_reg,
+            0,
+            tcp.info.id,
+            p.range,
+            0,
+            64 << 10,
+        )])
+        .unwrap();
+    let o = p.client.wait(ids[0], BOUND).unwrap();
+    assert_eq!(o.status, Status::Complete, "{o:?}");
+    assert!(p.listener.stats().data_requests > before, "over tcp");
+    // ... and asking for rdma closes the tcp rails.
+    let (again, accepted) = std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            let stream = accept_within(&control, BOUND)?;
+            let mut link = TcpControlLink::new(stream, Duration::from_secs(5)).unwrap();
+            Some((p.target.accept_peer(&mut link), link))
+        });
+        let peer = p
+            .net
+            .open_peer(&p.client, at, 1, PathPreference::Only(PathKind::Rdma));
+        (peer, h.join().unwrap())
+    });
+    let again = again.expect("only rdma");
+    accepted.expect("dialed").0.expect("accepted");
+    assert_eq!(again.path, PathKind::Rdma);
+    let before = p.listener.stats().data_requests;
+    let ids = p
+        .client
+        .submit(&[TransferRequest::write(
+            p.src_reg,
+            0,
+            again.info.id,
+            p.range,
+            0,
+            64 << 10,
+        )])
+        .unwrap();
+    let o = p.client.wait(ids[0], BOUND).unwrap();
+    assert_eq!(o.status, Status::Complete, "{o:?}");
+    assert_eq!(p.listener.stats().data_requests, before, "not over tcp");
+}
+
+#[test]
+fn auto_falls_back_to_tcp_and_says_so_when_the_rdma_control_link_is_absent_or_refuses() {
+    use orbitte_engine::TransferRequest;
+    use orbitte_engine::session::{NetOpenError, PathPreference, PeerAddrs};
+    net_support::logs();
+    let p = rdma_pair(22);
+    let addr = p.listener.local_addr();
+    let moved_over_tcp = |peer: &orbitte_engine::session::NetPeer| {
+        let before = p.listener.stats().data_requests;
+        let ids = p
+            .client
+            .submit(&[TransferRequest::write(
+                p.src_reg,
+                0,
+                peer.info.id,
+                p.range,
+                0,
+                64 << 10,
+            )])
+            .unwrap();
+        let o = p.client.wait(ids[0], BOUND).unwrap();
+        assert_eq!(o.status, Status::Complete, "{o:?}");
+        assert!(
+            p.listener.stats().data_requests > before,
+            "bytes went over tcp"
+        );
+    };
+
+    // No control link known: rdma applies (both sides have rails), so
+    // taking tcp is a reported fallback.
+    let peer = p
+        .net
+        .open_peer(&p.client, addr, 2, PathPreference::Auto)
+        .unwrap();
+    assert_eq!(peer.path, PathKind::Tcp);
+    assert_eq!(peer.fell_back.len(), 1, "{peer:?}");
+    assert_eq!(peer.fell_back[0].0, PathKind::Rdma);
+    assert!(
+        peer.fell_back[0].1.contains("control link is not known"),
+        "{peer:?}"
+    );
+    moved_over_tcp(&peer);
+
+    // Nothing listens at the control address.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone_at = gone.local_addr().unwrap();
+    drop(gone);
+    let peer = p
+        .net
+        .open_peer(
+            &p.client,
+            PeerAddrs::session(addr).with_rdma_control(gone_at),
+            2,
+            PathPreference::Auto,
+        )
+        .unwrap();
+    assert_eq!(peer.path, PathKind::Tcp);
+    assert_eq!(peer.fell_back[0].0, PathKind::Rdma);
+    assert!(peer.fell_back[0].1.contains("unreachable"), "{peer:?}");
+    moved_over_tcp(&peer);
+
+    // The control link refuses (closes the connection at once).
+    let refusing = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let refusing_at = refusing.local_addr().unwrap();
+    let peer = std::thread::scope(|s| {
+        s.spawn(|| drop(accept_within(&refusing, BOUND)));
+        p.net.open_peer(
+            &p.client,
+            PeerAddrs::session(addr).with_rdma_control(refusing_at),
+            2,
+            PathPreference::Auto,
+        )
+    })
+    .unwrap();
+    assert_eq!(peer.path, PathKind::Tcp);
+    assert_eq!(peer.fell_back[0].0, PathKind::Rdma);
+    assert!(peer.fell_back[0].1.contains("refused"), "{peer:?}");
+    moved_over_tcp(&peer);
+
+    // Only rdma does not fall back: the error names every path.
+    match p
+        .net
+        .open_peer(&p.client, addr, 1, PathPreference::Only(PathKind::Rdma))
+    {
+        Err(NetOpenError::NoPath(e)) => {
+            assert!(e.to_string().contains("control link is not known"), "{e}")
+        }
+        other => panic!("expected NoPath, got {other:?}"),
+    }
 }

@@ -12,9 +12,9 @@ use orbitte_engine::{
     Access, DeviceMask, EngineBuilder, RangeId, RdmaConfig, RegisterError, Status, SubmitError,
     TransferRequest,
 };
-use orbitte_topology::GidType;
-use orbitte_verbs::NodeAccess;
-use orbitte_verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric};
+use orbitte_topology::{GidType, ProviderVisibility};
+use orbitte_verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric, WrMatch};
+use orbitte_verbs::{NodeAccess, WcStatus};
 
 const EACCES: i32 = 13;
 
@@ -206,6 +206,59 @@ fn device_mask_uses_topology_nic_ids_including_inert_slots_after_failed_construc
         // Only the first open of a0 fails.
         fabric.faults().fail_open(Some("a0"), 1, EACCES).unwrap();
     }
+}
+
+/// The provider lists devices in its own order (libibverbs' list order is
+/// not sorted); NIC IDs are still the topology positions `orbitte topology`
+/// shows (natural name order), and a `device_mask` bit names that NIC.
+#[test]
+fn device_mask_uses_topology_nic_ids_whatever_order_the_provider_lists_devices_in() {
+    let fabric = SimFabric::new(
+        SimDescription::new(vec![
+            SimDeviceDesc::roce("a2", [10, 1, 2, 1]),
+            SimDeviceDesc::roce("a10", [10, 1, 10, 1]),
+            SimDeviceDesc::roce("a1", [10, 1, 1, 1]),
+            SimDeviceDesc::roce("b0", [10, 2, 0, 1]),
+        ])
+        .with_delivery(Delivery::Background),
+        38,
+    );
+    let b = builder(&fabric, "b", 1).build().unwrap();
+    let a = builder(&fabric, "a", 0)
+        .provider(fabric.provider_for(&["a2", "a10", "a1"]))
+        .dispatch_mask(DeviceMask(0b010))
+        .build()
+        .unwrap();
+    assert_eq!(a.topology().listed, ["a1", "a2", "a10"], "NIC ID order");
+    let ra = register(&a, &region(8192, 1), Access::LocalOnly);
+    let t = a.topology().topology.unwrap();
+    let names: Vec<(u32, &str)> = t.slots().iter().map(|s| (s.id().0, s.name())).collect();
+    assert_eq!(names, [(0, "a1"), (1, "a2"), (2, "a10")]);
+    for slot in t.slots() {
+        assert_eq!(
+            slot.nic().map(|n| n.provider),
+            Some(ProviderVisibility::Visible),
+            "the engine's topology comes from the provider's list: {slot:?}"
+        );
+    }
+    let rb = register(&b, &region(8192, 2), Access::REMOTE_READ_WRITE);
+    let (pb, _) = connect(&a, &b);
+    for rail in &pb.rails {
+        let expected = ["a1", "a2", "a10"][rail.nic.unwrap() as usize];
+        assert_eq!(rail.device.as_deref(), Some(expected), "{rail:?}");
+    }
+    // Bit 1 of the mask is NIC ID 1, a2: a failure injected on a2 is the
+    // request's failure.
+    fabric.faults().fail_send(
+        WrMatch::nth(1).on_device("a2"),
+        WcStatus::RetryExceeded,
+        false,
+    );
+    let req = TransferRequest::write(ra.id, 0, pb.id, RangeId(rb.id.0), 0, 8192);
+    let id = a.submit(&[req]).unwrap()[0];
+    let o = a.wait(id, Duration::from_secs(5)).unwrap();
+    assert_eq!(o.status, Status::Failed, "{o:?}");
+    assert_eq!(o.failure.as_ref().and_then(|f| f.nic), Some(1), "{o:?}");
 }
 
 #[test]

@@ -116,6 +116,15 @@ pub fn discover(roots: &SysfsRoots) -> Topology {
     b.build()
 }
 
+/// The NIC ID order of device names: natural order (`mlx5_2` before
+/// `mlx5_10`), the order [`discover`] numbers sysfs devices in. Whoever
+/// numbers NICs from another listing (the engine, from the verbs provider)
+/// sorts with this so that NIC IDs are the same topology positions
+/// everywhere.
+pub fn nic_name_order(a: &str, b: &str) -> std::cmp::Ordering {
+    natural_key(a).cmp(&natural_key(b))
+}
+
 fn natural_key(s: &str) -> (String, u64, String) {
     let digits = s.len() - s.trim_end_matches(|c: char| c.is_ascii_digit()).len();
     let (prefix, num) = s.split_at(s.len() - digits);

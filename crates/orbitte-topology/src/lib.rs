@@ -75,7 +75,7 @@ mod select;
 
 pub use affinity::{AffinityError, MemoryLocation, NicAffinity};
 pub use config::{ConfigError, ConfigOverrides, ENV_VARS, RdmaConfig};
-pub use discover::{AccessCheck, SysfsRoots, discover};
+pub use discover::{AccessCheck, SysfsRoots, discover, nic_name_order};
 pub use error::DiscoveryError;
 pub use gid::{GidChoiceError, GidProblem, choose_gid};
 pub use model::{

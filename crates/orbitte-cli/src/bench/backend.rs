@@ -71,7 +71,10 @@ fn shutdown(engine: &TransferEngine, what: &str) {
 
 /// An engine on the native provider, or on `fabric`'s `device`.
 fn engine(id: String, fabric: Option<&SimFabric>, device: &str) -> Result<TransferEngine, Failure> {
-    let mut b = EngineBuilder::new(id);
+    // The CLI, not the library, applies the ORBITTE_RDMA_* variables.
+    let rdma = orbitte::topology::RdmaConfig::resolve(Default::default(), None)
+        .map_err(|e| Failure::usage(e.to_string()))?;
+    let mut b = EngineBuilder::new(id).rdma(rdma);
     if let Some(f) = fabric {
         b = b.provider(f.provider_for(&[device]));
     }

@@ -1,15 +1,18 @@
 //! The tcp and local paths on a [`TransferEngine`].
 //!
 //! Target side: [`TransferEngine::serve_tcp`] serves the engine's published
-//! ranges over tcp sessions (and through shared memory to same-host peers).
+//! ranges over tcp sessions (and through shared memory to same-host peers);
+//! rdma peers open it over control links ([`TransferEngine::accept_peer`] on
+//! a [`TcpControlLink`]).
 //!
 //! Initiator side: [`TransferEngine::attach_net`] attaches a tcp and a local
 //! transport to the engine; [`NetPaths::open_peer`] opens a peer over a tcp
 //! session (handshake into the engine's peer table, p2p descriptors),
 //! records it in the engine ([`TransferEngine::adopt_peer`]), chooses the
-//! path by the documented policy (docs/paths.md) and adds that path's rails,
-//! so [`TransferEngine::submit`] runs requests on them with the engine's
-//! outcome contract.
+//! path by the documented policy (docs/paths.md: local, then rdma over the
+//! peer's control link when both sides have rails, then tcp) and adds that
+//! path's rails, so [`TransferEngine::submit`] runs requests on them with
+//! the engine's outcome contract.
 
 use std::net::SocketAddr;
 
@@ -17,10 +20,10 @@ use orbitte_wire::handshake::Established;
 use orbitte_wire::{Epoch, Identity, SourceId, TextError};
 
 use super::path::{NoPath, PathInputs, choose_path};
-use super::{Listener, SessionConfig, SessionError};
+use super::{Listener, SessionConfig, SessionError, TcpControlLink};
 use crate::transport::local::{LocalError, LocalTransport};
 use crate::transport::tcp::{Dialed, TcpTransport};
-use crate::transport::{PathKind, RailId, RailSpec};
+use crate::transport::{PathKind, PeerId, RailId, RailSpec};
 use crate::{OpenPeerError, PeerInfo, TransferEngine, TransportId};
 
 impl TransferEngine {
@@ -74,6 +77,7 @@ impl TransferEngine {
             tcp_id,
             local,
             local_id,
+            links: std::sync::Mutex::new(std::collections::HashMap::new()),
         }
     }
 }
@@ -81,12 +85,48 @@ impl TransferEngine {
 /// Which path a peer opened by [`NetPaths::open_peer`] takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PathPreference {
-    /// The policy: local when it applies and works, else tcp (rdma peers
-    /// are opened with [`TransferEngine::open_peer`] over a
-    /// [`TcpControlLink`](super::TcpControlLink)).
+    /// The policy (docs/paths.md): local when it applies and works, else
+    /// rdma when both sides have usable rails and the peer's rdma control
+    /// link opens them, else tcp. Every path given up on the way is a
+    /// reported fallback.
     Auto,
-    /// Exactly this path (`Tcp` or `Local`), or an error naming why not.
+    /// Exactly this path (`Tcp`, `Local` or `Rdma`), or an error naming why
+    /// not.
     Only(PathKind),
+}
+
+/// Where a peer listens: its session address (tcp and local paths,
+/// [`TransferEngine::serve_tcp`]) and, when it serves rdma peers, its rdma
+/// control link (a TCP listener that runs [`TransferEngine::accept_peer`]
+/// on every connection; `orbitte serve`: `engine.control_listen`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddrs {
+    /// The session address.
+    pub session: SocketAddr,
+    /// The rdma control link, if the peer serves one.
+    pub rdma_control: Option<SocketAddr>,
+}
+
+impl PeerAddrs {
+    /// A session address; no rdma control link.
+    pub fn session(session: SocketAddr) -> Self {
+        Self {
+            session,
+            rdma_control: None,
+        }
+    }
+
+    /// The same, with the peer's rdma control link at `at`.
+    pub fn with_rdma_control(mut self, at: SocketAddr) -> Self {
+        self.rdma_control = Some(at);
+        self
+    }
+}
+
+impl From<SocketAddr> for PeerAddrs {
+    fn from(session: SocketAddr) -> Self {
+        Self::session(session)
+    }
 }
 
 /// A peer opened over the net paths.
@@ -121,10 +161,8 @@ pub enum NetOpenError {
     /// No path can be used.
     #[error(transparent)]
     NoPath(#[from] NoPath),
-    /// Ask for `Only(Tcp)` or `Only(Local)`; rdma goes through `open_peer`.
-    #[error(
-        "{0} peers are not opened here: use PathPreference::Only(tcp|local), or open_peer for rdma"
-    )]
+    /// Ask for `Auto`, `Only(Tcp)`, `Only(Local)` or `Only(Rdma)`.
+    #[error("{0} peers are not opened here: use PathPreference::Auto or Only(tcp|local|rdma)")]
     Unsupported(PathKind),
 }
 
@@ -136,6 +174,9 @@ pub struct NetPaths {
     tcp_id: TransportId,
     local: std::sync::Arc<LocalTransport>,
     local_id: TransportId,
+    /// The rdma control link of each peer on the rdma path (kept open
+    /// while the peer is).
+    links: std::sync::Mutex<std::collections::HashMap<PeerId, TcpControlLink>>,
 }
 
 impl NetPaths {
@@ -184,21 +225,33 @@ impl NetPaths {
         Ok(peer)
     }
 
-    /// Opens the engine at `addr` as a peer of `engine` with `rails`
-    /// rails (tcp connections, or local worker threads) on the path chosen
-    /// by `prefer`. See the module docs.
+    /// Opens the engine at `addrs` (its session address, and where it
+    /// serves rdma control links, if it does) as a peer of `engine` with
+    /// `rails` rails (tcp connections or local worker threads; rdma opens
+    /// one rail per usable NIC) on the path chosen by `prefer`. A plain
+    /// `SocketAddr` is a session address without an rdma control link. See
+    /// the module docs and docs/paths.md.
     pub fn open_peer(
         &self,
         engine: &TransferEngine,
-        addr: SocketAddr,
+        addrs: impl Into<PeerAddrs>,
         rails: usize,
         prefer: PathPreference,
     ) -> Result<NetPeer, NetOpenError> {
-        if let PathPreference::Only(p) = prefer
-            && !matches!(p, PathKind::Tcp | PathKind::Local)
+        let addrs = addrs.into();
+        let addr = addrs.session;
+        let only = match prefer {
+            PathPreference::Auto => None,
+            PathPreference::Only(p) => Some(p),
+        };
+        if let Some(p) = only
+            && !matches!(p, PathKind::Tcp | PathKind::Local | PathKind::Rdma)
         {
             return Err(NetOpenError::Unsupported(p));
         }
+        // A path other than the one asked for is not a candidate (and not
+        // a fallback).
+        let excluded = |p: PathKind| only.filter(|o| *o != p);
         let rails = rails.max(1);
         let first = self.tcp.dial(addr)?;
         let hs = first.handshake().clone();
@@ -220,8 +273,8 @@ impl NetPaths {
         });
         let local = if !same_host {
             Err("peer is on another host".to_owned())
-        } else if prefer == PathPreference::Only(PathKind::Tcp) {
-            Err("tcp was asked for explicitly".to_owned())
+        } else if let Some(o) = excluded(PathKind::Local) {
+            Err(format!("{o} was asked for explicitly"))
         } else {
             match self
                 .local
@@ -237,16 +290,55 @@ impl NetPaths {
                 Err(e) => Err(e.to_string()),
             }
         };
+        // rdma is tried only when local did not win: opening it sets up
+        // queue pairs on both sides.
+        let mut link = None;
+        let (rdma_applies, rdma) = if let Some(o) = excluded(PathKind::Rdma) {
+            (false, Err(format!("{o} was asked for explicitly")))
+        } else if same_host && local.is_ok() {
+            (false, Err("not tried: the local path applies".to_owned()))
+        } else if !ranges.iter().any(|r| !r.rkeys.is_empty()) {
+            (
+                false,
+                Err(
+                    "the peer publishes no range with rkeys (no Host Direct registration)"
+                        .to_owned(),
+                ),
+            )
+        } else {
+            match engine.rdma_usable() {
+                Err((applies, why)) => (applies, Err(format!("no usable rail here: {why}"))),
+                Ok(()) => match addrs.rdma_control {
+                    None => (
+                        true,
+                        Err("the peer's rdma control link is not known: give its address in PeerAddrs::rdma_control (orbitte serve: engine.control_listen)".to_owned()),
+                    ),
+                    Some(at) => match self.open_rdma(engine, at) {
+                        Ok((opened, l)) if opened.id == peer => {
+                            link = Some(l);
+                            (true, Ok(()))
+                        }
+                        Ok((opened, _)) => {
+                            return Err(SessionError::Protocol(format!(
+                                "the rdma control link at {at} belongs to {} (epoch {}), not to {} (epoch {}) at {addr}: give the control link of the same engine",
+                                opened.source_id, opened.epoch, hs.peer.source_id, hs.peer.epoch
+                            ))
+                            .into());
+                        }
+                        Err(why) => (true, Err(why)),
+                    },
+                },
+            }
+        };
         let inputs = PathInputs {
-            // An explicit tcp request is not a fallback.
-            same_host: same_host && prefer != PathPreference::Only(PathKind::Tcp),
+            // An explicitly asked path is not a fallback from local.
+            same_host: same_host && excluded(PathKind::Local).is_none(),
             local,
-            rdma_applies: false,
-            rdma: Err("rdma peers are opened with open_peer over a control link".into()),
-            tcp: if prefer == PathPreference::Only(PathKind::Local) {
-                Err("local was asked for explicitly".into())
-            } else {
-                Ok(())
+            rdma_applies,
+            rdma,
+            tcp: match excluded(PathKind::Tcp) {
+                Some(o) => Err(format!("{o} was asked for explicitly")),
+                None => Ok(()),
             },
         };
         let choice = choose_path(hs.peer.source_id.as_str(), 0, &inputs)?;
@@ -265,13 +357,23 @@ impl NetPaths {
             },
             signal_interval: 1,
         };
-        // One path per peer: rails of the other path (an earlier open with
+        // One path per peer: rails of the other paths (an earlier open with
         // another preference) are closed, so the engine stripes requests
         // over the chosen path only.
-        let switched = match choice.path {
-            PathKind::Local => self.tcp.close_peer(peer),
-            _ => self.local.close_peer(peer),
-        };
+        let mut switched = Vec::new();
+        if choice.path != PathKind::Tcp {
+            switched.extend(self.tcp.close_peer(peer));
+        }
+        if choice.path != PathKind::Local {
+            switched.extend(self.local.close_peer(peer));
+        }
+        if choice.path != PathKind::Rdma {
+            switched.extend(engine.close_rdma_rails(peer));
+            self.links
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&peer);
+        }
         if !switched.is_empty() {
             tracing::info!(peer = peer.0, path = %choice.path, closed = switched.len(), "peer switched path");
         }
@@ -282,6 +384,29 @@ impl NetPaths {
                     .collect();
                 self.local.start_rails(peer, &ids)?;
                 drop(first);
+                (ids, Vec::new())
+            }
+            PathKind::Rdma => {
+                self.local.detach(peer);
+                drop(first);
+                if let Some(l) = link.take() {
+                    self.links
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(peer, l);
+                }
+                let ids = engine
+                    .peers()
+                    .into_iter()
+                    .find(|p| p.id == peer)
+                    .map(|p| {
+                        p.rails
+                            .iter()
+                            .filter(|r| r.nic.is_some() && r.up)
+                            .map(|r| r.rail)
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 (ids, Vec::new())
             }
             _ => {
@@ -313,5 +438,20 @@ impl NetPaths {
             rails: rail_ids,
             closed_rails,
         })
+    }
+
+    /// Opens the rdma rails over the control link at `at`
+    /// ([`TransferEngine::open_peer`]); `Err` says why not.
+    fn open_rdma(
+        &self,
+        engine: &TransferEngine,
+        at: SocketAddr,
+    ) -> Result<(PeerInfo, TcpControlLink), String> {
+        let mut link = TcpControlLink::connect(at, self.cfg.handshake_timeout)
+            .map_err(|e| format!("the peer's rdma control link at {at} is unreachable: {e}"))?;
+        let info = engine
+            .open_peer(&mut link)
+            .map_err(|e| format!("the peer's rdma control link at {at} refused: {e}"))?;
+        Ok((info, link))
     }
 }

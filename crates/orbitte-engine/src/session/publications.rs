@@ -5,8 +5,8 @@ use std::sync::{Arc, RwLock};
 
 use orbitte_memory::HostMemory;
 use orbitte_wire::{
-    AccessFlags, AccessToken, Epoch, HostId, LocalHint, LocalMechanism, RangeDescriptor, RangeId,
-    SegmentPublication,
+    AccessFlags, AccessToken, Epoch, HostId, LocalHint, LocalMechanism, NicRkey, RangeDescriptor,
+    RangeId, SegmentPublication,
 };
 
 /// One published range: the memory behind it and what peers may do.
@@ -43,6 +43,13 @@ pub trait RangeLookup: Send + Sync + std::fmt::Debug {
     /// Every remotely accessible range, for the `segment-publication` sent
     /// to each new session.
     fn published(&self) -> Vec<(RangeId, Published)>;
+    /// The range's rkeys on the owner's NICs (a Host Direct registration),
+    /// sent in each session's `segment-publication` so that a peer knows
+    /// the range is also reachable over rdma (the path policy). Default:
+    /// none.
+    fn rkeys(&self, _range: RangeId) -> Vec<NicRkey> {
+        Vec::new()
+    }
 }
 
 /// A simple publication table: ids count up, tokens are random.
@@ -132,14 +139,19 @@ impl RangeLookup for PublicationTable {
 }
 
 /// The descriptor of one range as peers see it.
-pub(crate) fn descriptor(id: RangeId, p: &Published, host: &HostId) -> RangeDescriptor {
+pub(crate) fn descriptor(
+    id: RangeId,
+    p: &Published,
+    host: &HostId,
+    rkeys: Vec<NicRkey>,
+) -> RangeDescriptor {
     RangeDescriptor {
         range_id: id,
         address: p.memory.as_ptr() as u64 + p.offset,
         length: p.length,
         access: p.access,
         token: p.token,
-        rkeys: Vec::new(),
+        rkeys,
         local: p.is_mappable().then(|| LocalHint {
             host_id: host.clone(),
             mechanism: LocalMechanism::MEMFD,
@@ -158,7 +170,7 @@ pub(crate) fn publication_frames(
     let all: Vec<RangeDescriptor> = lookup
         .published()
         .iter()
-        .map(|(id, p)| descriptor(*id, p, host))
+        .map(|(id, p)| descriptor(*id, p, host, lookup.rkeys(*id)))
         .collect();
     if all.is_empty() {
         return vec![SegmentPublication {

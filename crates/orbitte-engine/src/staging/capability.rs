@@ -98,7 +98,12 @@ fn convert(path: &str, what: &str, c: &cuda::Check, notes: &mut Vec<String>) -> 
         },
         cuda::Check::Skipped { why } => Check::Skipped { why: why.clone() },
         cuda::Check::NotImplemented { note } => {
-            notes.push(format!("{path}: not implemented: {note}"));
+            // Build and discovery of a path that does not exist say the
+            // same thing: note it once.
+            let note = format!("{path}: not implemented: {note}");
+            if !notes.contains(&note) {
+                notes.push(note);
+            }
             Check::NotImplemented
         }
     }
@@ -290,4 +295,28 @@ fn round_trip(
         }
     };
     Ok((detail, drain))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The not-implemented rows (whatever this machine has: they are never
+    /// probed) carry each note once.
+    #[test]
+    fn not_implemented_rows_print_each_note_once() {
+        let cap = cuda_rows(0);
+        for path in [PathKind::GpudirectRdma, PathKind::CudaIpc, PathKind::Nvlink] {
+            let row = cap.row(path).expect("row");
+            assert_eq!(row.build, Check::NotImplemented, "{row:?}");
+            let mut seen = std::collections::HashSet::new();
+            for n in &row.notes {
+                assert!(seen.insert(n), "{} note printed twice: {n}", path.name());
+            }
+            assert!(
+                row.notes.iter().any(|n| n.contains("not implemented")),
+                "{row:?}"
+            );
+        }
+    }
 }

@@ -118,7 +118,12 @@ fn serve_local(mut s: UnixStream, shared: &crate::session::listener::Shared) {
             }
             let writable = p.access.contains(AccessFlags::REMOTE_WRITE);
             let fd = handout_fd(&p.memory, writable)?;
-            let desc = crate::session::publications::descriptor(id, &p, &cfg.host_id);
+            let desc = crate::session::publications::descriptor(
+                id,
+                &p,
+                &cfg.host_id,
+                shared.ranges.rkeys(id),
+            );
             let frame = Frame::SegmentPublication(SegmentPublication {
                 epoch: cfg.epoch,
                 ranges: vec![desc],
