@@ -12,7 +12,7 @@ use orbitte_engine::{
     Access, Charges, OpenPeerError, RangeId, RegisterError, Status, SubmitError, TransferRequest,
     UnregisterError,
 };
-use orbitte_verbs::sim::{Delivery, WrMatch};
+use orbitte_verbs::sim::{Delivery, SimCounts, SimDescription, SimDeviceDesc, SimFabric, WrMatch};
 use orbitte_verbs::{ObjectKind, QpState, UnquiescedCause};
 
 const EBUSY: i32 = 16;
@@ -60,12 +60,28 @@ fn the_actual_native_owners_and_memory_remain_retained_with_their_charges() {
         weak.upgrade().is_some(),
         "the retained MR keeps the memory mapped"
     );
+    let failed = &u.failures[0];
+    assert_eq!(
+        (failed.object, failed.device.name.as_str()),
+        (ObjectKind::MemoryRegion, "a1")
+    );
     assert!(
         orbitte_verbs::retained()
             .iter()
-            .any(|o| o.device.name == "a1" && o.object == ObjectKind::MemoryRegion),
+            .any(|o| o.device.name == "a1"
+                && o.object == ObjectKind::MemoryRegion
+                && o.label == failed.label),
         "verbs lists the retained owner"
     );
+    // The fabric still holds exactly the retained copy, on a1.
+    assert_eq!(fabric.counts_on("a0").map(|c| c.mrs), Some(0));
+    assert_eq!(fabric.counts_on("a1").map(|c| c.mrs), Some(1));
+    let keys: Vec<String> = fabric
+        .mr_keys("a1")
+        .iter()
+        .map(|k| format!("lkey {k:#x}"))
+        .collect();
+    assert_eq!(keys, [failed.label.as_str()]);
 }
 
 #[test]
@@ -81,7 +97,8 @@ fn new_admission_is_fenced() {
         .faults()
         .fail_destroy("a0", ObjectKind::MemoryRegion, EBUSY)
         .unwrap();
-    assert!(a.unregister(spare.id).is_err());
+    let err = a.unregister(spare.id).unwrap_err();
+    assert!(matches!(err, UnregisterError::Unquiesced(_)), "{err:?}");
     let reason = a.fenced().expect("fenced");
     assert!(reason.contains("unquiesced"), "{reason}");
     let err = a
@@ -104,31 +121,81 @@ fn new_admission_is_fenced() {
     assert_eq!(a.outstanding_slices(), 0, "nothing posted");
 }
 
+/// The retained MR keeps its PD and context alive on the fabric (so the
+/// PD's keys stay issued), verbs lists exactly that MR, and a later
+/// registration on the same device gets a key never issued before.
 #[test]
 fn dropping_a_handle_cannot_establish_a_successful_native_destroy_or_reset_the_pd_key_history() {
-    let fabric = fabric(1, Delivery::Manual, 42);
-    let a = builder(&fabric, "a", 1).build().unwrap();
-    let r = register(&a, &region(4096, 1), Access::LocalOnly);
+    // A device name no other test uses, so the process-wide registry of
+    // retained objects can be read for this test's objects alone.
+    let fabric = SimFabric::new(
+        SimDescription::new(vec![SimDeviceDesc::roce("kh0", [10, 9, 0, 1])])
+            .with_delivery(Delivery::Manual),
+        42,
+    );
+    let a = builder(&fabric, "kh", 1).build().unwrap();
+    let m = region(4096, 1);
+    let weak = Arc::downgrade(&m);
+    let r = register(&a, &m, Access::LocalOnly);
+    drop(m);
+    let issued = fabric.mr_keys("kh0");
+    assert_eq!(issued.len(), 1, "one local-only copy on one context");
     fabric
         .faults()
-        .fail_destroy("a0", ObjectKind::MemoryRegion, EBUSY)
+        .fail_destroy("kh0", ObjectKind::MemoryRegion, EBUSY)
         .unwrap();
-    assert!(a.unregister(r.id).is_err());
-    let retained_before = orbitte_verbs::retained().len();
+    let err = a.unregister(r.id).unwrap_err();
+    let UnregisterError::Unquiesced(u) = err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(u.failures.len(), 1, "{u}");
+    let label = u.failures[0].label.clone();
+    assert_eq!(label, format!("lkey {:#x}", issued[0]));
     // Shutdown cannot release the PD: the retained MR still holds it.
     let u = a.shutdown(Duration::from_millis(100)).unwrap_err();
+    let pd_refusals: Vec<_> = u
+        .failures
+        .iter()
+        .filter(|f| f.object == ObjectKind::ProtectionDomain)
+        .collect();
+    assert_eq!(pd_refusals.len(), 1, "{u}");
     assert!(
-        u.failures
-            .iter()
-            .any(|f| f.object == ObjectKind::ProtectionDomain
-                && matches!(f.cause, UnquiescedCause::InUse { .. })),
+        matches!(pd_refusals[0].cause, UnquiescedCause::InUse { .. }),
         "{u}"
     );
     drop(a);
-    assert!(
-        orbitte_verbs::retained().len() >= retained_before,
+    // What the fabric still holds after every handle is gone: the MR, the
+    // PD that issued its key and the context under it; nothing else.
+    assert_eq!(
+        fabric.counts_on("kh0"),
+        Some(SimCounts {
+            contexts: 1,
+            pds: 1,
+            mrs: 1,
+            cqs: 0,
+            qps: 0,
+        }),
         "dropping did not pretend the destroy happened"
     );
+    assert_eq!(
+        fabric.mr_keys("kh0"),
+        issued,
+        "the retained key stays issued"
+    );
+    assert!(weak.upgrade().is_some(), "the retained MR keeps the memory");
+    let mine: Vec<_> = orbitte_verbs::retained()
+        .into_iter()
+        .filter(|o| o.device.name == "kh0")
+        .map(|o| (o.object, o.label, o.bytes))
+        .collect();
+    assert_eq!(mine, [(ObjectKind::MemoryRegion, label, 4096)]);
+    // A new engine on the same device: its key is new, not a reissue.
+    let again = builder(&fabric, "kh", 1).build().unwrap();
+    register(&again, &region(4096, 2), Access::LocalOnly);
+    let now = fabric.mr_keys("kh0");
+    assert_eq!(now.len(), 2, "{now:x?}");
+    let fresh: Vec<u32> = now.into_iter().filter(|k| !issued.contains(k)).collect();
+    assert_eq!(fresh.len(), 1, "the retained key was not reissued");
 }
 
 #[test]

@@ -15,7 +15,7 @@ use orbitte_engine::{
 };
 use orbitte_memory::HostMemory;
 use orbitte_verbs::ObjectKind;
-use orbitte_verbs::sim::Delivery;
+use orbitte_verbs::sim::{Delivery, SimFabric};
 
 const ENOMEM: i32 = 12;
 const EBUSY: i32 = 16;
@@ -32,6 +32,7 @@ fn host_direct_registration_prepares_mrs_on_all_usable_contexts_including_paused
         r.copies, 6,
         "two copies on each of the three contexts, paused port included"
     );
+    assert_eq!(mrs_on(&fabric, "a", 3), [2, 2, 2], "what the fabric holds");
     let publication = a.segment_publication();
     assert_eq!(publication.ranges.len(), 1);
     let mut nics: Vec<u16> = publication.ranges[0]
@@ -66,6 +67,8 @@ fn a_successful_registration_does_not_mean_a_route_is_ready_inspect_topology_and
     let m2 = region(4096, 3);
     let r2 = register(&a, &m2, Access::LocalOnly);
     assert_eq!(r2.copies, 2);
+    // ra and r2, one local-only copy each on both contexts.
+    assert_eq!(mrs_on(&fabric, "a", 2), [2, 2], "what the fabric holds");
     assert!(
         !a.topology()
             .contexts
@@ -94,6 +97,15 @@ fn a_successful_registration_does_not_mean_a_route_is_ready_inspect_topology_and
     assert_eq!(dst.to_vec(0, 16384).unwrap(), pattern(16384, 1));
 }
 
+/// How many memory regions the fabric holds on each of `host`'s `nics`
+/// devices (`a0`, `a1`, ...).
+fn mrs_on(fabric: &SimFabric, host: &str, nics: usize) -> Vec<usize> {
+    names(host, nics)
+        .iter()
+        .map(|d| fabric.counts_on(d).expect("a device of the fabric").mrs)
+        .collect()
+}
+
 /// Retries `f` until it yields (the pollers see async events
 /// asynchronously); gives up after 5 s.
 fn eventually<T>(mut f: impl FnMut() -> Option<T>) -> T {
@@ -114,6 +126,7 @@ fn check_the_original_device_error_and_count_physical_copies_one_per_context_loc
     let a = builder(&fabric, "a", 2).build().unwrap();
     let local = register(&a, &region(1000, 1), Access::LocalOnly);
     assert_eq!(local.copies, 2);
+    assert_eq!(mrs_on(&fabric, "a", 2), [1, 1], "one per context, local");
     let remote = register(
         &a,
         &region(1000, 1),
@@ -123,6 +136,11 @@ fn check_the_original_device_error_and_count_physical_copies_one_per_context_loc
         },
     );
     assert_eq!(remote.copies, 4);
+    assert_eq!(
+        mrs_on(&fabric, "a", 2),
+        [3, 3],
+        "two more per context, remote"
+    );
     assert_eq!(
         a.charges(),
         Charges {
@@ -150,8 +168,16 @@ fn check_the_original_device_error_and_count_physical_copies_one_per_context_loc
             assert_eq!(device.name, "a1");
             assert_eq!(*copy, "local-access");
             assert!(
-                source.to_string().contains("12")
-                    || source.to_string().to_lowercase().contains("memory"),
+                matches!(
+                    **source,
+                    orbitte_verbs::RegisterError::Native {
+                        source: orbitte_verbs::NativeError {
+                            call: "ibv_reg_mr",
+                            errno: ENOMEM
+                        },
+                        ..
+                    }
+                ),
                 "{source}"
             );
         }
@@ -166,6 +192,7 @@ fn check_the_original_device_error_and_count_physical_copies_one_per_context_loc
             bytes: 6000
         }
     );
+    assert_eq!(mrs_on(&fabric, "a", 2), [3, 3], "a0's new copy released");
 }
 
 #[test]
@@ -283,6 +310,7 @@ fn a_dispatch_mask_does_not_reduce_publication_fan_out() {
         .unwrap();
     let r = register(&a, &region(4096, 1), Access::REMOTE_READ_WRITE);
     assert_eq!(r.copies, 6);
+    assert_eq!(mrs_on(&fabric, "a", 3), [2, 2, 2], "what the fabric holds");
     assert_eq!(a.segment_publication().ranges[0].rkeys.len(), 3);
 }
 
@@ -317,13 +345,36 @@ fn a_failure_part_way_releases_the_copies_already_made() {
         .fail_registration(Some("a2"), 1, ENOMEM)
         .unwrap();
     let m = region(4096, 1);
-    assert!(
-        a.register_host(m.clone(), Access::REMOTE_READ_WRITE)
-            .is_err()
-    );
+    let err = a
+        .register_host(m.clone(), Access::REMOTE_READ_WRITE)
+        .unwrap_err();
+    match &err {
+        RegisterError::Native {
+            nic, device, copy, ..
+        } => assert_eq!(
+            (*nic, device.name.as_str(), *copy),
+            (2, "a2", "local-access")
+        ),
+        other => panic!("expected a native error on a2, got {other:?}"),
+    }
+    // Two contexts succeeded and the third failed: nothing is published,
+    // the four copies made on a0 and a1 are gone from the fabric, and no
+    // budget stays charged.
+    assert!(a.segment_publication().ranges.is_empty());
+    assert_eq!(mrs_on(&fabric, "a", 3), [0, 0, 0], "what the fabric holds");
     assert_eq!(a.charges(), Charges::default());
     assert_eq!(Arc::strong_count(&m), 1, "every copy made was released");
     assert!(a.fenced().is_none());
+    // The next registration publishes itself alone.
+    let r = register(&a, &m, Access::REMOTE_READ_WRITE);
+    let published: Vec<u64> = a
+        .segment_publication()
+        .ranges
+        .iter()
+        .map(|d| d.range_id.0)
+        .collect();
+    assert_eq!(published, [r.id.0]);
+    assert_eq!(mrs_on(&fabric, "a", 3), [2, 2, 2]);
 }
 
 #[test]

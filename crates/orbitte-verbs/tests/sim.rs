@@ -289,6 +289,36 @@ fn write_read_send_with_imm_move_checked_bytes() {
 }
 
 #[test]
+fn counts_and_keys_per_device_follow_what_each_device_holds() {
+    use orbitte_verbs::sim::SimCounts;
+    let f = fabric(4);
+    let p = f.provider();
+    let h = half(&*p, "sim1");
+    let one = SimCounts {
+        contexts: 1,
+        pds: 1,
+        mrs: 1,
+        cqs: 1,
+        qps: 1,
+    };
+    assert_eq!(f.counts_on("sim1"), Some(one));
+    assert_eq!(f.counts_on("sim0"), Some(SimCounts::default()));
+    assert_eq!(f.counts_on("nope"), None);
+    assert_eq!(f.mr_keys("sim1"), [h.mr.lkey()]);
+    assert!(f.mr_keys("sim0").is_empty());
+    let second =
+        h.pd.register(h.mem.clone(), 0..4096, Access::local_only())
+            .unwrap();
+    let mut both = vec![h.mr.lkey(), second.lkey()];
+    both.sort_unstable();
+    assert_eq!(f.mr_keys("sim1"), both);
+    second.close().unwrap();
+    assert_eq!(f.mr_keys("sim1"), [h.mr.lkey()]);
+    drop(h);
+    assert_eq!(f.counts_on("sim1"), Some(SimCounts::default()));
+}
+
+#[test]
 fn teardown_follows_ownership_and_close_reports() {
     let f = fabric(3);
     let (a, b) = pair(&f);

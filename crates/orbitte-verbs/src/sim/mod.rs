@@ -732,4 +732,29 @@ impl SimFabric {
             qps: st.qps.len(),
         }
     }
+
+    /// How many objects of each kind exist now on the named device
+    /// (retained ones included); `None` when the fabric has no such device.
+    pub fn counts_on(&self, device: &str) -> Option<SimCounts> {
+        let d = self.shared.device_index(device)?;
+        let st = self.shared.lock();
+        Some(SimCounts {
+            contexts: st.contexts.values().filter(|c| c.0 == d).count(),
+            pds: st.pds.values().filter(|&&pd| pd == d).count(),
+            mrs: st.mrs.keys().filter(|k| k.0 == d).count(),
+            cqs: st.cqs.values().filter(|cq| cq.device == d).count(),
+            qps: st.qps.keys().filter(|k| k.0 == d).count(),
+        })
+    }
+
+    /// The keys (lkey, which is also the rkey) of the memory regions that
+    /// exist now on the named device, retained ones included, in ascending
+    /// order; empty when the fabric has no such device.
+    pub fn mr_keys(&self, device: &str) -> Vec<u32> {
+        let Some(d) = self.shared.device_index(device) else {
+            return Vec::new();
+        };
+        let st = self.shared.lock();
+        st.mrs.keys().filter(|k| k.0 == d).map(|k| k.1).collect()
+    }
 }
