@@ -178,6 +178,10 @@ pub struct StagingPipeline {
     /// Invariant: once set, never cleared; the bounce buffers and the
     /// device buffer of the failed operation have been retained forever.
     unquiesced: Option<CopyError>,
+    /// Test builds only: skip the wait on each chunk's copy (see
+    /// [`omit_chunk_waits`](Self::omit_chunk_waits)).
+    #[cfg(feature = "testing")]
+    omit_chunk_waits: bool,
 }
 
 impl StagingPipeline {
@@ -198,7 +202,29 @@ impl StagingPipeline {
             chunk_size,
             slots: [slot()?, slot()?],
             unquiesced: None,
+            #[cfg(feature = "testing")]
+            omit_chunk_waits: false,
         })
+    }
+
+    /// Feature `testing` only, never in a production build: with `true`
+    /// the pipeline leaves out the wait on each chunk's copy (a download
+    /// hands the chunk on without waiting for its copy, an upload refills a
+    /// bounce buffer without waiting for its previous copy); the final
+    /// drain stays. Tests use it to show that their checks catch a missing
+    /// synchronization.
+    #[cfg(feature = "testing")]
+    pub fn omit_chunk_waits(&mut self, omit: bool) {
+        self.omit_chunk_waits = omit;
+    }
+
+    /// Whether each chunk's copy is waited for before the chunk is handed
+    /// on or its bounce buffer refilled (always, outside test builds).
+    fn waits_each_chunk(&self) -> bool {
+        #[cfg(feature = "testing")]
+        return !self.omit_chunk_waits;
+        #[cfg(not(feature = "testing"))]
+        true
     }
 
     /// The device.
@@ -242,12 +268,15 @@ impl StagingPipeline {
     where
         F: FnMut(&StagedChunk<'_>) -> Result<(), E>,
     {
+        let wait = self.waits_each_chunk();
         self.stage("download", src, offset, len, |run, chunks, completed| {
             for k in 0..chunks.min(2) {
                 run.issue(Direction::DeviceToHost, k)?;
             }
             for k in 0..chunks {
-                run.wait(k)?;
+                if wait {
+                    run.wait(k)?;
+                }
                 deliver(&run.chunk(k)).map_err(|source| StagingFailure::Handler {
                     offset: run.start(k),
                     source,
@@ -277,12 +306,15 @@ impl StagingPipeline {
     where
         F: FnMut(&StagedChunk<'_>) -> Result<(), E>,
     {
+        let wait = self.waits_each_chunk();
         self.stage("upload", dst, offset, len, |run, chunks, completed| {
             for k in 0..chunks {
                 if k >= 2 {
                     // The slot's previous copy (chunk k - 2) must land before
                     // the slot is refilled; chunks land in order.
-                    run.wait(k - 2)?;
+                    if wait {
+                        run.wait(k - 2)?;
+                    }
                     *completed += run.chunk_len(k - 2);
                 }
                 fill(&run.chunk(k)).map_err(|source| StagingFailure::Handler {

@@ -3,10 +3,14 @@
 //!
 //! The stub ([`STUB_SOURCE`], `testing/stub_libcuda.c`) exports exactly the
 //! driver functions this crate may call. Its "device memory" is host
-//! memory and its copies really move bytes. `ORBITTE_STUB_MODE` picks the
-//! behaviour (`no-device`, `zero-devices`, `fake-gpu`) and
-//! `ORBITTE_STUB_FAIL_SYNC_AFTER=N` makes every `cuStreamSynchronize` after
-//! the first N fail.
+//! memory and its copies really move bytes, asynchronously: a worker thread
+//! does each stream's copies in order, only once something waits for them
+//! (`cuStreamSynchronize`, `cuStreamQuery`, `cuCtxSynchronize`, a free), so
+//! a missing wait reads stale bytes. `ORBITTE_STUB_MODE` picks the
+//! behaviour (`no-device`, `zero-devices`, `fake-gpu`),
+//! `ORBITTE_STUB_COPY_DELAY_US=N` also starts copies N µs after they were
+//! issued without a wait, and `ORBITTE_STUB_FAIL_SYNC_AFTER=N` makes every
+//! `cuStreamSynchronize` after the first N fail.
 //!
 //! The loader reads `LD_LIBRARY_PATH` only at process start, so a test
 //! suite uses the stub by re-running its own binary as a child:
@@ -148,7 +152,8 @@ impl StubHarness {
         .env("LD_LIBRARY_PATH", path)
         .env("ORBITTE_STUB_MODE", mode)
         .env(self.child_var, child)
-        .env_remove("ORBITTE_STUB_FAIL_SYNC_AFTER");
+        .env_remove("ORBITTE_STUB_FAIL_SYNC_AFTER")
+        .env_remove("ORBITTE_STUB_COPY_DELAY_US");
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -9,10 +9,22 @@
  * ORBITTE_STUB_MODE selects the behaviour:
  *   no-device     cuInit returns CUDA_ERROR_NO_DEVICE (100)
  *   zero-devices  cuInit succeeds, cuDeviceGetCount reports 0
- *   fake-gpu      one fake device; "device memory" is host memory, copies
- *                 are plain memcpy, streams complete at once (default)
+ *   fake-gpu      one fake device; "device memory" is host memory (default)
+ *
+ * Asynchronous copies (cuMemcpy*Async) are queued and done later by a
+ * worker thread, in order per stream. A stream's copies are held until
+ * someone waits for them: cuStreamSynchronize (returns once they are done),
+ * cuStreamQuery (starts them; CUDA_ERROR_NOT_READY until done),
+ * cuCtxSynchronize, or freeing memory or the stream they touch (which waits,
+ * as the real driver's implicit synchronization does). So bytes copied by a
+ * stream are visible only after a wait on it, and a missing wait reads
+ * stale bytes every time.
+ * ORBITTE_STUB_COPY_DELAY_US=N also lets the worker start a held copy N
+ * microseconds after it was issued, without a wait (copies then overlap the
+ * caller's work, as on a GPU).
  * ORBITTE_STUB_FAIL_SYNC_AFTER=N makes every cuStreamSynchronize after the
- * first N return CUDA_ERROR_ILLEGAL_ADDRESS (700), sticky, as a real fault.
+ * first N return CUDA_ERROR_ILLEGAL_ADDRESS (700) at once, sticky, as a real
+ * fault: the copies it would have waited for still run later.
  * Compiling with -DOMIT_HTOD leaves out cuMemcpyHtoDAsync_v2 (a driver that
  * lacks a symbol).
  *
@@ -23,6 +35,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -36,6 +49,7 @@ typedef void *CUstream;
 #define NO_DEVICE 100
 #define INVALID_DEVICE 101
 #define INVALID_CONTEXT 201
+#define NOT_READY 600
 #define ILLEGAL_ADDRESS 700
 
 #define TOTAL_MEMORY ((size_t)256 << 20)
@@ -85,7 +99,15 @@ static struct alloc *find(uintptr_t p) {
     return NULL;
 }
 
+static void drain_range(uintptr_t base, size_t size);
+
 static CUresult release(uintptr_t p, int kind) {
+    pthread_mutex_lock(&lock);
+    struct alloc *found = find(p);
+    size_t size = found ? found->size : 0;
+    pthread_mutex_unlock(&lock);
+    /* Freeing memory waits for the copies that use it. */
+    if (size) drain_range(p, size);
     pthread_mutex_lock(&lock);
     struct alloc *a = find(p);
     if (!a || a->base != p || a->kind != kind) {
@@ -97,6 +119,142 @@ static CUresult release(uintptr_t p, int kind) {
     pthread_mutex_unlock(&lock);
     free((void *)p);
     return OK;
+}
+
+/* ---- streams and the copy worker --------------------------------------- */
+
+struct stream {
+    /* Copies issued, allowed to start, and done; each copy has the number
+     * `enqueued` had after it was issued. */
+    unsigned long long enqueued, released, done;
+};
+
+struct op {
+    struct op *next;
+    struct stream *s;
+    unsigned long long seq;
+    void *dst;
+    const void *src;
+    size_t n;
+    struct timespec issued;
+};
+
+/* The queue, oldest first, and everything above, under qlock; qcond is
+ * broadcast on every issue, release and completion. */
+static pthread_mutex_t qlock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t qcond = PTHREAD_COND_INITIALIZER;
+static struct op *qhead, *qtail;
+static pthread_once_t worker_once = PTHREAD_ONCE_INIT;
+
+static long copy_delay_us(void) {
+    const char *v = getenv("ORBITTE_STUB_COPY_DELAY_US");
+    return v ? atol(v) : -1;
+}
+
+static long elapsed_us(const struct timespec *since) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (now.tv_sec - since->tv_sec) * 1000000L + (now.tv_nsec - since->tv_nsec) / 1000L;
+}
+
+/* The oldest copy allowed to start (the oldest of its stream, since a
+ * stream's copies are queued in order and released as a prefix), unlinked. */
+static struct op *take_startable(long delay) {
+    struct op *prev = NULL;
+    for (struct op *o = qhead; o; prev = o, o = o->next) {
+        if (delay >= 0 && o->seq > o->s->released && elapsed_us(&o->issued) >= delay)
+            o->s->released = o->seq;
+        if (o->seq <= o->s->released) {
+            if (prev) prev->next = o->next; else qhead = o->next;
+            if (qtail == o) qtail = prev;
+            return o;
+        }
+    }
+    return NULL;
+}
+
+static void *copy_worker(void *arg) {
+    (void)arg;
+    long delay = copy_delay_us();
+    pthread_mutex_lock(&qlock);
+    for (;;) {
+        struct op *o = take_startable(delay);
+        if (!o) {
+            if (delay >= 0 && qhead) {
+                struct timespec t;
+                clock_gettime(CLOCK_REALTIME, &t);
+                t.tv_nsec += (delay > 0 ? delay : 1) * 1000L;
+                t.tv_sec += t.tv_nsec / 1000000000L;
+                t.tv_nsec %= 1000000000L;
+                pthread_cond_timedwait(&qcond, &qlock, &t);
+            } else {
+                pthread_cond_wait(&qcond, &qlock);
+            }
+            continue;
+        }
+        pthread_mutex_unlock(&qlock);
+        memcpy(o->dst, o->src, o->n);
+        pthread_mutex_lock(&qlock);
+        o->s->done = o->seq;
+        free(o);
+        pthread_cond_broadcast(&qcond);
+    }
+    return NULL;
+}
+
+static void start_worker(void) {
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_create(&t, &attr, copy_worker, NULL);
+    pthread_attr_destroy(&attr);
+}
+
+static CUresult enqueue_copy(void *dst, const void *src, size_t n, CUstream st) {
+    struct stream *s = st;
+    if (!s) return INVALID_VALUE; /* the legacy default stream is not used */
+    struct op *o = malloc(sizeof *o);
+    if (!o) return OUT_OF_MEMORY;
+    pthread_once(&worker_once, start_worker);
+    o->next = NULL;
+    o->dst = dst;
+    o->src = src;
+    o->n = n;
+    o->s = s;
+    clock_gettime(CLOCK_MONOTONIC, &o->issued);
+    pthread_mutex_lock(&qlock);
+    o->seq = ++s->enqueued;
+    if (qtail) qtail->next = o; else qhead = o;
+    qtail = o;
+    pthread_cond_broadcast(&qcond);
+    pthread_mutex_unlock(&qlock);
+    return OK;
+}
+
+/* Lets every copy issued so far on `s` start and waits until they are done.
+ * Call with qlock held. */
+static void drain_stream_locked(struct stream *s) {
+    unsigned long long upto = s->enqueued;
+    if (s->released < upto) s->released = upto;
+    pthread_cond_broadcast(&qcond);
+    while (s->done < upto) pthread_cond_wait(&qcond, &qlock);
+}
+
+/* Waits for every queued copy that touches [base, base + size). */
+static void drain_range(uintptr_t base, size_t size) {
+    pthread_mutex_lock(&qlock);
+    for (;;) {
+        struct op *hit = NULL;
+        for (struct op *o = qhead; o && !hit; o = o->next) {
+            uintptr_t d = (uintptr_t)o->dst, s = (uintptr_t)o->src;
+            if ((d < base + size && base < d + o->n) || (s < base + size && base < s + o->n))
+                hit = o;
+        }
+        if (!hit) break;
+        drain_stream_locked(hit->s);
+    }
+    pthread_mutex_unlock(&qlock);
 }
 
 CUresult cuInit(unsigned int flags) {
@@ -167,32 +325,61 @@ CUresult cuCtxSetCurrent(CUcontext c) {
     return OK;
 }
 
-CUresult cuCtxSynchronize(void) { return OK; }
-
-CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
-    (void)flags;
-    *s = malloc(1);
-    return *s ? OK : OUT_OF_MEMORY;
-}
-
-CUresult cuStreamDestroy_v2(CUstream s) {
-    free(s);
+CUresult cuCtxSynchronize(void) {
+    pthread_mutex_lock(&qlock);
+    while (qhead) drain_stream_locked(qhead->s);
+    pthread_mutex_unlock(&qlock);
     return OK;
 }
 
-CUresult cuStreamSynchronize(CUstream s) {
-    (void)s;
+CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
+    (void)flags;
+    *s = calloc(1, sizeof(struct stream));
+    return *s ? OK : OUT_OF_MEMORY;
+}
+
+CUresult cuStreamDestroy_v2(CUstream st) {
+    if (!st) return INVALID_VALUE;
+    /* The real driver lets issued work finish after the call; the stub waits
+     * for it so the worker never touches a freed stream. */
+    pthread_mutex_lock(&qlock);
+    drain_stream_locked(st);
+    pthread_mutex_unlock(&qlock);
+    free(st);
+    return OK;
+}
+
+CUresult cuStreamSynchronize(CUstream st) {
+    if (!st) return INVALID_VALUE;
     const char *after = getenv("ORBITTE_STUB_FAIL_SYNC_AFTER");
     pthread_mutex_lock(&lock);
     long n = ++syncs;
     pthread_mutex_unlock(&lock);
-    if (after && n > atol(after)) return ILLEGAL_ADDRESS;
+    struct stream *s = st;
+    pthread_mutex_lock(&qlock);
+    if (after && n > atol(after)) {
+        /* A fault: nothing is known about the copies, which still run. */
+        s->released = s->enqueued;
+        pthread_cond_broadcast(&qcond);
+        pthread_mutex_unlock(&qlock);
+        return ILLEGAL_ADDRESS;
+    }
+    drain_stream_locked(s);
+    pthread_mutex_unlock(&qlock);
     return OK;
 }
 
-CUresult cuStreamQuery(CUstream s) {
-    (void)s;
-    return OK;
+CUresult cuStreamQuery(CUstream st) {
+    if (!st) return INVALID_VALUE;
+    struct stream *s = st;
+    pthread_mutex_lock(&qlock);
+    if (s->released < s->enqueued) {
+        s->released = s->enqueued;
+        pthread_cond_broadcast(&qcond);
+    }
+    int idle = s->done == s->enqueued;
+    pthread_mutex_unlock(&qlock);
+    return idle ? OK : NOT_READY;
 }
 
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
@@ -250,18 +437,14 @@ static int device_range_ok(CUdeviceptr d, size_t n) {
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
-    (void)s;
     if (!device_range_ok(src, n)) return INVALID_VALUE;
-    memcpy(dst, (const void *)(uintptr_t)src, n);
-    return OK;
+    return enqueue_copy(dst, (const void *)(uintptr_t)src, n, s);
 }
 
 #ifndef OMIT_HTOD
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
-    (void)s;
     if (!device_range_ok(dst, n)) return INVALID_VALUE;
-    memcpy((void *)(uintptr_t)dst, src, n);
-    return OK;
+    return enqueue_copy((void *)(uintptr_t)dst, src, n, s);
 }
 #endif
 

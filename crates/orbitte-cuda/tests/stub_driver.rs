@@ -61,6 +61,32 @@ fn staging_runs_on_the_fake_device() {
     STUB.run_child("child_fake_gpu", "fake-gpu", StubKind::Complete, &[]);
 }
 
+/// The same checks with copies that also start on their own, 200 µs after
+/// they were issued, so they overlap the handlers' work.
+#[test]
+fn staging_runs_on_the_fake_device_with_overlapping_copies() {
+    STUB.run_child(
+        "child_fake_gpu",
+        "fake-gpu",
+        StubKind::Complete,
+        &[("ORBITTE_STUB_COPY_DELAY_US", "200")],
+    );
+}
+
+/// The stub makes copies visible only after a wait, so a pipeline that
+/// leaves out the wait on each chunk's copy fails the byte checks, in both
+/// directions.
+#[cfg(feature = "testing")]
+#[test]
+fn a_missing_chunk_wait_fails_the_byte_checks() {
+    STUB.run_child(
+        "child_missing_chunk_wait",
+        "fake-gpu",
+        StubKind::Complete,
+        &[],
+    );
+}
+
 #[test]
 fn a_failed_drain_makes_the_pipeline_unquiesced() {
     STUB.run_child(
@@ -175,6 +201,41 @@ fn child_fake_gpu() {
     common::handler_errors_report_the_completed_prefix(&dev);
     common::handler_panics_drain_and_leave_the_pipeline_usable(&dev);
     common::probe_passes_every_staging_check(&dev);
+    let mut pipe = StagingPipeline::new(&dev, 4096).unwrap();
+    common::uploaded_bytes_land(&dev, &mut pipe);
+    common::downloaded_bytes_arrive(&dev, &mut pipe);
+}
+
+#[cfg(feature = "testing")]
+#[test]
+#[ignore = "child process entry, run by a_missing_chunk_wait_fails_the_byte_checks"]
+fn child_missing_chunk_wait() {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    if !STUB.is_child("child_missing_chunk_wait") {
+        return;
+    }
+    let dev = CudaDevice::open(0).unwrap();
+    let mut pipe = StagingPipeline::new(&dev, 4096).unwrap();
+    common::uploaded_bytes_land(&dev, &mut pipe);
+    common::downloaded_bytes_arrive(&dev, &mut pipe);
+    pipe.omit_chunk_waits(true);
+    let up = catch_unwind(AssertUnwindSafe(|| {
+        common::uploaded_bytes_land(&dev, &mut pipe)
+    }));
+    assert!(
+        up.is_err(),
+        "an upload without chunk waits passed the check"
+    );
+    let down = catch_unwind(AssertUnwindSafe(|| {
+        common::downloaded_bytes_arrive(&dev, &mut pipe)
+    }));
+    assert!(
+        down.is_err(),
+        "a download without chunk waits passed the check"
+    );
+    // The final drain still ran: nothing is left in flight.
+    assert!(pipe.is_drained().unwrap());
+    assert!(!pipe.is_unquiesced());
 }
 
 #[test]

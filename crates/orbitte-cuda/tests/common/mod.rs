@@ -4,6 +4,8 @@
 // Each test binary uses a subset of these helpers.
 #![allow(dead_code)]
 
+use std::sync::Arc;
+
 use orbitte_cuda::{
     AllocError, CopyError, CopyStream, CudaBuffer, CudaDevice, DeviceError, MemoryKind,
     PinnedBuffer, PointerError, StagingFailure, StagingPipeline, devices,
@@ -370,4 +372,58 @@ pub(crate) fn pipeline_handles_many_geometries(dev: &CudaDevice) {
         assert_eq!(&back[offset..offset + len], &data[..], "{ctx}");
         assert_eq!(&back[offset + len..], &background[offset + len..], "{ctx}");
     }
+}
+
+/// Reads `len` device bytes at `offset` with one synchronized copy (not
+/// through a pipeline).
+pub(crate) fn device_bytes(dev: &CudaDevice, buf: &Arc<CudaBuffer>, len: usize) -> Vec<u8> {
+    let stream = CopyStream::new(dev).unwrap();
+    let host = PinnedBuffer::alloc(dev, len).unwrap();
+    stream.download(buf, 0, &host, 0, len).unwrap();
+    let mut out = vec![0; len];
+    host.read_at(0, &mut out).unwrap();
+    out
+}
+
+/// An upload through `pipe` of several chunks lands every byte in device
+/// memory by the time it returns (read back with a synchronized copy).
+pub(crate) fn uploaded_bytes_land(dev: &CudaDevice, pipe: &mut StagingPipeline) {
+    let len = 5 * pipe.chunk_size() + 17;
+    let buf = CudaBuffer::alloc(dev, len).unwrap();
+    buf.fill(0, len, 0xEE).unwrap();
+    let data = pattern(len, 21);
+    pipe.upload(&buf, 0, len, |c| {
+        c.write_from(&data[c.offset()..c.offset() + c.len()])
+    })
+    .unwrap();
+    assert!(
+        device_bytes(dev, &buf, len) == data,
+        "the uploaded bytes did not all land"
+    );
+}
+
+/// A download through `pipe` of several chunks hands each chunk on with
+/// the device's bytes in it (written with a synchronized copy).
+pub(crate) fn downloaded_bytes_arrive(dev: &CudaDevice, pipe: &mut StagingPipeline) {
+    let len = 5 * pipe.chunk_size() + 17;
+    let buf = CudaBuffer::alloc(dev, len).unwrap();
+    let data = pattern(len, 22);
+    let host = PinnedBuffer::alloc(dev, len).unwrap();
+    host.write_at(0, &data).unwrap();
+    CopyStream::new(dev)
+        .unwrap()
+        .upload(&host, 0, &buf, 0, len)
+        .unwrap();
+    for b in pipe.bounce_buffers() {
+        b.fill(0, b.len(), 0xEE).unwrap();
+    }
+    let mut seen = vec![0; len];
+    pipe.download(&buf, 0, len, |c| {
+        c.read_into(&mut seen[c.offset()..c.offset() + c.len()])
+    })
+    .unwrap();
+    assert!(
+        seen == data,
+        "a chunk was handed on before its bytes arrived"
+    );
 }
