@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use common::*;
 use orbitte_engine::{
-    Access, ControlLink, InProcessLink, OpenPeerError, PeerId, RangeId, RequestError, Status,
-    SubmitError, TransferEngine, TransferRequest,
+    Access, ControlLink, InProcessLink, OpenPeerError, PeerId, RangeId, RegisterError,
+    RequestError, Status, SubmitError, TransferEngine, TransferRequest,
 };
-use orbitte_verbs::sim::{Delivery, SimFabric};
+use orbitte_verbs::sim::{Delivery, FaultError, SimFabric};
 use orbitte_wire::{self as wire, Frame};
 
 fn b_incarnation(fabric: &SimFabric, epoch: u64) -> TransferEngine {
@@ -39,8 +39,12 @@ fn use_the_source_owners_current_authoritative_epoch_a_newer_epoch_replaces_the_
     assert_eq!(a.peers().len(), 1, "the old incarnation is gone");
     // Its queue pair was destroyed (the sim no longer knows it).
     let old_qpn = old.rails[0].qpn.unwrap();
-    assert!(
-        fabric.faults().qp_fatal("a0", old_qpn).is_err(),
+    assert_eq!(
+        fabric.faults().qp_fatal("a0", old_qpn),
+        Err(FaultError::NoSuchQp {
+            device: "a0".into(),
+            qpn: old_qpn
+        }),
         "old rail's qp destroyed"
     );
     // Everything cached from the old one is invalid.
@@ -170,7 +174,14 @@ fn both_peers_must_use_the_current_protocol_version_no_legacy_fallback() {
             };
             let _ = lb.send(&Frame::Goodbye(goodbye));
         });
-        assert!(a.accept_peer(&mut la).is_err());
+        let err = a.accept_peer(&mut la).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                OpenPeerError::Handshake(wire::handshake::HandshakeError::UnexpectedFrame { .. })
+            ),
+            "{err:?}"
+        );
     });
     assert!(a.peers().is_empty());
 }
@@ -335,7 +346,11 @@ fn a_range_the_peer_retired_is_refused_and_a_later_publication_is_usable() {
     // A publication naming another epoch is refused.
     let mut stale = b.segment_publication();
     stale.epoch = wire::Epoch::new(1).unwrap();
-    assert!(a.apply_publication(pb.id, &stale).is_err());
+    let err = a.apply_publication(pb.id, &stale).unwrap_err();
+    assert!(
+        matches!(&err, OpenPeerError::Rejected(why) if why.contains("names epoch 1")),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -424,7 +439,10 @@ fn a_peer_adopted_from_an_outside_session_needs_no_nic_and_follows_the_epoch_rul
         .unwrap();
     // No RDMA here: Host Direct registration fails, the explicit tcp/local
     // registration works and is published without rkeys.
-    assert!(a.register_host(region(4096, 1), Access::LocalOnly).is_err());
+    let err = a
+        .register_host(region(4096, 1), Access::LocalOnly)
+        .unwrap_err();
+    assert!(matches!(err, RegisterError::NoUsableNic { .. }), "{err:?}");
     let r = a
         .register_host_without_rdma(region(4096, 1), Access::REMOTE_READ_WRITE)
         .unwrap();
@@ -452,7 +470,14 @@ fn a_peer_adopted_from_an_outside_session_needs_no_nic_and_follows_the_epoch_rul
         "{err}"
     );
     // Older epoch: refused by the shared table.
-    assert!(admit(&a, 9).is_err());
+    let err = admit(&a, 9).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            wire::handshake::HandshakeError::Admit(wire::AdmitError::StaleEpoch { .. })
+        ),
+        "{err:?}"
+    );
     // Newer epoch: replaces, the old PeerId is gone.
     let (s2, e2) = admit(&a, 11).unwrap();
     let new = a.adopt_peer(s2, &e2, &publication(11, 6)).unwrap();
