@@ -40,7 +40,11 @@ pub(crate) fn svg(title: &str, series: &[Series]) -> String {
         .iter()
         .flat_map(|s| s.points.iter().map(|p| p.1))
         .fold(0.0, f64::max);
-    let ymax = if ymax > 0.0 { ymax * 1.1 } else { 1.0 };
+    // Round numbers on the y axis: a step of 1, 2 or 5 times a power of
+    // ten, four or five steps to the top.
+    let step = nice_step(if ymax > 0.0 { ymax } else { 1.0 } / 4.0);
+    let steps = (ymax / step).ceil().max(1.0) as u32;
+    let ymax = step * f64::from(steps);
     let px = |x: f64| ML + (x - xmin) / (xmax - xmin) * (W - ML - MR);
     let py = |y: f64| H - MB - y / ymax * (H - MT - MB);
 
@@ -62,26 +66,37 @@ pub(crate) fn svg(title: &str, series: &[Series]) -> String {
         H - MB,
         W - MR
     );
-    for i in 0..=4 {
-        let y = ymax * f64::from(i) / 4.0;
+    let decimals = if step >= 1.0 {
+        0
+    } else {
+        (-step.log10()).ceil() as usize
+    };
+    for i in 0..=steps {
+        let y = step * f64::from(i);
+        let (tx, ly, x2) = (ML - 6.0, py(y), W - MR);
         let _ = writeln!(
             out,
-            r##"<text x="{}" y="{}" text-anchor="end">{y:.2}</text><line x1="{ML}" y1="{1}" x2="{2}" y2="{1}" stroke="#ddd"/>"##,
-            ML - 6.0,
-            py(y),
-            W - MR
+            r##"<text x="{tx}" y="{ty:.1}" text-anchor="end">{y:.decimals$}</text><line x1="{ML}" y1="{ly:.1}" x2="{x2}" y2="{ly:.1}" stroke="#ddd"/>"##,
+            ty = ly + 4.0,
         );
     }
-    let mut x = xmin.floor();
-    while x <= xmax + 1e-9 {
+    // One tick per block size that was measured, none in between.
+    let mut measured: Vec<u64> = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0.max(1)))
+        .collect();
+    measured.sort_unstable();
+    measured.dedup();
+    for b in measured {
+        let x = px((b as f64).log2());
         let _ = writeln!(
             out,
-            r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
-            px(x),
+            r#"<line x1="{x:.1}" y1="{0}" x2="{x:.1}" y2="{1}" stroke="black"/><text x="{x:.1}" y="{2}" text-anchor="middle">{3}</text>"#,
+            H - MB,
+            H - MB + 5.0,
             H - MB + 18.0,
-            human_bytes(2f64.powf(x) as u64)
+            human_bytes(b)
         );
-        x += 1.0;
     }
     let _ = writeln!(
         out,
@@ -103,6 +118,18 @@ pub(crate) fn svg(title: &str, series: &[Series]) -> String {
             r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
             pts.join(" ")
         );
+        // A marker on every measured point, with its value on hover.
+        for p in &s.points {
+            let _ = writeln!(
+                out,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="4" fill="{color}"><title>{}: {} {:.3} GB/s</title></circle>"#,
+                px((p.0.max(1) as f64).log2()),
+                py(p.1),
+                escape(&s.name),
+                human_bytes(p.0),
+                p.1
+            );
+        }
         let ly = MT + 20.0 * i as f64;
         let _ = writeln!(
             out,
@@ -116,6 +143,16 @@ pub(crate) fn svg(title: &str, series: &[Series]) -> String {
     }
     out.push_str("</svg>\n");
     out
+}
+
+/// The smallest of 1, 2 or 5 times a power of ten that is at least `raw`.
+fn nice_step(raw: f64) -> f64 {
+    let p = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * p)
+        .find(|s| *s >= raw * (1.0 - 1e-9))
+        .unwrap_or(10.0 * p)
 }
 
 /// 65536 -> "64K", 1048576 -> "1M".
@@ -158,6 +195,22 @@ mod tests {
         assert!(s.contains("tcp &lt;loopback&gt;"));
         assert!(s.contains(">64K<"));
         assert!(s.starts_with("<svg"));
+        // A marker per measured point; ticks only at measured sizes.
+        assert_eq!(s.matches("<circle").count(), 4);
+        assert!(!s.contains(">8K<") && !s.contains(">32K<"), "{s}");
+        // y ticks are round: 0, 1, 2, 3, 4 for a top of 3.5.
+        for t in [">0<", ">1<", ">2<", ">3<", ">4<"] {
+            assert!(s.contains(t), "{t}: {s}");
+        }
+    }
+
+    #[test]
+    fn y_steps_are_one_two_or_five_times_a_power_of_ten() {
+        assert_eq!(nice_step(0.8), 1.0);
+        assert_eq!(nice_step(1.2), 2.0);
+        assert_eq!(nice_step(3.0), 5.0);
+        assert_eq!(nice_step(0.03), 0.05);
+        assert_eq!(nice_step(20.0), 20.0);
     }
 
     #[test]

@@ -108,13 +108,19 @@ pub(crate) struct BenchArgs {
     /// Where a target listens.
     #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
     pub(crate) listen: String,
-    /// The target an initiator connects to.
-    #[arg(long, value_name = "ADDR", required_if_eq("role", "initiator"))]
+    /// The target an initiator connects to: its address, or with etcd
+    /// metadata its source id.
+    #[arg(long, value_name = "ADDR|ID", required_if_eq("role", "initiator"))]
     pub(crate) peer: Option<String>,
+    /// Where engines are found: `p2p` (the default: `--peer` is an
+    /// address) or `etcd://HOST:PORT[/PREFIX]` (the target publishes its
+    /// record there; `--peer` is its source id).
+    #[arg(long, value_name = "URL", default_value = "p2p", value_parser = crate::metadata::Metadata::parse)]
+    pub(crate) metadata: crate::metadata::Metadata,
     /// READ or WRITE.
     #[arg(long, value_enum, default_value = "write")]
     pub(crate) op: Op,
-    /// Bytes per request (suffixes K, M, G are powers of two).
+    /// Bytes per request (suffixes K, M, G, T are powers of two).
     #[arg(long, default_value = "64K", value_parser = parse_size)]
     pub(crate) block_size: u64,
     /// Requests per submitted batch.
@@ -141,9 +147,9 @@ pub(crate) struct BenchArgs {
     /// a chart of GB/s against block size, baseline included.
     #[arg(long)]
     pub(crate) sweep: bool,
-    /// Where `--sweep` writes its SVG chart.
-    #[arg(long, default_value = "orbitte-bench.svg", value_name = "FILE")]
-    pub(crate) chart: PathBuf,
+    /// Where `--sweep` writes its SVG chart (default: orbitte-bench.svg).
+    #[arg(long, value_name = "FILE", requires = "sweep")]
+    pub(crate) chart: Option<PathBuf>,
     /// No progress bar (it is also hidden when stderr is not a terminal).
     #[arg(long)]
     pub(crate) quiet: bool,
@@ -155,9 +161,16 @@ pub(crate) struct BenchArgs {
     /// own overhead per slice, not a NIC.
     #[arg(long)]
     pub(crate) sim: bool,
-    /// This engine's source id (default: orbitte-bench-ROLE-PID).
-    #[arg(long, value_name = "ID")]
+    /// This engine's source id (default: orbitte-bench-ROLE-PID). In
+    /// loopback it names the initiator, and the target is ID-target.
+    #[arg(long, value_name = "ID", value_parser = parse_source_id)]
     pub(crate) source_id: Option<String>,
+    /// A file holding the cluster secret (at least 16 random bytes): the
+    /// target and the initiator prove it to each other. Give the target's
+    /// `engine.cluster_secret_file` to reach an `orbitte serve` that has
+    /// one.
+    #[arg(long, value_name = "FILE", env = "ORBITTE_SECRET_FILE")]
+    pub(crate) secret_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -173,9 +186,30 @@ pub(crate) struct ServeArgs {
     /// With --check: print the effective configuration as JSON.
     #[arg(long, requires = "check")]
     pub(crate) json: bool,
+    /// Where to publish this engine: `p2p` or `etcd://HOST:PORT[/PREFIX]`
+    /// (overrides `engine.metadata` of the file).
+    #[arg(long, value_name = "URL", value_parser = crate::metadata::Metadata::parse)]
+    pub(crate) metadata: Option<crate::metadata::Metadata>,
 }
 
-/// Parses `4096`, `64K`, `1M`, `2G` (binary multiples).
+/// A source id: 1..=255 bytes, no control characters (newlines included).
+pub(crate) fn parse_source_id(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 255 {
+        return Err(format!(
+            "a source id has 1 to 255 bytes, this one {}",
+            s.len()
+        ));
+    }
+    if let Some(c) = s.chars().find(|c| c.is_control()) {
+        return Err(format!(
+            "{:?} contains the control character {:?}: a source id is printable text like decode-0",
+            s, c
+        ));
+    }
+    Ok(s.to_owned())
+}
+
+/// Parses `4096`, `64K`, `1M`, `2G`, `1T` (binary multiples).
 pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (num, mult) = match t.char_indices().last() {
@@ -184,7 +218,8 @@ pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
                 'K' => 1 << 10,
                 'M' => 1 << 20,
                 'G' => 1 << 30,
-                _ => return Err(format!("unknown size suffix `{c}`: use K, M or G")),
+                'T' => 1 << 40,
+                _ => return Err(format!("unknown size suffix `{c}`: use K, M, G or T")),
             };
             (&t[..i], m)
         }
@@ -220,6 +255,7 @@ mod tests {
         assert_eq!(parse_size("4096"), Ok(4096));
         assert_eq!(parse_size("64K"), Ok(65536));
         assert_eq!(parse_size("1m"), Ok(1 << 20));
+        assert_eq!(parse_size("1T"), Ok(1 << 40));
         assert!(parse_size("0").is_err());
         assert!(parse_size("12X").is_err());
         assert!(parse_size("99999999999G").is_err());

@@ -14,6 +14,10 @@ use orbitte::topology::ConfigOverrides;
 use serde::Serialize;
 
 use crate::cli::parse_size;
+use crate::metadata::Metadata;
+
+/// Largest config file read (a real one is a few KiB).
+const MAX_FILE: u64 = 1 << 20;
 
 /// What a range allows peers to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -27,14 +31,38 @@ pub(crate) enum RangeAccess {
     ReadWrite,
 }
 
+/// What a range holds when it is published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub(crate) enum Fill {
+    /// Every byte is this value.
+    Byte(u8),
+    /// The pattern `orbitte bench --op read --check` verifies.
+    #[serde(serialize_with = "pattern_name")]
+    Pattern,
+}
+
+fn pattern_name<S: serde::Serializer>(s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str("pattern")
+}
+
+impl std::fmt::Display for Fill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Byte(b) => write!(f, "{b:#04x}"),
+            Self::Pattern => f.write_str("with the bench pattern"),
+        }
+    }
+}
+
 /// One `[[range]]`.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct RangeConfig {
     pub(crate) name: String,
     pub(crate) size: u64,
     pub(crate) access: RangeAccess,
-    /// Byte every position starts with (default 0).
-    pub(crate) fill: u8,
+    /// What every position starts with (default the byte 0).
+    pub(crate) fill: Fill,
 }
 
 /// The whole file, with defaults filled in.
@@ -60,6 +88,8 @@ pub(crate) struct EngineConfig {
     /// Where rdma peers open their control link (with an `[rdma]` table).
     pub(crate) control_listen: Option<SocketAddr>,
     pub(crate) cluster_secret_file: Option<String>,
+    /// Where the engine publishes itself (`p2p` or an etcd URL).
+    pub(crate) metadata: Metadata,
     pub(crate) slice_size: u64,
     pub(crate) request_timeout_ms: u64,
     pub(crate) drain_timeout_ms: u64,
@@ -96,6 +126,7 @@ const ENGINE_KEYS: &[&str] = &[
     "listen",
     "control_listen",
     "cluster_secret_file",
+    "metadata",
     "slice_size",
     "request_timeout_ms",
     "drain_timeout_ms",
@@ -181,25 +212,84 @@ impl Ctx<'_> {
 
 /// Reads and checks the file.
 pub(crate) fn load(path: &Path) -> Result<ServeConfig, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    use std::io::Read as _;
+    let cannot = |e: &dyn std::fmt::Display| {
         ConfigError(format!(
             "cannot read config file {}: {e}; pass an existing TOML file with --config",
             path.display()
+        ))
+    };
+    let too_large = |n: &str| {
+        ConfigError(format!(
+            "config file {} is {n}: a config file may have at most 1 MiB; pass the TOML file with --config",
+            path.display()
+        ))
+    };
+    let file = std::fs::File::open(path).map_err(|e| cannot(&e))?;
+    let meta = file.metadata().map_err(|e| cannot(&e))?;
+    if meta.is_dir() {
+        return Err(cannot(&"it is a directory"));
+    }
+    if meta.len() > MAX_FILE {
+        return Err(too_large(&format!("{} bytes", meta.len())));
+    }
+    // Read at most one byte past the limit: a pipe or a device has no
+    // length in its metadata.
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| cannot(&e))?;
+    if bytes.len() as u64 > MAX_FILE {
+        return Err(too_large(&format!("more than {MAX_FILE} bytes")));
+    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        ConfigError(format!(
+            "config file {}: byte {} is not UTF-8: a TOML file is UTF-8 text",
+            path.display(),
+            e.utf8_error().valid_up_to()
         ))
     })?;
     parse(&text, &path.display().to_string())
 }
 
+/// One line for a TOML syntax error: where (line, column), the line
+/// itself, and what the parser expected.
+fn syntax_error(origin: &str, text: &str, e: &toml::de::Error) -> ConfigError {
+    let message = e
+        .message()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let place = e.span().map(|span| {
+        let at = span.start.min(text.len());
+        let before = &text[..at];
+        let line = before.matches('\n').count() + 1;
+        let start = before.rfind('\n').map_or(0, |i| i + 1);
+        let column = text[start..at].chars().count() + 1;
+        let end = text[start..].find('\n').map_or(text.len(), |i| start + i);
+        (line, column, text[start..end].trim_end_matches('\r'))
+    });
+    ConfigError(match place {
+        Some((line, column, src)) => format!(
+            "config file {origin}: invalid toml at line {line}, column {column}: `{}`: {message}; fix the syntax (see docs/configuration.md)",
+            src.chars()
+                .map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() })
+                .collect::<String>()
+        ),
+        None => format!(
+            "config file {origin}: invalid toml: {message}; fix the syntax (see docs/configuration.md)"
+        ),
+    })
+}
+
 /// Parses the text of a config file (`origin` names it in errors).
 pub(crate) fn parse(text: &str, origin: &str) -> Result<ServeConfig, ConfigError> {
     let cx = Ctx { origin };
-    let root: toml::Table = text.parse().map_err(|e: toml::de::Error| {
-        let msg = e.to_string();
-        let first = msg.lines().next().unwrap_or("invalid toml").trim().to_owned();
-        ConfigError(format!(
-            "config file {origin}: invalid toml: {first}; fix the syntax (see docs/configuration.md)"
-        ))
-    })?;
+    let root: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| syntax_error(origin, text, &e))?;
     for key in root.keys() {
         if !TABLES.contains(&key.as_str()) {
             return Err(cx.unknown("", key, TABLES));
@@ -364,13 +454,32 @@ fn parse_engine(cx: &Ctx<'_>, t: Option<&toml::Table>) -> Result<EngineConfig, C
             .map(str::to_owned)
         })
         .transpose()?;
+    let epoch = opt_u64("epoch", 1, max_i64)?;
+    let last_epoch = opt_u64("last_epoch", 1, max_i64)?;
+    if let (Some(e), Some(last)) = (epoch, last_epoch)
+        && e <= last
+    {
+        return Err(ConfigError(format!(
+            "config file {}: key engine.epoch: {e} is not newer than engine.last_epoch {last}: a restarted engine must present a newer epoch (peers refuse an older one); raise engine.epoch or leave it out to choose one newer than last_epoch",
+            cx.origin
+        )));
+    }
+    let metadata = match t.get("metadata") {
+        None => Metadata::P2p,
+        Some(v) => {
+            const EXPECTED: &str = "\"p2p\" or \"etcd://HOST:PORT[/PREFIX]\"";
+            let s = cx.string("engine.metadata", v, EXPECTED)?;
+            Metadata::parse(s).map_err(|_| cx.err("engine.metadata", EXPECTED, v))?
+        }
+    };
     Ok(EngineConfig {
         source_id,
-        epoch: opt_u64("epoch", 1, max_i64)?,
-        last_epoch: opt_u64("last_epoch", 1, max_i64)?,
+        epoch,
+        last_epoch,
         listen,
         control_listen,
         cluster_secret_file,
+        metadata,
         slice_size,
         request_timeout_ms: opt_u64("request_timeout_ms", 1, 86_400_000)?.unwrap_or(10_000),
         drain_timeout_ms: opt_u64("drain_timeout_ms", 1, 86_400_000)?.unwrap_or(5_000),
@@ -451,8 +560,12 @@ fn parse_range(cx: &Ctx<'_>, i: usize, v: &toml::Value) -> Result<RangeConfig, C
         },
     };
     let fill = match t.get("fill") {
-        None => 0,
-        Some(v) => cx.u64("range.fill", v, 0, 255)? as u8,
+        None => Fill::Byte(0),
+        Some(toml::Value::String(p)) if p == "pattern" => Fill::Pattern,
+        Some(v @ toml::Value::String(_)) => {
+            return Err(cx.err("range.fill", "a byte 0..=255 or \"pattern\"", v));
+        }
+        Some(v) => Fill::Byte(cx.u64("range.fill", v, 0, 255)? as u8),
     };
     Ok(RangeConfig {
         name,
@@ -501,10 +614,57 @@ mod tests {
                 .contains("key range.access: expected one of")
         );
         assert!(err("[engine]\nsource_id = \"a\"\n[rdma]\nport = 0\n").contains("rdma.port"));
-        assert!(err("[engine\n").contains("invalid toml"));
+        assert_eq!(
+            err("[engine]\nsource_id = \"a\"\nlisten = 7400 7401\n"),
+            "config file t.toml: invalid toml at line 3, column 15: `listen = 7400 7401`: expected newline, `#`; fix the syntax (see docs/configuration.md)"
+        );
+        assert!(
+            err("[engine\n")
+                .starts_with("config file t.toml: invalid toml at line 1, column 8: `[engine`: ")
+        );
         assert!(!err("[engine\n").contains('\n'));
         assert!(
+            err("[engine]\nsource_id = \"a\"\nepoch = 5\nlast_epoch = 9\n")
+                .contains("key engine.epoch: 5 is not newer than engine.last_epoch 9")
+        );
+        assert!(
+            err("[engine]\nsource_id = \"a\"\nmetadata = \"zk://h:1\"\n")
+                .contains("key engine.metadata")
+        );
+        assert!(
             err("[engine]\nsource_id = \"a\"\ndispatch_mask = [64]\n").contains("NIC IDs 0..=63")
+        );
+    }
+
+    #[test]
+    fn a_range_of_1t_is_the_documented_maximum() {
+        let c = parse(
+            "[engine]\nsource_id = \"a\"\n[[range]]\nsize = \"1T\"\n",
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(c.range[0].size, 1 << 40);
+        assert!(
+            err("[engine]\nsource_id = \"a\"\n[[range]]\nsize = 1099511627777\n")
+                .contains("at most 1T")
+        );
+    }
+
+    #[test]
+    fn files_over_1_mib_are_refused_before_they_are_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big.toml");
+        std::fs::write(&big, vec![b'#'; (1 << 20) + 1]).unwrap();
+        let e = load(&big).unwrap_err().0;
+        assert!(
+            e.contains("is 1048577 bytes: a config file may have at most 1 MiB"),
+            "{e}"
+        );
+        // A device has no length: the read stops past the limit.
+        let e = load(Path::new("/dev/zero")).unwrap_err().0;
+        assert!(
+            e.contains("is more than 1048576 bytes: a config file may have at most 1 MiB"),
+            "{e}"
         );
     }
 
@@ -518,7 +678,7 @@ mod tests {
         assert_eq!(c.range.len(), 2);
         assert_eq!(c.range[0].size, 1 << 20);
         assert_eq!(c.range[0].access, RangeAccess::Read);
-        assert_eq!(c.range[0].fill, 7);
+        assert_eq!(c.range[0].fill, Fill::Byte(7));
         assert_eq!(c.range[1].name, "range-1");
         assert_eq!(c.range[1].access, RangeAccess::ReadWrite);
     }

@@ -12,6 +12,8 @@ mod cli;
 mod config;
 mod control;
 mod doctor;
+mod memory;
+mod metadata;
 mod serve;
 mod stats;
 mod topology;
@@ -19,6 +21,10 @@ mod topology;
 use std::process::ExitCode;
 
 use clap::Parser;
+
+/// The version of the `--json` documents of doctor, topology and bench
+/// (docs/json.md): raised when a field changes meaning or disappears.
+pub(crate) const SCHEMA_VERSION: u32 = 1;
 
 /// An error that ends the command: its one-line message and exit status.
 #[derive(Debug)]

@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use crate::Failure;
 use crate::cli::ServeArgs;
-use crate::config::{self, RangeAccess, ServeConfig};
+use crate::config::{self, Fill, RangeAccess, ServeConfig};
 use crate::control::accept_rdma_peers;
 
 #[derive(Debug, Serialize)]
@@ -38,8 +38,48 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
     rdma.apply(&cfg.rdma);
     rdma.apply(&env);
     if let Some(device) = &rdma.device {
-        check_device(device, &origin, matches!(env.device, Some(Some(_))))?;
+        let place = if matches!(env.device, Some(Some(_))) {
+            "environment variable ORBITTE_RDMA_DEVICE".to_owned()
+        } else {
+            format!("config file {origin}: key rdma.device")
+        };
+        check_device(device, &place)?;
     }
+    // A filled range is written whole at start: it must fit in memory. A
+    // zero range is backed only as peers write it.
+    let filled = |r: &&config::RangeConfig| r.fill != Fill::Byte(0);
+    let total_filled: u64 = cfg
+        .range
+        .iter()
+        .filter(filled)
+        .map(|r| r.size)
+        .fold(0, u64::saturating_add);
+    crate::memory::check(
+        total_filled,
+        &format!(
+            "the {} [[range]] table(s) with a nonzero range.fill of config file {origin} (written whole at start)",
+            cfg.range.iter().filter(filled).count()
+        ),
+        "lower range.size, or leave range.fill at 0 so that memory is backed only as peers write it",
+    )?;
+    let total: u64 = cfg
+        .range
+        .iter()
+        .map(|r| r.size)
+        .fold(0, u64::saturating_add);
+    if let Some(avail) = crate::memory::available()
+        && total > avail
+    {
+        tracing::warn!(
+            "the ranges of {origin} total {}, more than the {} of memory available here: peers that write all of them will exhaust it",
+            crate::memory::gib(total),
+            crate::memory::gib(avail)
+        );
+    }
+    let metadata = args
+        .metadata
+        .clone()
+        .unwrap_or_else(|| cfg.engine.metadata.clone());
     let secret = match &cfg.engine.cluster_secret_file {
         None => None,
         Some(file) => {
@@ -84,6 +124,13 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
         .session_config()
         .map_err(|e| Failure::usage(format!("config file {origin}: key engine.source_id: {e}")))?;
     scfg.cluster_secret = secret;
+    let host_id = scfg.host_id.as_str().to_owned();
+    let metadata_key = if args.metadata.is_some() {
+        "--metadata".to_owned()
+    } else {
+        format!("config file {origin}: key engine.metadata")
+    };
+    let mut store = metadata.connect(&metadata_key)?;
     scfg.handshake_timeout = cfg.engine.handshake_timeout();
     // The engine serves its registrations over tcp (and local to
     // same-host peers): with an [rdma] table they are Host Direct
@@ -98,8 +145,10 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
     })?;
     for r in &cfg.range {
         let mem = alloc_range(r.size, &r.name)?;
-        if r.fill != 0 {
-            mem.fill(0, mem.len(), r.fill)
+        if let Fill::Byte(b) = r.fill
+            && b != 0
+        {
+            mem.fill(0, mem.len(), b)
                 .map_err(|e| Failure::failed(format!("range {}: {e}", r.name)))?;
         }
         let access = match r.access {
@@ -113,6 +162,10 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
             },
             RangeAccess::ReadWrite => Access::REMOTE_READ_WRITE,
         };
+        if r.fill == Fill::Pattern {
+            crate::bench::fill_target_pattern(&mem)
+                .map_err(|e| Failure::failed(format!("range {}: {e}", r.name)))?;
+        }
         let (id, note) = if cfg.rdma_table {
             let reg = engine.register_host(Arc::clone(&mem), access).map_err(|e| {
                 let text = e.to_string();
@@ -130,7 +183,7 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
             (reg.id.0, ", tcp/local only (no [rdma] table)".to_owned())
         };
         println!(
-            "published range {} (id {id}): {} bytes, {:?} access, fill {:#04x}{note}",
+            "published range {} (id {id}): {} bytes, {:?} access, fill {}{note}",
             r.name, r.size, r.access, r.fill
         );
         tracing::info!(range = %r.name, id, size = r.size, access = ?r.access, "published");
@@ -152,6 +205,14 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
         (false, _) => None,
     };
     let addr = listener.local_addr();
+    if let Some(s) = store.as_mut() {
+        let at = crate::metadata::advertised(addr, &metadata);
+        crate::metadata::publish(s, &engine, at, &host_id)?;
+        println!(
+            "published {} at {at} to etcd ({metadata_key}); peers name it by its source id",
+            engine.source_id()
+        );
+    }
     println!(
         "serving as {} (epoch {}) on {addr}; local path {}",
         engine.source_id(),
@@ -222,8 +283,9 @@ fn alloc_range(size: u64, name: &str) -> Result<Arc<HostMemory>, Failure> {
     })
 }
 
-/// A pinned device must exist on this machine.
-fn check_device(device: &str, origin: &str, from_env: bool) -> Result<(), Failure> {
+/// A pinned device must exist on this machine; `place` says where the pin
+/// was set.
+pub(crate) fn check_device(device: &str, place: &str) -> Result<(), Failure> {
     let topology = discover(&SysfsRoots::host());
     if topology.slot_by_name(device).is_some() {
         return Ok(());
@@ -233,11 +295,6 @@ fn check_device(device: &str, origin: &str, from_env: bool) -> Result<(), Failur
         "this machine has no RDMA device".to_owned()
     } else {
         format!("devices here: {}", names.join(", "))
-    };
-    let place = if from_env {
-        "environment variable ORBITTE_RDMA_DEVICE".to_owned()
-    } else {
-        format!("config file {origin}: key rdma.device")
     };
     Err(Failure::usage(format!(
         "{place}: no RDMA device named {device} ({found}); name one that `orbitte topology` lists, or remove the pin to discover"

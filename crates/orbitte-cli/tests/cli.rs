@@ -67,7 +67,7 @@ fn json(text: &str) -> serde_json::Value {
 fn bad_flag_values_give_one_line_and_status_2() {
     assert_usage_error(
         &run(&["bench", "--block-size", "12X"]),
-        &["--block-size", "use K, M or G"],
+        &["--block-size", "use K, M, G or T"],
     );
     assert_usage_error(&run(&["bench", "--op", "erase"]), &["erase", "--op"]);
     assert_usage_error(
@@ -481,6 +481,14 @@ fn bench_json(args: &[&str]) -> serde_json::Value {
     json(&r.stdout)
 }
 
+/// The report names a peer whose id starts with `prefix`.
+fn assert_peer(v: &serde_json::Value, prefix: &str) {
+    assert!(
+        v["peer"].as_str().is_some_and(|p| p.starts_with(prefix)),
+        "{v}"
+    );
+}
+
 fn assert_point_ok(p: &serde_json::Value, checked: bool) {
     assert!(p["gbps"].as_f64().is_some_and(|g| g > 0.0), "{p}");
     assert!(p["ops_per_s"].as_f64().is_some_and(|g| g > 0.0), "{p}");
@@ -868,4 +876,388 @@ fn bench_rdma_target_and_initiator_as_two_processes_when_rdma_works() {
     ]);
     assert_eq!(v["path"], "rdma");
     assert_point_ok(&v["points"][0], true);
+}
+
+// ---- what the docs promise, tried as a new user would ----
+
+/// `--source-id X` in loopback: the initiator is X and the target
+/// X-target (one id for both is a source conflict); control characters
+/// are refused.
+#[test]
+fn bench_source_id_names_two_distinct_engines_and_refuses_control_characters() {
+    let v = bench_json(&["--source-id", "kv-a", "--duration", "0.2"]);
+    assert_peer(&v, "kv-a-target ");
+    assert_point_ok(&v["points"][0], false);
+    for bad in ["a\nb", "x\u{1b}[31m", ""] {
+        let r = run(&["bench", "--source-id", bad, "--duration", "0.2"]);
+        assert_usage_error(&r, &["--source-id"]);
+    }
+}
+
+fn secret_file(dir: &Path) -> PathBuf {
+    let f = dir.join("secret");
+    std::fs::write(&f, b"0123456789abcdef0123456789abcdef").unwrap();
+    f
+}
+
+/// A target with a cluster secret: an initiator without it is told that a
+/// secret is needed (not that no target runs); with `--secret-file` (or
+/// ORBITTE_SECRET_FILE) it passes.
+#[test]
+fn bench_passes_a_cluster_secret_and_says_when_one_is_needed() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = secret_file(dir.path());
+    let f = config(&format!(
+        "[engine]\nsource_id = \"secret-serve\"\nlisten = \"127.0.0.1:0\"\ncluster_secret_file = {:?}\n[[range]]\nsize = \"1M\"\n",
+        secret.to_str().unwrap()
+    ));
+    let (_serve, addr) = spawn_with_addr(
+        &["serve", "--config", f.path().to_str().unwrap()],
+        "serving as",
+    );
+    let r = run(&[
+        "bench",
+        "--role",
+        "initiator",
+        "--peer",
+        &addr,
+        "--path",
+        "tcp",
+        "--duration",
+        "0.2",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let last = r.stderr.lines().last().unwrap_or_default();
+    assert!(last.contains("requires the cluster secret"), "{last}");
+    assert!(last.contains("--secret-file"), "{last}");
+    assert!(!last.contains("check that"), "{last}");
+    let v = bench_json(&[
+        "--role",
+        "initiator",
+        "--peer",
+        &addr,
+        "--path",
+        "tcp",
+        "--duration",
+        "0.2",
+        "--secret-file",
+        secret.to_str().unwrap(),
+        "--check",
+    ]);
+    assert_point_ok(&v["points"][0], true);
+    let r = run_cmd(
+        orbitte()
+            .args([
+                "bench",
+                "--role",
+                "initiator",
+                "--peer",
+                &addr,
+                "--path",
+                "tcp",
+            ])
+            .args(["--duration", "0.2", "--json", "--quiet"])
+            .env("ORBITTE_SECRET_FILE", &secret),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+}
+
+/// Sizes are checked against this machine's memory before anything is
+/// allocated: the error names the total and what is available.
+#[test]
+fn bench_sizes_beyond_this_machines_memory_are_refused_before_allocating() {
+    let avail: u64 = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let l = m
+                .lines()
+                .find(|l| l.starts_with("MemAvailable:"))?
+                .to_owned();
+            l.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(u64::MAX, |k| k * 1024);
+    if avail >= 192 << 30 {
+        println!("skipped: this machine has 192 GiB available, enough for 1G x 64 in loopback");
+        return;
+    }
+    let r = run(&["bench", "--block-size", "1G", "--batch-size", "64"]);
+    assert_usage_error(
+        &r,
+        &[
+            "block size 1G x batch size 64",
+            "need 192 GiB",
+            "available",
+            "--block-size",
+        ],
+    );
+}
+
+#[test]
+fn config_files_over_1_mib_are_refused() {
+    let f = config(&"#".repeat((1 << 20) + 1));
+    let r = run(&["serve", "--config", f.path().to_str().unwrap(), "--check"]);
+    assert_usage_error(&r, &["is 1048577 bytes", "at most 1 MiB"]);
+}
+
+#[test]
+fn a_chart_path_is_checked_before_the_sweep_and_needs_sweep() {
+    let r = run(&[
+        "bench",
+        "--sweep",
+        "--chart",
+        "/nonexistent-dir/sweep.svg",
+        "--duration",
+        "0.1",
+    ]);
+    assert_usage_error(
+        &r,
+        &["--chart /nonexistent-dir/sweep.svg", "cannot write it"],
+    );
+    assert!(r.stdout.is_empty(), "nothing was measured: {}", r.stdout);
+    let r = run(&["bench", "--chart", "x.svg", "--duration", "0.1"]);
+    assert_usage_error(&r, &["--sweep"]);
+}
+
+#[test]
+fn the_sweep_chart_marks_each_measured_point() {
+    let dir = tempfile::tempdir().unwrap();
+    let chart = dir.path().join("sweep.svg");
+    bench_json(&[
+        "--duration",
+        "0.05",
+        "--sweep",
+        "--chart",
+        chart.to_str().unwrap(),
+        "--batch-size",
+        "2",
+        "--no-baseline",
+    ]);
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert_eq!(svg.matches("<circle").count(), 6, "{svg}");
+    // Ticks at the measured sizes only.
+    assert!(svg.contains(">16K<") && !svg.contains(">8K<"), "{svg}");
+}
+
+/// `serve` ranges with `fill = "pattern"` hold what a READ check expects;
+/// other ranges make the check fail with the reason and the fix.
+#[test]
+fn bench_read_check_against_serve_passes_on_a_pattern_range_and_says_why_otherwise() {
+    for (fill, ok) in [("fill = \"pattern\"\n", true), ("", false)] {
+        let f = config(&format!(
+            "[engine]\nsource_id = \"read-check\"\nlisten = \"127.0.0.1:0\"\n[[range]]\nsize = \"1M\"\n{fill}"
+        ));
+        let (_serve, addr) = spawn_with_addr(
+            &["serve", "--config", f.path().to_str().unwrap()],
+            "serving as",
+        );
+        let r = run(&[
+            "bench",
+            "--role",
+            "initiator",
+            "--peer",
+            &addr,
+            "--op",
+            "read",
+            "--check",
+            "--duration",
+            "0.2",
+            "--quiet",
+        ]);
+        if ok {
+            assert_eq!(r.code, 0, "{}", r.stderr);
+        } else {
+            assert_eq!(r.code, 1, "{}", r.stderr);
+            let last = r.stderr.lines().last().unwrap_or_default();
+            assert!(last.contains("data check failed"), "{last}");
+            assert!(last.contains("fill = \"pattern\""), "{last}");
+        }
+    }
+}
+
+#[test]
+fn bench_refuses_a_pinned_device_that_does_not_exist_like_serve() {
+    let r = run_cmd(
+        orbitte()
+            .args(["bench", "--duration", "0.2", "--quiet"])
+            .env("ORBITTE_RDMA_DEVICE", "mlx5_99"),
+    );
+    assert_usage_error(
+        &r,
+        &[
+            "environment variable ORBITTE_RDMA_DEVICE",
+            "no RDMA device named mlx5_99",
+        ],
+    );
+}
+
+#[test]
+fn config_syntax_sizes_and_epochs_are_checked_as_documented() {
+    let r = serve_check("[engine]\nsource_id = \"a\"\nlisten = \"127.0.0.1:0\" x\n");
+    assert_usage_error(
+        &r,
+        &[
+            "invalid toml at line 3, column 24",
+            "`listen = \"127.0.0.1:0\" x`",
+            "expected",
+        ],
+    );
+    assert!(r.stderr.contains(".toml"), "names the file: {}", r.stderr);
+    let r = serve_check("[engine]\nsource_id = \"a\"\n[[range]]\nsize = \"1T\"\n");
+    assert_eq!(r.code, 0, "1T is the documented maximum: {}", r.stderr);
+    assert_usage_error(
+        &serve_check("[engine]\nsource_id = \"a\"\n[[range]]\nsize = \"2T\"\n"),
+        &["key range.size", "at most 1T"],
+    );
+    assert_usage_error(
+        &serve_check("[engine]\nsource_id = \"a\"\nepoch = 100\nlast_epoch = 200\n"),
+        &["key engine.epoch", "not newer than engine.last_epoch 200"],
+    );
+}
+
+// ---- etcd metadata ----
+
+/// An etcd started on loopback for one test, stopped when dropped.
+struct Etcd {
+    child: KillOnDrop,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `None` (and a `skipped:` line) without an etcd binary, except under
+/// CI=true, where the test fails.
+fn start_etcd() -> Option<Etcd> {
+    if Command::new("etcd").arg("--version").output().is_err() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI must run the etcd tests: etcd not installed (apt-get install etcd-server)"
+        );
+        println!("skipped: etcd not installed");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (client, peer) = (free_port(), free_port());
+    let (c, p) = (
+        format!("http://127.0.0.1:{client}"),
+        format!("http://127.0.0.1:{peer}"),
+    );
+    let child = Command::new("etcd")
+        .args(["--name", "cli-test", "--data-dir"])
+        .arg(dir.path())
+        .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
+        .args([
+            "--listen-peer-urls",
+            &p,
+            "--initial-advertise-peer-urls",
+            &p,
+        ])
+        .args(["--initial-cluster", &format!("cli-test={p}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start etcd");
+    let etcd = Etcd {
+        child: KillOnDrop(child),
+        url: format!("etcd://127.0.0.1:{client}/orbitte/cli-test"),
+        _dir: dir,
+    };
+    // Ready when it accepts connections.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", client)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "etcd did not start");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = &etcd.child;
+    Some(etcd)
+}
+
+/// Loopback through etcd: the target publishes its record, the initiator
+/// finds it by source id.
+#[test]
+fn bench_loopback_finds_its_target_through_etcd() {
+    let Some(etcd) = start_etcd() else { return };
+    let v = bench_json(&[
+        "--metadata",
+        &etcd.url,
+        "--source-id",
+        "etcd-bench",
+        "--duration",
+        "0.2",
+        "--check",
+    ]);
+    assert!(
+        v["role_note"]
+            .as_str()
+            .is_some_and(|n| n.contains("loopback")),
+        "{v}"
+    );
+    assert_peer(&v, "etcd-bench-target ");
+    assert_point_ok(&v["points"][0], true);
+}
+
+/// `orbitte serve` with `engine.metadata` publishes itself; an initiator
+/// names it by source id; an unknown name is one line with the fix.
+#[test]
+fn serve_publishes_to_etcd_and_initiators_name_it_by_source_id() {
+    let Some(etcd) = start_etcd() else { return };
+    let f = config(&format!(
+        "[engine]\nsource_id = \"etcd-serve\"\nlisten = \"127.0.0.1:0\"\nmetadata = {:?}\n[[range]]\nsize = \"1M\"\nfill = \"pattern\"\n",
+        etcd.url
+    ));
+    let (_serve, _addr) = spawn_with_addr(
+        &["serve", "--config", f.path().to_str().unwrap()],
+        "serving as",
+    );
+    let v = bench_json(&[
+        "--role",
+        "initiator",
+        "--metadata",
+        &etcd.url,
+        "--peer",
+        "etcd-serve",
+        "--op",
+        "read",
+        "--check",
+        "--duration",
+        "0.2",
+    ]);
+    assert_peer(&v, "etcd-serve ");
+    assert_point_ok(&v["points"][0], true);
+    let r = run(&[
+        "bench",
+        "--role",
+        "initiator",
+        "--metadata",
+        &etcd.url,
+        "--peer",
+        "nobody",
+        "--duration",
+        "0.2",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let last = r.stderr.lines().last().unwrap_or_default();
+    assert!(last.contains("etcd has no engine named nobody"), "{last}");
+}
+
+#[test]
+fn an_unreachable_etcd_is_one_line_naming_the_setting() {
+    let url = format!("etcd://127.0.0.1:{}", free_port());
+    let r = run(&["bench", "--metadata", &url, "--duration", "0.2"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let last = r.stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("orbitte: --metadata: metadata service"),
+        "{last}"
+    );
+    assert_usage_error(
+        &run(&["bench", "--metadata", "zk://h:1"]),
+        &["--metadata", "etcd://HOST:PORT"],
+    );
 }

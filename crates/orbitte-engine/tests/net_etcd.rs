@@ -1,8 +1,9 @@
 //! Cluster metadata in a real etcd started on loopback by the test: records
 //! under a key prefix with leases, so a dead engine's entry expires.
 //!
-//! Built with `--features etcd`. Without an `etcd` binary the test prints
-//! `skipped: etcd not installed`, except under CI=true, where it fails.
+//! The `etcd` feature is on by default. Without an `etcd` binary the test
+//! prints `skipped: etcd not installed`, except under CI=true, where it
+//! fails.
 #![forbid(unsafe_code)]
 #![cfg(feature = "etcd")]
 

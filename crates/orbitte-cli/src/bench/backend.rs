@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use orbitte::metadata::etcd::EtcdMetadata;
 use orbitte::session::{Listener, NetPaths, PathPreference, TcpControlLink};
 use orbitte::transport::{Op, PathKind, RangeId, RegistrationId};
 use orbitte::verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric, SimTiming};
@@ -74,6 +75,11 @@ fn engine(id: String, fabric: Option<&SimFabric>, device: &str) -> Result<Transf
     // The CLI, not the library, applies the ORBITTE_RDMA_* variables.
     let rdma = orbitte::topology::RdmaConfig::resolve(Default::default(), None)
         .map_err(|e| Failure::usage(e.to_string()))?;
+    // A pinned device must exist here, as `serve` requires (the sim
+    // fabric has its own devices).
+    if let (None, Some(device)) = (fabric, &rdma.device) {
+        crate::serve::check_device(device, "environment variable ORBITTE_RDMA_DEVICE")?;
+    }
     let mut b = EngineBuilder::new(id).rdma(rdma);
     if let Some(f) = fabric {
         b = b.provider(f.provider_for(&[device]));
@@ -94,6 +100,8 @@ pub(crate) struct Target {
     listener: Option<Listener>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The record in etcd, kept alive while the target runs.
+    _published: Option<EtcdMetadata>,
 }
 
 impl Target {
@@ -104,7 +112,10 @@ impl Target {
         rdma: bool,
         len: u64,
         listen: SocketAddr,
+        args: &BenchArgs,
     ) -> Result<Self, Failure> {
+        let secret = super::secret(args)?;
+        let store = args.metadata.connect("--metadata")?;
         let remote = alloc(len)?;
         fill_target_pattern(&remote).map_err(Failure::failed)?;
         let published = if rdma {
@@ -124,15 +135,27 @@ impl Target {
                 "cannot listen on {listen}: {e}; pick a free address with --listen"
             ))
         };
+        let mut cfg = engine
+            .session_config()
+            .map_err(|e| Failure::usage(format!("invalid source id: {e}")))?;
+        cfg.cluster_secret = secret;
+        let host_id = cfg.host_id.as_str().to_owned();
+        let publish = |store: Option<EtcdMetadata>, addr: SocketAddr| {
+            store
+                .map(|mut s| {
+                    let at = crate::metadata::advertised(addr, &args.metadata);
+                    crate::metadata::publish(&mut s, &engine, at, &host_id).map(|()| s)
+                })
+                .transpose()
+        };
         if !rdma {
-            let cfg = engine
-                .session_config()
-                .map_err(|e| Failure::usage(format!("invalid source id: {e}")))?;
             let listener = engine
                 .serve_tcp(cfg, listen)
                 .map_err(|e| cannot_listen(&e))?;
+            let addr = listener.local_addr();
             return Ok(Self {
-                addr: listener.local_addr(),
+                _published: publish(store, addr)?,
+                addr,
                 serves_local: listener.serves_local(),
                 engine,
                 range,
@@ -155,6 +178,7 @@ impl Target {
                 .spawn(move || accept_rdma_peers(&listener, &engine, &stop))
                 .map_err(|e| Failure::failed(e.to_string()))?
         };
+        let published = publish(store, addr)?;
         Ok(Self {
             engine,
             addr,
@@ -163,6 +187,7 @@ impl Target {
             listener: None,
             stop,
             thread: Some(thread),
+            _published: published,
         })
     }
 }
@@ -184,7 +209,7 @@ impl Drop for Target {
 pub(crate) fn target(args: &BenchArgs, rdma: bool, len: u64) -> Result<Target, Failure> {
     let listen = super::parse_addr(&args.listen, "--listen")?;
     let id = super::source_id(args, "target");
-    Target::start(engine(id, None, "")?, rdma, len, listen)
+    Target::start(engine(id, None, "")?, rdma, len, listen, args)
 }
 
 /// The initiator engine with one open peer.
@@ -233,24 +258,34 @@ impl Backend {
             "sim_target",
         )?;
         let listen = super::parse_addr(&args.listen, "--listen")?;
-        let target = Target::start(b, rdma, len, listen)?;
-        let addr = target.addr;
+        let target = Target::start(b, rdma, len, listen, args)?;
+        // With etcd, the initiator finds the target by its source id.
+        let (addr, epoch) = match args.metadata.connect("--metadata")? {
+            None => (target.addr, None),
+            Some(store) => {
+                let (addr, epoch) = crate::metadata::resolve(&store, target.engine.source_id())?;
+                (addr, Some(epoch))
+            }
+        };
         let a = engine(
             super::source_id(args, "initiator"),
             fabric.as_ref(),
             "sim_initiator",
         )?;
-        Self::connect(args, a, addr, want, Some(target))
+        Self::connect(args, a, addr, want, Some(target), epoch)
     }
 
     /// Initiator: connects to a target in another process or host.
+    /// `epoch`: the target's epoch as etcd records it (the target must
+    /// answer with it or a newer one).
     pub(crate) fn initiator(
         args: &BenchArgs,
         addr: SocketAddr,
         want: Option<PathKind>,
+        epoch: Option<u64>,
     ) -> Result<Self, Failure> {
         let a = engine(super::source_id(args, "initiator"), None, "")?;
-        Self::connect(args, a, addr, want, None)
+        Self::connect(args, a, addr, want, None, epoch)
     }
 
     fn connect(
@@ -259,6 +294,7 @@ impl Backend {
         addr: SocketAddr,
         want: Option<PathKind>,
         target: Option<Target>,
+        recorded_epoch: Option<u64>,
     ) -> Result<Self, Failure> {
         let rdma = want == Some(PathKind::Rdma);
         let per = thread_len(args);
@@ -308,15 +344,27 @@ impl Backend {
             };
             (info, PathKind::Rdma, note, Some(link), None)
         } else {
-            let cfg = a
+            let mut cfg = a
                 .session_config()
                 .map_err(|e| Failure::usage(format!("invalid source id: {e}")))?;
+            cfg.cluster_secret = super::secret(args)?;
             let net = a.attach_net(cfg);
             let prefer = want.map_or(PathPreference::Auto, PathPreference::Only);
             let rails = usize::try_from(args.threads).unwrap_or(1).clamp(1, 8);
             let peer = net.open_peer(&a, addr, rails, prefer).map_err(|e| {
+                use orbitte::session::{NetOpenError, SessionError};
                 let text = e.to_string();
-                if matches!(e, orbitte::session::NetOpenError::Session(_)) {
+                if let NetOpenError::Session(SessionError::Refused { code, .. }) = &e
+                    && *code == orbitte::wire::ErrorCode::AUTH_REQUIRED
+                {
+                    Failure::failed(format!(
+                        "the target at {addr} requires the cluster secret: pass --secret-file FILE with the same secret as the target ({text})"
+                    ))
+                } else if let NetOpenError::Session(SessionError::Auth(_)) = &e {
+                    Failure::failed(format!(
+                        "authentication with the target at {addr} failed: {text}; give --secret-file the same secret as the target's"
+                    ))
+                } else if matches!(e, NetOpenError::Session(_)) {
                     unreachable(&text)
                 } else {
                     Failure::failed(format!(
@@ -338,6 +386,14 @@ impl Backend {
             }
             (peer.info, peer.path, note, None, Some(net))
         };
+        if let Some(recorded) = recorded_epoch
+            && info.epoch < recorded
+        {
+            return Err(Failure::failed(format!(
+                "{} at {addr} answered with epoch {}, older than its record's {recorded} in etcd: an old incarnation holds the address",
+                info.source_id, info.epoch
+            )));
+        }
         let need = super::range_len(args);
         let rw = |f: orbitte::wire::AccessFlags| {
             f.contains(orbitte::wire::AccessFlags::REMOTE_READ)

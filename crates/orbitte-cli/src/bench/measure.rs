@@ -218,7 +218,7 @@ fn verify(
             return Err(Failure::failed(format!(
                 "data check failed: thread {t}, batch {seq}, byte {i} of the window is {b:#04x}, expected {want:#04x}{}",
                 if op == Op::Read {
-                    " (a READ check expects a fresh target whose range nobody wrote)"
+                    " (a READ check expects the bench pattern, which nobody overwrote: start the target with `orbitte bench --role target`, or give the `orbitte serve` range fill = \"pattern\" in its config)"
                 } else {
                     ""
                 }

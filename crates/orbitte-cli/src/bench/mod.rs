@@ -9,12 +9,14 @@ mod report;
 
 use std::io::IsTerminal as _;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use orbitte::HostMemory;
 use orbitte::transport::PathKind;
+use orbitte::wire::auth::ClusterSecret;
 
 use crate::Failure;
 use crate::cli::{BenchArgs, Op, PathName, Role};
@@ -69,10 +71,34 @@ fn range_len(args: &BenchArgs) -> u64 {
     block * u64::from(args.batch_size) * u64::from(args.threads)
 }
 
+/// The source id of the engine playing `role`: `--source-id` (in
+/// loopback the target's is `ID-target`, so that the two engines differ),
+/// else `orbitte-bench-ROLE-PID`.
 fn source_id(args: &BenchArgs, role: &str) -> String {
-    args.source_id
-        .clone()
-        .unwrap_or_else(|| format!("orbitte-bench-{role}-{}", std::process::id()))
+    match (&args.source_id, args.role) {
+        (Some(id), Role::Loopback) if role == "target" => format!("{id}-target"),
+        (Some(id), _) => id.clone(),
+        (None, _) => format!("orbitte-bench-{role}-{}", std::process::id()),
+    }
+}
+
+/// The cluster secret of `--secret-file`, if given.
+fn secret(args: &BenchArgs) -> Result<Option<ClusterSecret>, Failure> {
+    let Some(file) = &args.secret_file else {
+        return Ok(None);
+    };
+    let bytes = std::fs::read(file).map_err(|e| {
+        Failure::usage(format!(
+            "--secret-file {}: cannot read it: {e}; point it at a readable file of at least 16 random bytes",
+            file.display()
+        ))
+    })?;
+    ClusterSecret::new(bytes).map(Some).map_err(|e| {
+        Failure::usage(format!(
+            "--secret-file {}: {e}; write at least 16 random bytes (head -c 32 /dev/urandom > FILE)",
+            file.display()
+        ))
+    })
 }
 
 fn parse_addr(s: &str, flag: &str) -> Result<SocketAddr, Failure> {
@@ -105,13 +131,43 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
             "block size x batch size x threads is {len} bytes, more than 64 GiB: lower one of them"
         )));
     }
+    check_memory(args, len)?;
+    // A chart that cannot be written is refused before the sweep runs.
+    let chart = if args.sweep {
+        let file = args
+            .chart
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("orbitte-bench.svg"));
+        let handle = std::fs::File::create(&file).map_err(|e| {
+            Failure::usage(format!(
+                "--chart {}: cannot write it: {e}; pick a writable file",
+                file.display()
+            ))
+        })?;
+        Some((file, handle))
+    } else {
+        None
+    };
     match args.role {
         Role::Target => run_target(args, want == Some(PathKind::Rdma), len),
         Role::Initiator => {
             let peer = args.peer.as_deref().unwrap_or_default();
-            let addr = parse_addr(peer, "--peer")?;
-            let backend = Backend::initiator(args, addr, want)?;
-            bench_with(args, &backend, &format!("initiator to {addr}"), false)
+            let store = args.metadata.connect("--metadata")?;
+            let (addr, epoch) = match &store {
+                None => (parse_addr(peer, "--peer")?, None),
+                Some(store) => {
+                    crate::cli::parse_source_id(peer)
+                        .map_err(|e| Failure::usage(format!("--peer: {e}")))?;
+                    let (addr, epoch) = crate::metadata::resolve(store, peer)?;
+                    (addr, Some(epoch))
+                }
+            };
+            let backend = Backend::initiator(args, addr, want, epoch)?;
+            let role = match &store {
+                None => format!("initiator to {addr}"),
+                Some(_) => format!("initiator to {peer} at {addr} (found in etcd)"),
+            };
+            bench_with(args, &backend, &role, false, chart)
         }
         Role::Loopback => {
             let backend = Backend::loopback(args, want, len)?;
@@ -120,9 +176,55 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
             } else {
                 "loopback (target and initiator engines in this process)"
             };
-            bench_with(args, &backend, role, true)
+            bench_with(args, &backend, role, true, chart)
         }
     }
+}
+
+/// The host memory this run allocates, against what the machine has.
+fn check_memory(args: &BenchArgs, len: u64) -> Result<(), Failure> {
+    // The target's range, and per initiator thread a local and a scratch
+    // window (together twice the range).
+    let (total, what) = match args.role {
+        Role::Target => (
+            len,
+            format!("the target's range of {}", crate::memory::gib(len)),
+        ),
+        Role::Initiator => (
+            len.saturating_mul(2),
+            format!(
+                "the initiator's buffers of {}",
+                crate::memory::gib(len.saturating_mul(2))
+            ),
+        ),
+        Role::Loopback => (
+            len.saturating_mul(3),
+            format!(
+                "the target's range of {} and the initiator's buffers of {}",
+                crate::memory::gib(len),
+                crate::memory::gib(len.saturating_mul(2))
+            ),
+        ),
+    };
+    crate::memory::check(
+        total,
+        &format!(
+            "block size {} x batch size {} x threads {}{}: {what}",
+            crate::chart::human_bytes(if args.sweep {
+                SWEEP[SWEEP.len() - 1].max(args.block_size)
+            } else {
+                args.block_size
+            }),
+            args.batch_size,
+            args.threads,
+            if args.sweep {
+                " (4M blocks for --sweep)"
+            } else {
+                ""
+            }
+        ),
+        "lower --block-size, --batch-size or --threads",
+    )
 }
 
 fn alloc(len: u64) -> Result<Arc<HostMemory>, Failure> {
@@ -172,6 +274,7 @@ fn bench_with(
     backend: &Backend,
     role: &str,
     loopback: bool,
+    chart: Option<(PathBuf, std::fs::File)>,
 ) -> Result<(), Failure> {
     let sizes: Vec<u64> = if args.sweep {
         SWEEP.to_vec()
@@ -189,9 +292,9 @@ fn bench_with(
         }
         points.push(point);
     }
-    let report = Report::new(args, backend, role, points);
-    if args.sweep {
-        report.write_chart(&args.chart)?;
+    let report = Report::new(args, backend, role, points, chart.as_ref().map(|c| &c.0));
+    if let Some((file, handle)) = chart {
+        report.write_chart(&file, handle)?;
     }
     report.print(args.json)
 }

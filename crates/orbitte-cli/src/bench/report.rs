@@ -1,13 +1,13 @@
 //! What `orbitte bench` prints (text or `--json`) and the `--sweep` chart.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
 use super::backend::Backend;
 use crate::Failure;
 use crate::chart::{self, Series, human_bytes};
-use crate::cli::{BenchArgs, Op, PathName};
+use crate::cli::{BenchArgs, Op, PathName, Role};
 use crate::stats::LatencySummary;
 
 /// A baseline figure measured in the same run.
@@ -36,9 +36,15 @@ pub(crate) struct Point {
     pub(crate) baseline: Option<Baseline>,
 }
 
+/// The bench's `--json` document (docs/json.md).
 #[derive(Debug, Serialize)]
 pub(crate) struct Report {
-    role: String,
+    schema_version: u32,
+    command: &'static str,
+    /// `loopback`, `initiator`.
+    role: &'static str,
+    /// The role in words, and where the peer was found.
+    role_note: String,
     op: Op,
     path: String,
     path_note: String,
@@ -64,9 +70,22 @@ pub(crate) fn path_name(p: PathName) -> &'static str {
 }
 
 impl Report {
-    pub(crate) fn new(args: &BenchArgs, backend: &Backend, role: &str, points: Vec<Point>) -> Self {
+    pub(crate) fn new(
+        args: &BenchArgs,
+        backend: &Backend,
+        role: &str,
+        points: Vec<Point>,
+        chart: Option<&PathBuf>,
+    ) -> Self {
         Self {
-            role: role.to_owned(),
+            schema_version: crate::SCHEMA_VERSION,
+            command: "bench",
+            role: match args.role {
+                Role::Loopback => "loopback",
+                Role::Target => "target",
+                Role::Initiator => "initiator",
+            },
+            role_note: role.to_owned(),
             op: args.op,
             path: backend.path().name().to_owned(),
             path_note: backend.path_note().to_owned(),
@@ -76,11 +95,17 @@ impl Report {
             duration_s: args.duration,
             check: args.check,
             points,
-            chart: args.sweep.then(|| args.chart.display().to_string()),
+            chart: chart.map(|c| c.display().to_string()),
         }
     }
 
-    pub(crate) fn write_chart(&self, file: &Path) -> Result<(), Failure> {
+    /// Writes the chart through `handle`, opened on `file` before the
+    /// sweep (so an unwritable path was refused before measuring).
+    pub(crate) fn write_chart(
+        &self,
+        file: &Path,
+        mut handle: std::fs::File,
+    ) -> Result<(), Failure> {
         let op = match self.op {
             Op::Read => "READ",
             Op::Write => "WRITE",
@@ -109,12 +134,14 @@ impl Report {
             "orbitte bench: {op} over {}, batch {}, {} thread(s)",
             self.path, self.batch_size, self.threads
         );
-        std::fs::write(file, chart::svg(&title, &series)).map_err(|e| {
-            Failure::failed(format!(
-                "cannot write the chart to {}: {e}; pick another file with --chart",
-                file.display()
-            ))
-        })
+        std::io::Write::write_all(&mut handle, chart::svg(&title, &series).as_bytes()).map_err(
+            |e| {
+                Failure::failed(format!(
+                    "cannot write the chart to {}: {e}; pick another file with --chart",
+                    file.display()
+                ))
+            },
+        )
     }
 
     pub(crate) fn print(&self, json: bool) -> Result<(), Failure> {
@@ -130,7 +157,7 @@ impl Report {
         };
         println!(
             "orbitte bench: {}, {op}, path {} ({}), peer {}, batch {}, {} thread(s), {} s per block size",
-            self.role,
+            self.role_note,
             self.path,
             self.path_note,
             self.peer,

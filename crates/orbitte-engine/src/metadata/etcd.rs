@@ -1,4 +1,4 @@
-//! Cluster metadata in etcd (cargo feature `etcd`).
+//! Cluster metadata in etcd (cargo feature `etcd`, on by default).
 //!
 //! Each engine writes its [`PeerRecord`] (JSON) at
 //! `<prefix>/engines/<source id>`, attached to a lease of `lease_ttl`. A
@@ -6,28 +6,37 @@
 //! engine dies the keep-alives stop and etcd deletes the record when the
 //! lease expires; [`EtcdMetadata::close`] revokes the lease at once.
 //!
-//! etcd-client is async; this store owns a small tokio runtime (one worker
-//! thread, which also drives the client's connection and the keep-alive
-//! task) and blocks on it, so the rest of the engine stays synchronous.
+//! The store speaks etcd's JSON gateway: the v3 API (`/v3/kv/put`,
+//! `/v3/kv/range`, `/v3/lease/grant`, `/v3/lease/keepalive`,
+//! `/v3/lease/revoke`, `/v3/maintenance/status`) as HTTP/1.1 POSTs of JSON
+//! bodies on the client port, which every etcd since 3.4 serves next to
+//! gRPC. Keys and values travel base64-encoded, 64-bit integers as decimal
+//! strings. This keeps the store synchronous and dependency-free: no gRPC
+//! stack, no async runtime, and no `protoc` at build time. TLS endpoints
+//! (`https://`) are refused with that reason.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io::{Read as _, Write as _};
+use std::net::{TcpStream, ToSocketAddrs as _};
+use std::sync::mpsc;
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions, PutOptions};
+use serde_json::{Value, json};
 
 use super::{MetadataError, PeerRecord};
 
+/// Bound on one request (connect, send, answer).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest answer read from etcd (a range over many records).
+const MAX_ANSWER: u64 = 64 << 20;
+
 /// A connection to etcd holding this engine's lease.
 pub struct EtcdMetadata {
-    runtime: tokio::runtime::Runtime,
-    client: Client,
-    endpoints: String,
+    endpoints: Vec<String>,
     prefix: String,
     lease_ttl: Duration,
     lease: Option<i64>,
-    stop: Arc<AtomicBool>,
-    keeper: Option<tokio::task::JoinHandle<()>>,
+    /// Dropping the sender stops the keep-alive thread.
+    keeper: Option<(mpsc::Sender<()>, std::thread::JoinHandle<()>)>,
 }
 
 impl std::fmt::Debug for EtcdMetadata {
@@ -48,47 +57,57 @@ fn service(endpoints: &str, e: impl std::fmt::Display) -> MetadataError {
 }
 
 impl EtcdMetadata {
-    /// Connects to `endpoints` (`host:port`). `prefix` names the cluster
-    /// (`/orbitte/cluster-a`); `lease_ttl` is rounded up to whole seconds
-    /// (at least 1).
+    /// Connects to `endpoints` (`host:port`, or `http://host:port`) and
+    /// checks that one of them is an etcd server. `prefix` names the
+    /// cluster (`/orbitte/cluster-a`); `lease_ttl` is rounded up to whole
+    /// seconds (at least 1).
     pub fn connect(
         endpoints: &[String],
         prefix: &str,
         lease_ttl: Duration,
     ) -> Result<Self, MetadataError> {
         let joined = endpoints.join(",");
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("orbitte-etcd")
-            .enable_all()
-            .build()
-            .map_err(|e| {
-                service(
-                    &joined,
-                    format!("cannot start the etcd client runtime: {e}"),
-                )
-            })?;
-        let client = runtime
-            .block_on(async {
-                tokio::time::timeout(Duration::from_secs(10), Client::connect(endpoints, None))
-                    .await
-            })
-            .map_err(|_| service(&joined, "connect timed out after 10 s"))?
-            .map_err(|e| service(&joined, e))?;
-        Ok(Self {
-            runtime,
-            client,
-            endpoints: joined,
+        if endpoints.is_empty() {
+            return Err(service(&joined, "no etcd endpoint given"));
+        }
+        let mut plain = Vec::with_capacity(endpoints.len());
+        for e in endpoints {
+            if e.starts_with("https://") {
+                return Err(service(
+                    e,
+                    "TLS endpoints are not supported: give an http:// or host:port endpoint",
+                ));
+            }
+            plain.push(
+                e.strip_prefix("http://")
+                    .unwrap_or(e)
+                    .trim_end_matches('/')
+                    .to_owned(),
+            );
+        }
+        let store = Self {
+            endpoints: plain,
             prefix: prefix.trim_end_matches('/').to_owned(),
             lease_ttl,
             lease: None,
-            stop: Arc::new(AtomicBool::new(false)),
             keeper: None,
-        })
+        };
+        let status = store.call("/v3/maintenance/status", &json!({}))?;
+        if status.get("version").and_then(Value::as_str).is_none() {
+            return Err(service(
+                &joined,
+                "the server answered without an etcd version: is it an etcd client URL?",
+            ));
+        }
+        Ok(store)
     }
 
     fn key(&self, source: &str) -> String {
         format!("{}/engines/{}", self.prefix, source)
+    }
+
+    fn call(&self, path: &str, body: &Value) -> Result<Value, MetadataError> {
+        call_any(&self.endpoints, path, body)
     }
 
     /// Stores (or replaces) this engine's record under a lease kept alive
@@ -100,64 +119,79 @@ impl EtcdMetadata {
         let lease = match self.lease {
             Some(l) => l,
             None => {
-                let mut c = self.client.clone();
-                let id = self
-                    .runtime
-                    .block_on(async move { c.lease_grant(ttl, None).await })
-                    .map_err(|e| service(&self.endpoints, e))?
-                    .id();
+                let answer = self.call("/v3/lease/grant", &json!({ "TTL": ttl }))?;
+                let id = int_field(&answer, "ID").ok_or_else(|| {
+                    service(
+                        &self.endpoints.join(","),
+                        "lease grant answered without an ID",
+                    )
+                })?;
                 self.lease = Some(id);
                 self.start_keeper(id, ttl);
                 id
             }
         };
         let key = self.key(&record.source_id);
-        let value = record.to_bytes();
-        let mut c = self.client.clone();
-        self.runtime
-            .block_on(async move {
-                c.put(key, value, Some(PutOptions::new().with_lease(lease)))
-                    .await
-            })
-            .map_err(|e| service(&self.endpoints, e))?;
+        self.call(
+            "/v3/kv/put",
+            &json!({
+                "key": base64::encode(key.as_bytes()),
+                "value": base64::encode(&record.to_bytes()),
+                "lease": lease.to_string(),
+            }),
+        )?;
         tracing::info!(source = %record.source_id, epoch = record.epoch, lease, "published record to etcd");
         Ok(())
     }
 
     fn start_keeper(&mut self, lease: i64, ttl: i64) {
-        let stop = self.stop.clone();
-        let mut client = self.client.clone();
-        let period = Duration::from_millis((ttl as u64 * 1000 / 3).max(200));
+        let (tx, rx) = mpsc::channel::<()>();
         let endpoints = self.endpoints.clone();
-        self.keeper = Some(self.runtime.spawn(async move {
-            let (mut keeper, mut stream) = match client.lease_keep_alive(lease).await {
-                Ok(k) => k,
-                Err(e) => {
-                    tracing::warn!(%endpoints, error = %e, "etcd lease keep-alive failed; the record will expire");
-                    return;
+        let period = Duration::from_millis((ttl as u64 * 1000 / 3).max(200));
+        let spawned = std::thread::Builder::new()
+            .name("orbitte-etcd-lease".into())
+            .spawn(move || {
+                // Until the sender is dropped (stop) or sends.
+                while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(period) {
+                    let answer = call_any(
+                        &endpoints,
+                        "/v3/lease/keepalive",
+                        &json!({ "ID": lease.to_string() }),
+                    );
+                    let alive = answer.as_ref().map(|a| {
+                        a.get("result")
+                            .and_then(|r| int_field(r, "TTL"))
+                            .is_some_and(|t| t > 0)
+                    });
+                    match alive {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::warn!(endpoints = %endpoints.join(","), lease, "etcd lease expired; the record is gone until it is published again");
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!(endpoints = %endpoints.join(","), error = %e, "etcd lease keep-alive failed; retrying, the record expires if this lasts");
+                        }
+                    }
                 }
-            };
-            while !stop.load(Ordering::Acquire) {
-                if let Err(e) = keeper.keep_alive().await {
-                    tracing::warn!(%endpoints, error = %e, "etcd lease keep-alive failed; the record will expire");
-                    return;
-                }
-                let _ = tokio::time::timeout(period, stream.message()).await;
-                tokio::time::sleep(period).await;
+            });
+        match spawned {
+            Ok(h) => self.keeper = Some((tx, h)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the etcd keep-alive thread; the record will expire")
             }
-        }));
+        }
     }
 
     /// The record of `source`, if one is stored (and its lease alive).
     pub fn lookup(&self, source: &str) -> Result<Option<PeerRecord>, MetadataError> {
         let key = self.key(source);
-        let mut c = self.client.clone();
-        let resp = self
-            .runtime
-            .block_on(async move { c.get(key, None).await })
-            .map_err(|e| service(&self.endpoints, e))?;
-        match resp.kvs().first() {
-            Some(kv) => PeerRecord::from_bytes(kv.value()).map(Some),
+        let answer = self.call(
+            "/v3/kv/range",
+            &json!({ "key": base64::encode(key.as_bytes()) }),
+        )?;
+        match values(&answer)?.into_iter().next() {
+            Some((_, v)) => PeerRecord::from_bytes(&v).map(Some),
             None => Ok(None),
         }
     }
@@ -165,18 +199,20 @@ impl EtcdMetadata {
     /// Every record under the prefix. Malformed records are skipped with a
     /// warning (another release may have written them).
     pub fn list(&self) -> Result<Vec<PeerRecord>, MetadataError> {
-        let key = format!("{}/engines/", self.prefix);
-        let mut c = self.client.clone();
-        let resp = self
-            .runtime
-            .block_on(async move { c.get(key, Some(GetOptions::new().with_prefix())).await })
-            .map_err(|e| service(&self.endpoints, e))?;
+        let key = format!("{}/engines/", self.prefix).into_bytes();
+        let answer = self.call(
+            "/v3/kv/range",
+            &json!({
+                "key": base64::encode(&key),
+                "range_end": base64::encode(&prefix_end(&key)),
+            }),
+        )?;
         let mut out = Vec::new();
-        for kv in resp.kvs() {
-            match PeerRecord::from_bytes(kv.value()) {
+        for (k, v) in values(&answer)? {
+            match PeerRecord::from_bytes(&v) {
                 Ok(r) => out.push(r),
                 Err(e) => {
-                    tracing::warn!(key = %String::from_utf8_lossy(kv.key()), error = %e, "skipping record")
+                    tracing::warn!(key = %String::from_utf8_lossy(&k).escape_debug(), error = %e, "skipping record")
                 }
             }
         }
@@ -191,9 +227,9 @@ impl EtcdMetadata {
     }
 
     fn stop_keeper(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(h) = self.keeper.take() {
-            h.abort();
+        if let Some((tx, h)) = self.keeper.take() {
+            drop(tx);
+            let _ = h.join();
         }
     }
 
@@ -201,10 +237,7 @@ impl EtcdMetadata {
     pub fn close(mut self) -> Result<(), MetadataError> {
         self.stop_keeper();
         if let Some(lease) = self.lease.take() {
-            let mut c = self.client.clone();
-            self.runtime
-                .block_on(async move { c.lease_revoke(lease).await })
-                .map_err(|e| service(&self.endpoints, e))?;
+            self.call("/v3/lease/revoke", &json!({ "ID": lease.to_string() }))?;
         }
         Ok(())
     }
@@ -214,5 +247,262 @@ impl Drop for EtcdMetadata {
     fn drop(&mut self) {
         // Dropping without close() leaves the lease to expire.
         self.stop_keeper();
+    }
+}
+
+/// A 64-bit integer field, which the gateway writes as a decimal string.
+fn int_field(v: &Value, name: &str) -> Option<i64> {
+    match v.get(name)? {
+        Value::String(s) => s.parse().ok(),
+        Value::Number(n) => n.as_i64(),
+        _ => None,
+    }
+}
+
+/// A stored key and its value.
+type KeyValue = (Vec<u8>, Vec<u8>);
+
+/// The (key, value) pairs of a range answer.
+fn values(answer: &Value) -> Result<Vec<KeyValue>, MetadataError> {
+    let Some(kvs) = answer.get("kvs").and_then(Value::as_array) else {
+        return Ok(Vec::new());
+    };
+    kvs.iter()
+        .map(|kv| {
+            let field = |name: &str| {
+                let text = kv.get(name).and_then(Value::as_str).unwrap_or_default();
+                base64::decode(text).ok_or_else(|| {
+                    MetadataError::Malformed(format!("etcd answered a {name} that is not base64"))
+                })
+            };
+            Ok((field("key")?, field("value")?))
+        })
+        .collect()
+}
+
+/// The end of etcd's range for every key starting with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte 0xff: the range runs to the end of the key space.
+    vec![0]
+}
+
+/// POSTs `body` to `path` on each endpoint in turn until one answers.
+fn call_any(endpoints: &[String], path: &str, body: &Value) -> Result<Value, MetadataError> {
+    let mut last = None;
+    for e in endpoints {
+        match post(e, path, body) {
+            Ok(v) => return Ok(v),
+            Err(Failure::Answered(reason)) => return Err(service(e, reason)),
+            Err(Failure::Unreachable(reason)) => last = Some(service(e, reason)),
+        }
+    }
+    Err(last.unwrap_or_else(|| service("", "no etcd endpoint given")))
+}
+
+enum Failure {
+    /// No answer (connect, i/o, not HTTP): the next endpoint may answer.
+    Unreachable(String),
+    /// etcd answered with an error.
+    Answered(String),
+}
+
+fn post(endpoint: &str, path: &str, body: &Value) -> Result<Value, Failure> {
+    let io = |what: &str, e: std::io::Error| Failure::Unreachable(format!("{what}: {e}"));
+    let addrs = endpoint
+        .to_socket_addrs()
+        .map_err(|e| io("cannot resolve the address", e))?;
+    let mut stream = None;
+    let mut err = None;
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, REQUEST_TIMEOUT) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => err = Some(e),
+        }
+    }
+    let Some(mut stream) = stream else {
+        return Err(match err {
+            Some(e) => io("cannot connect", e),
+            None => Failure::Unreachable("the address resolves to nothing".into()),
+        });
+    };
+    stream
+        .set_read_timeout(Some(REQUEST_TIMEOUT))
+        .and_then(|()| stream.set_write_timeout(Some(REQUEST_TIMEOUT)))
+        .map_err(|e| io("socket setup", e))?;
+    let body = body.to_string();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {endpoint}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| io("sending the request", e))?;
+    let mut raw = Vec::new();
+    (&mut stream)
+        .take(MAX_ANSWER)
+        .read_to_end(&mut raw)
+        .map_err(|e| io("reading the answer", e))?;
+    let (status, body) = http::parse(&raw).map_err(Failure::Unreachable)?;
+    // The first JSON value (a keep-alive answer is a stream of them).
+    let value = serde_json::Deserializer::from_slice(&body)
+        .into_iter::<Value>()
+        .next()
+        .and_then(Result::ok);
+    if status != 200 {
+        let message = value
+            .as_ref()
+            .and_then(|v| v.get("message").or_else(|| v.get("error")))
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("HTTP status {status}"), str::to_owned);
+        return Err(Failure::Answered(message));
+    }
+    value.ok_or_else(|| {
+        Failure::Unreachable("the answer is not JSON: is it an etcd client URL?".into())
+    })
+}
+
+/// Just enough HTTP/1.1 to read one answer of a closed connection.
+mod http {
+    /// The status code and the body (de-chunked) of `raw`.
+    pub(super) fn parse(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
+        let not_http = || "the answer is not HTTP: is it an etcd client URL?".to_owned();
+        let end = raw
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .ok_or_else(not_http)?;
+        let head = std::str::from_utf8(&raw[..end]).map_err(|_| not_http())?;
+        let mut lines = head.split("\r\n");
+        let status: u16 = lines
+            .next()
+            .and_then(|l| l.strip_prefix("HTTP/1."))
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(not_http)?;
+        let chunked = lines.any(|l| {
+            let l = l.to_ascii_lowercase();
+            l.starts_with("transfer-encoding:") && l.contains("chunked")
+        });
+        let body = &raw[end + 4..];
+        if !chunked {
+            return Ok((status, body.to_vec()));
+        }
+        let mut out = Vec::new();
+        let mut rest = body;
+        loop {
+            let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") else {
+                // A stream cut short: keep what arrived.
+                return Ok((status, out));
+            };
+            let size = std::str::from_utf8(&rest[..eol])
+                .ok()
+                .and_then(|s| usize::from_str_radix(s.split(';').next()?.trim(), 16).ok())
+                .ok_or_else(|| "bad chunk size in the answer".to_owned())?;
+            rest = &rest[eol + 2..];
+            if size == 0 {
+                return Ok((status, out));
+            }
+            let take = size.min(rest.len());
+            out.extend_from_slice(&rest[..take]);
+            rest = rest.get(take + 2..).unwrap_or_default();
+        }
+    }
+}
+
+/// Standard base64 with padding (etcd's JSON encoding of bytes).
+mod base64 {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+    pub(super) fn encode(bytes: &[u8]) -> String {
+        let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+        for chunk in bytes.chunks(3) {
+            let b = [
+                chunk[0],
+                *chunk.get(1).unwrap_or(&0),
+                *chunk.get(2).unwrap_or(&0),
+            ];
+            let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
+            for i in 0..4 {
+                if i <= chunk.len() {
+                    out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+                } else {
+                    out.push('=');
+                }
+            }
+        }
+        out
+    }
+
+    /// `None` when `text` is not padded standard base64.
+    pub(super) fn decode(text: &str) -> Option<Vec<u8>> {
+        let t = text.as_bytes();
+        if !t.len().is_multiple_of(4) {
+            return None;
+        }
+        let mut out = Vec::with_capacity(t.len() / 4 * 3);
+        for (ci, chunk) in t.chunks(4).enumerate() {
+            let last = ci + 1 == t.len() / 4;
+            let pad = chunk.iter().rev().take_while(|&&c| c == b'=').count();
+            if pad > 2 || (pad > 0 && !last) {
+                return None;
+            }
+            let mut n = 0u32;
+            for &c in &chunk[..4 - pad] {
+                let v = ALPHABET.iter().position(|&a| a == c)? as u32;
+                n = n << 6 | v;
+            }
+            n <<= 6 * pad as u32;
+            let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+            out.extend_from_slice(&bytes[..3 - pad]);
+        }
+        Some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_round_trips_and_refuses_garbage() {
+        for (plain, coded) in [
+            (&b""[..], ""),
+            (b"f", "Zg=="),
+            (b"fo", "Zm8="),
+            (b"foo", "Zm9v"),
+            (b"foob", "Zm9vYg=="),
+            (b"\xff\x00\xfe", "/wD+"),
+        ] {
+            assert_eq!(base64::encode(plain), coded);
+            assert_eq!(base64::decode(coded).as_deref(), Some(plain));
+        }
+        for bad in ["Zg=", "Z===", "Zg==Zg==", "Zm9*"] {
+            assert_eq!(base64::decode(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn prefix_end_increments_the_last_byte_below_0xff() {
+        assert_eq!(prefix_end(b"/a/"), b"/a0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff"), [0]);
+    }
+
+    #[test]
+    fn http_answers_parse_plain_and_chunked() {
+        let plain = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
+        assert_eq!(http::parse(plain), Ok((200, b"{}".to_vec())));
+        let chunked = b"HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n3\r\n\":1\r\n1\r\n}\r\n0\r\n\r\n";
+        assert_eq!(http::parse(chunked), Ok((404, b"{\"a\":1}".to_vec())));
+        assert!(http::parse(b"SSH-2.0-OpenSSH\r\n").is_err());
     }
 }

@@ -5,7 +5,7 @@
 //!   target sends its publications (`segment-publication` frames) over the
 //!   session, and the initiator keeps them in a [`DescriptorCache`] keyed by
 //!   the target's source id and epoch.
-//! - **etcd** (cluster mode, cargo feature `etcd`): each engine stores a
+//! - **etcd** (cluster mode, cargo feature `etcd`, on by default): each engine stores a
 //!   [`PeerRecord`] under `<prefix>/engines/<source id>`, attached to a
 //!   lease that the engine keeps alive; when the engine dies the lease
 //!   expires and the record disappears. See the `etcd` module.
