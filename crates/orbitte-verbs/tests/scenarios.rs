@@ -211,8 +211,9 @@ impl Rig {
     }
 }
 
-/// Runs `scenario` on the sim, then on the native device (or prints why
-/// not).
+/// Runs `scenario` on the sim, then on the native device: skipped (with
+/// why) only while `ORBITTE_TEST_DEVICE` is unset; once it names a device,
+/// a device that cannot be used fails the test.
 fn each(name: &str, scenario: fn(&Rig)) {
     println!("== {name} on sim");
     scenario(&Rig::sim());
@@ -220,6 +221,9 @@ fn each(name: &str, scenario: fn(&Rig)) {
         Ok(rig) => {
             println!("== {name} on {} ({:?})", rig.device, rig.flavor);
             scenario(&rig);
+        }
+        Err(why) if std::env::var_os("ORBITTE_TEST_DEVICE").is_some() => {
+            panic!("{name}: ORBITTE_TEST_DEVICE is set, so the native half must run: {why}")
         }
         Err(why) => println!("skipped: {name} on the native provider: {why}"),
     }

@@ -75,33 +75,61 @@ impl Suite {
     }
 
     /// The shell condition that runs the suite in the guest and is true
-    /// when it passed.
+    /// when it passed: it exited 0, its output has every expected string,
+    /// and no line of its output says `skipped:` (in the guest every native
+    /// test must run; a test binary runs with `--show-output` so that the
+    /// output of passing tests, where a skip is printed, is shown).
     fn check(&self, exe: &str, test_args: &[String]) -> String {
         let exe = quote(exe);
-        match self.target {
+        let (command, expect) = match self.target {
             Target::Lib | Target::Test(_) => {
                 let args: String = test_args.iter().map(|a| format!(" {}", quote(a))).collect();
-                format!("{exe}{args}")
+                (format!("{exe}{args} --show-output"), &[][..])
             }
             Target::Bin { args, expect, .. } => {
                 let args: String = args.iter().map(|a| format!(" {}", quote(a))).collect();
-                let out = "/tmp/softroce-out";
-                let mut check =
-                    format!("{{ {exe}{args} > {out} 2>&1; r=$?; cat {out}; [ $r = 0 ]; }}");
-                for e in expect {
-                    let q = quote(e);
-                    let missing = quote(&format!("softroce: the output lacks `{e}`"));
-                    let _ = write!(
-                        check,
-                        " && {{ grep -qF -- {q} {out} || {{ echo {missing}; false; }}; }}"
-                    );
-                }
-                check
+                (format!("{exe}{args}"), expect)
             }
-            Target::Script { script, .. } => format!("BIN={exe} sh -c {}", quote(script)),
+            Target::Script { script, .. } => {
+                (format!("BIN={exe} sh -c {}", quote(script)), &[][..])
+            }
+        };
+        // The output streams as it comes (tee) and is kept in a file of its
+        // own for the checks; the exit status travels through a second file
+        // (POSIX sh has no pipefail).
+        let mut check = format!(
+            "{{ o=$(mktemp /tmp/softroce-out.XXXXXX); \
+             {{ {command}; echo $? > \"$o.rc\"; }} 2>&1 | tee \"$o\"; \
+             ok=$(cat \"$o.rc\" 2>/dev/null || echo 1); "
+        );
+        for e in expect {
+            let missing = quote(&format!("softroce: the output lacks `{e}`"));
+            let _ = write!(
+                check,
+                "grep -qF -- {} \"$o\" || {{ echo {missing}; ok=1; }}; ",
+                quote(e)
+            );
         }
+        let skipped = quote(&format!(
+            "softroce: `{SKIP_MARK}` in the output above: in the guest every native test must \
+             run ({SKIP_RULE})"
+        ));
+        let _ = write!(
+            check,
+            "! grep -qF -- {} \"$o\" || {{ echo {skipped}; ok=1; }}; \
+             rm -f \"$o\" \"$o.rc\"; [ \"$ok\" = 0 ]; }}",
+            quote(SKIP_MARK)
+        );
+        check
     }
 }
+
+/// What a test prints when it does not run (docs/testing.md, "Skips").
+const SKIP_MARK: &str = "skipped:";
+
+/// Why a skip fails a suite in the guest, for its message.
+const SKIP_RULE: &str =
+    "ORBITTE_TEST_DEVICE=rxe0 is set and rxe0 is up; see docs/testing.md, Skips";
 
 /// The native suites, in the order the guest runs them. Add a line when a
 /// crate gains tests or a command that talk to a real verbs device. An
@@ -623,6 +651,58 @@ mod tests {
         let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert!(passes(&suite, "/bin/sh", &args(&["-c", "exit 0"])));
         assert!(!passes(&suite, "/bin/sh", &args(&["-c", "exit 3"])));
+    }
+
+    #[test]
+    fn a_skip_in_any_suite_fails_it_in_the_guest() {
+        let test = Suite {
+            package: "p",
+            target: Target::Test("t"),
+        };
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // `sh -c SCRIPT --show-output`: the script sees `--show-output` as $0.
+        let run = |script: &str| passes(&test, "/bin/sh", &args(&["-c", script]));
+        assert!(run("echo 'test a ... ok'; exit 0"));
+        assert!(!run(
+            "echo 'skipped: ORBITTE_TEST_DEVICE is not set'; exit 0"
+        ));
+        assert!(!run("echo 'test a ... skipped: no device'; exit 0"));
+        assert!(!run("echo 'skipped: to stderr' >&2; exit 0"));
+        assert!(
+            run("[ \"$0\" = --show-output ]"),
+            "the output of passing tests is shown"
+        );
+
+        let bin = Suite {
+            package: "p",
+            target: Target::Bin {
+                name: "echo",
+                args: &["rxe0 skipped: nothing"],
+                expect: &["rxe0"],
+            },
+        };
+        assert!(!passes(&bin, "/bin/echo", &[]));
+        let script = Suite {
+            package: "p",
+            target: Target::Script {
+                name: "echo",
+                label: "l",
+                script: "\"$BIN\" 'skipped: x'",
+            },
+        };
+        assert!(!passes(&script, "/bin/echo", &[]));
+        assert!(passes(
+            &Suite {
+                package: "p",
+                target: Target::Script {
+                    name: "echo",
+                    label: "l",
+                    script: "\"$BIN\" 'ran'",
+                },
+            },
+            "/bin/echo",
+            &[]
+        ));
     }
 
     #[test]
