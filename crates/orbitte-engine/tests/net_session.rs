@@ -9,15 +9,12 @@ mod net_support;
 use std::io::Write;
 use std::time::Duration;
 
-use net_support::{Initiator, RW, Target, cfg, pattern, raw, request, untouched};
+use net_support::{Initiator, RW, Target, cfg, pattern, raw, untouched};
 use orbitte_engine::core::CoreConfig;
-use orbitte_engine::outcome::Status;
 use orbitte_engine::session::SessionError;
-use orbitte_engine::transport::{Op, PeerId};
+use orbitte_engine::transport::PeerId;
 use orbitte_memory::HostMemory;
 use orbitte_wire::{AccessToken, ErrorCode, Frame, RangeId, ReadRequest, RequestId, WriteRequest};
-
-const BOUND: Duration = Duration::from_secs(30);
 
 fn strict_target() -> (Target, std::sync::Arc<HostMemory>, RangeId) {
     net_support::logs();
@@ -63,27 +60,7 @@ fn closed_with(t: &Target, needle: &str) -> String {
 
 /// A legitimate initiator still gets its bytes.
 fn others_keep_working(t: &Target, range: RangeId, mem: &HostMemory) {
-    let i = Initiator::new(cfg("good", 1), CoreConfig::default());
-    let local = HostMemory::alloc(256 << 10).unwrap();
-    let reg = i.driver.register(local.clone());
-    let (rails, _) = i.connect_tcp(PeerId(1), t.addr(), 1).unwrap();
-    let id = i.driver.submit(vec![request(
-        1,
-        Op::Read,
-        reg,
-        0,
-        PeerId(1),
-        range.0,
-        4096,
-        256 << 10,
-        &rails,
-    )])[0];
-    let o = i.driver.wait(id, BOUND);
-    assert_eq!(o.status, Status::Complete, "{o:?}");
-    assert_eq!(
-        local.to_vec(0, 256 << 10).unwrap(),
-        mem.to_vec(4096, 256 << 10).unwrap()
-    );
+    net_support::legitimate_read(t, "good", 1, range.0, mem);
 }
 
 #[test]

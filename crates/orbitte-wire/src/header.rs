@@ -145,10 +145,45 @@ pub(crate) fn fixed_part_len(frame_type: FrameType) -> Option<usize> {
     }
 }
 
+/// The largest body of a handshake frame (`challenge`, `hello`,
+/// `hello-ack`), of `goodbye` and `error`, and of the connect frames: 4 KiB.
+/// The largest legal one (a `hello` with a 255-byte source id and a proof,
+/// or 64 rails of a `connect-request`) is well below it. A session reads
+/// nothing larger before the peer has authenticated.
+pub const MAX_SMALL_BODY_LEN: u32 = 4 << 10;
+
+/// The largest body of a `segment-retire`: 16 KiB (1024 range ids and the
+/// epoch take 8 202 bytes).
+pub const MAX_RETIRE_BODY_LEN: u32 = 16 << 10;
+
+/// The largest `body_len` a receiver accepts for `frame_type`, checked
+/// against the header before any body byte is buffered: the fixed part
+/// plus [`MAX_PAYLOAD_LEN`] for data frames, the exact length for the
+/// fixed-size requests and answers, [`MAX_SMALL_BODY_LEN`] or
+/// [`MAX_RETIRE_BODY_LEN`] for the small control frames, and
+/// [`MAX_CONTROL_BODY_LEN`] for `segment-publication` (and any other
+/// control frame).
+pub fn max_body_len(frame_type: FrameType) -> u32 {
+    match frame_type {
+        FrameType::READ_RESPONSE => READ_RESPONSE_FIXED_LEN as u32 + MAX_PAYLOAD_LEN,
+        FrameType::WRITE_REQUEST => WRITE_REQUEST_FIXED_LEN as u32 + MAX_PAYLOAD_LEN,
+        FrameType::READ_REQUEST => READ_REQUEST_LEN as u32,
+        FrameType::WRITE_RESPONSE => WRITE_RESPONSE_LEN as u32,
+        FrameType::CHALLENGE
+        | FrameType::HELLO
+        | FrameType::HELLO_ACK
+        | FrameType::GOODBYE
+        | FrameType::ERROR
+        | FrameType::CONNECT_REQUEST
+        | FrameType::CONNECT_ACCEPT
+        | FrameType::CONNECT_REJECT => MAX_SMALL_BODY_LEN,
+        FrameType::SEGMENT_RETIRE => MAX_RETIRE_BODY_LEN,
+        _ => MAX_CONTROL_BODY_LEN,
+    }
+}
+
 /// Allowed body lengths, inclusive.
 fn body_bounds(frame_type: FrameType) -> (u64, u64) {
-    match fixed_part_len(frame_type) {
-        Some(fixed) => (fixed as u64, fixed as u64 + u64::from(MAX_PAYLOAD_LEN)),
-        None => (0, u64::from(MAX_CONTROL_BODY_LEN)),
-    }
+    let min = fixed_part_len(frame_type).unwrap_or(0) as u64;
+    (min, u64::from(max_body_len(frame_type)))
 }

@@ -97,8 +97,8 @@ pub use frames::{
 };
 pub use header::{
     FrameHeader, HEADER_LEN, MAGIC, MAX_CONTROL_BODY_LEN, MAX_FRAME_LEN, MAX_PAYLOAD_LEN,
-    PROTOCOL_VERSION, READ_REQUEST_LEN, READ_RESPONSE_FIXED_LEN, WRITE_REQUEST_FIXED_LEN,
-    WRITE_RESPONSE_LEN,
+    MAX_RETIRE_BODY_LEN, MAX_SMALL_BODY_LEN, PROTOCOL_VERSION, READ_REQUEST_LEN,
+    READ_RESPONSE_FIXED_LEN, WRITE_REQUEST_FIXED_LEN, WRITE_RESPONSE_LEN, max_body_len,
 };
 pub use peer_table::{
     Admission, AdmitError, CachedRkey, Invalidation, PeerTable, RecordError, SessionId,

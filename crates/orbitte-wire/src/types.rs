@@ -25,6 +25,39 @@ pub enum TextError {
     },
 }
 
+/// Writes peer-supplied text for a log or an error message: control
+/// characters (newlines, terminal escapes), bidirectional-text overrides and
+/// backslashes come out escaped (`\n`, `\u{1b}`, `\\`), so text from the
+/// network can neither start a forged log line nor drive a terminal.
+fn write_escaped(f: &mut std::fmt::Formatter<'_>, s: &str) -> std::fmt::Result {
+    use std::fmt::Write as _;
+    let mut rest = s;
+    while let Some(at) = rest.find(needs_escape) {
+        f.write_str(&rest[..at])?;
+        let mut chars = rest[at..].chars();
+        let Some(c) = chars.next() else { break };
+        match c {
+            '\\' => f.write_str("\\\\")?,
+            '\n' => f.write_str("\\n")?,
+            '\r' => f.write_str("\\r")?,
+            '\t' => f.write_str("\\t")?,
+            c => {
+                for e in c.escape_unicode() {
+                    f.write_char(e)?;
+                }
+            }
+        }
+        rest = chars.as_str();
+    }
+    f.write_str(rest)
+}
+
+fn needs_escape(c: char) -> bool {
+    c == '\\'
+        || c.is_control()
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 fn short_text(what: &'static str, s: String) -> Result<String, TextError> {
     if s.is_empty() {
         Err(TextError::Empty { what })
@@ -59,9 +92,11 @@ impl SourceId {
     }
 }
 
+/// Escapes control characters (see [`SourceId::as_str`] for the raw text):
+/// the text may come from a peer and may end up in a log.
 impl std::fmt::Display for SourceId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        write_escaped(f, &self.0)
     }
 }
 
@@ -85,9 +120,11 @@ impl HostId {
     }
 }
 
+/// Escapes control characters (see [`HostId::as_str`] for the raw text):
+/// the text may come from a peer and may end up in a log.
 impl std::fmt::Display for HostId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        write_escaped(f, &self.0)
     }
 }
 
@@ -133,9 +170,11 @@ impl Message {
     }
 }
 
+/// Escapes control characters (see [`Message::as_str`] for the raw text):
+/// the text may come from a peer and may end up in a log.
 impl std::fmt::Display for Message {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        write_escaped(f, &self.0)
     }
 }
 

@@ -82,7 +82,7 @@ pub(crate) fn connect<C: Conn>(
 ) -> Result<Handshake, SessionError> {
     let deadline = Instant::now() + cfg.handshake_timeout;
     c.set_write_timeout_(Some(cfg.handshake_timeout))?;
-    let mut reader = FrameReader::new();
+    let mut reader = FrameReader::with_limit(orbitte_wire::MAX_SMALL_BODY_LEN);
     let mut scratch = Vec::with_capacity(512);
     let challenge = match read_handshake(c, &mut reader, deadline, "a challenge")? {
         Frame::Challenge(ch) => ch,
@@ -142,9 +142,11 @@ pub(crate) fn accept<C: Conn>(
     peers: &SharedPeerTable,
     from: Option<SocketAddr>,
 ) -> Result<Handshake, SessionError> {
-    let deadline = Instant::now() + cfg.handshake_timeout;
-    c.set_write_timeout_(Some(cfg.handshake_timeout))?;
-    let mut reader = FrameReader::new();
+    // Nothing is known about the peer yet: the shorter bound applies.
+    let bound = cfg.handshake_timeout.min(cfg.preauth_timeout);
+    let deadline = Instant::now() + bound;
+    c.set_write_timeout_(Some(bound))?;
+    let mut reader = FrameReader::with_limit(orbitte_wire::MAX_SMALL_BODY_LEN);
     let mut scratch = Vec::with_capacity(512);
     let challenge = Challenge {
         nonce: Nonce(random_bytes()?),
@@ -176,7 +178,8 @@ pub(crate) fn accept<C: Conn>(
     if let Err(e) =
         orbitte_wire::auth::verify_hello(cfg.cluster_secret.as_ref(), &challenge, &hello)
     {
-        tracing::warn!(
+        // Debug only: the caller logs the refusal within its log budget.
+        tracing::debug!(
             peer = %hello.identity.source_id, ?from, error = %e,
             "initiator failed authentication: session refused, nothing readable or writable"
         );
@@ -191,7 +194,7 @@ pub(crate) fn accept<C: Conn>(
     let admission = match admission {
         Ok(a) => a,
         Err(e) => {
-            tracing::warn!(?from, error = %e, "initiator not admitted; session refused");
+            tracing::debug!(?from, error = %e, "initiator not admitted; session refused");
             send_error(c, e.error_code(), FrameType::HELLO, &e.to_string());
             return Err(e.into());
         }

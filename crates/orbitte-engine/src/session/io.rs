@@ -89,15 +89,42 @@ pub(crate) fn read_exact_by<C: Conn>(
     Ok(())
 }
 
-/// Reads frames into a buffer it reuses (no allocation per frame once warm).
-#[derive(Debug, Default)]
+/// Body bytes buffered per step: a header announcing a large body costs
+/// memory only as its bytes arrive.
+const BODY_STEP: usize = 64 << 10;
+
+/// Reads frames into a buffer it reuses (no allocation per frame once
+/// warm). The buffer grows as body bytes arrive, never to the length a
+/// header announces, and is released after a frame larger than
+/// [`BODY_STEP`], so an idle connection holds no large buffer.
+#[derive(Debug)]
 pub(crate) struct FrameReader {
     buf: Vec<u8>,
+    /// Largest `body_len` accepted for any frame type, on top of the
+    /// per-type bounds of [`orbitte_wire::max_body_len`].
+    limit: u32,
+}
+
+impl Default for FrameReader {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl FrameReader {
+    /// A reader bounded by the per-type limits only.
     pub(crate) fn new() -> Self {
-        Self::default()
+        Self::with_limit(u32::MAX)
+    }
+
+    /// A reader that also refuses any frame whose header announces more
+    /// than `limit` body bytes (before the peer authenticated: the
+    /// handshake frames' bound).
+    pub(crate) fn with_limit(limit: u32) -> Self {
+        Self {
+            buf: Vec::new(),
+            limit,
+        }
     }
 
     /// Reads one frame's header and body (for a data frame: its fixed part;
@@ -136,11 +163,33 @@ impl FrameReader {
             "a frame header (truncated frame)",
         )?;
         let header = FrameHeader::decode(&header)?;
+        if header.body_len > self.limit {
+            return Err(SessionError::Malformed(orbitte_wire::DecodeError {
+                frame: header.frame_type,
+                field: "header.body_len",
+                problem: orbitte_wire::Problem::TooLong {
+                    len: header.body_len.into(),
+                    max: self.limit.into(),
+                },
+            }));
+        }
         let fixed = header.fixed_len();
         self.buf.clear();
-        self.buf.resize(fixed, 0);
-        read_exact_by(c, &mut self.buf, deadline, "a frame body (truncated frame)")?;
-        Ok(orbitte_wire::decode_body(&header, &self.buf)?)
+        while self.buf.len() < fixed {
+            let done = self.buf.len();
+            self.buf.resize(done + (fixed - done).min(BODY_STEP), 0);
+            read_exact_by(
+                c,
+                &mut self.buf[done..],
+                deadline,
+                "a frame body (truncated frame)",
+            )?;
+        }
+        let frame = orbitte_wire::decode_body(&header, &self.buf);
+        if self.buf.capacity() > BODY_STEP {
+            self.buf = Vec::new();
+        }
+        Ok(frame?)
     }
 }
 

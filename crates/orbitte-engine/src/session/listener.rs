@@ -2,16 +2,17 @@
 //! requests on a unix socket) and serves them, one thread per connection.
 
 use std::collections::HashMap;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use orbitte_wire::{Admission, ErrorCode, Frame, FrameType, SessionId, SourceId};
 
 use super::io::{send_error, write_frame};
 use super::publications::publication_frames;
+use super::refusal_log::{RefusalLog, Verdict};
 use super::{RangeLookup, SessionConfig, SessionError, SharedPeerTable, handshake};
 use crate::transport::tcp::serve::{ServeCtx, serve};
 
@@ -43,12 +44,18 @@ pub struct ListenerStats {
     pub data_requests: u64,
     /// Payload bytes moved by tcp data requests.
     pub data_bytes: u64,
+    /// Refusals and abnormal closes counted but not logged (the log takes
+    /// `refusal_logs_per_second`).
+    pub refusals_not_logged: u64,
 }
 
 #[derive(Debug)]
 struct LiveConn {
+    /// `None` until the peer authenticated (a pre-auth slot).
     source: Option<SourceId>,
     session: Option<SessionId>,
+    ip: IpAddr,
+    since: Instant,
     stream: TcpStream,
 }
 
@@ -66,12 +73,27 @@ pub(crate) struct Shared {
     refused: AtomicU64,
     pub(crate) data_requests: AtomicU64,
     pub(crate) data_bytes: AtomicU64,
+    refusal_log: RefusalLog,
+    refusals_not_logged: AtomicU64,
 }
 
 /// Keeps the last records only, so a flood of connections cannot grow it.
 const CLOSED_KEPT: usize = 1024;
 
 impl Shared {
+    /// Whether a refusal may be logged now (within
+    /// `refusal_logs_per_second`), with the count of those left out since
+    /// the last one logged; `None`: count it and log nothing.
+    pub(crate) fn refusal_to_log(&self) -> Option<u64> {
+        match self.refusal_log.judge(Instant::now()) {
+            Verdict::Log { left_out } => Some(left_out),
+            Verdict::LeaveOut => {
+                self.refusals_not_logged.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
     fn record_close(
         &self,
         from: SocketAddr,
@@ -79,11 +101,15 @@ impl Shared {
         abnormal: bool,
         reason: String,
     ) {
+        // Peer text in `reason` is escaped by the wire types' Display, and
+        // `?` quotes and escapes it once more.
         if abnormal {
             self.refused.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(%from, source = ?source_id.as_ref().map(|s| s.as_str()), %reason, "session closed");
+            if let Some(left_out) = self.refusal_to_log() {
+                tracing::warn!(%from, source = ?source_id.as_ref().map(|s| s.as_str()), ?reason, left_out, "session closed");
+            }
         } else {
-            tracing::info!(%from, source = ?source_id.as_ref().map(|s| s.as_str()), %reason, "session closed");
+            tracing::info!(%from, source = ?source_id.as_ref().map(|s| s.as_str()), ?reason, "session closed");
         }
         let mut c = self.closed.lock().unwrap_or_else(|p| p.into_inner());
         if c.len() >= CLOSED_KEPT {
@@ -120,6 +146,7 @@ impl Listener {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
+        let cfg_refusals = cfg.refusal_logs_per_second;
         let shared = Arc::new(Shared {
             cfg,
             peers,
@@ -133,6 +160,8 @@ impl Listener {
             refused: AtomicU64::new(0),
             data_requests: AtomicU64::new(0),
             data_bytes: AtomicU64::new(0),
+            refusal_log: RefusalLog::new(cfg_refusals),
+            refusals_not_logged: AtomicU64::new(0),
         });
         let local = match crate::transport::local::LocalServer::start(shared.clone()) {
             Ok(l) => Some(l),
@@ -187,6 +216,7 @@ impl Listener {
                 .len() as u64,
             data_requests: self.shared.data_requests.load(Ordering::Relaxed),
             data_bytes: self.shared.data_bytes.load(Ordering::Relaxed),
+            refusals_not_logged: self.shared.refusals_not_logged.load(Ordering::Relaxed),
         }
     }
 
@@ -242,24 +272,11 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         let conn = shared.next_conn.fetch_add(1, Ordering::Relaxed);
         {
             let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
-            if live.len() >= shared.cfg.max_sessions {
+            if let Err(why) = preauth_slot(&shared.cfg, &live, from.ip()) {
                 drop(live);
                 let mut s = stream;
-                send_error(
-                    &mut s,
-                    ErrorCode::RESOURCE_EXHAUSTED,
-                    FrameType(0),
-                    "too many sessions",
-                );
-                shared.record_close(
-                    from,
-                    None,
-                    true,
-                    format!(
-                        "refused: {} sessions open (max_sessions)",
-                        shared.cfg.max_sessions
-                    ),
-                );
+                send_error(&mut s, ErrorCode::RESOURCE_EXHAUSTED, FrameType(0), why);
+                shared.record_close(from, None, true, format!("refused: {why}"));
                 continue;
             }
             match stream.try_clone() {
@@ -269,6 +286,8 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                         LiveConn {
                             source: None,
                             session: None,
+                            ip: from.ip(),
+                            since: Instant::now(),
                             stream: clone,
                         },
                     );
@@ -292,6 +311,36 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 .remove(&conn);
         }
     }
+}
+
+/// Finds room for one more unauthenticated connection from `ip`.
+///
+/// Unauthenticated connections have their own budget, apart from the
+/// authenticated sessions' `max_sessions`, so they can never lock out a
+/// peer that authenticates. One address holds at most
+/// `max_unauthenticated_per_address` of them (more are refused); when all
+/// `max_unauthenticated` are taken, the oldest is closed for the newcomer:
+/// a legitimate peer authenticates within a round trip, long before its
+/// slot becomes the oldest.
+fn preauth_slot(
+    cfg: &SessionConfig,
+    live: &HashMap<u64, LiveConn>,
+    ip: IpAddr,
+) -> Result<(), &'static str> {
+    let waiting = || live.values().filter(|c| c.source.is_none());
+    if waiting().filter(|c| c.ip == ip).count() >= cfg.max_unauthenticated_per_address {
+        return Err("too many unauthenticated connections from this address");
+    }
+    if waiting().count() >= cfg.max_unauthenticated {
+        if cfg.max_unauthenticated == 0 {
+            return Err("no unauthenticated connections accepted");
+        }
+        if let Some(oldest) = waiting().min_by_key(|c| c.since) {
+            // Its session thread sees the socket fail and records the close.
+            let _ = oldest.stream.shutdown(Shutdown::Both);
+        }
+    }
+    Ok(())
 }
 
 fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Shared>) {
@@ -334,21 +383,25 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
             .values()
             .filter(|c| c.source.as_ref() == Some(&source))
             .count();
+        let authenticated = live.values().filter(|c| c.source.is_some()).count();
         if same >= cfg.max_connections_per_source {
-            true
+            Some(format!(
+                "too many connections from {source} (max_connections_per_source {})",
+                cfg.max_connections_per_source
+            ))
+        } else if authenticated >= cfg.max_sessions {
+            Some(format!(
+                "too many sessions: {authenticated} open (max_sessions)"
+            ))
         } else {
             if let Some(c) = live.get_mut(&conn) {
                 c.source = Some(source.clone());
                 c.session = Some(hs.session);
             }
-            false
+            None
         }
     };
-    let reason = if over_limit {
-        let msg = format!(
-            "too many connections from {source} (max_connections_per_source {})",
-            cfg.max_connections_per_source
-        );
+    let reason = if let Some(msg) = over_limit {
         send_error(
             &mut stream,
             ErrorCode::RESOURCE_EXHAUSTED,

@@ -38,6 +38,7 @@ pub(crate) mod listener;
 pub mod path;
 pub mod probe;
 pub(crate) mod publications;
+mod refusal_log;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -67,17 +68,30 @@ pub struct SessionConfig {
     pub capabilities: Capabilities,
     /// A peer must complete the handshake within this.
     pub handshake_timeout: Duration,
-    /// A frame that started must be complete (header and fixed part)
-    /// within this; payload reads and response writes use it per call.
+    /// A frame that started must be complete (header and body, or a data
+    /// frame's fixed part) within this.
     pub frame_timeout: Duration,
     /// With requests outstanding, a connection that brings no answer for
-    /// this long is declared dead (initiator); a peer that does not read
-    /// our answers for this long is closed (target).
+    /// this long is declared dead (initiator); a target moves each whole
+    /// answer (a READ's payload, a WRITE's payload) within this or closes
+    /// the session, however the peer paces its reads.
     pub io_timeout: Duration,
-    /// A target closes a session idle (no request) for this long; `None`:
-    /// never.
+    /// A target closes an authenticated session idle (no request) for this
+    /// long; `None`: never.
     pub idle_timeout: Option<Duration>,
-    /// Connections a target accepts at once.
+    /// A target closes a connection that has not authenticated within this
+    /// (or within `handshake_timeout`, whichever is shorter).
+    pub preauth_timeout: Duration,
+    /// Connections a target holds at once that have not authenticated yet.
+    /// They do not count against `max_sessions`; when all are taken, the
+    /// oldest is closed to make room for a new one.
+    pub max_unauthenticated: usize,
+    /// Of those, how many may come from one IP address; more are refused.
+    pub max_unauthenticated_per_address: usize,
+    /// Refused and abnormally closed sessions a target logs per second;
+    /// the rest are counted and the count is logged with the next one.
+    pub refusal_logs_per_second: u32,
+    /// Authenticated sessions a target serves at once.
     pub max_sessions: usize,
     /// Connections a target accepts at once from one source.
     pub max_connections_per_source: usize,
@@ -137,6 +151,10 @@ impl SessionConfig {
             frame_timeout: Duration::from_secs(5),
             io_timeout: Duration::from_secs(10),
             idle_timeout: None,
+            preauth_timeout: Duration::from_secs(3),
+            max_unauthenticated: 64,
+            max_unauthenticated_per_address: 8,
+            refusal_logs_per_second: 10,
             max_sessions: 256,
             max_connections_per_source: 32,
             max_in_flight_per_connection: 16,

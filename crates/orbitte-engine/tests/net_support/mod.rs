@@ -374,6 +374,35 @@ impl Initiator {
     }
 }
 
+/// A legitimate initiator `source` opens `rails` tcp rails to `t`, reads
+/// 256 KiB of `range` at offset 4096 and gets exactly the bytes of `mem`
+/// there: what an attack must never stop.
+pub fn legitimate_read(t: &Target, source: &str, rails: usize, range: u64, mem: &HostMemory) {
+    let i = Initiator::new(cfg(source, 1), CoreConfig::default());
+    let local = HostMemory::alloc(256 << 10).unwrap();
+    let reg = i.driver.register(local.clone());
+    let (rails, _) = i
+        .connect_tcp(PeerId(1), t.addr(), rails)
+        .unwrap_or_else(|e| panic!("{source} was refused: {e}"));
+    let id = i.driver.submit(vec![request(
+        1,
+        Op::Read,
+        reg,
+        0,
+        PeerId(1),
+        range,
+        4096,
+        256 << 10,
+        &rails,
+    )])[0];
+    let o = i.driver.wait(id, Duration::from_secs(30));
+    assert_eq!(o.status, orbitte_engine::outcome::Status::Complete, "{o:?}");
+    assert!(
+        local.to_vec(0, 256 << 10).unwrap() == mem.to_vec(4096, 256 << 10).unwrap(),
+        "{source} read other bytes than the target holds"
+    );
+}
+
 /// Asserts that `mem` still holds exactly [`pattern`]`(seed)`: the target
 /// memory a refused request must not have touched.
 pub fn untouched(mem: &HostMemory, seed: u8) {

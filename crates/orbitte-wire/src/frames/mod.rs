@@ -21,7 +21,7 @@ use crate::codec::{Reader, Writer};
 use crate::error::{DecodeError, EncodeError, Problem};
 use crate::frame_type::FrameType;
 use crate::header::{
-    FrameHeader, HEADER_LEN, MAGIC, MAX_CONTROL_BODY_LEN, PROTOCOL_VERSION, fixed_part_len,
+    FrameHeader, HEADER_LEN, MAGIC, PROTOCOL_VERSION, fixed_part_len, max_body_len,
 };
 
 /// A frame of any type. Data frames (`WriteRequest`, `ReadResponse`) hold
@@ -160,17 +160,18 @@ impl Frame {
             Self::WriteResponse(f) => f.encode_body(&mut w)?,
         }
         let fixed = out.len() - start - HEADER_LEN;
-        if fixed_part_len(frame_type).is_none() && fixed > MAX_CONTROL_BODY_LEN as usize {
+        let max = max_body_len(frame_type);
+        if fixed_part_len(frame_type).is_none() && fixed > max as usize {
             return Err(EncodeError {
                 frame: frame_type,
                 field: "body",
                 problem: Problem::TooLong {
                     len: fixed as u64,
-                    max: MAX_CONTROL_BODY_LEN.into(),
+                    max: max.into(),
                 },
             });
         }
-        // fixed <= MAX_CONTROL_BODY_LEN or a data frame's fixed part, and the
+        // fixed <= max_body_len (at most 4 MiB) or a data frame's fixed part, and the
         // payload was checked against MAX_PAYLOAD_LEN: the sum fits u32.
         let body_len = fixed as u32 + self.payload_len();
         let header = FrameHeader {
@@ -222,7 +223,7 @@ impl Frame {
 ///
 /// This is the zero-copy receive path: read 12 bytes, decode the header,
 /// read `fixed_len` bytes into a reusable buffer (at most
-/// [`MAX_CONTROL_BODY_LEN`]), decode them here, then read the payload.
+/// [`max_body_len`]), decode them here, then read the payload.
 pub fn decode_body(header: &FrameHeader, fixed: &[u8]) -> Result<Frame, DecodeError> {
     let frame_type = header.frame_type;
     let want = header.fixed_len();

@@ -105,7 +105,9 @@ fn serve_local(mut s: UnixStream, shared: &crate::session::listener::Shared) {
     let hs = match handshake::accept(&mut s, cfg, &shared.peers, None) {
         Ok(h) => h,
         Err(e) => {
-            tracing::warn!(error = %e, "local session refused");
+            if let Some(left_out) = shared.refusal_to_log() {
+                tracing::warn!(error = %e, left_out, "local session refused");
+            }
             return;
         }
     };

@@ -39,7 +39,7 @@ use crate::transport::{
     close_rails_now,
 };
 
-use rail::{Job, Rail};
+use rail::{Job, Rail, SegmentUpdate};
 
 /// What the transport knows about one peer: who it is and its ranges.
 #[derive(Debug, Clone)]
@@ -275,19 +275,24 @@ impl TcpTransport {
             let state = self.state.clone();
             let epoch = hs.peer.epoch;
             let peer_id = peer;
-            let on_pub: Arc<dyn Fn(SegmentPublication) + Send + Sync> =
-                Arc::new(move |p: SegmentPublication| {
-                    if p.epoch != epoch {
+            let on_pub: Arc<dyn Fn(SegmentUpdate) + Send + Sync> =
+                Arc::new(move |u: SegmentUpdate| {
+                    let mut state = state.write().unwrap_or_else(|e| e.into_inner());
+                    let Some(ps) = state.get_mut(&peer_id) else {
                         return;
-                    }
-                    if let Some(ps) = state
-                        .write()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .get_mut(&peer_id)
-                    {
-                        for r in p.ranges {
-                            ps.ranges.insert(r.range_id, r);
+                    };
+                    match u {
+                        SegmentUpdate::Published(p) if p.epoch == epoch => {
+                            for r in p.ranges {
+                                ps.ranges.insert(r.range_id, r);
+                            }
                         }
+                        SegmentUpdate::Retired(r) if r.epoch == epoch => {
+                            for id in &r.range_ids {
+                                ps.ranges.remove(id);
+                            }
+                        }
+                        _ => {}
                     }
                 });
             let r = Rail::start(

@@ -8,18 +8,49 @@
 //! (caller-owned, or a peer's mapping) goes through one scratch buffer that
 //! the connection keeps for its whole life, so no operation allocates.
 //!
-//! Every call works on a blocking socket whose read/write timeouts are set by
-//! the caller; a timeout comes back as `WouldBlock`/`TimedOut`.
+//! Every call works on a blocking socket. Without a deadline the caller's
+//! read/write timeouts apply per system call; with one, every call re-arms
+//! the socket timeout to the time left, so the whole operation ends by the
+//! deadline however the peer paces its reads or writes. A timeout comes back
+//! as `WouldBlock`/`TimedOut`.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 use orbitte_memory::HostMemory;
 use rustix::pipe::SpliceFlags;
 
 /// Scratch size for memory that has no memfd, and the pipe size for splice.
 const CHUNK: usize = 1 << 20;
+
+/// Which socket timeout a deadline re-arms.
+#[derive(Clone, Copy)]
+enum Dir {
+    Send,
+    Recv,
+}
+
+/// Sets the socket timeout of `dir` to the time left before `deadline`
+/// (nothing without a deadline); past it, `TimedOut`.
+fn arm(sock: &TcpStream, deadline: Option<Instant>, dir: Dir) -> io::Result<()> {
+    let Some(deadline) = deadline else {
+        return Ok(());
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "payload not moved within its deadline",
+        ));
+    }
+    let left = Some(left.max(Duration::from_millis(1)));
+    match dir {
+        Dir::Send => sock.set_write_timeout(left),
+        Dir::Recv => sock.set_read_timeout(left),
+    }
+}
 
 /// Per-connection payload mover. Create one per connection and reuse it.
 #[derive(Debug)]
@@ -48,13 +79,15 @@ impl PayloadIo {
         &mut self.scratch
     }
 
-    /// Writes `mem[offset..offset + len]` to `sock`.
+    /// Writes `mem[offset..offset + len]` to `sock`, all of it by
+    /// `deadline` when one is given.
     pub(crate) fn send(
         &mut self,
         sock: &TcpStream,
         mem: &HostMemory,
         offset: u64,
         len: usize,
+        deadline: Option<Instant>,
     ) -> io::Result<()> {
         check(mem, offset, len)?;
         if self.zero_copy
@@ -66,6 +99,7 @@ impl PayloadIo {
                 let want = usize::try_from(end - off)
                     .unwrap_or(usize::MAX)
                     .min(CHUNK * 4);
+                arm(sock, deadline, Dir::Send)?;
                 match rustix::fs::sendfile(sock.as_fd(), fd, Some(&mut off), want) {
                     Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                     Ok(_) => {}
@@ -82,19 +116,30 @@ impl PayloadIo {
             let buf = &mut self.scratch()[..n];
             mem.read_at(offset as usize + done, buf)
                 .map_err(io::Error::other)?;
-            sock.write_all(buf)?;
+            let mut sent = 0;
+            while sent < n {
+                arm(sock, deadline, Dir::Send)?;
+                match sock.write(&buf[sent..]) {
+                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                    Ok(m) => sent += m,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
             done += n;
         }
         Ok(())
     }
 
-    /// Reads exactly `len` bytes from `sock` into `mem[offset..]`.
+    /// Reads exactly `len` bytes from `sock` into `mem[offset..]`, all of
+    /// them by `deadline` when one is given.
     pub(crate) fn recv(
         &mut self,
         sock: &TcpStream,
         mem: &HostMemory,
         offset: u64,
         len: usize,
+        deadline: Option<Instant>,
     ) -> io::Result<()> {
         check(mem, offset, len)?;
         if !mem.is_writable() {
@@ -118,6 +163,7 @@ impl PayloadIo {
             let mut out_off = offset;
             let mut left = len;
             while left > 0 {
+                arm(sock, deadline, Dir::Recv)?;
                 let n = match rustix::pipe::splice(
                     sock.as_fd(),
                     None,
@@ -159,11 +205,10 @@ impl PayloadIo {
             return Ok(());
         }
         let mut done = 0usize;
-        let mut sock = sock;
         while done < len {
             let n = (len - done).min(CHUNK);
             let buf = &mut self.scratch()[..n];
-            sock.read_exact(buf)?;
+            read_exact_by(sock, buf, deadline)?;
             mem.write_at(offset as usize + done, buf)
                 .map_err(io::Error::other)?;
             done += n;
@@ -172,18 +217,41 @@ impl PayloadIo {
     }
 
     /// Reads and drops `len` bytes (the payload of a refused WRITE), never
-    /// touching registered memory.
-    pub(crate) fn discard(&mut self, sock: &TcpStream, len: u64) -> io::Result<()> {
+    /// touching registered memory; all of them by `deadline` when given.
+    pub(crate) fn discard(
+        &mut self,
+        sock: &TcpStream,
+        len: u64,
+        deadline: Option<Instant>,
+    ) -> io::Result<()> {
         let mut left = len;
-        let mut sock = sock;
         while left > 0 {
             let n = usize::try_from(left).unwrap_or(usize::MAX).min(CHUNK);
             let buf = &mut self.scratch()[..n];
-            sock.read_exact(buf)?;
+            read_exact_by(sock, buf, deadline)?;
             left -= n as u64;
         }
         Ok(())
     }
+}
+
+/// `read_exact` with the deadline re-armed before every read.
+fn read_exact_by(sock: &TcpStream, buf: &mut [u8], deadline: Option<Instant>) -> io::Result<()> {
+    let mut sock = sock;
+    if deadline.is_none() {
+        return sock.read_exact(buf);
+    }
+    let mut done = 0;
+    while done < buf.len() {
+        arm(sock, deadline, Dir::Recv)?;
+        match sock.read(&mut buf[done..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn check(mem: &HostMemory, offset: u64, len: usize) -> io::Result<()> {
@@ -224,11 +292,11 @@ mod tests {
         let len = 3 * CHUNK;
         let t = std::thread::spawn(move || {
             let mut io = PayloadIo::new(zero_copy);
-            io.send(&a, &src, 17, len).unwrap();
+            io.send(&a, &src, 17, len, None).unwrap();
             src
         });
         let mut io = PayloadIo::new(zero_copy);
-        io.recv(&b, &dst, 5, len).unwrap();
+        io.recv(&b, &dst, 5, len, None).unwrap();
         let src = t.join().unwrap();
         assert_eq!(src.to_vec(17, len).unwrap(), dst.to_vec(5, len).unwrap());
         assert_eq!(dst.to_vec(0, 5).unwrap(), vec![0; 5]);
@@ -250,7 +318,7 @@ mod tests {
         let (a, _b) = pair();
         let m = HostMemory::alloc(4096).unwrap();
         let mut io = PayloadIo::new(true);
-        assert!(io.send(&a, &m, 4000, 100).is_err());
-        assert!(io.recv(&a, &m, u64::MAX, 1).is_err());
+        assert!(io.send(&a, &m, 4000, 100, None).is_err());
+        assert!(io.recv(&a, &m, u64::MAX, 1, None).is_err());
     }
 }

@@ -2,10 +2,11 @@
 //! requests (up to the in-flight bound) and a reader thread that matches
 //! answers, moves READ payloads into local memory and reports completions.
 //!
-//! Answers come back in request order (the target serves a connection in
-//! order), so the in-flight list is a FIFO and each answer must echo the
-//! request id at its front; anything else is a protocol error that takes
-//! the rail down.
+//! Answers are matched to requests by request id (docs/protocol.md: a
+//! peer may answer in any order; ours serves a connection in order, so the
+//! match is usually at the front of the in-flight list). An answer that
+//! names no request in flight, or the wrong operation, is a protocol error
+//! that takes the rail down.
 //!
 //! When the rail goes down (socket error, peer error frame, no answer within
 //! `io_timeout` while requests are outstanding, or a flush), the reader
@@ -28,6 +29,13 @@ use crate::session::{SessionConfig, SessionError};
 use crate::transport::{
     EventSink, Op, RailId, SliceFailure, SliceStatus, TransportEvent, WorkItem,
 };
+
+/// A publication or retire the peer sent on an established rail.
+#[derive(Debug, Clone)]
+pub(crate) enum SegmentUpdate {
+    Published(orbitte_wire::SegmentPublication),
+    Retired(orbitte_wire::SegmentRetire),
+}
 
 #[derive(Debug, Clone)]
 pub(crate) struct Job {
@@ -64,7 +72,7 @@ impl Rail {
         stream: TcpStream,
         cfg: &SessionConfig,
         sink: Arc<dyn EventSink>,
-        on_publication: Arc<dyn Fn(orbitte_wire::SegmentPublication) + Send + Sync>,
+        on_segment: Arc<dyn Fn(SegmentUpdate) + Send + Sync>,
     ) -> std::io::Result<Arc<Self>> {
         let rail = Arc::new(Self {
             id,
@@ -98,7 +106,7 @@ impl Rail {
                     frame_timeout,
                     io_timeout,
                     sink,
-                    on_publication,
+                    on_segment,
                 )
             })?;
         Ok(rail)
@@ -193,7 +201,7 @@ fn writer(rail: Arc<Rail>, mut stream: TcpStream, zero_copy: bool) {
                     Err(e) => Err(SessionError::Protocol(e.to_string())),
                     Ok(()) => send_header_more(&stream, &scratch)
                         .and_then(|()| {
-                            io.send(&stream, &job.local, it.local_offset, it.len as usize)
+                            io.send(&stream, &job.local, it.local_offset, it.len as usize, None)
                         })
                         .map_err(SessionError::Io),
                 }
@@ -228,7 +236,7 @@ fn reader(
     frame_timeout: Duration,
     io_timeout: Duration,
     sink: Arc<dyn EventSink>,
-    on_publication: Arc<dyn Fn(orbitte_wire::SegmentPublication) + Send + Sync>,
+    on_segment: Arc<dyn Fn(SegmentUpdate) + Send + Sync>,
 ) {
     let mut io = PayloadIo::new(zero_copy);
     let mut frames = FrameReader::new();
@@ -253,7 +261,11 @@ fn reader(
             Frame::ReadResponse(r) => (r.request_id, r.status, r.length, Op::Read),
             Frame::WriteResponse(w) => (w.request_id, w.status, w.length, Op::Write),
             Frame::SegmentPublication(p) => {
-                on_publication(p.clone());
+                on_segment(SegmentUpdate::Published(p.clone()));
+                continue;
+            }
+            Frame::SegmentRetire(r) => {
+                on_segment(SegmentUpdate::Retired(r.clone()));
                 continue;
             }
             Frame::Error(e) => break format!("peer sent error {}: {}", e.code, e.message),
@@ -262,17 +274,18 @@ fn reader(
         };
         let job = {
             let mut st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
-            match st.in_flight.front() {
-                Some(j) if j.item.token.0 == request_id.0 && j.item.op == op => {}
-                _ => {
-                    break format!(
-                        "answer for request {} does not match the oldest request in flight",
-                        request_id.0
-                    );
-                }
-            }
+            let Some(at) = st
+                .in_flight
+                .iter()
+                .position(|j| j.item.token.0 == request_id.0 && j.item.op == op)
+            else {
+                break format!(
+                    "answer for request {} ({op:?}) matches no request in flight",
+                    request_id.0
+                );
+            };
             st.last_progress = Instant::now();
-            st.in_flight.pop_front()
+            st.in_flight.remove(at)
         };
         let Some(job) = job else {
             break "in-flight list empty".into();
@@ -299,7 +312,13 @@ fn reader(
                 break msg;
             }
             let _ = stream.set_read_timeout(Some(io_timeout));
-            if let Err(e) = io.recv(&stream, &job.local, job.item.local_offset, length as usize) {
+            if let Err(e) = io.recv(
+                &stream,
+                &job.local,
+                job.item.local_offset,
+                length as usize,
+                None,
+            ) {
                 let msg = format!("receiving read data failed: {e}");
                 // The reader is the only thread writing local memory: it
                 // stopped, so the bytes are released (possibly partial).

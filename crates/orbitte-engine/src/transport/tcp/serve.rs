@@ -170,6 +170,14 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
         if !cfg.serve_delay.is_zero() {
             std::thread::sleep(cfg.serve_delay);
         }
+        // A whole answer (a READ's payload, a WRITE's payload and its
+        // answer) must move within io_timeout, however the peer paces it.
+        let deadline = Some(Instant::now() + cfg.io_timeout);
+        if let Frame::ReadRequest(_) | Frame::WriteRequest(_) = &frame
+            && let Err(e) = stream.set_write_timeout(Some(cfg.io_timeout))
+        {
+            return CloseReason::abnormal(format!("cannot set the write timeout: {e}"));
+        }
         let result = match frame {
             Frame::ReadRequest(r) => {
                 match check(
@@ -197,6 +205,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                                         &p.memory,
                                         p.offset + r.offset,
                                         r.length as usize,
+                                        deadline,
                                     )
                                 })
                                 .map(|()| {
@@ -228,8 +237,13 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                     AccessFlags::REMOTE_WRITE,
                 ) {
                     Ok(p) => {
-                        let _ = stream.set_read_timeout(Some(cfg.io_timeout));
-                        match io.recv(stream, &p.memory, p.offset + w.offset, w.length as usize) {
+                        match io.recv(
+                            stream,
+                            &p.memory,
+                            p.offset + w.offset,
+                            w.length as usize,
+                            deadline,
+                        ) {
                             Ok(()) => {
                                 ctx.bytes.fetch_add(u64::from(w.length), Ordering::Relaxed);
                                 Ok(Status::OK)
@@ -239,8 +253,8 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                     }
                     Err(status) => {
                         tracing::debug!(session = ?ctx.session, range = w.range_id.0, %status, "write refused");
-                        let _ = stream.set_read_timeout(Some(cfg.io_timeout));
-                        io.discard(stream, u64::from(w.length)).map(|()| status)
+                        io.discard(stream, u64::from(w.length), deadline)
+                            .map(|()| status)
                     }
                 };
                 match status {
@@ -256,6 +270,22 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                     }
                     Err(e) => Err(e),
                 }
+            }
+            // Either side publishes after the handshake (docs/protocol.md,
+            // "Session"). A tcp target reads and writes only its own ranges,
+            // so it checks the epoch and keeps nothing of the initiator's.
+            Frame::SegmentPublication(orbitte_wire::SegmentPublication { epoch, .. })
+            | Frame::SegmentRetire(orbitte_wire::SegmentRetire { epoch, .. }) => {
+                if epoch != ctx.peer.epoch {
+                    let msg = format!(
+                        "{} names epoch {epoch}, the session's is {}",
+                        frame.frame_type(),
+                        ctx.peer.epoch
+                    );
+                    send_error(stream, ErrorCode::STALE_EPOCH, frame.frame_type(), &msg);
+                    return CloseReason::abnormal(msg);
+                }
+                Ok(())
             }
             Frame::Goodbye(g) => {
                 return CloseReason::normal(format!(

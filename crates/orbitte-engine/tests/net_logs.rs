@@ -1,0 +1,139 @@
+//! What a target logs about peers it refuses: peer-supplied text escaped
+//! (no forged lines, no terminal escapes), and refusals rate-limited.
+//!
+//! This binary installs its own global subscriber that writes into a
+//! buffer, so its tests read exactly what an operator's log would show.
+#![forbid(unsafe_code)]
+
+mod net_support;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use net_support::{Target, cfg, raw};
+use orbitte_wire::auth::ClusterSecret;
+use orbitte_wire::{
+    Capabilities, Epoch, ErrorCode, Frame, Hello, Identity, Nonce, SessionPurpose, SourceId,
+};
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The log of this test binary (every test shares it: each looks for its
+/// own markers).
+fn log() -> &'static Captured {
+    static LOG: OnceLock<Captured> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let c = Captured::default();
+        let w = c.clone();
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("orbitte_engine=debug"))
+            .with_ansi(false)
+            .with_writer(move || w.clone())
+            .init();
+        c
+    })
+}
+
+fn text() -> String {
+    String::from_utf8_lossy(&log().0.lock().unwrap()).into_owned()
+}
+
+fn secret() -> ClusterSecret {
+    ClusterSecret::new(vec![0x5a; 32]).unwrap()
+}
+
+#[test]
+fn a_source_id_with_newlines_and_escapes_cannot_forge_log_lines() {
+    log();
+    let mut c = cfg("target", 1);
+    c.cluster_secret = Some(secret());
+    let t = Target::start(c);
+    let evil = "evil-7\nWARN forged: admin logged in\x1b[2J\x1b[31m";
+    // No proof: the target refuses it, and logs who it was.
+    let mut s = raw::connect(t.addr());
+    let Frame::Challenge(_) = raw::read_frame(&mut s).unwrap() else {
+        panic!("no challenge")
+    };
+    raw::send(
+        &mut s,
+        &Frame::Hello(Hello {
+            identity: Identity::new(
+                SourceId::new(evil).unwrap(),
+                Epoch::new(1).unwrap(),
+                Capabilities::TCP,
+            ),
+            nonce: Nonce([3; 32]),
+            purpose: SessionPurpose::DATA,
+            proof: None,
+        }),
+    );
+    let frames = raw::read_until_closed(&mut s);
+    assert!(
+        frames.iter().any(
+            |f| matches!(f, Frame::Error(e) if e.code == ErrorCode::AUTH_REQUIRED
+                || e.code == ErrorCode::AUTH_FAILED)
+        ),
+        "{frames:?}"
+    );
+    net_support::eventually("the refusal is logged", || text().contains("evil-7"));
+    let log = text();
+    assert!(
+        !log.lines().any(|l| l.starts_with("WARN forged")),
+        "a peer forged a log line:\n{log}"
+    );
+    assert!(
+        !log.contains('\x1b'),
+        "a peer wrote a terminal escape:\n{log}"
+    );
+    assert!(log.contains("evil-7\\\\nWARN forged") || log.contains("evil-7\\nWARN forged"));
+}
+
+#[test]
+fn refusals_are_logged_within_a_budget_and_the_rest_counted() {
+    log();
+    let mut c = cfg("budget-target", 1);
+    c.refusal_logs_per_second = 5;
+    let t = Target::start(c);
+    let started = Instant::now();
+    const REFUSED: u64 = 200;
+    for _ in 0..REFUSED {
+        let mut s = raw::connect(t.addr());
+        let _ = raw::read_frame(&mut s);
+        let _ = s.write_all(b"GET / HTTP/1.1\r\n\r\n");
+        let _ = raw::read_until_closed(&mut s);
+    }
+    net_support::eventually("every refusal counted", || {
+        t.listener.stats().refused >= REFUSED
+    });
+    let elapsed = started.elapsed();
+    // Only this test's peers send HTTP.
+    let logged = text()
+        .lines()
+        .filter(|l| l.contains("session closed") && l.contains("bad magic"))
+        .count() as u64;
+    let stats = t.listener.stats();
+    // At most the budget per second (plus one window for the edges),
+    // whatever the machine's speed; the rest is counted, none is lost.
+    let budget = 5 * (elapsed.as_secs() + 2);
+    assert!(
+        logged <= budget,
+        "{logged} refusal lines in {elapsed:?} (budget {budget})"
+    );
+    assert_eq!(
+        logged + stats.refusals_not_logged,
+        stats.refused,
+        "{stats:?}"
+    );
+}
