@@ -2,7 +2,8 @@
 //!
 //! - dependencies between orbitte crates only point down the layer table;
 //! - orbitte-wire and orbitte-topology depend on no other orbitte crate;
-//! - only orbitte-verbs-sys, orbitte-verbs and orbitte-cuda contain `unsafe`,
+//! - only orbitte-memory, orbitte-verbs-sys, orbitte-verbs, orbitte-cuda and
+//!   orbitte-py contain `unsafe`,
 //!   every other crate root (lib, bin, tests, examples, benches) declares
 //!   `#![forbid(unsafe_code)]`;
 //! - in the crates that may use `unsafe`, every `unsafe` block and
@@ -22,6 +23,7 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "orbitte-verbs-sys",
     "orbitte-verbs",
     "orbitte-cuda",
+    "orbitte-py",
 ];
 
 /// For each orbitte crate, the orbitte crates it may depend on (any kind of
@@ -56,6 +58,18 @@ const ALLOWED_DEPS: &[(&str, &[&str])] = &[
     ),
     (
         "orbitte-cli",
+        &[
+            "orbitte",
+            "orbitte-engine",
+            "orbitte-memory",
+            "orbitte-topology",
+            "orbitte-wire",
+            "orbitte-verbs",
+            "orbitte-cuda",
+        ],
+    ),
+    (
+        "orbitte-py",
         &[
             "orbitte",
             "orbitte-engine",

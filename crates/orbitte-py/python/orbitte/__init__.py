@@ -1,0 +1,431 @@
+"""OrbitTE: one-sided READ and WRITE between registered memory on different
+processes and hosts, over RDMA (Host Direct), TCP or shared memory.
+
+Two APIs over one native engine:
+
+- :class:`Engine`, OrbitTE's own: ``listen``/``connect``, ``register`` any
+  writable buffer (bytearray, memoryview, numpy, CPU torch tensors) or
+  ``(address, length)``, non-blocking ``submit`` returning handles
+  (``poll``, ``wait``, ``wait_drain``) that end in an :class:`Outcome`.
+- :mod:`orbitte.mooncake`: ``TransferEngine``, a drop-in for the
+  ``mooncake.engine.TransferEngine`` calls that SGLang, vLLM and LMCache make.
+
+Every blocking call releases the GIL. Errors are :class:`Error` subclasses.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional, Sequence, Union
+
+from ._orbitte import (
+    PROTOCOL_VERSION,
+    Allocation as _Allocation,
+    ConfigError,
+    ConnectError,
+    DrainTimeout,
+    Error,
+    NativeEngine as _NativeEngine,
+    Outcome,
+    RegisterError,
+    SubmitError,
+    TransferError,
+    UnregisterError,
+    WaitTimeout,
+)
+from ._orbitte import capabilities as _capabilities
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Batch",
+    "Buffer",
+    "ConfigError",
+    "ConnectError",
+    "DrainTimeout",
+    "Engine",
+    "Error",
+    "Handle",
+    "Outcome",
+    "Peer",
+    "RegisterError",
+    "Registration",
+    "RemoteRange",
+    "Request",
+    "SubmitError",
+    "TransferError",
+    "UnregisterError",
+    "WaitTimeout",
+    "doctor",
+    "read",
+    "write",
+]
+
+_counter = itertools.count()
+
+
+def default_source_id(prefix: str = "orbitte-py") -> str:
+    """A source id unique to this process and engine: PREFIX-HOST-PID-N."""
+    return f"{prefix}-{socket.gethostname()}-{os.getpid()}-{next(_counter)}"
+
+
+def doctor() -> list[dict]:
+    """The capability matrix as data: one dict per path (rdma, tcp, local,
+    cuda-staging, ...) with its build, discovery, completion and drain checks,
+    each ``{"result": "pass" | "fail" | "skipped" | "not_implemented", ...}``
+    with ``reason`` and ``fix`` on failure. Evaluates each path for real, as
+    ``orbitte doctor`` does."""
+    return list(_capabilities())
+
+
+def buffer_address(obj: Any, length: Optional[int] = None) -> tuple[int, int, Any]:
+    """``(address, length, keepalive)`` of memory handed in by a caller.
+
+    Accepts a writable C-contiguous buffer (bytearray, memoryview, numpy
+    array, mmap), a CPU torch tensor, a :class:`Buffer`, or an int address
+    with ``length``. The keepalive pins the memory: a buffer export, so a
+    bytearray cannot be resized while it is registered."""
+    if isinstance(obj, Buffer):
+        return obj.address, obj.length, obj
+    if isinstance(obj, tuple) and len(obj) == 2 and all(isinstance(v, int) for v in obj):
+        obj, length = obj
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        if length is None:
+            raise RegisterError("an address needs a length: register((address, length))")
+        return obj, int(length), None
+    if hasattr(obj, "data_ptr") and hasattr(obj, "element_size"):  # torch.Tensor
+        if getattr(obj.device, "type", "cpu") != "cpu":
+            raise RegisterError(
+                f"a {obj.device} tensor cannot be registered here: OrbitTE registers host memory; "
+                "copy it to a CPU tensor (pin_memory()) or use the cuda-staging path"
+            )
+        if not obj.is_contiguous():
+            raise RegisterError("the tensor is not contiguous: call .contiguous() first")
+        n = obj.numel() * obj.element_size()
+        return int(obj.data_ptr()), n if length is None else int(length), obj
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        raise TypeError(
+            f"cannot register a {type(obj).__name__}: pass a writable buffer (bytearray, numpy array, "
+            "memoryview), a CPU torch tensor, an orbitte.Buffer or (address, length)"
+        ) from None
+    if view.readonly:
+        raise RegisterError(
+            f"the {type(obj).__name__} is read-only: peers and READs write registered memory; pass a bytearray or a writable array"
+        )
+    if not view.c_contiguous:
+        raise RegisterError("the buffer is not C-contiguous: pass a contiguous array (numpy.ascontiguousarray)")
+    n = view.nbytes
+    if n == 0:
+        raise RegisterError("the buffer is empty: register at least one byte")
+    pin = (ctypes.c_char * n).from_buffer(view)
+    return ctypes.addressof(pin), n if length is None else int(length), (obj, view, pin)
+
+
+class Buffer:
+    """Host memory the engine allocated: page-aligned, zeroed, memfd-backed,
+    so a same-host peer can map it (the local path). Supports the buffer
+    protocol through :attr:`view` (a memoryview) and :meth:`numpy`."""
+
+    def __init__(self, length: int):
+        self._alloc = _Allocation(int(length))
+        self._array = (ctypes.c_char * self._alloc.length).from_address(self._alloc.address)
+
+    @property
+    def address(self) -> int:
+        return self._alloc.address
+
+    @property
+    def length(self) -> int:
+        return self._alloc.length
+
+    def __len__(self) -> int:
+        return self._alloc.length
+
+    @property
+    def view(self) -> memoryview:
+        """A writable memoryview of the whole buffer (valid while this
+        object lives)."""
+        return memoryview(self._array).cast("B")
+
+    def numpy(self):
+        """The buffer as a numpy uint8 array sharing the memory."""
+        import numpy as np
+
+        return np.frombuffer(self._array, dtype=np.uint8)
+
+    def __repr__(self) -> str:
+        return f"<orbitte.Buffer {self.length} bytes at {self.address:#x}>"
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A local registration: ``address``, ``length``; the engine holds the
+    memory's owner until it is unregistered and drained."""
+
+    engine: "Engine" = field(repr=False)
+    address: int
+    length: int
+    id: int
+    keepalive: Any = field(default=None, repr=False, compare=False)
+
+    def unregister(self) -> None:
+        self.engine.unregister(self)
+
+
+@dataclass(frozen=True)
+class RemoteRange:
+    """One range a peer published: its address in the peer and its length."""
+
+    peer: "Peer" = field(repr=False, compare=False)
+    address: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Peer:
+    """An opened peer: where it is, who it is, the path its requests take
+    (and the paths given up on the way, with the reason), its ranges."""
+
+    session: str
+    source_id: str
+    epoch: int
+    path: str
+    fell_back: list
+    ranges: list = field(default_factory=list)
+
+    def range(self, index: int = 0) -> RemoteRange:
+        """The ``index``-th published range, by address order."""
+        try:
+            return self.ranges[index]
+        except IndexError:
+            raise SubmitError(
+                f"peer {self.source_id} published {len(self.ranges)} range(s); there is no range {index}"
+            ) from None
+
+
+@dataclass(frozen=True)
+class Request:
+    """One READ or WRITE, built with :func:`write` or :func:`read`."""
+
+    op: str
+    local: Registration
+    remote: RemoteRange
+    length: int
+    local_offset: int = 0
+    remote_offset: int = 0
+    label: int = 0
+
+    def _native(self) -> tuple:
+        if self.local_offset < 0 or self.remote_offset < 0:
+            raise SubmitError("offsets must be non-negative")
+        return (
+            self.op == "write",
+            self.local.address + self.local_offset,
+            self.remote.address + self.remote_offset,
+            self.length,
+            self.label,
+        )
+
+
+def write(local: Registration, remote: RemoteRange, length: Optional[int] = None, *,
+          local_offset: int = 0, remote_offset: int = 0, label: int = 0) -> Request:
+    """A WRITE of ``length`` bytes (default: the whole local registration)
+    from ``local`` at ``local_offset`` into ``remote`` at ``remote_offset``."""
+    n = local.length - local_offset if length is None else length
+    return Request("write", local, remote, n, local_offset, remote_offset, label)
+
+
+def read(local: Registration, remote: RemoteRange, length: Optional[int] = None, *,
+         local_offset: int = 0, remote_offset: int = 0, label: int = 0) -> Request:
+    """A READ of ``length`` bytes (default: the whole local registration)
+    from ``remote`` at ``remote_offset`` into ``local`` at ``local_offset``."""
+    n = local.length - local_offset if length is None else length
+    return Request("read", local, remote, n, local_offset, remote_offset, label)
+
+
+class Handle:
+    """One submitted request. ``poll()`` and ``wait()`` give its
+    :class:`Outcome` (once; it is cached here); ``wait_drain()`` waits until
+    its local bytes are the caller's again."""
+
+    def __init__(self, engine: "Engine", request: int):
+        self._engine = engine
+        self.request = request
+        self._outcome: Optional[Outcome] = None
+
+    def poll(self) -> Optional[Outcome]:
+        if self._outcome is None:
+            self._outcome = self._engine._native.poll(self.request)
+        return self._outcome
+
+    def wait(self, timeout: float = 30.0) -> Outcome:
+        """The outcome; raises :class:`WaitTimeout` if none within ``timeout``."""
+        if self._outcome is None:
+            self._outcome = self._engine._native.wait(self.request, float(timeout))
+        return self._outcome
+
+    def wait_drain(self, timeout: float = 30.0) -> None:
+        """Raises :class:`DrainTimeout` if still undrained after ``timeout``."""
+        self._engine._native.wait_drain(self.request, float(timeout))
+
+    @property
+    def drained(self) -> bool:
+        return self._engine._native.drain_status(self.request)[0] == "drained"
+
+    def cancel(self) -> bool:
+        """Logical cancel (DMA may run until drained)."""
+        return self._engine._native.cancel(self.request)
+
+    def __repr__(self) -> str:
+        return f"<orbitte.Handle request={self.request} outcome={self._outcome!r}>"
+
+
+class Batch(list):
+    """The handles of one submitted batch, in request order."""
+
+    def wait(self, timeout: float = 30.0, *, check: bool = True) -> list[Outcome]:
+        """Every outcome, then drain of every request. With ``check`` (the
+        default), raises :class:`TransferError` (``.outcomes``) unless every
+        byte of every request arrived."""
+        outcomes = [h.wait(timeout) for h in self]
+        for h in self:
+            h.wait_drain(timeout)
+        if check and not all(o.ok for o in outcomes):
+            bad = next(o for o in outcomes if not o.ok)
+            err = TransferError(
+                f"{sum(not o.ok for o in outcomes)} of {len(outcomes)} request(s) did not complete; first: {bad!r}"
+            )
+            err.outcomes = outcomes
+            err.code = -1
+            raise err
+        return outcomes
+
+    def poll(self) -> list[Optional[Outcome]]:
+        return [h.poll() for h in self]
+
+
+class Engine:
+    """An OrbitTE engine: a source owner that serves its registrations to
+    peers and opens peers.
+
+    ``Engine(listen="127.0.0.1:0")`` serves right away; ``rdma=True``
+    registers memory with Host Direct on every usable NIC (``devices``
+    filters them by name; a registration error is never a silent switch to
+    another path); ``path`` is "auto" (local > rdma > tcp), "tcp", "local"
+    or "rdma"; ``rails`` is the connections per peer."""
+
+    def __init__(self, source_id: Optional[str] = None, *, listen: Optional[str] = None,
+                 rdma: bool = False, devices: Sequence[str] = (), path: str = "auto",
+                 rails: int = 1, request_timeout: float = 10.0, handshake_timeout: float = 5.0):
+        self._native = _NativeEngine(
+            source_id or default_source_id(),
+            rdma=bool(rdma),
+            devices=list(devices),
+            path=path,
+            rails=int(rails),
+            request_timeout=float(request_timeout),
+            handshake_timeout=float(handshake_timeout),
+        )
+        self._regs: dict[int, Registration] = {}
+        self._lock = threading.Lock()
+        self._host = "127.0.0.1"
+        if listen is not None:
+            self.listen(listen)
+
+    @property
+    def source_id(self) -> str:
+        return self._native.source_id
+
+    @property
+    def epoch(self) -> int:
+        return self._native.epoch
+
+    @property
+    def port(self) -> Optional[int]:
+        return self._native.port()
+
+    @property
+    def address(self) -> str:
+        """``host:port`` peers connect to (after :meth:`listen`)."""
+        port = self.port
+        if port is None:
+            raise ConfigError("the engine does not listen: call listen() first")
+        return f"{self._host}:{port}"
+
+    def listen(self, addr: str = "127.0.0.1:0") -> int:
+        """Serves this engine's registrations on ``addr`` (port 0: any);
+        returns the port."""
+        host = addr.rsplit(":", 1)[0].strip("[]")
+        port = self._native.listen(addr)
+        self._host = host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
+        return port
+
+    def alloc(self, length: int) -> Buffer:
+        """Memfd host memory that same-host peers can map (the local path)."""
+        return Buffer(length)
+
+    def register(self, memory: Any, length: Optional[int] = None, *, remote: bool = True) -> Registration:
+        """Registers memory (see :func:`buffer_address` for what is
+        accepted). ``remote=True`` publishes it to peers for their READs and
+        WRITEs; ``remote=False`` keeps it local-only (a source or sink of
+        this engine's requests). The memory's owner is kept alive until
+        :meth:`unregister` and drain."""
+        if isinstance(memory, Buffer):
+            rid = self._native.register_allocation(memory._alloc, remote=remote)
+            reg = Registration(self, memory.address, memory.length, rid, memory)
+        else:
+            address, n, keep = buffer_address(memory, length)
+            rid = self._native.register(address, n, keep, remote=remote)
+            reg = Registration(self, address, n, rid, keep)
+        with self._lock:
+            self._regs[reg.address] = reg
+        return reg
+
+    def unregister(self, registration: Union[Registration, int]) -> None:
+        """Removes a registration (refused with :class:`UnregisterError`
+        while requests on it are undrained)."""
+        address = registration.address if isinstance(registration, Registration) else int(registration)
+        self._native.unregister(address)
+        with self._lock:
+            self._regs.pop(address, None)
+
+    def connect(self, addr: str) -> Peer:
+        """Opens the engine at ``addr`` ("host:port"): handshake with epochs,
+        its publications, the path chosen by the policy."""
+        d = self._native.connect(addr)
+        peer = Peer(d["session"], d["source_id"], d["epoch"], d["path"], d["fell_back"], [])
+        object.__setattr__(peer, "ranges", [RemoteRange(peer, a, n) for a, n in d["ranges"]])
+        return peer
+
+    def submit(self, peer: Union[Peer, str], requests: Iterable[Request]) -> Batch:
+        """Submits a batch without waiting; all requests are admitted or
+        none (:class:`SubmitError` names the first bad one)."""
+        session = peer.session if isinstance(peer, Peer) else peer
+        ops = [r._native() for r in requests]
+        ids = self._native.submit(session, ops)
+        return Batch(Handle(self, i) for i in ids)
+
+    def transfer(self, peer: Union[Peer, str], requests: Iterable[Request]) -> None:
+        """Submits and waits for every outcome and drain (GIL released);
+        raises :class:`TransferError` (``.outcomes``) unless all complete."""
+        session = peer.session if isinstance(peer, Peer) else peer
+        self._native.transfer(session, [r._native() for r in requests])
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stops serving, fences, waits for drain, releases native objects."""
+        self._native.close(timeout)
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<orbitte.Engine {self.source_id} epoch={self.epoch} port={self.port}>"

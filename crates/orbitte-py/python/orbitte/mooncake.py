@@ -1,0 +1,414 @@
+"""A drop-in for ``mooncake.engine.TransferEngine``.
+
+Change only the import::
+
+    from orbitte.mooncake import TransferEngine   # was: from mooncake.engine import TransferEngine
+
+Same method names, argument order and return codes (0 on success, a
+negative Mooncake error code on failure); pointers and lengths are plain
+ints (lists or numpy arrays for the batch calls); the remote pointer is the
+target's absolute virtual address; a session id is ``"host:port"`` with the
+port from the target's ``get_rpc_port()``, connected on first use and
+cached. What a failed call's int does not tell, :meth:`TransferEngine.last_error`
+does: the message, and each request's full OrbitTE outcome (completed
+prefix, failure, remote effect, drain).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import itertools
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from . import Buffer, Error, _NativeEngine
+
+__all__ = ["LastError", "TransferEngine", "TransferNotify", "TransferOpcode"]
+
+# Mooncake's error codes (its error.h).
+ERR_INVALID_ARGUMENT = -1
+ERR_ADDRESS_NOT_REGISTERED = -3
+ERR_DEVICE_NOT_FOUND = -6
+ERR_ADDRESS_OVERLAPPED = -7
+ERR_SOCKET_FAIL = -102
+ERR_REJECT_HANDSHAKE = -104
+ERR_METADATA = -200
+
+_count = itertools.count()
+
+
+class TransferOpcode(enum.IntEnum):
+    """Mooncake's opcodes."""
+
+    READ = 0
+    WRITE = 1
+    Read = 0
+    Write = 1
+
+
+@dataclass
+class TransferNotify:
+    """Mooncake's notification object (name, msg). Accepted by the
+    ``*_sync`` calls; OrbitTE delivers notifications with
+    ``orbitte.Engine`` (see docs/python.md)."""
+
+    name: str = ""
+    msg: str = ""
+
+
+@dataclass
+class LastError:
+    """Why the calling thread's last failed call failed."""
+
+    call: str
+    code: int
+    message: str
+    #: One ``orbitte.Outcome`` per request when the batch ran (completed
+    #: prefix, failure, remote effect, drain); empty when it was refused
+    #: before anything was posted.
+    outcomes: list = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return f"{self.call} returned {self.code}: {self.message}"
+
+
+def _ints(values: Any) -> list:
+    """A list of ints from a list, tuple or numpy array."""
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    return [int(v) for v in values] if not isinstance(values, list) else values
+
+
+class TransferEngine:
+    """Mooncake's ``TransferEngine`` over OrbitTE."""
+
+    def __init__(self) -> None:
+        self._native: Optional[_NativeEngine] = None
+        self._hostname = ""
+        self._tls = threading.local()
+        self._managed: dict[int, Buffer] = {}
+        self._lock = threading.Lock()
+
+    # -- errors ---------------------------------------------------------
+    def _fail(self, call: str, err: BaseException) -> int:
+        code = getattr(err, "code", None)
+        if not isinstance(code, int) or code >= 0:
+            code = ERR_INVALID_ARGUMENT
+        outcomes = list(getattr(err, "outcomes", None) or [])
+        self._tls.error = LastError(call, code, str(err), outcomes)
+        return code
+
+    def last_error(self) -> Optional[LastError]:
+        """The calling thread's last failure (None after a success)."""
+        return getattr(self._tls, "error", None)
+
+    def _engine(self) -> _NativeEngine:
+        if self._native is None:
+            raise Error("the engine is not initialized: call initialize() first")
+        return self._native
+
+    # -- setup ----------------------------------------------------------
+    def initialize(self, local_hostname: str, metadata_server: str, protocol: str,
+                   device_name: str) -> int:
+        """``local_hostname`` is "host" or "host:port" (no port: any free
+        one, see get_rpc_port); ``metadata_server`` "P2PHANDSHAKE" (peers
+        exchange descriptors at connect); ``protocol`` "tcp" or "rdma";
+        ``device_name`` a comma-separated RDMA device filter ("" for all)."""
+        return self.initialize_ext(local_hostname, metadata_server, protocol, device_name, "")
+
+    def initialize_ext(self, local_hostname: str, metadata_server: str, protocol: str,
+                       device_name: str, metadata_type: str) -> int:
+        call = "initialize"
+        try:
+            if self._native is not None:
+                raise Error("already initialized: use one TransferEngine per initialize()")
+            meta = (metadata_server or "").strip()
+            if meta.upper() not in ("P2PHANDSHAKE", "P2P") and (metadata_type or "").lower() != "p2p":
+                err = Error(
+                    f"metadata server {metadata_server!r}: this build supports P2PHANDSHAKE (descriptors "
+                    "exchanged at connect); start the engines with metadata_server='P2PHANDSHAKE' and "
+                    "session ids 'host:port'"
+                )
+                err.code = ERR_METADATA
+                raise err
+            proto = (protocol or "tcp").strip().lower()
+            if proto not in ("tcp", "rdma"):
+                raise Error(f"protocol {protocol!r}: use 'tcp' or 'rdma'")
+            devices = [d.strip() for d in (device_name or "").split(",") if d.strip()]
+            host, _, port = local_hostname.rpartition(":") if ":" in local_hostname else (local_hostname, "", "0")
+            host = host.strip("[]") or "0.0.0.0"
+            native = _NativeEngine(
+                f"{local_hostname}-{os.getpid()}-{next(_count)}",
+                rdma=proto == "rdma",
+                devices=devices,
+                path=os.environ.get("ORBITTE_PATH", "auto"),
+                request_timeout=float(os.environ.get("ORBITTE_REQUEST_TIMEOUT", "10")),
+            )
+            if proto == "rdma" and not native.rdma_devices():
+                err = Error("protocol 'rdma': this host lists no RDMA device; use protocol 'tcp' "
+                            "or install rdma-core and load the RDMA drivers (orbitte.doctor() says more)")
+                err.code = ERR_DEVICE_NOT_FOUND
+                raise err
+            try:
+                native.listen(f"{host}:{int(port or 0)}")
+            except Error:
+                native.listen(f"0.0.0.0:{int(port or 0)}")
+            self._native = native
+            self._hostname = host
+            self._tls.error = None
+            return 0
+        except (Error, TypeError, ValueError, OverflowError) as e:
+            return self._fail(call, e)
+
+    def get_rpc_port(self) -> int:
+        """The port peers reach this engine on: their session id for it is
+        ``f"{local_hostname}:{get_rpc_port()}"``."""
+        port = self._engine().port()
+        return int(port or 0)
+
+    def get_local_topology(self, device_name: str = "") -> str:
+        return ",".join(self._engine().rdma_devices())
+
+    # -- memory ---------------------------------------------------------
+    def register_memory(self, buffer_addr: int, capacity: int) -> int:
+        """Registers ``capacity`` bytes at ``buffer_addr`` and publishes
+        them to peers. The memory must stay allocated until
+        unregister_memory (as with Mooncake)."""
+        try:
+            self._engine().register(int(buffer_addr), int(capacity), None, remote=True)
+            self._tls.error = None
+            return 0
+        except (Error, TypeError, ValueError, OverflowError) as e:
+            return self._fail("register_memory", e)
+
+    def unregister_memory(self, buffer_addr: int) -> int:
+        try:
+            self._engine().unregister(int(buffer_addr))
+            self._tls.error = None
+            return 0
+        except (Error, TypeError, ValueError, OverflowError) as e:
+            return self._fail("unregister_memory", e)
+
+    def batch_register_memory(self, buffer_addresses: Sequence[int], capacities: Sequence[int]) -> int:
+        try:
+            addrs, caps = _ints(buffer_addresses), _ints(capacities)
+            if len(addrs) != len(caps):
+                raise ValueError(f"{len(addrs)} addresses but {len(caps)} capacities")
+        except (TypeError, ValueError, OverflowError) as e:
+            return self._fail("batch_register_memory", e)
+        for a, c in zip(addrs, caps):
+            rc = self.register_memory(a, c)
+            if rc != 0:
+                return rc
+        return 0
+
+    def batch_unregister_memory(self, buffer_addresses: Sequence[int]) -> int:
+        try:
+            addrs = _ints(buffer_addresses)
+        except (TypeError, ValueError, OverflowError) as e:
+            return self._fail("batch_unregister_memory", e)
+        rc_all = 0
+        for a in addrs:
+            rc = self.unregister_memory(a)
+            rc_all = rc_all or rc
+        return rc_all
+
+    def allocate_managed_buffer(self, length: int) -> int:
+        """Allocates and registers ``length`` bytes of memfd memory (a
+        same-host peer can map it: the local path); returns its address, 0
+        on failure."""
+        try:
+            buf = Buffer(int(length))
+            self._engine().register_allocation(buf._alloc, remote=True)
+        except (Error, TypeError, ValueError, OverflowError) as e:
+            self._fail("allocate_managed_buffer", e)
+            return 0
+        with self._lock:
+            self._managed[buf.address] = buf
+        return buf.address
+
+    def free_managed_buffer(self, buffer_addr: int, length: int) -> int:
+        with self._lock:
+            buf = self._managed.get(int(buffer_addr))
+        if buf is None:
+            err = Error(f"{int(buffer_addr):#x} is not a managed buffer of this engine")
+            err.code = ERR_ADDRESS_NOT_REGISTERED
+            return self._fail("free_managed_buffer", err)
+        rc = self.unregister_memory(buf.address)
+        if rc == 0:
+            with self._lock:
+                self._managed.pop(buf.address, None)
+        return rc
+
+    def _local_range(self, address: int, length: int) -> None:
+        for start, n in self._engine().registrations():
+            if start <= address and address + length <= start + n:
+                return
+        err = Error(f"{address:#x}+{length} is not inside memory registered with this engine")
+        err.code = ERR_ADDRESS_NOT_REGISTERED
+        raise err
+
+    def write_bytes_to_buffer(self, dest_address: int, src_ptr: bytes, length: int) -> int:
+        """Copies ``length`` bytes of ``src_ptr`` into registered memory."""
+        try:
+            data = bytes(src_ptr)
+            if length < 0 or length > len(data):
+                raise ValueError(f"length {length} is outside the {len(data)} bytes given")
+            self._local_range(int(dest_address), int(length))
+            ctypes.memmove(int(dest_address), data, int(length))
+            return 0
+        except (Error, TypeError, ValueError, OverflowError) as e:
+            return self._fail("write_bytes_to_buffer", e)
+
+    def read_bytes_from_buffer(self, source_address: int, length: int) -> bytes:
+        """Copies ``length`` bytes of registered memory out (b"" on error)."""
+        try:
+            self._local_range(int(source_address), int(length))
+            return ctypes.string_at(int(source_address), int(length))
+        except (Error, TypeError, ValueError, OverflowError) as e:
+            self._fail("read_bytes_from_buffer", e)
+            return b""
+
+    def get_first_buffer_address(self, segment_name: str) -> int:
+        """The address of the first range the peer ``segment_name``
+        ("host:port") published, or 0."""
+        try:
+            ranges = self._engine().connect(str(segment_name))["ranges"]
+            return int(ranges[0][0]) if ranges else 0
+        except (Error, TypeError, ValueError) as e:
+            self._fail("get_first_buffer_address", e)
+            return 0
+
+    # -- transfers ------------------------------------------------------
+    def _batch(self, call: str, target_hostname: str, write: bool, buffers: Any,
+               peer_buffer_addresses: Any, lengths: Any) -> int:
+        try:
+            self._engine().transfer_batch(target_hostname, write, _ints(buffers),
+                                          _ints(peer_buffer_addresses), _ints(lengths))
+            self._tls.error = None
+            return 0
+        except (Error, TypeError, ValueError, OverflowError) as e:
+            return self._fail(call, e)
+
+    def transfer_sync_write(self, target_hostname: str, buffer: int, peer_buffer_address: int,
+                            length: int, transport_hint: str = "") -> int:
+        return self._batch("transfer_sync_write", target_hostname, True, [buffer],
+                           [peer_buffer_address], [length])
+
+    def transfer_sync_read(self, target_hostname: str, buffer: int, peer_buffer_address: int,
+                           length: int, transport_hint: str = "") -> int:
+        return self._batch("transfer_sync_read", target_hostname, False, [buffer],
+                           [peer_buffer_address], [length])
+
+    def transfer_sync(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
+                      opcode: TransferOpcode, notify: Optional[TransferNotify] = None,
+                      transport_hint: str = "") -> int:
+        return self._batch("transfer_sync", target_hostname, int(opcode) == TransferOpcode.WRITE,
+                           [buffer], [peer_buffer_address], [length])
+
+    def batch_transfer_sync_write(self, target_hostname: str, buffers: Any, peer_buffer_addresses: Any,
+                                  lengths: Any, transport_hint: str = "") -> int:
+        return self._batch("batch_transfer_sync_write", target_hostname, True, buffers,
+                           peer_buffer_addresses, lengths)
+
+    def batch_transfer_sync_read(self, target_hostname: str, buffers: Any, peer_buffer_addresses: Any,
+                                 lengths: Any, transport_hint: str = "") -> int:
+        return self._batch("batch_transfer_sync_read", target_hostname, False, buffers,
+                           peer_buffer_addresses, lengths)
+
+    def batch_transfer_sync(self, target_hostname: str, buffers: Any, peer_buffer_addresses: Any,
+                            lengths: Any, opcode: TransferOpcode, notify: Optional[TransferNotify] = None,
+                            transport_hint: str = "") -> int:
+        return self._batch("batch_transfer_sync", target_hostname, int(opcode) == TransferOpcode.WRITE,
+                           buffers, peer_buffer_addresses, lengths)
+
+    # -- asynchronous batches -------------------------------------------
+    def _submit(self, call: str, target_hostname: str, write: bool, buffers: Any,
+                peer_buffer_addresses: Any, lengths: Any) -> int:
+        try:
+            b, p, n = _ints(buffers), _ints(peer_buffer_addresses), _ints(lengths)
+            if not (len(b) == len(p) == len(n)):
+                raise ValueError(f"buffers, peer addresses and lengths differ in length ({len(b)}, {len(p)}, {len(n)})")
+            ops = [(write, b[i], p[i], n[i], i) for i in range(len(b))]
+            ids = self._engine().submit(target_hostname, ops)
+        except (Error, TypeError, ValueError, OverflowError) as e:
+            self._fail(call, e)
+            return 0
+        batch_id = next(_count) + 1
+        with self._lock:
+            self._batches = getattr(self, "_batches", {})
+            self._batches[batch_id] = ids
+        return batch_id
+
+    def batch_transfer_async_write(self, target_hostname: str, buffers: Any, peer_buffer_addresses: Any,
+                                   lengths: Any, transport_hint: str = "") -> int:
+        """Submits; returns a batch id (0 on failure)."""
+        return self._submit("batch_transfer_async_write", target_hostname, True, buffers,
+                            peer_buffer_addresses, lengths)
+
+    def batch_transfer_async_read(self, target_hostname: str, buffers: Any, peer_buffer_addresses: Any,
+                                  lengths: Any, transport_hint: str = "") -> int:
+        return self._submit("batch_transfer_async_read", target_hostname, False, buffers,
+                            peer_buffer_addresses, lengths)
+
+    def transfer_submit_write(self, target_hostname: str, buffer: int, peer_buffer_address: int,
+                              length: int, transport_hint: str = "") -> int:
+        return self._submit("transfer_submit_write", target_hostname, True, [buffer],
+                            [peer_buffer_address], [length])
+
+    def get_batch_transfer_status(self, batch_ids: Sequence[int]) -> int:
+        """Waits for the batches; 0 if every request completed, -1 if not."""
+        rc = 0
+        for b in _ints(batch_ids):
+            with self._lock:
+                ids = getattr(self, "_batches", {}).pop(b, None)
+            if ids is None:
+                err = Error(f"unknown batch id {b}")
+                return self._fail("get_batch_transfer_status", err)
+            outcomes = []
+            for i in ids:
+                try:
+                    o = self._engine().wait(i, 60.0)
+                    self._engine().wait_drain(i, 60.0)
+                except Error as e:
+                    return self._fail("get_batch_transfer_status", e)
+                outcomes.append(o)
+            if not all(o.ok for o in outcomes):
+                self._tls.error = LastError("get_batch_transfer_status", -1,
+                                            f"batch {b}: a request did not complete", outcomes)
+                rc = -1
+        return rc
+
+    def transfer_check_status(self, batch_id: int) -> int:
+        """1 done, 0 in progress, -1 failed, -2 timed out (Mooncake's)."""
+        with self._lock:
+            ids = getattr(self, "_batches", {}).get(int(batch_id))
+        if ids is None:
+            return -1
+        done = getattr(self, "_done", None)
+        if done is None:
+            done = self._done = {}
+        outs = done.setdefault(int(batch_id), {})
+        for i in ids:
+            if i not in outs:
+                o = self._engine().poll(i)
+                if o is None:
+                    return 0
+                outs[i] = o
+        with self._lock:
+            self._batches.pop(int(batch_id), None)
+        results = [outs[i] for i in ids]
+        done.pop(int(batch_id), None)
+        if all(o.ok for o in results):
+            return 1
+        self._tls.error = LastError("transfer_check_status", -1, "a request did not complete", results)
+        return -2 if any(o.status == "timed_out" for o in results) else -1
+
+    def close(self) -> None:
+        """Stops serving and releases the engine (not in Mooncake's API)."""
+        if self._native is not None:
+            self._native.close()

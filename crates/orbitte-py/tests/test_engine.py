@@ -1,0 +1,144 @@
+"""orbitte.Engine: registration of every buffer kind, non-blocking
+submit, outcomes, typed errors, doctor."""
+
+import array
+import gc
+import mmap
+
+import numpy as np
+import pytest
+
+import orbitte
+
+
+@pytest.fixture
+def pair():
+    target = orbitte.Engine(listen="127.0.0.1:0", path="tcp")
+    initiator = orbitte.Engine(path="tcp")
+    yield target, initiator
+    initiator.close()
+    target.close()
+
+
+def test_register_every_buffer_kind_and_write(pair):
+    target, initiator = pair
+    dst = target.alloc(1 << 20)
+    target.register(dst)
+    peer = initiator.connect(target.address)
+    assert peer.path == "tcp" and peer.ranges[0].address == dst.address
+    kinds = [
+        bytearray(b"a" * 4096),
+        memoryview(bytearray(b"b" * 4096)),
+        np.full(4096, ord("c"), dtype=np.uint8),
+        np.full(1024, 0x64646464, dtype=np.uint32),  # "dddd"
+        array.array("b", b"e" * 4096),
+        mmap.mmap(-1, 4096),
+    ]
+    kinds[-1][:] = b"f" * 4096
+    for i, k in enumerate(kinds):
+        reg = initiator.register(k, remote=False)
+        assert reg.length == 4096
+        batch = initiator.submit(peer, [orbitte.write(reg, peer.range(0), remote_offset=i * 4096)])
+        (o,) = batch.wait()
+        assert o.ok and o.completed_prefix == 4096 and o.remote_effect == "complete" and o.drain == "drained"
+        initiator.unregister(reg)
+    assert bytes(dst.view[:6 * 4096]) == b"".join(bytes([c]) * 4096 for c in b"abcdef")
+
+
+def test_address_and_length(pair):
+    target, initiator = pair
+    dst = target.alloc(8192)
+    target.register(dst)
+    src = np.arange(8192, dtype=np.uint8)
+    reg = initiator.register((src.ctypes.data, src.nbytes))
+    peer = initiator.connect(target.address)
+    initiator.transfer(peer, [orbitte.write(reg, peer.range(0), 100, local_offset=10, remote_offset=20)])
+    assert bytes(dst.view[20:120]) == bytes(src[10:110])
+
+
+def test_registration_keeps_the_memory_alive(pair):
+    target, initiator = pair
+    dst = target.alloc(65536)
+    target.register(dst)
+    reg = initiator.register(bytearray(b"k" * 65536))  # no other reference
+    gc.collect()
+    peer = initiator.connect(target.address)
+    initiator.transfer(peer, [orbitte.write(reg, peer.range(0))])
+    assert bytes(dst.view[:4]) == b"kkkk"
+
+
+def test_exported_bytearray_cannot_be_resized_while_registered(pair):
+    target, initiator = pair
+    mem = bytearray(4096)
+    reg = initiator.register(mem)
+    with pytest.raises(BufferError):
+        mem.extend(b"x")
+    initiator.unregister(reg)
+
+
+def test_poll_wait_drain_and_read(pair):
+    target, initiator = pair
+    dst = target.alloc(1 << 16)
+    dst.view[:] = bytes(range(256)) * 256
+    target.register(dst)
+    local = initiator.alloc(1 << 16)
+    reg = initiator.register(local)
+    peer = initiator.connect(target.address)
+    batch = initiator.submit(peer, [orbitte.read(reg, peer.range(0), label=7)])
+    (h,) = batch
+    o = h.wait(10)
+    assert o.ok and o.op == "read" and o.label == 7 and o.remote_effect == "none"
+    assert h.poll() is o
+    h.wait_drain(10)
+    assert h.drained
+    assert bytes(local.view) == bytes(dst.view)
+    assert "completed_prefix" in o.to_dict()
+
+
+def test_typed_errors(pair):
+    target, initiator = pair
+    assert issubclass(orbitte.RegisterError, orbitte.Error)
+    assert issubclass(orbitte.SubmitError, orbitte.Error)
+    with pytest.raises(orbitte.RegisterError, match="read-only"):
+        initiator.register(b"immutable bytes")
+    with pytest.raises(orbitte.RegisterError, match="contiguous"):
+        initiator.register(np.zeros((8, 8), dtype=np.uint8)[:, ::2])
+    with pytest.raises(TypeError, match="cannot register"):
+        initiator.register(object())
+    with pytest.raises(orbitte.RegisterError, match="not mapped"):
+        initiator.register((0x1000, 4096))
+    mem = bytearray(4096)
+    reg = initiator.register(mem)
+    with pytest.raises(orbitte.RegisterError, match="overlaps"):
+        initiator.register((reg.address + 1, 16))
+    with pytest.raises(orbitte.ConnectError):
+        initiator.connect("127.0.0.1:1")
+    dst = target.alloc(4096)
+    target.register(dst)
+    peer = initiator.connect(target.address)
+    with pytest.raises(orbitte.SubmitError, match="past the end"):
+        initiator.submit(peer, [orbitte.write(reg, peer.range(0), 8192)])
+    with pytest.raises(orbitte.SubmitError, match="empty batch"):
+        initiator.submit(peer, [])
+    with pytest.raises(orbitte.SubmitError):
+        peer.range(5)
+    with pytest.raises(orbitte.UnregisterError):
+        initiator.unregister(12345)
+    with pytest.raises(orbitte.ConfigError):
+        orbitte.Engine(path="carrier-pigeon")
+    h = initiator.submit(peer, [orbitte.write(reg, peer.range(0))])[0]
+    h.wait(10)
+    with pytest.raises(orbitte.Error, match="unknown request"):
+        initiator._native.wait(h.request, 0.01)  # the outcome was taken
+
+
+def test_doctor_returns_the_matrix_as_data():
+    rows = orbitte.doctor()
+    paths = {r["path"]: r for r in rows}
+    assert {"rdma", "tcp", "local", "cuda-staging"} <= set(paths)
+    for r in rows:
+        for check in ("build", "discovery", "completion", "drain"):
+            assert r[check]["result"] in ("pass", "fail", "skipped", "not_implemented")
+            if r[check]["result"] == "fail":
+                assert r[check]["reason"] and r[check]["fix"]
+    assert paths["tcp"]["completion"]["result"] == "pass"
