@@ -101,8 +101,8 @@ pub use header::{
     READ_RESPONSE_FIXED_LEN, WRITE_REQUEST_FIXED_LEN, WRITE_RESPONSE_LEN, max_body_len,
 };
 pub use peer_table::{
-    Admission, AdmitError, CachedRkey, Invalidation, PeerTable, RecordError, SessionId,
-    SourceRecord,
+    Admission, AdmitError, CachedRkey, FLOOR_BUCKETS, Invalidation, PeerTable, PeerTableLimits,
+    RecordError, SessionId, SourceRecord,
 };
 pub use types::{
     AccessFlags, AccessToken, AuthTag, Capabilities, ConnectId, ErrorCode, Gid, GoodbyeReason,

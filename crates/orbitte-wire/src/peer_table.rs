@@ -18,8 +18,38 @@
 //!
 //! Every method checks everything before it changes anything: on error the
 //! table is exactly as before.
+//!
+//! # Bounded, without forgetting a fence
+//!
+//! Any peer can present a new source id (without a cluster secret, any
+//! number of them), so the table cannot keep a full record per source
+//! forever. It keeps three tiers ([`PeerTableLimits`]):
+//!
+//! 1. Full records ([`SourceRecord`]), at most `max_sources` of them once
+//!    the idle ones are evicted. A record is evictable only when it holds
+//!    nothing the engine still uses: no session, no RC connection, no
+//!    cached descriptor. Among those, the least recently active goes first.
+//!    A source with a live session is never evicted, so the bound can be
+//!    exceeded by sources that are all in use (which other limits bound).
+//! 2. Fences of evicted sources: a 64-bit fingerprint of the source id and
+//!    its authoritative epoch (tens of bytes each instead of a record), at
+//!    most `max_fences`. A source that comes back is judged against its
+//!    fence exactly as against its record: an older epoch is refused, an
+//!    equal one is a reconnect, a newer one replaces it.
+//! 3. When the fences are full, the oldest fence is folded into one of
+//!    [`FLOOR_BUCKETS`] floors (the highest epoch folded into the bucket of
+//!    its fingerprint). A source that has neither a record nor a fence must
+//!    present at least its bucket's floor. Nothing is ever forgotten: a
+//!    folded fence still refuses every older incarnation of its source; the
+//!    price is that a source never seen (or long evicted) whose epoch is
+//!    older than an unrelated source's in its bucket is refused too, as
+//!    stale, until it restarts with a newer epoch. Epochs are start times
+//!    ([`Epoch::choose`](crate::Epoch::choose)), so this hits only engines that started
+//!    before the folded one and were idle through `max_fences` newer
+//!    sources.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 
 use crate::epoch::Epoch;
@@ -172,6 +202,29 @@ impl RecordError {
     }
 }
 
+/// How much a [`PeerTable`] keeps (module docs, "Bounded").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerTableLimits {
+    /// Full records kept once idle ones are evicted.
+    pub max_sources: usize,
+    /// Fences (fingerprint and epoch) of evicted sources kept before the
+    /// oldest is folded into a floor.
+    pub max_fences: usize,
+}
+
+impl Default for PeerTableLimits {
+    /// 1024 records (about 1 MiB) and 65 536 fences (about 3 MiB).
+    fn default() -> Self {
+        Self {
+            max_sources: 1024,
+            max_fences: 1 << 16,
+        }
+    }
+}
+
+/// Buckets of the epoch floors that folded fences raise.
+pub const FLOOR_BUCKETS: usize = 256;
+
 /// What the table knows about one source owner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceRecord {
@@ -185,6 +238,8 @@ pub struct SourceRecord {
     pub rc_connections: BTreeSet<(SessionId, ConnectId)>,
     /// Cached descriptors: range id → its rkeys.
     pub ranges: BTreeMap<RangeId, Vec<NicRkey>>,
+    /// When it was last admitted or closed a session (the table's tick).
+    last_active: u64,
 }
 
 impl SourceRecord {
@@ -195,7 +250,13 @@ impl SourceRecord {
             sessions: BTreeMap::new(),
             rc_connections: BTreeSet::new(),
             ranges: BTreeMap::new(),
+            last_active: 0,
         }
+    }
+
+    /// Whether the engine uses nothing of it: it may become a fence.
+    fn is_idle(&self) -> bool {
+        self.sessions.is_empty() && self.rc_connections.is_empty() && self.ranges.is_empty()
     }
 
     fn into_invalidation(self) -> Invalidation {
@@ -225,16 +286,108 @@ pub struct PeerTable {
     /// Invariant: every session here is in its source's `sessions`, and
     /// vice versa.
     sessions: BTreeMap<SessionId, SourceId>,
+    limits: PeerTableLimits,
+    /// Evicted sources: fingerprint → (epoch, when it became a fence).
+    /// Invariant: no fingerprint of a source in `sources`; `by_age` holds
+    /// exactly the same entries, keyed by age.
+    fences: BTreeMap<u64, (Epoch, u64)>,
+    by_age: BTreeMap<u64, u64>,
+    /// Highest epoch folded into each bucket (empty until a fence folds).
+    floors: Vec<u64>,
+    /// Counts admissions and closes: activity order and fence age.
+    tick: u64,
+}
+
+/// The 64-bit fingerprint of a source id that fences and floors use.
+fn fingerprint(source_id: &SourceId) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    source_id.as_str().hash(&mut h);
+    h.finish()
 }
 
 impl PeerTable {
-    /// An empty table for the engine whose own source id is `local`.
+    /// An empty table for the engine whose own source id is `local`, with
+    /// the default [`PeerTableLimits`].
     pub fn new(local: SourceId) -> Self {
+        Self::with_limits(local, PeerTableLimits::default())
+    }
+
+    /// An empty table keeping at most `limits` (see the module docs).
+    pub fn with_limits(local: SourceId, limits: PeerTableLimits) -> Self {
         Self {
             local,
             sources: BTreeMap::new(),
             sessions: BTreeMap::new(),
+            limits,
+            fences: BTreeMap::new(),
+            by_age: BTreeMap::new(),
+            floors: Vec::new(),
+            tick: 0,
         }
+    }
+
+    /// The epoch a source without a record must at least present, and
+    /// whether it comes from its own fence (`true`) or a shared floor.
+    fn fence_of_unknown(&self, source_id: &SourceId) -> Option<(Epoch, bool)> {
+        let fp = fingerprint(source_id);
+        if let Some((epoch, _)) = self.fences.get(&fp) {
+            return Some((*epoch, true));
+        }
+        let floor = *self.floors.get(fp as usize % FLOOR_BUCKETS)?;
+        Epoch::new(floor).ok().map(|e| (e, false))
+    }
+
+    /// The fence the table holds for `source_id` when it has no full
+    /// record (evicted): the epoch it must at least present. `None` when it
+    /// has a record (see [`PeerTable::epoch_of`]) or no fence at all.
+    pub fn fence_of(&self, source_id: &SourceId) -> Option<Epoch> {
+        if self.sources.contains_key(source_id) {
+            return None;
+        }
+        self.fence_of_unknown(source_id).map(|(e, _)| e)
+    }
+
+    /// Turns idle records into fences (least recently active first) until
+    /// at most `max_sources` records remain or none is idle, and folds the
+    /// oldest fences into floors beyond `max_fences`.
+    fn trim(&mut self) {
+        while self.sources.len() > self.limits.max_sources {
+            let Some(victim) = self
+                .sources
+                .iter()
+                .filter(|(_, r)| r.is_idle())
+                .min_by_key(|(_, r)| r.last_active)
+                .map(|(s, _)| s.clone())
+            else {
+                break;
+            };
+            let Some(rec) = self.sources.remove(&victim) else {
+                break;
+            };
+            self.tick += 1;
+            let fp = fingerprint(&victim);
+            if let Some((_, age)) = self.fences.insert(fp, (rec.epoch, self.tick)) {
+                self.by_age.remove(&age);
+            }
+            self.by_age.insert(self.tick, fp);
+        }
+        while self.fences.len() > self.limits.max_fences {
+            let Some((_, fp)) = self.by_age.pop_first() else {
+                break;
+            };
+            if let Some((epoch, _)) = self.fences.remove(&fp) {
+                if self.floors.is_empty() {
+                    self.floors = vec![0; FLOOR_BUCKETS];
+                }
+                let floor = &mut self.floors[fp as usize % FLOOR_BUCKETS];
+                *floor = (*floor).max(epoch.value());
+            }
+        }
+    }
+
+    /// How many full records, fences and floors the table holds.
+    pub fn footprint(&self) -> (usize, usize, usize) {
+        (self.sources.len(), self.fences.len(), self.floors.len())
     }
 
     /// Judges a peer's identity (from its `hello`, or from the `hello-ack`
@@ -264,9 +417,28 @@ impl PeerTable {
         if self.sessions.contains_key(&session) {
             return Err(AdmitError::SessionInUse { session });
         }
-        let admission = match self.sources.get(source_id) {
-            None => Admission::New,
-            Some(rec) if identity.epoch < rec.epoch => {
+        let fenced = if self.sources.contains_key(source_id) {
+            None
+        } else {
+            self.fence_of_unknown(source_id)
+        };
+        let admission = match (self.sources.get(source_id), fenced) {
+            (None, Some((recorded, _))) if identity.epoch < recorded => {
+                return Err(AdmitError::StaleEpoch {
+                    source_id: source_id.clone(),
+                    presented: identity.epoch,
+                    recorded,
+                    from,
+                    same_address: false,
+                });
+            }
+            (None, Some((recorded, true))) if identity.epoch == recorded => Admission::Reconnect,
+            (None, Some((previous, true))) => Admission::Replaced {
+                previous,
+                invalidated: Invalidation::default(),
+            },
+            (None, _) => Admission::New,
+            (Some(rec), _) if identity.epoch < rec.epoch => {
                 return Err(AdmitError::StaleEpoch {
                     source_id: source_id.clone(),
                     presented: identity.epoch,
@@ -275,12 +447,18 @@ impl PeerTable {
                     same_address: from.is_some() && rec.sessions.values().any(|a| *a == from),
                 });
             }
-            Some(rec) if identity.epoch == rec.epoch => Admission::Reconnect,
-            Some(rec) => Admission::Replaced {
+            (Some(rec), _) if identity.epoch == rec.epoch => Admission::Reconnect,
+            (Some(rec), _) => Admission::Replaced {
                 previous: rec.epoch,
                 invalidated: Invalidation::default(),
             },
         };
+        // The source is back from its fence (if it had one).
+        if matches!(fenced, Some((_, true)))
+            && let Some((_, age)) = self.fences.remove(&fingerprint(source_id))
+        {
+            self.by_age.remove(&age);
+        }
         // All checks passed: apply.
         let admission = match admission {
             Admission::Replaced { previous, .. } => {
@@ -298,13 +476,16 @@ impl PeerTable {
             }
             other => other,
         };
+        self.tick += 1;
         let rec = self
             .sources
             .entry(source_id.clone())
             .or_insert_with(|| SourceRecord::new(identity));
         rec.capabilities = identity.capabilities;
+        rec.last_active = self.tick;
         rec.sessions.insert(session, from);
         self.sessions.insert(session, source_id.clone());
+        self.trim();
         Ok(admission)
     }
 
@@ -410,6 +591,7 @@ impl PeerTable {
         for rec in self.sources.values_mut() {
             rec.rc_connections.remove(&(session, connect_id));
         }
+        self.trim();
     }
 
     /// The session ended (goodbye, error or socket closed). The source's
@@ -421,9 +603,12 @@ impl PeerTable {
     /// was already invalidated by a newer epoch).
     pub fn session_closed(&mut self, session: SessionId) -> Option<SourceId> {
         let source_id = self.sessions.remove(&session)?;
+        self.tick += 1;
         if let Some(rec) = self.sources.get_mut(&source_id) {
             rec.sessions.remove(&session);
+            rec.last_active = self.tick;
         }
+        self.trim();
         Some(source_id)
     }
 
