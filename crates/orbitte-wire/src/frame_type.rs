@@ -34,9 +34,12 @@ impl FrameType {
     pub const WRITE_REQUEST: Self = Self(0x0032);
     /// tcp path WRITE response.
     pub const WRITE_RESPONSE: Self = Self(0x0033);
+    /// Initiator → target, after every request of a batch completed: the
+    /// batch's notification.
+    pub const NOTIFICATION: Self = Self(0x0034);
 
     /// Every frame type of this protocol version.
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::CHALLENGE,
         Self::HELLO,
         Self::HELLO_ACK,
@@ -51,6 +54,7 @@ impl FrameType {
         Self::READ_RESPONSE,
         Self::WRITE_REQUEST,
         Self::WRITE_RESPONSE,
+        Self::NOTIFICATION,
     ];
 
     /// The name used in docs/protocol.md, or `None` for an unknown type.
@@ -70,6 +74,7 @@ impl FrameType {
             Self::READ_RESPONSE => "read-response",
             Self::WRITE_REQUEST => "write-request",
             Self::WRITE_RESPONSE => "write-response",
+            Self::NOTIFICATION => "notification",
             _ => return None,
         })
     }

@@ -90,10 +90,10 @@ pub use error::{DecodeError, EncodeError, Problem};
 pub use frame_type::FrameType;
 pub use frames::{
     Challenge, ConnectAccept, ConnectReject, ConnectRequest, Decoded, ErrorFrame, Frame, Goodbye,
-    Hello, HelloAck, Identity, LocalHint, MAX_RAILS, MAX_RANGES_PER_FRAME, MAX_RKEYS_PER_RANGE,
-    NicRkey, RailEndpoint, RailRequest, RangeDescriptor, ReadRequest, ReadResponse,
-    SegmentPublication, SegmentRetire, WriteRequest, WriteResponse, decode, decode_body,
-    decode_exact,
+    Hello, HelloAck, Identity, LocalHint, MAX_NOTIFICATION_FRAME_LEN, MAX_NOTIFICATION_LEN,
+    MAX_RAILS, MAX_RANGES_PER_FRAME, MAX_RKEYS_PER_RANGE, NicRkey, Notification, RailEndpoint,
+    RailRequest, RangeDescriptor, ReadRequest, ReadResponse, SegmentPublication, SegmentRetire,
+    WriteRequest, WriteResponse, decode, decode_body, decode_exact,
 };
 pub use header::{
     FrameHeader, HEADER_LEN, MAGIC, MAX_CONTROL_BODY_LEN, MAX_FRAME_LEN, MAX_PAYLOAD_LEN,

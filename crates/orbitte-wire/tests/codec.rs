@@ -309,6 +309,37 @@ fn expect_field_error(ft: FrameType, at: usize, bytes: &[u8], field: &str) -> De
 }
 
 #[test]
+fn notification_payload_is_bounded_at_4_kib() {
+    let f = Frame::from(Notification {
+        notification_id: 1,
+        payload: vec![9; MAX_NOTIFICATION_LEN],
+    });
+    let bytes = f.to_bytes().unwrap();
+    assert_eq!(bytes.len(), MAX_NOTIFICATION_FRAME_LEN);
+    assert_eq!(decode_exact(&bytes).unwrap().0, f);
+    let e = Frame::from(Notification {
+        notification_id: 1,
+        payload: vec![9; MAX_NOTIFICATION_LEN + 1],
+    })
+    .to_bytes()
+    .unwrap_err();
+    assert_eq!(e.field, "payload");
+    let e = expect_field_error(
+        FrameType::NOTIFICATION,
+        8,
+        &(MAX_NOTIFICATION_LEN as u16 + 1).to_be_bytes(),
+        "payload",
+    );
+    assert!(matches!(
+        e.problem,
+        Problem::TooLong {
+            len: 4097,
+            max: 4096
+        }
+    ));
+}
+
+#[test]
 fn malformed_fields_are_named() {
     // hello: epoch 0.
     let e = expect_field_error(FrameType::HELLO, 2, &[0; 8], "identity.epoch");
@@ -538,6 +569,7 @@ fn code_tables_are_stable() {
             (0x0031, "read-response"),
             (0x0032, "write-request"),
             (0x0033, "write-response"),
+            (0x0034, "notification"),
         ]
     );
     let errors: Vec<String> = (1..=16).map(|c| ErrorCode(c).to_string()).collect();

@@ -4,6 +4,7 @@ mod connect;
 mod control;
 mod data;
 mod handshake;
+mod notify;
 mod segment;
 
 pub use connect::{
@@ -12,6 +13,7 @@ pub use connect::{
 pub use control::{ErrorFrame, Goodbye};
 pub use data::{ReadRequest, ReadResponse, WriteRequest, WriteResponse};
 pub use handshake::{Challenge, Hello, HelloAck, Identity};
+pub use notify::{MAX_NOTIFICATION_FRAME_LEN, MAX_NOTIFICATION_LEN, Notification};
 pub use segment::{
     LocalHint, MAX_RANGES_PER_FRAME, MAX_RKEYS_PER_RANGE, NicRkey, RangeDescriptor,
     SegmentPublication, SegmentRetire,
@@ -57,6 +59,8 @@ pub enum Frame {
     WriteRequest(WriteRequest),
     /// `write-response` (0x0033).
     WriteResponse(WriteResponse),
+    /// `notification` (0x0034).
+    Notification(Notification),
 }
 
 macro_rules! from_impls {
@@ -81,7 +85,8 @@ from_impls!(
     ReadRequest,
     ReadResponse,
     WriteRequest,
-    WriteResponse
+    WriteResponse,
+    Notification
 );
 
 impl From<ErrorFrame> for Frame {
@@ -108,6 +113,7 @@ impl Frame {
             Self::ReadResponse(_) => FrameType::READ_RESPONSE,
             Self::WriteRequest(_) => FrameType::WRITE_REQUEST,
             Self::WriteResponse(_) => FrameType::WRITE_RESPONSE,
+            Self::Notification(_) => FrameType::NOTIFICATION,
         }
     }
 
@@ -158,6 +164,7 @@ impl Frame {
             Self::ReadResponse(f) => f.encode_body(&mut w)?,
             Self::WriteRequest(f) => f.encode_body(&mut w)?,
             Self::WriteResponse(f) => f.encode_body(&mut w)?,
+            Self::Notification(f) => f.encode_body(&mut w)?,
         }
         let fixed = out.len() - start - HEADER_LEN;
         let max = max_body_len(frame_type);
@@ -274,6 +281,7 @@ pub fn decode_body(header: &FrameHeader, fixed: &[u8]) -> Result<Frame, DecodeEr
         FrameType::READ_RESPONSE => Frame::ReadResponse(ReadResponse::decode_body(&mut r)?),
         FrameType::WRITE_REQUEST => Frame::WriteRequest(WriteRequest::decode_body(&mut r)?),
         FrameType::WRITE_RESPONSE => Frame::WriteResponse(WriteResponse::decode_body(&mut r)?),
+        FrameType::NOTIFICATION => Frame::Notification(Notification::decode_body(&mut r)?),
         _ => {
             return Err(DecodeError::new(
                 frame_type,

@@ -272,6 +272,30 @@ pub fn samples() -> Vec<(Frame, Vec<u8>)> {
         .into(),
         vec![],
     ));
+    v.push((
+        Notification {
+            notification_id: 7,
+            payload: vec![1, 2, 3],
+        }
+        .into(),
+        vec![],
+    ));
+    v.push((
+        Notification {
+            notification_id: u64::MAX,
+            payload: (0..MAX_NOTIFICATION_LEN).map(|i| i as u8).collect(),
+        }
+        .into(),
+        vec![],
+    ));
+    v.push((
+        Notification {
+            notification_id: 0,
+            payload: vec![],
+        }
+        .into(),
+        vec![],
+    ));
     v
 }
 
