@@ -275,7 +275,11 @@ fn syntax_error(origin: &str, text: &str, e: &toml::de::Error) -> ConfigError {
         Some((line, column, src)) => format!(
             "config file {origin}: invalid toml at line {line}, column {column}: `{}`: {message}; fix the syntax (see docs/configuration.md)",
             src.chars()
-                .map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() })
+                .map(|c| if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                })
                 .collect::<String>()
         ),
         None => format!(

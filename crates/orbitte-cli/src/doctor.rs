@@ -24,7 +24,7 @@ use crate::cli::{DoctorArgs, PathName};
 
 /// One check's answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "status", rename_all = "kebab-case")]
+#[serde(tag = "status", rename_all = "snake_case")]
 pub(crate) enum Check {
     Pass { detail: String },
     Fail { reason: String, fix: String },
@@ -137,8 +137,11 @@ impl Row {
     }
 }
 
+/// The `--json` document (docs/json.md).
 #[derive(Debug, Serialize)]
 struct Matrix {
+    schema_version: u32,
+    command: &'static str,
     asked: Option<String>,
     /// The RDMA selection the engine ran with (defaults, then the
     /// `ORBITTE_RDMA_*` variables).
@@ -227,6 +230,8 @@ pub(crate) fn run(args: &DoctorArgs) -> Result<(), Failure> {
         rows.push(row);
     }
     let matrix = Matrix {
+        schema_version: crate::SCHEMA_VERSION,
+        command: "doctor",
         asked: only.map(|p| p.name().to_owned()),
         rdma_config: rdma.to_string(),
         paths: rows,

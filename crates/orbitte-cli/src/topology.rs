@@ -27,7 +27,7 @@ struct AffinityRow {
 
 /// What an engine initialized (or why nothing is).
 #[derive(Debug, Serialize)]
-#[serde(tag = "state", rename_all = "kebab-case")]
+#[serde(tag = "status", rename_all = "snake_case")]
 enum Initialized {
     /// No engine ran here.
     NotInitialized { why: String },
@@ -59,15 +59,41 @@ struct ProviderReport {
     unknown: Option<String>,
 }
 
+/// What the selection kept, or why it kept nothing.
+#[derive(Debug, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+enum SelectionReport {
+    /// Rails were selected; `report` says why every other device and
+    /// port was left out.
+    Selected(Selection),
+    /// Nothing was selected.
+    Failed { error: String },
+}
+
+/// The `--json` document (docs/json.md).
 #[derive(Debug, Serialize)]
 struct Report {
+    schema_version: u32,
+    command: &'static str,
     sysfs_root: String,
     discovered: Topology,
     provider: ProviderReport,
     affinity: Vec<AffinityRow>,
     config: String,
+    #[serde(serialize_with = "selection_report")]
     selection: Result<Selection, String>,
     initialized: Initialized,
+}
+
+fn selection_report<S: serde::Serializer>(
+    r: &Result<Selection, String>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match r {
+        Ok(sel) => SelectionReport::Selected(sel.clone()),
+        Err(e) => SelectionReport::Failed { error: e.clone() },
+    }
+    .serialize(s)
 }
 
 pub(crate) fn run(args: &TopologyArgs) -> Result<(), Failure> {
@@ -109,6 +135,8 @@ pub(crate) fn run(args: &TopologyArgs) -> Result<(), Failure> {
         }
     };
     let report = Report {
+        schema_version: crate::SCHEMA_VERSION,
+        command: "topology",
         sysfs_root: root_name,
         discovered: topology,
         provider,
@@ -374,6 +402,8 @@ mod tests {
         let config = RdmaConfig::default();
         let selection = select(&discovered, &config, DeviceMask::ALL).map_err(|e| e.to_string());
         human(&Report {
+            schema_version: crate::SCHEMA_VERSION,
+            command: "topology",
             sysfs_root: root.display().to_string(),
             affinity: affinity(&discovered),
             discovered,

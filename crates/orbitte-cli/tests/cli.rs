@@ -334,13 +334,14 @@ fn topology_json_has_slots_affinity_and_selection() {
     assert_eq!(affinity[2]["location"], "cuda device 0");
     assert_eq!(affinity[2]["ranking"][0]["name"], "mlx5_0");
     assert!(
-        v["selection"]["Ok"]["rails"]
+        v["selection"]["rails"]
             .as_array()
             .is_some_and(|r| r.len() == 8),
         "{}",
         v["selection"]
     );
-    assert_eq!(v["initialized"]["state"], "not-initialized");
+    assert_eq!(v["selection"]["outcome"], "selected");
+    assert_eq!(v["initialized"]["status"], "not_initialized");
 }
 
 #[test]
@@ -383,7 +384,7 @@ fn doctor_json_has_every_path_with_four_checks() {
         for check in ["build", "discovery", "completion", "drain"] {
             let status = row[check]["status"].as_str().unwrap_or_default();
             assert!(
-                ["pass", "fail", "skipped", "not-implemented"].contains(&status),
+                ["pass", "fail", "skipped", "not_implemented"].contains(&status),
                 "{}: {check} = {status}",
                 row["path"]
             );
@@ -401,7 +402,7 @@ fn doctor_json_has_every_path_with_four_checks() {
     }
     for p in ["gpudirect-rdma", "cuda-ipc", "nvlink"] {
         let row = rows.iter().find(|r| r["path"] == p).unwrap();
-        assert_eq!(row["completion"]["status"], "not-implemented");
+        assert_eq!(row["completion"]["status"], "not_implemented");
     }
 }
 
@@ -772,8 +773,8 @@ fn topology_initialize_reports_what_an_engine_initialized() {
     let r = run(&["topology", "--initialize", "--json"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     let v = json(&r.stdout);
-    let state = v["initialized"]["state"].as_str().unwrap_or_default();
-    assert!(["initialized", "not-initialized"].contains(&state), "{v}");
+    let state = v["initialized"]["status"].as_str().unwrap_or_default();
+    assert!(["initialized", "not_initialized"].contains(&state), "{v}");
     if state == "initialized" {
         assert!(
             v["initialized"]["trigger"]

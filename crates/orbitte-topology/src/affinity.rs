@@ -8,6 +8,7 @@ use crate::pci::{PciAddress, PciLocation, PcieDistance};
 
 /// Where the memory of a transfer lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum MemoryLocation {
     /// Host memory on this NUMA node (`None`: unknown, so every NIC ranks
     /// equal on NUMA and only NIC ID order remains).
@@ -24,6 +25,7 @@ pub enum MemoryLocation {
     },
     /// Memory of the GPU at this PCI address (when the caller knows it,
     /// e.g. from `cuDeviceGetPCIBusId`; independent of device ordering).
+    #[serde(serialize_with = "crate::json::address")]
     GpuAt(PciAddress),
 }
 
@@ -40,6 +42,7 @@ impl fmt::Display for MemoryLocation {
 
 /// The location names a GPU the topology does not have.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum AffinityError {
     /// The CUDA index is out of range.
     #[error(
@@ -53,6 +56,7 @@ pub enum AffinityError {
     },
     /// No GPU at this PCI address.
     #[error("no nvidia gpu at pci address {0}")]
+    #[serde(serialize_with = "crate::json::address")]
     NoGpuAt(PciAddress),
 }
 

@@ -26,6 +26,7 @@ use crate::pci::{PciAddress, PciLocation};
 
 /// How discovery decides whether this process can open a uverbs node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum AccessCheck {
     /// Open the node read-write (then read-only, then write-only) and close
     /// it again, as `ibv_open_device` would. The truth for this process on

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 /// [`Topology::problems`](crate::Topology::problems). Cloneable (the I/O
 /// error is kept as its kind and text) so topologies stay plain data.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize)]
+#[serde(tag = "problem", rename_all = "snake_case")]
 pub enum DiscoveryError {
     /// A file or directory could not be read.
     #[error("cannot read {path}: {message}; check that it exists and is readable")]
@@ -18,7 +19,7 @@ pub enum DiscoveryError {
         /// The file or directory.
         path: PathBuf,
         /// The I/O error kind.
-        #[serde(serialize_with = "kind_name")]
+        #[serde(rename = "error_kind", serialize_with = "kind_name")]
         kind: io::ErrorKind,
         /// The I/O error text.
         message: String,

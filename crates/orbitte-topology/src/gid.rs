@@ -20,6 +20,7 @@ use crate::model::{Gid, GidFamily, GidType, LinkLayer, Port};
 
 /// Why one GID table entry cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum GidProblem {
     /// The entry is empty (zero, or absent from the table).
     Empty,
@@ -73,6 +74,7 @@ impl fmt::Display for GidProblem {
 
 /// No GID of a port fits the configuration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize)]
+#[serde(tag = "gid_error", rename_all = "snake_case")]
 pub enum GidChoiceError {
     /// The port's link layer is unknown, so no GID can be judged.
     #[error("link layer unknown")]
@@ -90,6 +92,7 @@ pub enum GidChoiceError {
     #[error("no usable gid{}", rejected_list(.rejected))]
     NoUsableGid {
         /// Each nonempty entry's index and problem.
+        #[serde(serialize_with = "crate::json::rejected_gids")]
         rejected: Vec<(u32, GidProblem)>,
     },
 }

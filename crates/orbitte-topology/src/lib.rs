@@ -69,6 +69,7 @@ mod config;
 mod discover;
 mod error;
 mod gid;
+mod json;
 mod model;
 mod pci;
 mod select;

@@ -38,6 +38,7 @@ impl fmt::Display for NicId {
 /// The logical state of a port, as `ports/<n>/state` reports it
 /// (`4: ACTIVE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum PortState {
     /// 1: DOWN.
     Down,
@@ -87,6 +88,7 @@ impl fmt::Display for PortState {
 
 /// The link layer of a port (`ports/<n>/link_layer`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum LinkLayer {
     /// InfiniBand.
     InfiniBand,
@@ -109,6 +111,7 @@ impl fmt::Display for LinkLayer {
 /// port's link layer tells them apart, and discovery stores the resolved
 /// type here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum GidType {
     /// An InfiniBand GID (InfiniBand link layer).
     Ib,
@@ -140,6 +143,7 @@ impl fmt::Display for GidType {
 
 /// The address family a GID value encodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum GidFamily {
     /// An IPv4-mapped address (`::ffff:a.b.c.d`).
     Ipv4,
@@ -237,6 +241,7 @@ impl Port {
 /// (`/dev/infiniband/uverbsN`) for reading and writing, as
 /// `ibv_open_device` needs.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(tag = "access", content = "detail", rename_all = "snake_case")]
 pub enum UverbsAccess {
     /// Readable and writable.
     ReadWrite,
@@ -284,6 +289,7 @@ impl fmt::Display for UverbsAccess {
 /// [`Unknown`](Self::Unknown); the caller that holds the provider supplies it
 /// with [`Topology::set_provider_visibility`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ProviderVisibility {
     /// The provider lists the device.
     Visible,
@@ -304,6 +310,7 @@ pub struct Nic {
     /// The verbs device name (`mlx5_0`).
     pub name: String,
     /// The node GUID (`node_guid`, `b859:9f03:00d4:e8e2`), if known.
+    #[serde(serialize_with = "crate::json::guid")]
     pub node_guid: Option<u64>,
     /// The ports, by ascending port number.
     pub ports: Vec<Port>,
@@ -339,6 +346,7 @@ impl Nic {
 
 /// Why a slot is inert.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize)]
+#[serde(tag = "cause", content = "detail", rename_all = "snake_case")]
 pub enum InertCause {
     /// Discovery could not read the device's essential files.
     #[error("discovery failed: {0}")]
@@ -351,6 +359,7 @@ pub enum InertCause {
 
 /// One position in topology order: an active NIC, or an inert slot.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "slot", rename_all = "snake_case")]
 pub enum NicSlot {
     /// A NIC that can be selected.
     Active {

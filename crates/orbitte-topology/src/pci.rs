@@ -148,6 +148,7 @@ impl PciLocation {
 /// same host bridge crosses the root complex; traffic between different
 /// host bridges crosses the CPU interconnect, and may cross sockets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum PcieDistance {
     /// Both devices sit below a common PCIe bridge. `hops` counts the bridges
     /// between each device and the deepest common bridge, summed over both

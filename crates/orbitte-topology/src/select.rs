@@ -66,6 +66,7 @@ pub struct SelectedPort {
 
 /// Why a whole device was left out.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum DeviceExclusion {
     /// The slot is inert.
     Inert(InertCause),
@@ -122,6 +123,7 @@ impl fmt::Display for DeviceExclusion {
 
 /// Why one port was left out.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum PortExclusion {
     /// Another port number is pinned.
     NotPinnedPort {
@@ -129,6 +131,7 @@ pub enum PortExclusion {
         pinned: u32,
     },
     /// The port is not ACTIVE.
+    #[serde(rename = "port_not_active", serialize_with = "crate::json::state")]
     NotActive(PortState),
     /// The port's link layer is not the configured one.
     LinkLayer {
@@ -157,8 +160,10 @@ impl fmt::Display for PortExclusion {
 
 /// What happened to one port.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum PortOutcome {
     /// Selected, with this GID.
+    #[serde(serialize_with = "crate::json::gid")]
     Selected(Gid),
     /// Usable, but another port of the same NIC was selected (one port per
     /// NIC: the lowest-numbered usable one).
@@ -169,8 +174,10 @@ pub enum PortOutcome {
         selected_port: u32,
     },
     /// Usable on its own, but its device was left out.
+    #[serde(serialize_with = "crate::json::gid")]
     DeviceExcluded(Gid),
     /// Left out, for these reasons.
+    #[serde(serialize_with = "crate::json::reasons")]
     Excluded(Vec<PortExclusion>),
 }
 
@@ -243,9 +250,11 @@ pub struct Selection {
 
 /// Selection failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum SelectionError {
     /// The configuration contradicts itself (the caller's fault).
     #[error("invalid rdma config: {0}")]
+    #[serde(serialize_with = "crate::json::message")]
     InvalidConfig(String),
     /// The device mask names no active NIC: only inert or absent ones.
     #[error("{}", mask_message(*.mask, .inert, .absent))]
