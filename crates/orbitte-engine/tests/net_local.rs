@@ -81,7 +81,7 @@ fn same_host_peers_move_bytes_through_shared_memory_and_read_only_stays_read_onl
             rdma: Err("no rdma device".into()),
             tcp: Ok(()),
         };
-        let c = choose_path("target", d.range_id.0, &inputs).unwrap();
+        let c = choose_path("target", Some(d.range_id.0), &inputs).unwrap();
         if d.range_id == rw || d.range_id == ro {
             assert_eq!((c.path, c.fell_back.len()), (PathKind::Local, 0));
         } else {

@@ -341,7 +341,7 @@ impl NetPaths {
                 None => Ok(()),
             },
         };
-        let choice = choose_path(hs.peer.source_id.as_str(), 0, &inputs)?;
+        let choice = choose_path(hs.peer.source_id.as_str(), None, &inputs)?;
         let spec = |path| RailSpec {
             path,
             peer,

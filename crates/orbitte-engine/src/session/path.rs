@@ -51,8 +51,14 @@ pub struct NoPath {
     pub reasons: Vec<(PathKind, String)>,
 }
 
-/// Applies the policy. Logs every fallback as a warning.
-pub fn choose_path(source: &str, range: u64, inputs: &PathInputs) -> Result<PathChoice, NoPath> {
+/// Applies the policy. Logs every fallback as a warning, naming `range`
+/// when the choice is for one range (`None`: for every range of the peer;
+/// the reasons name the ranges they concern).
+pub fn choose_path(
+    source: &str,
+    range: Option<u64>,
+    inputs: &PathInputs,
+) -> Result<PathChoice, NoPath> {
     let mut fell_back = Vec::new();
     let mut reasons = Vec::new();
     if inputs.same_host {
@@ -105,12 +111,18 @@ pub fn choose_path(source: &str, range: u64, inputs: &PathInputs) -> Result<Path
     }
 }
 
-fn warn_fallbacks(source: &str, range: u64, choice: PathChoice) -> PathChoice {
+fn warn_fallbacks(source: &str, range: Option<u64>, choice: PathChoice) -> PathChoice {
     for (from, why) in &choice.fell_back {
-        tracing::warn!(
-            peer = source, range, from = %from, to = %choice.path, reason = %why,
-            "path fallback: {from} applies but cannot be used, using {}", choice.path
-        );
+        match range {
+            Some(range) => tracing::warn!(
+                peer = source, range, from = %from, to = %choice.path, reason = %why,
+                "path fallback: {from} applies but cannot be used, using {}", choice.path
+            ),
+            None => tracing::warn!(
+                peer = source, from = %from, to = %choice.path, reason = %why,
+                "path fallback: {from} applies but cannot be used, using {}", choice.path
+            ),
+        }
     }
     choice
 }
@@ -132,12 +144,12 @@ mod tests {
     #[test]
     fn local_first_then_rdma_then_tcp() {
         assert_eq!(
-            choose_path("p", 1, &inputs()).unwrap().path,
+            choose_path("p", Some(1), &inputs()).unwrap().path,
             PathKind::Local
         );
         let mut i = inputs();
         i.same_host = false;
-        let c = choose_path("p", 1, &i).unwrap();
+        let c = choose_path("p", Some(1), &i).unwrap();
         assert_eq!(
             (c.path, c.fell_back.len()),
             (PathKind::Rdma, 0),
@@ -145,7 +157,7 @@ mod tests {
         );
         i.rdma_applies = false;
         i.rdma = Err("peer has no rdma".into());
-        let c = choose_path("p", 1, &i).unwrap();
+        let c = choose_path("p", Some(1), &i).unwrap();
         assert_eq!((c.path, c.fell_back.len()), (PathKind::Tcp, 0));
     }
 
@@ -154,7 +166,7 @@ mod tests {
         let mut i = inputs();
         i.local = Err("range has no memfd".into());
         i.rdma = Err("port 1 down".into());
-        let c = choose_path("p", 1, &i).unwrap();
+        let c = choose_path("p", Some(1), &i).unwrap();
         assert_eq!(c.path, PathKind::Tcp);
         assert_eq!(
             c.fell_back,
@@ -163,6 +175,44 @@ mod tests {
                 (PathKind::Rdma, "port 1 down".into())
             ]
         );
+    }
+
+    /// A writer the test reads back.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn warnings(range: Option<u64>, i: &PathInputs) -> String {
+        let out = Captured::default();
+        let w = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || w.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || choose_path("p", range, i)).unwrap();
+        String::from_utf8(out.0.lock().unwrap().clone()).unwrap()
+    }
+
+    /// A choice made for a whole peer names no range (not `range=0`); the
+    /// reason names the one it concerns.
+    #[test]
+    fn the_fallback_warning_names_the_range_only_when_there_is_one() {
+        let mut i = inputs();
+        i.local = Err("range 7 is not memfd-backed".into());
+        let peer = warnings(None, &i);
+        assert!(peer.contains("reason=range 7 is not memfd-backed"), "{peer}");
+        assert!(!peer.contains("range=") , "{peer}");
+        let one = warnings(Some(7), &i);
+        assert!(one.contains("range=7"), "{one}");
     }
 
     #[test]
@@ -174,7 +224,7 @@ mod tests {
             rdma: Err("no rdma".into()),
             tcp: Err("no session".into()),
         };
-        let e = choose_path("p", 1, &i).unwrap_err();
+        let e = choose_path("p", Some(1), &i).unwrap_err();
         assert_eq!(e.reasons.len(), 3);
         assert!(e.to_string().contains("tcp: no session"));
     }
