@@ -778,6 +778,61 @@ fn a_stalled_request_never_completes_until_flushed() {
 }
 
 #[test]
+fn recorded_and_outstanding_sends_follow_what_the_fabric_accepted_and_holds() {
+    let f = fabric(19);
+    let (mut a, b) = pair(&f);
+    let qa = a.qp.qp_num();
+    let src = [a.mr.sge(0, 8).unwrap()];
+    let r = b.mr.remote(0).unwrap();
+    a.qp.post_send(&[SendWr::write(1, &src, r)]).unwrap();
+    assert!(f.take_sends().is_empty(), "not recording yet");
+    f.record_sends(true);
+    f.faults()
+        .stall_send(WrMatch::nth(1).on_device("sim0").on_qp(qa));
+    f.faults().fail_post(WrMatch::nth(3), 22);
+    let err =
+        a.qp.post_send(&[
+            SendWr::write(2, &src, r),
+            SendWr::write(3, &src, r),
+            SendWr::write(4, &src, r),
+            SendWr::write(5, &src, r),
+        ])
+        .unwrap_err();
+    assert_eq!(err.index, 2, "the third of the batch is refused");
+    let sent = f.take_sends();
+    assert_eq!(
+        sent.iter().map(|w| (w.wr_id, w.qpn)).collect::<Vec<_>>(),
+        [(2, qa), (3, qa)],
+        "the refused post and the rest of its batch are not recorded"
+    );
+    assert_eq!(sent[0].device, "sim0");
+    assert_eq!(sent[0].sges, src);
+    assert!(sent[0].touches(src[0].addr() + 7, 1));
+    assert!(!sent[0].touches(src[0].addr() + 8, 100));
+    assert!(f.take_sends().is_empty(), "taken once");
+    assert_eq!(
+        f.outstanding_sends()
+            .iter()
+            .map(|w| w.wr_id)
+            .collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    f.drive();
+    // 1 ran; 2 stalls and holds 3 behind it.
+    assert_eq!(
+        f.outstanding_sends()
+            .iter()
+            .map(|w| w.wr_id)
+            .collect::<Vec<_>>(),
+        [2, 3]
+    );
+    let _errored = a.qp.into_error().unwrap();
+    assert!(f.outstanding_sends().is_empty(), "flushed");
+    f.record_sends(false);
+    assert!(f.take_sends().is_empty());
+}
+
+#[test]
 fn a_chosen_error_status_with_and_without_remote_effect() {
     let f = fabric(18);
     let (mut a, b) = pair(&f);

@@ -73,7 +73,7 @@ use crate::types::{
     AsyncEvent, DeviceIdentity, DeviceInfo, Gid, GidEntry, GidType, LinkLayer, Mtu, NodeAccess,
     PortState, ProviderKind, QpState, Speed, UverbsNode, Width,
 };
-use crate::wr::WcStatus;
+use crate::wr::{SendOp, Sge, WcStatus};
 
 use state::State;
 
@@ -423,6 +423,75 @@ impl SimFabric {
     /// Work requests posted and not yet executed (stalled ones included).
     pub fn pending(&self) -> usize {
         self.shared.lock().pending()
+    }
+
+    /// Starts (`true`) or stops recording the send work requests the
+    /// fabric accepts; [`take_sends`](Self::take_sends) hands them out.
+    /// Refused posts are not recorded; posts to a QP in the error state
+    /// (accepted, then flushed) are.
+    pub fn record_sends(&self, on: bool) {
+        let mut st = self.shared.lock();
+        if on {
+            st.sent.get_or_insert_with(Vec::new);
+        } else {
+            st.sent = None;
+        }
+    }
+
+    /// The send work requests recorded since the last call, oldest first
+    /// (empty when not recording).
+    pub fn take_sends(&self) -> Vec<SentWr> {
+        self.shared
+            .lock()
+            .sent
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// The send work requests the fabric holds now: accepted and neither
+    /// executed nor flushed (stalled ones included), in posting order per
+    /// QP. While one of them names a buffer, the "NIC" may still use it.
+    pub fn outstanding_sends(&self) -> Vec<SentWr> {
+        let st = self.shared.lock();
+        st.qps
+            .iter()
+            .flat_map(|(&(d, qpn), qp)| {
+                let device = &self.shared.desc.devices[d].name;
+                qp.sq.iter().map(move |p| SentWr {
+                    device: device.clone(),
+                    qpn,
+                    wr_id: p.wr_id,
+                    op: p.op,
+                    sges: p.sges.clone(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// A send work request the fabric accepted (see
+/// [`SimFabric::record_sends`] and [`SimFabric::outstanding_sends`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentWr {
+    /// Device of the QP it was posted to.
+    pub device: String,
+    /// That QP's number.
+    pub qpn: u32,
+    /// The caller's identifier.
+    pub wr_id: u64,
+    /// What it does.
+    pub op: SendOp,
+    /// Its local buffers.
+    pub sges: Vec<Sge>,
+}
+
+impl SentWr {
+    /// Whether one of its local buffers overlaps `addr..addr + len`.
+    pub fn touches(&self, addr: u64, len: u64) -> bool {
+        self.sges
+            .iter()
+            .any(|s| s.addr() < addr + len && addr < s.addr() + u64::from(s.length()))
     }
 }
 

@@ -611,6 +611,15 @@ impl QpOps for SimQp {
                 .unwrap_or(0);
             st.seq += 1;
             let seq = st.seq;
+            if let Some(sent) = st.sent.as_mut() {
+                sent.push(super::SentWr {
+                    device: name.clone(),
+                    qpn,
+                    wr_id: wr.wr_id,
+                    op: wr.op,
+                    sges: wr.sges.to_vec(),
+                });
+            }
             let Some(qp) = st.qps.get_mut(&self.key) else {
                 continue;
             };

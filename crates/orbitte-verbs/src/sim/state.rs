@@ -250,6 +250,9 @@ pub(crate) struct State {
     pub(crate) cqs: BTreeMap<u64, CqRec>,
     pub(crate) qps: BTreeMap<QpKey, QpRec>,
     pub(crate) faults: FaultState,
+    /// Accepted send work requests, oldest first, while recording
+    /// ([`SimFabric::record_sends`](super::SimFabric::record_sends)).
+    pub(crate) sent: Option<Vec<super::SentWr>>,
 }
 
 impl State {
@@ -278,6 +281,7 @@ impl State {
             cqs: BTreeMap::new(),
             qps: BTreeMap::new(),
             faults: FaultState::default(),
+            sent: None,
         }
     }
 
