@@ -42,6 +42,12 @@ fn check_provider_visibility_and_read_write_access_to_the_matching_uverbs_charac
     );
     let r = register(&a, &region(4096, 1), Access::LocalOnly);
     assert_eq!(r.copies, 1, "only a1 could be opened");
+    let mrs = |d: &str| fabric.counts_on(d).map(|c| c.mrs);
+    assert_eq!(
+        (mrs("a0"), mrs("a1"), mrs("hidden")),
+        (Some(0), Some(1), Some(0)),
+        "what the fabric holds"
+    );
     let topo = a.topology();
     let t = topo.topology.unwrap();
     let slot = t.slot_by_name("a0").unwrap();
