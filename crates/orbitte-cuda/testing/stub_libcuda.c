@@ -144,6 +144,8 @@ struct op {
 static pthread_mutex_t qlock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t qcond = PTHREAD_COND_INITIALIZER;
 static struct op *qhead, *qtail;
+/* The copy the worker is doing now (out of the queue), if any. */
+static struct op *running;
 static pthread_once_t worker_once = PTHREAD_ONCE_INIT;
 
 static long copy_delay_us(void) {
@@ -192,9 +194,11 @@ static void *copy_worker(void *arg) {
             }
             continue;
         }
+        running = o;
         pthread_mutex_unlock(&qlock);
         memcpy(o->dst, o->src, o->n);
         pthread_mutex_lock(&qlock);
+        running = NULL;
         o->s->done = o->seq;
         free(o);
         pthread_cond_broadcast(&qcond);
@@ -241,18 +245,25 @@ static void drain_stream_locked(struct stream *s) {
     while (s->done < upto) pthread_cond_wait(&qcond, &qlock);
 }
 
-/* Waits for every queued copy that touches [base, base + size). */
+static int touches(const struct op *o, uintptr_t base, size_t size) {
+    uintptr_t d = (uintptr_t)o->dst, s = (uintptr_t)o->src;
+    return (d < base + size && base < d + o->n) || (s < base + size && base < s + o->n);
+}
+
+/* Waits for every queued or running copy that touches [base, base + size). */
 static void drain_range(uintptr_t base, size_t size) {
     pthread_mutex_lock(&qlock);
     for (;;) {
         struct op *hit = NULL;
-        for (struct op *o = qhead; o && !hit; o = o->next) {
-            uintptr_t d = (uintptr_t)o->dst, s = (uintptr_t)o->src;
-            if ((d < base + size && base < d + o->n) || (s < base + size && base < s + o->n))
-                hit = o;
+        for (struct op *o = qhead; o && !hit; o = o->next)
+            if (touches(o, base, size)) hit = o;
+        if (hit) {
+            drain_stream_locked(hit->s);
+        } else if (running && touches(running, base, size)) {
+            pthread_cond_wait(&qcond, &qlock);
+        } else {
+            break;
         }
-        if (!hit) break;
-        drain_stream_locked(hit->s);
     }
     pthread_mutex_unlock(&qlock);
 }
@@ -328,6 +339,7 @@ CUresult cuCtxSetCurrent(CUcontext c) {
 CUresult cuCtxSynchronize(void) {
     pthread_mutex_lock(&qlock);
     while (qhead) drain_stream_locked(qhead->s);
+    while (running) pthread_cond_wait(&qcond, &qlock);
     pthread_mutex_unlock(&qlock);
     return OK;
 }
