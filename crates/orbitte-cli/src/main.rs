@@ -10,7 +10,6 @@ mod bench;
 mod chart;
 mod cli;
 mod config;
-mod control;
 mod doctor;
 mod memory;
 mod metadata;

@@ -1,16 +1,14 @@
 //! `orbitte serve --config FILE`: a target engine that publishes the
 //! configured ranges and serves peers until it is stopped.
 //!
-//! The engine serves its registrations over the tcp path (and the local
-//! path to same-host peers) with `serve_tcp`. With an `[rdma]` table the
-//! ranges are Host Direct registrations on every usable NIC context (a
-//! registration failure is then an error, never a silent switch) and rdma
-//! peers open the engine over control links on `engine.control_listen`;
-//! without it they are registered for tcp and local only.
+//! The engine's own listener (`engine.listen`) serves every session: tcp
+//! data sessions, same-host mapping (the local path) and rdma control
+//! links. With an `[rdma]` table the ranges are Host Direct registrations
+//! on every usable NIC context (a registration failure is then an error,
+//! never a silent switch); without it they are host memory kept off rdma,
+//! served by tcp and local only.
 
-use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use orbitte::topology::{ConfigOverrides, RdmaConfig, SysfsRoots, discover};
@@ -21,7 +19,6 @@ use serde::Serialize;
 use crate::Failure;
 use crate::cli::ServeArgs;
 use crate::config::{self, Fill, RangeAccess, ServeConfig};
-use crate::control::accept_rdma_peers;
 
 #[derive(Debug, Serialize)]
 struct Effective<'a> {
@@ -95,7 +92,7 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
             })?)
         }
     };
-    let engine = build_engine(&cfg, &rdma, &origin)?;
+    let engine = build_engine(&cfg, &rdma, &origin, None)?;
     if args.check {
         let eff = Effective {
             config: &cfg,
@@ -120,29 +117,20 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
         drop(engine);
         return Ok(());
     }
-    let mut scfg = engine
-        .session_config()
-        .map_err(|e| Failure::usage(format!("config file {origin}: key engine.source_id: {e}")))?;
-    scfg.cluster_secret = secret;
-    let host_id = scfg.host_id.as_str().to_owned();
+    drop(engine);
     let metadata_key = if args.metadata.is_some() {
         "--metadata".to_owned()
     } else {
         format!("config file {origin}: key engine.metadata")
     };
     let mut store = metadata.connect(&metadata_key)?;
-    scfg.handshake_timeout = cfg.engine.handshake_timeout();
-    // The engine serves its registrations over tcp (and local to
-    // same-host peers): with an [rdma] table they are Host Direct
-    // registrations, also reachable by rdma peers; without it,
-    // registrations for the tcp and local paths only (an explicit choice,
-    // not a fallback).
-    let listener = engine.serve_tcp(scfg, cfg.engine.listen).map_err(|e| {
-        Failure::failed(format!(
-            "cannot listen on {}: {e} (config file {origin}, key engine.listen)",
-            cfg.engine.listen
-        ))
-    })?;
+    // The engine's own listener serves every session: tcp data sessions,
+    // same-host mapping and rdma control links. With an [rdma] table the
+    // ranges are Host Direct registrations, also reachable by rdma peers;
+    // without it, host memory kept off rdma (an explicit choice, not a
+    // fallback).
+    let engine = build_engine(&cfg, &rdma, &origin, Some(secret))?;
+    let host_id = engine.host_id().to_owned();
     for r in &cfg.range {
         let mem = alloc_range(r.size, &r.name)?;
         if let Fill::Byte(b) = r.fill
@@ -152,14 +140,8 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
                 .map_err(|e| Failure::failed(format!("range {}: {e}", r.name)))?;
         }
         let access = match r.access {
-            RangeAccess::Read => Access::Remote {
-                read: true,
-                write: false,
-            },
-            RangeAccess::Write => Access::Remote {
-                read: false,
-                write: true,
-            },
+            RangeAccess::Read => Access::RemoteRead,
+            RangeAccess::Write => Access::RemoteWrite,
             RangeAccess::ReadWrite => Access::REMOTE_READ_WRITE,
         };
         if r.fill == Fill::Pattern {
@@ -167,7 +149,7 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
                 .map_err(|e| Failure::failed(format!("range {}: {e}", r.name)))?;
         }
         let (id, note) = if cfg.rdma_table {
-            let reg = engine.register_host(Arc::clone(&mem), access).map_err(|e| {
+            let reg = engine.register(&mem, access).map_err(|e| {
                 let text = e.to_string();
                 Failure::failed(format!(
                     "range {}: host direct registration failed: {}; fix the [rdma] table of {origin} or remove it to serve over tcp/local only (`orbitte topology` shows every device and port)",
@@ -178,7 +160,7 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
             (reg.id.0, format!(", rdma: {} MR copies", reg.copies))
         } else {
             let reg = engine
-                .register_host_without_rdma(mem, access)
+                .register(mem, access)
                 .map_err(|e| Failure::failed(format!("range {}: cannot publish: {e}", r.name)))?;
             (reg.id.0, ", tcp/local only (no [rdma] table)".to_owned())
         };
@@ -193,18 +175,15 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
             "no [[range]] in the config: peers can connect but find nothing to read or write"
         );
     }
-    let engine = Arc::new(engine);
-    let control = match (cfg.rdma_table, cfg.engine.control_listen) {
-        (true, Some(at)) => Some(control_listener(&engine, at, &origin)?),
-        (true, None) => {
-            tracing::warn!(
-                "[rdma] without engine.control_listen: rdma peers cannot open this engine; tcp/local peers can"
-            );
-            None
-        }
-        (false, _) => None,
-    };
-    let addr = listener.local_addr();
+    if let Some(at) = cfg.engine.control_listen {
+        tracing::warn!(
+            %at,
+            "engine.control_listen is not used: the engine's listener on engine.listen serves rdma control links too"
+        );
+    }
+    let addr = engine
+        .listen_addr()
+        .ok_or_else(|| Failure::failed("the engine does not listen"))?;
     if let Some(s) = store.as_mut() {
         let at = crate::metadata::advertised(addr, &metadata);
         crate::metadata::publish(s, &engine, at, &host_id)?;
@@ -217,20 +196,21 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
         "serving as {} (epoch {}) on {addr}; local path {}",
         engine.source_id(),
         engine.epoch(),
-        if listener.serves_local() {
+        if engine.serves_local() {
             "served"
         } else {
             "not served"
         }
     );
-    if let Some(at) = control {
-        println!("rdma control link on {at}");
+    if cfg.rdma_table {
+        println!("rdma peers open this engine on the same address");
     }
     tracing::info!(source = engine.source_id(), epoch = engine.epoch(), %addr, "serving");
-    let mut last = listener.stats();
+    let stats = || engine.listener_stats().unwrap_or_default();
+    let mut last = stats();
     loop {
         std::thread::sleep(Duration::from_secs(10));
-        let s = listener.stats();
+        let s = stats();
         if s != last {
             tracing::info!(
                 sessions = s.live,
@@ -243,31 +223,6 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
             last = s;
         }
     }
-}
-
-/// Accepts rdma peers on `at` in a thread for as long as serve runs.
-fn control_listener(
-    engine: &Arc<TransferEngine>,
-    at: SocketAddr,
-    origin: &str,
-) -> Result<SocketAddr, Failure> {
-    let bind = || -> std::io::Result<(TcpListener, SocketAddr)> {
-        let l = TcpListener::bind(at)?;
-        l.set_nonblocking(true)?;
-        let a = l.local_addr()?;
-        Ok((l, a))
-    };
-    let (listener, addr) = bind().map_err(|e| {
-        Failure::failed(format!(
-            "cannot listen on {at}: {e} (config file {origin}, key engine.control_listen)"
-        ))
-    })?;
-    let engine = engine.clone();
-    std::thread::Builder::new()
-        .name("orbitte-serve-control".into())
-        .spawn(move || accept_rdma_peers(&listener, &engine, &AtomicBool::new(false)))
-        .map_err(|e| Failure::failed(format!("cannot start the control thread: {e}")))?;
-    Ok(addr)
 }
 
 fn alloc_range(size: u64, name: &str) -> Result<Arc<HostMemory>, Failure> {
@@ -301,14 +256,16 @@ pub(crate) fn check_device(device: &str, place: &str) -> Result<(), Failure> {
     )))
 }
 
+/// The serving engine; `serve`: with its listener on `engine.listen` and
+/// this cluster secret (`None`: only checking the settings, nothing bound).
 fn build_engine(
     cfg: &ServeConfig,
     rdma: &RdmaConfig,
     origin: &str,
+    serve: Option<Option<ClusterSecret>>,
 ) -> Result<TransferEngine, Failure> {
     let e = &cfg.engine;
     let mut b = EngineBuilder::new(e.source_id.clone())
-        .listen(e.listen)
         .rdma(rdma.clone())
         .budgets(Budgets {
             max_mrs: cfg.budgets.max_mrs,
@@ -327,7 +284,19 @@ fn build_engine(
     if let Some(x) = e.last_epoch {
         b = b.last_epoch(x);
     }
+    if !cfg.rdma_table {
+        b = b.host_memory_without_rdma();
+    }
+    if let Some(secret) = serve {
+        b = b.listen(e.listen);
+        if let Some(s) = secret {
+            b = b.cluster_secret(s);
+        }
+    }
     b.build().map_err(|err| {
+        if let orbitte::BuildError::Listen(_) = &err {
+            return Failure::failed(format!("{err} (config file {origin}, key engine.listen)"));
+        }
         let key = match &err {
             orbitte::BuildError::Setting { name, .. } => format!("engine.{name}"),
             orbitte::BuildError::SourceId(_) => "engine.source_id".into(),

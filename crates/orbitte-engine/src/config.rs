@@ -6,10 +6,13 @@ use std::time::Duration;
 
 use orbitte_topology::{DeviceMask, RdmaConfig};
 use orbitte_verbs::Provider;
+use orbitte_wire::auth::ClusterSecret;
 use orbitte_wire::{Epoch, SourceId};
 
 use crate::error::BuildError;
+use crate::metadata::MetadataMode;
 use crate::registration::Budgets;
+use crate::session::SessionConfig;
 
 /// Builds a [`TransferEngine`](crate::TransferEngine).
 ///
@@ -37,7 +40,15 @@ pub struct EngineBuilder {
     pub(crate) handshake_timeout: Duration,
     pub(crate) max_in_flight: u32,
     pub(crate) signal_interval: u32,
+    pub(crate) cluster_secret: Option<ClusterSecret>,
+    pub(crate) session_tuning: Vec<SessionTuning>,
+    pub(crate) metadata: MetadataMode,
+    pub(crate) host_without_rdma: bool,
 }
+
+/// A change to the engine's session settings (see
+/// [`EngineBuilder::session_settings`]).
+pub(crate) type SessionTuning = Arc<dyn Fn(&mut SessionConfig) + Send + Sync>;
 
 impl std::fmt::Debug for EngineBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -71,6 +82,10 @@ impl EngineBuilder {
             handshake_timeout: Duration::from_secs(5),
             max_in_flight: 128,
             signal_interval: 16,
+            cluster_secret: None,
+            session_tuning: Vec::new(),
+            metadata: MetadataMode::P2p,
+            host_without_rdma: false,
         }
     }
 
@@ -89,9 +104,60 @@ impl EngineBuilder {
         self
     }
 
-    /// Address the tcp session listener binds (the net path).
+    /// Makes [`build`](Self::build) bind one listener on `addr` (port 0:
+    /// any free port; [`TransferEngine::listen_addr`](crate::TransferEngine::listen_addr)
+    /// says which) that serves every session this engine accepts: tcp data
+    /// sessions, same-host mapping (the local path) and rdma control links
+    /// (queue pair exchange). The session's `hello` names what it is for, so
+    /// peers need this one address only. Without `listen` the engine accepts
+    /// nothing and can only connect to others.
     pub fn listen(mut self, addr: SocketAddr) -> Self {
         self.listen = Some(addr);
+        self
+    }
+
+    /// Every session (both directions, every path) must prove knowledge of
+    /// this secret (HMAC over fresh nonces); peers without it are refused.
+    /// Default: no secret (any host that reaches the port is admitted).
+    pub fn cluster_secret(mut self, secret: ClusterSecret) -> Self {
+        self.cluster_secret = Some(secret);
+        self
+    }
+
+    /// Makes [`register`](crate::TransferEngine::register) keep host memory
+    /// off RDMA: no MR on any NIC (nothing charged), served by tcp and
+    /// local only, and reported as
+    /// [`MemoryPath::HostWithoutRdma`](crate::MemoryPath::HostWithoutRdma).
+    /// The explicit choice for hosts without RDMA; without it a Host Direct
+    /// failure is an error, never a fallback.
+    pub fn host_memory_without_rdma(mut self) -> Self {
+        self.host_without_rdma = true;
+        self
+    }
+
+    /// Where peers find this engine and where it finds them by name.
+    /// Default [`MetadataMode::P2p`]: descriptors travel over the session,
+    /// peers are named by address ([`connect`](crate::TransferEngine::connect)).
+    /// With [`MetadataMode::Etcd`] (cargo feature `etcd`) `build` connects
+    /// to etcd and, when the engine [`listen`](Self::listen)s, stores its
+    /// record (source id, epoch, listen address) under a lease it keeps
+    /// alive; `TransferEngine::connect_by_name` looks peers up there.
+    /// Listen on an address peers can dial (not `0.0.0.0`) when others
+    /// find you through etcd.
+    pub fn metadata(mut self, mode: MetadataMode) -> Self {
+        self.metadata = mode;
+        self
+    }
+
+    /// Adjusts the session settings (timeouts, connection bounds,
+    /// pipelining depth; see [`SessionConfig`]) after the engine filled in
+    /// its identity, [`handshake_timeout`](Self::handshake_timeout) and
+    /// [`cluster_secret`](Self::cluster_secret). Applied in call order.
+    pub fn session_settings(
+        mut self,
+        adjust: impl Fn(&mut SessionConfig) + Send + Sync + 'static,
+    ) -> Self {
+        self.session_tuning.push(Arc::new(adjust));
         self
     }
 
@@ -158,6 +224,17 @@ impl EngineBuilder {
     pub fn signal_interval(mut self, n: u32) -> Self {
         self.signal_interval = n;
         self
+    }
+
+    /// The session settings of an engine with this identity.
+    pub(crate) fn session_config(&self, source: &SourceId, epoch: Epoch) -> SessionConfig {
+        let mut cfg = SessionConfig::new(source.clone(), epoch);
+        cfg.handshake_timeout = self.handshake_timeout;
+        cfg.cluster_secret = self.cluster_secret.clone();
+        for adjust in &self.session_tuning {
+            adjust(&mut cfg);
+        }
+        cfg
     }
 
     pub(crate) fn checked(&self) -> Result<(SourceId, Epoch), BuildError> {

@@ -145,8 +145,8 @@ pub struct PeerInfo {
     pub source_id: String,
     /// Its authoritative epoch.
     pub epoch: u64,
-    /// Ranges it published: id, length, access.
-    pub ranges: Vec<(RangeId, u64, wire::AccessFlags)>,
+    /// Ranges it published, in range id order.
+    pub ranges: Vec<crate::RemoteRange>,
     /// Rails to it.
     pub rails: Vec<RailInfo>,
 }
@@ -387,7 +387,6 @@ pub(crate) struct Settings {
     pub(crate) max_in_flight: u32,
     pub(crate) signal_interval: u32,
     pub(crate) handshake_timeout: Duration,
-    pub(crate) listen: Option<std::net::SocketAddr>,
 }
 
 pub(crate) struct Shared {
@@ -395,7 +394,7 @@ pub(crate) struct Shared {
     /// The wire's epoch rules, shared with the net sessions. Lock order:
     /// `state` before `peer_table`, never the other way round.
     pub(crate) peer_table: Arc<Mutex<PeerTable>>,
-    pub(crate) next_session: std::sync::atomic::AtomicU64,
+    pub(crate) next_session: Arc<std::sync::atomic::AtomicU64>,
     pub(crate) cond: Condvar,
     /// Wakes only the timer thread (at stop). It runs on its own schedule
     /// and is not woken by every event batch: whoever delivers a batch
@@ -406,6 +405,22 @@ pub(crate) struct Shared {
     pub(crate) epoch: Epoch,
     pub(crate) provider: Arc<dyn Provider>,
     pub(crate) settings: Settings,
+    /// Poller and timer threads, joined when the engine stops.
+    pub(crate) threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The session settings of every session this engine opens or serves.
+    pub(crate) sessions: crate::session::SessionConfig,
+    /// The tcp and local transports (attached at build).
+    pub(crate) net: std::sync::OnceLock<crate::session::NetPaths>,
+    /// The listener `EngineBuilder::listen` asked for, serving data
+    /// sessions, same-host mapping and rdma control links.
+    pub(crate) listener: Mutex<Option<crate::session::Listener>>,
+    /// `EngineBuilder::host_memory_without_rdma`: `register` makes no MR
+    /// for host memory.
+    pub(crate) host_without_rdma: bool,
+    /// Cluster metadata (`EngineBuilder::metadata`), holding this engine's
+    /// lease.
+    #[cfg(feature = "etcd")]
+    pub(crate) etcd: Mutex<Option<crate::metadata::etcd::EtcdMetadata>>,
 }
 
 impl Shared {
@@ -434,7 +449,10 @@ impl EventSink for Sink {
 /// The transfer engine. See the crate docs for the contract.
 pub struct TransferEngine {
     pub(crate) shared: Arc<Shared>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Whether dropping this handle stops the engine: true for the handle
+    /// `build` returns, false for the views its listener uses to serve
+    /// rdma control links.
+    owner: bool,
 }
 
 impl std::fmt::Debug for TransferEngine {
@@ -453,6 +471,14 @@ impl EngineBuilder {
     /// first RDMA use.
     pub fn build(self) -> Result<TransferEngine, BuildError> {
         let (source_id, epoch) = self.checked()?;
+        let mut sessions = self.session_config(&source_id, epoch);
+        // Sessions go into the engine's one peer table: number them with the
+        // engine's counter.
+        let next_session = Arc::new(std::sync::atomic::AtomicU64::new(1));
+        let counter = next_session.clone();
+        sessions.session_ids = crate::session::SessionIds::new(move || {
+            wire::SessionId(counter.fetch_add(1, Ordering::Relaxed))
+        });
         let provider: Arc<dyn Provider> = self
             .provider
             .clone()
@@ -501,7 +527,7 @@ impl EngineBuilder {
         };
         let shared = Arc::new(Shared {
             peer_table: Arc::new(Mutex::new(PeerTable::new(source_id.clone()))),
-            next_session: std::sync::atomic::AtomicU64::new(1),
+            next_session,
             state: Mutex::new(state),
             cond: Condvar::new(),
             timer: Condvar::new(),
@@ -515,28 +541,45 @@ impl EngineBuilder {
                 max_in_flight: self.max_in_flight,
                 signal_interval: self.signal_interval,
                 handshake_timeout: self.handshake_timeout,
-                listen: self.listen,
             },
+            threads: Mutex::new(Vec::new()),
+            sessions,
+            net: std::sync::OnceLock::new(),
+            listener: Mutex::new(None),
+            host_without_rdma: self.host_without_rdma,
+            #[cfg(feature = "etcd")]
+            etcd: Mutex::new(None),
         });
         let timer = {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("orbitte-timer".into())
                 .spawn(move || timer_loop(&shared))
-                .map_err(|e| BuildError::Setting {
-                    name: "threads",
-                    why: e.to_string(),
+                .map_err(|source| BuildError::Thread {
+                    what: "timer",
+                    source,
                 })?
         };
+        shared
+            .threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(timer);
+        let engine = TransferEngine {
+            shared,
+            owner: true,
+        };
+        engine.attach_own_net();
+        if let Some(addr) = self.listen {
+            engine.listen(addr)?;
+        }
+        engine.join_metadata(&self.metadata)?;
         tracing::debug!(
-            source = shared.source_id.as_str(),
-            epoch = shared.epoch.value(),
+            source = engine.shared.source_id.as_str(),
+            epoch = engine.shared.epoch.value(),
             "engine built"
         );
-        Ok(TransferEngine {
-            shared,
-            threads: Mutex::new(vec![timer]),
-        })
+        Ok(engine)
     }
 }
 
@@ -678,9 +721,25 @@ impl TransferEngine {
         wire::SessionId(self.shared.next_session.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// The listen address given to the builder (used by the tcp session).
+    /// The address the engine's own listener is bound to
+    /// ([`EngineBuilder::listen`]; port 0 there: the port chosen), or
+    /// `None` when the engine does not listen.
     pub fn listen_addr(&self) -> Option<std::net::SocketAddr> {
-        self.shared.settings.listen
+        self.shared
+            .listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(crate::session::Listener::local_addr)
+    }
+
+    /// A non-owning handle on the same engine (dropping it stops nothing),
+    /// for the listener threads that serve rdma control links.
+    pub(crate) fn view(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            owner: false,
+        }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
@@ -712,7 +771,11 @@ impl TransferEngine {
                 }
             }
             st.nic_order = order;
-            let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+            let mut threads = self
+                .shared
+                .threads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             for n in &init.nics {
                 let shared = self.shared.clone();
                 let (id, cq, ctx) = (n.id.0, n.cq.clone(), n.context.clone());
@@ -820,9 +883,37 @@ impl TransferEngine {
         st.unquiesced.push(u.clone());
     }
 
+    /// Registers `memory` for requests and, unless `access` is
+    /// [`Access::LocalOnly`], publishes it to peers. The returned
+    /// [`Registration`] says which path serves it
+    /// ([`MemoryPath`](crate::MemoryPath)).
+    ///
+    /// Host memory is a Host Direct registration
+    /// ([`register_host_at`](Self::register_host_at): MRs on every usable
+    /// NIC context, budgets charged per copy, all or nothing) unless the
+    /// engine was built with
+    /// [`host_memory_without_rdma`](crate::EngineBuilder::host_memory_without_rdma):
+    /// then no MR is made and tcp and local serve it. A Host Direct failure
+    /// is an error, never a silent switch to another path.
+    pub fn register(
+        &self,
+        memory: impl Into<crate::registration::Memory>,
+        access: Access,
+    ) -> Result<Registration, RegisterError> {
+        match memory.into() {
+            crate::registration::Memory::Host { memory, location } => {
+                if self.shared.host_without_rdma {
+                    self.register_host_without_rdma(memory, access)
+                } else {
+                    self.register_host_at(memory, access, location)
+                }
+            }
+        }
+    }
+
     /// Host Direct registration: prepares MRs on every prepared NIC context
     /// (paused ports included, whatever the dispatch mask), one copy per
-    /// context for `Access::LocalOnly`, two for `Access::Remote`, and
+    /// context for `Access::LocalOnly`, two for a remotely accessible one, and
     /// publishes the range only when all succeeded. The memory's location
     /// is unknown: rails are used in NIC ID order.
     pub fn register_host(
@@ -844,13 +935,6 @@ impl TransferEngine {
     ) -> Result<Registration, RegisterError> {
         if let Some(reason) = self.lock().core.fenced().cloned() {
             return Err(RegisterError::Fenced { reason });
-        }
-        if let Access::Remote {
-            read: false,
-            write: false,
-        } = access
-        {
-            return Err(RegisterError::InvalidAccess);
         }
         self.ensure_contexts()
             .map_err(|report| RegisterError::NoUsableNic { report })?;
@@ -967,6 +1051,7 @@ impl TransferEngine {
             len: len as u64,
             access,
             copies: n,
+            path: crate::registration::MemoryPath::HostDirect,
         })
     }
 
@@ -979,13 +1064,6 @@ impl TransferEngine {
         memory: Arc<HostMemory>,
         access: Access,
     ) -> Result<Registration, RegisterError> {
-        if let Access::Remote {
-            read: false,
-            write: false,
-        } = access
-        {
-            return Err(RegisterError::InvalidAccess);
-        }
         let mut st = self.lock();
         if let Some(reason) = st.core.fenced().cloned() {
             return Err(RegisterError::Fenced { reason });
@@ -1003,6 +1081,7 @@ impl TransferEngine {
             len,
             access,
             copies: 0,
+            path: crate::registration::MemoryPath::HostWithoutRdma,
         })
     }
 
@@ -1107,9 +1186,26 @@ impl TransferEngine {
         }
     }
 
-    /// Submits a batch of READ/WRITE requests: all admitted or none (a typed
-    /// error names the first bad request; nothing is posted then).
-    pub fn submit(&self, batch: &[TransferRequest]) -> Result<Vec<RequestId>, SubmitError> {
+    /// Submits a batch of READ/WRITE requests ([`Request`](crate::Request),
+    /// or the positional [`TransferRequest`]): all admitted or none (a typed
+    /// error names the first bad request; nothing is posted then). Remote
+    /// addresses are resolved against the peers' publications now. Returns
+    /// at once; every request ends with an [`Outcome`] ([`poll`](Self::poll),
+    /// [`wait`](Self::wait)).
+    pub fn submit<R: Into<crate::Request> + Copy>(
+        &self,
+        batch: &[R],
+    ) -> Result<Vec<RequestId>, SubmitError> {
+        let resolved = self.resolve(batch)?;
+        self.submit_inner(&resolved)
+    }
+
+    /// Admits a batch whose remote addresses are resolved
+    /// ([`submit`](Self::submit)).
+    pub(crate) fn submit_inner(
+        &self,
+        batch: &[TransferRequest],
+    ) -> Result<Vec<RequestId>, SubmitError> {
         let span = tracing::trace_span!("submit", requests = batch.len());
         let _g = span.enter();
         let mut guard = self.lock();
@@ -1151,7 +1247,7 @@ impl TransferEngine {
                 .get(&r.registration.0)
                 .filter(|e| e.state == RegState::Published)
             else {
-                return Err(bad(RequestError::UnpublishedLocal(r.registration.0)));
+                return Err(bad(RequestError::UnpublishedLocal(r.registration)));
             };
             let size = reg.memory.len() as u64;
             if lend > size {
@@ -1163,12 +1259,12 @@ impl TransferEngine {
                 }));
             }
             let Some(peer) = st.tables.peers.get(&r.peer.0) else {
-                return Err(bad(RequestError::UnknownPeer(r.peer.0)));
+                return Err(bad(RequestError::UnknownPeer(r.peer)));
             };
             let Some(desc) = peer.ranges.get(&r.range) else {
                 return Err(bad(RequestError::UnpublishedRemote {
-                    peer: r.peer.0,
-                    range: r.range.0,
+                    peer: r.peer,
+                    range: r.range,
                 }));
             };
             if rend > desc.length {
@@ -1233,7 +1329,7 @@ impl TransferEngine {
                     why.push("the peer has no rails".into());
                 }
                 return Err(bad(RequestError::NoRail {
-                    peer: r.peer.0,
+                    peer: r.peer,
                     why: why.join("; ").into(),
                 }));
             }
@@ -1494,10 +1590,25 @@ impl TransferEngine {
     }
 
     fn stop_threads(&self) {
+        let listener = self
+            .shared
+            .listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(l) = listener {
+            l.shutdown();
+        }
         self.shared.stop.store(true, Ordering::Release);
         self.shared.cond.notify_all();
         self.shared.timer.notify_all();
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        let threads = std::mem::take(
+            &mut *self
+                .shared
+                .threads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
         for t in threads {
             let _ = t.join();
         }
@@ -1509,9 +1620,15 @@ pub(crate) fn peer_info(st: &State, id: PeerId) -> PeerInfo {
     let mut ranges: Vec<_> = p
         .ranges
         .values()
-        .map(|d| (RangeId(d.range_id.0), d.length, d.access))
+        .map(|d| crate::RemoteRange {
+            peer: id,
+            range: RangeId(d.range_id.0),
+            address: d.address,
+            len: d.length,
+            access: d.access,
+        })
         .collect();
-    ranges.sort_by_key(|r| r.0);
+    ranges.sort_by_key(|r| r.range);
     PeerInfo {
         id,
         source_id: p.source_id.as_str().to_owned(),
@@ -1542,6 +1659,8 @@ impl Drop for TransferEngine {
     /// drops, which never pretend: a failed destroy is retained by verbs.
     /// Call [`shutdown`](Self::shutdown) to learn whether cleanup succeeded.
     fn drop(&mut self) {
-        self.stop_threads();
+        if self.owner {
+            self.stop_threads();
+        }
     }
 }

@@ -55,6 +55,21 @@ pub enum BuildError {
         /// Why.
         why: String,
     },
+    /// The listener (`EngineBuilder::listen`) could not be bound.
+    #[error(transparent)]
+    Listen(#[from] crate::session::ListenError),
+    /// The cluster metadata service could not be joined.
+    #[error("cannot join the cluster metadata: {0}")]
+    Metadata(#[source] crate::metadata::MetadataError),
+    /// A thread of the engine could not be started.
+    #[error("cannot start the engine's {what} thread: {source}")]
+    Thread {
+        /// Which thread.
+        what: &'static str,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Why [`TransferEngine::register_host`](crate::TransferEngine::register_host)
@@ -113,9 +128,6 @@ pub enum RegisterError {
         /// The registration failure that started the release.
         cause: String,
     },
-    /// `Access::Remote` with neither read nor write.
-    #[error("remote access without read or write: use Access::LocalOnly or allow read/write")]
-    InvalidAccess,
     /// The engine is fenced.
     #[error("engine is fenced, registration refused: {reason}")]
     Fenced {

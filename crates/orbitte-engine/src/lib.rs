@@ -82,6 +82,7 @@ pub mod outcome;
 mod peer;
 mod rdma;
 mod registration;
+mod request;
 pub mod transport;
 // net (issue 7, helper "net"): sessions and metadata; tcp/local under transport/.
 pub mod metadata;
@@ -101,7 +102,9 @@ pub use nic::{ContextStatus, EngineTopology};
 pub use outcome::{
     DrainStatus, FailureInfo, Outcome, RemoteEffect, RequestError, RequestId, Status, SubmitError,
 };
-pub use registration::{Access, Budgets, Charges, Registration};
+pub use registration::{Access, Budgets, Charges, Memory, MemoryPath, Registration};
+pub use request::{LocalRead, LocalWrite, RemoteRange, RemoteTarget, Request};
+pub use session::{ConnectError, ConnectOptions, ListenError, PathPreference, Peer};
 pub use transport::{Op, PathKind, PeerId, RailId, RangeId, RegistrationId};
 
 pub use orbitte_topology::{DeviceMask, MemoryLocation, RdmaConfig};

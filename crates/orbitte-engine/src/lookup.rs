@@ -9,7 +9,7 @@ use orbitte_wire::{AccessFlags, NicRkey, RangeId};
 
 use crate::TransferEngine;
 use crate::engine::Shared;
-use crate::registration::{Access, RegEntry, RegState};
+use crate::registration::{RegEntry, RegState};
 use crate::session::{Published, RangeLookup};
 use crate::transport::RegistrationId;
 
@@ -25,14 +25,14 @@ fn published(e: &RegEntry) -> Option<Published> {
     if e.state != RegState::Published {
         return None;
     }
-    let Access::Remote { read, write } = e.access else {
+    if !e.access.is_remote() {
         return None;
-    };
+    }
     let mut access = AccessFlags(0);
-    if read {
+    if e.access.remote_read() {
         access = access | AccessFlags::REMOTE_READ;
     }
-    if write {
+    if e.access.remote_write() {
         access = access | AccessFlags::REMOTE_WRITE;
     }
     Some(Published {

@@ -12,7 +12,7 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::transport::{Op, PathKind, RailId, SliceFailure};
+use crate::transport::{Op, PathKind, PeerId, RailId, RangeId, RegistrationId, SliceFailure};
 
 /// Names one request of one engine.
 ///
@@ -143,19 +143,51 @@ impl Outcome {
 #[non_exhaustive]
 pub enum RequestError {
     /// The peer is not open (or was replaced by a newer epoch).
-    #[error("unknown peer {0:?}: open the peer first (or reopen it after a restart)")]
-    UnknownPeer(u32),
+    #[error("unknown peer {}: open the peer first (or reopen it after a restart)", .0.0)]
+    UnknownPeer(PeerId),
     /// The local registration is not published (never was, retired, or
     /// unregistered).
-    #[error("local registration {0} is not published: register it (or stop using a retired range)")]
-    UnpublishedLocal(u64),
+    #[error("local registration {} is not published: register it (or stop using a retired range)", .0.0)]
+    UnpublishedLocal(RegistrationId),
     /// The peer never published this range, or retired it.
-    #[error("remote range {range} of peer {peer} is not published: refresh the peer's descriptors")]
+    #[error("remote range {} of peer {} is not published: refresh the peer's descriptors", .range.0, .peer.0)]
     UnpublishedRemote {
         /// Peer.
-        peer: u32,
+        peer: PeerId,
         /// Range id.
-        range: u64,
+        range: RangeId,
+    },
+    /// No range the peer published contains the address.
+    #[error("address {address:#x} is in no range peer {} published", .peer.0)]
+    UnknownAddress {
+        /// Peer.
+        peer: PeerId,
+        /// The address asked for.
+        address: u64,
+    },
+    /// The request starts in one published range and runs into the next.
+    #[error("{len} bytes at address {address:#x} cross from one range of peer {} into the next at {boundary:#x}: split the request", .peer.0)]
+    CrossesRanges {
+        /// Peer.
+        peer: PeerId,
+        /// The address asked for.
+        address: u64,
+        /// Bytes asked for.
+        len: u64,
+        /// Where the first range ends and the next begins.
+        boundary: u64,
+    },
+    /// The request runs past the end of the range holding its address.
+    #[error("{len} bytes at address {address:#x} run past the end ({end:#x}) of the range of peer {} holding it", .peer.0)]
+    PastEnd {
+        /// Peer.
+        peer: PeerId,
+        /// The address asked for.
+        address: u64,
+        /// Bytes asked for.
+        len: u64,
+        /// Where the range ends.
+        end: u64,
     },
     /// `offset + len` goes past the end of a range.
     #[error("{side} range: offset {offset} + {len} bytes is past its end ({size} bytes)")]
@@ -190,10 +222,10 @@ pub enum RequestError {
         len: u64,
     },
     /// No rail to the peer is up and allowed by the dispatch mask.
-    #[error("no usable rail to peer {peer}: {why}")]
+    #[error("no usable rail to peer {}: {why}", .peer.0)]
     NoRail {
         /// Peer.
-        peer: u32,
+        peer: PeerId,
         /// The reasons per rail.
         why: Arc<str>,
     },

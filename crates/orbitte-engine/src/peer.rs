@@ -187,6 +187,19 @@ impl TransferEngine {
             let mut table = self.shared.peer_table();
             init.handle_hello_ack(ack, &mut table, session, from)?
         };
+        self.open_rdma_rails(link, session, &established)
+    }
+
+    /// The initiator's part of the rdma control link after the handshake
+    /// (admitted as `session`): publications both ways, then one RC queue
+    /// pair per rail.
+    pub(crate) fn open_rdma_rails(
+        &self,
+        link: &mut dyn ControlLink,
+        session: wire::SessionId,
+        established: &Established,
+    ) -> Result<PeerInfo, OpenPeerError> {
+        self.ensure_contexts().map_err(OpenPeerError::NoRail)?;
         let publication = self.segment_publication();
         link.send(&Frame::SegmentPublication(publication))?;
         let theirs = match self.recv(link)? {
@@ -194,7 +207,7 @@ impl TransferEngine {
             other => return Err(self.abandon(session, unexpected("segment-publication", &other))),
         };
         let peer = self
-            .adopt(session, &established, &theirs)
+            .adopt(session, established, &theirs)
             .map_err(|e| self.abandon(session, e))?;
         // One QP per prepared NIC whose port is active; target the peer's
         // NICs (from its rkeys) round-robin.
@@ -311,13 +324,35 @@ impl TransferEngine {
             }
         };
         link.send(&ack)?;
+        self.accept_rdma_rails(link, session, &established)
+    }
+
+    /// The responder's part of the rdma control link after the handshake
+    /// (admitted as `session`): publications both ways, then the RC
+    /// connect request answered.
+    pub(crate) fn accept_rdma_rails(
+        &self,
+        link: &mut dyn ControlLink,
+        session: wire::SessionId,
+        established: &Established,
+    ) -> Result<PeerInfo, OpenPeerError> {
+        self.fenced_peer()?;
+        if let Err(why) = self.ensure_contexts() {
+            let _ = link.send(&Frame::Error(wire::ErrorFrame {
+                code: wire::ErrorCode::NO_USABLE_RAIL,
+                frame_type: wire::FrameType::HELLO,
+                request_id: wire::RequestId(0),
+                message: wire::Message::truncating(format!("no rdma context here: {why}")),
+            }));
+            return Err(self.abandon(session, OpenPeerError::NoRail(why)));
+        }
         let theirs = match self.recv(link)? {
             Frame::SegmentPublication(p) => p,
             other => return Err(self.abandon(session, unexpected("segment-publication", &other))),
         };
         link.send(&Frame::SegmentPublication(self.segment_publication()))?;
         let peer = self
-            .adopt(session, &established, &theirs)
+            .adopt(session, established, &theirs)
             .map_err(|e| self.abandon(session, e))?;
         let request = match self.recv(link)? {
             Frame::ConnectRequest(r) => r,

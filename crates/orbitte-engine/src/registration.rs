@@ -31,61 +31,67 @@ use orbitte_wire as wire;
 
 use crate::transport::RegistrationId;
 
-/// Who may touch a registered range.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Who may touch a registered range. A remotely accessible range allows
+/// peers at least one of READ and WRITE (there is no "remote with
+/// neither").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Access {
-    /// Only this engine's requests use it (one MR per context).
+    /// Only this engine's requests use it (one MR per context); never
+    /// published.
     LocalOnly,
-    /// Also published to peers for their one-sided requests (two MRs per
-    /// context).
-    Remote {
-        /// Peers may READ it.
-        read: bool,
-        /// Peers may WRITE it.
-        write: bool,
-    },
+    /// Published; peers may READ it (two MRs per context).
+    RemoteRead,
+    /// Published; peers may WRITE it (two MRs per context).
+    RemoteWrite,
+    /// Published; peers may READ and WRITE it (two MRs per context).
+    RemoteReadWrite,
 }
 
 impl Access {
-    /// Peers may read and write.
-    pub const REMOTE_READ_WRITE: Self = Self::Remote {
-        read: true,
-        write: true,
-    };
+    /// Peers may read and write (the same as [`Access::RemoteReadWrite`]).
+    pub const REMOTE_READ_WRITE: Self = Self::RemoteReadWrite;
+
+    /// Whether the range is published to peers.
+    pub fn is_remote(self) -> bool {
+        self != Self::LocalOnly
+    }
+
+    /// Whether peers may READ it.
+    pub fn remote_read(self) -> bool {
+        matches!(self, Self::RemoteRead | Self::RemoteReadWrite)
+    }
+
+    /// Whether peers may WRITE it.
+    pub fn remote_write(self) -> bool {
+        matches!(self, Self::RemoteWrite | Self::RemoteReadWrite)
+    }
 
     /// MR copies per context.
     pub fn copies_per_context(self) -> u64 {
-        match self {
-            Self::LocalOnly => 1,
-            Self::Remote { .. } => 2,
-        }
+        if self.is_remote() { 2 } else { 1 }
     }
 
     pub(crate) fn remote_verbs(self) -> Option<verbs::Access> {
-        match self {
-            Self::LocalOnly => None,
-            Self::Remote { read, write } => {
-                let mut bits = verbs::Access::LOCAL_WRITE.bits();
-                if read {
-                    bits |= verbs::Access::REMOTE_READ.bits();
-                }
-                if write {
-                    bits |= verbs::Access::REMOTE_WRITE.bits();
-                }
-                Some(verbs::Access::from_bits(bits))
-            }
+        if !self.is_remote() {
+            return None;
         }
+        let mut bits = verbs::Access::LOCAL_WRITE.bits();
+        if self.remote_read() {
+            bits |= verbs::Access::REMOTE_READ.bits();
+        }
+        if self.remote_write() {
+            bits |= verbs::Access::REMOTE_WRITE.bits();
+        }
+        Some(verbs::Access::from_bits(bits))
     }
 
     pub(crate) fn wire_flags(self) -> wire::AccessFlags {
         let mut f = wire::AccessFlags::LOCAL_WRITE;
-        if let Self::Remote { read, write } = self {
-            if read {
-                f = f | wire::AccessFlags::REMOTE_READ;
-            }
-            if write {
-                f = f | wire::AccessFlags::REMOTE_WRITE;
-            }
+        if self.remote_read() {
+            f = f | wire::AccessFlags::REMOTE_READ;
+        }
+        if self.remote_write() {
+            f = f | wire::AccessFlags::REMOTE_WRITE;
         }
         f
     }
@@ -130,6 +136,70 @@ pub struct Registration {
     pub access: Access,
     /// MR copies made (contexts × copies per context).
     pub copies: u64,
+    /// The path that serves it.
+    pub path: MemoryPath,
+}
+
+/// How a registration is served (see [`TransferEngine::register`](crate::TransferEngine::register)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MemoryPath {
+    /// Host Direct: MRs on every usable NIC context, so rdma (and tcp and
+    /// local) serve it.
+    HostDirect,
+    /// Host memory the caller asked to keep off RDMA
+    /// ([`EngineBuilder::host_memory_without_rdma`](crate::EngineBuilder::host_memory_without_rdma)):
+    /// no MR, served by tcp and local only.
+    HostWithoutRdma,
+}
+
+impl std::fmt::Display for MemoryPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::HostDirect => "host direct (rdma, tcp, local)",
+            Self::HostWithoutRdma => "host memory without rdma (tcp, local)",
+        })
+    }
+}
+
+/// Memory to register with [`TransferEngine::register`](crate::TransferEngine::register).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Memory {
+    /// Host memory: a memfd-backed [`HostMemory`](orbitte_memory::HostMemory)
+    /// (`HostMemory::alloc`; same-host peers can map it) or the caller's
+    /// own memory wrapped by the one `unsafe` constructor,
+    /// `HostMemory::from_raw_parts`.
+    Host {
+        /// The memory.
+        memory: Arc<HostMemory>,
+        /// Where it lives (NUMA node), for rail affinity; unknown: rails in
+        /// NIC ID order.
+        location: orbitte_topology::MemoryLocation,
+    },
+}
+
+impl Memory {
+    /// Host memory at a known location (requests on it stripe over rails
+    /// in affinity order: PCIe distance, then NUMA distance, then NIC ID).
+    pub fn host_at(memory: Arc<HostMemory>, location: orbitte_topology::MemoryLocation) -> Self {
+        Self::Host { memory, location }
+    }
+}
+
+impl From<Arc<HostMemory>> for Memory {
+    fn from(memory: Arc<HostMemory>) -> Self {
+        Self::Host {
+            memory,
+            location: orbitte_topology::MemoryLocation::Host { numa_node: None },
+        }
+    }
+}
+
+impl From<&Arc<HostMemory>> for Memory {
+    fn from(memory: &Arc<HostMemory>) -> Self {
+        Arc::clone(memory).into()
+    }
 }
 
 /// Lifecycle of a registration.

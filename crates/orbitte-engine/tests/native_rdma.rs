@@ -366,12 +366,12 @@ fn connect(device: &str) -> Connected {
     let published = peer
         .ranges
         .iter()
-        .find(|r| r.0 == range)
+        .find(|r| r.range == range)
         .unwrap_or_else(|| panic!("the target's range {range:?} is published: {peer:?}"));
-    assert_eq!(published.1, LEN as u64, "{peer:?}");
+    assert_eq!(published.len, LEN as u64, "{peer:?}");
     assert!(
         published
-            .2
+            .access
             .contains(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE),
         "{peer:?}"
     );

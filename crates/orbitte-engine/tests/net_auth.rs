@@ -145,6 +145,7 @@ fn a_peer_without_the_proof_can_neither_read_nor_write_and_is_logged() {
                 orbitte_wire::Capabilities::TCP,
             ),
             nonce: orbitte_wire::Nonce([1; 32]),
+            purpose: orbitte_wire::SessionPurpose::DATA,
             proof: None,
         }),
     );

@@ -37,19 +37,13 @@ fn engine_registrations_are_served_over_tcp_and_local_and_retire_stops_new_reque
     pattern(&rw, 4);
     let local_only = HostMemory::alloc(1 << 16).unwrap();
     let reg = engine
-        .register_host(
-            rw.clone(),
-            Access::Remote {
-                read: true,
-                write: true,
-            },
-        )
+        .register_host(rw.clone(), Access::RemoteReadWrite)
         .unwrap();
     let hidden = engine
         .register_host(local_only.clone(), Access::LocalOnly)
         .unwrap();
 
-    let mut scfg = engine.session_config().unwrap();
+    let mut scfg = engine.session_config();
     scfg.io_timeout = Duration::from_secs(5);
     let listener = engine
         .serve_tcp(scfg, "127.0.0.1:0".parse().unwrap())
@@ -197,8 +191,9 @@ fn engines_open_rdma_peers_over_a_tcp_control_link() {
 
 #[test]
 fn transfer_engines_run_requests_over_tcp_and_local_with_the_engine_contract() {
-    use orbitte_engine::session::{NetOpenError, PathPreference};
-    use orbitte_engine::{DrainStatus, RemoteEffect, TransferRequest};
+    use orbitte_engine::{
+        ConnectError, ConnectOptions, DrainStatus, RemoteEffect, TransferRequest,
+    };
     net_support::logs();
     let fabric = SimFabric::new(
         SimDescription::new(vec![
@@ -210,51 +205,34 @@ fn transfer_engines_run_requests_over_tcp_and_local_with_the_engine_contract() {
     );
     let target = EngineBuilder::new("net-target")
         .provider(fabric.provider_for(&["a0"]))
+        .host_memory_without_rdma()
+        .listen("127.0.0.1:0".parse().unwrap())
         .build()
         .unwrap();
     let client = EngineBuilder::new("net-client")
         .provider(fabric.provider_for(&["b0"]))
+        .host_memory_without_rdma()
         .build()
         .unwrap();
     let remote = HostMemory::alloc(4 << 20).unwrap();
     pattern(&remote, 6);
-    let range = target
-        .register_host_without_rdma(
-            remote.clone(),
-            Access::Remote {
-                read: true,
-                write: true,
-            },
-        )
-        .unwrap();
-    let listener = target
-        .serve_tcp(
-            target.session_config().unwrap(),
-            "127.0.0.1:0".parse().unwrap(),
-        )
-        .unwrap();
+    let range = target.register(&remote, Access::RemoteReadWrite).unwrap();
+    assert_eq!(range.path, orbitte_engine::MemoryPath::HostWithoutRdma);
+    assert_eq!(range.copies, 0, "no MR for host memory kept off rdma");
+    let addr = target.listen_addr().expect("the engine listens");
+    let stats = || target.listener_stats().unwrap();
 
     let range_id = orbitte_engine::RangeId(range.id.0);
-    let net = client.attach_net(client.session_config().unwrap());
     let src = HostMemory::alloc(4 << 20).unwrap();
     pattern(&src, 7);
     let dst = HostMemory::alloc(4 << 20).unwrap();
-    let s = client
-        .register_host_without_rdma(src.clone(), Access::LocalOnly)
-        .unwrap();
-    let d = client
-        .register_host_without_rdma(dst.clone(), Access::LocalOnly)
-        .unwrap();
+    let s = client.register(&src, Access::LocalOnly).unwrap();
+    let d = client.register(&dst, Access::LocalOnly).unwrap();
 
     // Only rdma to a target without Host Direct ranges is refused, naming
     // every path and why.
-    match net.open_peer(
-        &client,
-        listener.local_addr(),
-        1,
-        PathPreference::Only(PathKind::Rdma),
-    ) {
-        Err(NetOpenError::NoPath(e)) => {
+    match client.connect_with(addr, ConnectOptions::new().path(PathKind::Rdma).rails(1)) {
+        Err(ConnectError::NoPath(e)) => {
             let text = e.to_string();
             assert!(
                 text.contains("rdma: the peer publishes no range with rkeys"),
@@ -269,29 +247,19 @@ fn transfer_engines_run_requests_over_tcp_and_local_with_the_engine_contract() {
     }
     // Paths without a transport here are refused as such.
     assert!(matches!(
-        net.open_peer(
-            &client,
-            listener.local_addr(),
-            1,
-            PathPreference::Only(PathKind::Nvlink)
-        ),
-        Err(NetOpenError::Unsupported(PathKind::Nvlink))
+        client.connect_with(addr, ConnectOptions::new().path(PathKind::Nvlink)),
+        Err(ConnectError::Unsupported(PathKind::Nvlink))
     ));
 
     // tcp, explicitly (same host, but asked for): 3 connections.
-    let peer = net
-        .open_peer(
-            &client,
-            listener.local_addr(),
-            3,
-            PathPreference::Only(PathKind::Tcp),
-        )
+    let peer = client
+        .connect_with(addr, ConnectOptions::new().path(PathKind::Tcp).rails(3))
         .unwrap();
     assert_eq!(
         (peer.path, peer.rails.len(), peer.fell_back.len()),
         (PathKind::Tcp, 3, 0)
     );
-    let before = listener.stats().data_requests;
+    let before = stats().data_requests;
     let ids = client
         .submit(&[TransferRequest::write(s.id, 0, peer.info.id, range_id, 0, 2 << 20).label(1)])
         .unwrap();
@@ -305,10 +273,7 @@ fn transfer_engines_run_requests_over_tcp_and_local_with_the_engine_contract() {
         remote.to_vec(0, 2 << 20).unwrap(),
         src.to_vec(0, 2 << 20).unwrap()
     );
-    assert!(
-        listener.stats().data_requests > before,
-        "bytes went over tcp"
-    );
+    assert!(stats().data_requests > before, "bytes went over tcp");
     // Out of range: refused at submit time by the engine, nothing posted.
     assert!(
         client
@@ -324,11 +289,9 @@ fn transfer_engines_run_requests_over_tcp_and_local_with_the_engine_contract() {
     );
 
     // Auto on the same host: the local path (a reconnect of the same epoch).
-    let local = net
-        .open_peer(&client, listener.local_addr(), 2, PathPreference::Auto)
-        .unwrap();
+    let local = client.connect(addr).unwrap();
     assert_eq!(local.path, PathKind::Local, "{local:?}");
-    let before = listener.stats();
+    let before = stats();
     let ids = client
         .submit(&[TransferRequest::read(
             d.id,
@@ -343,7 +306,7 @@ fn transfer_engines_run_requests_over_tcp_and_local_with_the_engine_contract() {
     assert_eq!(o.status, Status::Complete, "{o:?}");
     assert_eq!(client.drain_status(ids[0]), DrainStatus::Drained);
     assert!(dst.to_vec(0, 4 << 20).unwrap() == remote.to_vec(0, 4 << 20).unwrap());
-    let after = listener.stats();
+    let after = stats();
     assert_eq!(
         after.data_bytes, before.data_bytes,
         "no byte crossed the socket on the local path"
@@ -362,8 +325,7 @@ struct RdmaPair {
     client: orbitte_engine::TransferEngine,
     remote: std::sync::Arc<HostMemory>,
     range: orbitte_engine::RangeId,
-    listener: orbitte_engine::session::Listener,
-    net: orbitte_engine::session::NetPaths,
+    addr: std::net::SocketAddr,
     src: std::sync::Arc<HostMemory>,
     src_reg: orbitte_engine::RegistrationId,
 }
@@ -379,61 +341,39 @@ fn rdma_pair(seed: u64) -> RdmaPair {
     );
     let target = EngineBuilder::new("auto-target")
         .provider(fabric.provider_for(&["a0"]))
+        .listen("127.0.0.1:0".parse().unwrap())
         .build()
         .unwrap();
     let client = EngineBuilder::new("auto-client")
         .provider(fabric.provider_for(&["b0"]))
+        .session_settings(|cfg| {
+            cfg.host_id = orbitte_wire::HostId::new("another-host").unwrap();
+        })
         .build()
         .unwrap();
     let remote = HostMemory::alloc(1 << 20).unwrap();
     pattern(&remote, 11);
-    let reg = target
-        .register_host(remote.clone(), Access::REMOTE_READ_WRITE)
-        .unwrap();
-    let listener = target
-        .serve_tcp(
-            target.session_config().unwrap(),
-            "127.0.0.1:0".parse().unwrap(),
-        )
-        .unwrap();
-    let mut cfg = client.session_config().unwrap();
-    cfg.host_id = orbitte_wire::HostId::new("another-host").unwrap();
-    let net = client.attach_net(cfg);
+    let reg = target.register(&remote, Access::REMOTE_READ_WRITE).unwrap();
+    assert_eq!(reg.path, orbitte_engine::MemoryPath::HostDirect);
     let src = HostMemory::alloc(1 << 20).unwrap();
     pattern(&src, 12);
-    let src_reg = client
-        .register_host(src.clone(), Access::LocalOnly)
-        .unwrap();
+    let src_reg = client.register(&src, Access::LocalOnly).unwrap();
     RdmaPair {
         fabric,
+        addr: target.listen_addr().unwrap(),
         target,
         client,
         remote,
         range: orbitte_engine::RangeId(reg.id.0),
-        listener,
-        net,
         src,
         src_reg: src_reg.id,
     }
 }
 
-/// One connection on `l`, or `None` when none arrives within `bound`.
-fn accept_within(l: &std::net::TcpListener, bound: Duration) -> Option<std::net::TcpStream> {
-    l.set_nonblocking(true).unwrap();
-    let deadline = std::time::Instant::now() + bound;
-    while std::time::Instant::now() < deadline {
-        match l.accept() {
-            Ok((s, _)) => {
-                s.set_nonblocking(false).unwrap();
-                return Some(s);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => panic!("accept failed: {e}"),
-        }
+impl RdmaPair {
+    fn stats(&self) -> orbitte_engine::session::ListenerStats {
+        self.target.listener_stats().expect("the target listens")
     }
-    None
 }
 
 impl Drop for RdmaPair {
@@ -444,32 +384,15 @@ impl Drop for RdmaPair {
 }
 
 #[test]
-fn auto_picks_rdma_when_both_engines_have_rails_and_the_target_serves_a_control_link() {
-    use orbitte_engine::TransferRequest;
-    use orbitte_engine::session::{PathPreference, PeerAddrs, TcpControlLink};
+fn auto_picks_rdma_when_both_engines_have_rails_over_the_one_listener() {
+    use orbitte_engine::{ConnectOptions, TransferRequest};
     use orbitte_verbs::WcStatus;
     use orbitte_verbs::sim::WrMatch;
     net_support::logs();
     let p = rdma_pair(21);
-    let control = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let at = PeerAddrs::session(p.listener.local_addr())
-        .with_rdma_control(control.local_addr().unwrap());
-    let (peer, accepted) = std::thread::scope(|s| {
-        let h = s.spawn(|| {
-            // Bounded, so that a peer that never dials fails the test
-            // instead of hanging it.
-            let stream = accept_within(&control, BOUND)?;
-            let mut link = TcpControlLink::new(stream, Duration::from_secs(5)).unwrap();
-            let r = p.target.accept_peer(&mut link);
-            Some((r, link))
-        });
-        let peer = p.net.open_peer(&p.client, at, 2, PathPreference::Auto);
-        let accepted = h.join().unwrap();
-        (peer, accepted)
-    });
-    let peer = peer.expect("auto over rdma");
-    let (accepted, _link) = accepted.expect("the initiator dialed the control link");
-    accepted.expect("the target accepted the rdma peer");
+    // One address: the data session and the rdma control link (a session
+    // opened for that purpose) both go to the target's own listener.
+    let peer = p.client.connect(p.addr).expect("auto over rdma");
     assert_eq!(peer.path, PathKind::Rdma, "{peer:?}");
     assert!(peer.fell_back.is_empty(), "{peer:?}");
     assert!(!peer.rails.is_empty());
@@ -477,7 +400,11 @@ fn auto_picks_rdma_when_both_engines_have_rails_and_the_target_serves_a_control_
         let info = peer.info.rails.iter().find(|i| i.rail == *r).unwrap();
         assert!(info.nic.is_some() && info.qpn.is_some(), "{info:?}");
     }
-    let before = p.listener.stats();
+    let accepted = p.target.peers();
+    assert_eq!(accepted.len(), 1, "the target accepted the rdma peer");
+    assert_eq!(accepted[0].source_id, "auto-client");
+    assert!(accepted[0].rails.iter().all(|r| r.nic.is_some()));
+    let before = p.stats();
     let ids = p
         .client
         .submit(&[TransferRequest::write(
@@ -496,7 +423,7 @@ fn auto_picks_rdma_when_both_engines_have_rails_and_the_target_serves_a_control_
         p.src.to_vec(0, 256 << 10).unwrap()
     );
     assert_eq!(
-        p.listener.stats().data_requests,
+        p.stats().data_requests,
         before.data_requests,
         "no byte went over tcp"
     );
@@ -525,15 +452,15 @@ fn auto_picks_rdma_when_both_engines_have_rails_and_the_target_serves_a_control_
 
     // One path per peer: asking for tcp closes the rdma rails...
     let tcp = p
-        .net
-        .open_peer(&p.client, at, 2, PathPreference::Only(PathKind::Tcp))
+        .client
+        .connect_with(p.addr, ConnectOptions::new().path(PathKind::Tcp))
         .unwrap();
     assert_eq!((tcp.path, tcp.fell_back.len()), (PathKind::Tcp, 0));
     assert!(
         tcp.info.rails.iter().all(|r| r.nic.is_none()),
         "rdma rails closed: {tcp:?}"
     );
-    let before = p.listener.stats().data_requests;
+    let before = p.stats().data_requests;
     let ids = p
         .client
         .submit(&[TransferRequest::read(
@@ -547,23 +474,14 @@ fn auto_picks_rdma_when_both_engines_have_rails_and_the_target_serves_a_control_
         .unwrap();
     let o = p.client.wait(ids[0], BOUND).unwrap();
     assert_eq!(o.status, Status::Complete, "{o:?}");
-    assert!(p.listener.stats().data_requests > before, "over tcp");
+    assert!(p.stats().data_requests > before, "over tcp");
     // ... and asking for rdma closes the tcp rails.
-    let (again, accepted) = std::thread::scope(|s| {
-        let h = s.spawn(|| {
-            let stream = accept_within(&control, BOUND)?;
-            let mut link = TcpControlLink::new(stream, Duration::from_secs(5)).unwrap();
-            Some((p.target.accept_peer(&mut link), link))
-        });
-        let peer = p
-            .net
-            .open_peer(&p.client, at, 1, PathPreference::Only(PathKind::Rdma));
-        (peer, h.join().unwrap())
-    });
-    let again = again.expect("only rdma");
-    accepted.expect("dialed").0.expect("accepted");
+    let again = p
+        .client
+        .connect_with(p.addr, ConnectOptions::new().path(PathKind::Rdma).rails(1))
+        .expect("only rdma");
     assert_eq!(again.path, PathKind::Rdma);
-    let before = p.listener.stats().data_requests;
+    let before = p.stats().data_requests;
     let ids = p
         .client
         .submit(&[TransferRequest::write(
@@ -577,18 +495,24 @@ fn auto_picks_rdma_when_both_engines_have_rails_and_the_target_serves_a_control_
         .unwrap();
     let o = p.client.wait(ids[0], BOUND).unwrap();
     assert_eq!(o.status, Status::Complete, "{o:?}");
-    assert_eq!(p.listener.stats().data_requests, before, "not over tcp");
+    assert_eq!(p.stats().data_requests, before, "not over tcp");
 }
 
 #[test]
-fn auto_falls_back_to_tcp_and_says_so_when_the_rdma_control_link_is_absent_or_refuses() {
-    use orbitte_engine::TransferRequest;
-    use orbitte_engine::session::{NetOpenError, PathPreference, PeerAddrs};
+fn auto_falls_back_to_tcp_and_says_so_when_the_listener_serves_no_rdma_control_link() {
+    use orbitte_engine::{ConnectError, ConnectOptions, TransferRequest};
     net_support::logs();
     let p = rdma_pair(22);
-    let addr = p.listener.local_addr();
-    let moved_over_tcp = |peer: &orbitte_engine::session::NetPeer| {
-        let before = p.listener.stats().data_requests;
+    // A second listener of the target that serves data sessions only
+    // (as a target built without rdma control would): an rdma control
+    // session is refused there.
+    let data_only = p
+        .target
+        .serve_tcp(p.target.session_config(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = data_only.local_addr();
+    let moved_over_tcp = |peer: &orbitte_engine::Peer| {
+        let before = data_only.stats().data_requests;
         let ids = p
             .client
             .submit(&[TransferRequest::write(
@@ -603,70 +527,41 @@ fn auto_falls_back_to_tcp_and_says_so_when_the_rdma_control_link_is_absent_or_re
         let o = p.client.wait(ids[0], BOUND).unwrap();
         assert_eq!(o.status, Status::Complete, "{o:?}");
         assert!(
-            p.listener.stats().data_requests > before,
+            data_only.stats().data_requests > before,
             "bytes went over tcp"
         );
     };
 
-    // No control link known: rdma applies (both sides have rails), so
-    // taking tcp is a reported fallback.
-    let peer = p
-        .net
-        .open_peer(&p.client, addr, 2, PathPreference::Auto)
-        .unwrap();
+    // rdma applies (both sides have rails), so taking tcp is a reported
+    // fallback naming the refusal.
+    let peer = p.client.connect(addr).unwrap();
     assert_eq!(peer.path, PathKind::Tcp);
     assert_eq!(peer.fell_back.len(), 1, "{peer:?}");
     assert_eq!(peer.fell_back[0].0, PathKind::Rdma);
     assert!(
-        peer.fell_back[0].1.contains("control link is not known"),
+        peer.fell_back[0].1.contains("serves no rdma control links"),
         "{peer:?}"
     );
     moved_over_tcp(&peer);
 
-    // Nothing listens at the control address.
-    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let gone_at = gone.local_addr().unwrap();
-    drop(gone);
-    let peer = p
-        .net
-        .open_peer(
-            &p.client,
-            PeerAddrs::session(addr).with_rdma_control(gone_at),
-            2,
-            PathPreference::Auto,
-        )
-        .unwrap();
-    assert_eq!(peer.path, PathKind::Tcp);
-    assert_eq!(peer.fell_back[0].0, PathKind::Rdma);
-    assert!(peer.fell_back[0].1.contains("unreachable"), "{peer:?}");
-    moved_over_tcp(&peer);
-
-    // The control link refuses (closes the connection at once).
-    let refusing = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let refusing_at = refusing.local_addr().unwrap();
-    let peer = std::thread::scope(|s| {
-        s.spawn(|| drop(accept_within(&refusing, BOUND)));
-        p.net.open_peer(
-            &p.client,
-            PeerAddrs::session(addr).with_rdma_control(refusing_at),
-            2,
-            PathPreference::Auto,
-        )
-    })
-    .unwrap();
-    assert_eq!(peer.path, PathKind::Tcp);
-    assert_eq!(peer.fell_back[0].0, PathKind::Rdma);
-    assert!(peer.fell_back[0].1.contains("refused"), "{peer:?}");
-    moved_over_tcp(&peer);
-
     // Only rdma does not fall back: the error names every path.
     match p
-        .net
-        .open_peer(&p.client, addr, 1, PathPreference::Only(PathKind::Rdma))
+        .client
+        .connect_with(addr, ConnectOptions::new().path(PathKind::Rdma).rails(1))
     {
-        Err(NetOpenError::NoPath(e)) => {
-            assert!(e.to_string().contains("control link is not known"), "{e}")
+        Err(ConnectError::NoPath(e)) => {
+            assert!(
+                e.to_string().contains("serves no rdma control links"),
+                "{e}"
+            )
         }
         other => panic!("expected NoPath, got {other:?}"),
     }
+    assert!(
+        data_only
+            .closed_sessions()
+            .iter()
+            .any(|c| c.reason.contains("serves no rdma control links")),
+        "the refusal is recorded"
+    );
 }

@@ -162,8 +162,10 @@ fn an_unreachable_etcd_is_an_error_not_a_hang() {
 
 #[test]
 fn an_engine_found_through_etcd_is_opened_and_serves_requests() {
-    use orbitte_engine::session::PathPreference;
-    use orbitte_engine::{Access, EngineBuilder, PathKind, Status, TransferRequest};
+    use orbitte_engine::metadata::MetadataMode;
+    use orbitte_engine::{
+        Access, ConnectError, ConnectOptions, EngineBuilder, PathKind, Request, Status,
+    };
     use orbitte_memory::HostMemory;
     use orbitte_verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric};
 
@@ -176,64 +178,49 @@ fn an_engine_found_through_etcd_is_opened_and_serves_requests() {
         .with_delivery(Delivery::Background),
         4,
     );
+    // Waits until etcd answers.
+    let reader = connect(&etcd, Duration::from_secs(2));
+    let cluster = MetadataMode::Etcd {
+        endpoints: vec![etcd.endpoint.clone()],
+        prefix: "/orbitte/test".into(),
+        lease_ttl: Duration::from_secs(2),
+    };
+    // The target stores its record (listen address, epoch) in etcd at
+    // build; the client finds it there by source id.
     let target = EngineBuilder::new("etcd-target")
         .provider(fabric.provider_for(&["a0"]))
+        .host_memory_without_rdma()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .metadata(cluster.clone())
         .build()
         .unwrap();
     let client = EngineBuilder::new("etcd-client")
         .provider(fabric.provider_for(&["b0"]))
+        .host_memory_without_rdma()
+        .metadata(cluster)
         .build()
         .unwrap();
     let remote = HostMemory::alloc(1 << 20).unwrap();
     remote.fill(0, 1 << 20, 0x5a).unwrap();
-    let reg = target
-        .register_host_without_rdma(
-            remote.clone(),
-            Access::Remote {
-                read: true,
-                write: true,
-            },
-        )
-        .unwrap();
-    let cfg = target.session_config().unwrap();
-    let host = cfg.host_id.as_str().to_owned();
-    let listener = target
-        .serve_tcp(cfg, "127.0.0.1:0".parse().unwrap())
-        .unwrap();
-    let mut meta = connect(&etcd, Duration::from_secs(2));
-    meta.publish(&PeerRecord::from_publication(
-        target.source_id(),
-        listener.local_addr(),
-        &host,
-        &target.segment_publication(),
-    ))
-    .unwrap();
+    target.register(&remote, Access::RemoteReadWrite).unwrap();
+    let record = reader
+        .lookup("etcd-target")
+        .unwrap()
+        .expect("published at build");
+    assert_eq!(record.epoch, target.epoch());
+    assert_eq!(
+        record.listen_addr,
+        target.listen_addr().unwrap().to_string()
+    );
 
-    let reader = connect(&etcd, Duration::from_secs(2));
-    let net = client.attach_net(client.session_config().unwrap());
-    let peer = net
-        .open_peer_from_etcd(
-            &client,
-            &reader,
-            "etcd-target",
-            2,
-            PathPreference::Only(PathKind::Tcp),
-        )
+    let peer = client
+        .connect_by_name("etcd-target", ConnectOptions::new().path(PathKind::Tcp))
         .unwrap();
     assert_eq!(peer.path, PathKind::Tcp);
     let dst = HostMemory::alloc(1 << 20).unwrap();
-    let d = client
-        .register_host_without_rdma(dst.clone(), Access::LocalOnly)
-        .unwrap();
+    let d = client.register(&dst, Access::LocalOnly).unwrap();
     let ids = client
-        .submit(&[TransferRequest::read(
-            d.id,
-            0,
-            peer.info.id,
-            orbitte_engine::RangeId(reg.id.0),
-            0,
-            1 << 20,
-        )])
+        .submit(&[Request::read(&d, 0..1 << 20).from(&peer.ranges()[0], 0)])
         .unwrap();
     assert_eq!(
         client.wait(ids[0], Duration::from_secs(30)).unwrap().status,
@@ -245,11 +232,11 @@ fn an_engine_found_through_etcd_is_opened_and_serves_requests() {
     );
 
     // Unknown sources are an error naming the cause.
-    let e = net
-        .open_peer_from_etcd(&client, &reader, "nobody", 1, PathPreference::Auto)
+    let e = client
+        .connect_by_name("nobody", ConnectOptions::new())
         .unwrap_err();
+    assert!(matches!(e, ConnectError::NotInMetadata { .. }), "{e}");
     assert!(e.to_string().contains("no record of nobody"), "{e}");
-    meta.close().unwrap();
     let _ = client.shutdown(Duration::from_secs(5));
     let _ = target.shutdown(Duration::from_secs(5));
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::*;
 use orbitte_engine::{
     Access, ControlLink, InProcessLink, OpenPeerError, PeerId, RangeId, RegisterError,
-    RequestError, Status, SubmitError, TransferEngine, TransferRequest,
+    RegistrationId, RequestError, Status, SubmitError, TransferEngine, TransferRequest,
 };
 use orbitte_verbs::sim::{Delivery, FaultError, SimFabric};
 use orbitte_wire::{self as wire, Frame};
@@ -146,6 +146,7 @@ fn both_peers_must_use_the_current_protocol_version_no_legacy_fallback() {
                 let mut bytes = Frame::Hello(wire::Hello {
                     identity,
                     nonce: wire::Nonce([1; 32]),
+                    purpose: wire::SessionPurpose::RDMA_CONTROL,
                     proof: None,
                 })
                 .to_bytes()
@@ -195,14 +196,7 @@ fn bad_input_gives_a_typed_error_naming_the_request_and_posts_nothing() {
     let retired = register(&a, &region(4096, 1), Access::LocalOnly);
     let dst = region(4096, 2);
     let rb = register(&b, &dst, Access::REMOTE_READ_WRITE);
-    let ro = register(
-        &b,
-        &region(4096, 2),
-        Access::Remote {
-            read: true,
-            write: false,
-        },
-    );
+    let ro = register(&b, &region(4096, 2), Access::RemoteRead);
     let (pb, _) = connect(&a, &b);
     a.retire(retired.id).unwrap();
     let good = TransferRequest::write(ra.id, 0, pb.id, RangeId(rb.id.0), 0, 4096);
@@ -213,14 +207,14 @@ fn bad_input_gives_a_typed_error_naming_the_request_and_posts_nothing() {
                 peer: PeerId(99),
                 ..good
             },
-            |e| matches!(e, RequestError::UnknownPeer(99)),
+            |e| matches!(e, RequestError::UnknownPeer(PeerId(99))),
         ),
         (
             TransferRequest {
-                registration: orbitte_engine::RegistrationId(999),
+                registration: RegistrationId(999),
                 ..good
             },
-            |e| matches!(e, RequestError::UnpublishedLocal(999)),
+            |e| matches!(e, RequestError::UnpublishedLocal(RegistrationId(999))),
         ),
         (
             TransferRequest {
@@ -234,7 +228,15 @@ fn bad_input_gives_a_typed_error_naming_the_request_and_posts_nothing() {
                 range: RangeId(12345),
                 ..good
             },
-            |e| matches!(e, RequestError::UnpublishedRemote { range: 12345, .. }),
+            |e| {
+                matches!(
+                    e,
+                    RequestError::UnpublishedRemote {
+                        range: RangeId(12345),
+                        ..
+                    }
+                )
+            },
         ),
         (
             TransferRequest {
@@ -291,7 +293,10 @@ fn bad_input_gives_a_typed_error_naming_the_request_and_posts_nothing() {
             "{err}"
         );
     }
-    assert!(matches!(a.submit(&[]), Err(SubmitError::Empty)));
+    assert!(matches!(
+        a.submit::<TransferRequest>(&[]),
+        Err(SubmitError::Empty)
+    ));
     // Nothing of any refused batch was posted, not even the good request.
     assert_eq!(a.outstanding_slices(), 0);
     assert_eq!(fabric.pending(), 0);
@@ -483,7 +488,7 @@ fn a_peer_adopted_from_an_outside_session_needs_no_nic_and_follows_the_epoch_rul
     let new = a.adopt_peer(s2, &e2, &publication(11, 6)).unwrap();
     assert_ne!(new.id, old.id);
     assert_eq!(a.peers().len(), 1);
-    assert_eq!(a.peers()[0].ranges[0].0, RangeId(6));
+    assert_eq!(a.peers()[0].ranges[0].range, RangeId(6));
     let err = a.submit(&[req]).unwrap_err();
     assert!(
         matches!(

@@ -127,14 +127,7 @@ fn check_the_original_device_error_and_count_physical_copies_one_per_context_loc
     let local = register(&a, &region(1000, 1), Access::LocalOnly);
     assert_eq!(local.copies, 2);
     assert_eq!(mrs_on(&fabric, "a", 2), [1, 1], "one per context, local");
-    let remote = register(
-        &a,
-        &region(1000, 1),
-        Access::Remote {
-            read: true,
-            write: false,
-        },
-    );
+    let remote = register(&a, &region(1000, 1), Access::RemoteRead);
     assert_eq!(remote.copies, 4);
     assert_eq!(
         mrs_on(&fabric, "a", 2),

@@ -99,13 +99,7 @@ fn pair_timed(
         .register_host(dst.clone(), Access::REMOTE_READ_WRITE)
         .expect("register B's range");
     let ro = b
-        .register_host(
-            HostMemory::alloc(4096).unwrap(),
-            Access::Remote {
-                read: true,
-                write: false,
-            },
-        )
+        .register_host(HostMemory::alloc(4096).unwrap(), Access::RemoteRead)
         .expect("register B's read-only range");
     let (peer, _) = common::connect(&a, &b);
     Pair {

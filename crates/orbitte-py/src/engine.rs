@@ -11,10 +11,10 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
-use orbitte::session::{Listener, NetOpenError, NetPaths, PathPreference};
+use orbitte::session::PathPreference;
 use orbitte::{
-    Access, DrainStatus, EngineBuilder, Outcome, PathKind, RdmaConfig, RegistrationId, RequestId,
-    SubmitError, TransferEngine, TransferRequest, WaitError,
+    Access, ConnectError, ConnectOptions, DrainStatus, EngineBuilder, Outcome, PathKind,
+    RdmaConfig, RegistrationId, RequestId, SubmitError, TransferEngine, TransferRequest, WaitError,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -42,8 +42,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// What the engine serves and how it opens peers.
 struct Inner {
     engine: TransferEngine,
-    paths: NetPaths,
-    listener: Mutex<Option<Listener>>,
     /// Register with Host Direct (MRs on every usable NIC) rather than for
     /// the tcp and local paths only.
     host_direct: bool,
@@ -164,24 +162,22 @@ impl Inner {
 
     fn open(&self, session: &str) -> Result<RemotePeer, Failure> {
         let addr = resolve_addr(session)?;
+        let options = ConnectOptions {
+            prefer: self.prefer,
+            rails: self.rails,
+        };
         let net = self
-            .paths
-            .open_peer(&self.engine, addr, self.rails, self.prefer)
+            .engine
+            .connect_with(addr, options)
             .map_err(|e| Failure::Connect {
                 code: match e {
-                    NetOpenError::Session(_) => ERR_SOCKET_FAIL,
+                    ConnectError::Session(_) => ERR_SOCKET_FAIL,
                     _ => ERR_REJECT_HANDSHAKE,
                 },
                 message: format!("cannot open {session}: {e}"),
             })?;
-        // The publication with each range's address in its owner (p2p
-        // metadata), at least as new as the one the engine adopted.
-        let dialed = self.paths.tcp().dial(addr).map_err(|e| Failure::Connect {
-            code: ERR_SOCKET_FAIL,
-            message: format!("cannot read the publications of {session}: {e}"),
-        })?;
-        let ranges = ranges_of(dialed.publication());
-        drop(dialed);
+        // Each range with its address in its owner (p2p metadata).
+        let ranges = ranges_of(net.ranges());
         Ok(RemotePeer {
             id: net.info.id,
             source_id: net.info.source_id,
@@ -405,16 +401,9 @@ impl NativeEngine {
                     .build()
             })
             .map_err(|e| errors::ConfigError::new_err(e.to_string()))?;
-        let mut scfg = engine
-            .session_config()
-            .map_err(|e| errors::ConfigError::new_err(e.to_string()))?;
-        scfg.handshake_timeout = handshake_timeout;
-        let paths = engine.attach_net(scfg);
         Ok(Self {
             inner: Arc::new(Inner {
                 engine,
-                paths,
-                listener: Mutex::new(None),
                 host_direct: rdma,
                 prefer,
                 rails: rails.max(1),
@@ -460,23 +449,15 @@ impl NativeEngine {
             })?;
         let inner = self.inner.clone();
         py.detach(move || {
-            let cfg = inner.engine.session_config().map_err(|e| e.to_string())?;
-            let l = inner
-                .engine
-                .serve_tcp(cfg, at)
-                .map_err(|e| format!("cannot listen on {at}: {e}"))?;
-            let port = l.local_addr().port();
-            *lock(&inner.listener) = Some(l);
-            Ok::<u16, String>(port)
+            let bound = inner.engine.listen(at).map_err(|e| e.to_string())?;
+            Ok::<u16, String>(bound.port())
         })
         .map_err(|m| coded(errors::ConfigError::new_err(m), ERR_SOCKET_FAIL))
     }
 
     /// The port the engine serves on, or None before `listen`.
     fn port(&self) -> Option<u16> {
-        lock(&self.inner.listener)
-            .as_ref()
-            .map(|l| l.local_addr().port())
+        self.inner.engine.listen_addr().map(|a| a.port())
     }
 
     /// Registers caller memory `address..address+length`; `keepalive` is
@@ -679,9 +660,6 @@ impl NativeEngine {
         let t = secs(timeout, "timeout")?;
         let inner = self.inner.clone();
         py.detach(move || {
-            if let Some(l) = lock(&inner.listener).take() {
-                l.shutdown();
-            }
             lock(&inner.peers).clear();
             inner.engine.shutdown(t).map_err(|u| u.to_string())
         })

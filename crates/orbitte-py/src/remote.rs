@@ -6,7 +6,6 @@
 //! publication, with the same refusals as the engine's: unknown address,
 //! crossing two ranges, past the end.
 
-use orbitte::wire::SegmentPublication;
 use orbitte::{PathKind, PeerId, RangeId};
 
 /// One published range of a peer.
@@ -48,15 +47,14 @@ pub(crate) enum RemoteMiss {
     },
 }
 
-/// The ranges of a publication, sorted by address.
-pub(crate) fn ranges_of(publication: &SegmentPublication) -> Vec<RemoteRange> {
-    let mut v: Vec<RemoteRange> = publication
-        .ranges
+/// A peer's published ranges, sorted by address.
+pub(crate) fn ranges_of(published: &[orbitte::RemoteRange]) -> Vec<RemoteRange> {
+    let mut v: Vec<RemoteRange> = published
         .iter()
         .map(|r| RemoteRange {
-            range: RangeId(r.range_id.0),
+            range: r.range,
             address: r.address,
-            length: r.length,
+            length: r.len,
         })
         .collect();
     v.sort_unstable_by_key(|r| r.address);

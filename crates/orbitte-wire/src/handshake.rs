@@ -25,7 +25,7 @@ use crate::auth::{self, AuthError, ClusterSecret};
 use crate::frame_type::FrameType;
 use crate::frames::{Challenge, ErrorFrame, Frame, Hello, HelloAck, Identity};
 use crate::peer_table::{Admission, AdmitError, PeerTable, SessionId};
-use crate::types::{ErrorCode, Message, Nonce, RequestId};
+use crate::types::{ErrorCode, Message, Nonce, RequestId, SessionPurpose};
 
 /// The handshake failed. Nothing was recorded in the peer table.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -83,6 +83,8 @@ pub struct Established {
     pub peer: Identity,
     /// What the peer table did; on `Replaced`, tear down what it lists.
     pub admission: Admission,
+    /// What the session is for (the initiator's `hello.purpose`).
+    pub purpose: SessionPurpose,
 }
 
 fn rejected_or_unexpected(expected: FrameType, frame: Frame) -> HandshakeError {
@@ -157,6 +159,7 @@ impl Responder {
             Established {
                 peer: hello.identity,
                 admission,
+                purpose: hello.purpose,
             },
         ))
     }
@@ -168,6 +171,7 @@ pub struct Initiator {
     local: Identity,
     secret: Option<ClusterSecret>,
     nonce: Nonce,
+    purpose: SessionPurpose,
     state: InitiatorState,
 }
 
@@ -185,8 +189,16 @@ impl Initiator {
             local,
             secret,
             nonce,
+            purpose: SessionPurpose::DATA,
             state: InitiatorState::AwaitChallenge,
         }
+    }
+
+    /// The same handshake, opening the session for `purpose` (default
+    /// [`SessionPurpose::DATA`]).
+    pub fn with_purpose(mut self, purpose: SessionPurpose) -> Self {
+        self.purpose = purpose;
+        self
     }
 
     /// Handles the responder's first frame; returns the `hello` to send.
@@ -202,6 +214,7 @@ impl Initiator {
         let mut hello = Hello {
             identity: self.local.clone(),
             nonce: self.nonce,
+            purpose: self.purpose,
             proof: None,
         };
         if let Some(secret) = &self.secret {
@@ -237,6 +250,7 @@ impl Initiator {
         Ok(Established {
             peer: ack.identity,
             admission,
+            purpose: self.purpose,
         })
     }
 }

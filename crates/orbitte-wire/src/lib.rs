@@ -106,6 +106,6 @@ pub use peer_table::{
 };
 pub use types::{
     AccessFlags, AccessToken, AuthTag, Capabilities, ConnectId, ErrorCode, Gid, GoodbyeReason,
-    HostId, LocalMechanism, Message, Mtu, NicId, Nonce, Psn, Qpn, RangeId, RequestId, SourceId,
-    Status, TextError,
+    HostId, LocalMechanism, Message, Mtu, NicId, Nonce, Psn, Qpn, RangeId, RequestId,
+    SessionPurpose, SourceId, Status, TextError,
 };

@@ -486,6 +486,25 @@ wire_enum_display!(Status {
     INTERNAL => "internal",
 });
 
+/// What an initiator opens a session for (in `hello`): the responder serves
+/// the connection accordingly. Unknown values are kept; a responder refuses
+/// a purpose it does not serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionPurpose(pub u8);
+
+impl SessionPurpose {
+    /// Publications, tcp data requests and same-host mapping.
+    pub const DATA: Self = Self(0);
+    /// The rdma control link: publications both ways, then RC connect
+    /// request and accept.
+    pub const RDMA_CONTROL: Self = Self(1);
+}
+
+wire_enum_display!(SessionPurpose {
+    DATA => "data",
+    RDMA_CONTROL => "rdma-control",
+});
+
 /// Why a session ends in a `goodbye` frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GoodbyeReason(pub u16);

@@ -105,7 +105,7 @@ fn golden_bytes_of_a_read_request() {
     let bytes = f.to_bytes().unwrap();
     let expected: Vec<u8> = [
         &b"OBTE"[..],
-        &[0x00, 0x01],             // version 1
+        &[0x00, 0x02],             // version 2
         &[0x00, 0x30],             // read-request
         &[0x00, 0x00, 0x00, 0x24], // body 36
         &[1, 2, 3, 4, 5, 6, 7, 8],
@@ -123,16 +123,18 @@ fn golden_bytes_of_a_hello() {
     let f = Frame::from(Hello {
         identity: Identity::new(source("ab"), epoch(2), Capabilities::TCP),
         nonce: Nonce([7; 32]),
+        purpose: SessionPurpose::RDMA_CONTROL,
         proof: None,
     });
     let bytes = f.to_bytes().unwrap();
-    let mut expected = b"OBTE\x00\x01\x00\x02".to_vec();
-    expected.extend_from_slice(&(2u32 + 8 + 8 + 1 + 2 + 32 + 1).to_be_bytes());
-    expected.extend_from_slice(&[0, 1]); // protocol version
+    let mut expected = b"OBTE\x00\x02\x00\x02".to_vec();
+    expected.extend_from_slice(&(2u32 + 8 + 8 + 1 + 2 + 32 + 1 + 1).to_be_bytes());
+    expected.extend_from_slice(&[0, 2]); // protocol version
     expected.extend_from_slice(&2u64.to_be_bytes()); // epoch
     expected.extend_from_slice(&2u64.to_be_bytes()); // capabilities: tcp
     expected.extend_from_slice(&[2, b'a', b'b']); // source id
     expected.extend_from_slice(&[7; 32]); // nonce
+    expected.push(1); // purpose: rdma-control
     expected.push(0); // no proof
     assert_eq!(bytes, expected);
 }
@@ -167,16 +169,16 @@ fn bad_magic_names_the_field_and_fails_early() {
 #[test]
 fn other_protocol_version_names_both() {
     let mut b = sample_bytes(FrameType::HELLO);
-    b[4..6].copy_from_slice(&2u16.to_be_bytes());
+    b[4..6].copy_from_slice(&1u16.to_be_bytes());
     let e = decode(&b).unwrap_err();
     assert_eq!(
         e.problem,
-        Problem::UnsupportedVersion { ours: 1, theirs: 2 }
+        Problem::UnsupportedVersion { ours: 2, theirs: 1 }
     );
     assert_eq!(e.error_code(), ErrorCode::UNSUPPORTED_VERSION);
     let text = e.to_string();
     assert!(
-        text.contains("version 2") && text.contains("we speak 1"),
+        text.contains("version 1") && text.contains("we speak 2"),
         "{text}"
     );
 }
@@ -190,7 +192,7 @@ fn hello_body_version_must_match() {
     assert_eq!(e.field, "identity.protocol_version");
     assert_eq!(
         e.problem,
-        Problem::UnsupportedVersion { ours: 1, theirs: 7 }
+        Problem::UnsupportedVersion { ours: 2, theirs: 7 }
     );
 }
 
@@ -282,7 +284,7 @@ fn huge_counts_do_not_allocate_and_are_reported() {
     // A publication claiming 1024 ranges in a 10-byte body.
     let mut body = 5u64.to_be_bytes().to_vec();
     body.extend_from_slice(&1024u16.to_be_bytes());
-    let mut b = b"OBTE\x00\x01\x00\x10".to_vec();
+    let mut b = b"OBTE\x00\x02\x00\x10".to_vec();
     b.extend_from_slice(&(body.len() as u32).to_be_bytes());
     b.extend_from_slice(&body);
     let e = decode(&b).unwrap_err();
@@ -351,8 +353,9 @@ fn malformed_fields_are_named() {
     // hello: source id not utf-8.
     let e = expect_field_error(FrameType::HELLO, 19, &[0xff], "identity.source_id");
     assert_eq!(e.problem, Problem::InvalidUtf8);
-    // hello: proof tag 2 (source id "prefill-0" is 9 bytes: 19 + 9 + 32).
-    let e = expect_field_error(FrameType::HELLO, 60, &[2], "proof");
+    // hello: proof tag 2 (source id "prefill-0" is 9 bytes: 19 + 9 + 32,
+    // then the purpose byte).
+    let e = expect_field_error(FrameType::HELLO, 61, &[2], "proof");
     assert_eq!(e.problem, Problem::InvalidTag { tag: 2 });
     // connect-request: qpn above 24 bits (connect_id 8, count 1, target 2, nic 2).
     let e = expect_field_error(FrameType::CONNECT_REQUEST, 13, &[1, 0, 0, 0], "rail.qpn");
@@ -366,7 +369,7 @@ fn malformed_fields_are_named() {
     );
     assert!(matches!(e.problem, Problem::OutOfRange { value: 1500, .. }));
     // connect-request: no rails.
-    let mut b = b"OBTE\x00\x01\x00\x20\x00\x00\x00\x09".to_vec();
+    let mut b = b"OBTE\x00\x02\x00\x20\x00\x00\x00\x09".to_vec();
     b.extend_from_slice(&[0; 9]);
     let e = decode(&b).unwrap_err();
     assert_eq!((e.field, e.problem), ("rails", Problem::Empty));
@@ -618,7 +621,7 @@ fn code_tables_are_stable() {
     assert_eq!(AccessFlags::REMOTE_READ.0, 2);
     assert_eq!(AccessFlags::REMOTE_WRITE.0, 4);
     assert_eq!(LocalMechanism::MEMFD.0, 1);
-    assert_eq!((MAGIC, PROTOCOL_VERSION), (*b"OBTE", 1));
+    assert_eq!((MAGIC, PROTOCOL_VERSION), (*b"OBTE", 2));
     assert_eq!((MAX_CONTROL_BODY_LEN, MAX_PAYLOAD_LEN), (4 << 20, 16 << 20));
 }
 

@@ -184,6 +184,7 @@ fn proof_test_vector() {
     let hello = Hello {
         identity: Identity::new(source("ab"), epoch(2), Capabilities::TCP),
         nonce: Nonce([0x07; 32]),
+        purpose: SessionPurpose::DATA,
         proof: None,
     };
     let ack = HelloAck {
@@ -197,5 +198,5 @@ fn proof_test_vector() {
     assert_eq!(a, ACK_PROOF);
 }
 
-const HELLO_PROOF: &str = "a796212489da484d80b150c64ba78a8657c68c5ebe21bc6c72610b4f5b9ec7ef";
-const ACK_PROOF: &str = "30abb59dc3be472edd90cd9ab6e25bc18f431fb55494b97be4b63bccba6f0368";
+const HELLO_PROOF: &str = "22fe7c7bb0faae97b1dd9d444da443b780e4215f78b18f5c51bd18bc48febe8f";
+const ACK_PROOF: &str = "9c7471d8dacebd1426e02001343c815b34738ea9aaf5e9ac74eadce2d99db8f5";

@@ -151,7 +151,7 @@ fn newer_epoch_replaces_and_lists_what_to_invalidate() {
 fn other_protocol_version_is_rejected_naming_both() {
     let mut t = table();
     let mut peer = identity("p", 3);
-    peer.protocol_version = 2;
+    peer.protocol_version = 1;
     let before = t.clone();
     let err = t.admit(SessionId(1), None, &peer).unwrap_err();
     assert_eq!(
@@ -159,12 +159,12 @@ fn other_protocol_version_is_rejected_naming_both() {
         AdmitError::VersionMismatch {
             source_id: source("p"),
             ours: PROTOCOL_VERSION,
-            theirs: 2,
+            theirs: 1,
         }
     );
     let text = err.to_string();
     assert!(
-        text.contains("version 2") && text.contains("we speak 1"),
+        text.contains("version 1") && text.contains("we speak 2"),
         "{text}"
     );
     assert_eq!(err.error_code(), ErrorCode::UNSUPPORTED_VERSION);

@@ -128,12 +128,15 @@ fn payload_len() -> impl Strategy<Value = u32> {
 fn frame() -> impl Strategy<Value = Frame> {
     prop_oneof![
         bytes32().prop_map(|n| Challenge { nonce: Nonce(n) }.into()),
-        (identity(), bytes32(), option::of(bytes32())).prop_map(|(identity, n, p)| Hello {
-            identity,
-            nonce: Nonce(n),
-            proof: p.map(AuthTag),
-        }
-        .into()),
+        (identity(), bytes32(), any::<u8>(), option::of(bytes32())).prop_map(
+            |(identity, n, purpose, p)| Hello {
+                identity,
+                nonce: Nonce(n),
+                purpose: SessionPurpose(purpose),
+                proof: p.map(AuthTag),
+            }
+            .into()
+        ),
         (identity(), option::of(bytes32())).prop_map(|(identity, p)| HelloAck {
             identity,
             proof: p.map(AuthTag),

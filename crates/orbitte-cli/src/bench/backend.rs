@@ -2,31 +2,28 @@
 //! `TransferEngine` with one open peer. The target engine runs in this
 //! process (loopback) or in another process or host.
 //!
-//! - tcp and local: the initiator opens the peer with the engine's net
-//!   paths (`attach_net(..).open_peer(..)`: a tcp session, the target's
-//!   publications, then the path the policy picks or the one asked for);
-//!   the target serves its registrations with `serve_tcp`.
-//! - rdma: the initiator opens the peer with `open_peer` over a TCP control
-//!   link (handshake, segment descriptors, RC connect); the target accepts
-//!   control links ([`crate::control::accept_rdma_peers`]).
+//! The target engine listens (`EngineBuilder::listen`): its one listener
+//! serves tcp data sessions, same-host mapping and rdma control links. The
+//! initiator opens the peer with `TransferEngine::connect_with`: a tcp
+//! session, the target's publications, then the path the policy picks or
+//! the one asked for (rdma: queue pairs set up over a control session to
+//! the same address).
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use orbitte::metadata::etcd::EtcdMetadata;
-use orbitte::session::{Listener, NetPaths, PathPreference, TcpControlLink};
 use orbitte::transport::{Op, PathKind, RangeId, RegistrationId};
 use orbitte::verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric, SimTiming};
 use orbitte::{
-    Access, EngineBuilder, HostMemory, Outcome, PeerId, TransferEngine, TransferRequest,
+    Access, ConnectOptions, EngineBuilder, HostMemory, Outcome, PeerId, TransferEngine,
+    TransferRequest,
 };
 
 use super::fill_target_pattern;
 use crate::Failure;
 use crate::cli::BenchArgs;
-use crate::control::accept_rdma_peers;
 
 /// Bound on one wait: far beyond the engine's request timeout (10 s), so
 /// it only ends a wait on a stuck engine.
@@ -70,8 +67,8 @@ fn shutdown(engine: &TransferEngine, what: &str) {
     }
 }
 
-/// An engine on the native provider, or on `fabric`'s `device`.
-fn engine(id: String, fabric: Option<&SimFabric>, device: &str) -> Result<TransferEngine, Failure> {
+/// An engine builder on the native provider, or on `fabric`'s `device`.
+fn engine(id: String, fabric: Option<&SimFabric>, device: &str) -> Result<EngineBuilder, Failure> {
     // The CLI, not the library, applies the ORBITTE_RDMA_* variables.
     let rdma = orbitte::topology::RdmaConfig::resolve(Default::default(), None)
         .map_err(|e| Failure::usage(e.to_string()))?;
@@ -84,62 +81,65 @@ fn engine(id: String, fabric: Option<&SimFabric>, device: &str) -> Result<Transf
     if let Some(f) = fabric {
         b = b.provider(f.provider_for(&[device]));
     }
+    Ok(b)
+}
+
+fn build(b: EngineBuilder) -> Result<TransferEngine, Failure> {
     b.build()
         .map_err(|e| Failure::failed(format!("cannot build an engine: {e}")))
 }
 
 /// A bench target: an engine publishing one read-write range (the bench's
-/// pattern), reachable over tcp/local (`serve_tcp`) or over rdma (control
-/// links).
+/// pattern), served by the engine's own listener (tcp, local, and rdma
+/// control links).
 pub(crate) struct Target {
     pub(crate) engine: Arc<TransferEngine>,
     pub(crate) addr: SocketAddr,
     pub(crate) range: RangeId,
-    /// Local path served (tcp/local targets).
+    /// Local path served.
     pub(crate) serves_local: bool,
-    listener: Option<Listener>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
     /// The record in etcd, kept alive while the target runs.
     _published: Option<EtcdMetadata>,
 }
 
 impl Target {
-    /// `path` rdma: Host Direct registration and a control-link listener;
-    /// otherwise a tcp/local-only registration and `serve_tcp`.
+    /// `rdma`: a Host Direct registration; otherwise host memory kept off
+    /// rdma (tcp and local only).
     pub(crate) fn start(
-        engine: TransferEngine,
+        engine: EngineBuilder,
         rdma: bool,
         len: u64,
         listen: SocketAddr,
         args: &BenchArgs,
     ) -> Result<Self, Failure> {
-        let secret = super::secret(args)?;
+        let mut engine = engine.listen(listen);
+        if let Some(secret) = super::secret(args)? {
+            engine = engine.cluster_secret(secret);
+        }
+        if !rdma {
+            engine = engine.host_memory_without_rdma();
+        }
+        let engine = engine.build().map_err(|e| match e {
+            orbitte::BuildError::Listen(_) => {
+                Failure::failed(format!("{e}; pick a free address with --listen"))
+            }
+            other => Failure::failed(format!("cannot build an engine: {other}")),
+        })?;
         let store = args.metadata.connect("--metadata")?;
         let remote = alloc(len)?;
         fill_target_pattern(&remote).map_err(Failure::failed)?;
-        let published = if rdma {
-            engine
-                .register_host(remote, Access::REMOTE_READ_WRITE)
-                .map_err(|e| no_rdma(&e))?
-        } else {
-            engine
-                .register_host_without_rdma(remote, Access::REMOTE_READ_WRITE)
-                .map_err(|e| Failure::failed(format!("cannot publish the target range: {e}")))?
-        };
+        let published = engine
+            .register(remote, Access::REMOTE_READ_WRITE)
+            .map_err(|e| {
+                if rdma {
+                    no_rdma(&e)
+                } else {
+                    Failure::failed(format!("cannot publish the target range: {e}"))
+                }
+            })?;
         let range = RangeId(published.id.0);
         let engine = Arc::new(engine);
-        let stop = Arc::new(AtomicBool::new(false));
-        let cannot_listen = |e: &dyn std::fmt::Display| {
-            Failure::failed(format!(
-                "cannot listen on {listen}: {e}; pick a free address with --listen"
-            ))
-        };
-        let mut cfg = engine
-            .session_config()
-            .map_err(|e| Failure::usage(format!("invalid source id: {e}")))?;
-        cfg.cluster_secret = secret;
-        let host_id = cfg.host_id.as_str().to_owned();
+        let host_id = engine.host_id().to_owned();
         let publish = |store: Option<EtcdMetadata>, addr: SocketAddr| {
             store
                 .map(|mut s| {
@@ -148,59 +148,21 @@ impl Target {
                 })
                 .transpose()
         };
-        if !rdma {
-            let listener = engine
-                .serve_tcp(cfg, listen)
-                .map_err(|e| cannot_listen(&e))?;
-            let addr = listener.local_addr();
-            return Ok(Self {
-                _published: publish(store, addr)?,
-                addr,
-                serves_local: listener.serves_local(),
-                engine,
-                range,
-                listener: Some(listener),
-                stop,
-                thread: None,
-            });
-        }
-        let bind = || -> std::io::Result<(TcpListener, SocketAddr)> {
-            let l = TcpListener::bind(listen)?;
-            l.set_nonblocking(true)?;
-            let a = l.local_addr()?;
-            Ok((l, a))
-        };
-        let (listener, addr) = bind().map_err(|e| cannot_listen(&e))?;
-        let thread = {
-            let (engine, stop) = (engine.clone(), stop.clone());
-            std::thread::Builder::new()
-                .name("orbitte-bench-accept".into())
-                .spawn(move || accept_rdma_peers(&listener, &engine, &stop))
-                .map_err(|e| Failure::failed(e.to_string()))?
-        };
-        let published = publish(store, addr)?;
+        let addr = engine
+            .listen_addr()
+            .ok_or_else(|| Failure::failed("the target engine does not listen"))?;
         Ok(Self {
-            engine,
+            _published: publish(store, addr)?,
             addr,
+            serves_local: engine.serves_local(),
+            engine,
             range,
-            serves_local: false,
-            listener: None,
-            stop,
-            thread: Some(thread),
-            _published: published,
         })
     }
 }
 
 impl Drop for Target {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        if let Some(l) = self.listener.take() {
-            l.shutdown();
-        }
         shutdown(&self.engine, "target");
     }
 }
@@ -217,8 +179,6 @@ pub(crate) struct Backend {
     a: TransferEngine,
     /// The loopback target, stopped after the initiator.
     target: Option<Target>,
-    _link: Option<TcpControlLink>,
-    _net: Option<NetPaths>,
     peer: PeerId,
     peer_name: String,
     path: PathKind,
@@ -267,11 +227,11 @@ impl Backend {
                 (addr, Some(epoch))
             }
         };
-        let a = engine(
+        let a = build(engine(
             super::source_id(args, "initiator"),
             fabric.as_ref(),
             "sim_initiator",
-        )?;
+        )?)?;
         Self::connect(args, a, addr, want, Some(target), epoch)
     }
 
@@ -284,8 +244,11 @@ impl Backend {
         want: Option<PathKind>,
         epoch: Option<u64>,
     ) -> Result<Self, Failure> {
-        let a = engine(super::source_id(args, "initiator"), None, "")?;
-        Self::connect(args, a, addr, want, None, epoch)
+        let mut b = engine(super::source_id(args, "initiator"), None, "")?;
+        if let Some(secret) = super::secret(args)? {
+            b = b.cluster_secret(secret);
+        }
+        Self::connect(args, build(b)?, addr, want, None, epoch)
     }
 
     fn connect(
@@ -307,6 +270,8 @@ impl Backend {
                     a.register_host(m.clone(), Access::LocalOnly)
                         .map_err(|e| no_rdma(&e))
                 } else {
+                    // Kept off rdma: no MR is made (an explicit choice for
+                    // the tcp and local paths).
                     a.register_host_without_rdma(m.clone(), Access::LocalOnly)
                         .map_err(|e| Failure::failed(format!("cannot register memory: {e}")))
                 }
@@ -323,69 +288,56 @@ impl Backend {
                 if rdma { " --path rdma" } else { "" }
             ))
         };
-        let (info, path, path_note, link, net) = if rdma {
-            let mut link = TcpControlLink::connect(addr, Duration::from_secs(5))
-                .map_err(|e| unreachable(&e))?;
-            let info = a.open_peer(&mut link).map_err(|e| {
+        let prefer = want.map_or(ConnectOptions::new(), |p| ConnectOptions::new().path(p));
+        let rails = usize::try_from(args.threads).unwrap_or(1).clamp(1, 8);
+        let peer = a.connect_with(addr, prefer.rails(rails)).map_err(|e| {
+            use orbitte::ConnectError;
+            use orbitte::session::SessionError;
+            let text = e.to_string();
+            if let ConnectError::Session(SessionError::Refused { code, .. }) = &e
+                && *code == orbitte::wire::ErrorCode::AUTH_REQUIRED
+            {
                 Failure::failed(format!(
-                    "rdma path: cannot open the peer at {addr}: {e}; run `orbitte doctor --path rdma` on both hosts"
+                    "the target at {addr} requires the cluster secret: pass --secret-file FILE with the same secret as the target ({text})"
                 ))
-            })?;
-            let note = if args.sim {
-                format!(
-                    "asked for with --path; {} rail(s) on the simulated fabric (--sim: zero latency, unlimited bandwidth: the engine's own overhead, not a NIC)",
-                    info.rails.len()
-                )
+            } else if let ConnectError::Session(SessionError::Auth(_)) = &e {
+                Failure::failed(format!(
+                    "authentication with the target at {addr} failed: {text}; give --secret-file the same secret as the target's"
+                ))
+            } else if matches!(e, ConnectError::Session(_)) {
+                unreachable(&text)
+            } else if rdma {
+                Failure::failed(format!(
+                    "rdma path: cannot open the peer at {addr}: {text}; run `orbitte doctor --path rdma` on both hosts"
+                ))
             } else {
-                format!(
-                    "asked for with --path; {} rail(s) on this host's NIC(s)",
-                    info.rails.len()
-                )
-            };
-            (info, PathKind::Rdma, note, Some(link), None)
-        } else {
-            let mut cfg = a
-                .session_config()
-                .map_err(|e| Failure::usage(format!("invalid source id: {e}")))?;
-            cfg.cluster_secret = super::secret(args)?;
-            let net = a.attach_net(cfg);
-            let prefer = want.map_or(PathPreference::Auto, PathPreference::Only);
-            let rails = usize::try_from(args.threads).unwrap_or(1).clamp(1, 8);
-            let peer = net.open_peer(&a, addr, rails, prefer).map_err(|e| {
-                use orbitte::session::{NetOpenError, SessionError};
-                let text = e.to_string();
-                if let NetOpenError::Session(SessionError::Refused { code, .. }) = &e
-                    && *code == orbitte::wire::ErrorCode::AUTH_REQUIRED
-                {
-                    Failure::failed(format!(
-                        "the target at {addr} requires the cluster secret: pass --secret-file FILE with the same secret as the target ({text})"
-                    ))
-                } else if let NetOpenError::Session(SessionError::Auth(_)) = &e {
-                    Failure::failed(format!(
-                        "authentication with the target at {addr} failed: {text}; give --secret-file the same secret as the target's"
-                    ))
-                } else if matches!(e, NetOpenError::Session(_)) {
-                    unreachable(&text)
-                } else {
-                    Failure::failed(format!(
-                        "cannot open the peer at {addr} on the {} path: {text}; run `orbitte doctor` or pick another --path",
-                        want.map_or("chosen", PathKind::name)
-                    ))
-                }
-            })?;
-            let mut note = if want.is_some() {
-                "asked for with --path".to_owned()
-            } else if peer.path == PathKind::Local {
-                "chosen by the path policy: same host, the target's memory is mapped here"
-                    .to_owned()
-            } else {
-                "chosen by the path policy".to_owned()
-            };
-            for (p, why) in &peer.fell_back {
-                note.push_str(&format!("; fell back from {p}: {why}"));
+                Failure::failed(format!(
+                    "cannot open the peer at {addr} on the {} path: {text}; run `orbitte doctor` or pick another --path",
+                    want.map_or("chosen", PathKind::name)
+                ))
             }
-            (peer.info, peer.path, note, None, Some(net))
+        })?;
+        let mut note = if want.is_some() {
+            "asked for with --path".to_owned()
+        } else if peer.path == PathKind::Local {
+            "chosen by the path policy: same host, the target's memory is mapped here".to_owned()
+        } else {
+            "chosen by the path policy".to_owned()
         };
+        if peer.path == PathKind::Rdma {
+            note.push_str(&if args.sim {
+                format!(
+                    "; {} rail(s) on the simulated fabric (--sim: zero latency, unlimited bandwidth: the engine's own overhead, not a NIC)",
+                    peer.rails.len()
+                )
+            } else {
+                format!("; {} rail(s) on this host's NIC(s)", peer.rails.len())
+            });
+        }
+        for (p, why) in &peer.fell_back {
+            note.push_str(&format!("; fell back from {p}: {why}"));
+        }
+        let (info, path, path_note) = (peer.info, peer.path, note);
         if let Some(recorded) = recorded_epoch
             && info.epoch < recorded
         {
@@ -399,8 +351,15 @@ impl Backend {
             f.contains(orbitte::wire::AccessFlags::REMOTE_READ)
                 && f.contains(orbitte::wire::AccessFlags::REMOTE_WRITE)
         };
-        let Some(&(range, range_len, _)) =
-            info.ranges.iter().filter(|r| rw(r.2)).max_by_key(|r| r.1)
+        let Some(&orbitte::RemoteRange {
+            range,
+            len: range_len,
+            ..
+        }) = info
+            .ranges
+            .iter()
+            .filter(|r| rw(r.access))
+            .max_by_key(|r| r.len)
         else {
             return Err(Failure::failed(format!(
                 "the target {} publishes no read-write range: start it with `orbitte bench --role target` or publish one in `orbitte serve`'s config",
@@ -422,8 +381,6 @@ impl Backend {
             peer_name: format!("{} (epoch {})", info.source_id, info.epoch),
             a,
             target,
-            _link: link,
-            _net: net,
             path,
             path_note,
             range,

@@ -305,7 +305,7 @@ impl Core {
             }
             if r.rails.is_empty() {
                 return Err(bad(RequestError::NoRail {
-                    peer: r.peer.0,
+                    peer: r.peer,
                     why: "no rail chosen".into(),
                 }));
             }
@@ -314,10 +314,7 @@ impl Core {
                     let why = self
                         .rail_down_reason(*rail)
                         .unwrap_or_else(|| format!("unknown rail {}", rail.0).into());
-                    return Err(bad(RequestError::NoRail {
-                        peer: r.peer.0,
-                        why,
-                    }));
+                    return Err(bad(RequestError::NoRail { peer: r.peer, why }));
                 }
             }
         }

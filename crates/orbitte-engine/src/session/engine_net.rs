@@ -1,61 +1,219 @@
-//! The tcp and local paths on a [`TransferEngine`].
+//! The tcp and local paths, and the engine's own listener and connect.
 //!
-//! Target side: [`TransferEngine::serve_tcp`] serves the engine's published
-//! ranges over tcp sessions (and through shared memory to same-host peers);
-//! rdma peers open it over control links ([`TransferEngine::accept_peer`] on
-//! a [`TcpControlLink`]).
+//! Target side: with [`EngineBuilder::listen`](crate::EngineBuilder::listen)
+//! the engine binds one [`Listener`] at build that serves every session it
+//! accepts: data sessions (its published ranges over tcp, and through
+//! shared memory to same-host peers) and rdma control links (the `hello`
+//! says [`SessionPurpose::RDMA_CONTROL`]; the listener then runs the queue
+//! pair exchange on that connection and keeps it open while the rails
+//! live).
 //!
-//! Initiator side: [`TransferEngine::attach_net`] attaches a tcp and a local
-//! transport to the engine; [`NetPaths::open_peer`] opens a peer over a tcp
-//! session (handshake into the engine's peer table, p2p descriptors),
-//! records it in the engine ([`TransferEngine::adopt_peer`]), chooses the
-//! path by the documented policy (docs/paths.md: local, then rdma over the
-//! peer's control link when both sides have rails, then tcp) and adds that
-//! path's rails, so [`TransferEngine::submit`] runs requests on them with
-//! the engine's outcome contract.
+//! Initiator side: the engine attaches its tcp and local transports at
+//! build; [`TransferEngine::connect`] opens a peer over a data session
+//! (handshake into the engine's peer table, p2p descriptors), records it
+//! in the engine, chooses the path by the documented policy (docs/paths.md:
+//! local, then rdma over a control link to the same address when both
+//! sides have rails, then tcp) and adds that path's rails, so
+//! [`TransferEngine::submit`] runs requests on them with the engine's
+//! outcome contract.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
-use orbitte_wire::handshake::Established;
-use orbitte_wire::{Epoch, Identity, SourceId, TextError};
+use orbitte_wire::SessionPurpose;
 
+use super::handshake::{self, Handshake};
+use super::listener::ControlAcceptor;
 use super::path::{NoPath, PathInputs, choose_path};
 use super::{Listener, SessionConfig, SessionError, TcpControlLink};
+use crate::control::ControlLink;
+use crate::engine::Shared;
+use crate::error::BuildError;
 use crate::transport::local::{LocalError, LocalTransport};
+use crate::transport::tcp::serve::CloseReason;
 use crate::transport::tcp::{Dialed, TcpTransport};
 use crate::transport::{PathKind, PeerId, RailId, RailSpec};
-use crate::{OpenPeerError, PeerInfo, TransferEngine, TransportId};
+use crate::{OpenPeerError, PeerInfo, RemoteRange, TransferEngine, TransportId};
 
 impl TransferEngine {
-    /// Session settings with this engine's identity (source id, epoch) and
-    /// the defaults of [`SessionConfig::new`]; adjust (cluster secret,
-    /// timeouts, bounds) and pass to [`serve_tcp`](Self::serve_tcp) and
-    /// [`attach_net`](Self::attach_net).
-    pub fn session_config(&self) -> Result<SessionConfig, TextError> {
-        let source = SourceId::new(self.source_id())?;
-        // The engine's epoch is never 0 (EngineBuilder chooses it).
-        let epoch = Epoch::new(self.epoch()).unwrap_or(Epoch::MIN);
-        let mut cfg = SessionConfig::new(source, epoch);
-        // Sessions go into the engine's one peer table: number them with
-        // the engine's counter (as `new_session_id` does).
-        let shared = std::sync::Arc::downgrade(&self.shared);
-        let fallback = super::SessionIds::process();
-        cfg.session_ids = super::SessionIds::new(move || match shared.upgrade() {
-            Some(s) => orbitte_wire::SessionId(
-                s.next_session
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            ),
-            None => fallback.next(),
-        });
-        Ok(cfg)
+    /// Opens the engine listening at `addr` as a peer, with the default
+    /// [`ConnectOptions`] (path policy local > rdma > tcp, 2 rails). The
+    /// returned [`Peer`] says which path and rails it got and, for every
+    /// path that applied but could not be used, why (`fell_back`).
+    pub fn connect(&self, addr: SocketAddr) -> Result<Peer, ConnectError> {
+        self.connect_with(addr, ConnectOptions::default())
     }
 
-    /// Starts a session listener on `addr` (port 0: any) that serves this
-    /// engine's published, remotely accessible ranges over the tcp path,
-    /// and over the local path to same-host peers. Hellos are admitted into
-    /// the engine's peer table (one epoch rule for every path). Requests
-    /// are checked against the registrations as they are at that moment: a
-    /// retired or unregistered range is refused. Stops when dropped.
+    /// [`connect`](Self::connect) with explicit options (a path
+    /// preference, the number of rails). Connecting again to the same
+    /// engine replaces the peer's rails with the new path's.
+    pub fn connect_with(
+        &self,
+        addr: SocketAddr,
+        options: ConnectOptions,
+    ) -> Result<Peer, ConnectError> {
+        self.net()
+            .open_peer(self, addr, options.rails, options.prefer)
+    }
+
+    /// Opens the engine that cluster metadata (etcd, see
+    /// [`EngineBuilder::etcd`](crate::EngineBuilder::etcd)) lists as
+    /// `source_id`: looks its record up, then connects at the recorded
+    /// address. The session's epoch rule still decides: a record whose
+    /// listener now belongs to an older incarnation is refused.
+    #[cfg(feature = "etcd")]
+    pub fn connect_by_name(
+        &self,
+        source_id: &str,
+        options: ConnectOptions,
+    ) -> Result<Peer, ConnectError> {
+        let record = {
+            let etcd = self.shared.etcd.lock().unwrap_or_else(|e| e.into_inner());
+            let etcd = etcd.as_ref().ok_or(ConnectError::NoMetadata)?;
+            etcd.lookup(source_id)?
+        };
+        let record = record.ok_or_else(|| ConnectError::NotInMetadata {
+            source_id: source_id.to_owned(),
+        })?;
+        let addr: SocketAddr =
+            record
+                .listen_addr
+                .parse()
+                .map_err(|source| ConnectError::RecordAddress {
+                    source_id: source_id.to_owned(),
+                    addr: record.listen_addr.clone(),
+                    source,
+                })?;
+        let peer = self.connect_with(addr, options)?;
+        if peer.info.epoch < record.epoch {
+            return Err(ConnectError::OlderThanRecord {
+                source_id: source_id.to_owned(),
+                addr,
+                answered: peer.info.epoch,
+                recorded: record.epoch,
+            });
+        }
+        Ok(peer)
+    }
+
+    /// The engine's tcp and local transports (attached at build).
+    pub(crate) fn net(&self) -> &NetPaths {
+        self.shared
+            .net
+            .get_or_init(|| NetPaths::attach(self, self.shared.sessions.clone()))
+    }
+
+    /// Attaches the engine's own tcp and local transports.
+    pub(crate) fn attach_own_net(&self) {
+        let _ = self.net();
+    }
+
+    /// Starts the engine's listener on `addr` (port 0: any free port)
+    /// after build, as [`EngineBuilder::listen`](crate::EngineBuilder::listen)
+    /// does at build: one listener for data sessions, same-host mapping and
+    /// rdma control links. Returns the bound address. An engine has one
+    /// listener; it stops at [`shutdown`](Self::shutdown) or drop.
+    pub fn listen(&self, addr: SocketAddr) -> Result<SocketAddr, ListenError> {
+        let mut slot = self
+            .shared
+            .listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = slot.as_ref() {
+            return Err(ListenError::AlreadyListening { at: l.local_addr() });
+        }
+        let control: Arc<dyn ControlAcceptor> =
+            Arc::new(EngineControl(Arc::downgrade(&self.shared)));
+        let listener = Listener::bind_serving(
+            self.shared.sessions.clone(),
+            self.shared.peer_table.clone(),
+            self.range_lookup(),
+            addr,
+            Some(control),
+        )
+        .map_err(|source| ListenError::Bind { addr, source })?;
+        let at = listener.local_addr();
+        *slot = Some(listener);
+        Ok(at)
+    }
+
+    /// Joins the cluster metadata `mode` asks for: with etcd, connects and
+    /// (when listening) stores this engine's record under a kept-alive
+    /// lease.
+    pub(crate) fn join_metadata(
+        &self,
+        mode: &crate::metadata::MetadataMode,
+    ) -> Result<(), BuildError> {
+        match mode {
+            crate::metadata::MetadataMode::P2p => Ok(()),
+            #[cfg(feature = "etcd")]
+            crate::metadata::MetadataMode::Etcd {
+                endpoints,
+                prefix,
+                lease_ttl,
+            } => {
+                let mut etcd =
+                    crate::metadata::etcd::EtcdMetadata::connect(endpoints, prefix, *lease_ttl)
+                        .map_err(BuildError::Metadata)?;
+                if let Some(addr) = self.listen_addr() {
+                    let record = crate::metadata::PeerRecord::from_publication(
+                        self.source_id(),
+                        addr,
+                        self.shared.sessions.host_id.as_str(),
+                        &self.segment_publication(),
+                    );
+                    etcd.publish(&record).map_err(BuildError::Metadata)?;
+                }
+                *self.shared.etcd.lock().unwrap_or_else(|e| e.into_inner()) = Some(etcd);
+                Ok(())
+            }
+            #[cfg(not(feature = "etcd"))]
+            crate::metadata::MetadataMode::Etcd { .. } => Err(BuildError::Metadata(
+                crate::metadata::MetadataError::NotBuilt,
+            )),
+        }
+    }
+
+    /// This host's identity as sessions present it (same-host peers
+    /// compare it to choose the local path).
+    pub fn host_id(&self) -> &str {
+        self.shared.sessions.host_id.as_str()
+    }
+
+    /// Counters of the engine's listener (`None` when it does not listen).
+    pub fn listener_stats(&self) -> Option<super::ListenerStats> {
+        self.shared
+            .listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(Listener::stats)
+    }
+
+    /// Whether the engine's listener serves same-host peers over the local
+    /// path (its unix socket is up).
+    pub fn serves_local(&self) -> bool {
+        self.shared
+            .listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(Listener::serves_local)
+    }
+
+    /// Session settings with this engine's identity and settings (the
+    /// builder's cluster secret, timeouts and session adjustments).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn session_config(&self) -> SessionConfig {
+        self.shared.sessions.clone()
+    }
+
+    /// Starts a second listener on `addr` with session settings `cfg`
+    /// (tests: a listener with other bounds than the engine's own). It
+    /// serves data sessions and same-host mapping, no rdma control link.
+    #[cfg(any(test, feature = "testing"))]
     pub fn serve_tcp(
         &self,
         cfg: SessionConfig,
@@ -63,75 +221,147 @@ impl TransferEngine {
     ) -> Result<Listener, SessionError> {
         Listener::bind(cfg, self.peer_table(), self.range_lookup(), addr)
     }
+}
 
-    /// Attaches the tcp and local transports to this engine (once; keep the
-    /// returned [`NetPaths`] to open peers).
-    pub fn attach_net(&self, cfg: SessionConfig) -> NetPaths {
-        let tcp = TcpTransport::new(cfg.clone(), self.peer_table(), self.event_sink());
-        let tcp_id = self.attach_transport(Box::new(tcp.clone()));
-        let local = LocalTransport::new(self.event_sink());
-        let local_id = self.attach_transport(Box::new(local.clone()));
-        NetPaths {
-            cfg,
-            tcp,
-            tcp_id,
-            local,
-            local_id,
-            links: std::sync::Mutex::new(std::collections::HashMap::new()),
+/// Serves rdma control links for the engine's listener.
+struct EngineControl(Weak<Shared>);
+
+impl std::fmt::Debug for EngineControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EngineControl")
+    }
+}
+
+impl ControlAcceptor for EngineControl {
+    fn serve(&self, stream: TcpStream, hs: &Handshake, stop: &AtomicBool) -> CloseReason {
+        let Some(shared) = self.0.upgrade() else {
+            return CloseReason {
+                abnormal: false,
+                text: "the engine stopped".into(),
+            };
+        };
+        let frame_timeout = shared.sessions.frame_timeout;
+        let engine = TransferEngine::view(shared);
+        let mut link = match TcpControlLink::new(stream, frame_timeout) {
+            Ok(l) => l,
+            Err(e) => {
+                return CloseReason {
+                    abnormal: true,
+                    text: format!("cannot set up the rdma control link: {e}"),
+                };
+            }
+        };
+        let established = hs.established();
+        let peer = match engine.accept_rdma_rails(&mut link, hs.session, &established) {
+            Ok(p) => p,
+            Err(e) => {
+                return CloseReason {
+                    abnormal: true,
+                    text: format!("rdma peer refused: {e}"),
+                };
+            }
+        };
+        tracing::info!(peer = %peer.source_id, rails = peer.rails.len(), "rdma peer accepted");
+        drop(engine);
+        // The link stays open while the rails live; the peer closes it (or
+        // says goodbye) when it is done.
+        loop {
+            match link.recv(Duration::from_millis(200)) {
+                Err(crate::error::LinkError::TimedOut(_)) => {
+                    if stop.load(std::sync::atomic::Ordering::Acquire) {
+                        return CloseReason {
+                            abnormal: false,
+                            text: "listener stopped".into(),
+                        };
+                    }
+                }
+                Ok(orbitte_wire::Frame::Goodbye(g)) => {
+                    return CloseReason {
+                        abnormal: false,
+                        text: format!("rdma control link: goodbye ({})", g.reason),
+                    };
+                }
+                Ok(other) => {
+                    tracing::debug!(frame = %other.frame_type(), "rdma control link: frame ignored");
+                }
+                Err(crate::error::LinkError::Closed) => {
+                    return CloseReason {
+                        abnormal: false,
+                        text: "rdma control link closed by the peer".into(),
+                    };
+                }
+                Err(e) => {
+                    return CloseReason {
+                        abnormal: true,
+                        text: format!("rdma control link failed: {e}"),
+                    };
+                }
+            }
         }
     }
 }
 
-/// Which path a peer opened by [`NetPaths::open_peer`] takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which path a peer takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PathPreference {
     /// The policy (docs/paths.md): local when it applies and works, else
-    /// rdma when both sides have usable rails and the peer's rdma control
-    /// link opens them, else tcp. Every path given up on the way is a
+    /// rdma when both sides have usable rails and the peer serves rdma
+    /// control links, else tcp. Every path given up on the way is a
     /// reported fallback.
+    #[default]
     Auto,
     /// Exactly this path (`Tcp`, `Local` or `Rdma`), or an error naming why
     /// not.
     Only(PathKind),
 }
 
-/// Where a peer listens: its session address (tcp and local paths,
-/// [`TransferEngine::serve_tcp`]) and, when it serves rdma peers, its rdma
-/// control link (a TCP listener that runs [`TransferEngine::accept_peer`]
-/// on every connection; `orbitte serve`: `engine.control_listen`).
+/// How [`TransferEngine::connect_with`] opens a peer.
+///
+/// ```
+/// use orbitte_engine::{ConnectOptions, PathKind};
+/// let opts = ConnectOptions::new().path(PathKind::Tcp).rails(4);
+/// assert_eq!(opts.rails, 4);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerAddrs {
-    /// The session address.
-    pub session: SocketAddr,
-    /// The rdma control link, if the peer serves one.
-    pub rdma_control: Option<SocketAddr>,
+pub struct ConnectOptions {
+    /// The path policy (default: [`PathPreference::Auto`]).
+    pub prefer: PathPreference,
+    /// tcp connections or local worker threads to open (default 2; at
+    /// least 1). rdma opens one rail per usable NIC whatever this says.
+    pub rails: usize,
 }
 
-impl PeerAddrs {
-    /// A session address; no rdma control link.
-    pub fn session(session: SocketAddr) -> Self {
+impl Default for ConnectOptions {
+    fn default() -> Self {
         Self {
-            session,
-            rdma_control: None,
+            prefer: PathPreference::Auto,
+            rails: 2,
         }
     }
+}
 
-    /// The same, with the peer's rdma control link at `at`.
-    pub fn with_rdma_control(mut self, at: SocketAddr) -> Self {
-        self.rdma_control = Some(at);
+impl ConnectOptions {
+    /// The defaults: automatic path, 2 rails.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Exactly this path, never another one.
+    pub fn path(mut self, path: PathKind) -> Self {
+        self.prefer = PathPreference::Only(path);
+        self
+    }
+
+    /// This many tcp connections or local worker threads.
+    pub fn rails(mut self, rails: usize) -> Self {
+        self.rails = rails;
         self
     }
 }
 
-impl From<SocketAddr> for PeerAddrs {
-    fn from(session: SocketAddr) -> Self {
-        Self::session(session)
-    }
-}
-
-/// A peer opened over the net paths.
+/// An open peer: the handle [`TransferEngine::connect`] returns.
 #[derive(Debug, Clone)]
-pub struct NetPeer {
+pub struct Peer {
     /// The engine's view of the peer (id for requests, ranges, rails).
     pub info: PeerInfo,
     /// The path its requests take.
@@ -145,10 +375,54 @@ pub struct NetPeer {
     pub closed_rails: Vec<RailId>,
 }
 
-/// Why opening a peer over the net paths failed.
+impl Peer {
+    /// The peer's id (what requests name).
+    pub fn id(&self) -> PeerId {
+        self.info.id
+    }
+
+    /// Its source id.
+    pub fn source_id(&self) -> &str {
+        &self.info.source_id
+    }
+
+    /// Its authoritative epoch.
+    pub fn epoch(&self) -> u64 {
+        self.info.epoch
+    }
+
+    /// The ranges it published when it was opened, in range id order.
+    pub fn ranges(&self) -> &[RemoteRange] {
+        &self.info.ranges
+    }
+}
+
+/// Why [`TransferEngine::listen`] (or `EngineBuilder::listen` at build)
+/// failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum NetOpenError {
+pub enum ListenError {
+    /// The engine already listens (one listener serves every session).
+    #[error("the engine already listens on {at}")]
+    AlreadyListening {
+        /// Where.
+        at: SocketAddr,
+    },
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: SessionError,
+    },
+}
+
+/// Why [`TransferEngine::connect`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
     /// The tcp session failed (refused, stale epoch, authentication, ...).
     #[error(transparent)]
     Session(#[from] SessionError),
@@ -164,15 +438,53 @@ pub enum NetOpenError {
     /// Ask for `Auto`, `Only(Tcp)`, `Only(Local)` or `Only(Rdma)`.
     #[error("{0} peers are not opened here: use PathPreference::Auto or Only(tcp|local|rdma)")]
     Unsupported(PathKind),
+    /// The metadata service failed (not the peer's fault).
+    #[cfg(feature = "etcd")]
+    #[error(transparent)]
+    Metadata(#[from] crate::metadata::MetadataError),
+    /// `connect_by_name` on an engine built without cluster metadata.
+    #[error("connecting by name needs cluster metadata: build the engine with EngineBuilder::etcd")]
+    NoMetadata,
+    /// The metadata service has no record of the source.
+    #[error("no record of {source_id} in the cluster metadata (expired or never published)")]
+    NotInMetadata {
+        /// The source id looked up.
+        source_id: String,
+    },
+    /// The record's address does not parse.
+    #[error("the metadata record of {source_id} has a bad address {addr:?}")]
+    RecordAddress {
+        /// The source id.
+        source_id: String,
+        /// The address as recorded.
+        addr: String,
+        /// Why it does not parse.
+        #[source]
+        source: std::net::AddrParseError,
+    },
+    /// The engine at the recorded address is older than the record.
+    #[error(
+        "{source_id} at {addr} answered with epoch {answered}, older than its record's {recorded}"
+    )]
+    OlderThanRecord {
+        /// The source id.
+        source_id: String,
+        /// Where it was reached.
+        addr: SocketAddr,
+        /// The epoch it answered with.
+        answered: u64,
+        /// The epoch recorded.
+        recorded: u64,
+    },
 }
 
 /// The tcp and local transports of one engine.
 #[derive(Debug)]
 pub struct NetPaths {
     cfg: SessionConfig,
-    tcp: std::sync::Arc<TcpTransport>,
+    tcp: Arc<TcpTransport>,
     tcp_id: TransportId,
-    local: std::sync::Arc<LocalTransport>,
+    local: Arc<LocalTransport>,
     local_id: TransportId,
     /// The rdma control link of each peer on the rdma path (kept open
     /// while the peer is).
@@ -180,66 +492,45 @@ pub struct NetPaths {
 }
 
 impl NetPaths {
+    /// Attaches a tcp and a local transport to `engine`.
+    pub(crate) fn attach(engine: &TransferEngine, cfg: SessionConfig) -> Self {
+        let tcp = TcpTransport::new(cfg.clone(), engine.peer_table(), engine.event_sink());
+        let tcp_id = engine.attach_transport(Box::new(tcp.clone()));
+        let local = LocalTransport::new(engine.event_sink());
+        let local_id = engine.attach_transport(Box::new(local.clone()));
+        Self {
+            cfg,
+            tcp,
+            tcp_id,
+            local,
+            local_id,
+            links: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
     /// The tcp transport (for statistics and tests).
-    pub fn tcp(&self) -> &std::sync::Arc<TcpTransport> {
+    pub fn tcp(&self) -> &Arc<TcpTransport> {
         &self.tcp
     }
 
     /// The local transport.
-    pub fn local(&self) -> &std::sync::Arc<LocalTransport> {
+    pub fn local(&self) -> &Arc<LocalTransport> {
         &self.local
     }
 
-    /// Opens the engine that cluster metadata (etcd) lists as `source`:
-    /// looks its record up, then [`open_peer`](Self::open_peer) at the
-    /// recorded address. The session's epoch rule still decides: a record
-    /// whose listener now belongs to an older incarnation is refused.
-    #[cfg(feature = "etcd")]
-    pub fn open_peer_from_etcd(
-        &self,
-        engine: &TransferEngine,
-        etcd: &crate::metadata::etcd::EtcdMetadata,
-        source: &str,
-        rails: usize,
-        prefer: PathPreference,
-    ) -> Result<NetPeer, NetOpenError> {
-        let record = etcd
-            .lookup(source)
-            .map_err(|e| SessionError::Protocol(format!("etcd lookup of {source} failed: {e}")))?
-            .ok_or_else(|| {
-                SessionError::Protocol(format!(
-                    "no record of {source} in etcd (expired or never published)"
-                ))
-            })?;
-        let addr: SocketAddr = record.listen_addr.parse().map_err(|e| {
-            SessionError::Protocol(format!("record of {source} has a bad address: {e}"))
-        })?;
-        let peer = self.open_peer(engine, addr, rails, prefer)?;
-        if peer.info.epoch < record.epoch {
-            return Err(SessionError::Protocol(format!(
-                "{source} at {addr} answered with epoch {}, older than its record's {}",
-                peer.info.epoch, record.epoch
-            ))
-            .into());
-        }
-        Ok(peer)
-    }
-
-    /// Opens the engine at `addrs` (its session address, and where it
-    /// serves rdma control links, if it does) as a peer of `engine` with
+    /// Opens the engine listening at `addr` as a peer of `engine` with
     /// `rails` rails (tcp connections or local worker threads; rdma opens
-    /// one rail per usable NIC) on the path chosen by `prefer`. A plain
-    /// `SocketAddr` is a session address without an rdma control link. See
-    /// the module docs and docs/paths.md.
+    /// one rail per usable NIC) on the path chosen by `prefer`. The rdma
+    /// control link is a session to the same address opened for
+    /// [`SessionPurpose::RDMA_CONTROL`]. See the module docs and
+    /// docs/paths.md.
     pub fn open_peer(
         &self,
         engine: &TransferEngine,
-        addrs: impl Into<PeerAddrs>,
+        addr: SocketAddr,
         rails: usize,
         prefer: PathPreference,
-    ) -> Result<NetPeer, NetOpenError> {
-        let addrs = addrs.into();
-        let addr = addrs.session;
+    ) -> Result<Peer, ConnectError> {
         let only = match prefer {
             PathPreference::Auto => None,
             PathPreference::Only(p) => Some(p),
@@ -247,7 +538,7 @@ impl NetPaths {
         if let Some(p) = only
             && !matches!(p, PathKind::Tcp | PathKind::Local | PathKind::Rdma)
         {
-            return Err(NetOpenError::Unsupported(p));
+            return Err(ConnectError::Unsupported(p));
         }
         // A path other than the one asked for is not a candidate (and not
         // a fallback).
@@ -255,14 +546,7 @@ impl NetPaths {
         let rails = rails.max(1);
         let first = self.tcp.dial(addr)?;
         let hs = first.handshake().clone();
-        let established = Established {
-            peer: Identity::new(
-                hs.peer.source_id.clone(),
-                hs.peer.epoch,
-                hs.peer.capabilities,
-            ),
-            admission: hs.admission.clone(),
-        };
+        let established = hs.established();
         let info = engine.adopt_peer(hs.session, &established, first.publication())?;
         let peer = info.id;
         let ranges = &first.publication().ranges;
@@ -308,25 +592,19 @@ impl NetPaths {
         } else {
             match engine.rdma_usable() {
                 Err((applies, why)) => (applies, Err(format!("no usable rail here: {why}"))),
-                Ok(()) => match addrs.rdma_control {
-                    None => (
+                Ok(()) => match self.open_rdma(engine, addr) {
+                    Ok((opened, l)) if opened.id == peer => {
+                        link = Some(l);
+                        (true, Ok(()))
+                    }
+                    Ok((opened, _)) => (
                         true,
-                        Err("the peer's rdma control link is not known: give its address in PeerAddrs::rdma_control (orbitte serve: engine.control_listen)".to_owned()),
+                        Err(format!(
+                            "the rdma control link at {addr} answered as {} (epoch {}), not {} (epoch {}): the engine there changed",
+                            opened.source_id, opened.epoch, hs.peer.source_id, hs.peer.epoch
+                        )),
                     ),
-                    Some(at) => match self.open_rdma(engine, at) {
-                        Ok((opened, l)) if opened.id == peer => {
-                            link = Some(l);
-                            (true, Ok(()))
-                        }
-                        Ok((opened, _)) => {
-                            return Err(SessionError::Protocol(format!(
-                                "the rdma control link at {at} belongs to {} (epoch {}), not to {} (epoch {}) at {addr}: give the control link of the same engine",
-                                opened.source_id, opened.epoch, hs.peer.source_id, hs.peer.epoch
-                            ))
-                            .into());
-                        }
-                        Err(why) => (true, Err(why)),
-                    },
+                    Err(why) => (true, Err(why)),
                 },
             }
         };
@@ -431,7 +709,7 @@ impl NetPaths {
             peer = peer.0, source = %hs.peer.source_id, path = %choice.path, rails = rail_ids.len(),
             fell_back = choice.fell_back.len(), "net peer opened"
         );
-        Ok(NetPeer {
+        Ok(Peer {
             info,
             path: choice.path,
             fell_back: choice.fell_back,
@@ -440,17 +718,28 @@ impl NetPaths {
         })
     }
 
-    /// Opens the rdma rails over the control link at `at`
-    /// ([`TransferEngine::open_peer`]); `Err` says why not.
+    /// Opens the rdma rails over a session to `at` opened for
+    /// [`SessionPurpose::RDMA_CONTROL`]; `Err` says why not.
     fn open_rdma(
         &self,
         engine: &TransferEngine,
         at: SocketAddr,
     ) -> Result<(PeerInfo, TcpControlLink), String> {
-        let mut link = TcpControlLink::connect(at, self.cfg.handshake_timeout)
+        let mut stream = TcpStream::connect_timeout(&at, self.cfg.handshake_timeout)
             .map_err(|e| format!("the peer's rdma control link at {at} is unreachable: {e}"))?;
+        let hs = handshake::connect_for(
+            &mut stream,
+            &self.cfg,
+            &engine.shared.peer_table,
+            Some(at),
+            SessionPurpose::RDMA_CONTROL,
+        )
+        .map_err(|e| format!("the peer at {at} refused an rdma control link: {e}"))?;
+        let established = hs.established();
+        let mut link = TcpControlLink::new(stream, self.cfg.frame_timeout)
+            .map_err(|e| format!("the peer's rdma control link at {at} failed: {e}"))?;
         let info = engine
-            .open_peer(&mut link)
+            .open_rdma_rails(&mut link, hs.session, &established)
             .map_err(|e| format!("the peer's rdma control link at {at} refused: {e}"))?;
         Ok((info, link))
     }

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use orbitte_wire::{
     Admission, Challenge, ErrorCode, Frame, FrameType, Hello, HelloAck, Identity, Nonce, SessionId,
+    SessionPurpose,
 };
 
 use super::io::{Conn, FrameReader, send_error, write_frame};
@@ -22,6 +23,24 @@ pub struct Handshake {
     /// New source, reconnect, or replacement of an older epoch (whose
     /// sessions and descriptors the caller must drop).
     pub admission: Admission,
+    /// What the initiator opened the session for.
+    pub purpose: SessionPurpose,
+}
+
+impl Handshake {
+    /// The same admission in the wire's terms (what the engine's peer
+    /// tables take).
+    pub(crate) fn established(&self) -> orbitte_wire::handshake::Established {
+        orbitte_wire::handshake::Established {
+            peer: Identity::new(
+                self.peer.source_id.clone(),
+                self.peer.epoch,
+                self.peer.capabilities,
+            ),
+            admission: self.admission.clone(),
+            purpose: self.purpose,
+        }
+    }
 }
 
 /// Session ids of net's handshakes. They share the engine's peer table with
@@ -72,13 +91,26 @@ fn read_handshake<C: Conn>(
     }
 }
 
-/// Initiator side: answers the responder's challenge with our hello,
-/// checks its hello-ack and admits it into `peers`.
+/// Initiator side of a data session: [`connect_for`] with
+/// [`SessionPurpose::DATA`].
 pub(crate) fn connect<C: Conn>(
     c: &mut C,
     cfg: &SessionConfig,
     peers: &SharedPeerTable,
     addr: Option<SocketAddr>,
+) -> Result<Handshake, SessionError> {
+    connect_for(c, cfg, peers, addr, SessionPurpose::DATA)
+}
+
+/// Initiator side: answers the responder's challenge with our hello (which
+/// names the session's `purpose`), checks its hello-ack and admits it into
+/// `peers`.
+pub(crate) fn connect_for<C: Conn>(
+    c: &mut C,
+    cfg: &SessionConfig,
+    peers: &SharedPeerTable,
+    addr: Option<SocketAddr>,
+    purpose: SessionPurpose,
 ) -> Result<Handshake, SessionError> {
     let deadline = Instant::now() + cfg.handshake_timeout;
     c.set_write_timeout_(Some(cfg.handshake_timeout))?;
@@ -91,6 +123,7 @@ pub(crate) fn connect<C: Conn>(
     let mut hello = Hello {
         identity: identity(cfg),
         nonce: Nonce(random_bytes()?),
+        purpose,
         proof: None,
     };
     if let Some(secret) = &cfg.cluster_secret {
@@ -130,6 +163,7 @@ pub(crate) fn connect<C: Conn>(
         },
         session,
         admission,
+        purpose,
     })
 }
 
@@ -224,5 +258,6 @@ pub(crate) fn accept<C: Conn>(
         },
         session,
         admission,
+        purpose: hello.purpose,
     })
 }

@@ -8,13 +8,13 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use orbitte_wire::{Admission, ErrorCode, Frame, FrameType, SessionId, SourceId};
+use orbitte_wire::{Admission, ErrorCode, Frame, FrameType, SessionId, SessionPurpose, SourceId};
 
 use super::io::{send_error, write_frame};
 use super::publications::publication_frames;
 use super::refusal_log::{RefusalLog, Verdict};
 use super::{RangeLookup, SessionConfig, SessionError, SharedPeerTable, handshake};
-use crate::transport::tcp::serve::{ServeCtx, serve};
+use crate::transport::tcp::serve::{CloseReason, ServeCtx, serve};
 
 /// One session the listener closed, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,11 +59,22 @@ struct LiveConn {
     stream: TcpStream,
 }
 
+/// Serves sessions opened for [`SessionPurpose::RDMA_CONTROL`] (the
+/// engine's rdma control link) after the handshake admitted them.
+pub(crate) trait ControlAcceptor: Send + Sync + std::fmt::Debug {
+    /// Runs the control link on `stream` for the admitted session `hs`
+    /// until it ends; says why it ended.
+    fn serve(&self, stream: TcpStream, hs: &handshake::Handshake, stop: &AtomicBool)
+    -> CloseReason;
+}
+
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) cfg: SessionConfig,
     pub(crate) peers: SharedPeerTable,
     pub(crate) ranges: Arc<dyn RangeLookup>,
+    /// Who serves rdma control links; `None`: such sessions are refused.
+    control: Option<Arc<dyn ControlAcceptor>>,
     pub(crate) stop: AtomicBool,
     live: Mutex<HashMap<u64, LiveConn>>,
     closed: Mutex<Vec<ClosedSession>>,
@@ -143,6 +154,18 @@ impl Listener {
         ranges: Arc<dyn RangeLookup>,
         addr: SocketAddr,
     ) -> Result<Self, SessionError> {
+        Self::bind_serving(cfg, peers, ranges, addr, None)
+    }
+
+    /// [`bind`](Self::bind), also serving rdma control links with
+    /// `control`.
+    pub(crate) fn bind_serving(
+        cfg: SessionConfig,
+        peers: SharedPeerTable,
+        ranges: Arc<dyn RangeLookup>,
+        addr: SocketAddr,
+        control: Option<Arc<dyn ControlAcceptor>>,
+    ) -> Result<Self, SessionError> {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
@@ -151,6 +174,7 @@ impl Listener {
             cfg,
             peers,
             ranges,
+            control,
             stop: AtomicBool::new(false),
             live: Mutex::new(HashMap::new()),
             closed: Mutex::new(Vec::new()),
@@ -408,7 +432,42 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
             FrameType::HELLO,
             &msg,
         );
-        crate::transport::tcp::serve::CloseReason {
+        CloseReason {
+            abnormal: true,
+            text: msg,
+        }
+    } else if hs.purpose == SessionPurpose::RDMA_CONTROL {
+        match &shared.control {
+            Some(control) => match stream.try_clone() {
+                Ok(s) => control.serve(s, &hs, &shared.stop),
+                Err(e) => CloseReason {
+                    abnormal: true,
+                    text: format!("cannot clone the socket: {e}"),
+                },
+            },
+            None => {
+                let msg = "this listener serves no rdma control links";
+                send_error(
+                    &mut stream,
+                    ErrorCode::NO_USABLE_RAIL,
+                    FrameType::HELLO,
+                    msg,
+                );
+                CloseReason {
+                    abnormal: true,
+                    text: msg.to_owned(),
+                }
+            }
+        }
+    } else if hs.purpose != SessionPurpose::DATA {
+        let msg = format!("session purpose {} is not served here", hs.purpose);
+        send_error(
+            &mut stream,
+            ErrorCode::UNEXPECTED_FRAME,
+            FrameType::HELLO,
+            &msg,
+        );
+        CloseReason {
             abnormal: true,
             text: msg,
         }
@@ -423,7 +482,7 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
             }
         }
         match sent {
-            Err(e) => crate::transport::tcp::serve::CloseReason {
+            Err(e) => CloseReason {
                 abnormal: true,
                 text: format!("cannot send publications: {e}"),
             },

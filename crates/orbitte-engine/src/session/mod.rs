@@ -47,7 +47,7 @@ use std::time::Duration;
 use orbitte_wire::auth::{AuthError, ClusterSecret};
 use orbitte_wire::{AdmitError, Capabilities, DecodeError, Epoch, ErrorCode, HostId, SourceId};
 
-pub use engine_net::{NetOpenError, NetPaths, NetPeer, PathPreference, PeerAddrs};
+pub use engine_net::{ConnectError, ConnectOptions, ListenError, NetPaths, PathPreference, Peer};
 pub use handshake::Handshake;
 pub use link::TcpControlLink;
 pub use listener::{ClosedSession, Listener, ListenerStats};

@@ -209,8 +209,11 @@ mod tests {
         let mut i = inputs();
         i.local = Err("range 7 is not memfd-backed".into());
         let peer = warnings(None, &i);
-        assert!(peer.contains("reason=range 7 is not memfd-backed"), "{peer}");
-        assert!(!peer.contains("range=") , "{peer}");
+        assert!(
+            peer.contains("reason=range 7 is not memfd-backed"),
+            "{peer}"
+        );
+        assert!(!peer.contains("range="), "{peer}");
         let one = warnings(Some(7), &i);
         assert!(one.contains("range=7"), "{one}");
     }

@@ -446,7 +446,9 @@ impl<'e> CudaStaging<'e> {
             .into_iter()
             .find(|p| p.id == req.peer)
             .ok_or(StagedSubmitError::UnknownPeer(req.peer.0))?;
-        let &(_, rsize, access) = peer.ranges.iter().find(|r| r.0 == req.range).ok_or(
+        let &crate::RemoteRange {
+            len: rsize, access, ..
+        } = peer.ranges.iter().find(|r| r.range == req.range).ok_or(
             StagedSubmitError::UnpublishedRemote {
                 peer: req.peer.0,
                 range: req.range.0,

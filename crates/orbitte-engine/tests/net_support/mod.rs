@@ -497,6 +497,7 @@ pub mod raw {
                 Capabilities::TCP,
             ),
             nonce: Nonce([7; 32]),
+            purpose: orbitte_wire::SessionPurpose::DATA,
             proof: None,
         };
         if let Some(sec) = secret {

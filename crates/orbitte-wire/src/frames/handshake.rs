@@ -4,7 +4,7 @@ use crate::codec::{Reader, Writer};
 use crate::epoch::Epoch;
 use crate::error::{DecodeError, EncodeError, Problem};
 use crate::header::PROTOCOL_VERSION;
-use crate::types::{AuthTag, Capabilities, Nonce, SourceId};
+use crate::types::{AuthTag, Capabilities, Nonce, SessionPurpose, SourceId};
 
 /// The responder's first frame: a fresh nonce the initiator's proof covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +46,8 @@ pub struct Hello {
     pub identity: Identity,
     /// The initiator's nonce, covered by the responder's proof.
     pub nonce: Nonce,
+    /// What the session is for (covered by the proof).
+    pub purpose: SessionPurpose,
     /// HMAC proof over the challenge and this frame; `None` when the cluster
     /// has no secret.
     pub proof: Option<AuthTag>,
@@ -141,6 +143,7 @@ impl Hello {
     pub(crate) fn encode_unproven(&self, w: &mut Writer<'_>) -> Result<(), EncodeError> {
         self.identity.encode(w)?;
         w.put(&self.nonce.0);
+        w.u8(self.purpose.0);
         Ok(())
     }
 
@@ -156,10 +159,12 @@ impl Hello {
     pub(crate) fn decode_body(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         let identity = Identity::decode(r)?;
         let nonce = Nonce(r.array("hello.nonce")?);
+        let purpose = SessionPurpose(r.u8("hello.purpose")?);
         let proof = decode_proof(r)?;
         Ok(Self {
             identity,
             nonce,
+            purpose,
             proof,
         })
     }

@@ -65,6 +65,7 @@ pub fn samples() -> Vec<(Frame, Vec<u8>)> {
             Hello {
                 identity: id.clone(),
                 nonce: Nonce([1; 32]),
+                purpose: SessionPurpose::DATA,
                 proof: None,
             }
             .into(),
@@ -78,6 +79,7 @@ pub fn samples() -> Vec<(Frame, Vec<u8>)> {
                     Capabilities(u64::MAX),
                 ),
                 nonce: Nonce([2; 32]),
+                purpose: SessionPurpose(0xff),
                 proof: Some(AuthTag([3; 32])),
             }
             .into(),

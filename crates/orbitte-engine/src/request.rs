@@ -1,0 +1,307 @@
+//! Requests built from handles: a local [`Registration`] and a byte range
+//! of it on one side, a peer's published [`RemoteRange`] (or a virtual
+//! address the peer published) on the other.
+//!
+//! ```
+//! # use orbitte_engine::{Request, Registration, RemoteRange};
+//! # fn f(local: &Registration, remote: &RemoteRange) {
+//! let write = Request::write(local, 0..4096).to(remote, 0);
+//! let read = Request::read(local, 4096..8192).from(remote, 0).label(7);
+//! # let _ = (write, read);
+//! # }
+//! ```
+//!
+//! Names, not positions: the local byte range and the remote offset cannot
+//! be swapped, and no id is converted by hand. A request naming remote
+//! memory by address ([`LocalWrite::to_address`],
+//! [`LocalRead::from_address`]) is resolved against the peer's
+//! publications when it is submitted; an address that no published range
+//! contains, a request that crosses from one range into the next, or one
+//! past a range's end is refused with a [`RequestError`] naming the
+//! address.
+
+use std::ops::Range;
+
+use orbitte_wire::AccessFlags;
+
+use crate::engine::{State, TransferEngine, TransferRequest};
+use crate::outcome::{RequestError, SubmitError};
+use crate::registration::Registration;
+use crate::transport::{Op, PeerId, RangeId, RegistrationId};
+
+/// One range a peer published, as this engine learned it (p2p: from the
+/// session's `segment-publication`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteRange {
+    /// The peer that published it.
+    pub peer: PeerId,
+    /// Its id within the peer's epoch.
+    pub range: RangeId,
+    /// Its virtual address in the peer's process.
+    pub address: u64,
+    /// Its length in bytes.
+    pub len: u64,
+    /// What the peer allows on it (`REMOTE_READ`, `REMOTE_WRITE`).
+    pub access: AccessFlags,
+}
+
+impl RemoteRange {
+    /// Whether `address..address + len` lies inside this range.
+    pub fn contains(&self, address: u64, len: u64) -> bool {
+        address >= self.address
+            && address
+                .checked_add(len)
+                .is_some_and(|end| end <= self.address.saturating_add(self.len))
+    }
+}
+
+/// Where the remote side of a request is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteTarget {
+    /// A published range and an offset in it.
+    Range {
+        /// The range.
+        range: RemoteRange,
+        /// Offset in it.
+        offset: u64,
+    },
+    /// A virtual address in the peer's process, resolved against its
+    /// publications at submit.
+    Address {
+        /// The peer.
+        peer: PeerId,
+        /// The address.
+        address: u64,
+    },
+}
+
+/// One READ or WRITE, built with [`Request::write`] or [`Request::read`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// READ (remote → local) or WRITE (local → remote).
+    pub op: Op,
+    /// The local registration.
+    pub local: RegistrationId,
+    /// Offset in it.
+    pub local_offset: u64,
+    /// Bytes.
+    pub len: u64,
+    /// The remote side.
+    pub remote: RemoteTarget,
+    /// Caller's label, echoed in the outcome and in errors.
+    pub label: u64,
+}
+
+/// The local side of a WRITE; name the destination with
+/// [`to`](Self::to) or [`to_address`](Self::to_address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a WRITE needs a destination: call .to(..) or .to_address(..)"]
+pub struct LocalWrite {
+    local: RegistrationId,
+    offset: u64,
+    len: u64,
+}
+
+/// The local side of a READ; name the source with [`from`](Self::from)
+/// or [`from_address`](Self::from_address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a READ needs a source: call .from(..) or .from_address(..)"]
+pub struct LocalRead {
+    local: RegistrationId,
+    offset: u64,
+    len: u64,
+}
+
+/// `bytes` as (offset, length); a reversed range is zero bytes long (and
+/// refused at submit).
+fn span(bytes: &Range<u64>) -> (u64, u64) {
+    (bytes.start, bytes.end.saturating_sub(bytes.start))
+}
+
+impl Request {
+    /// A WRITE of the bytes `bytes` of `local`.
+    pub fn write(local: &Registration, bytes: Range<u64>) -> LocalWrite {
+        let (offset, len) = span(&bytes);
+        LocalWrite {
+            local: local.id,
+            offset,
+            len,
+        }
+    }
+
+    /// A READ into the bytes `bytes` of `local`.
+    pub fn read(local: &Registration, bytes: Range<u64>) -> LocalRead {
+        let (offset, len) = span(&bytes);
+        LocalRead {
+            local: local.id,
+            offset,
+            len,
+        }
+    }
+
+    /// The same request with a label (echoed in its outcome and errors).
+    pub fn label(mut self, label: u64) -> Self {
+        self.label = label;
+        self
+    }
+}
+
+impl LocalWrite {
+    /// Into `remote` at `offset`.
+    pub fn to(self, remote: &RemoteRange, offset: u64) -> Request {
+        self.finish(RemoteTarget::Range {
+            range: *remote,
+            offset,
+        })
+    }
+
+    /// Into the peer's memory at virtual address `address` (inside one of
+    /// its published ranges).
+    pub fn to_address(self, peer: PeerId, address: u64) -> Request {
+        self.finish(RemoteTarget::Address { peer, address })
+    }
+
+    fn finish(self, remote: RemoteTarget) -> Request {
+        Request {
+            op: Op::Write,
+            local: self.local,
+            local_offset: self.offset,
+            len: self.len,
+            remote,
+            label: 0,
+        }
+    }
+}
+
+impl LocalRead {
+    /// From `remote` at `offset`.
+    pub fn from(self, remote: &RemoteRange, offset: u64) -> Request {
+        self.finish(RemoteTarget::Range {
+            range: *remote,
+            offset,
+        })
+    }
+
+    /// From the peer's memory at virtual address `address` (inside one of
+    /// its published ranges).
+    pub fn from_address(self, peer: PeerId, address: u64) -> Request {
+        self.finish(RemoteTarget::Address { peer, address })
+    }
+
+    fn finish(self, remote: RemoteTarget) -> Request {
+        Request {
+            op: Op::Read,
+            local: self.local,
+            local_offset: self.offset,
+            len: self.len,
+            remote,
+            label: 0,
+        }
+    }
+}
+
+impl From<TransferRequest> for Request {
+    fn from(r: TransferRequest) -> Self {
+        Self {
+            op: r.op,
+            local: r.registration,
+            local_offset: r.local_offset,
+            len: r.len,
+            remote: RemoteTarget::Range {
+                range: RemoteRange {
+                    peer: r.peer,
+                    range: r.range,
+                    address: 0,
+                    len: 0,
+                    access: AccessFlags(0),
+                },
+                offset: r.remote_offset,
+            },
+            label: r.label,
+        }
+    }
+}
+
+/// Finds the published range of `peer` holding `address..address + len`.
+fn resolve_address(
+    st: &State,
+    peer: PeerId,
+    address: u64,
+    len: u64,
+) -> Result<(RangeId, u64), RequestError> {
+    let p = st
+        .tables
+        .peers
+        .get(&peer.0)
+        .ok_or(RequestError::UnknownPeer(peer))?;
+    let Some(d) = p
+        .ranges
+        .values()
+        .find(|d| address >= d.address && address - d.address < d.length)
+    else {
+        return Err(RequestError::UnknownAddress { peer, address });
+    };
+    let end = d.address.saturating_add(d.length);
+    let offset = address - d.address;
+    if address.checked_add(len).is_none_or(|e| e > end) {
+        let next = p.ranges.values().any(|n| n.address == end);
+        return Err(if next {
+            RequestError::CrossesRanges {
+                peer,
+                address,
+                len,
+                boundary: end,
+            }
+        } else {
+            RequestError::PastEnd {
+                peer,
+                address,
+                len,
+                end,
+            }
+        });
+    }
+    Ok((RangeId(d.range_id.0), offset))
+}
+
+impl TransferEngine {
+    /// Turns requests into the engine's resolved form: remote addresses
+    /// become (range, offset) against the peers' publications as they are
+    /// now. A refusal names the request (index and label).
+    pub(crate) fn resolve<R: Into<Request> + Copy>(
+        &self,
+        batch: &[R],
+    ) -> Result<Vec<TransferRequest>, SubmitError> {
+        let mut out = Vec::with_capacity(batch.len());
+        let mut st = None;
+        for (index, r) in batch.iter().enumerate() {
+            let r: Request = (*r).into();
+            let (peer, range, remote_offset) = match r.remote {
+                RemoteTarget::Range { range, offset } => (range.peer, range.range, offset),
+                RemoteTarget::Address { peer, address } => {
+                    let st = st.get_or_insert_with(|| self.lock());
+                    let (range, offset) =
+                        resolve_address(st, peer, address, r.len).map_err(|error| {
+                            SubmitError::Invalid {
+                                index,
+                                label: r.label,
+                                error,
+                            }
+                        })?;
+                    (peer, range, offset)
+                }
+            };
+            out.push(TransferRequest {
+                op: r.op,
+                registration: r.local,
+                local_offset: r.local_offset,
+                peer,
+                range,
+                remote_offset,
+                len: r.len,
+                label: r.label,
+            });
+        }
+        Ok(out)
+    }
+}
