@@ -15,14 +15,20 @@
 //! ([`crate::transport::tcp`]) until either side leaves.
 //!
 //! Bounds (each is a [`SessionConfig`] field): a peer that connects and
-//! says nothing is closed after `handshake_timeout`; a frame that starts
-//! must finish within `frame_timeout` (truncated frames); malformed frames
-//! close the session at once; a target serves one request per connection at
-//! a time and reads the next only after answering, so a flooding peer is
-//! throttled by its own TCP window, and a peer that stops reading answers
-//! is closed after `io_timeout`; at most `max_connections_per_source`
-//! connections per source and `max_sessions` in all. Every close is logged
-//! with its reason (`tracing` warn) and kept in [`ClosedSession`] records.
+//! does not authenticate is closed after `preauth_timeout` (or
+//! `handshake_timeout`, if shorter), and such peers hold at most
+//! `max_unauthenticated` connections (`max_unauthenticated_per_address`
+//! from one address), apart from the `max_sessions` of authenticated ones;
+//! before the handshake no frame over 4 KiB is read; a frame that starts
+//! must finish within `frame_timeout` (truncated frames) and its body is
+//! buffered as it arrives; malformed frames close the session at once; a
+//! target serves one request per connection at a time and reads the next
+//! only after answering, so a flooding peer is throttled by its own TCP
+//! window, and each whole answer must move within `io_timeout`; an
+//! authenticated session without requests is closed after `idle_timeout`;
+//! at most `max_connections_per_source` connections per source. Every close
+//! is logged with its reason (`tracing` warn, peer text escaped, at most
+//! `refusal_logs_per_second`) and kept in [`ClosedSession`] records.
 //!
 //! On a [`TransferEngine`](crate::TransferEngine): `serve_tcp` (target),
 //! `attach_net` + [`NetPaths::open_peer`] (initiator, path policy in

@@ -16,6 +16,7 @@
 //! `memcpy` on a worker thread per rail ([`LocalTransport`]).
 
 mod fdpass;
+mod liveness;
 mod server;
 
 pub(crate) use server::LocalServer;
@@ -35,6 +36,7 @@ use orbitte_wire::{
 };
 
 use crate::session::{PeerIdentity, SessionConfig, SessionError, SharedPeerTable, handshake};
+use liveness::TargetProcess;
 use crate::transport::{
     CleanupError, EventSink, Op, PathKind, PeerId, PostContext, PostError, RailId, SliceFailure,
     SliceStatus, Transport, TransportEvent, WorkItem, close_rails_now,
@@ -94,6 +96,8 @@ pub enum LocalError {
 /// One range of a peer mapped here.
 #[derive(Debug, Clone)]
 struct Mapped {
+    /// The process that serves it: copies check it is still alive.
+    target: Arc<TargetProcess>,
     memory: Arc<HostMemory>,
     /// Where the range starts in the mapping.
     base: u64,
@@ -190,6 +194,9 @@ impl LocalTransport {
         };
         let addr = UnixAddr::from_abstract_name(name.as_bytes()).map_err(unreachable)?;
         let mut s = UnixStream::connect_addr(&addr).map_err(unreachable)?;
+        // Before the handshake: its success then proves the pid named the
+        // server (see `liveness`).
+        let target = Arc::new(TargetProcess::of_peer(&s));
         let hs = handshake::connect(&mut s, cfg, peers, None)?;
         let close = |peers: &SharedPeerTable| {
             peers
@@ -242,6 +249,7 @@ impl LocalTransport {
             mapped.insert(
                 desc.range_id,
                 Mapped {
+                    target: target.clone(),
                     memory,
                     base: hint.file_offset,
                     length: desc.length,
@@ -379,6 +387,8 @@ fn rail_worker(rail: RailId, r: Arc<LocalRail>, sink: Arc<dyn EventSink>) {
     // The jobs taken from the queue at each wakeup: swapped with the
     // queue's (empty) deque, so no wakeup allocates once both are grown.
     let mut batch = std::collections::VecDeque::new();
+    let mut done = Vec::new();
+    let mut reported_exit = false;
     loop {
         {
             let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -397,8 +407,23 @@ fn rail_worker(rail: RailId, r: Arc<LocalRail>, sink: Arc<dyn EventSink>) {
             }
             std::mem::swap(&mut q.jobs, &mut batch);
         }
-        for job in batch.drain(..) {
-            let status = execute(&job);
+        // A copy into (or from) the mapping of a process that died reached
+        // no one: checked before the batch and again after it, so nothing
+        // copied while the peer died is reported as done.
+        let mut alive = Alive::default();
+        let mut statuses = std::mem::take(&mut done);
+        statuses.extend(batch.iter().map(|job| {
+            if alive.before(job) {
+                execute(job)
+            } else {
+                peer_exited()
+            }
+        }));
+        for (job, status) in batch.drain(..).zip(statuses.drain(..)) {
+            let status = match status {
+                SliceStatus::Success if !alive.after(&job) => peer_exited(),
+                other => other,
+            };
             events.push(TransportEvent::Completed {
                 rail,
                 token: job.item.token,
@@ -406,10 +431,66 @@ fn rail_worker(rail: RailId, r: Arc<LocalRail>, sink: Arc<dyn EventSink>) {
                 released: true,
             });
         }
+        done = statuses;
+        if alive.saw_exit && !reported_exit {
+            reported_exit = true;
+            events.insert(
+                0,
+                TransportEvent::RailDown {
+                    rail,
+                    reason: PEER_EXITED.into(),
+                },
+            );
+        }
         sink.deliver(&mut events);
         events.clear();
     }
 }
+
+const PEER_EXITED: &str = "the peer process exited: its mapping reaches no one";
+
+fn peer_exited() -> SliceStatus {
+    SliceStatus::Failed(SliceFailure::RailDown(PEER_EXITED.into()))
+}
+
+/// The liveness of the peers of one batch, checked once per peer before
+/// and once after the batch's copies.
+#[derive(Default)]
+struct Alive {
+    before: Option<(Arc<TargetProcess>, bool)>,
+    after: Option<(Arc<TargetProcess>, bool)>,
+    saw_exit: bool,
+}
+
+impl Alive {
+    fn check(
+        slot: &mut Option<(Arc<TargetProcess>, bool)>,
+        saw_exit: &mut bool,
+        job: &Job,
+    ) -> bool {
+        let Some(remote) = &job.remote else {
+            return true;
+        };
+        match slot {
+            Some((t, alive)) if Arc::ptr_eq(t, &remote.target) => *alive,
+            _ => {
+                let alive = !remote.target.is_gone();
+                *saw_exit |= !alive;
+                *slot = Some((remote.target.clone(), alive));
+                alive
+            }
+        }
+    }
+
+    fn before(&mut self, job: &Job) -> bool {
+        Self::check(&mut self.before, &mut self.saw_exit, job)
+    }
+
+    fn after(&mut self, job: &Job) -> bool {
+        Self::check(&mut self.after, &mut self.saw_exit, job)
+    }
+}
+
 
 fn failed(status: Status) -> SliceStatus {
     SliceStatus::Failed(SliceFailure::Completion {
