@@ -181,6 +181,8 @@ pub(crate) struct Backend {
     target: Option<Target>,
     peer: PeerId,
     peer_name: String,
+    /// The peer's source id and epoch.
+    peer_identity: (String, u64),
     path: PathKind,
     path_note: String,
     range: RangeId,
@@ -379,6 +381,7 @@ impl Backend {
         Ok(Self {
             peer: info.id,
             peer_name: format!("{} (epoch {})", info.source_id, info.epoch),
+            peer_identity: (info.source_id.to_string(), info.epoch),
             a,
             target,
             path,
@@ -402,6 +405,11 @@ impl Backend {
     /// The peer, as `source-id (epoch N)`.
     pub(crate) fn peer(&self) -> &str {
         &self.peer_name
+    }
+
+    /// The peer's source id and epoch.
+    pub(crate) fn peer_identity(&self) -> (&str, u64) {
+        (&self.peer_identity.0, self.peer_identity.1)
     }
 
     /// Bytes of the remote range.

@@ -48,7 +48,12 @@ pub(crate) struct Report {
     op: Op,
     path: String,
     path_note: String,
+    /// `source-id (epoch N)`, for people.
     peer: String,
+    peer_source_id: String,
+    /// Decimal, as a string: epochs exceed what JSON numbers hold exactly
+    /// in many readers.
+    peer_epoch: String,
     batch_size: u32,
     threads: u32,
     duration_s: f64,
@@ -90,6 +95,8 @@ impl Report {
             path: backend.path().name().to_owned(),
             path_note: backend.path_note().to_owned(),
             peer: backend.peer().to_owned(),
+            peer_source_id: backend.peer_identity().0.to_owned(),
+            peer_epoch: backend.peer_identity().1.to_string(),
             batch_size: args.batch_size,
             threads: args.threads,
             duration_s: args.duration,
