@@ -4,6 +4,7 @@
 //! Every task reports a failure as one line on stderr and exits non-zero;
 //! none of them panics on a missing tool or library.
 
+mod attack;
 mod bindgen;
 mod build_and_check;
 mod softroce;
@@ -16,6 +17,10 @@ usage: cargo xtask <task> [args]
 
 tasks:
   tidy                 check ARCHITECTURE.md's invariants (also runs as a test)
+  attack [--seconds N] [--keep]
+                       start `orbitte serve` and attack it (pre-auth floods, huge
+                       announced frames, log injection, slow readers, frame
+                       mutation for N s); check it lives, stays bounded and serves
   softroce build|run|test  native verbs tests on Soft-RoCE in a qemu guest (docs/testing.md)
   bindgen [--check]    regenerate orbitte-verbs-sys's bindings (--check: fail on drift)
   build-and-check [--no-cargo]
@@ -32,6 +37,7 @@ fn main() -> ExitCode {
     let rest = &args[1..];
     let result = match task.as_str() {
         "tidy" => tidy::run(rest),
+        "attack" => attack::run(rest),
         "softroce" => softroce::run(rest),
         "bindgen" => bindgen::run(rest),
         "build-and-check" => build_and_check::run(rest),

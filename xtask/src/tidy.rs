@@ -80,7 +80,8 @@ const ALLOWED_DEPS: &[(&str, &[&str])] = &[
             "orbitte-cuda",
         ],
     ),
-    ("xtask", &[]),
+    // `cargo xtask attack` builds and mutates wire frames.
+    ("xtask", &["orbitte-wire"]),
 ];
 
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
