@@ -7,352 +7,31 @@
 //! ([`crate::remote`]). Every call that can block releases the GIL.
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::net::ToSocketAddrs;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use orbitte::session::PathPreference;
 use orbitte::{
-    Access, ConnectError, ConnectOptions, DrainStatus, EngineBuilder, Outcome, PathKind,
-    RdmaConfig, RegistrationId, RequestId, SubmitError, TransferEngine, TransferRequest, WaitError,
+    DrainStatus, EngineBuilder, PathKind, RdmaConfig, RegistrationId, RequestId, WaitError,
 };
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::directory::Directory;
 use crate::errors;
-use crate::memory::{Allocation, LocalMiss, LocalRange, LocalTable, wrap_raw};
+use crate::memory::{Allocation, LocalTable, wrap_raw};
+use crate::node::{
+    ERR_ADDRESS_NOT_REGISTERED, ERR_INVALID_ARGUMENT, ERR_METADATA, ERR_SOCKET_FAIL, Failure, Node,
+    coded, lock, secs,
+};
 use crate::outcome::PyOutcome;
-use crate::remote::{RemoteMiss, RemotePeer, ranges_of};
-
-/// Mooncake's return codes (its `error.h`), carried as the `code`
-/// attribute of the exceptions so the Mooncake layer returns the same ints.
-const ERR_INVALID_ARGUMENT: i32 = -1;
-const ERR_ADDRESS_NOT_REGISTERED: i32 = -3;
-const ERR_DEVICE_NOT_FOUND: i32 = -6;
-const ERR_ADDRESS_OVERLAPPED: i32 = -7;
-const ERR_SOCKET_FAIL: i32 = -102;
-const ERR_REJECT_HANDSHAKE: i32 = -104;
-const ERR_TRANSFER_FAILED: i32 = -1;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// What the engine serves and how it opens peers.
-struct Inner {
-    engine: TransferEngine,
-    /// Register with Host Direct (MRs on every usable NIC) rather than for
-    /// the tcp and local paths only.
-    host_direct: bool,
-    prefer: PathPreference,
-    rails: usize,
-    /// Longer than the request timeout: every request has an outcome by then.
-    wait_timeout: Duration,
-    drain_timeout: Duration,
-    locals: RwLock<LocalTable>,
-    /// One slot per session id; a slot's lock is held while it connects,
-    /// so a session connects once however many threads ask.
-    peers: Mutex<HashMap<String, PeerSlot>>,
-}
-
-/// The cached peer of one session id (None until opened, or after it was
-/// forgotten).
-type PeerSlot = Arc<Mutex<Option<Arc<RemotePeer>>>>;
-
-/// Why a transfer did not complete, before it became a Python exception.
-#[derive(Debug)]
-enum Failure {
-    Argument(String),
-    Local(LocalMiss),
-    Remote(RemoteMiss),
-    Connect { code: i32, message: String },
-    Submit(SubmitError),
-    Incomplete(Vec<Outcome>),
-}
-
-impl Failure {
-    fn into_py(self, py: Python<'_>) -> PyErr {
-        let (err, code, outcomes) = match self {
-            Self::Argument(m) => (errors::SubmitError::new_err(m), ERR_INVALID_ARGUMENT, None),
-            Self::Local(m) => (
-                errors::SubmitError::new_err(m.to_string()),
-                ERR_ADDRESS_NOT_REGISTERED,
-                None,
-            ),
-            Self::Remote(m) => (
-                errors::SubmitError::new_err(m.to_string()),
-                ERR_ADDRESS_NOT_REGISTERED,
-                None,
-            ),
-            Self::Connect { code, message } => (errors::ConnectError::new_err(message), code, None),
-            Self::Submit(e) => (
-                errors::SubmitError::new_err(e.to_string()),
-                ERR_INVALID_ARGUMENT,
-                None,
-            ),
-            Self::Incomplete(outcomes) => {
-                let failed: Vec<PyOutcome> = outcomes.iter().map(PyOutcome::from).collect();
-                let first = failed
-                    .iter()
-                    .find(|o| !o.is_complete())
-                    .map(PyOutcome::summary)
-                    .unwrap_or_default();
-                let n = failed.iter().filter(|o| !o.is_complete()).count();
-                let msg = format!(
-                    "{n} of {} request(s) did not complete; first: {first}",
-                    failed.len()
-                );
-                (
-                    errors::TransferError::new_err(msg),
-                    ERR_TRANSFER_FAILED,
-                    Some(failed),
-                )
-            }
-        };
-        let v = err.value(py);
-        let _ = v.setattr("code", code);
-        if let Some(o) = outcomes {
-            let _ = v.setattr("outcomes", o);
-        }
-        err
-    }
-}
-
-fn resolve_addr(session: &str) -> Result<SocketAddr, Failure> {
-    let bad = |why: String| Failure::Connect {
-        code: ERR_INVALID_ARGUMENT,
-        message: format!(
-            "session id {session:?}: {why}; write it as \"host:port\" (port from the target's get_rpc_port())"
-        ),
-    };
-    let mut addrs = session.to_socket_addrs().map_err(|e| bad(e.to_string()))?;
-    addrs
-        .next()
-        .ok_or_else(|| bad("resolves to no address".into()))
-}
-
-impl Inner {
-    /// The peer behind `session`, opened on first use and cached.
-    fn peer(&self, session: &str) -> Result<Arc<RemotePeer>, Failure> {
-        let slot = lock(&self.peers)
-            .entry(session.to_owned())
-            .or_default()
-            .clone();
-        let mut g = lock(&slot);
-        if let Some(p) = &*g {
-            return Ok(p.clone());
-        }
-        let p = Arc::new(self.open(session)?);
-        *g = Some(p.clone());
-        Ok(p)
-    }
-
-    /// Forgets the cached peer of `session` if it is still `stale`, so the
-    /// next use opens it again (a restarted target, a dead session).
-    fn forget(&self, session: &str, stale: &Arc<RemotePeer>) {
-        let slot = lock(&self.peers).get(session).cloned();
-        if let Some(slot) = slot {
-            let mut g = lock(&slot);
-            if g.as_ref().is_some_and(|p| Arc::ptr_eq(p, stale)) {
-                *g = None;
-            }
-        }
-    }
-
-    fn open(&self, session: &str) -> Result<RemotePeer, Failure> {
-        let addr = resolve_addr(session)?;
-        let options = ConnectOptions {
-            prefer: self.prefer,
-            rails: self.rails,
-        };
-        let net = self
-            .engine
-            .connect_with(addr, options)
-            .map_err(|e| Failure::Connect {
-                code: match e {
-                    ConnectError::Session(_) => ERR_SOCKET_FAIL,
-                    _ => ERR_REJECT_HANDSHAKE,
-                },
-                message: format!("cannot open {session}: {e}"),
-            })?;
-        // Each range with its address in its owner (p2p metadata).
-        let ranges = ranges_of(net.ranges());
-        Ok(RemotePeer {
-            id: net.info.id,
-            source_id: net.info.source_id,
-            epoch: net.info.epoch,
-            path: net.path,
-            fell_back: net.fell_back,
-            ranges,
-        })
-    }
-
-    fn requests(
-        &self,
-        peer: &RemotePeer,
-        ops: &[(bool, u64, u64, u64, u64)],
-    ) -> Result<Vec<TransferRequest>, Failure> {
-        let locals = self.locals.read().unwrap_or_else(PoisonError::into_inner);
-        ops.iter()
-            .map(|&(write, local, remote, len, label)| {
-                if len == 0 {
-                    return Err(Failure::Argument(format!(
-                        "zero-length request at local {local:#x}: every length must be at least 1"
-                    )));
-                }
-                let (reg, loff): (&LocalRange, u64) =
-                    locals.resolve(local, len).map_err(Failure::Local)?;
-                let (range, roff) = peer.resolve(remote, len).map_err(Failure::Remote)?;
-                let r = if write {
-                    TransferRequest::write(reg.id, loff, peer.id, range, roff, len)
-                } else {
-                    TransferRequest::read(reg.id, loff, peer.id, range, roff, len)
-                };
-                Ok(r.label(label))
-            })
-            .collect()
-    }
-
-    /// Submits a batch to `session`; resolves addresses against a fresh
-    /// publication once when the cached one does not know them.
-    fn submit(
-        &self,
-        session: &str,
-        ops: &[(bool, u64, u64, u64, u64)],
-    ) -> Result<(Arc<RemotePeer>, Vec<RequestId>), Failure> {
-        if ops.is_empty() {
-            return Err(Failure::Argument(
-                "empty batch: give at least one request".into(),
-            ));
-        }
-        let mut peer = self.peer(session)?;
-        let mut refreshed = false;
-        loop {
-            let stale = |f: &Failure| {
-                matches!(f, Failure::Remote(_))
-                    || matches!(f, Failure::Submit(SubmitError::Invalid { .. }))
-            };
-            let attempt = self
-                .requests(&peer, ops)
-                .and_then(|reqs| self.engine.submit(&reqs).map_err(Failure::Submit));
-            match attempt {
-                Ok(ids) => return Ok((peer, ids)),
-                Err(f) if !refreshed && stale(&f) => {
-                    self.forget(session, &peer);
-                    peer = self.peer(session)?;
-                    refreshed = true;
-                }
-                Err(f) => {
-                    if matches!(f, Failure::Submit(_)) {
-                        self.forget(session, &peer);
-                    }
-                    return Err(f);
-                }
-            }
-        }
-    }
-
-    /// Submits, waits for every outcome and for drain: the call returns when
-    /// the local buffers are the caller's again.
-    fn transfer(&self, session: &str, ops: &[(bool, u64, u64, u64, u64)]) -> Result<(), Failure> {
-        let (peer, ids) = self.submit(session, ops)?;
-        let mut outcomes = Vec::with_capacity(ids.len());
-        let mut complete = true;
-        for id in &ids {
-            let o = match self.engine.wait(*id, self.wait_timeout) {
-                Ok(o) => o,
-                Err(WaitError::TimedOut(_)) => {
-                    self.engine.cancel(*id);
-                    match self.engine.wait(*id, self.wait_timeout) {
-                        Ok(o) => o,
-                        Err(e) => return Err(Failure::Argument(e.to_string())),
-                    }
-                }
-                Err(e) => return Err(Failure::Argument(e.to_string())),
-            };
-            complete &= o.is_complete();
-            outcomes.push(o);
-        }
-        for (id, o) in ids.iter().zip(outcomes.iter_mut()) {
-            if o.drain != DrainStatus::Drained {
-                let _ = self.engine.wait_drain(*id, self.drain_timeout);
-                o.drain = self.engine.drain_status(*id);
-            }
-        }
-        if complete {
-            return Ok(());
-        }
-        self.forget(session, &peer);
-        Err(Failure::Incomplete(outcomes))
-    }
-
-    fn register(
-        &self,
-        start: u64,
-        memory: Arc<orbitte::HostMemory>,
-        remote: bool,
-    ) -> PyResult<u64> {
-        let len = memory.len() as u64;
-        let mut locals = self.locals.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some((s, l)) = locals.overlapping(start, len) {
-            return Err(coded(
-                errors::RegisterError::new_err(format!(
-                    "{start:#x}+{len} overlaps the registered range {s:#x}+{l}: unregister it first or register a disjoint buffer"
-                )),
-                ERR_ADDRESS_OVERLAPPED,
-            ));
-        }
-        let access = if remote {
-            Access::REMOTE_READ_WRITE
-        } else {
-            Access::LocalOnly
-        };
-        let reg = if self.host_direct {
-            self.engine.register_host(memory.clone(), access)
-        } else {
-            self.engine
-                .register_host_without_rdma(memory.clone(), access)
-        };
-        let reg = reg.map_err(|e| {
-            let code = match e {
-                orbitte::RegisterError::NoUsableNic { .. } => ERR_DEVICE_NOT_FOUND,
-                _ => ERR_INVALID_ARGUMENT,
-            };
-            coded(errors::RegisterError::new_err(e.to_string()), code)
-        })?;
-        locals.insert(
-            start,
-            LocalRange {
-                id: reg.id,
-                len,
-                _memory: memory,
-            },
-        );
-        Ok(reg.id.0)
-    }
-}
-
-/// Sets the exception's `code` attribute (Mooncake's return code).
-fn coded(err: PyErr, code: i32) -> PyErr {
-    Python::attach(|py| {
-        let _ = err.value(py).setattr("code", code);
-    });
-    err
-}
-
-fn secs(s: f64, what: &str) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(s).map_err(|_| {
-        PyValueError::new_err(format!(
-            "{what} must be a non-negative number of seconds, got {s}"
-        ))
-    })
-}
+use crate::remote::RemotePeer;
 
 /// One OrbitTE engine (source owner) with the tcp and local paths attached.
 #[pyclass(module = "orbitte._orbitte", frozen)]
 pub(crate) struct NativeEngine {
-    inner: Arc<Inner>,
+    inner: Arc<Node>,
 }
 
 #[pymethods]
@@ -362,7 +41,7 @@ impl NativeEngine {
     /// `devices`: RDMA device whitelist; `path`: "auto" (local > rdma >
     /// tcp), "tcp", "local" or "rdma"; `rails`: connections per peer.
     #[new]
-    #[pyo3(signature = (source_id, rdma=false, devices=Vec::new(), path="auto", rails=1, request_timeout=10.0, handshake_timeout=5.0))]
+    #[pyo3(signature = (source_id, rdma=false, devices=Vec::new(), path="auto", rails=1, request_timeout=10.0, handshake_timeout=5.0, metadata=None))]
     fn new(
         py: Python<'_>,
         source_id: String,
@@ -372,6 +51,7 @@ impl NativeEngine {
         rails: usize,
         request_timeout: f64,
         handshake_timeout: f64,
+        metadata: Option<&str>,
     ) -> PyResult<Self> {
         let prefer = match path {
             "auto" => PathPreference::Auto,
@@ -387,6 +67,14 @@ impl NativeEngine {
         let request_timeout = secs(request_timeout, "request_timeout")?;
         let handshake_timeout = secs(handshake_timeout, "handshake_timeout")?;
         let drain_timeout = Duration::from_secs(5);
+        let directory = match metadata {
+            None | Some("p2p") => Directory::P2p,
+            Some(url) => {
+                let url = url.to_owned();
+                py.detach(move || Directory::etcd(&url))
+                    .map_err(|m| coded(errors::ConfigError::new_err(m), ERR_METADATA))?
+            }
+        };
         let cfg = RdmaConfig {
             whitelist: devices,
             ..RdmaConfig::default()
@@ -402,7 +90,8 @@ impl NativeEngine {
             })
             .map_err(|e| errors::ConfigError::new_err(e.to_string()))?;
         Ok(Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new(Node {
+                host_id: engine.host_id().to_owned(),
                 engine,
                 host_direct: rdma,
                 prefer,
@@ -410,6 +99,7 @@ impl NativeEngine {
                 wait_timeout: request_timeout + drain_timeout + Duration::from_secs(5),
                 drain_timeout,
                 locals: RwLock::new(LocalTable::default()),
+                directory,
                 peers: Mutex::new(HashMap::new()),
             }),
         })
@@ -450,6 +140,7 @@ impl NativeEngine {
         let inner = self.inner.clone();
         py.detach(move || {
             let bound = inner.engine.listen(at).map_err(|e| e.to_string())?;
+            inner.publish()?;
             Ok::<u16, String>(bound.port())
         })
         .map_err(|m| coded(errors::ConfigError::new_err(m), ERR_SOCKET_FAIL))
@@ -551,36 +242,43 @@ impl NativeEngine {
 
     /// Submits a batch to `session` without waiting: each op is
     /// `(write, local_address, remote_address, length, label)`. All are
-    /// admitted or none. Returns the request ids.
+    /// admitted or none. With `notify`, the peer receives those bytes once,
+    /// after every byte of the batch is placed (and only if every request
+    /// completes). Returns the request ids.
+    #[pyo3(signature = (session, ops, notify=None))]
     fn submit(
         &self,
         py: Python<'_>,
         session: &str,
         ops: Vec<(bool, u64, u64, u64, u64)>,
+        notify: Option<Vec<u8>>,
     ) -> PyResult<Vec<u64>> {
         let inner = self.inner.clone();
         let s = session.to_owned();
-        py.detach(move || inner.submit(&s, &ops))
+        py.detach(move || inner.submit(&s, &ops, notify.as_deref()))
             .map(|(_, ids)| ids.into_iter().map(|i| i.0).collect())
             .map_err(|f| f.into_py(py))
     }
 
     /// Submits and waits for every outcome and for drain (GIL released).
     /// Raises TransferError (with `outcomes`) unless every byte arrived.
+    #[pyo3(signature = (session, ops, notify=None))]
     fn transfer(
         &self,
         py: Python<'_>,
         session: &str,
         ops: Vec<(bool, u64, u64, u64, u64)>,
+        notify: Option<Vec<u8>>,
     ) -> PyResult<()> {
         let inner = self.inner.clone();
         let s = session.to_owned();
-        py.detach(move || inner.transfer(&s, &ops))
+        py.detach(move || inner.transfer(&s, &ops, notify.as_deref()))
             .map_err(|f| f.into_py(py))
     }
 
     /// Same as `transfer` for one direction, with the addresses and lengths
     /// as three sequences (Mooncake's batch calls).
+    #[pyo3(signature = (session, write, locals, remotes, lengths, notify=None))]
     fn transfer_batch(
         &self,
         py: Python<'_>,
@@ -589,6 +287,7 @@ impl NativeEngine {
         locals: Vec<u64>,
         remotes: Vec<u64>,
         lengths: Vec<u64>,
+        notify: Option<Vec<u8>>,
     ) -> PyResult<()> {
         if locals.len() != remotes.len() || locals.len() != lengths.len() {
             return Err(Failure::Argument(format!(
@@ -606,7 +305,42 @@ impl NativeEngine {
             .enumerate()
             .map(|(i, ((l, r), n))| (write, l, r, n, i as u64))
             .collect();
-        self.transfer(py, session, ops)
+        self.transfer(py, session, ops, notify)
+    }
+
+    /// Repeats one batch (as `transfer_batch`) for `seconds` in a Rust
+    /// loop with the GIL released: the engine's own rate for the blocks a
+    /// Python loop moves, measured in the same process. Returns
+    /// (batches done, seconds taken).
+    fn repeat_batch(
+        &self,
+        py: Python<'_>,
+        session: &str,
+        write: bool,
+        locals: Vec<u64>,
+        remotes: Vec<u64>,
+        lengths: Vec<u64>,
+        seconds: f64,
+    ) -> PyResult<(u64, f64)> {
+        let span = secs(seconds, "seconds")?;
+        let ops: Vec<_> = locals
+            .into_iter()
+            .zip(remotes)
+            .zip(lengths)
+            .map(|((l, r), n)| (write, l, r, n, 0))
+            .collect();
+        let inner = self.inner.clone();
+        let s = session.to_owned();
+        py.detach(move || {
+            let start = std::time::Instant::now();
+            let mut done = 0u64;
+            while start.elapsed() < span {
+                inner.transfer(&s, &ops, None)?;
+                done += 1;
+            }
+            Ok((done, start.elapsed().as_secs_f64()))
+        })
+        .map_err(|f: Failure| f.into_py(py))
     }
 
     /// The outcome of request `id` if it has one (taken: a second call

@@ -9,19 +9,24 @@
 //! - [`engine::NativeEngine`]: one OrbitTE engine that serves its
 //!   registrations (tcp, and local to same-host peers) and opens peers;
 //!   memory is named by address on both sides, as Mooncake's callers do;
+//! - [`node::Node`]: the state behind it: peers by session id, local
+//!   ranges, the synchronous transfer;
 //! - [`memory`]: local registrations by address (caller memory kept alive
 //!   by a Python reference, or memfd memory the engine allocates);
 //! - [`remote`]: a peer's published ranges by the owner's address;
+//! - [`directory`]: how a session id becomes an address (p2p or etcd);
 //! - [`outcome::PyOutcome`]: the request's outcome as a Python object;
 //! - [`errors`]: the exception classes under `orbitte.Error`.
 //!
 //! Every call that can block (connect, wait, drain, a synchronous
 //! transfer) releases the GIL.
 
+mod directory;
 mod doctor;
 mod engine;
 mod errors;
 mod memory;
+mod node;
 mod outcome;
 mod remote;
 

@@ -5,6 +5,8 @@
 Prints one JSON line: {"session", "address", "length", "pid"}. Then reads
 commands, one per line, answering one line each:
     sha OFF LEN      sha256 hex of the published memory at OFF
+    wait_notify T    the next notification (engine: SOURCE PATH PAYLOAD_HEX;
+                     mooncake: NAME MSG) or "none" after T seconds
     fill OFF LEN B   sets the bytes to B
     write SESSION ADDR LEN B   (mooncake api) fills a local buffer with B and
                      batch_transfer_sync_write's it to ADDR at SESSION: rc
@@ -64,6 +66,19 @@ def main() -> None:
             off, n, b = int(cmd[1]), int(cmd[2]), int(cmd[3])
             view[off:off + n] = bytes([b]) * n
             print("ok", flush=True)
+        elif cmd[0] == "wait_notify":
+            if args.api == "engine":
+                n = eng.wait_notification(float(cmd[1]))
+                print("none" if n is None else f"{n.source_id} {n.path} {n.payload.hex()}", flush=True)
+            else:
+                import time
+
+                deadline = time.time() + float(cmd[1])
+                got = []
+                while not got and time.time() < deadline:
+                    got = te.get_notifies()
+                    time.sleep(0.01)
+                print("none" if not got else f"{got[0].name} {got[0].msg}", flush=True)
         elif cmd[0] == "write":
             sess, addr, n, b = cmd[1], int(cmd[2]), int(cmd[3]), int(cmd[4])
             local = ctypes.addressof(spin)

@@ -145,8 +145,9 @@ def test_registration_errors():
 
 def test_initialize_refusals():
     te = TransferEngine()
-    assert te.initialize("127.0.0.1", "etcd://127.0.0.1:2379", "tcp", "") == -200
-    assert "P2PHANDSHAKE" in te.last_error().message
+    assert te.initialize("127.0.0.1", "etcd://127.0.0.1:1", "tcp", "") == -200  # nothing listens
+    assert "127.0.0.1:1" in te.last_error().message
+    assert te.initialize("127.0.0.1", "redis://127.0.0.1:6379", "tcp", "") == -200
     assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "carrier-pigeon", "") < 0
     assert te.initialize("127.0.0.1:0", "P2PHANDSHAKE", "tcp", "") == 0
     assert te.get_rpc_port() > 0

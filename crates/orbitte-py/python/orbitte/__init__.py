@@ -50,6 +50,7 @@ __all__ = [
     "Engine",
     "Error",
     "Handle",
+    "Notification",
     "Outcome",
     "Peer",
     "RegisterError",
@@ -310,6 +311,17 @@ class Batch(list):
         return [h.poll() for h in self]
 
 
+@dataclass(frozen=True)
+class Notification:
+    """A notification a peer's batch carried: delivered once, after every
+    byte of that batch was placed in this engine's memory."""
+
+    source_id: str
+    epoch: int
+    path: str
+    payload: bytes
+
+
 class Engine:
     """An OrbitTE engine: a source owner that serves its registrations to
     peers and opens peers.
@@ -318,11 +330,15 @@ class Engine:
     registers memory with Host Direct on every usable NIC (``devices``
     filters them by name; a registration error is never a silent switch to
     another path); ``path`` is "auto" (local > rdma > tcp), "tcp", "local"
-    or "rdma"; ``rails`` is the connections per peer."""
+    or "rdma"; ``rails`` is the connections per peer; ``metadata`` None
+    (peer-to-peer: peers are named "host:port") or an etcd URL
+    ("etcd://HOST:PORT[/PREFIX]": the engine stores its record there after
+    ``listen`` and peers may be named by source id)."""
 
     def __init__(self, source_id: Optional[str] = None, *, listen: Optional[str] = None,
                  rdma: bool = False, devices: Sequence[str] = (), path: str = "auto",
-                 rails: int = 1, request_timeout: float = 10.0, handshake_timeout: float = 5.0):
+                 rails: int = 1, request_timeout: float = 10.0, handshake_timeout: float = 5.0,
+                 metadata: Optional[str] = None):
         self._native = _NativeEngine(
             source_id or default_source_id(),
             rdma=bool(rdma),
@@ -331,6 +347,7 @@ class Engine:
             rails=int(rails),
             request_timeout=float(request_timeout),
             handshake_timeout=float(handshake_timeout),
+            metadata=metadata,
         )
         self._regs: dict[int, Registration] = {}
         self._lock = threading.Lock()
@@ -403,19 +420,25 @@ class Engine:
         object.__setattr__(peer, "ranges", [RemoteRange(peer, a, n) for a, n in d["ranges"]])
         return peer
 
-    def submit(self, peer: Union[Peer, str], requests: Iterable[Request]) -> Batch:
+    def submit(self, peer: Union[Peer, str], requests: Iterable[Request], *,
+               notify: Optional[bytes] = None) -> Batch:
         """Submits a batch without waiting; all requests are admitted or
-        none (:class:`SubmitError` names the first bad one)."""
+        none (:class:`SubmitError` names the first bad one). With
+        ``notify`` (at most 4 KiB) the peer receives those bytes once, after
+        every byte of the batch is placed, and only if every request
+        completes; each outcome's ``notification`` says whether it went."""
         session = peer.session if isinstance(peer, Peer) else peer
         ops = [r._native() for r in requests]
-        ids = self._native.submit(session, ops)
+        ids = self._native.submit(session, ops, None if notify is None else bytes(notify))
         return Batch(Handle(self, i) for i in ids)
 
-    def transfer(self, peer: Union[Peer, str], requests: Iterable[Request]) -> None:
+    def transfer(self, peer: Union[Peer, str], requests: Iterable[Request], *,
+                 notify: Optional[bytes] = None) -> None:
         """Submits and waits for every outcome and drain (GIL released);
         raises :class:`TransferError` (``.outcomes``) unless all complete."""
         session = peer.session if isinstance(peer, Peer) else peer
-        self._native.transfer(session, [r._native() for r in requests])
+        self._native.transfer(session, [r._native() for r in requests],
+                              None if notify is None else bytes(notify))
 
     def close(self, timeout: float = 5.0) -> None:
         """Stops serving, fences, waits for drain, releases native objects."""

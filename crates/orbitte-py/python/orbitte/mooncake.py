@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import json
 import itertools
 import os
 import socket
@@ -52,12 +53,31 @@ class TransferOpcode(enum.IntEnum):
 
 @dataclass
 class TransferNotify:
-    """Mooncake's notification object (name, msg). Accepted by the
-    ``*_sync`` calls; OrbitTE delivers notifications with
-    ``orbitte.Engine`` (see docs/python.md)."""
+    """Mooncake's notification object (name, msg): passed to
+    ``transfer_sync``/``batch_transfer_sync``, the target reads it with
+    ``get_notifies()`` once every byte of the batch is in its memory."""
 
     name: str = ""
     msg: str = ""
+
+    def _encode(self) -> bytes:
+        return json.dumps({"name": self.name, "msg": self.msg}).encode()
+
+    @classmethod
+    def _decode(cls, source_id: str, payload: bytes) -> "TransferNotify":
+        try:
+            d = json.loads(payload)
+            return cls(str(d["name"]), str(d["msg"]))
+        except (ValueError, KeyError, TypeError):
+            return cls(source_id, payload.decode("utf-8", "replace"))
+
+
+# What this build supports (Mooncake's module attributes).
+SUPPORT_CUDA = False
+SUPPORT_EFA = False
+SUPPORT_HIP = False
+SUPPORT_MNNVL = False
+SUPPORT_INTRA_NVLINK = False
 
 
 @dataclass
@@ -117,7 +137,10 @@ class TransferEngine:
         """``local_hostname`` is "host" or "host:port" (no port: any free
         one, see get_rpc_port); ``metadata_server`` "P2PHANDSHAKE" (peers
         exchange descriptors at connect); ``protocol`` "tcp" or "rdma";
-        ``device_name`` a comma-separated RDMA device filter ("" for all)."""
+        ``device_name`` a comma-separated RDMA device filter ("" for all).
+        With an etcd metadata server ("etcd://HOST:PORT" or "HOST:PORT") the
+        engine stores its record under ``local_hostname``, and peers' session
+        ids are their ``local_hostname``."""
         return self.initialize_ext(local_hostname, metadata_server, protocol, device_name, "")
 
     def initialize_ext(self, local_hostname: str, metadata_server: str, protocol: str,
@@ -127,11 +150,11 @@ class TransferEngine:
             if self._native is not None:
                 raise Error("already initialized: use one TransferEngine per initialize()")
             meta = (metadata_server or "").strip()
-            if meta.upper() not in ("P2PHANDSHAKE", "P2P") and (metadata_type or "").lower() != "p2p":
+            p2p = meta.upper() in ("P2PHANDSHAKE", "P2P") or (metadata_type or "").lower() == "p2p"
+            if not p2p and (metadata_type or "etcd").lower() != "etcd":
                 err = Error(
-                    f"metadata server {metadata_server!r}: this build supports P2PHANDSHAKE (descriptors "
-                    "exchanged at connect); start the engines with metadata_server='P2PHANDSHAKE' and "
-                    "session ids 'host:port'"
+                    f"metadata type {metadata_type!r}: this package supports P2PHANDSHAKE and etcd "
+                    "(metadata_server 'etcd://HOST:PORT' or 'HOST:PORT')"
                 )
                 err.code = ERR_METADATA
                 raise err
@@ -141,12 +164,17 @@ class TransferEngine:
             devices = [d.strip() for d in (device_name or "").split(",") if d.strip()]
             host, _, port = local_hostname.rpartition(":") if ":" in local_hostname else (local_hostname, "", "0")
             host = host.strip("[]") or "0.0.0.0"
+            # With etcd, peers name this engine by its local_hostname (its
+            # record's key), as Mooncake's segment names; with p2p by address.
+            source_id = local_hostname if not p2p else f"{local_hostname}-{os.getpid()}-{next(_count)}"
             native = _NativeEngine(
-                f"{local_hostname}-{os.getpid()}-{next(_count)}",
+                source_id,
+                metadata=None if p2p else meta,
                 rdma=proto == "rdma",
                 devices=devices,
                 path=os.environ.get("ORBITTE_PATH", "auto"),
-                request_timeout=float(os.environ.get("ORBITTE_REQUEST_TIMEOUT", "10")),
+                request_timeout=float(os.environ.get("ORBITTE_REQUEST_TIMEOUT")
+                                      or os.environ.get("MC_TRANSFER_TIMEOUT") or "10"),
             )
             if proto == "rdma" and not native.rdma_devices():
                 err = Error("protocol 'rdma': this host lists no RDMA device; use protocol 'tcp' "
@@ -285,10 +313,11 @@ class TransferEngine:
 
     # -- transfers ------------------------------------------------------
     def _batch(self, call: str, target_hostname: str, write: bool, buffers: Any,
-               peer_buffer_addresses: Any, lengths: Any) -> int:
+               peer_buffer_addresses: Any, lengths: Any, notify: Optional[TransferNotify] = None) -> int:
         try:
             self._engine().transfer_batch(target_hostname, write, _ints(buffers),
-                                          _ints(peer_buffer_addresses), _ints(lengths))
+                                          _ints(peer_buffer_addresses), _ints(lengths),
+                                          None if notify is None else notify._encode())
             self._tls.error = None
             return 0
         except (Error, TypeError, ValueError, OverflowError) as e:
@@ -308,7 +337,7 @@ class TransferEngine:
                       opcode: TransferOpcode, notify: Optional[TransferNotify] = None,
                       transport_hint: str = "") -> int:
         return self._batch("transfer_sync", target_hostname, int(opcode) == TransferOpcode.WRITE,
-                           [buffer], [peer_buffer_address], [length])
+                           [buffer], [peer_buffer_address], [length], notify)
 
     def batch_transfer_sync_write(self, target_hostname: str, buffers: Any, peer_buffer_addresses: Any,
                                   lengths: Any, transport_hint: str = "") -> int:
@@ -324,7 +353,17 @@ class TransferEngine:
                             lengths: Any, opcode: TransferOpcode, notify: Optional[TransferNotify] = None,
                             transport_hint: str = "") -> int:
         return self._batch("batch_transfer_sync", target_hostname, int(opcode) == TransferOpcode.WRITE,
-                           buffers, peer_buffer_addresses, lengths)
+                           buffers, peer_buffer_addresses, lengths, notify)
+
+    def send_probe(self, peer_server_name: str) -> int:
+        """0 when the peer ``host:port`` answers a handshake, else a
+        negative code."""
+        try:
+            self._engine().disconnect(str(peer_server_name))
+            self._engine().connect(str(peer_server_name))
+            return 0
+        except (Error, TypeError, ValueError) as e:
+            return self._fail("send_probe", e)
 
     # -- asynchronous batches -------------------------------------------
     def _submit(self, call: str, target_hostname: str, write: bool, buffers: Any,
