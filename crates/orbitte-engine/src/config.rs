@@ -208,6 +208,15 @@ impl EngineBuilder {
         self
     }
 
+    /// Closes a session that authenticated but sends no request for this
+    /// long (`None`, the default: never), so idle peers cannot hold every
+    /// one of the listener's `max_sessions` slots. The same as
+    /// [`session_settings`](Self::session_settings) setting
+    /// [`SessionConfig::idle_timeout`].
+    pub fn idle_timeout(self, d: Option<Duration>) -> Self {
+        self.session_settings(move |cfg| cfg.idle_timeout = d)
+    }
+
     /// Bound on each control-link wait while opening a peer (default 5 s).
     pub fn handshake_timeout(mut self, d: Duration) -> Self {
         self.handshake_timeout = d;

@@ -115,12 +115,16 @@ fn a_connection_that_does_not_authenticate_is_closed_within_the_preauth_bound() 
 }
 
 #[test]
-fn an_authenticated_session_idle_past_the_idle_timeout_is_closed() {
+fn an_engine_closes_an_authenticated_session_idle_past_its_idle_timeout() {
     net_support::logs();
-    let mut c = cfg("target", 1);
-    c.idle_timeout = Some(Duration::from_millis(300));
-    let t = Target::start(c);
-    let (mut s, _) = raw::handshake(t.addr(), "idler", 1, None);
+    let engine = orbitte_engine::EngineBuilder::new("idle-target")
+        .listen("127.0.0.1:0".parse().unwrap())
+        .host_memory_without_rdma()
+        .idle_timeout(Some(Duration::from_millis(300)))
+        .build()
+        .unwrap();
+    let addr = engine.listen_addr().expect("the engine listens");
+    let (mut s, _) = raw::handshake(addr, "idler", 1, None);
     let frames = raw::read_until_closed(&mut s);
     assert!(
         frames
