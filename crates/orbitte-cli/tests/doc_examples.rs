@@ -142,9 +142,22 @@ fn run_shell(e: &Example) -> Result<Vec<String>, String> {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    // Whatever the example left running (a target, a server) goes too.
+    // What the example stopped finishes (the wrapper records it), then
+    // whatever it left running (a target, a server) goes too.
+    let group = format!("-{}", child.id());
+    let alive = || {
+        Command::new("kill")
+            .args(["-0", "--", &group])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let settle = Instant::now() + Duration::from_secs(10);
+    while alive() && Instant::now() < settle {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let _ = Command::new("kill")
-        .args(["-KILL", "--", &format!("-{}", child.id())])
+        .args(["-KILL", "--", &group])
         .stderr(Stdio::null())
         .status();
     let _ = child.wait();
