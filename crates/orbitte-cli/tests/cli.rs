@@ -1017,6 +1017,18 @@ fn a_chart_path_is_checked_before_the_sweep_and_needs_sweep() {
     assert!(r.stdout.is_empty(), "nothing was measured: {}", r.stdout);
     let r = run(&["bench", "--chart", "x.svg", "--duration", "0.1"]);
     assert_usage_error(&r, &["--sweep"]);
+    // A target's --sweep sizes its range; it draws (and creates) no chart.
+    let r = run(&[
+        "bench",
+        "--role",
+        "target",
+        "--sweep",
+        "--chart",
+        "x.svg",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert_usage_error(&r, &["--chart", "a target measures nothing"]);
 }
 
 #[test]

@@ -132,8 +132,14 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
         )));
     }
     check_memory(args, len)?;
-    // A chart that cannot be written is refused before the sweep runs.
-    let chart = if args.sweep {
+    // A chart that cannot be written is refused before the sweep runs. A
+    // target measures nothing (its --sweep only sizes the range).
+    if args.role == Role::Target && args.chart.is_some() {
+        return Err(Failure::usage(
+            "--chart: a target measures nothing and draws no chart; give --chart to the initiator",
+        ));
+    }
+    let chart = if args.sweep && args.role != Role::Target {
         let file = args
             .chart
             .clone()
