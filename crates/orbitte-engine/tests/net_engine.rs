@@ -275,17 +275,25 @@ fn transfer_engines_run_requests_over_tcp_and_local_with_the_engine_contract() {
     );
     assert!(stats().data_requests > before, "bytes went over tcp");
     // Out of range: refused at submit time by the engine, nothing posted.
+    let err = client
+        .submit(&[TransferRequest::read(
+            d.id,
+            0,
+            peer.info.id,
+            range_id,
+            4 << 20,
+            1,
+        )])
+        .unwrap_err();
     assert!(
-        client
-            .submit(&[TransferRequest::read(
-                d.id,
-                0,
-                peer.info.id,
-                range_id,
-                4 << 20,
-                1
-            )])
-            .is_err()
+        matches!(
+            &err,
+            orbitte_engine::SubmitError::Invalid {
+                error: orbitte_engine::RequestError::OutOfRange { side: "remote", .. },
+                ..
+            }
+        ),
+        "{err:?}"
     );
 
     // Auto on the same host: the local path (a reconnect of the same epoch).

@@ -11,7 +11,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use orbitte_engine::metadata::etcd::EtcdMetadata;
-use orbitte_engine::metadata::{CacheUpdate, DescriptorCache, PeerRecord, RangeRecord};
+use orbitte_engine::metadata::{
+    CacheUpdate, DescriptorCache, MetadataError, PeerRecord, RangeRecord,
+};
 
 struct Etcd {
     child: Child,
@@ -150,14 +152,20 @@ fn records_live_under_a_prefix_and_expire_with_their_lease() {
 #[test]
 fn an_unreachable_etcd_is_an_error_not_a_hang() {
     let port = free_port();
-    match EtcdMetadata::connect(
-        &[format!("127.0.0.1:{port}")],
+    // Connecting asks the server for its status, so an unreachable one is
+    // refused right there, naming the endpoint.
+    let endpoint = format!("127.0.0.1:{port}");
+    let err = EtcdMetadata::connect(
+        std::slice::from_ref(&endpoint),
         "/orbitte/test",
         Duration::from_secs(2),
-    ) {
-        Ok(m) => assert!(m.list().is_err()),
-        Err(e) => assert!(e.to_string().contains("127.0.0.1"), "{e}"),
-    }
+    )
+    .map(|_| ())
+    .unwrap_err();
+    assert!(
+        matches!(&err, MetadataError::Service { endpoint: e, .. } if e.contains(&endpoint)),
+        "{err:?}"
+    );
 }
 
 #[test]

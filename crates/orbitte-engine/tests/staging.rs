@@ -755,7 +755,13 @@ fn child_no_device() {
     );
     assert!(matches!(row.completion, Check::Skipped { .. }));
     not_implemented_rows_and_caveat(&cap);
-    assert!(CudaDevice::open(0).is_err());
+    assert!(
+        matches!(
+            CudaDevice::open(0),
+            Err(orbitte_cuda::DeviceError::NoDevice { .. })
+        ),
+        "the stub's cuInit says no device"
+    );
 }
 
 /// In this process: without a driver every CUDA answer is "skipped: no CUDA
