@@ -115,7 +115,7 @@ pub(crate) enum Owner {
 /// A handle for a transport attached with
 /// [`TransferEngine::attach_transport`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TransportId(pub usize);
+pub(crate) struct TransportId(pub(crate) usize);
 
 /// One rail of an open peer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -431,6 +431,11 @@ impl Shared {
     pub(crate) fn peer_table(&self) -> MutexGuard<'_, PeerTable> {
         self.peer_table.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// A fresh session id for the peer table, unique in this engine.
+    pub(crate) fn new_session_id(&self) -> wire::SessionId {
+        wire::SessionId(self.next_session.fetch_add(1, Ordering::Relaxed))
+    }
 }
 
 struct Sink(std::sync::Weak<Shared>);
@@ -709,16 +714,17 @@ impl TransferEngine {
     }
 
     /// The engine's peer table (the wire's epoch and version rules), for
-    /// control sessions outside the engine (the tcp session) to admit
-    /// hellos into. Lock it briefly; never call into the engine while
-    /// holding it.
+    /// tests that admit hellos as a session outside the engine would. Lock
+    /// it briefly; never call into the engine while holding it.
+    #[cfg(any(test, feature = "testing"))]
     pub fn peer_table(&self) -> Arc<Mutex<PeerTable>> {
         self.shared.peer_table.clone()
     }
 
     /// A fresh session id for the peer table, unique in this engine.
+    #[cfg(any(test, feature = "testing"))]
     pub fn new_session_id(&self) -> wire::SessionId {
-        wire::SessionId(self.shared.next_session.fetch_add(1, Ordering::Relaxed))
+        self.shared.new_session_id()
     }
 
     /// The address the engine's own listener is bound to
@@ -1467,14 +1473,14 @@ impl TransferEngine {
     /// Attaches another path's transport (tcp, local). Its rails are added
     /// with [`add_rail`](Self::add_rail); it reports through
     /// [`event_sink`](Self::event_sink).
-    pub fn attach_transport(&self, transport: Box<dyn Transport>) -> TransportId {
+    pub(crate) fn attach_transport(&self, transport: Box<dyn Transport>) -> TransportId {
         let mut st = self.lock();
         st.others.push(transport);
         TransportId(st.others.len() - 1)
     }
 
     /// Adds a rail of an attached transport to an open peer.
-    pub fn add_rail(&self, transport: TransportId, spec: RailSpec) -> RailId {
+    pub(crate) fn add_rail(&self, transport: TransportId, spec: RailSpec) -> RailId {
         let mut st = self.lock();
         let peer = spec.peer;
         let rail = st.add_rail(Owner::Other(transport.0), spec);
@@ -1485,7 +1491,7 @@ impl TransferEngine {
     }
 
     /// Where attached transports deliver their events.
-    pub fn event_sink(&self) -> Arc<dyn EventSink> {
+    pub(crate) fn event_sink(&self) -> Arc<dyn EventSink> {
         Arc::new(Sink(Arc::downgrade(&self.shared)))
     }
 

@@ -1,12 +1,51 @@
 //! The OrbitTE transfer engine.
 //!
-//! A [`TransferEngine`] registers host memory on RDMA NICs (Host Direct),
-//! publishes remotely accessible ranges to peers as segment descriptors,
-//! opens peers over a [`ControlLink`] (handshake with authoritative epochs,
-//! RC connection per rail) and runs batches of one-sided READ and WRITE
-//! requests, sliced and striped across rails. Every request ends with an
-//! [`Outcome`]: completed prefix, failure information, remote effect and
-//! drain status. `docs/contract.md` is the contract in prose.
+//! A [`TransferEngine`] moves bytes between registered memory of engines on
+//! the same or different hosts with one-sided READ and WRITE requests over
+//! rdma (Host Direct), tcp or shared memory (local). Every request ends
+//! with an [`Outcome`]: completed prefix, failure information, remote
+//! effect and drain status. `docs/contract.md` is the contract in prose.
+//!
+//! # Entry path
+//! 1. [`EngineBuilder`]: a source id, and [`listen`](EngineBuilder::listen)
+//!    for an engine that others connect to (one listener serves tcp data
+//!    sessions, same-host mapping and rdma control links).
+//! 2. [`TransferEngine::register`]: host memory (or caller memory through
+//!    `HostMemory::from_raw_parts`), published with [`Access`]; the
+//!    [`Registration`] says which [`MemoryPath`] serves it.
+//! 3. [`TransferEngine::connect`] (by address) or `connect_by_name` (etcd):
+//!    a [`Peer`] with its path, rails, fallbacks and published
+//!    [`RemoteRange`]s.
+//! 4. [`Request::write`]/[`Request::read`] from those handles, then
+//!    [`submit`](TransferEngine::submit), [`poll`](TransferEngine::poll) or
+//!    [`wait`](TransferEngine::wait), and
+//!    [`wait_drain`](TransferEngine::wait_drain) before reusing a buffer.
+//!
+//! ```
+//! use std::time::Duration;
+//! use orbitte_engine::{Access, EngineBuilder, Request};
+//! use orbitte_memory::HostMemory;
+//!
+//! let decode = EngineBuilder::new("decode")
+//!     .listen("127.0.0.1:0".parse()?)
+//!     .host_memory_without_rdma() // this example runs on hosts without RDMA
+//!     .build()?;
+//! let prefill = EngineBuilder::new("prefill").host_memory_without_rdma().build()?;
+//!
+//! let dst = HostMemory::alloc(1 << 20)?;
+//! decode.register(&dst, Access::RemoteReadWrite)?;
+//! let src = HostMemory::alloc(1 << 20)?;
+//! src.fill(0, 1 << 20, 0xab)?;
+//! let local = prefill.register(&src, Access::LocalOnly)?;
+//!
+//! let peer = prefill.connect(decode.listen_addr().unwrap())?;
+//! let ids = prefill.submit(&[Request::write(&local, 0..1 << 20).to(&peer.ranges()[0], 0)])?;
+//! let outcome = prefill.wait(ids[0], Duration::from_secs(5))?;
+//! assert!(outcome.is_complete());
+//! prefill.wait_drain(ids[0], Duration::from_secs(5))?; // the buffer is ours again
+//! assert_eq!(dst.to_vec(0, 4)?, [0xab; 4]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! # Shape
 //! - [`core`]: the sans-IO core (requests in, work items out; completions
@@ -15,51 +54,11 @@
 //!   in the net modules).
 //! - the driver ([`TransferEngine`]): one poller thread per NIC context, a
 //!   timer thread, and the caller's thread posting.
-//! - [`control`]: the control-link seam for peer setup (in-process here,
-//!   tcp in the session module); [`capability`]: the capability matrix as
-//!   data, rdma evaluated for real.
-//!
-//! # Example: two engines on the simulated fabric
-//! ```
-//! use std::time::Duration;
-//! use orbitte_engine::{Access, EngineBuilder, InProcessLink, RangeId, TransferRequest};
-//! use orbitte_memory::HostMemory;
-//! use orbitte_verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric};
-//!
-//! let fabric = SimFabric::new(
-//!     SimDescription::new(vec![
-//!         SimDeviceDesc::roce("a0", [10, 0, 0, 1]),
-//!         SimDeviceDesc::roce("b0", [10, 0, 0, 2]),
-//!     ])
-//!     .with_delivery(Delivery::Background),
-//!     7,
-//! );
-//! let a = EngineBuilder::new("prefill").provider(fabric.provider_for(&["a0"])).build()?;
-//! let b = EngineBuilder::new("decode").provider(fabric.provider_for(&["b0"])).build()?;
-//!
-//! let src = HostMemory::alloc(1 << 20)?;
-//! src.fill(0, 1 << 20, 0xab)?;
-//! let dst = HostMemory::alloc(1 << 20)?;
-//! let local = a.register_host(src, Access::LocalOnly)?;
-//! let remote = b.register_host(dst.clone(), Access::REMOTE_READ_WRITE)?;
-//!
-//! // Open the peer over a control link (in-process here; tcp in production).
-//! let (mut la, mut lb) = InProcessLink::pair();
-//! let peer = std::thread::scope(|s| {
-//!     let accept = s.spawn(|| b.accept_peer(&mut lb));
-//!     let peer = a.open_peer(&mut la);
-//!     accept.join().unwrap().map(|_| ())?;
-//!     peer
-//! })?;
-//!
-//! let req = TransferRequest::write(local.id, 0, peer.id, RangeId(remote.id.0), 0, 1 << 20);
-//! let ids = a.submit(&[req])?;
-//! let outcome = a.wait(ids[0], Duration::from_secs(5))?;
-//! assert!(outcome.is_complete());
-//! a.wait_drain(ids[0], Duration::from_secs(5))?; // the buffer is ours again
-//! assert_eq!(dst.to_vec(0, 4)?, [0xab; 4]);
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! - [`session`]: sessions between engines (handshake, the listener, the
+//!   path policy); [`control`]: the control-link seam (in-process links
+//!   drive two engines on the simulated fabric in tests);
+//!   [`capability`]: the capability matrix as data, rdma evaluated for
+//!   real.
 //!
 //! # Buffer ownership
 //! Registered memory is an `Arc<HostMemory>`; the engine's table, every MR
@@ -93,7 +92,7 @@ pub mod staging;
 pub use capability::{CapabilityMatrix, Check, PathRow};
 pub use config::EngineBuilder;
 pub use control::{ControlLink, InProcessLink};
-pub use engine::{PeerInfo, RailInfo, TransferEngine, TransferRequest, TransportId};
+pub use engine::{PeerInfo, RailInfo, TransferEngine, TransferRequest};
 pub use error::{
     BuildError, DrainTimeout, LinkError, OpenPeerError, RegisterError, Unquiesced, UnregisterError,
     WaitError,

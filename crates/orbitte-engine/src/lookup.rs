@@ -84,7 +84,7 @@ impl RangeLookup for EngineRanges {
 impl TransferEngine {
     /// The published ranges as the tcp/local target looks them up (range id
     /// = registration id; token = the descriptor's token).
-    pub fn range_lookup(&self) -> Arc<dyn RangeLookup> {
+    pub(crate) fn range_lookup(&self) -> Arc<dyn RangeLookup> {
         Arc::new(EngineRanges(Arc::downgrade(&self.shared)))
     }
 }

@@ -182,7 +182,7 @@ impl TransferEngine {
         let hello = init.handle_challenge(challenge)?;
         link.send(&hello)?;
         let ack = self.recv(link)?;
-        let session = self.new_session_id();
+        let session = self.shared.new_session_id();
         let established = {
             let mut table = self.shared.peer_table();
             init.handle_hello_ack(ack, &mut table, session, from)?
@@ -307,7 +307,7 @@ impl TransferEngine {
         let mut resp = Responder::new(self.identity(), None, nonce());
         link.send(&resp.challenge())?;
         let hello = self.recv(link)?;
-        let session = self.new_session_id();
+        let session = self.shared.new_session_id();
         let handled = {
             let mut table = self.shared.peer_table();
             resp.handle_hello(hello, &mut table, session, from)
@@ -499,15 +499,26 @@ impl TransferEngine {
         v
     }
 
-    /// Records a peer whose session was established outside the engine
-    /// (the tcp session admitted its hello into
+    /// Records a peer whose session was established outside the engine's
+    /// control link (tests: a hello admitted by hand into
     /// [`peer_table`](Self::peer_table) under `session`) with the
-    /// publication it sent.
-    /// Needs no NIC context: the peer has no rdma rails until
-    /// [`open_peer`](Self::open_peer) makes some; attach tcp/local rails
-    /// with [`add_rail`](Self::add_rail). Epoch rules as for `open_peer`: a
-    /// replacement invalidates the old incarnation's rails and descriptors.
+    /// publication it sent. See [`adopt_session`](Self::adopt_session).
+    #[cfg(any(test, feature = "testing"))]
     pub fn adopt_peer(
+        &self,
+        session: wire::SessionId,
+        established: &Established,
+        publication: &wire::SegmentPublication,
+    ) -> Result<PeerInfo, OpenPeerError> {
+        self.adopt_session(session, established, publication)
+    }
+
+    /// Records a peer whose data session admitted it under `session`, with
+    /// the publication it sent. Needs no NIC context: the peer has no rdma
+    /// rails until its control link makes some. Epoch rules as for
+    /// `open_peer`: a replacement invalidates the old incarnation's rails
+    /// and descriptors.
+    pub(crate) fn adopt_session(
         &self,
         session: wire::SessionId,
         established: &Established,

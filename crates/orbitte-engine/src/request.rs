@@ -22,7 +22,7 @@
 
 use std::ops::Range;
 
-use orbitte_wire::AccessFlags;
+use orbitte_wire::{AccessFlags, RangeDescriptor};
 
 use crate::engine::{State, TransferEngine, TransferRequest};
 use crate::outcome::{RequestError, SubmitError};
@@ -234,18 +234,27 @@ fn resolve_address(
         .peers
         .get(&peer.0)
         .ok_or(RequestError::UnknownPeer(peer))?;
-    let Some(d) = p
-        .ranges
-        .values()
+    find_range(p.ranges.values(), peer, address, len)
+}
+
+/// The range among `ranges` holding `address..address + len`, and the
+/// offset of `address` in it.
+fn find_range<'a>(
+    ranges: impl Iterator<Item = &'a RangeDescriptor> + Clone,
+    peer: PeerId,
+    address: u64,
+    len: u64,
+) -> Result<(RangeId, u64), RequestError> {
+    let Some(d) = ranges
+        .clone()
         .find(|d| address >= d.address && address - d.address < d.length)
     else {
         return Err(RequestError::UnknownAddress { peer, address });
     };
     let end = d.address.saturating_add(d.length);
-    let offset = address - d.address;
     if address.checked_add(len).is_none_or(|e| e > end) {
-        let next = p.ranges.values().any(|n| n.address == end);
-        return Err(if next {
+        let mut ranges = ranges;
+        return Err(if ranges.any(|n| n.address == end) {
             RequestError::CrossesRanges {
                 peer,
                 address,
@@ -261,7 +270,7 @@ fn resolve_address(
             }
         });
     }
-    Ok((RangeId(d.range_id.0), offset))
+    Ok((RangeId(d.range_id.0), address - d.address))
 }
 
 impl TransferEngine {
@@ -303,5 +312,82 @@ impl TransferEngine {
             });
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use orbitte_wire::{AccessToken, RangeId as WireRangeId};
+
+    use super::*;
+
+    fn range(id: u64, address: u64, length: u64) -> RangeDescriptor {
+        RangeDescriptor {
+            range_id: WireRangeId(id),
+            address,
+            length,
+            access: AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+            token: AccessToken(0),
+            rkeys: Vec::new(),
+            local: None,
+        }
+    }
+
+    #[test]
+    fn addresses_resolve_to_range_and_offset_or_a_refusal_naming_the_address() {
+        // Two adjacent ranges and one apart.
+        let ranges = [
+            range(1, 0x1000, 0x1000),
+            range(2, 0x2000, 0x1000),
+            range(3, 0x9000, 0x100),
+        ];
+        let peer = PeerId(4);
+        let find = |address, len| find_range(ranges.iter(), peer, address, len);
+        assert_eq!(find(0x1000, 0x1000), Ok((RangeId(1), 0)));
+        assert_eq!(find(0x2ff0, 0x10), Ok((RangeId(2), 0xff0)));
+        assert_eq!(find(0x9080, 0x80), Ok((RangeId(3), 0x80)));
+        assert_eq!(
+            find(0x0fff, 1),
+            Err(RequestError::UnknownAddress {
+                peer,
+                address: 0x0fff
+            })
+        );
+        assert_eq!(
+            find(0x3000, 1),
+            Err(RequestError::UnknownAddress {
+                peer,
+                address: 0x3000
+            })
+        );
+        assert_eq!(
+            find(0x1ff0, 0x20),
+            Err(RequestError::CrossesRanges {
+                peer,
+                address: 0x1ff0,
+                len: 0x20,
+                boundary: 0x2000
+            })
+        );
+        assert_eq!(
+            find(0x9080, 0x81),
+            Err(RequestError::PastEnd {
+                peer,
+                address: 0x9080,
+                len: 0x81,
+                end: 0x9100
+            })
+        );
+        assert_eq!(
+            find(0x9080, u64::MAX),
+            Err(RequestError::PastEnd {
+                peer,
+                address: 0x9080,
+                len: u64::MAX,
+                end: 0x9100
+            })
+        );
+        let text = find(0x1ff0, 0x20).unwrap_err().to_string();
+        assert!(text.contains("0x1ff0") && text.contains("0x2000"), "{text}");
     }
 }

@@ -30,12 +30,13 @@ use super::path::{NoPath, PathInputs, choose_path};
 use super::{Listener, SessionConfig, SessionError, TcpControlLink};
 use crate::control::ControlLink;
 use crate::engine::Shared;
+use crate::engine::TransportId;
 use crate::error::BuildError;
 use crate::transport::local::{LocalError, LocalTransport};
 use crate::transport::tcp::serve::CloseReason;
 use crate::transport::tcp::{Dialed, TcpTransport};
 use crate::transport::{PathKind, PeerId, RailId, RailSpec};
-use crate::{OpenPeerError, PeerInfo, RemoteRange, TransferEngine, TransportId};
+use crate::{OpenPeerError, PeerInfo, RemoteRange, TransferEngine};
 
 impl TransferEngine {
     /// Opens the engine listening at `addr` as a peer, with the default
@@ -219,7 +220,12 @@ impl TransferEngine {
         cfg: SessionConfig,
         addr: SocketAddr,
     ) -> Result<Listener, SessionError> {
-        Listener::bind(cfg, self.peer_table(), self.range_lookup(), addr)
+        Listener::bind(
+            cfg,
+            self.shared.peer_table.clone(),
+            self.range_lookup(),
+            addr,
+        )
     }
 }
 
@@ -494,7 +500,11 @@ pub struct NetPaths {
 impl NetPaths {
     /// Attaches a tcp and a local transport to `engine`.
     pub(crate) fn attach(engine: &TransferEngine, cfg: SessionConfig) -> Self {
-        let tcp = TcpTransport::new(cfg.clone(), engine.peer_table(), engine.event_sink());
+        let tcp = TcpTransport::new(
+            cfg.clone(),
+            engine.shared.peer_table.clone(),
+            engine.event_sink(),
+        );
         let tcp_id = engine.attach_transport(Box::new(tcp.clone()));
         let local = LocalTransport::new(engine.event_sink());
         let local_id = engine.attach_transport(Box::new(local.clone()));
@@ -547,7 +557,7 @@ impl NetPaths {
         let first = self.tcp.dial(addr)?;
         let hs = first.handshake().clone();
         let established = hs.established();
-        let info = engine.adopt_peer(hs.session, &established, first.publication())?;
+        let info = engine.adopt_session(hs.session, &established, first.publication())?;
         let peer = info.id;
         let ranges = &first.publication().ranges;
         let same_host = ranges.iter().any(|r| {
@@ -562,7 +572,7 @@ impl NetPaths {
         } else {
             match self
                 .local
-                .map_peer(&self.cfg, &engine.peer_table(), peer, &hs.peer)
+                .map_peer(&self.cfg, &engine.shared.peer_table, peer, &hs.peer)
             {
                 Ok(att) => match ranges.iter().find(|r| !att.ranges.contains(&r.range_id)) {
                     None => Ok(()),

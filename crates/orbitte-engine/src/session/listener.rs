@@ -377,7 +377,11 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&conn);
-            shared.record_close(from, None, true, format!("handshake failed: {e}"));
+            let what = match e {
+                SessionError::Auth(_) => "initiator failed authentication",
+                _ => "handshake failed",
+            };
+            shared.record_close(from, None, true, format!("{what}: {e}"));
             return;
         }
     };

@@ -108,7 +108,8 @@ pub struct SessionConfig {
     /// `transport::tcp::payload`); off only to test the fallback.
     pub zero_copy: bool,
     /// Test knob: the target sleeps this long before serving each request
-    /// (makes "killed mid-batch" deterministic). Zero in production.
+    /// (makes "killed mid-batch" deterministic).
+    #[cfg(any(test, feature = "testing"))]
     pub serve_delay: Duration,
     /// Where admitted sessions get their ids. Sessions admitted into an
     /// engine's peer table must use the engine's numbering
@@ -165,6 +166,7 @@ impl SessionConfig {
             max_connections_per_source: 32,
             max_in_flight_per_connection: 16,
             zero_copy: true,
+            #[cfg(any(test, feature = "testing"))]
             serve_delay: Duration::ZERO,
             session_ids: SessionIds::process(),
         }

@@ -167,6 +167,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
         if let Frame::ReadRequest(_) | Frame::WriteRequest(_) = &frame {
             ctx.requests.fetch_add(1, Ordering::Relaxed);
         }
+        #[cfg(any(test, feature = "testing"))]
         if !cfg.serve_delay.is_zero() {
             std::thread::sleep(cfg.serve_delay);
         }

@@ -1,0 +1,147 @@
+//! The entry path as an application uses it: build with `listen`, connect
+//! by address, `register`, requests built from handles (a registration's
+//! byte range, a peer's published range or a remote address), one outcome.
+#![forbid(unsafe_code)]
+
+use std::time::Duration;
+
+use orbitte_engine::{
+    Access, ConnectError, ConnectOptions, EngineBuilder, ListenError, MemoryPath, PathKind,
+    Request, RequestError, Status, SubmitError, TransferEngine,
+};
+use orbitte_memory::HostMemory;
+
+const BOUND: Duration = Duration::from_secs(30);
+const LEN: usize = 1 << 20;
+
+fn engine(name: &str, listen: bool) -> TransferEngine {
+    let mut b = EngineBuilder::new(name).host_memory_without_rdma();
+    if listen {
+        b = b.listen("127.0.0.1:0".parse().unwrap());
+    }
+    b.build().unwrap()
+}
+
+#[test]
+fn listen_connect_register_write_read_by_range_and_by_address() {
+    let decode = engine("api-decode", true);
+    let prefill = engine("api-prefill", false);
+    let addr = decode.listen_addr().expect("listening");
+    assert_ne!(addr.port(), 0, "the bound port is reported");
+    assert_eq!(prefill.listen_addr(), None);
+
+    let dst = HostMemory::alloc(LEN).unwrap();
+    let published = decode.register(&dst, Access::RemoteReadWrite).unwrap();
+    assert_eq!(published.path, MemoryPath::HostWithoutRdma);
+    let src = HostMemory::alloc(LEN).unwrap();
+    let pattern: Vec<u8> = (0..LEN).map(|i| (i % 253) as u8).collect();
+    src.write_at(0, &pattern).unwrap();
+    let local = prefill.register(&src, Access::LocalOnly).unwrap();
+
+    for path in [PathKind::Tcp, PathKind::Local] {
+        let peer = prefill
+            .connect_with(addr, ConnectOptions::new().path(path).rails(2))
+            .unwrap();
+        assert_eq!((peer.path, peer.source_id()), (path, "api-decode"));
+        let remote = peer.ranges()[0];
+        assert_eq!(remote.address, dst.as_ptr() as u64);
+        assert_eq!(remote.len, LEN as u64);
+        dst.fill(0, LEN, 0).unwrap();
+
+        // WRITE the first half by range, the second half by address.
+        let half = (LEN / 2) as u64;
+        let ids = prefill
+            .submit(&[
+                Request::write(&local, 0..half).to(&remote, 0).label(1),
+                Request::write(&local, half..2 * half)
+                    .to_address(peer.id(), remote.address + half)
+                    .label(2),
+            ])
+            .unwrap();
+        for o in prefill.wait_all(&ids, BOUND).unwrap() {
+            assert_eq!(o.status, Status::Complete, "{path}: {o:?}");
+            prefill.wait_drain(o.request, BOUND).unwrap();
+        }
+        assert!(dst.to_vec(0, LEN).unwrap() == pattern, "{path}");
+
+        // READ a window back by address into the start of the buffer.
+        src.fill(0, LEN, 0).unwrap();
+        let ids = prefill
+            .submit(
+                &[Request::read(&local, 0..4096).from_address(peer.id(), remote.address + 8192)],
+            )
+            .unwrap();
+        let o = prefill.wait(ids[0], BOUND).unwrap();
+        assert_eq!(o.status, Status::Complete, "{o:?}");
+        prefill.wait_drain(ids[0], BOUND).unwrap();
+        assert_eq!(src.to_vec(0, 4096).unwrap(), pattern[8192..8192 + 4096]);
+        src.write_at(0, &pattern).unwrap();
+
+        // Addresses that no published range holds, or requests past its
+        // end, are refused at submit with the address named.
+        let end = remote.address + remote.len;
+        let refused = |r: Request| match prefill.submit(&[r]) {
+            Err(SubmitError::Invalid { error, .. }) => error,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        assert_eq!(
+            refused(Request::write(&local, 0..16).to_address(peer.id(), end)),
+            RequestError::UnknownAddress {
+                peer: peer.id(),
+                address: end
+            }
+        );
+        assert_eq!(
+            refused(Request::read(&local, 0..16).from_address(peer.id(), end - 8)),
+            RequestError::PastEnd {
+                peer: peer.id(),
+                address: end - 8,
+                len: 16,
+                end
+            }
+        );
+        // A reversed local range is zero bytes: refused, nothing posted.
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = Request::write(&local, 8..0).to(&remote, 0);
+        assert_eq!(refused(reversed), RequestError::ZeroLength);
+    }
+    assert_eq!(prefill.outstanding_slices(), 0);
+    let _ = prefill.shutdown(Duration::from_secs(5));
+    let _ = decode.shutdown(Duration::from_secs(5));
+}
+
+#[test]
+fn one_listener_per_engine_and_clear_connect_errors() {
+    let target = engine("api-target", false);
+    let at = target.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    assert_eq!(target.listen_addr(), Some(at));
+    assert!(matches!(
+        target.listen("127.0.0.1:0".parse().unwrap()),
+        Err(ListenError::AlreadyListening { at: a }) if a == at
+    ));
+    // The bound address is in use: building another listener there fails
+    // with the address and the cause.
+    let clash = EngineBuilder::new("api-clash")
+        .host_memory_without_rdma()
+        .listen(at)
+        .build()
+        .unwrap_err();
+    assert!(clash.to_string().contains(&at.to_string()), "{clash}");
+
+    let client = engine("api-client", false);
+    // Nothing listens here any more once the target shut down.
+    let _ = target.shutdown(Duration::from_secs(5));
+    assert!(matches!(client.connect(at), Err(ConnectError::Session(_))));
+    // Paths that no transport serves are refused as such.
+    assert!(matches!(
+        client.connect_with(at, ConnectOptions::new().path(PathKind::Nvlink)),
+        Err(ConnectError::Unsupported(PathKind::Nvlink))
+    ));
+    // By name without cluster metadata: says what is missing.
+    #[cfg(feature = "etcd")]
+    assert!(matches!(
+        client.connect_by_name("api-target", ConnectOptions::new()),
+        Err(ConnectError::NoMetadata)
+    ));
+    let _ = client.shutdown(Duration::from_secs(5));
+}
