@@ -205,6 +205,8 @@ pub(crate) struct State {
     pub(crate) reap: Vec<RailId>,
     /// This engine's source id and epoch (for `Unquiesced` evidence).
     pub(crate) who: (String, u64),
+    /// Notifying batches whose outcomes are held until they resolve.
+    pub(crate) notify: crate::notify::tracker::Tracker,
     work: Vec<WorkItem>,
     rotor: usize,
 }
@@ -296,9 +298,7 @@ impl State {
                 self.destroy_rdma_rail(rail);
             }
         }
-        while let Some(o) = self.core.poll_outcome() {
-            self.outcomes.insert(o.request, o);
-        }
+        crate::notify::collect_outcomes(self);
     }
 
     pub(crate) fn handle_events(&mut self, now: Instant, events: &mut Vec<TransportEvent>) {
@@ -421,6 +421,8 @@ pub(crate) struct Shared {
     /// lease.
     #[cfg(feature = "etcd")]
     pub(crate) etcd: Mutex<Option<crate::metadata::etcd::EtcdMetadata>>,
+    /// Notifications received from peers, waiting to be read.
+    pub(crate) inbox: crate::notify::inbox::Inbox,
 }
 
 impl Shared {
@@ -527,6 +529,7 @@ impl EngineBuilder {
             unquiesced: Vec::new(),
             reap: Vec::new(),
             who: (source_id.as_str().to_owned(), epoch.value()),
+            notify: crate::notify::tracker::Tracker::default(),
             work: Vec::new(),
             rotor: 0,
         };
@@ -554,6 +557,7 @@ impl EngineBuilder {
             host_without_rdma: self.host_without_rdma,
             #[cfg(feature = "etcd")]
             etcd: Mutex::new(None),
+            inbox: crate::notify::inbox::Inbox::default(),
         });
         let timer = {
             let shared = shared.clone();
@@ -639,6 +643,15 @@ fn poll_loop(shared: &Shared, nic: u32, cq: verbs::CompletionQueue, ctx: verbs::
         let mut st = shared.lock();
         for c in &buf[..n] {
             match st.qpn_rail.get(&(nic, c.qp_num)) {
+                Some(&rail) if crate::notify::rdma::is_notification_wr(c.wr_id) => {
+                    crate::notify::rdma::on_completion(
+                        &mut st,
+                        &shared.inbox,
+                        rail,
+                        c,
+                        &mut events,
+                    );
+                }
                 Some(&rail) => {
                     if rdma::completion_events(rail, c, &mut events) {
                         st.rdma.mark_failed(rail);
@@ -1203,14 +1216,16 @@ impl TransferEngine {
         batch: &[R],
     ) -> Result<Vec<RequestId>, SubmitError> {
         let resolved = self.resolve(batch)?;
-        self.submit_inner(&resolved)
+        self.submit_inner(&resolved, None)
     }
 
     /// Admits a batch whose remote addresses are resolved
-    /// ([`submit`](Self::submit)).
+    /// ([`submit`](Self::submit)), tracking its notification if it carries
+    /// one.
     pub(crate) fn submit_inner(
         &self,
         batch: &[TransferRequest],
+        notification: Option<crate::notify::Armed>,
     ) -> Result<Vec<RequestId>, SubmitError> {
         let span = tracing::trace_span!("submit", requests = batch.len());
         let _g = span.enter();
@@ -1366,6 +1381,9 @@ impl TransferEngine {
             });
         }
         let ids = st.core.submit(now, reqs)?;
+        if let Some(armed) = notification {
+            crate::notify::track(st, &ids, armed);
+        }
         st.pump(now);
         Ok(ids)
     }
@@ -1391,7 +1409,7 @@ impl TransferEngine {
             if let Some(o) = st.outcomes.remove(&id) {
                 return Ok(o);
             }
-            if !st.core.is_pending(id) {
+            if !st.core.is_pending(id) && !st.notify.holds(id) {
                 return Err(WaitError::Unknown(id));
             }
             if now >= deadline {

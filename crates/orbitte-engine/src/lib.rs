@@ -77,6 +77,7 @@ mod engine;
 pub mod error;
 mod lookup;
 mod nic;
+pub mod notify;
 pub mod outcome;
 mod peer;
 mod rdma;
@@ -98,6 +99,10 @@ pub use error::{
     WaitError,
 };
 pub use nic::{ContextStatus, EngineTopology};
+pub use notify::{
+    MAX_NOTIFICATION_LEN, Notification, NotificationError, NotificationStats, NotificationStatus,
+    ReceivedNotification,
+};
 pub use outcome::{
     DrainStatus, FailureInfo, Outcome, RemoteEffect, RequestError, RequestId, Status, SubmitError,
 };

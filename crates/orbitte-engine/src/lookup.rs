@@ -79,6 +79,28 @@ impl RangeLookup for EngineRanges {
             .map(|d| d.rkeys)
             .unwrap_or_default()
     }
+
+    fn notification(
+        &self,
+        from: &crate::session::PeerIdentity,
+        path: crate::transport::PathKind,
+        note: orbitte_wire::Notification,
+    ) {
+        self.deliver(from, path, note);
+    }
+}
+
+impl EngineRanges {
+    fn deliver(
+        &self,
+        from: &crate::session::PeerIdentity,
+        path: crate::transport::PathKind,
+        note: orbitte_wire::Notification,
+    ) {
+        if let Some(shared) = self.0.upgrade() {
+            crate::notify::deliver(&shared.inbox, from, path, note);
+        }
+    }
 }
 
 impl TransferEngine {

@@ -12,6 +12,7 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
+use crate::notify::{NotificationError, NotificationStatus};
 use crate::transport::{Op, PathKind, PeerId, RailId, RangeId, RegistrationId, SliceFailure};
 
 /// Names one request of one engine.
@@ -128,6 +129,9 @@ pub struct Outcome {
     pub remote_effect: RemoteEffect,
     /// Drain status when the outcome was made (query the engine for later).
     pub drain: DrainStatus,
+    /// Whether the request's batch sent its notification (the same on
+    /// every outcome of the batch).
+    pub notification: NotificationStatus,
 }
 
 impl Outcome {
@@ -259,4 +263,7 @@ pub enum SubmitError {
     /// An empty batch.
     #[error("empty batch: submit at least one request")]
     Empty,
+    /// The batch's notification cannot be carried.
+    #[error(transparent)]
+    Notification(#[from] NotificationError),
 }

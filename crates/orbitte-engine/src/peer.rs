@@ -479,8 +479,10 @@ impl TransferEngine {
 
     fn qp_caps(&self) -> QpCaps {
         QpCaps {
-            max_send_wr: self.shared.settings.max_in_flight,
-            max_recv_wr: 16,
+            // Room for the notification SENDs beside the slices.
+            max_send_wr: self.shared.settings.max_in_flight
+                + crate::notify::rdma::SEND_SLOTS as u32,
+            max_recv_wr: crate::notify::rdma::RECV_SLOTS as u32,
             max_send_sge: 1,
             max_recv_sge: 1,
         }
@@ -688,8 +690,21 @@ impl TransferEngine {
                 }
             }
         }
-        for (nic, remote_nic, qp, device) in made {
+        for (nic, remote_nic, mut qp, device) in made {
             let qpn = qp.qp_num();
+            let notify = st
+                .init
+                .as_ref()
+                .and_then(|i| i.nics.iter().find(|n| n.id.0 == nic))
+                .map(|n| crate::notify::rdma::RailNotify::prepare(&n.pd, &mut qp));
+            let notify = match notify {
+                Some(Ok(n)) => Some(n),
+                Some(Err(e)) => {
+                    tracing::warn!(nic, error = %e, "rail carries no notifications");
+                    None
+                }
+                None => None,
+            };
             let spec = RailSpec {
                 path: PathKind::Rdma,
                 peer,
@@ -707,6 +722,7 @@ impl TransferEngine {
                     qp: RailQp::Rts(qp),
                     device,
                     failed: false,
+                    notify,
                 },
             );
             st.qpn_rail.insert((nic, qpn), rail);

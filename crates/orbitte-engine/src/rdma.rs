@@ -35,6 +35,9 @@ pub(crate) struct RdmaRail {
     /// The device reported the QP in the error state (an error or flush
     /// completion, a fatal event): it never carries work again.
     pub(crate) failed: bool,
+    /// Notification receive and send slots (`None`: the rail carries no
+    /// notifications; preparing them failed).
+    pub(crate) notify: Option<crate::notify::rdma::RailNotify>,
 }
 
 impl RdmaRail {
@@ -88,6 +91,10 @@ impl RdmaTransport {
         self.rails.get(rail.0 as usize).and_then(Option::as_ref)
     }
 
+    pub(crate) fn rail_mut(&mut self, rail: RailId) -> Option<&mut RdmaRail> {
+        self.rails.get_mut(rail.0 as usize).and_then(Option::as_mut)
+    }
+
     /// Rails on a NIC.
     pub(crate) fn rails_on(&self, nic: u32) -> Vec<RailId> {
         self.rails
@@ -119,11 +126,18 @@ impl RdmaTransport {
         let Some(r) = self.rails.get_mut(rail.0 as usize).and_then(Option::as_mut) else {
             return Ok(());
         };
-        let res = match std::mem::replace(&mut r.qp, RailQp::Closed) {
+        let mut res = match std::mem::replace(&mut r.qp, RailQp::Closed) {
             RailQp::Rts(qp) => qp.close(),
             RailQp::Errored(qp) => qp.close(),
             RailQp::Closed => Ok(()),
         };
+        // The notification buffer goes after its queue pair (which may
+        // still write into it until it is destroyed).
+        if res.is_ok()
+            && let Some(n) = r.notify.as_mut()
+        {
+            res = n.close().map_err(|e| *e);
+        }
         if let Err(e) = &res {
             self.unquiesced.push(e.clone());
         }

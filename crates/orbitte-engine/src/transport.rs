@@ -350,6 +350,20 @@ pub trait Transport: Send + fmt::Debug {
     /// Releases the rail's resources. An error means they are still held
     /// (the engine then reports `Unquiesced`).
     fn close_rail(&mut self, rail: RailId) -> Result<(), CleanupError>;
+
+    /// Sends an encoded `notification` frame to the rail's peer. The engine
+    /// calls it only after every request of the notification's batch
+    /// completed, so the frame follows every byte of the batch; the target
+    /// must queue it only after it applied every byte it acknowledged
+    /// before. Must not block on the network (queue it). The default: this
+    /// path carries no notifications.
+    fn notify(&mut self, rail: RailId, frame: &Arc<[u8]>) -> Result<(), NotifyError> {
+        let _ = frame;
+        Err(NotifyError {
+            rail,
+            reason: format!("the {} path carries no notifications", self.path()).into(),
+        })
+    }
 }
 
 /// What became of a flush marker.
@@ -373,6 +387,16 @@ pub struct PostError {
     /// Items accepted before the failure.
     pub posted: usize,
     /// What the transport said.
+    pub reason: Arc<str>,
+}
+
+/// A notification a rail did not take.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("rail {} did not take the notification: {reason}", rail.0)]
+pub struct NotifyError {
+    /// The rail.
+    pub rail: RailId,
+    /// Why.
     pub reason: Arc<str>,
 }
 

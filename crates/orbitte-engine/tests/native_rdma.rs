@@ -169,6 +169,31 @@ fn run_target() {
                     ),
                 }
             }
+            ["await", ms, off, len, seed] => {
+                // Waits for the next notification, then checks the bytes
+                // its batch wrote, as they are when it is read.
+                let (ms, off, len, seed): (u64, usize, usize, u8) = (
+                    ms.parse().unwrap(),
+                    off.parse().unwrap(),
+                    len.parse().unwrap(),
+                    seed.parse().unwrap(),
+                );
+                match engine.wait_notification(Duration::from_millis(ms)) {
+                    None => println!("NOTIFIED none"),
+                    Some(n) => {
+                        let bytes_ok =
+                            mem.to_vec(off, len).unwrap() == pattern(LEN, seed)[off..off + len];
+                        println!(
+                            "NOTIFIED {} {} {:?} {} {}",
+                            n.source_id,
+                            n.epoch,
+                            n.path,
+                            String::from_utf8_lossy(&n.payload),
+                            if bytes_ok { "bytes-ok" } else { "bytes-bad" }
+                        );
+                    }
+                }
+            }
             ["retire"] => match engine.retire(reg.id) {
                 Ok(()) => println!("RETIRED ok"),
                 Err(e) => println!("RETIRED failed: {e}"),
@@ -519,6 +544,83 @@ fn host_direct_write_and_read_batches_between_two_processes() {
     assert_eq!(target.expect("SHUTDOWN ").join(" "), "ok");
     let status = target.child.wait().expect("the target process ends");
     assert!(status.success(), "target process: {status}");
+}
+
+/// A batch's notification crosses the device as a SEND behind its WRITEs:
+/// the target reads it once, with every byte of the batch in place,
+/// tagged with the initiator's source id and epoch; after the target
+/// revoked its rkey a failing batch sends none, and its outcome says so.
+#[test]
+fn a_notification_arrives_after_every_byte_of_its_batch_between_two_processes() {
+    let Some(device) = device() else { return };
+    logs();
+    let mut c = connect(&device);
+    let half = LEN / 2;
+    let chunk = half / PER_OP;
+    let batch: Vec<TransferRequest> = (0..PER_OP)
+        .map(|i| {
+            let off = (i * chunk) as u64;
+            TransferRequest::write(c.reg.id, off, c.peer.id, c.range, off, chunk as u64)
+                .label(i as u64)
+        })
+        .collect();
+    let await_written = |ms: u128| format!("await {ms} 0 {half} {SEED_INITIATOR}");
+    c.target.send(&await_written(BOUND.as_millis()));
+    let ids =
+        c.a.submit_with_notification(&batch, orbitte_engine::Notification::new(b"native-done"))
+            .expect("submit the notifying batch");
+    // The initiator does not poll: the target's answer comes first.
+    assert_eq!(
+        c.target.expect("NOTIFIED "),
+        [
+            INITIATOR_SOURCE.to_owned(),
+            c.a.epoch().to_string(),
+            "Rdma".to_owned(),
+            "native-done".to_owned(),
+            "bytes-ok".to_owned()
+        ]
+    );
+    for (i, o) in c.a.wait_all(&ids, BOUND).unwrap().iter().enumerate() {
+        check_outcome(o, Op::Write, chunk as u64, i as u64);
+        assert_eq!(
+            o.notification,
+            orbitte_engine::NotificationStatus::Sent,
+            "{o:?}"
+        );
+    }
+    // Once.
+    c.target.send(&await_written(500));
+    assert_eq!(c.target.expect("NOTIFIED ").join(" "), "none");
+
+    // A batch that fails on the device sends nothing.
+    c.target.send("retire");
+    assert_eq!(c.target.expect("RETIRED ").join(" "), "ok");
+    let ids =
+        c.a.submit_with_notification(&batch[..1], orbitte_engine::Notification::new(b"never"))
+            .expect("submit the failing batch");
+    let o = c.a.wait(ids[0], BOUND).expect("its outcome");
+    assert_eq!(o.status, Status::Failed, "{o:?}");
+    assert!(
+        matches!(&o.notification, orbitte_engine::NotificationStatus::NotSent { why } if why.contains("Failed")),
+        "{o:?}"
+    );
+    c.target.send(&await_written(1000));
+    assert_eq!(c.target.expect("NOTIFIED ").join(" "), "none");
+    c.a.wait_drain(ids[0], BOUND).expect("drained");
+    c.close();
+}
+
+impl Connected {
+    /// Shuts both engines down (nothing Unquiesced) and waits for the
+    /// target process to end well.
+    fn close(mut self) {
+        self.a.shutdown(BOUND).expect("initiator shutdown");
+        drop(self._link);
+        self.target.send("quit");
+        assert_eq!(self.target.expect("SHUTDOWN ").join(" "), "ok");
+        let status = self.target.child.wait().expect("the target process ends");
+        assert!(status.success(), "target process: {status}");
+    }
 }
 
 /// The error path on the device: the target retires its range (its remote

@@ -67,8 +67,9 @@ fn a_successful_registration_does_not_mean_a_route_is_ready_inspect_topology_and
     let m2 = region(4096, 3);
     let r2 = register(&a, &m2, Access::LocalOnly);
     assert_eq!(r2.copies, 2);
-    // ra and r2, one local-only copy each on both contexts.
-    assert_eq!(mrs_on(&fabric, "a", 2), [2, 2], "what the fabric holds");
+    // ra and r2, one local-only copy each on both contexts, and the
+    // notification buffer of the rail on each (engine-internal, uncharged).
+    assert_eq!(mrs_on(&fabric, "a", 2), [3, 3], "what the fabric holds");
     assert!(
         !a.topology()
             .contexts

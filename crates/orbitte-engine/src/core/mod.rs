@@ -706,6 +706,7 @@ impl Core {
             uncertain,
             remote_effect,
             drain,
+            notification: crate::notify::NotificationStatus::NotRequested,
         };
         tracing::debug!(id = %outcome.request, ?status, prefix, "request finished");
         if req.outstanding > 0 {

@@ -50,6 +50,23 @@ pub trait RangeLookup: Send + Sync + std::fmt::Debug {
     fn rkeys(&self, _range: RangeId) -> Vec<NicRkey> {
         Vec::new()
     }
+    /// Queues a `notification` received over `path` on a session admitted
+    /// as `from` (the target side calls it once the session's epoch was
+    /// checked). Default: the target keeps no notification queue; the
+    /// notification is dropped.
+    fn notification(
+        &self,
+        from: &crate::session::PeerIdentity,
+        path: crate::transport::PathKind,
+        note: orbitte_wire::Notification,
+    ) {
+        tracing::debug!(
+            source = %from.source_id,
+            %path,
+            id = note.notification_id,
+            "notification dropped: this target keeps no notification queue"
+        );
+    }
 }
 
 /// A simple publication table: ids count up, tokens are random.

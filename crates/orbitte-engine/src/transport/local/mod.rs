@@ -36,11 +36,11 @@ use orbitte_wire::{
 };
 
 use crate::session::{PeerIdentity, SessionConfig, SessionError, SharedPeerTable, handshake};
-use liveness::TargetProcess;
 use crate::transport::{
-    CleanupError, EventSink, Op, PathKind, PeerId, PostContext, PostError, RailId, SliceFailure,
-    SliceStatus, Transport, TransportEvent, WorkItem, close_rails_now,
+    CleanupError, EventSink, NotifyError, Op, PathKind, PeerId, PostContext, PostError, RailId,
+    SliceFailure, SliceStatus, Transport, TransportEvent, WorkItem, close_rails_now,
 };
+use liveness::TargetProcess;
 
 /// The abstract unix socket name of a source owner's local server.
 pub fn socket_name(source: &SourceId, epoch: Epoch) -> String {
@@ -114,6 +114,8 @@ struct Job {
 #[derive(Debug, Default)]
 struct RailQueue {
     jobs: std::collections::VecDeque<Job>,
+    /// Encoded `notification` frames for the peer's session.
+    notes: std::collections::VecDeque<Arc<[u8]>>,
     closed: bool,
 }
 
@@ -122,6 +124,8 @@ struct LocalRail {
     peer: PeerId,
     queue: Mutex<RailQueue>,
     cv: Condvar,
+    /// The peer's mapping session, kept open to carry notifications.
+    channel: Option<Arc<Mutex<UnixStream>>>,
 }
 
 /// The initiator side of the local path: a [`Transport`] whose rails copy
@@ -131,6 +135,8 @@ pub struct LocalTransport {
     rails: RwLock<HashMap<RailId, Arc<LocalRail>>>,
     maps: RwLock<HashMap<PeerId, HashMap<RangeId, Mapped>>>,
     sources: RwLock<HashMap<PeerId, SourceId>>,
+    /// Each mapped peer's mapping session, kept open for notifications.
+    channels: RwLock<HashMap<PeerId, Arc<Mutex<UnixStream>>>>,
 }
 
 impl std::fmt::Debug for LocalTransport {
@@ -158,6 +164,7 @@ impl LocalTransport {
             rails: RwLock::new(HashMap::new()),
             maps: RwLock::new(HashMap::new()),
             sources: RwLock::new(HashMap::new()),
+            channels: RwLock::new(HashMap::new()),
         })
     }
 
@@ -266,12 +273,19 @@ impl LocalTransport {
                 .filter(|(p, s)| **p != peer && **s == identity.source_id)
                 .map(|(p, _)| *p)
                 .collect();
+            let mut channels = self.channels.write().unwrap_or_else(|p| p.into_inner());
             for p in stale {
                 sources.remove(&p);
                 maps.remove(&p);
+                channels.remove(&p);
             }
             sources.insert(peer, identity.source_id.clone());
             maps.insert(peer, mapped);
+            // The session stays open: notifications to the peer go on it.
+            if let Err(e) = s.set_write_timeout(Some(cfg.io_timeout)) {
+                tracing::warn!(error = %e, "local session without a write timeout");
+            }
+            channels.insert(peer, Arc::new(Mutex::new(s)));
         }
         Ok(out)
     }
@@ -284,6 +298,12 @@ impl LocalTransport {
                 peer,
                 queue: Mutex::new(RailQueue::default()),
                 cv: Condvar::new(),
+                channel: self
+                    .channels
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&peer)
+                    .cloned(),
             });
             self.rails
                 .write()
@@ -304,6 +324,10 @@ impl LocalTransport {
     /// Rails of the peer fail new work with `unknown-range`.
     pub fn detach(&self, peer: PeerId) {
         self.maps
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&peer);
+        self.channels
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&peer);
@@ -387,15 +411,16 @@ fn rail_worker(rail: RailId, r: Arc<LocalRail>, sink: Arc<dyn EventSink>) {
     // The jobs taken from the queue at each wakeup: swapped with the
     // queue's (empty) deque, so no wakeup allocates once both are grown.
     let mut batch = std::collections::VecDeque::new();
+    let mut notes = std::collections::VecDeque::new();
     let mut done = Vec::new();
     let mut reported_exit = false;
     loop {
         {
             let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
-            while q.jobs.is_empty() && !q.closed {
+            while q.jobs.is_empty() && q.notes.is_empty() && !q.closed {
                 q = r.cv.wait(q).unwrap_or_else(|p| p.into_inner());
             }
-            if q.jobs.is_empty() && q.closed {
+            if q.jobs.is_empty() && q.notes.is_empty() && q.closed {
                 drop(q);
                 // Nothing is outstanding: the engine stops using the rail.
                 events.push(TransportEvent::RailDown {
@@ -406,6 +431,7 @@ fn rail_worker(rail: RailId, r: Arc<LocalRail>, sink: Arc<dyn EventSink>) {
                 return;
             }
             std::mem::swap(&mut q.jobs, &mut batch);
+            std::mem::swap(&mut q.notes, &mut notes);
         }
         // A copy into (or from) the mapping of a process that died reached
         // no one: checked before the batch and again after it, so nothing
@@ -442,8 +468,30 @@ fn rail_worker(rail: RailId, r: Arc<LocalRail>, sink: Arc<dyn EventSink>) {
                 },
             );
         }
-        sink.deliver(&mut events);
-        events.clear();
+        if !events.is_empty() {
+            sink.deliver(&mut events);
+            events.clear();
+        }
+        // Notifications are queued only after every copy of their batch
+        // was reported: the bytes are in the shared mapping already.
+        for note in notes.drain(..) {
+            send_note(rail, r.channel.as_deref(), &note);
+        }
+    }
+}
+
+/// Writes one encoded `notification` frame on the peer's mapping session.
+fn send_note(rail: RailId, channel: Option<&Mutex<UnixStream>>, frame: &[u8]) {
+    let Some(channel) = channel else {
+        tracing::warn!(
+            rail = rail.0,
+            "notification dropped: the peer's local session is closed"
+        );
+        return;
+    };
+    let mut s = channel.lock().unwrap_or_else(|p| p.into_inner());
+    if let Err(e) = std::io::Write::write_all(&mut *s, frame) {
+        tracing::warn!(rail = rail.0, error = %e, "sending a notification on the local session failed");
     }
 }
 
@@ -490,7 +538,6 @@ impl Alive {
         Self::check(&mut self.after, &mut self.saw_exit, job)
     }
 }
-
 
 fn failed(status: Status) -> SliceStatus {
     SliceStatus::Failed(SliceFailure::Completion {
@@ -579,6 +626,35 @@ impl LocalTransport {
         Ok(())
     }
 
+    /// Queues an encoded `notification` frame on `rail` (see
+    /// [`Transport::notify`]); the rail's worker writes it on the peer's
+    /// mapping session.
+    pub fn notify_rail(&self, rail: RailId, frame: &Arc<[u8]>) -> Result<(), NotifyError> {
+        let refuse = |reason: &str| NotifyError {
+            rail,
+            reason: reason.into(),
+        };
+        let r = self
+            .rails
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&rail)
+            .cloned();
+        let Some(r) = r else {
+            return Err(refuse("unknown local rail"));
+        };
+        if r.channel.is_none() {
+            return Err(refuse("the peer's local session is closed"));
+        }
+        let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.closed {
+            return Err(refuse("local rail closed"));
+        }
+        q.notes.push_back(frame.clone());
+        r.cv.notify_one();
+        Ok(())
+    }
+
     /// Closes every rail of `peer` and reports them down to the engine at
     /// once; returns them.
     pub fn close_peer(&self, peer: PeerId) -> Vec<RailId> {
@@ -643,5 +719,9 @@ impl Transport for Arc<LocalTransport> {
     fn close_rail(&mut self, rail: RailId) -> Result<(), CleanupError> {
         self.close(rail);
         Ok(())
+    }
+
+    fn notify(&mut self, rail: RailId, frame: &Arc<[u8]>) -> Result<(), NotifyError> {
+        self.notify_rail(rail, frame)
     }
 }

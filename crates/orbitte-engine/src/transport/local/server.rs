@@ -11,11 +11,12 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use orbitte_memory::HostMemory;
-use orbitte_wire::{AccessFlags, Frame, GoodbyeReason, SegmentPublication};
+use orbitte_wire::{AccessFlags, ErrorCode, Frame, GoodbyeReason, SegmentPublication};
 
 use super::{fdpass, socket_name};
-use crate::session::io::write_frame;
-use crate::session::{SessionError, handshake};
+use crate::session::io::{FrameReader, send_error, write_frame};
+use crate::session::{PeerIdentity, SessionError, handshake};
+use crate::transport::PathKind;
 
 /// Target side: hands mappable ranges to authenticated same-host peers.
 #[derive(Debug)]
@@ -145,6 +146,9 @@ fn serve_local(mut s: UnixStream, shared: &crate::session::listener::Shared) {
         s.flush()?;
         Ok(())
     })();
+    if result.is_ok() {
+        receive_notifications(&mut s, shared, &hs.peer);
+    }
     shared
         .peers
         .lock()
@@ -153,5 +157,68 @@ fn serve_local(mut s: UnixStream, shared: &crate::session::listener::Shared) {
     match result {
         Ok(()) => tracing::info!(peer = %hs.peer.source_id, handed, "local mappings handed out"),
         Err(e) => tracing::warn!(peer = %hs.peer.source_id, error = %e, "local session failed"),
+    }
+}
+
+/// After the handout the initiator keeps the session open to send
+/// `notification` frames (the local path's notifications, each sent after
+/// the copies of its batch into the shared mapping finished); queues them
+/// until the initiator closes the session or the listener stops.
+fn receive_notifications(
+    s: &mut UnixStream,
+    shared: &crate::session::listener::Shared,
+    peer: &PeerIdentity,
+) {
+    let mut reader = FrameReader::new();
+    loop {
+        match reader.read(
+            s,
+            Some(Duration::from_millis(200)),
+            shared.cfg.frame_timeout,
+        ) {
+            Ok(Frame::Notification(n)) => {
+                // The epoch rule on every notification: a newer incarnation
+                // of the source may have been admitted since.
+                let current = shared
+                    .peers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .epoch_of(&peer.source_id);
+                if current != Some(peer.epoch) {
+                    send_error(
+                        s,
+                        ErrorCode::STALE_EPOCH,
+                        orbitte_wire::FrameType::NOTIFICATION,
+                        "the session's epoch is superseded",
+                    );
+                    return;
+                }
+                shared.ranges.notification(peer, PathKind::Local, n);
+            }
+            Ok(Frame::Goodbye(_)) | Err(SessionError::Closed { .. }) => return,
+            Ok(other) => {
+                let msg = format!(
+                    "{} is not allowed on a local session after the handout",
+                    other.frame_type()
+                );
+                send_error(s, ErrorCode::UNEXPECTED_FRAME, other.frame_type(), &msg);
+                tracing::warn!(peer = %peer.source_id, "{msg}");
+                return;
+            }
+            Err(SessionError::Idle) => {
+                if shared.stop.load(Ordering::Acquire) {
+                    return;
+                }
+            }
+            Err(SessionError::Malformed(e)) => {
+                send_error(s, e.error_code(), e.frame, &e.to_string());
+                tracing::warn!(peer = %peer.source_id, error = %e, "malformed frame on a local session");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(peer = %peer.source_id, error = %e, "local session ended");
+                return;
+            }
+        }
     }
 }

@@ -35,8 +35,8 @@ use orbitte_wire::{
 use crate::session::io::FrameReader;
 use crate::session::{Handshake, SessionConfig, SessionError, SharedPeerTable, handshake};
 use crate::transport::{
-    CleanupError, EventSink, PathKind, PeerId, PostContext, PostError, RailId, Transport, WorkItem,
-    close_rails_now,
+    CleanupError, EventSink, NotifyError, PathKind, PeerId, PostContext, PostError, RailId,
+    Transport, WorkItem, close_rails_now,
 };
 
 use rail::{Job, Rail, SegmentUpdate};
@@ -438,6 +438,25 @@ impl TcpTransport {
         })
     }
 
+    /// Queues an encoded `notification` frame on `rail` (see
+    /// [`Transport::notify`]).
+    pub fn notify_rail(&self, rail: RailId, frame: &Arc<[u8]>) -> Result<(), NotifyError> {
+        let r = self
+            .rails
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&rail)
+            .map(|(_, r)| r.clone());
+        let Some(r) = r else {
+            return Err(NotifyError {
+                rail,
+                reason: "unknown tcp rail".into(),
+            });
+        };
+        r.push_note(frame.clone())
+            .map_err(|reason| NotifyError { rail, reason })
+    }
+
     /// Closes every rail of `peer` (outstanding items are reported as
     /// failed) and reports them down to the engine at once; returns them.
     pub fn close_peer(&self, peer: PeerId) -> Vec<RailId> {
@@ -517,5 +536,9 @@ impl Transport for Arc<TcpTransport> {
     fn close_rail(&mut self, rail: RailId) -> Result<(), CleanupError> {
         self.close(rail);
         Ok(())
+    }
+
+    fn notify(&mut self, rail: RailId, frame: &Arc<[u8]>) -> Result<(), NotifyError> {
+        self.notify_rail(rail, frame)
     }
 }

@@ -48,6 +48,8 @@ pub(crate) struct Job {
 struct State {
     queue: VecDeque<Job>,
     in_flight: VecDeque<Job>,
+    /// Encoded `notification` frames to send (no answer comes for them).
+    notes: VecDeque<Arc<[u8]>>,
     /// Why the rail is down; `None` while up.
     down: Option<Arc<str>>,
     writer_done: bool,
@@ -81,6 +83,7 @@ impl Rail {
             state: Mutex::new(State {
                 queue: VecDeque::new(),
                 in_flight: VecDeque::new(),
+                notes: VecDeque::new(),
                 down: None,
                 writer_done: false,
                 last_progress: Instant::now(),
@@ -126,6 +129,17 @@ impl Rail {
         Ok(())
     }
 
+    /// Queues an encoded `notification` frame; `Err` when the rail is down.
+    pub(crate) fn push_note(&self, frame: Arc<[u8]>) -> Result<(), Arc<str>> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(why) = &st.down {
+            return Err(why.clone());
+        }
+        st.notes.push_back(frame);
+        self.cv.notify_all();
+        Ok(())
+    }
+
     /// Takes the rail down (idempotent): the reader then reports everything.
     /// A rail that goes down unasked is a warning; one closed or flushed on
     /// request (`deliberate`) is logged at debug.
@@ -165,10 +179,23 @@ fn writer(rail: Arc<Rail>, mut stream: TcpStream, zero_copy: bool) {
                     rail.cv.notify_all();
                     return;
                 }
-                if !st.queue.is_empty() && st.in_flight.len() < rail.max_in_flight {
+                if !st.notes.is_empty()
+                    || (!st.queue.is_empty() && st.in_flight.len() < rail.max_in_flight)
+                {
                     break;
                 }
                 st = rail.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+            if let Some(note) = st.notes.pop_front() {
+                drop(st);
+                if let Err(e) = std::io::Write::write_all(&mut stream, &note) {
+                    rail.fail(&format!("sending a notification failed: {e}"), false);
+                    let mut st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
+                    st.writer_done = true;
+                    rail.cv.notify_all();
+                    return;
+                }
+                continue;
             }
             let Some(job) = st.queue.pop_front() else {
                 continue;

@@ -288,6 +288,13 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                 }
                 Ok(())
             }
+            // Sent after every WRITE of its batch was answered, and this
+            // session answers a WRITE only after its bytes are applied.
+            Frame::Notification(n) => {
+                ctx.ranges
+                    .notification(ctx.peer, crate::transport::PathKind::Tcp, n);
+                Ok(())
+            }
             Frame::Goodbye(g) => {
                 return CloseReason::normal(format!(
                     "peer said goodbye ({}: {})",

@@ -1,0 +1,355 @@
+//! Notifications: opaque bytes (at most [`MAX_NOTIFICATION_LEN`]) a batch
+//! carries to its peer, delivered once, after every byte of the batch.
+//!
+//! Initiator side: [`TransferEngine::submit_with_notification`] admits the
+//! batch like [`TransferEngine::submit`] and tracks it ([`tracker`]). The
+//! outcomes of its requests are held until the last one is made; then, on
+//! the engine's own threads (whichever pumps the core: a poller, a
+//! transport's reporting thread, the timer), the notification goes to the
+//! peer if every request completed, and every outcome of the batch is
+//! released with the same [`NotificationStatus`]. The caller never has to
+//! poll for it to go out. A batch with a request that failed, timed out or
+//! was cancelled sends nothing.
+//!
+//! Each path carries it after the bytes it placed: rdma as a SEND on an RC
+//! queue pair of the peer (module `rdma`), tcp as a `notification` frame
+//! on a session whose WRITEs the target answered only after applying
+//! them, local as a `notification` frame on the mapping session after the
+//! copies into the shared mapping finished.
+//!
+//! Target side: received notifications wait in a bounded queue
+//! ([`inbox`]; full: new ones refused and counted), read with
+//! [`TransferEngine::notifications`] and
+//! [`TransferEngine::wait_notification`], each tagged with the source id
+//! and epoch the session or queue pair was admitted with.
+
+pub(crate) mod inbox;
+pub(crate) mod rdma;
+pub(crate) mod tracker;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use orbitte_wire as wire;
+
+use crate::engine::{Owner, State, TransferEngine, TransferRequest};
+use crate::outcome::{RequestId, SubmitError};
+use crate::transport::{PathKind, PeerId};
+
+pub use inbox::INBOX_CAPACITY;
+pub use orbitte_wire::MAX_NOTIFICATION_LEN;
+use tracker::{Step, Verdict};
+
+/// The bytes a batch carries to its peer (at most
+/// [`MAX_NOTIFICATION_LEN`], checked at submit).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notification {
+    bytes: Vec<u8>,
+}
+
+impl Notification {
+    /// A notification of `bytes`.
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
+        Self {
+            bytes: bytes.into(),
+        }
+    }
+
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// Whether a request's batch sent a notification.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum NotificationStatus {
+    /// The batch carried none.
+    #[default]
+    NotRequested,
+    /// Every request of the batch completed and the notification was handed
+    /// to the peer's path (a SEND posted behind the WRITEs, a frame queued
+    /// on a live session). The target queues it once; a rail that breaks
+    /// after this point can lose it, never duplicate it.
+    Sent,
+    /// Not sent, and it never will be: a request of the batch did not
+    /// complete, or no rail to the peer took it.
+    NotSent {
+        /// Why.
+        why: Arc<str>,
+    },
+}
+
+/// A notification as the target receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceivedNotification {
+    /// The sender's source id (as its session or queue pair was admitted).
+    pub source_id: String,
+    /// The sender's epoch.
+    pub epoch: u64,
+    /// The path it came over.
+    pub path: PathKind,
+    /// The bytes.
+    pub payload: Vec<u8>,
+}
+
+/// Counters of the target's notification queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NotificationStats {
+    /// Waiting to be read.
+    pub queued: usize,
+    /// Queued since the engine was built.
+    pub received: u64,
+    /// Refused because the queue held [`INBOX_CAPACITY`] already.
+    pub refused_full: u64,
+    /// Notification frames from peers that did not decode (dropped).
+    pub malformed: u64,
+}
+
+/// Why a notifying batch was refused at submit (nothing was posted).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NotificationError {
+    /// The notification is larger than the protocol carries.
+    #[error(
+        "notification of {len} bytes is larger than {max} bytes: send less (put bulk data in registered memory)"
+    )]
+    TooLarge {
+        /// Its length.
+        len: usize,
+        /// [`MAX_NOTIFICATION_LEN`].
+        max: usize,
+    },
+    /// A notifying batch goes to one peer.
+    #[error(
+        "a notifying batch goes to one peer: request #{index} names peer {found}, the first one peer {first}; submit one batch per peer"
+    )]
+    MixedPeers {
+        /// Position of the first request to another peer.
+        index: usize,
+        /// The first request's peer.
+        first: u32,
+        /// That request's peer.
+        found: u32,
+    },
+}
+
+/// The notification of a batch being admitted: checked, not yet tracked.
+#[derive(Debug)]
+pub(crate) struct Armed {
+    peer: PeerId,
+    notification: Notification,
+}
+
+impl Armed {
+    /// Checks `notification` for `batch`.
+    pub(crate) fn check(
+        batch: &[TransferRequest],
+        notification: Notification,
+    ) -> Result<Self, NotificationError> {
+        let len = notification.bytes.len();
+        if len > MAX_NOTIFICATION_LEN {
+            return Err(NotificationError::TooLarge {
+                len,
+                max: MAX_NOTIFICATION_LEN,
+            });
+        }
+        let peer = batch.first().map_or(PeerId(0), |r| r.peer);
+        if let Some((index, r)) = batch.iter().enumerate().find(|(_, r)| r.peer != peer) {
+            return Err(NotificationError::MixedPeers {
+                index,
+                first: peer.0,
+                found: r.peer.0,
+            });
+        }
+        Ok(Self { peer, notification })
+    }
+}
+
+/// Tracks the admitted batch `ids` carrying `armed` (the engine calls it
+/// right after the core admitted the batch, before it pumps).
+pub(crate) fn track(st: &mut State, ids: &[RequestId], armed: Armed) {
+    let id = st.notify.next_id();
+    let frame = wire::Frame::Notification(wire::Notification {
+        notification_id: id,
+        payload: armed.notification.bytes,
+    });
+    // Cannot fail: the payload length was checked against the bound.
+    let frame: Arc<[u8]> = match frame.to_bytes() {
+        Ok(b) => b.into(),
+        Err(e) => {
+            tracing::error!(error = %e, "encoding a notification failed");
+            Arc::from(&[][..])
+        }
+    };
+    st.notify.track(id, ids, armed.peer, frame);
+}
+
+/// Moves the core's outcomes to the engine's table, holding those of
+/// notifying batches until their batch resolves and sending (or
+/// withholding) the notification then. The engine's pump calls it.
+pub(crate) fn collect_outcomes(st: &mut State) {
+    while let Some(o) = st.core.poll_outcome() {
+        match st.notify.on_outcome(o) {
+            Step::Release(o) => {
+                st.outcomes.insert(o.request, o);
+            }
+            Step::Held => {}
+            Step::Resolved(r) => {
+                let status = match &r.verdict {
+                    Verdict::Send if r.frame.is_empty() => NotificationStatus::NotSent {
+                        why: "the notification could not be encoded".into(),
+                    },
+                    Verdict::Send => send(st, r.peer, &r.frame),
+                    Verdict::Withhold(why) => NotificationStatus::NotSent { why: why.clone() },
+                };
+                tracing::debug!(
+                    notification = r.id,
+                    peer = r.peer.0,
+                    ?status,
+                    "notifying batch resolved"
+                );
+                for o in r.stamp(&status) {
+                    st.outcomes.insert(o.request, o);
+                }
+            }
+        }
+    }
+}
+
+/// Hands `frame` to the first rail of `peer` that takes it.
+fn send(st: &mut State, peer: PeerId, frame: &Arc<[u8]>) -> NotificationStatus {
+    let Some(rails) = st.tables.peers.get(&peer.0).map(|p| p.rails.clone()) else {
+        return NotificationStatus::NotSent {
+            why: format!(
+                "peer {} is gone (closed, or replaced by a newer epoch)",
+                peer.0
+            )
+            .into(),
+        };
+    };
+    let mut why = Vec::new();
+    for rail in rails {
+        if !st.core.rail_is_up(rail) {
+            let reason = st
+                .core
+                .rail_down_reason(rail)
+                .unwrap_or_else(|| "down".into());
+            why.push(format!("rail {} down: {reason}", rail.0));
+            continue;
+        }
+        let res = match st.owner.get(rail.0 as usize) {
+            Some(Owner::Rdma) => rdma::send(st.rdma.rail_mut(rail), rail, frame),
+            Some(Owner::Other(i)) => match st.others.get_mut(*i) {
+                Some(t) => t.notify(rail, frame),
+                None => {
+                    why.push(format!("rail {} has no transport", rail.0));
+                    continue;
+                }
+            },
+            None => {
+                why.push(format!("rail {} has no transport", rail.0));
+                continue;
+            }
+        };
+        match res {
+            Ok(()) => return NotificationStatus::Sent,
+            Err(e) => why.push(e.to_string()),
+        }
+    }
+    if why.is_empty() {
+        why.push("the peer has no rails".into());
+    }
+    NotificationStatus::NotSent {
+        why: why.join("; ").into(),
+    }
+}
+
+impl TransferEngine {
+    /// Submits a batch like [`submit`](Self::submit) that also carries
+    /// `notification` to the batch's peer (every request must name the same
+    /// peer). The peer receives it once, after every byte of the batch was
+    /// placed, and only if every request completes; the engine's threads
+    /// send it, the caller only waits for the outcomes as usual. Every
+    /// outcome of the batch comes out when the last one is made, with
+    /// [`Outcome::notification`](crate::Outcome::notification) saying
+    /// whether it was sent. A notification larger than
+    /// [`MAX_NOTIFICATION_LEN`] or a batch to several peers is refused here.
+    pub fn submit_with_notification<R: Into<crate::Request> + Copy>(
+        &self,
+        batch: &[R],
+        notification: Notification,
+    ) -> Result<Vec<RequestId>, SubmitError> {
+        let resolved = self.resolve(batch)?;
+        let armed = Armed::check(&resolved, notification)?;
+        self.submit_inner(&resolved, Some(armed))
+    }
+
+    /// Takes every notification received so far, oldest first (never
+    /// blocks).
+    pub fn notifications(&self) -> Vec<ReceivedNotification> {
+        self.shared.inbox.drain()
+    }
+
+    /// Takes the oldest notification, waiting up to `timeout` for one;
+    /// `None` when none came.
+    pub fn wait_notification(&self, timeout: Duration) -> Option<ReceivedNotification> {
+        self.shared.inbox.wait(timeout)
+    }
+
+    /// Counters of the notification queue.
+    pub fn notification_stats(&self) -> NotificationStats {
+        self.shared.inbox.stats()
+    }
+}
+
+/// Queues a notification received on a tcp or local session admitted as
+/// `from` (the target side of those paths calls it).
+pub(crate) fn deliver(
+    inbox: &inbox::Inbox,
+    from: &crate::session::PeerIdentity,
+    path: PathKind,
+    note: wire::Notification,
+) {
+    inbox.push(ReceivedNotification {
+        source_id: from.source_id.as_str().to_owned(),
+        epoch: from.epoch.value(),
+        path,
+        payload: note.payload,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::{RangeId, RegistrationId};
+
+    fn to(peer: u32) -> TransferRequest {
+        TransferRequest::write(RegistrationId(1), 0, PeerId(peer), RangeId(1), 0, 8)
+    }
+
+    #[test]
+    fn a_notification_is_checked_for_size_and_for_one_peer() {
+        let max = Notification::new(vec![0; MAX_NOTIFICATION_LEN]);
+        assert!(Armed::check(&[to(2), to(2)], max).is_ok());
+        assert_eq!(
+            Armed::check(
+                &[to(2)],
+                Notification::new(vec![0; MAX_NOTIFICATION_LEN + 1])
+            )
+            .err(),
+            Some(NotificationError::TooLarge {
+                len: MAX_NOTIFICATION_LEN + 1,
+                max: MAX_NOTIFICATION_LEN
+            })
+        );
+        assert_eq!(
+            Armed::check(&[to(2), to(2), to(3)], Notification::new(&b"x"[..])).err(),
+            Some(NotificationError::MixedPeers {
+                index: 2,
+                first: 2,
+                found: 3
+            })
+        );
+    }
+}
