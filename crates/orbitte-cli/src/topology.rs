@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orbitte::topology::{
-    DeviceMask, MemoryLocation, NicAffinity, RdmaConfig, Selection, SysfsRoots, Topology, discover,
-    select,
+    DeviceMask, MemoryLocation, NicAffinity, NicReport, RdmaConfig, Selection, SelectionError,
+    SysfsRoots, Topology, discover, select,
 };
 use orbitte::verbs::Provider as _;
 use orbitte::verbs::native::NativeProvider;
@@ -66,8 +66,12 @@ enum SelectionReport {
     /// Rails were selected; `report` says why every other device and
     /// port was left out.
     Selected(Selection),
-    /// Nothing was selected.
-    Failed { error: String },
+    /// Nothing was selected: why, and (when the selection looked at the
+    /// devices) each device and port with the reason it was left out.
+    Failed {
+        error: String,
+        report: Vec<NicReport>,
+    },
 }
 
 /// The `--json` document (docs/json.md).
@@ -81,17 +85,23 @@ struct Report {
     affinity: Vec<AffinityRow>,
     config: String,
     #[serde(serialize_with = "selection_report")]
-    selection: Result<Selection, String>,
+    selection: Result<Selection, SelectionError>,
     initialized: Initialized,
 }
 
 fn selection_report<S: serde::Serializer>(
-    r: &Result<Selection, String>,
+    r: &Result<Selection, SelectionError>,
     s: S,
 ) -> Result<S::Ok, S::Error> {
     match r {
         Ok(sel) => SelectionReport::Selected(sel.clone()),
-        Err(e) => SelectionReport::Failed { error: e.clone() },
+        Err(e) => SelectionReport::Failed {
+            error: e.to_string(),
+            report: match e {
+                SelectionError::NothingSelected { report, .. } => report.clone(),
+                _ => Vec::new(),
+            },
+        },
     }
     .serialize(s)
 }
@@ -123,7 +133,7 @@ pub(crate) fn run(args: &TopologyArgs) -> Result<(), Failure> {
     let provider = apply_visibility(&mut topology, listing);
     let config = RdmaConfig::resolve(RdmaConfig::default(), args.config.as_deref())
         .map_err(|e| Failure::usage(e.to_string()))?;
-    let selection = select(&topology, &config, DeviceMask::ALL).map_err(|e| e.to_string());
+    let selection = select(&topology, &config, DeviceMask::ALL);
     let affinity = affinity(&topology);
     let initialized = if args.initialize {
         initialize(&config)
@@ -342,7 +352,7 @@ fn human(r: &Report) -> String {
             }
         }
         Err(e) => {
-            for line in e.lines() {
+            for line in e.to_string().lines() {
                 let _ = writeln!(out, "  {line}");
             }
         }
@@ -400,7 +410,7 @@ mod tests {
         let mut discovered = discover(&SysfsRoots::fixture(&root));
         let provider = apply_visibility(&mut discovered, listing);
         let config = RdmaConfig::default();
-        let selection = select(&discovered, &config, DeviceMask::ALL).map_err(|e| e.to_string());
+        let selection = select(&discovered, &config, DeviceMask::ALL);
         human(&Report {
             schema_version: crate::SCHEMA_VERSION,
             command: "topology",
