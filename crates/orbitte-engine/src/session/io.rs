@@ -225,3 +225,76 @@ pub(crate) fn send_error<W: Write>(
     let mut scratch = Vec::new();
     let _ = write_frame(w, &frame, &mut scratch);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use orbitte_wire::{
+        AccessFlags, AccessToken, Epoch, Gid, NicId, NicRkey, RangeDescriptor, RangeId,
+        SegmentPublication,
+    };
+
+    fn large_publication() -> Frame {
+        let ranges = (0..1024)
+            .map(|i| RangeDescriptor {
+                range_id: RangeId(i),
+                address: i << 20,
+                length: 1 << 20,
+                access: AccessFlags::REMOTE_READ,
+                token: AccessToken(i),
+                rkeys: (0..4)
+                    .map(|n| NicRkey {
+                        nic_id: NicId(n),
+                        rkey: u32::from(n),
+                        lid: 0,
+                        gid: Gid([0; 16]),
+                    })
+                    .collect(),
+                local: None,
+            })
+            .collect();
+        Frame::SegmentPublication(SegmentPublication {
+            epoch: Epoch::MIN,
+            ranges,
+        })
+    }
+
+    #[test]
+    fn a_large_frame_leaves_no_large_buffer_behind() {
+        let frame = large_publication();
+        let mut bytes = Vec::new();
+        frame.encode(&mut bytes).unwrap();
+        assert!(bytes.len() > 2 * BODY_STEP, "{} bytes", bytes.len());
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let writer = std::thread::spawn(move || a.write_all(&bytes));
+        let mut reader = FrameReader::new();
+        let got = reader.read(&mut b, None, Duration::from_secs(30)).unwrap();
+        writer.join().unwrap().unwrap();
+        assert_eq!(got, frame);
+        assert!(
+            reader.buf.capacity() <= BODY_STEP,
+            "the reader kept {} bytes after the frame",
+            reader.buf.capacity()
+        );
+    }
+
+    #[test]
+    fn a_reader_with_a_limit_refuses_a_larger_header_before_its_body() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let header = FrameHeader {
+            version: orbitte_wire::PROTOCOL_VERSION,
+            frame_type: FrameType::SEGMENT_PUBLICATION,
+            body_len: 1 << 20,
+        };
+        a.write_all(&header.encode()).unwrap();
+        let mut reader = FrameReader::with_limit(orbitte_wire::MAX_SMALL_BODY_LEN);
+        match reader.read(&mut b, None, Duration::from_secs(30)) {
+            Err(SessionError::Malformed(e)) => {
+                assert_eq!(e.field, "header.body_len");
+                assert_eq!(e.error_code(), ErrorCode::FRAME_TOO_LARGE);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(reader.buf.capacity(), 0, "nothing buffered");
+    }
+}
