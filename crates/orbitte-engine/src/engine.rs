@@ -1380,6 +1380,7 @@ impl TransferEngine {
                 keepalive: Some(reg.pin.clone()),
             });
         }
+        let notification = notification.map(|a| a.on_rails(&reqs));
         let ids = st.core.submit(now, reqs)?;
         if let Some(armed) = notification {
             crate::notify::track(st, &ids, armed);

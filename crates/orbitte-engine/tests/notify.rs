@@ -140,6 +140,58 @@ fn rdma_notification_arrives_once_after_every_byte_and_tagged_with_the_sender() 
 }
 
 #[test]
+fn rdma_notification_is_one_send_behind_the_batch_writes_on_a_rail_the_dispatch_mask_allows() {
+    let fabric = fabric(2, Delivery::Background, 13);
+    // Only NIC ID 1 may carry a's work.
+    let a = builder(&fabric, "a", 2)
+        .dispatch_mask(orbitte_engine::DeviceMask(0b10))
+        .build()
+        .unwrap();
+    let b = builder(&fabric, "b", 2).build().unwrap();
+    let src = region(64 << 10, 4);
+    let dst = HostMemory::alloc(64 << 10).unwrap();
+    let sreg = register(&a, &src, Access::LocalOnly);
+    register(&b, &dst, Access::RemoteReadWrite);
+    let (pa, _) = connect(&a, &b);
+    assert_eq!(pa.rails.len(), 2, "{pa:?}");
+    fabric.record_sends(true);
+    let ids = a
+        .submit_with_notification(
+            &writes(&sreg, &pa.ranges[0], 2, 32 << 10),
+            Notification::new(b"m"),
+        )
+        .unwrap();
+    assert_eq!(
+        b.wait_notification(BOUND).expect("notification").payload,
+        b"m"
+    );
+    all_sent(&a.wait_all(&ids, BOUND).unwrap());
+    let ours: Vec<_> = fabric
+        .take_sends()
+        .into_iter()
+        .filter(|s| s.device.starts_with('a'))
+        .collect();
+    assert!(ours.iter().all(|s| s.device == "a1"), "{ours:?}");
+    let sends: Vec<_> = ours
+        .iter()
+        .filter(|s| matches!(s.op, orbitte_verbs::SendOp::Send { .. }))
+        .collect();
+    assert_eq!(sends.len(), 1, "one SEND: {ours:?}");
+    let last = ours.last().unwrap();
+    assert!(
+        matches!(last.op, orbitte_verbs::SendOp::Send { .. }),
+        "{ours:?}"
+    );
+    assert_eq!(
+        ours.iter()
+            .filter(|s| s.qpn == last.qpn && matches!(s.op, orbitte_verbs::SendOp::Write { .. }))
+            .count(),
+        16,
+        "the batch's 16 WRITE slices went before it on the same queue pair: {ours:?}"
+    );
+}
+
+#[test]
 fn rdma_batch_that_times_out_or_is_cancelled_sends_no_notification() {
     // Manual delivery: nothing moves until the test drives the fabric.
     let fabric = fabric(1, Delivery::Manual, 5);

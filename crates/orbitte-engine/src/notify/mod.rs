@@ -32,9 +32,10 @@ use std::time::Duration;
 
 use orbitte_wire as wire;
 
+use crate::core::CoreRequest;
 use crate::engine::{Owner, State, TransferEngine, TransferRequest};
 use crate::outcome::{RequestId, SubmitError};
-use crate::transport::{PathKind, PeerId};
+use crate::transport::{PathKind, PeerId, RailId};
 
 pub use inbox::INBOX_CAPACITY;
 pub use orbitte_wire::MAX_NOTIFICATION_LEN;
@@ -139,6 +140,9 @@ pub enum NotificationError {
 pub(crate) struct Armed {
     peer: PeerId,
     notification: Notification,
+    /// The rails the batch's requests were given, in first-use order: the
+    /// notification goes on one of them (so the dispatch mask holds).
+    rails: Vec<RailId>,
 }
 
 impl Armed {
@@ -162,7 +166,21 @@ impl Armed {
                 found: r.peer.0,
             });
         }
-        Ok(Self { peer, notification })
+        Ok(Self {
+            peer,
+            notification,
+            rails: Vec::new(),
+        })
+    }
+
+    /// The same, with the rails the core was given for the batch.
+    pub(crate) fn on_rails(mut self, batch: &[CoreRequest]) -> Self {
+        for r in batch.iter().flat_map(|r| &r.rails) {
+            if !self.rails.contains(r) {
+                self.rails.push(*r);
+            }
+        }
+        self
     }
 }
 
@@ -182,7 +200,7 @@ pub(crate) fn track(st: &mut State, ids: &[RequestId], armed: Armed) {
             Arc::from(&[][..])
         }
     };
-    st.notify.track(id, ids, armed.peer, frame);
+    st.notify.track(id, ids, armed.peer, armed.rails, frame);
 }
 
 /// Moves the core's outcomes to the engine's table, holding those of
@@ -200,7 +218,7 @@ pub(crate) fn collect_outcomes(st: &mut State) {
                     Verdict::Send if r.frame.is_empty() => NotificationStatus::NotSent {
                         why: "the notification could not be encoded".into(),
                     },
-                    Verdict::Send => send(st, r.peer, &r.frame),
+                    Verdict::Send => send(st, r.peer, &r.rails, &r.frame),
                     Verdict::Withhold(why) => NotificationStatus::NotSent { why: why.clone() },
                 };
                 tracing::debug!(
@@ -217,9 +235,10 @@ pub(crate) fn collect_outcomes(st: &mut State) {
     }
 }
 
-/// Hands `frame` to the first rail of `peer` that takes it.
-fn send(st: &mut State, peer: PeerId, frame: &Arc<[u8]>) -> NotificationStatus {
-    let Some(rails) = st.tables.peers.get(&peer.0).map(|p| p.rails.clone()) else {
+/// Hands `frame` to the first of the batch's `rails` to `peer` that is
+/// still the peer's, up, and takes it.
+fn send(st: &mut State, peer: PeerId, rails: &[RailId], frame: &Arc<[u8]>) -> NotificationStatus {
+    let Some(current) = st.tables.peers.get(&peer.0).map(|p| p.rails.clone()) else {
         return NotificationStatus::NotSent {
             why: format!(
                 "peer {} is gone (closed, or replaced by a newer epoch)",
@@ -229,7 +248,11 @@ fn send(st: &mut State, peer: PeerId, frame: &Arc<[u8]>) -> NotificationStatus {
         };
     };
     let mut why = Vec::new();
-    for rail in rails {
+    for &rail in rails {
+        if !current.contains(&rail) {
+            why.push(format!("rail {} was closed", rail.0));
+            continue;
+        }
         if !st.core.rail_is_up(rail) {
             let reason = st
                 .core
@@ -258,7 +281,7 @@ fn send(st: &mut State, peer: PeerId, frame: &Arc<[u8]>) -> NotificationStatus {
         }
     }
     if why.is_empty() {
-        why.push("the peer has no rails".into());
+        why.push("the batch had no rails".into());
     }
     NotificationStatus::NotSent {
         why: why.join("; ").into(),

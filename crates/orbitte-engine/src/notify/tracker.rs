@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::outcome::{Outcome, RequestId, Status};
-use crate::transport::PeerId;
+use crate::transport::{PeerId, RailId};
 
 use super::NotificationStatus;
 
@@ -33,6 +33,8 @@ pub(crate) struct Resolved {
     pub(crate) id: u64,
     /// Where the notification goes.
     pub(crate) peer: PeerId,
+    /// The rails the batch used, in first-use order.
+    pub(crate) rails: Vec<RailId>,
     /// The encoded `notification` frame.
     pub(crate) frame: Arc<[u8]>,
     pub(crate) verdict: Verdict,
@@ -65,6 +67,7 @@ pub(crate) enum Step {
 #[derive(Debug)]
 struct Pending {
     peer: PeerId,
+    rails: Vec<RailId>,
     frame: Arc<[u8]>,
     /// The batch's requests in submission order.
     requests: Vec<RequestId>,
@@ -89,13 +92,15 @@ impl Tracker {
         self.next
     }
 
-    /// Tracks the admitted batch `requests` (in submission order) that
-    /// carries notification `id` (encoded as `frame`) to `peer`.
+    /// Tracks the admitted batch `requests` (in submission order, on
+    /// `rails`) that carries notification `id` (encoded as `frame`) to
+    /// `peer`.
     pub(crate) fn track(
         &mut self,
         id: u64,
         requests: &[RequestId],
         peer: PeerId,
+        rails: Vec<RailId>,
         frame: Arc<[u8]>,
     ) {
         for r in requests {
@@ -105,6 +110,7 @@ impl Tracker {
             id,
             Pending {
                 peer,
+                rails,
                 frame,
                 requests: requests.to_vec(),
                 outcomes: HashMap::with_capacity(requests.len()),
@@ -164,6 +170,7 @@ impl Tracker {
         Step::Resolved(Resolved {
             id,
             peer: batch.peer,
+            rails: batch.rails,
             frame: batch.frame,
             verdict,
             outcomes,
@@ -199,7 +206,13 @@ mod tests {
         let mut t = Tracker::default();
         let id = t.next_id();
         let reqs: Vec<RequestId> = ids.iter().map(|i| RequestId(*i)).collect();
-        t.track(id, &reqs, PeerId(3), Arc::from(&b"frame"[..]));
+        t.track(
+            id,
+            &reqs,
+            PeerId(3),
+            vec![RailId(5)],
+            Arc::from(&b"frame"[..]),
+        );
         t
     }
 
@@ -229,7 +242,7 @@ mod tests {
             panic!("the third outcome resolves the batch");
         };
         assert_eq!(r.verdict, Verdict::Send);
-        assert_eq!(r.peer, PeerId(3));
+        assert_eq!((r.peer, r.rails.as_slice()), (PeerId(3), &[RailId(5)][..]));
         let order: Vec<u64> = r.outcomes.iter().map(|o| o.request.0).collect();
         assert_eq!(order, [1, 2, 3]);
         let stamped = r.stamp(&NotificationStatus::Sent);
