@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use orbitte::session::PathPreference;
 use orbitte::{
-    DrainStatus, EngineBuilder, PathKind, RdmaConfig, RegistrationId, RequestId, WaitError,
+    DrainStatus, EngineBuilder, PathKind, RdmaConfig, ReceivedNotification, RegistrationId,
+    RequestId, WaitError,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -284,11 +285,12 @@ impl NativeEngine {
         py: Python<'_>,
         session: &str,
         write: bool,
-        locals: Vec<u64>,
-        remotes: Vec<u64>,
-        lengths: Vec<u64>,
+        locals: &Bound<'_, PyAny>,
+        remotes: &Bound<'_, PyAny>,
+        lengths: &Bound<'_, PyAny>,
         notify: Option<Vec<u8>>,
     ) -> PyResult<()> {
+        let (locals, remotes, lengths) = (u64s(locals)?, u64s(remotes)?, u64s(lengths)?);
         if locals.len() != remotes.len() || locals.len() != lengths.len() {
             return Err(Failure::Argument(format!(
                 "buffers, peer addresses and lengths differ in length ({}, {}, {})",
@@ -341,6 +343,27 @@ impl NativeEngine {
             Ok((done, start.elapsed().as_secs_f64()))
         })
         .map_err(|f: Failure| f.into_py(py))
+    }
+
+    /// Every notification received so far, oldest first (never blocks):
+    /// `(source_id, epoch, path, payload)` each.
+    fn notifications(&self) -> Vec<Received> {
+        self.inner
+            .engine
+            .notifications()
+            .into_iter()
+            .map(received)
+            .collect()
+    }
+
+    /// The oldest notification, waiting up to `timeout` seconds for one
+    /// (GIL released); None when none came.
+    fn wait_notification(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<Received>> {
+        let t = secs(timeout, "timeout")?;
+        let inner = self.inner.clone();
+        Ok(py
+            .detach(move || inner.engine.wait_notification(t))
+            .map(received))
     }
 
     /// The outcome of request `id` if it has one (taken: a second call
@@ -399,6 +422,32 @@ impl NativeEngine {
         })
         .map_err(errors::Error::new_err)
     }
+}
+
+/// A received notification for Python: (source_id, epoch, path, payload).
+type Received = (String, u64, &'static str, Vec<u8>);
+
+fn received(n: ReceivedNotification) -> Received {
+    (n.source_id, n.epoch, n.path.name(), n.payload)
+}
+
+/// A sequence of ints, or their packed little-endian u64 bytes (what
+/// `numpy.ndarray.tobytes()` gives for dtype `<u8`: no per-item work).
+fn u64s(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    if let Ok(b) = obj.cast::<pyo3::types::PyBytes>() {
+        let raw = b.as_bytes();
+        if raw.len() % 8 != 0 {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "{} bytes are not a whole number of u64s",
+                raw.len()
+            )));
+        }
+        return Ok(raw
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect());
+    }
+    obj.extract()
 }
 
 fn peer_dict<'py>(py: Python<'py>, session: &str, p: &RemotePeer) -> PyResult<Bound<'py, PyDict>> {

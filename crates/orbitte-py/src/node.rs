@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use orbitte::session::PathPreference;
 use orbitte::{
-    Access, ConnectError, ConnectOptions, DrainStatus, Outcome, RequestId, SubmitError,
-    TransferEngine, TransferRequest, WaitError,
+    Access, ConnectError, ConnectOptions, DrainStatus, Notification, Outcome, RequestId,
+    SubmitError, TransferEngine, TransferRequest, WaitError,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -222,11 +222,6 @@ impl Node {
                 "empty batch: give at least one request".into(),
             ));
         }
-        if notify.is_some() {
-            return Err(Failure::Argument(
-                "this engine build carries no notifications: submit without notify".into(),
-            ));
-        }
         let mut peer = self.peer(session)?;
         let mut refreshed = false;
         loop {
@@ -234,9 +229,15 @@ impl Node {
                 matches!(f, Failure::Remote(_))
                     || matches!(f, Failure::Submit(SubmitError::Invalid { .. }))
             };
-            let attempt = self
-                .requests(&peer, ops)
-                .and_then(|reqs| self.engine.submit(&reqs).map_err(Failure::Submit));
+            let attempt = self.requests(&peer, ops).and_then(|reqs| {
+                match notify {
+                    None => self.engine.submit(&reqs),
+                    Some(b) => self
+                        .engine
+                        .submit_with_notification(&reqs, Notification::new(b)),
+                }
+                .map_err(Failure::Submit)
+            });
             match attempt {
                 Ok(ids) => return Ok((peer, ids)),
                 Err(f) if !refreshed && stale(&f) => {

@@ -1,6 +1,6 @@
 //! The end of one request, as a Python object.
 
-use orbitte::{DrainStatus, Op, Outcome, RemoteEffect, Status};
+use orbitte::{DrainStatus, NotificationStatus, Op, Outcome, RemoteEffect, Status};
 use pyo3::prelude::*;
 
 /// How one request ended: status, completed prefix, failure, remote effect
@@ -40,6 +40,10 @@ pub(crate) struct PyOutcome {
     drain: &'static str,
     /// Slices still outstanding then.
     drain_pending_slices: u32,
+    /// Whether the batch's notification went out: "not_requested",
+    /// "sent" or "not_sent" (then `notification_why` says why).
+    notification: &'static str,
+    notification_why: Option<String>,
 }
 
 impl From<&Outcome> for PyOutcome {
@@ -54,7 +58,14 @@ impl From<&Outcome> for PyOutcome {
             DrainStatus::Drained => ("drained", 0),
             DrainStatus::Pending { slices } => ("pending", slices),
         };
+        let (notification, notification_why) = match &o.notification {
+            NotificationStatus::NotRequested => ("not_requested", None),
+            NotificationStatus::Sent => ("sent", None),
+            NotificationStatus::NotSent { why } => ("not_sent", Some(why.to_string())),
+        };
         Self {
+            notification,
+            notification_why,
             request: o.request.0,
             label: o.label,
             op: match o.op {
@@ -136,6 +147,8 @@ impl PyOutcome {
         d.set_item("remote_effect_bytes", self.remote_effect_bytes)?;
         d.set_item("drain", self.drain)?;
         d.set_item("drain_pending_slices", self.drain_pending_slices)?;
+        d.set_item("notification", self.notification)?;
+        d.set_item("notification_why", self.notification_why.clone())?;
         Ok(d)
     }
 

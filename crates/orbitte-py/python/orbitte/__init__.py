@@ -440,6 +440,16 @@ class Engine:
         self._native.transfer(session, [r._native() for r in requests],
                               None if notify is None else bytes(notify))
 
+    def notifications(self) -> list[Notification]:
+        """Every notification received so far, oldest first (never blocks)."""
+        return [Notification(*n) for n in self._native.notifications()]
+
+    def wait_notification(self, timeout: float = 30.0) -> Optional[Notification]:
+        """The oldest notification, waiting up to ``timeout`` seconds (GIL
+        released); None when none came."""
+        n = self._native.wait_notification(float(timeout))
+        return None if n is None else Notification(*n)
+
     def close(self, timeout: float = 5.0) -> None:
         """Stops serving, fences, waits for drain, releases native objects."""
         self._native.close(timeout)

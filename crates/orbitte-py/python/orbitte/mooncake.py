@@ -100,7 +100,23 @@ def _ints(values: Any) -> list:
     """A list of ints from a list, tuple or numpy array."""
     if hasattr(values, "tolist"):
         values = values.tolist()
-    return [int(v) for v in values] if not isinstance(values, list) else values
+    return values if isinstance(values, list) else [int(v) for v in values]
+
+
+def _packed(values: Any) -> Any:
+    """A batch argument for the native side: a list as it is, a numpy array
+    as packed u64 bytes (read there without touching each item)."""
+    if isinstance(values, list):
+        return values
+    if hasattr(values, "astype") and hasattr(values, "tobytes"):
+        if getattr(values, "ndim", 1) != 1:
+            raise ValueError("a batch argument must be a one-dimensional array")
+        if values.dtype.kind not in "iu":
+            raise TypeError(f"a batch argument must hold integers, not {values.dtype}")
+        if values.dtype.kind == "i" and len(values) and values.min() < 0:
+            raise ValueError("addresses and lengths cannot be negative")
+        return values.astype("<u8", copy=False).tobytes()
+    return [int(v) for v in values]
 
 
 class TransferEngine:
@@ -315,8 +331,8 @@ class TransferEngine:
     def _batch(self, call: str, target_hostname: str, write: bool, buffers: Any,
                peer_buffer_addresses: Any, lengths: Any, notify: Optional[TransferNotify] = None) -> int:
         try:
-            self._engine().transfer_batch(target_hostname, write, _ints(buffers),
-                                          _ints(peer_buffer_addresses), _ints(lengths),
+            self._engine().transfer_batch(target_hostname, write, _packed(buffers),
+                                          _packed(peer_buffer_addresses), _packed(lengths),
                                           None if notify is None else notify._encode())
             self._tls.error = None
             return 0
@@ -354,6 +370,12 @@ class TransferEngine:
                             transport_hint: str = "") -> int:
         return self._batch("batch_transfer_sync", target_hostname, int(opcode) == TransferOpcode.WRITE,
                            buffers, peer_buffer_addresses, lengths, notify)
+
+    def get_notifies(self) -> list:
+        """Notifications received so far (each once, after every byte of
+        its batch was placed here), as TransferNotify(name, msg)."""
+        return [TransferNotify._decode(src, payload)
+                for src, _epoch, _path, payload in self._engine().notifications()]
 
     def send_probe(self, peer_server_name: str) -> int:
         """0 when the peer ``host:port`` answers a handshake, else a
