@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use orbitte::session::PathPreference;
 use orbitte::{
-    Access, ConnectError, ConnectOptions, DrainStatus, Notification, Outcome, RequestId,
-    SubmitError, TransferEngine, TransferRequest, WaitError,
+    Access, ConnectError, ConnectOptions, DrainStatus, Notification, Op, Outcome, RemoteTarget,
+    Request, RequestError, RequestId, SubmitError, TransferEngine, WaitError,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -20,7 +20,7 @@ use crate::directory::Directory;
 use crate::errors;
 use crate::memory::{LocalMiss, LocalRange, LocalTable};
 use crate::outcome::PyOutcome;
-use crate::remote::{RemoteMiss, RemotePeer, ranges_of};
+use crate::remote::{RemotePeer, ranges_of};
 
 /// Mooncake's return codes (its `error.h`), carried as the `code`
 /// attribute of the exceptions so the Mooncake layer returns the same ints.
@@ -67,7 +67,6 @@ type PeerSlot = Arc<Mutex<Option<Arc<RemotePeer>>>>;
 pub(crate) enum Failure {
     Argument(String),
     Local(LocalMiss),
-    Remote(RemoteMiss),
     Connect { code: i32, message: String },
     Submit(SubmitError),
     Incomplete(Vec<Outcome>),
@@ -82,17 +81,15 @@ impl Failure {
                 ERR_ADDRESS_NOT_REGISTERED,
                 None,
             ),
-            Self::Remote(m) => (
-                errors::SubmitError::new_err(m.to_string()),
-                ERR_ADDRESS_NOT_REGISTERED,
-                None,
-            ),
             Self::Connect { code, message } => (errors::ConnectError::new_err(message), code, None),
-            Self::Submit(e) => (
-                errors::SubmitError::new_err(e.to_string()),
-                ERR_INVALID_ARGUMENT,
-                None,
-            ),
+            Self::Submit(e) => {
+                let code = if remote_miss(&e) {
+                    ERR_ADDRESS_NOT_REGISTERED
+                } else {
+                    ERR_INVALID_ARGUMENT
+                };
+                (errors::SubmitError::new_err(e.to_string()), code, None)
+            }
             Self::Incomplete(outcomes) => {
                 let failed: Vec<PyOutcome> = outcomes.iter().map(PyOutcome::from).collect();
                 let first = failed
@@ -119,6 +116,23 @@ impl Failure {
         }
         err
     }
+}
+
+/// Whether a refusal is about the peer's side: an address or range it
+/// does not (or no longer) publish, or the peer itself gone.
+fn remote_miss(e: &SubmitError) -> bool {
+    matches!(
+        e,
+        SubmitError::Invalid {
+            error: RequestError::UnknownAddress { .. }
+                | RequestError::PastEnd { .. }
+                | RequestError::CrossesRanges { .. }
+                | RequestError::UnpublishedRemote { .. }
+                | RequestError::UnknownPeer(_)
+                | RequestError::NoRail { .. },
+            ..
+        }
+    )
 }
 
 impl Node {
@@ -183,11 +197,14 @@ impl Node {
         })
     }
 
+    /// The batch as engine requests: each local address resolved to its
+    /// registration here, each remote one left to the engine, which
+    /// resolves it against the peer's publications at submit.
     pub(crate) fn requests(
         &self,
         peer: &RemotePeer,
         ops: &[(bool, u64, u64, u64, u64)],
-    ) -> Result<Vec<TransferRequest>, Failure> {
+    ) -> Result<Vec<Request>, Failure> {
         let locals = self.locals.read().unwrap_or_else(PoisonError::into_inner);
         ops.iter()
             .map(|&(write, local, remote, len, label)| {
@@ -198,19 +215,24 @@ impl Node {
                 }
                 let (reg, loff): (&LocalRange, u64) =
                     locals.resolve(local, len).map_err(Failure::Local)?;
-                let (range, roff) = peer.resolve(remote, len).map_err(Failure::Remote)?;
-                let r = if write {
-                    TransferRequest::write(reg.id, loff, peer.id, range, roff, len)
-                } else {
-                    TransferRequest::read(reg.id, loff, peer.id, range, roff, len)
-                };
-                Ok(r.label(label))
+                Ok(Request {
+                    op: if write { Op::Write } else { Op::Read },
+                    local: reg.id,
+                    local_offset: loff,
+                    len,
+                    remote: RemoteTarget::Address {
+                        peer: peer.id,
+                        address: remote,
+                    },
+                    label,
+                })
             })
             .collect()
     }
 
-    /// Submits a batch to `session`; resolves addresses against a fresh
-    /// publication once when the cached one does not know them.
+    /// Submits a batch to `session`; when the peer's publications known
+    /// here do not hold a remote address (the target registered it after
+    /// the session opened), opens the session again once and retries.
     pub(crate) fn submit(
         &self,
         session: &str,
@@ -225,10 +247,7 @@ impl Node {
         let mut peer = self.peer(session)?;
         let mut refreshed = false;
         loop {
-            let stale = |f: &Failure| {
-                matches!(f, Failure::Remote(_))
-                    || matches!(f, Failure::Submit(SubmitError::Invalid { .. }))
-            };
+            let stale = |f: &Failure| matches!(f, Failure::Submit(e) if remote_miss(e));
             let attempt = self.requests(&peer, ops).and_then(|reqs| {
                 match notify {
                     None => self.engine.submit(&reqs),

@@ -153,3 +153,18 @@ def test_initialize_refusals():
     assert te.get_rpc_port() > 0
     assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") < 0  # twice
     te.close()
+
+
+def test_memory_registered_after_the_session_opened(mooncake_pair):
+    target, initiator, session, src, dst = mooncake_pair
+    assert initiator.transfer_sync_write(session, src.ctypes.data, dst.ctypes.data, 64) == 0
+    late = np.zeros(1 << 16, dtype=np.uint8)
+    assert target.register_memory(late.ctypes.data, late.nbytes) == 0
+    assert initiator.transfer_sync_write(session, src.ctypes.data, late.ctypes.data + 100, 4096) == 0, \
+        initiator.last_error()
+    assert (late[100:4196] == src[:4096]).all()
+    # Unregistered on the target: refused, not written.
+    assert target.unregister_memory(late.ctypes.data) == 0
+    late[:] = 0
+    assert initiator.transfer_sync_write(session, src.ctypes.data, late.ctypes.data, 4096) < 0
+    assert not late.any()
