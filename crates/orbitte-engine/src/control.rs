@@ -71,9 +71,7 @@ impl InProcessLink {
 
 impl ControlLink for InProcessLink {
     fn send(&mut self, frame: &Frame) -> Result<(), LinkError> {
-        let bytes = frame
-            .to_bytes()
-            .map_err(|e| LinkError::Frame(e.to_string()))?;
+        let bytes = frame.to_bytes().map_err(LinkError::Encode)?;
         self.tx.send(bytes).map_err(|_| LinkError::Closed)
     }
 
@@ -91,10 +89,9 @@ impl ControlLink for InProcessLink {
                 return Err(LinkError::Version { theirs: version });
             }
         }
-        let (frame, payload) =
-            wire::decode_exact(&bytes).map_err(|e| LinkError::Frame(e.to_string()))?;
+        let (frame, payload) = wire::decode_exact(&bytes).map_err(LinkError::Decode)?;
         if !payload.is_empty() {
-            return Err(LinkError::Frame("control frame with a payload".into()));
+            return Err(LinkError::DataFrame { sent: false });
         }
         Ok(frame)
     }

@@ -1056,7 +1056,7 @@ impl TransferEngine {
                 self.record_unquiesced(&mut st, &u);
                 return Err(RegisterError::Unquiesced {
                     unquiesced: Box::new(u),
-                    cause: err.to_string(),
+                    cause: Box::new(err),
                 });
             }
             return Err(err);

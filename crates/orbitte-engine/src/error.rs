@@ -126,7 +126,8 @@ pub enum RegisterError {
         /// The release failure.
         unquiesced: Box<Unquiesced>,
         /// The registration failure that started the release.
-        cause: String,
+        #[source]
+        cause: Box<Self>,
     },
     /// The engine is fenced.
     #[error("engine is fenced, registration refused: {reason}")]
@@ -184,7 +185,7 @@ pub struct DrainTimeout {
 }
 
 /// A control-channel failure.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum LinkError {
     /// The other end went away.
@@ -193,9 +194,20 @@ pub enum LinkError {
     /// Nothing arrived in time.
     #[error("control link: nothing received within {0:?}")]
     TimedOut(std::time::Duration),
-    /// A frame could not be encoded or decoded.
-    #[error("control link: bad frame: {0}")]
-    Frame(String),
+    /// The peer sent bytes that are not a valid frame (the peer's fault).
+    #[error("control link: {0}")]
+    Decode(#[source] wire::DecodeError),
+    /// A frame of ours could not be encoded (a local fault).
+    #[error("control link: {0}")]
+    Encode(#[source] wire::EncodeError),
+    /// A data frame (one with a payload) on the control link, which
+    /// carries control frames only (sent: a local misuse; received: the
+    /// peer's fault).
+    #[error("control link: data frames do not travel on the control link ({})", if *.sent { "refused to send one" } else { "the peer sent one" })]
+    DataFrame {
+        /// Whether we tried to send it (else the peer sent it).
+        sent: bool,
+    },
     /// The peer speaks another protocol version (no fallback exists).
     #[error("peer speaks orbitte protocol version {theirs}, we speak {ours}; run the same release on both (no legacy fallback)", ours = orbitte_wire::PROTOCOL_VERSION)]
     Version {
@@ -204,7 +216,10 @@ pub enum LinkError {
     },
     /// I/O failure of the link.
     #[error("control link i/o: {0}")]
-    Io(String),
+    Io(#[source] Arc<std::io::Error>),
+    /// The session under the link failed (a truncated frame, a bound hit).
+    #[error("control link: {0}")]
+    Session(#[source] Arc<crate::session::SessionError>),
 }
 
 /// Why opening a peer failed.
@@ -226,21 +241,34 @@ pub enum OpenPeerError {
         /// What came.
         got: String,
     },
-    /// The peer refused the RC connection.
-    #[error("peer rejected the rdma connection: {0}")]
-    Rejected(String),
+    /// The peer refused (an `error` frame or a `connect-reject`).
+    #[error("peer rejected the rdma connection: {code}: {message}")]
+    Rejected {
+        /// Its code.
+        code: wire::ErrorCode,
+        /// Its message.
+        message: String,
+    },
+    /// A publication or retire for a peer that the epoch rule refuses.
+    #[error(transparent)]
+    Record(#[from] wire::RecordError),
+    /// Not an open peer of this engine (never opened, or replaced by a
+    /// newer epoch).
+    #[error("unknown peer {}", .0.0)]
+    UnknownPeer(crate::transport::PeerId),
     /// No local context can make a rail.
     #[error("no usable rail: {0}")]
     NoRail(String),
     /// A verbs call failed while making a rail.
-    #[error("making a rail on NIC ID {nic} ({device}) failed: {error}")]
+    #[error("making a rail on NIC ID {nic} ({device}) failed: {source}")]
     Verbs {
         /// NIC ID.
         nic: u32,
         /// Device identity.
         device: String,
-        /// The error.
-        error: String,
+        /// The verbs error (or the value the wire cannot carry).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The engine is fenced.
     #[error("engine is fenced, peer refused: {0}")]

@@ -75,11 +75,11 @@ fn remote_endpoint(e: &wire::RailEndpoint, ll_ib: bool) -> verbs::RemoteEndpoint
     }
 }
 
-fn verbs_err(n: &NicCtx, e: impl std::fmt::Display) -> OpenPeerError {
+fn verbs_err(n: &NicCtx, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> OpenPeerError {
     OpenPeerError::Verbs {
         nic: n.id.0,
         device: n.identity.name.clone(),
-        error: e.to_string(),
+        source: e.into(),
     }
 }
 
@@ -147,7 +147,9 @@ impl TransferEngine {
             Err(e) => {
                 let code = match &e {
                     LinkError::Version { .. } => Some(wire::ErrorCode::UNSUPPORTED_VERSION),
-                    LinkError::Frame(_) => Some(wire::ErrorCode::MALFORMED_FRAME),
+                    LinkError::Decode(_) | LinkError::DataFrame { .. } => {
+                        Some(wire::ErrorCode::MALFORMED_FRAME)
+                    }
                     _ => None,
                 };
                 if let Some(code) = code {
@@ -270,7 +272,10 @@ impl TransferEngine {
             Frame::ConnectReject(r) => {
                 return Err(self.abandon(
                     session,
-                    OpenPeerError::Rejected(format!("{}: {}", r.code, r.message.as_str())),
+                    OpenPeerError::Rejected {
+                        code: r.code,
+                        message: r.message.as_str().to_owned(),
+                    },
                 ));
             }
             other => return Err(self.abandon(session, unexpected("connect-accept", &other))),
@@ -454,13 +459,9 @@ impl TransferEngine {
             .tables
             .peers
             .get_mut(&peer.0)
-            .ok_or_else(|| OpenPeerError::Rejected(format!("unknown peer {}", peer.0)))?;
-        let session = *p
-            .sessions
-            .last()
-            .ok_or_else(|| OpenPeerError::Rejected("peer has no session".into()))?;
-        record(&mut self.shared.peer_table(), session)
-            .map_err(|e| OpenPeerError::Rejected(e.to_string()))?;
+            .ok_or(OpenPeerError::UnknownPeer(peer))?;
+        let session = *p.sessions.last().ok_or(OpenPeerError::UnknownPeer(peer))?;
+        record(&mut self.shared.peer_table(), session)?;
         apply(&mut p.ranges);
         Ok(())
     }
@@ -541,8 +542,7 @@ impl TransferEngine {
         let mut st = self.lock();
         self.shared
             .peer_table()
-            .record_publication(session, publication)
-            .map_err(|e| OpenPeerError::Rejected(e.to_string()))?;
+            .record_publication(session, publication)?;
         let source = est.peer.source_id.clone();
         let existing = st
             .tables
@@ -735,7 +735,10 @@ impl TransferEngine {
 
 fn unexpected(expected: &'static str, got: &Frame) -> OpenPeerError {
     match got {
-        Frame::Error(e) => OpenPeerError::Rejected(format!("{}: {}", e.code, e.message.as_str())),
+        Frame::Error(e) => OpenPeerError::Rejected {
+            code: e.code,
+            message: e.message.as_str().to_owned(),
+        },
         other => OpenPeerError::Unexpected {
             expected,
             got: format!("{:?}", other.frame_type()),

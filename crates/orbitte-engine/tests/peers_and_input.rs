@@ -353,7 +353,7 @@ fn a_range_the_peer_retired_is_refused_and_a_later_publication_is_usable() {
     stale.epoch = wire::Epoch::new(1).unwrap();
     let err = a.apply_publication(pb.id, &stale).unwrap_err();
     assert!(
-        matches!(&err, OpenPeerError::Rejected(why) if why.contains("names epoch 1")),
+        matches!(&err, OpenPeerError::Record(e) if e.to_string().contains("names epoch 1")),
         "{err:?}"
     );
 }

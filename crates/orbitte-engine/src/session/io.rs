@@ -201,9 +201,7 @@ pub(crate) fn write_frame<W: Write>(
     scratch: &mut Vec<u8>,
 ) -> Result<(), SessionError> {
     scratch.clear();
-    frame
-        .encode(scratch)
-        .map_err(|e| SessionError::Protocol(e.to_string()))?;
+    frame.encode(scratch)?;
     w.write_all(scratch)?;
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! hosts, with the same frame bounds as the sessions.
 
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::Duration;
 
 use orbitte_wire::{Frame, Problem};
@@ -60,13 +61,12 @@ impl TcpControlLink {
 impl ControlLink for TcpControlLink {
     fn send(&mut self, frame: &Frame) -> Result<(), LinkError> {
         if frame.payload_len() != 0 {
-            return Err(LinkError::Frame(
-                "data frames do not travel on the control link".into(),
-            ));
+            return Err(LinkError::DataFrame { sent: true });
         }
         write_frame(&mut self.stream, frame, &mut self.scratch).map_err(|e| match e {
-            SessionError::Io(e) => LinkError::Io(e.to_string()),
-            other => LinkError::Frame(other.to_string()),
+            SessionError::Io(e) => LinkError::Io(Arc::new(e)),
+            SessionError::Encode(e) => LinkError::Encode(e),
+            other => LinkError::Session(Arc::new(other)),
         })
     }
 
@@ -75,17 +75,16 @@ impl ControlLink for TcpControlLink {
             .reader
             .read(&mut self.stream, Some(timeout), self.frame_timeout)
         {
-            Ok(f) if f.payload_len() != 0 => {
-                Err(LinkError::Frame("control frame with a payload".into()))
-            }
+            Ok(f) if f.payload_len() != 0 => Err(LinkError::DataFrame { sent: false }),
             Ok(f) => Ok(f),
             Err(SessionError::Idle) => Err(LinkError::TimedOut(timeout)),
             Err(SessionError::Closed { .. }) => Err(LinkError::Closed),
             Err(SessionError::Malformed(e)) => match e.problem {
                 Problem::UnsupportedVersion { theirs, .. } => Err(LinkError::Version { theirs }),
-                _ => Err(LinkError::Frame(e.to_string())),
+                _ => Err(LinkError::Decode(e)),
             },
-            Err(e) => Err(LinkError::Io(e.to_string())),
+            Err(SessionError::Io(e)) => Err(LinkError::Io(Arc::new(e))),
+            Err(e) => Err(LinkError::Session(Arc::new(e))),
         }
     }
 
@@ -118,7 +117,7 @@ mod tests {
         ));
         a.stream.write_all(b"OBTE\x00\x01").unwrap();
         assert!(
-            matches!(b.recv(Duration::from_secs(5)), Err(LinkError::Io(_))),
+            matches!(b.recv(Duration::from_secs(5)), Err(LinkError::Session(_))),
             "truncated frame"
         );
         let mut c =
@@ -127,13 +126,13 @@ mod tests {
         c.stream.write_all(b"garbage!garbage!").unwrap();
         assert!(matches!(
             d.recv(Duration::from_secs(5)),
-            Err(LinkError::Frame(_))
+            Err(LinkError::Decode(_))
         ));
         drop(c);
         drop(a);
         assert!(matches!(
             b.recv(Duration::from_secs(5)),
-            Err(LinkError::Closed) | Err(LinkError::Io(_))
+            Err(LinkError::Closed) | Err(LinkError::Io(_)) | Err(LinkError::Session(_))
         ));
     }
 }

@@ -51,7 +51,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orbitte_wire::auth::{AuthError, ClusterSecret};
-use orbitte_wire::{AdmitError, Capabilities, DecodeError, Epoch, ErrorCode, HostId, SourceId};
+use orbitte_wire::{
+    AdmitError, Capabilities, DecodeError, EncodeError, Epoch, ErrorCode, HostId, SourceId,
+};
 
 pub use engine_net::{ConnectError, ConnectOptions, ListenError, NetPaths, PathPreference, Peer};
 pub use handshake::Handshake;
@@ -211,6 +213,10 @@ pub enum SessionError {
     /// The peer sent bytes that are not a valid frame.
     #[error(transparent)]
     Malformed(#[from] DecodeError),
+    /// A frame of ours could not be encoded (a local fault: a value out of
+    /// the protocol's bounds).
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
     /// The peer sent a valid frame that is not allowed here.
     #[error("peer broke the protocol: {0}")]
     Protocol(String),
