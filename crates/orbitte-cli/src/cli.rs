@@ -153,9 +153,16 @@ pub(crate) struct BenchArgs {
     /// No progress bar (it is also hidden when stderr is not a terminal).
     #[arg(long)]
     pub(crate) quiet: bool,
-    /// Skip the baseline (raw TCP socket for tcp, memcpy for local).
+    /// Skip the baselines (for tcp the same exchange on raw sockets and the
+    /// loopback limit, for local memcpy).
     #[arg(long)]
     pub(crate) no_baseline: bool,
+    /// Measure the path and its baselines alternately this many times and
+    /// report the median round; a baseline the path beats by more than
+    /// 10 %, or that varies more than 2x between rounds, is flagged as
+    /// suspect instead of giving a ratio.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(crate) rounds: u32,
     /// With --path rdma: run on the simulated RDMA fabric in this process
     /// (zero-latency, unlimited bandwidth), which measures the engine's
     /// own overhead per slice, not a NIC.

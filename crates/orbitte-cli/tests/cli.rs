@@ -551,13 +551,31 @@ fn bench_loopback_on_tcp_with_threads() {
         "2",
         "--block-size",
         "100000",
+        "--rounds",
+        "2",
     ]);
     assert_eq!(v["path"], "tcp");
-    assert_point_ok(&v["points"][0], true);
+    assert_eq!(v["rounds"], 2);
+    let p = &v["points"][0];
+    assert_point_ok(p, true);
+    assert_eq!(p["rounds_gbps"].as_array().map(Vec::len), Some(2), "{p}");
+    // The same exchange on raw sockets, and the loopback limit, each
+    // measured once per round.
     assert!(
-        v["points"][0]["baseline"]["name"]
+        p["baseline"]["name"]
             .as_str()
-            .is_some_and(|n| n.contains("raw tcp socket"))
+            .is_some_and(|n| n.contains("WRITE exchange") && n.contains("2 connection(s)")),
+        "{p}"
+    );
+    for b in ["baseline", "limit"] {
+        assert_eq!(p[b]["rounds_gbps"].as_array().map(Vec::len), Some(2), "{p}");
+        assert!(p[b]["gbps"].as_f64().is_some_and(|g| g > 0.0), "{p}");
+    }
+    assert!(
+        p["limit"]["name"]
+            .as_str()
+            .is_some_and(|n| n.contains("loopback limit")),
+        "{p}"
     );
 }
 

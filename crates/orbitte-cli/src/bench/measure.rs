@@ -67,6 +67,11 @@ pub(crate) fn run(
     let duration = Duration::from_secs_f64(args.duration);
     let first_error: Mutex<Option<Failure>> = Mutex::new(None);
     let latencies: Mutex<Latencies> = Mutex::new(Latencies::default());
+    // One untimed batch per thread: the local windows are faulted in and
+    // the sessions are warm before the clock starts.
+    for t in 0..threads {
+        check_complete(&backend.batch(t, &requests(backend, args, t, block), false)?)?;
+    }
     let start = Instant::now();
     std::thread::scope(|s| {
         for t in 0..threads {
@@ -127,8 +132,29 @@ pub(crate) fn run(
         latency: lat.summary(),
         checked_bytes: args.check.then(|| shared.checked.load(Ordering::Relaxed)),
         drained: true,
+        rounds_gbps: vec![gbps(bytes, elapsed)],
         baseline: None,
+        limit: None,
     })
+}
+
+/// Where thread `t`'s window starts in the remote range.
+fn thread_base(backend: &Backend, args: &BenchArgs, t: usize) -> u64 {
+    t as u64 * (backend.remote_len() / u64::from(args.threads))
+}
+
+/// Thread `t`'s batch: `--batch-size` requests of `block` bytes over its
+/// window.
+fn requests(backend: &Backend, args: &BenchArgs, t: usize, block: u64) -> Vec<Req> {
+    let base = thread_base(backend, args, t);
+    (0..u64::from(args.batch_size))
+        .map(|j| Req {
+            op: engine_op(args.op),
+            local_offset: j * block,
+            remote_offset: base + j * block,
+            len: block,
+        })
+        .collect()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -144,15 +170,8 @@ fn thread_loop(
     lat: &mut Latencies,
 ) -> Result<(), Failure> {
     let op = engine_op(args.op);
-    let base = t as u64 * (backend.remote_len() / u64::from(args.threads));
-    let reqs: Vec<Req> = (0..u64::from(args.batch_size))
-        .map(|j| Req {
-            op,
-            local_offset: j * block,
-            remote_offset: base + j * block,
-            len: block,
-        })
-        .collect();
+    let base = thread_base(backend, args, t);
+    let reqs = requests(backend, args, t, block);
     let local = backend.local(t);
     let win = usize::try_from(window).map_err(|_| Failure::usage("window too large"))?;
     let mut buf = vec![0u8; if args.check { win } else { 0 }];

@@ -6,6 +6,7 @@ mod backend;
 mod baseline;
 mod measure;
 mod report;
+mod rounds;
 
 use std::io::IsTerminal as _;
 use std::net::SocketAddr;
@@ -173,7 +174,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
                 None => format!("initiator to {addr}"),
                 Some(_) => format!("initiator to {peer} at {addr} (found in etcd)"),
             };
-            bench_with(args, &backend, &role, false, chart)
+            // Baselines measure this host: they apply when the target is
+            // on it too.
+            let same_host = addr.ip().is_loopback() || backend.path() == PathKind::Local;
+            bench_with(args, &backend, &role, same_host, chart)
         }
         Role::Loopback => {
             let backend = Backend::loopback(args, want, len)?;
@@ -275,11 +279,13 @@ fn run_target(args: &BenchArgs, rdma: bool, len: u64) -> Result<(), Failure> {
 }
 
 /// Runs one point or the sweep on `backend` and prints the report.
+/// `same_host`: the target runs on this host, so this host's baselines
+/// apply.
 fn bench_with(
     args: &BenchArgs,
     backend: &Backend,
     role: &str,
-    loopback: bool,
+    same_host: bool,
     chart: Option<(PathBuf, std::fs::File)>,
 ) -> Result<(), Failure> {
     let sizes: Vec<u64> = if args.sweep {
@@ -289,13 +295,38 @@ fn bench_with(
     };
     let show = !args.quiet && std::io::stderr().is_terminal();
     let mut points = Vec::new();
+    let kinds = if args.no_baseline || !same_host {
+        Vec::new()
+    } else {
+        baseline::kinds(backend.path(), engine_op(args.op))
+    };
     for &block in &sizes {
-        let bar = progress(show, args.duration, block);
-        let mut point: Point = measure::run(backend, args, block, &bar)?;
-        bar.finish_and_clear();
-        if !args.no_baseline && loopback {
-            point.baseline = baseline::measure(backend.path(), args, block);
+        let shape = baseline::Shape {
+            block: usize::try_from(block).map_err(|_| Failure::usage("block size too large"))?,
+            batch: args.batch_size as usize,
+            threads: args.threads as usize,
+            duration: baseline::duration(args.duration),
+        };
+        // Path and baselines alternate, round by round.
+        let mut path_rounds = Vec::new();
+        let mut samples = vec![Vec::new(); kinds.len()];
+        for _ in 0..args.rounds {
+            let bar = progress(show, args.duration, block);
+            let point: Point = measure::run(backend, args, block, &bar)?;
+            bar.finish_and_clear();
+            path_rounds.push(point);
+            for (kind, samples) in kinds.iter().zip(&mut samples) {
+                match baseline::measure(*kind, shape) {
+                    Ok(s) => samples.push(s),
+                    Err(e) => tracing::warn!(error = %e, ?kind, "baseline not measured"),
+                }
+            }
         }
+        let mut point =
+            rounds::point(path_rounds).ok_or_else(|| Failure::failed("no round measured"))?;
+        let mut judged = samples.iter().map(|s| rounds::baseline(point.gbps, s));
+        point.baseline = judged.next().flatten();
+        point.limit = judged.next().flatten();
         points.push(point);
     }
     let report = Report::new(args, backend, role, points, chart.as_ref().map(|c| &c.0));

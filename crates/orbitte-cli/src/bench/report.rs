@@ -10,12 +10,23 @@ use crate::chart::{self, Series, human_bytes};
 use crate::cli::{BenchArgs, Op, PathName, Role};
 use crate::stats::LatencySummary;
 
-/// A baseline figure measured in the same run.
+/// A baseline figure measured in the same run, alternating with the path
+/// (`--rounds`).
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Baseline {
     pub(crate) name: String,
+    /// The median round.
     pub(crate) gbps: f64,
+    /// Over all rounds.
     pub(crate) seconds: f64,
+    /// Each round's figure, in order.
+    pub(crate) rounds_gbps: Vec<f64>,
+    /// The path's median over this baseline's median.
+    pub(crate) ratio: f64,
+    /// Why `ratio` is not a result (the path beat the baseline by more
+    /// than 10 %, or the baseline varied more than 2x between rounds);
+    /// `None` when it is one.
+    pub(crate) suspect: Option<String>,
 }
 
 /// One block size's result.
@@ -33,7 +44,14 @@ pub(crate) struct Point {
     pub(crate) checked_bytes: Option<u64>,
     /// Nothing outstanding on the local buffers after the last outcome.
     pub(crate) drained: bool,
+    /// Each round's GB/s, in order; the other figures are the median
+    /// round's.
+    pub(crate) rounds_gbps: Vec<f64>,
+    /// What the path is judged against: memcpy (local), the same exchange
+    /// on raw sockets (tcp).
     pub(crate) baseline: Option<Baseline>,
+    /// The loopback limit (tcp): the best raw-socket setting.
+    pub(crate) limit: Option<Baseline>,
 }
 
 /// The bench's `--json` document (docs/json.md).
@@ -57,6 +75,8 @@ pub(crate) struct Report {
     batch_size: u32,
     threads: u32,
     duration_s: f64,
+    /// Path and baselines measured alternately this many times.
+    rounds: u32,
     check: bool,
     points: Vec<Point>,
     chart: Option<String>,
@@ -100,6 +120,7 @@ impl Report {
             batch_size: args.batch_size,
             threads: args.threads,
             duration_s: args.duration,
+            rounds: args.rounds,
             check: args.check,
             points,
             chart: chart.map(|c| c.display().to_string()),
@@ -198,18 +219,28 @@ impl Report {
                     None => String::new(),
                 }
             );
-            if let Some(b) = &p.baseline {
+            if p.rounds_gbps.len() > 1 {
                 println!(
-                    "  {:>11}  {:8.3} GB/s baseline: {} ({:.0} % of it)",
+                    "  {:>11}  rounds: {} GB/s (the median round is shown)",
                     "",
-                    b.gbps,
-                    b.name,
-                    if b.gbps > 0.0 {
-                        p.gbps / b.gbps * 100.0
-                    } else {
-                        0.0
-                    }
+                    gbps_list(&p.rounds_gbps)
                 );
+            }
+            for (what, b) in [("baseline", &p.baseline), ("limit", &p.limit)] {
+                let Some(b) = b else { continue };
+                match &b.suspect {
+                    None => println!(
+                        "  {:>11}  {:8.3} GB/s {what}: {} (ratio {:.2})",
+                        "", b.gbps, b.name, b.ratio
+                    ),
+                    Some(why) => println!(
+                        "  {:>11}  {:8.3} GB/s {what}: {}: SUSPECT, no ratio: {why} (rounds {} GB/s)",
+                        "",
+                        b.gbps,
+                        b.name,
+                        gbps_list(&b.rounds_gbps)
+                    ),
+                }
             }
         }
         if self.check {
@@ -222,4 +253,12 @@ impl Report {
         }
         Ok(())
     }
+}
+
+/// `1.234 1.300 1.198`.
+fn gbps_list(v: &[f64]) -> String {
+    v.iter()
+        .map(|g| format!("{g:.3}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
