@@ -2,7 +2,7 @@
 //! carries to its peer, delivered once, after every byte of the batch.
 //!
 //! Initiator side: [`TransferEngine::submit_with_notification`] admits the
-//! batch like [`TransferEngine::submit`] and tracks it ([`tracker`]). The
+//! batch like [`TransferEngine::submit`] and tracks it (module `tracker`). The
 //! outcomes of its requests are held until the last one is made; then, on
 //! the engine's own threads (whichever pumps the core: a poller, a
 //! transport's reporting thread, the timer), the notification goes to the
@@ -11,14 +11,14 @@
 //! poll for it to go out. A batch with a request that failed, timed out or
 //! was cancelled sends nothing.
 //!
-//! Each path carries it after the bytes it placed: rdma as a SEND on an RC
-//! queue pair of the peer (module `rdma`), tcp as a `notification` frame
-//! on a session whose WRITEs the target answered only after applying
-//! them, local as a `notification` frame on the mapping session after the
-//! copies into the shared mapping finished.
+//! It goes on one of the rails the batch used, after the bytes they placed:
+//! rdma as a SEND on the rail's RC queue pair (module `rdma`), tcp as a
+//! `notification` frame on a session whose WRITEs the target answered only
+//! after applying them, local as a `notification` frame on the mapping
+//! session after the copies into the shared mapping finished.
 //!
 //! Target side: received notifications wait in a bounded queue
-//! ([`inbox`]; full: new ones refused and counted), read with
+//! (module `inbox`; full: new ones refused and counted), read with
 //! [`TransferEngine::notifications`] and
 //! [`TransferEngine::wait_notification`], each tagged with the source id
 //! and epoch the session or queue pair was admitted with.
