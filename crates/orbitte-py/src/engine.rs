@@ -4,7 +4,8 @@
 //! and local to same-host peers) and opens peers by session id
 //! ("host:port"), lazily and once per session id. Local memory is named by
 //! address ([`crate::memory`]), remote memory by the target's address
-//! ([`crate::remote`]). Every call that can block releases the GIL.
+//! ([`crate::remote`]). Every call that can block, waiting on the network,
+//! a timeout or one of the engine's locks, releases the GIL.
 
 use std::collections::HashMap;
 use std::net::ToSocketAddrs;
@@ -82,19 +83,22 @@ impl NativeEngine {
         };
         let engine = py
             .detach(|| {
-                EngineBuilder::new(source_id)
+                let b = EngineBuilder::new(source_id)
                     .rdma(cfg)
                     .request_timeout(request_timeout)
                     .drain_timeout(drain_timeout)
-                    .handshake_timeout(handshake_timeout)
-                    .build()
+                    .handshake_timeout(handshake_timeout);
+                if rdma {
+                    b.build()
+                } else {
+                    b.host_memory_without_rdma().build()
+                }
             })
             .map_err(|e| errors::ConfigError::new_err(e.to_string()))?;
         Ok(Self {
             inner: Arc::new(Node {
                 host_id: engine.host_id().to_owned(),
                 engine,
-                host_direct: rdma,
                 prefer,
                 rails: rails.max(1),
                 wait_timeout: request_timeout + drain_timeout + Duration::from_secs(5),
@@ -119,8 +123,8 @@ impl NativeEngine {
     }
 
     /// RDMA devices the provider lists (before any is initialized).
-    fn rdma_devices(&self) -> Vec<String> {
-        self.inner.engine.topology().listed
+    fn rdma_devices(&self, py: Python<'_>) -> Vec<String> {
+        py.detach(|| self.inner.engine.topology().listed)
     }
 
     /// Serves this engine's registrations on `addr` ("host:port", port 0:
@@ -216,12 +220,14 @@ impl NativeEngine {
     }
 
     /// Every local registration: (address, length).
-    fn registrations(&self) -> Vec<(u64, u64)> {
-        self.inner
-            .locals
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .ranges()
+    fn registrations(&self, py: Python<'_>) -> Vec<(u64, u64)> {
+        py.detach(|| {
+            self.inner
+                .locals
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .ranges()
+        })
     }
 
     /// Opens the peer at `session` ("host:port") now (it is also opened
@@ -347,10 +353,8 @@ impl NativeEngine {
 
     /// Every notification received so far, oldest first (never blocks):
     /// `(source_id, epoch, path, payload)` each.
-    fn notifications(&self) -> Vec<Received> {
-        self.inner
-            .engine
-            .notifications()
+    fn notifications(&self, py: Python<'_>) -> Vec<Received> {
+        py.detach(|| self.inner.engine.notifications())
             .into_iter()
             .map(received)
             .collect()
@@ -368,10 +372,8 @@ impl NativeEngine {
 
     /// The outcome of request `id` if it has one (taken: a second call
     /// returns None).
-    fn poll(&self, id: u64) -> Option<PyOutcome> {
-        self.inner
-            .engine
-            .poll(RequestId(id))
+    fn poll(&self, py: Python<'_>, id: u64) -> Option<PyOutcome> {
+        py.detach(|| self.inner.engine.poll(RequestId(id)))
             .as_ref()
             .map(PyOutcome::from)
     }
@@ -397,8 +399,8 @@ impl NativeEngine {
     }
 
     /// ("drained", 0) or ("pending", outstanding slices).
-    fn drain_status(&self, id: u64) -> (&'static str, u32) {
-        match self.inner.engine.drain_status(RequestId(id)) {
+    fn drain_status(&self, py: Python<'_>, id: u64) -> (&'static str, u32) {
+        match py.detach(|| self.inner.engine.drain_status(RequestId(id))) {
             DrainStatus::Drained => ("drained", 0),
             DrainStatus::Pending { slices } => ("pending", slices),
         }
@@ -406,8 +408,8 @@ impl NativeEngine {
 
     /// Logical cancel: the outcome says "cancelled"; DMA may still run
     /// until drained. False if the request already had its outcome.
-    fn cancel(&self, id: u64) -> bool {
-        self.inner.engine.cancel(RequestId(id))
+    fn cancel(&self, py: Python<'_>, id: u64) -> bool {
+        py.detach(|| self.inner.engine.cancel(RequestId(id)))
     }
 
     /// Stops serving, fences the engine, waits for drain and destroys

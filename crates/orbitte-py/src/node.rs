@@ -39,10 +39,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// What the engine serves and how it opens peers.
 pub(crate) struct Node {
+    /// Built with `host_memory_without_rdma` unless the caller asked for
+    /// rdma: `register` is then served by tcp and local only.
     pub(crate) engine: TransferEngine,
-    /// Register with Host Direct (MRs on every usable NIC) rather than for
-    /// the tcp and local paths only.
-    pub(crate) host_direct: bool,
     pub(crate) prefer: PathPreference,
     pub(crate) rails: usize,
     /// Longer than the request timeout: every request has an outcome by then.
@@ -334,13 +333,7 @@ impl Node {
         } else {
             Access::LocalOnly
         };
-        let reg = if self.host_direct {
-            self.engine.register_host(memory.clone(), access)
-        } else {
-            self.engine
-                .register_host_without_rdma(memory.clone(), access)
-        };
-        let reg = reg.map_err(|e| {
+        let reg = self.engine.register(memory.clone(), access).map_err(|e| {
             let code = match e {
                 orbitte::RegisterError::NoUsableNic { .. } => ERR_DEVICE_NOT_FOUND,
                 _ => ERR_INVALID_ARGUMENT,

@@ -62,6 +62,22 @@ def test_async_batch_and_status(mooncake_pair):
     assert (dst[:65536] == src[:65536]).all()
 
 
+def test_submit_and_check_status(mooncake_pair):
+    target, initiator, session, src, dst = mooncake_pair
+    b = initiator.transfer_submit_write(session, src.ctypes.data, dst.ctypes.data, 8192)
+    assert b > 0, initiator.last_error()
+    for _ in range(1000):
+        status = initiator.transfer_check_status(b)
+        if status != 0:
+            break
+        import time
+        time.sleep(0.001)
+    assert status == 1
+    assert (dst[:8192] == src[:8192]).all()
+    assert initiator.transfer_check_status(b) == -1  # taken
+    assert initiator.transfer_check_status(12345) == -1
+
+
 def test_get_first_buffer_address_and_managed_buffers(mooncake_pair):
     target, initiator, session, src, dst = mooncake_pair
     assert initiator.get_first_buffer_address(session) == dst.ctypes.data

@@ -127,6 +127,8 @@ class TransferEngine:
         self._hostname = ""
         self._tls = threading.local()
         self._managed: dict[int, Buffer] = {}
+        self._batches: dict[int, list] = {}
+        self._done: dict[int, dict] = {}
         self._lock = threading.Lock()
 
     # -- errors ---------------------------------------------------------
@@ -401,7 +403,6 @@ class TransferEngine:
             return 0
         batch_id = next(_count) + 1
         with self._lock:
-            self._batches = getattr(self, "_batches", {})
             self._batches[batch_id] = ids
         return batch_id
 
@@ -426,7 +427,7 @@ class TransferEngine:
         rc = 0
         for b in _ints(batch_ids):
             with self._lock:
-                ids = getattr(self, "_batches", {}).pop(b, None)
+                ids = self._batches.pop(b, None)
             if ids is None:
                 err = Error(f"unknown batch id {b}")
                 return self._fail("get_batch_transfer_status", err)
@@ -447,13 +448,10 @@ class TransferEngine:
     def transfer_check_status(self, batch_id: int) -> int:
         """1 done, 0 in progress, -1 failed, -2 timed out (Mooncake's)."""
         with self._lock:
-            ids = getattr(self, "_batches", {}).get(int(batch_id))
-        if ids is None:
-            return -1
-        done = getattr(self, "_done", None)
-        if done is None:
-            done = self._done = {}
-        outs = done.setdefault(int(batch_id), {})
+            ids = self._batches.get(int(batch_id))
+            if ids is None:
+                return -1
+            outs = self._done.setdefault(int(batch_id), {})
         for i in ids:
             if i not in outs:
                 o = self._engine().poll(i)
@@ -462,8 +460,8 @@ class TransferEngine:
                 outs[i] = o
         with self._lock:
             self._batches.pop(int(batch_id), None)
+            self._done.pop(int(batch_id), None)
         results = [outs[i] for i in ids]
-        done.pop(int(batch_id), None)
         if all(o.ok for o in results):
             return 1
         self._tls.error = LastError("transfer_check_status", -1, "a request did not complete", results)
