@@ -265,7 +265,7 @@ fn initialize(config: &RdmaConfig) -> Initialized {
             .contexts
             .into_iter()
             .map(|c| ContextRow {
-                nic: c.nic,
+                nic: c.nic.0,
                 device: c.device,
                 port: c.port,
                 gid_index: c.gid_index,

@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use orbitte_memory::{DmaBuffer, HostMemory};
-use orbitte_topology::{DeviceMask, MemoryLocation, RdmaConfig};
+use orbitte_topology::{DeviceMask, MemoryLocation, NicId, RdmaConfig};
 use orbitte_verbs::{self as verbs, Completion, Provider};
 use orbitte_wire::{self as wire, Epoch, PeerTable, SourceId};
 
@@ -123,9 +123,9 @@ pub struct RailInfo {
     /// The rail.
     pub rail: RailId,
     /// Local NIC ID (rdma).
-    pub nic: Option<u32>,
+    pub nic: Option<NicId>,
     /// Remote NIC ID (rdma).
-    pub remote_nic: Option<u32>,
+    pub remote_nic: Option<NicId>,
     /// Queue pair number (rdma), for diagnostics.
     pub qpn: Option<u32>,
     /// Local device name (rdma).
@@ -847,7 +847,7 @@ impl TransferEngine {
                     .nics
                     .iter()
                     .map(|n| ContextStatus {
-                        nic: n.id.0,
+                        nic: n.id,
                         device: n.identity.name.clone(),
                         driver: n.driver.clone(),
                         port: n.port,
@@ -1312,7 +1312,7 @@ impl TransferEngine {
                 let spec = st.core.rail_spec(rail);
                 let nic = spec.and_then(|s| s.nic);
                 if let Some(n) = nic
-                    && !mask.contains(orbitte_topology::NicId(n))
+                    && !mask.contains(NicId(n))
                 {
                     why.push(format!(
                         "rail {} (NIC ID {n}) outside the dispatch mask {mask}",
@@ -1667,8 +1667,8 @@ pub(crate) fn peer_info(st: &State, id: PeerId) -> PeerInfo {
                 let qp = st.rdma.rail(rail);
                 RailInfo {
                     rail,
-                    nic: spec.and_then(|s| s.nic),
-                    remote_nic: spec.and_then(|s| s.remote_nic),
+                    nic: spec.and_then(|s| s.nic).map(NicId),
+                    remote_nic: spec.and_then(|s| s.remote_nic).map(NicId),
                     qpn: qp.and_then(|r| r.qpn()),
                     device: qp.map(|r| r.device.clone()),
                     up: st.core.rail_is_up(rail),

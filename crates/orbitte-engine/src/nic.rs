@@ -69,7 +69,7 @@ pub struct EngineTopology {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContextStatus {
     /// NIC ID (topology position; bit of the dispatch mask).
-    pub nic: u32,
+    pub nic: NicId,
     /// Device name.
     pub device: String,
     /// Kernel driver / provider the device list reported (`mlx5_core`,

@@ -81,7 +81,7 @@ pub struct FailureInfo {
     /// That rail's path.
     pub path: PathKind,
     /// Local NIC ID of the rail (rdma).
-    pub nic: Option<u32>,
+    pub nic: Option<orbitte_topology::NicId>,
     /// What the transport said.
     pub status: SliceFailure,
 }
@@ -94,7 +94,7 @@ impl fmt::Display for FailureInfo {
             self.slice, self.offset, self.path, self.rail.0
         )?;
         if let Some(n) = self.nic {
-            write!(f, " (NIC ID {n})")?;
+            write!(f, " (NIC ID {})", n.0)?;
         }
         write!(f, ": {}", self.status)
     }

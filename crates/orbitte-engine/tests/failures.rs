@@ -17,6 +17,7 @@ use orbitte_engine::{
     UnregisterError,
 };
 use orbitte_memory::HostMemory;
+use orbitte_topology::NicId;
 use orbitte_verbs::sim::{Delivery, SimFabric, WrMatch};
 use orbitte_verbs::{QpState, WcStatus};
 
@@ -97,7 +98,7 @@ fn an_uncertain_write_may_have_changed_remote_bytes() {
     assert_eq!(o.status, Status::Failed);
     let f = o.failure.clone().unwrap();
     assert_eq!(f.slice, 1);
-    assert_eq!(f.nic, Some(0));
+    assert_eq!(f.nic, Some(NicId(0)));
     assert!(
         matches!(f.status, SliceFailure::Completion { code: 11, .. }),
         "{f:?}"
@@ -183,7 +184,11 @@ fn port_paused_mid_batch_gives_the_documented_outcome_within_the_timeout() {
         "{o:?}"
     );
     if let Some(f) = &o.failure {
-        assert_eq!(f.nic, Some(0), "the failure names the paused rail: {f:?}");
+        assert_eq!(
+            f.nic,
+            Some(NicId(0)),
+            "the failure names the paused rail: {f:?}"
+        );
     }
     drive_drain(&s.fabric, &s.a, id);
     check_bytes(
@@ -195,7 +200,10 @@ fn port_paused_mid_batch_gives_the_documented_outcome_within_the_timeout() {
     // Nothing is replayed through a1: a new request is refused only if no
     // rail is left; a1 still carries new work.
     let rails = &s.a.peers()[0].rails;
-    assert!(rails.iter().any(|r| r.nic == Some(1) && r.up), "{rails:?}");
+    assert!(
+        rails.iter().any(|r| r.nic == Some(NicId(1)) && r.up),
+        "{rails:?}"
+    );
     // The port recovers, but a0's queue pair saw errors: that rail stays
     // down (reopen the peer to replace it) instead of failing every new
     // request with flushes.
@@ -203,7 +211,7 @@ fn port_paused_mid_batch_gives_the_documented_outcome_within_the_timeout() {
     std::thread::sleep(Duration::from_millis(20));
     assert!(s.a.topology().contexts.iter().all(|c| c.port_active));
     let rails = &s.a.peers()[0].rails;
-    let a0 = rails.iter().find(|r| r.nic == Some(0)).unwrap();
+    let a0 = rails.iter().find(|r| r.nic == Some(NicId(0))).unwrap();
     if o.failure.is_some() {
         assert!(!a0.up, "{rails:?}");
     }
@@ -257,7 +265,7 @@ fn error_completion_reports_slice_rail_and_status() {
     let o = drive_wait(&s.fabric, &s.a, id);
     assert_eq!(o.status, Status::Failed);
     let f = o.failure.clone().unwrap();
-    assert_eq!((f.nic, f.path.name()), (Some(1), "rdma"));
+    assert_eq!((f.nic, f.path.name()), (Some(NicId(1)), "rdma"));
     assert!(
         matches!(f.status, SliceFailure::Completion { code: 10, .. }),
         "{f:?}"
@@ -295,7 +303,7 @@ fn the_current_implementation_does_not_replay_a_failed_transfer_through_another_
     drive_drain(&s.fabric, &s.a, id);
     assert_eq!(o.status, Status::Failed);
     let f = o.failure.clone().unwrap();
-    assert_eq!(f.nic, Some(0));
+    assert_eq!(f.nic, Some(NicId(0)));
     let after = s.dst.to_vec(0, LEN).unwrap();
     let slice = f.slice as usize * 4096;
     assert_eq!(
@@ -351,7 +359,11 @@ fn a_post_failing_part_way_gives_prefix_failure_remote_effect_and_drain() {
         println!("signal interval {signal_interval}: {o:?}");
         assert_eq!(o.status, Status::Failed, "{o:?}");
         let f = o.failure.clone().unwrap();
-        assert_eq!((f.slice, f.offset, f.nic), (2, 2 * 4096, Some(0)), "{f:?}");
+        assert_eq!(
+            (f.slice, f.offset, f.nic),
+            (2, 2 * 4096, Some(NicId(0))),
+            "{f:?}"
+        );
         let SliceFailure::PostFailed(reason) = &f.status else {
             panic!("{f:?}")
         };

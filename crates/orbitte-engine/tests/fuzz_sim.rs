@@ -545,7 +545,7 @@ fn one(seed: u64) -> Vec<String> {
 /// NIC ID and QP number of the first rail of `e`'s first peer.
 fn rail_of(e: &TransferEngine) -> Option<(u32, u32)> {
     let rail = e.peers().first()?.rails.first()?.clone();
-    Some((rail.nic?, rail.qpn?))
+    Some((rail.nic?.0, rail.qpn?))
 }
 
 /// Up to four disjoint requests into the buffers' halves starting at

@@ -14,6 +14,7 @@ use orbitte_engine::{
     TransferRequest, UnregisterError,
 };
 use orbitte_memory::HostMemory;
+use orbitte_topology::NicId;
 use orbitte_verbs::ObjectKind;
 use orbitte_verbs::sim::{Delivery, SimFabric};
 
@@ -74,7 +75,7 @@ fn a_successful_registration_does_not_mean_a_route_is_ready_inspect_topology_and
         !a.topology()
             .contexts
             .iter()
-            .find(|c| c.nic == 1)
+            .find(|c| c.nic.0 == 1)
             .unwrap()
             .port_active
     );
@@ -84,7 +85,7 @@ fn a_successful_registration_does_not_mean_a_route_is_ready_inspect_topology_and
         a.peers()[0]
             .rails
             .iter()
-            .any(|r| r.nic == Some(1) && !r.up)
+            .any(|r| r.nic == Some(NicId(1)) && !r.up)
             .then_some(())
     });
     let err = a.submit(&[req]).unwrap_err();

@@ -12,7 +12,7 @@ use orbitte_engine::{
     Access, DeviceMask, EngineBuilder, RangeId, RdmaConfig, RegisterError, Status, SubmitError,
     TransferRequest,
 };
-use orbitte_topology::{GidType, InertCause, ProviderVisibility};
+use orbitte_topology::{GidType, InertCause, NicId, ProviderVisibility};
 use orbitte_verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric, WrMatch};
 use orbitte_verbs::{NodeAccess, WcStatus};
 
@@ -254,7 +254,7 @@ fn device_mask_uses_topology_nic_ids_whatever_order_the_provider_lists_devices_i
     let rb = register(&b, &region(8192, 2), Access::REMOTE_READ_WRITE);
     let (pb, _) = connect(&a, &b);
     for rail in &pb.rails {
-        let expected = ["a1", "a2", "a10"][rail.nic.unwrap() as usize];
+        let expected = ["a1", "a2", "a10"][rail.nic.unwrap().index()];
         assert_eq!(rail.device.as_deref(), Some(expected), "{rail:?}");
     }
     // Bit 1 of the mask is NIC ID 1, a2: a failure injected on a2 is the
@@ -268,7 +268,11 @@ fn device_mask_uses_topology_nic_ids_whatever_order_the_provider_lists_devices_i
     let id = a.submit(&[req]).unwrap()[0];
     let o = a.wait(id, Duration::from_secs(5)).unwrap();
     assert_eq!(o.status, Status::Failed, "{o:?}");
-    assert_eq!(o.failure.as_ref().and_then(|f| f.nic), Some(1), "{o:?}");
+    assert_eq!(
+        o.failure.as_ref().and_then(|f| f.nic),
+        Some(NicId(1)),
+        "{o:?}"
+    );
 }
 
 #[test]

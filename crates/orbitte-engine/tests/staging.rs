@@ -293,7 +293,7 @@ fn child_write_failure() {
     let info = info.expect("failure information");
     assert_eq!(
         (info.slice, info.nic, info.path),
-        (1, Some(0), PathKind::Rdma)
+        (1, Some(orbitte_topology::NicId(0)), PathKind::Rdma)
     );
     assert_eq!(
         info.offset,

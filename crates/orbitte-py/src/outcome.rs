@@ -86,7 +86,7 @@ impl From<&Outcome> for PyOutcome {
             failure_slice: f.map(|f| f.slice),
             failure_offset: f.map(|f| f.offset),
             failure_path: f.map(|f| f.path.name()),
-            failure_nic: f.and_then(|f| f.nic),
+            failure_nic: f.and_then(|f| f.nic).map(|n| n.0),
             uncertain: (o.uncertain.start, o.uncertain.end),
             remote_effect,
             remote_effect_bytes,

@@ -603,7 +603,7 @@ impl Core {
                         offset: u64::from(slot.index) * u64::from(self.config.slice_size),
                         rail: RailId(slot.rail),
                         path: spec.path,
-                        nic: spec.nic,
+                        nic: spec.nic.map(orbitte_topology::NicId),
                         status: failure,
                     });
                 }
@@ -744,7 +744,7 @@ impl Core {
                     offset: u64::from(index) * u64::from(self.config.slice_size),
                     rail,
                     path: spec.path,
-                    nic: spec.nic,
+                    nic: spec.nic.map(orbitte_topology::NicId),
                     status: SliceFailure::RailDown(reason.clone()),
                 });
             }

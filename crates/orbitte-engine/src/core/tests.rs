@@ -349,7 +349,10 @@ fn error_completion_fails_request_without_replay_on_other_rail() {
     let o = &h.outcomes[0];
     assert_eq!(o.status, Status::Failed);
     let f = o.failure.as_ref().unwrap();
-    assert_eq!((f.slice, f.rail, f.nic), (2, rails[0], Some(0)));
+    assert_eq!(
+        (f.slice, f.rail, f.nic),
+        (2, rails[0], Some(orbitte_topology::NicId(0)))
+    );
     assert!(matches!(
         f.status,
         SliceFailure::Completion { code: 12, .. }
