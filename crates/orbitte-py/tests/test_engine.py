@@ -142,3 +142,38 @@ def test_doctor_returns_the_matrix_as_data():
             if r[check]["result"] == "fail":
                 assert r[check]["reason"] and r[check]["fix"]
     assert paths["tcp"]["completion"]["result"] == "pass"
+
+
+class DLPackOnly:
+    """Exposes a numpy array through DLPack alone (no buffer protocol), as
+    array libraries other than numpy do."""
+
+    def __init__(self, array):
+        self._a = array
+
+    def __dlpack__(self, stream=None):
+        return self._a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+class OnDevice(DLPackOnly):
+    def __dlpack_device__(self):
+        return (2, 0)  # kDLCUDA
+
+
+def test_register_a_dlpack_tensor(pair):
+    target, initiator = pair
+    dst = target.alloc(1 << 16)
+    target.register(dst)
+    arr = np.arange(4096, dtype=np.uint32)  # 16 KiB
+    reg = initiator.register(DLPackOnly(arr), remote=False)
+    assert reg.address == arr.ctypes.data and reg.length == arr.nbytes
+    peer = initiator.connect(target.address)
+    initiator.transfer(peer, [orbitte.write(reg, peer.range(0))])
+    assert bytes(dst.view[: arr.nbytes]) == arr.tobytes()
+    with pytest.raises(orbitte.RegisterError, match="device type 2"):
+        initiator.register(OnDevice(np.zeros(16, dtype=np.uint8)))
+    with pytest.raises(orbitte.RegisterError, match="contiguous"):
+        initiator.register(DLPackOnly(np.zeros((8, 8), dtype=np.uint8)[:, ::2]))

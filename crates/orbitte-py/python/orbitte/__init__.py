@@ -87,8 +87,8 @@ def buffer_address(obj: Any, length: Optional[int] = None) -> tuple[int, int, An
     """``(address, length, keepalive)`` of memory handed in by a caller.
 
     Accepts a writable C-contiguous buffer (bytearray, memoryview, numpy
-    array, mmap), a CPU torch tensor, a :class:`Buffer`, or an int address
-    with ``length``. The keepalive pins the memory: a buffer export, so a
+    array, mmap), a CPU torch tensor, a DLPack tensor in host memory
+    (``__dlpack__``), a :class:`Buffer`, or an int address with ``length``. The keepalive pins the memory: a buffer export, so a
     bytearray cannot be resized while it is registered."""
     if isinstance(obj, Buffer):
         return obj.address, obj.length, obj
@@ -111,9 +111,12 @@ def buffer_address(obj: Any, length: Optional[int] = None) -> tuple[int, int, An
     try:
         view = memoryview(obj)
     except TypeError:
+        if hasattr(obj, "__dlpack__"):
+            return _dlpack_address(obj, length)
         raise TypeError(
             f"cannot register a {type(obj).__name__}: pass a writable buffer (bytearray, numpy array, "
-            "memoryview), a CPU torch tensor, an orbitte.Buffer or (address, length)"
+            "memoryview), a DLPack tensor in host memory, a CPU torch tensor, an orbitte.Buffer or "
+            "(address, length)"
         ) from None
     if view.readonly:
         raise RegisterError(
@@ -126,6 +129,67 @@ def buffer_address(obj: Any, length: Optional[int] = None) -> tuple[int, int, An
         raise RegisterError("the buffer is empty: register at least one byte")
     pin = (ctypes.c_char * n).from_buffer(view)
     return ctypes.addressof(pin), n if length is None else int(length), (obj, view, pin)
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+# DLPack device types whose memory this process can address: CPU, CUDA host
+# (pinned) and ROCm host.
+_DL_HOST_DEVICES = {1: "cpu", 3: "cuda_host", 11: "rocm_host"}
+
+
+def _dlpack_address(obj: Any, length: Optional[int]) -> tuple[int, int, Any]:
+    """``(address, length, keepalive)`` of a DLPack tensor in host memory;
+    the keepalive is the capsule, which owns the producer's reference."""
+    if hasattr(obj, "__dlpack_device__"):
+        kind, _ = obj.__dlpack_device__()
+        if int(kind) not in _DL_HOST_DEVICES:
+            raise RegisterError(
+                f"a DLPack tensor on device type {int(kind)} cannot be registered here: OrbitTE registers "
+                "host memory; copy it to host memory or use the cuda-staging path"
+            )
+    capsule = obj.__dlpack__()
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    try:
+        managed = get(capsule, b"dltensor")
+    except ValueError:
+        raise RegisterError("the object's __dlpack__ gave no unconsumed 'dltensor' capsule") from None
+    t = _DLTensor.from_address(managed)  # DLManagedTensor starts with its DLTensor
+    if t.device.device_type not in _DL_HOST_DEVICES:
+        raise RegisterError(f"a DLPack tensor on device type {t.device.device_type} is not host memory")
+    shape = [t.shape[i] for i in range(t.ndim)]
+    itemsize = (t.dtype.bits * t.dtype.lanes + 7) // 8
+    if t.strides:
+        expect = itemsize
+        for i in reversed(range(t.ndim)):
+            if shape[i] != 1 and t.strides[i] * itemsize != expect:
+                raise RegisterError("the DLPack tensor is not contiguous: make it contiguous first")
+            expect *= shape[i]
+    n = itemsize
+    for d in shape:
+        n *= d
+    if n == 0:
+        raise RegisterError("the DLPack tensor is empty: register at least one byte")
+    return (t.data or 0) + t.byte_offset, n if length is None else int(length), (obj, capsule)
 
 
 class Buffer:
