@@ -999,7 +999,7 @@ impl TransferEngine {
                 Ok(m) => m,
                 Err(source) => {
                     failure = Some(RegisterError::Native {
-                        nic: *nic,
+                        nic: NicId(*nic),
                         device: Box::new(identity.clone()),
                         copy: "local-access",
                         len,
@@ -1019,7 +1019,7 @@ impl TransferEngine {
                             remote: None,
                         });
                         failure = Some(RegisterError::Native {
-                            nic: *nic,
+                            nic: NicId(*nic),
                             device: Box::new(identity.clone()),
                             copy: "remote-access",
                             len,

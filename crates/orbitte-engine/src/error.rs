@@ -103,12 +103,13 @@ pub enum RegisterError {
     /// A native registration failed on one context. The copies already made
     /// were released. There is no automatic switch to staging.
     #[error(
-        "registering {len} bytes ({copy} copy) on NIC ID {nic} ({device}) failed: {source}; \
-         no automatic switch to staging was made"
+        "registering {len} bytes ({copy} copy) on NIC ID {} ({device}) failed: {source}; \
+         no automatic switch to staging was made",
+        nic.0
     )]
     Native {
         /// NIC ID.
-        nic: u32,
+        nic: orbitte_topology::NicId,
         /// Device identity.
         device: Box<verbs::DeviceIdentity>,
         /// `local-access` or `remote-access`.
@@ -260,10 +261,10 @@ pub enum OpenPeerError {
     #[error("no usable rail: {0}")]
     NoRail(String),
     /// A verbs call failed while making a rail.
-    #[error("making a rail on NIC ID {nic} ({device}) failed: {source}")]
+    #[error("making a rail on NIC ID {} ({device}) failed: {source}", .nic.0)]
     Verbs {
         /// NIC ID.
-        nic: u32,
+        nic: orbitte_topology::NicId,
         /// Device identity.
         device: String,
         /// The verbs error (or the value the wire cannot carry).

@@ -77,7 +77,7 @@ fn remote_endpoint(e: &wire::RailEndpoint, ll_ib: bool) -> verbs::RemoteEndpoint
 
 fn verbs_err(n: &NicCtx, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> OpenPeerError {
     OpenPeerError::Verbs {
-        nic: n.id.0,
+        nic: n.id,
         device: n.identity.name.clone(),
         source: e.into(),
     }

@@ -159,7 +159,7 @@ fn check_the_original_device_error_and_count_physical_copies_one_per_context_loc
             source,
             ..
         } => {
-            assert_eq!(*nic, 1);
+            assert_eq!(*nic, NicId(1));
             assert_eq!(device.name, "a1");
             assert_eq!(*copy, "local-access");
             assert!(
@@ -348,7 +348,7 @@ fn a_failure_part_way_releases_the_copies_already_made() {
             nic, device, copy, ..
         } => assert_eq!(
             (*nic, device.name.as_str(), *copy),
-            (2, "a2", "local-access")
+            (NicId(2), "a2", "local-access")
         ),
         other => panic!("expected a native error on a2, got {other:?}"),
     }
