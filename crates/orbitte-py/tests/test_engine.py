@@ -177,3 +177,15 @@ def test_register_a_dlpack_tensor(pair):
         initiator.register(OnDevice(np.zeros(16, dtype=np.uint8)))
     with pytest.raises(orbitte.RegisterError, match="contiguous"):
         initiator.register(DLPackOnly(np.zeros((8, 8), dtype=np.uint8)[:, ::2]))
+
+
+def test_python_m_orbitte_prints_the_matrix():
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "orbitte"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("rdma\n") and "\ntcp\n" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "orbitte", "--json"], capture_output=True, text=True, timeout=120)
+    assert {r["path"] for r in json.loads(out.stdout)} >= {"rdma", "tcp", "local"}
