@@ -7,6 +7,7 @@
 mod attack;
 mod bindgen;
 mod build_and_check;
+mod perf;
 mod softroce;
 mod tidy;
 
@@ -21,6 +22,9 @@ tasks:
                        start `orbitte serve` and attack it (pre-auth floods, huge
                        announced frames, log injection, slow readers, frame
                        mutation for N s); check it lives, stays bounded and serves
+  perf [--seconds S] [--rounds N] [--docs] [--no-build]
+                       the release orbitte's throughput matrix (tcp, local, rdma-sim)
+                       next to its baselines; writes target/perf/ (--docs: docs/performance.md)
   softroce build|run|test  native verbs tests on Soft-RoCE in a qemu guest (docs/testing.md)
   bindgen [--check]    regenerate orbitte-verbs-sys's bindings (--check: fail on drift)
   build-and-check [--no-cargo]
@@ -38,6 +42,7 @@ fn main() -> ExitCode {
     let result = match task.as_str() {
         "tidy" => tidy::run(rest),
         "attack" => attack::run(rest),
+        "perf" => perf::run(rest),
         "softroce" => softroce::run(rest),
         "bindgen" => bindgen::run(rest),
         "build-and-check" => build_and_check::run(rest),
