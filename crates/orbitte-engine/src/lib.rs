@@ -48,7 +48,7 @@
 //! ```
 //!
 //! # Shape
-//! - [`core`]: the sans-IO core (requests in, work items out; completions
+//! - `core`: the sans-IO core (requests in, work items out; completions
 //!   and time in, outcomes out), unit-tested with virtual time.
 //! - [`transport`]: the seam where paths plug in (rdma here; tcp and local
 //!   in the net modules).
@@ -72,7 +72,13 @@
 pub mod capability;
 mod config;
 pub mod control;
+// The sans-IO core is the engine's own business; tests and benches drive
+// it directly through the `testing` feature.
+#[cfg(feature = "testing")]
 pub mod core;
+#[cfg(not(feature = "testing"))]
+#[allow(unreachable_pub)] // its items are public to the crate's own modules only
+pub(crate) mod core;
 mod engine;
 pub mod error;
 mod lookup;

@@ -1,7 +1,7 @@
 //! The transport seam: how a path (rdma, tcp, local) executes slices and
 //! reports what happened to them.
 //!
-//! The engine's sans-IO [core](crate::core::Core) cuts every request into
+//! The engine's sans-IO core (`core::Core`) cuts every request into
 //! slices and hands them out as [`WorkItem`]s, each bound to one *rail*
 //! (one queue pair for rdma, one connection for tcp, one mapping for local).
 //! A [`Transport`] owns rails and executes their work items; it reports
@@ -331,7 +331,7 @@ pub trait Transport: Send + fmt::Debug {
     fn flush(&mut self, rail: RailId) -> Result<(), CleanupError>;
 
     /// Flushes the rail with a marker (see
-    /// [`Core::poll_flush`](crate::core::Core::poll_flush)): a transport
+    /// `Core::poll_flush`): a transport
     /// with selective signaling moves the rail to the error state first and
     /// then posts `marker` as a signaled item (so it is flushed after every
     /// earlier item and never executes at the peer), and reports it like

@@ -192,6 +192,7 @@ impl Core {
     }
 
     /// The settings.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // tests and benches read it
     pub fn config(&self) -> CoreConfig {
         self.config
     }
@@ -262,6 +263,7 @@ impl Core {
     }
 
     /// Requests not yet drained (with or without an outcome).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // tests and benches read it
     pub fn live_requests(&self) -> usize {
         self.live
     }
