@@ -140,7 +140,7 @@ fn one_listener_per_engine_and_clear_connect_errors() {
     // By name without cluster metadata: says what is missing.
     #[cfg(feature = "etcd")]
     assert!(matches!(
-        client.connect_by_name("api-target", ConnectOptions::new()),
+        client.connect_by_name("api-target"),
         Err(ConnectError::NoMetadata)
     ));
     let _ = client.shutdown(Duration::from_secs(5));

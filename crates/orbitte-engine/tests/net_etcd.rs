@@ -222,7 +222,7 @@ fn an_engine_found_through_etcd_is_opened_and_serves_requests() {
     );
 
     let peer = client
-        .connect_by_name("etcd-target", ConnectOptions::new().path(PathKind::Tcp))
+        .connect_by_name_with("etcd-target", ConnectOptions::new().path(PathKind::Tcp))
         .unwrap();
     assert_eq!(peer.path, PathKind::Tcp);
     let dst = HostMemory::alloc(1 << 20).unwrap();
@@ -240,9 +240,7 @@ fn an_engine_found_through_etcd_is_opened_and_serves_requests() {
     );
 
     // Unknown sources are an error naming the cause.
-    let e = client
-        .connect_by_name("nobody", ConnectOptions::new())
-        .unwrap_err();
+    let e = client.connect_by_name("nobody").unwrap_err();
     assert!(matches!(e, ConnectError::NotInMetadata { .. }), "{e}");
     assert!(e.to_string().contains("no record of nobody"), "{e}");
     let _ = client.shutdown(Duration::from_secs(5));

@@ -60,12 +60,19 @@ impl TransferEngine {
     }
 
     /// Opens the engine that cluster metadata (etcd, see
-    /// [`EngineBuilder::etcd`](crate::EngineBuilder::etcd)) lists as
-    /// `source_id`: looks its record up, then connects at the recorded
-    /// address. The session's epoch rule still decides: a record whose
-    /// listener now belongs to an older incarnation is refused.
+    /// [`EngineBuilder::metadata`](crate::EngineBuilder::metadata)) lists
+    /// as `source_id`, with the default [`ConnectOptions`]: looks its
+    /// record up, then connects at the recorded address. The session's
+    /// epoch rule still decides: a record whose listener now belongs to an
+    /// older incarnation is refused.
     #[cfg(feature = "etcd")]
-    pub fn connect_by_name(
+    pub fn connect_by_name(&self, source_id: &str) -> Result<Peer, ConnectError> {
+        self.connect_by_name_with(source_id, ConnectOptions::default())
+    }
+
+    /// [`connect_by_name`](Self::connect_by_name) with explicit options.
+    #[cfg(feature = "etcd")]
+    pub fn connect_by_name_with(
         &self,
         source_id: &str,
         options: ConnectOptions,
