@@ -82,7 +82,7 @@ fn attacks(server: &mut Server, seconds: u64) -> Result<(), String> {
         base.rss >> 20,
         base.fds
     );
-    type Attack = fn(&Server) -> Result<(), String>;
+    type Attack = fn(&Server, &Measure) -> Result<(), String>;
     let list: [(&str, Attack); 7] = [
         ("silent connections", silent_connections),
         ("announced hello", announced_hello),
@@ -94,7 +94,7 @@ fn attacks(server: &mut Server, seconds: u64) -> Result<(), String> {
     ];
     for (name, attack) in list {
         let started = Instant::now();
-        attack(server).map_err(|e| format!("{name}: {e}"))?;
+        attack(server, &base).map_err(|e| format!("{name}: {e}"))?;
         server.after(name, &base)?;
         println!(
             "xtask attack: {name}: held ({:.1} s)",
@@ -251,13 +251,7 @@ impl Server {
                 now.fds, base.fds
             ));
         }
-        if now.rss > base.rss + RSS_SLACK {
-            return Err(format!(
-                "after {what}: the server holds {} MiB resident, {} MiB at the start",
-                now.rss >> 20,
-                base.rss >> 20
-            ));
-        }
+        within(&now, base, &format!("after {what}"))?;
         let log = std::fs::read(&self.log).map_err(|e| format!("cannot read the log: {e}"))?;
         if log.contains(&0x1b) {
             return Err(format!(
@@ -387,7 +381,7 @@ fn header(frame_type: FrameType, body_len: u32) -> [u8; HEADER_LEN] {
 
 /// 300 connections that never say a word, held while a legitimate peer
 /// needs a session.
-fn silent_connections(server: &Server) -> Result<(), String> {
+fn silent_connections(server: &Server, _: &Measure) -> Result<(), String> {
     let held: Vec<TcpStream> = (0..300)
         .filter_map(|i| connect_from(2 + (i % 40) as u8, server.addr).ok())
         .collect();
@@ -419,7 +413,7 @@ fn silent_connections(server: &Server) -> Result<(), String> {
 }
 
 /// 250 connections each announce a 4 MiB hello and send nothing more.
-fn announced_hello(server: &Server) -> Result<(), String> {
+fn announced_hello(server: &Server, base: &Measure) -> Result<(), String> {
     let mut held = Vec::new();
     for i in 0..250 {
         let Ok(mut s) = connect_from(2 + (i % 40) as u8, server.addr) else {
@@ -437,12 +431,12 @@ fn announced_hello(server: &Server) -> Result<(), String> {
         "xtask attack:   with 250 announced hellos held: {} MiB resident",
         m.rss >> 20
     );
-    Ok(())
+    within(&m, base, "while 250 announced hellos were held")
 }
 
 /// 100 authenticated sessions each announce a 4 MiB publication and send
 /// 16 bytes of it.
-fn announced_publication(server: &Server) -> Result<(), String> {
+fn announced_publication(server: &Server, base: &Measure) -> Result<(), String> {
     let mut held = Vec::new();
     for i in 0..100 {
         let (mut s, _) = handshake(server.addr, &format!("announcer-{i}"))?;
@@ -459,11 +453,23 @@ fn announced_publication(server: &Server) -> Result<(), String> {
         "xtask attack:   with 100 announced publications held: {} MiB resident",
         m.rss >> 20
     );
+    within(&m, base, "while 100 announced publications were held")
+}
+
+/// Resident memory within [`RSS_SLACK`] of the start.
+fn within(m: &Measure, base: &Measure, when: &str) -> Result<(), String> {
+    if m.rss > base.rss + RSS_SLACK {
+        return Err(format!(
+            "{} MiB resident {when}, {} MiB at the start",
+            m.rss >> 20,
+            base.rss >> 20
+        ));
+    }
     Ok(())
 }
 
 /// Source ids that would forge log lines and drive a terminal.
-fn log_injection(server: &Server) -> Result<(), String> {
+fn log_injection(server: &Server, _: &Measure) -> Result<(), String> {
     for i in 0..20 {
         let Ok(mut s) = connect(server.addr) else {
             continue;
@@ -488,7 +494,7 @@ fn log_injection(server: &Server) -> Result<(), String> {
 
 /// 2000 connections that speak HTTP: every one is refused; the log keeps
 /// to its budget.
-fn refusal_flood(server: &Server) -> Result<(), String> {
+fn refusal_flood(server: &Server, _: &Measure) -> Result<(), String> {
     let count = |log: &str| log.lines().filter(|l| l.contains("bad magic")).count() as u64;
     let before = count(&String::from_utf8_lossy(
         &std::fs::read(&server.log).map_err(|e| e.to_string())?,
@@ -517,7 +523,7 @@ fn refusal_flood(server: &Server) -> Result<(), String> {
 
 /// Peers that ask for a 16 MiB READ and never read the answer: the server
 /// closes them within its io_timeout (10 s) and lets go of their sockets.
-fn slow_readers(server: &Server) -> Result<(), String> {
+fn slow_readers(server: &Server, _: &Measure) -> Result<(), String> {
     let mut held = Vec::new();
     for i in 0..4 {
         let (mut s, p) = handshake(server.addr, &format!("slow-reader-{i}"))?;
@@ -544,7 +550,7 @@ fn slow_readers(server: &Server) -> Result<(), String> {
 }
 
 /// 1500 handshakes, each with a new source id.
-fn source_id_flood(server: &Server) -> Result<(), String> {
+fn source_id_flood(server: &Server, _: &Measure) -> Result<(), String> {
     for i in 0..1500 {
         let (s, _) = handshake(server.addr, &format!("flood-{i}"))?;
         drop(s);
