@@ -63,11 +63,13 @@ pub(crate) fn point(rounds: Vec<Point>) -> Option<Point> {
 /// A baseline's rounds judged against the path's median GB/s. `None`
 /// when it was never measured.
 pub(crate) fn baseline(path_gbps: f64, samples: &[Sample]) -> Option<Baseline> {
-    let first = samples.first()?;
     let rounds: Vec<f64> = samples.iter().map(|s| s.gbps).collect();
-    let gbps = median(&rounds);
+    // Named after its median round (the loopback limit keeps the best
+    // setting of each round, which may differ between rounds).
+    let mid = samples.get(median_index(&rounds)?)?;
+    let gbps = mid.gbps;
     Some(Baseline {
-        name: first.name.clone(),
+        name: mid.name.clone(),
         gbps,
         seconds: samples.iter().map(|s| s.seconds).sum(),
         ratio: if gbps > 0.0 { path_gbps / gbps } else { 0.0 },
