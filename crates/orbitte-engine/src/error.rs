@@ -240,7 +240,7 @@ pub enum OpenPeerError {
         /// What was expected.
         expected: &'static str,
         /// What came.
-        got: String,
+        got: wire::FrameType,
     },
     /// The peer refused (an `error` frame or a `connect-reject`).
     #[error("peer rejected the rdma connection: {code}: {message}")]

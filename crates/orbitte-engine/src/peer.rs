@@ -741,7 +741,7 @@ fn unexpected(expected: &'static str, got: &Frame) -> OpenPeerError {
         },
         other => OpenPeerError::Unexpected {
             expected,
-            got: format!("{:?}", other.frame_type()),
+            got: other.frame_type(),
         },
     }
 }

@@ -493,7 +493,7 @@ pub enum ConnectError {
 
 /// The tcp and local transports of one engine.
 #[derive(Debug)]
-pub struct NetPaths {
+pub(crate) struct NetPaths {
     cfg: SessionConfig,
     tcp: Arc<TcpTransport>,
     tcp_id: TransportId,
@@ -525,23 +525,13 @@ impl NetPaths {
         }
     }
 
-    /// The tcp transport (for statistics and tests).
-    pub fn tcp(&self) -> &Arc<TcpTransport> {
-        &self.tcp
-    }
-
-    /// The local transport.
-    pub fn local(&self) -> &Arc<LocalTransport> {
-        &self.local
-    }
-
     /// Opens the engine listening at `addr` as a peer of `engine` with
     /// `rails` rails (tcp connections or local worker threads; rdma opens
     /// one rail per usable NIC) on the path chosen by `prefer`. The rdma
     /// control link is a session to the same address opened for
     /// [`SessionPurpose::RDMA_CONTROL`]. See the module docs and
     /// docs/paths.md.
-    pub fn open_peer(
+    pub(crate) fn open_peer(
         &self,
         engine: &TransferEngine,
         addr: SocketAddr,

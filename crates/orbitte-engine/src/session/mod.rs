@@ -30,9 +30,11 @@
 //! is logged with its reason (`tracing` warn, peer text escaped, at most
 //! `refusal_logs_per_second`) and kept in [`ClosedSession`] records.
 //!
-//! On a [`TransferEngine`](crate::TransferEngine): `serve_tcp` (target),
-//! `attach_net` + [`NetPaths::open_peer`] (initiator, path policy in
-//! [`path`]), [`TcpControlLink`] for the rdma control channel, and
+//! On a [`TransferEngine`](crate::TransferEngine): the engine's own
+//! [`Listener`] (`EngineBuilder::listen`, serving data sessions, same-host
+//! mapping and rdma control sessions, told apart by `hello.purpose`),
+//! `TransferEngine::connect` (initiator, path policy in [`path`]),
+//! [`TcpControlLink`] (the control link over a session's socket), and
 //! [`probe`] for the capability rows. The path policy and the limits are
 //! in `docs/paths.md`.
 
@@ -55,7 +57,8 @@ use orbitte_wire::{
     AdmitError, Capabilities, DecodeError, EncodeError, Epoch, ErrorCode, HostId, SourceId,
 };
 
-pub use engine_net::{ConnectError, ConnectOptions, ListenError, NetPaths, PathPreference, Peer};
+pub(crate) use engine_net::NetPaths;
+pub use engine_net::{ConnectError, ConnectOptions, ListenError, PathPreference, Peer};
 pub use handshake::Handshake;
 pub use link::TcpControlLink;
 pub use listener::{ClosedSession, Listener, ListenerStats};
