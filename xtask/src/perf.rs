@@ -403,13 +403,34 @@ fn judged(b: &Value, notes: &mut Vec<String>, what: &str) -> (String, String) {
     (format!("{gbps:.2}"), ratio)
 }
 
+/// A note when the 1-minute load average before or after the run was above
+/// the number of available cores: other work shared the machine.
+fn busy(doc: &Value) -> &'static str {
+    let cores = doc["machine"]["cores_available"].as_f64().unwrap_or(0.0);
+    let load1 = |k: &str| {
+        doc[k]
+            .as_str()
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let busy = [load1("load_before"), load1("load_after")]
+        .into_iter()
+        .flatten()
+        .any(|l| cores > 0.0 && l > cores);
+    if busy {
+        " (busy: other work shared the cores, so figures are low and rounds vary)"
+    } else {
+        ""
+    }
+}
+
 /// The Markdown table of a perf document.
 fn markdown(doc: &Value) -> String {
     let m = &doc["machine"];
     let s = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
     let mut out = format!(
         "Measured {} at commit {} by `cargo xtask perf` (release build): {}, {} CPU(s) ({} available here), \
-         Linux {}. Load average before {}, after {}. {} round(s) of {} s per cell, batch as listed, \
+         Linux {}. Load average before {}, after {}{}. {} round(s) of {} s per cell, batch as listed, \
          loopback over 127.0.0.1; tcp and local with target and initiator in two processes, \
          rdma on the zero-latency simulated fabric in one. GB/s = 1e9 B/s, medians over rounds.\n\n",
         s(&doc["date"]),
@@ -420,11 +441,12 @@ fn markdown(doc: &Value) -> String {
         s(&m["kernel"]),
         s(&doc["load_before"]),
         s(&doc["load_after"]),
+        busy(doc),
         s(&doc["rounds"]),
         s(&doc["seconds_per_round"]),
     );
     out.push_str(
-        "| path | op | block | batch | threads | GB/s | rounds GB/s | req/s | p50 / p99 µs | baseline GB/s | path / baseline | loopback limit GB/s | path / limit |\n\
+        "| path | op | block | batch | threads | GB/s | rounds GB/s | req/s | p50 / p99 / p999 µs | baseline GB/s | path / baseline | loopback limit GB/s | path / limit |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut notes = Vec::new();
@@ -459,8 +481,9 @@ fn markdown(doc: &Value) -> String {
             .map(|g| format!("{g:.2}"))
             .collect::<Vec<_>>()
             .join(" ");
-        let lat = match (f(&p["latency"]["p50_us"]), f(&p["latency"]["p99_us"])) {
-            (Some(a), Some(b)) => format!("{a:.0} / {b:.0}"),
+        let l = &p["latency"];
+        let lat = match (f(&l["p50_us"]), f(&l["p99_us"]), f(&l["p999_us"])) {
+            (Some(a), Some(b), Some(c)) => format!("{a:.0} / {b:.0} / {c:.0}"),
             _ => "—".into(),
         };
         let (bg, br) = judged(&p["baseline"], &mut notes, &format!("{what} baseline"));
@@ -541,7 +564,7 @@ mod tests {
             "cells": [
                 cell_json(&cells()[0], Ok(json!({"points": [{
                     "gbps": 1.5, "ops_per_s": 22888.0, "rounds_gbps": [1.4, 1.5, 1.6],
-                    "latency": {"p50_us": 600.0, "p99_us": 900.0},
+                    "latency": {"p50_us": 600.0, "p99_us": 900.0, "p999_us": 1500.0},
                     "baseline": baseline(2.0, 0.75, Value::Null),
                     "limit": baseline(1.2, 1.25, json!("the path ran 1.25x its baseline")),
                 }]}))),
@@ -554,9 +577,15 @@ mod tests {
     fn the_table_gives_ratios_and_flags_suspect_ones_with_their_reason() {
         let t = markdown(&doc());
         assert!(t.contains("AMD EPYC, 2 CPU(s)"), "{t}");
-        assert!(t.contains("Load average before 1.0 1.0 1.0"), "{t}");
         assert!(
-            t.contains("| tcp | READ | 64K | 16 | 1 | 1.50 | 1.40 1.50 1.60 | 22888 | 600 / 900 | 2.00 | 0.75 | 1.20 | suspect [1] |"),
+            t.contains("Load average before 1.0 1.0 1.0, after 1.2 1.0 1.0."),
+            "{t}"
+        );
+        let mut busy = doc();
+        busy["load_after"] = json!("3.5 2.0 1.0");
+        assert!(markdown(&busy).contains("after 3.5 2.0 1.0 (busy:"));
+        assert!(
+            t.contains("| tcp | READ | 64K | 16 | 1 | 1.50 | 1.40 1.50 1.60 | 22888 | 600 / 900 / 1500 | 2.00 | 0.75 | 1.20 | suspect [1] |"),
             "{t}"
         );
         assert!(
