@@ -189,3 +189,21 @@ def test_python_m_orbitte_prints_the_matrix():
     assert out.stdout.startswith("rdma\n") and "\ntcp\n" in out.stdout
     out = subprocess.run([sys.executable, "-m", "orbitte", "--json"], capture_output=True, text=True, timeout=120)
     assert {r["path"] for r in json.loads(out.stdout)} >= {"rdma", "tcp", "local"}
+
+
+def test_rdma_registration_never_falls_back_silently():
+    eng = orbitte.Engine(rdma=True)
+    try:
+        if eng._native.rdma_devices():
+            pytest.skip("this host lists RDMA devices: Host Direct registration may succeed here")
+        with pytest.raises(orbitte.RegisterError, match="no usable rdma context") as e:
+            eng.register(bytearray(4096))
+        assert e.value.code == -6
+        assert eng._native.registrations() == []
+    finally:
+        eng.close()
+    from orbitte.mooncake import TransferEngine
+
+    te = TransferEngine()
+    assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == -6
+    assert "no RDMA device" in te.last_error().message
