@@ -96,3 +96,71 @@ fn facade_reexports_memory_and_topology_types() {
     let e: Result<(), orbitte::memory::MemoryError> = m.write_at(4096, &[1]);
     assert!(e.is_err(), "bounds-checked");
 }
+
+/// The Quick Start example's flow (examples/quickstart.rs), through the
+/// facade: two engines on loopback over real sockets, one listener, one
+/// connect, a WRITE with a notification the target waits for, a READ back
+/// by address, every byte compared.
+#[test]
+fn quickstart_example_flow_over_loopback_sockets() {
+    use orbitte::{Notification, NotificationStatus, Request};
+    const LEN: usize = 1 << 20;
+    let wait = Duration::from_secs(30);
+    let decode = EngineBuilder::new("decode-q")
+        .listen("127.0.0.1:0".parse().unwrap())
+        .host_memory_without_rdma()
+        .build()
+        .unwrap();
+    let prefill = EngineBuilder::new("prefill-q")
+        .host_memory_without_rdma()
+        .build()
+        .unwrap();
+    let kv = HostMemory::alloc(LEN).unwrap();
+    decode.register(&kv, Access::RemoteReadWrite).unwrap();
+    let src = HostMemory::alloc(LEN).unwrap();
+    let pattern: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+    src.write_at(0, &pattern).unwrap();
+    let local = prefill.register(&src, Access::LocalOnly).unwrap();
+
+    let peer = prefill.connect(decode.listen_addr().unwrap()).unwrap();
+    assert_eq!((peer.source_id(), peer.path), ("decode-q", PathKind::Local));
+    assert!(peer.fell_back.is_empty(), "{peer:?}");
+    let remote = peer.ranges()[0];
+
+    let write = Request::write(&local, 0..LEN as u64).to(&remote, 0);
+    let ids = prefill
+        .submit_with_notification(&[write], Notification::new("kv ready"))
+        .unwrap();
+    let wrote = prefill.wait(ids[0], wait).unwrap();
+    assert_eq!(
+        (
+            wrote.status,
+            wrote.remote_effect.clone(),
+            wrote.notification.clone()
+        ),
+        (
+            Status::Complete,
+            RemoteEffect::Complete,
+            NotificationStatus::Sent
+        ),
+        "{wrote:?}"
+    );
+    let note = decode.wait_notification(wait).expect("the notification");
+    assert_eq!(
+        (note.payload.as_slice(), note.source_id.as_str()),
+        (&b"kv ready"[..], "prefill-q")
+    );
+    assert!(
+        kv.to_vec(0, LEN).unwrap() == pattern,
+        "every byte placed before the notification"
+    );
+
+    src.fill(0, LEN, 0).unwrap();
+    let back = Request::read(&local, 0..LEN as u64).from_address(peer.id(), remote.address);
+    let ids = prefill.submit(&[back]).unwrap();
+    assert!(prefill.wait(ids[0], wait).unwrap().is_complete());
+    prefill.wait_drain(ids[0], wait).unwrap();
+    assert!(src.to_vec(0, LEN).unwrap() == pattern);
+    prefill.shutdown(wait).unwrap();
+    decode.shutdown(wait).unwrap();
+}
