@@ -140,7 +140,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     drop(target);
     let doc = json!({
         "date": command_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
-        "commit": command_line("git", &["rev-parse", "--short", "HEAD"]),
+        "commit": commit(&root),
         "machine": machine(),
         "load_before": load_before,
         "load_after": load_average(),
@@ -353,6 +353,22 @@ fn command_line(cmd: &str, args: &[&str]) -> String {
                 .map(|l| l.trim().to_owned())
         })
         .unwrap_or_else(|| "unknown".into())
+}
+
+/// HEAD's short hash, and whether the built sources differ from it (other
+/// work in progress in the same checkout is measured too).
+fn commit(root: &Path) -> String {
+    let head = command_line("git", &["rev-parse", "--short", "HEAD"]);
+    let clean = Command::new("git")
+        .current_dir(root)
+        .args(["diff", "--quiet", "HEAD", "--", "crates", "Cargo.lock"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if clean {
+        head
+    } else {
+        format!("{head} with uncommitted changes under crates/")
+    }
 }
 
 fn load_average() -> String {
