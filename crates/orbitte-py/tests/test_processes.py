@@ -138,3 +138,28 @@ def test_killed_initiator_leaves_the_target_serving(spawn_target):
     assert te.transfer_sync_write(target.session, src.ctypes.data, target.address, src.nbytes) == 0, te.last_error()
     assert target.ask(f"sha 0 {1 << 20}") == sha(b"\x09" * (1 << 20))
     te.close()
+
+
+def test_a_mooncake_import_shim_switches_an_unchanged_script(spawn_target, tmp_path):
+    """docs/python.md's switch for SGLang/vLLM: a `mooncake.engine` module
+    that re-exports orbitte.mooncake, and a script whose import is Mooncake's."""
+    target = spawn_target("mooncake", size=1 << 16)
+    (tmp_path / "mooncake").mkdir()
+    (tmp_path / "mooncake" / "__init__.py").write_text("")
+    (tmp_path / "mooncake" / "engine.py").write_text(
+        "from orbitte.mooncake import TransferEngine, TransferOpcode, TransferNotify  # noqa: F401\n")
+    script = textwrap.dedent(f"""
+        import numpy as np
+        from mooncake.engine import TransferEngine
+        te = TransferEngine()
+        assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        buf = np.full(4096, 3, dtype=np.uint8)
+        assert te.register_memory(buf.ctypes.data, buf.nbytes) == 0
+        assert te.batch_transfer_sync_write("{target.session}", [buf.ctypes.data], [{target.address}], [4096]) == 0
+        print(type(te).__module__)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "orbitte.mooncake"
+    assert target.ask("sha 0 4096") == sha(b"\x03" * 4096)
