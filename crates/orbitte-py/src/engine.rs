@@ -33,7 +33,7 @@ use crate::remote::RemotePeer;
 /// One OrbitTE engine (source owner) with the tcp and local paths attached.
 #[pyclass(module = "orbitte._orbitte", frozen)]
 pub(crate) struct NativeEngine {
-    inner: Arc<Node>,
+    node: Arc<Node>,
 }
 
 #[pymethods]
@@ -96,7 +96,7 @@ impl NativeEngine {
             })
             .map_err(|e| errors::ConfigError::new_err(e.to_string()))?;
         Ok(Self {
-            inner: Arc::new(Node {
+            node: Arc::new(Node {
                 host_id: engine.host_id().to_owned(),
                 engine,
                 prefer,
@@ -113,18 +113,18 @@ impl NativeEngine {
     /// This engine's source id.
     #[getter]
     fn source_id(&self) -> String {
-        self.inner.engine.source_id().to_owned()
+        self.node.engine.source_id().to_owned()
     }
 
     /// This engine's authoritative epoch.
     #[getter]
     fn epoch(&self) -> u64 {
-        self.inner.engine.epoch()
+        self.node.engine.epoch()
     }
 
     /// RDMA devices the provider lists (before any is initialized).
     fn rdma_devices(&self, py: Python<'_>) -> Vec<String> {
-        py.detach(|| self.inner.engine.topology().listed)
+        py.detach(|| self.node.engine.topology().listed)
     }
 
     /// Serves this engine's registrations on `addr` ("host:port", port 0:
@@ -142,10 +142,10 @@ impl NativeEngine {
                     ERR_INVALID_ARGUMENT,
                 )
             })?;
-        let inner = self.inner.clone();
+        let node = self.node.clone();
         py.detach(move || {
-            let bound = inner.engine.listen(at).map_err(|e| e.to_string())?;
-            inner.publish()?;
+            let bound = node.engine.listen(at).map_err(|e| e.to_string())?;
+            node.publish()?;
             Ok::<u16, String>(bound.port())
         })
         .map_err(|m| coded(errors::ConfigError::new_err(m), ERR_SOCKET_FAIL))
@@ -153,7 +153,7 @@ impl NativeEngine {
 
     /// The port the engine serves on, or None before `listen`.
     fn port(&self) -> Option<u16> {
-        self.inner.engine.listen_addr().map(|a| a.port())
+        self.node.engine.listen_addr().map(|a| a.port())
     }
 
     /// Registers caller memory `address..address+length`; `keepalive` is
@@ -174,8 +174,8 @@ impl NativeEngine {
                 ERR_INVALID_ARGUMENT,
             )
         })?;
-        let inner = self.inner.clone();
-        py.detach(move || inner.register(address, memory, remote))
+        let node = self.node.clone();
+        py.detach(move || node.register(address, memory, remote))
     }
 
     /// Registers an [`Allocation`] (memfd memory: same-host peers can map
@@ -189,16 +189,16 @@ impl NativeEngine {
     ) -> PyResult<u64> {
         let memory = allocation.memory.clone();
         let start = memory.as_ptr() as u64;
-        let inner = self.inner.clone();
-        py.detach(move || inner.register(start, memory, remote))
+        let node = self.node.clone();
+        py.detach(move || node.register(start, memory, remote))
     }
 
     /// Removes the registration that starts at `address`. Refused while
     /// requests on it are undrained.
     fn unregister(&self, py: Python<'_>, address: u64) -> PyResult<()> {
-        let inner = self.inner.clone();
+        let node = self.node.clone();
         py.detach(move || {
-            let mut locals = inner.locals.write().unwrap_or_else(PoisonError::into_inner);
+            let mut locals = node.locals.write().unwrap_or_else(PoisonError::into_inner);
             let Some(r) = locals.starting_at(address) else {
                 return Err(coded(
                     errors::UnregisterError::new_err(format!(
@@ -208,7 +208,7 @@ impl NativeEngine {
                 ));
             };
             let id: RegistrationId = r.id;
-            inner.engine.unregister(id).map_err(|e| {
+            node.engine.unregister(id).map_err(|e| {
                 coded(
                     errors::UnregisterError::new_err(e.to_string()),
                     ERR_INVALID_ARGUMENT,
@@ -222,7 +222,7 @@ impl NativeEngine {
     /// Every local registration: (address, length).
     fn registrations(&self, py: Python<'_>) -> Vec<(u64, u64)> {
         py.detach(|| {
-            self.inner
+            self.node
                 .locals
                 .read()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -233,17 +233,17 @@ impl NativeEngine {
     /// Opens the peer at `session` ("host:port") now (it is also opened
     /// on first use) and describes it.
     fn connect<'py>(&self, py: Python<'py>, session: &str) -> PyResult<Bound<'py, PyDict>> {
-        let inner = self.inner.clone();
+        let node = self.node.clone();
         let s = session.to_owned();
         let p = py
-            .detach(move || inner.peer(&s))
+            .detach(move || node.peer(&s))
             .map_err(|f| f.into_py(py))?;
         peer_dict(py, session, &p)
     }
 
     /// Forgets the cached peer of `session` (the next use opens it again).
     fn disconnect(&self, session: &str) {
-        let slot = lock(&self.inner.peers).remove(session);
+        let slot = lock(&self.node.peers).remove(session);
         drop(slot);
     }
 
@@ -260,9 +260,9 @@ impl NativeEngine {
         ops: Vec<(bool, u64, u64, u64, u64)>,
         notify: Option<Vec<u8>>,
     ) -> PyResult<Vec<u64>> {
-        let inner = self.inner.clone();
+        let node = self.node.clone();
         let s = session.to_owned();
-        py.detach(move || inner.submit(&s, &ops, notify.as_deref()))
+        py.detach(move || node.submit(&s, &ops, notify.as_deref()))
             .map(|(_, ids)| ids.into_iter().map(|i| i.0).collect())
             .map_err(|f| f.into_py(py))
     }
@@ -277,9 +277,9 @@ impl NativeEngine {
         ops: Vec<(bool, u64, u64, u64, u64)>,
         notify: Option<Vec<u8>>,
     ) -> PyResult<()> {
-        let inner = self.inner.clone();
+        let node = self.node.clone();
         let s = session.to_owned();
-        py.detach(move || inner.transfer(&s, &ops, notify.as_deref()))
+        py.detach(move || node.transfer(&s, &ops, notify.as_deref()))
             .map_err(|f| f.into_py(py))
     }
 
@@ -337,13 +337,13 @@ impl NativeEngine {
             .zip(lengths)
             .map(|((l, r), n)| (write, l, r, n, 0))
             .collect();
-        let inner = self.inner.clone();
+        let node = self.node.clone();
         let s = session.to_owned();
         py.detach(move || {
             let start = std::time::Instant::now();
             let mut done = 0u64;
             while start.elapsed() < span {
-                inner.transfer(&s, &ops, None)?;
+                node.transfer(&s, &ops, None)?;
                 done += 1;
             }
             Ok((done, start.elapsed().as_secs_f64()))
@@ -354,7 +354,7 @@ impl NativeEngine {
     /// Every notification received so far, oldest first (never blocks):
     /// `(source_id, epoch, path, payload)` each.
     fn notifications(&self, py: Python<'_>) -> Vec<Received> {
-        py.detach(|| self.inner.engine.notifications())
+        py.detach(|| self.node.engine.notifications())
             .into_iter()
             .map(received)
             .collect()
@@ -364,16 +364,16 @@ impl NativeEngine {
     /// (GIL released); None when none came.
     fn wait_notification(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<Received>> {
         let t = secs(timeout, "timeout")?;
-        let inner = self.inner.clone();
+        let node = self.node.clone();
         Ok(py
-            .detach(move || inner.engine.wait_notification(t))
+            .detach(move || node.engine.wait_notification(t))
             .map(received))
     }
 
     /// The outcome of request `id` if it has one (taken: a second call
     /// returns None).
     fn poll(&self, py: Python<'_>, id: u64) -> Option<PyOutcome> {
-        py.detach(|| self.inner.engine.poll(RequestId(id)))
+        py.detach(|| self.node.engine.poll(RequestId(id)))
             .as_ref()
             .map(PyOutcome::from)
     }
@@ -381,8 +381,8 @@ impl NativeEngine {
     /// Waits up to `timeout` seconds for the outcome of request `id`.
     fn wait(&self, py: Python<'_>, id: u64, timeout: f64) -> PyResult<PyOutcome> {
         let t = secs(timeout, "timeout")?;
-        let inner = self.inner.clone();
-        match py.detach(move || inner.engine.wait(RequestId(id), t)) {
+        let node = self.node.clone();
+        match py.detach(move || node.engine.wait(RequestId(id), t)) {
             Ok(o) => Ok(PyOutcome::from(&o)),
             Err(e @ WaitError::TimedOut(_)) => Err(errors::WaitTimeout::new_err(e.to_string())),
             Err(e) => Err(errors::Error::new_err(e.to_string())),
@@ -393,14 +393,14 @@ impl NativeEngine {
     /// local bytes are the caller's again).
     fn wait_drain(&self, py: Python<'_>, id: u64, timeout: f64) -> PyResult<()> {
         let t = secs(timeout, "timeout")?;
-        let inner = self.inner.clone();
-        py.detach(move || inner.engine.wait_drain(RequestId(id), t))
+        let node = self.node.clone();
+        py.detach(move || node.engine.wait_drain(RequestId(id), t))
             .map_err(|e| errors::DrainTimeout::new_err(e.to_string()))
     }
 
     /// ("drained", 0) or ("pending", outstanding slices).
     fn drain_status(&self, py: Python<'_>, id: u64) -> (&'static str, u32) {
-        match py.detach(|| self.inner.engine.drain_status(RequestId(id))) {
+        match py.detach(|| self.node.engine.drain_status(RequestId(id))) {
             DrainStatus::Drained => ("drained", 0),
             DrainStatus::Pending { slices } => ("pending", slices),
         }
@@ -409,7 +409,7 @@ impl NativeEngine {
     /// Logical cancel: the outcome says "cancelled"; DMA may still run
     /// until drained. False if the request already had its outcome.
     fn cancel(&self, py: Python<'_>, id: u64) -> bool {
-        py.detach(|| self.inner.engine.cancel(RequestId(id)))
+        py.detach(|| self.node.engine.cancel(RequestId(id)))
     }
 
     /// Stops serving, fences the engine, waits for drain and destroys
@@ -417,10 +417,10 @@ impl NativeEngine {
     #[pyo3(signature = (timeout=5.0))]
     fn close(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
         let t = secs(timeout, "timeout")?;
-        let inner = self.inner.clone();
+        let node = self.node.clone();
         py.detach(move || {
-            lock(&inner.peers).clear();
-            inner.engine.shutdown(t).map_err(|u| u.to_string())
+            lock(&node.peers).clear();
+            node.engine.shutdown(t).map_err(|u| u.to_string())
         })
         .map_err(errors::Error::new_err)
     }
