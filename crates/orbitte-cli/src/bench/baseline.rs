@@ -28,11 +28,13 @@ use orbitte::transport::{Op, PathKind};
 
 use crate::stats::gbps;
 
-/// Bytes of a request header in the raw exchange (the engine's request
-/// frames are of this order).
-const HEADER: usize = 64;
-/// Bytes of an ack (WRITE) or answer header (READ) in the raw exchange.
-const ACK: usize = 16;
+/// Bytes of a request in the raw exchange: the size of the path's READ
+/// and WRITE request frames without payload (12-byte frame header, ids,
+/// token, offset, length).
+const HEADER: usize = 48;
+/// Bytes of an ack (WRITE) or answer header (READ) in the raw exchange:
+/// the size of the path's response frames without payload.
+const ACK: usize = 42;
 /// Write size of the loopback limit's streams.
 const LIMIT_WRITE: usize = 1 << 20;
 /// Socket buffer size of the loopback limit's second setting.
