@@ -158,7 +158,8 @@ impl NativeEngine {
 
     /// Registers caller memory `address..address+length`; `keepalive` is
     /// kept until the registration is removed and drained. Returns the
-    /// registration id.
+    /// registration id and the path that serves it ("host_direct": rdma,
+    /// tcp and local; "host_without_rdma": tcp and local).
     #[pyo3(signature = (address, length, keepalive, remote=true))]
     fn register(
         &self,
@@ -167,7 +168,7 @@ impl NativeEngine {
         length: u64,
         keepalive: Py<PyAny>,
         remote: bool,
-    ) -> PyResult<u64> {
+    ) -> PyResult<(u64, &'static str)> {
         let memory = wrap_raw(address, length, keepalive).map_err(|e| {
             coded(
                 errors::RegisterError::new_err(e.to_string()),
@@ -179,14 +180,15 @@ impl NativeEngine {
     }
 
     /// Registers an [`Allocation`] (memfd memory: same-host peers can map
-    /// it, so the local path applies). Returns the registration id.
+    /// it, so the local path applies). Returns the registration id and the
+    /// path that serves it.
     #[pyo3(signature = (allocation, remote=true))]
     fn register_allocation(
         &self,
         py: Python<'_>,
         allocation: &Allocation,
         remote: bool,
-    ) -> PyResult<u64> {
+    ) -> PyResult<(u64, &'static str)> {
         let memory = allocation.memory.clone();
         let start = memory.as_ptr() as u64;
         let node = self.node.clone();

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use orbitte::session::PathPreference;
 use orbitte::{
-    Access, ConnectError, ConnectOptions, DrainStatus, Notification, Op, Outcome, RemoteTarget,
-    Request, RequestError, RequestId, SubmitError, TransferEngine, WaitError,
+    Access, ConnectError, ConnectOptions, DrainStatus, MemoryPath, Notification, Op, Outcome,
+    RemoteTarget, Request, RequestError, RequestId, SubmitError, TransferEngine, WaitError,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -317,7 +317,7 @@ impl Node {
         start: u64,
         memory: Arc<orbitte::HostMemory>,
         remote: bool,
-    ) -> PyResult<u64> {
+    ) -> PyResult<(u64, &'static str)> {
         let len = memory.len() as u64;
         let mut locals = self.locals.write().unwrap_or_else(PoisonError::into_inner);
         if let Some((s, l)) = locals.overlapping(start, len) {
@@ -352,7 +352,12 @@ impl Node {
         // The record's publications are informative (peers read them from
         // the session): a failed refresh is not a failed registration.
         let _ = self.publish();
-        Ok(reg.id.0)
+        let path = match reg.path {
+            MemoryPath::HostDirect => "host_direct",
+            MemoryPath::HostWithoutRdma => "host_without_rdma",
+            _ => "other",
+        };
+        Ok((reg.id.0, path))
     }
 
     /// Stores this engine's record in etcd (nothing for p2p or before

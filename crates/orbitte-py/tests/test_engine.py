@@ -37,7 +37,7 @@ def test_register_every_buffer_kind_and_write(pair):
     kinds[-1][:] = b"f" * 4096
     for i, k in enumerate(kinds):
         reg = initiator.register(k, remote=False)
-        assert reg.length == 4096
+        assert reg.length == 4096 and reg.path == "host_without_rdma"
         batch = initiator.submit(peer, [orbitte.write(reg, peer.range(0), remote_offset=i * 4096)])
         (o,) = batch.wait()
         assert o.ok and o.completed_prefix == 4096 and o.remote_effect == "complete" and o.drain == "drained"

@@ -230,13 +230,17 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Registration:
-    """A local registration: ``address``, ``length``; the engine holds the
-    memory's owner until it is unregistered and drained."""
+    """A local registration: ``address``, ``length``, the ``path`` that
+    serves it; the engine holds the memory's owner until it is unregistered
+    and drained."""
 
     engine: "Engine" = field(repr=False)
     address: int
     length: int
     id: int
+    #: The path that serves it: "host_direct" (rdma, tcp, local) or
+    #: "host_without_rdma" (tcp, local).
+    path: str = ""
     keepalive: Any = field(default=None, repr=False, compare=False)
 
     def unregister(self) -> None:
@@ -458,12 +462,12 @@ class Engine:
         this engine's requests). The memory's owner is kept alive until
         :meth:`unregister` and drain."""
         if isinstance(memory, Buffer):
-            rid = self._native.register_allocation(memory._alloc, remote=remote)
-            reg = Registration(self, memory.address, memory.length, rid, memory)
+            rid, path = self._native.register_allocation(memory._alloc, remote=remote)
+            reg = Registration(self, memory.address, memory.length, rid, path, memory)
         else:
             address, n, keep = buffer_address(memory, length)
-            rid = self._native.register(address, n, keep, remote=remote)
-            reg = Registration(self, address, n, rid, keep)
+            rid, path = self._native.register(address, n, keep, remote=remote)
+            reg = Registration(self, address, n, rid, path, keep)
         with self._lock:
             self._regs[reg.address] = reg
         return reg
