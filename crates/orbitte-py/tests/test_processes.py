@@ -163,3 +163,41 @@ def test_a_mooncake_import_shim_switches_an_unchanged_script(spawn_target, tmp_p
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "orbitte.mooncake"
     assert target.ask("sha 0 4096") == sha(b"\x03" * 4096)
+
+
+def test_target_killed_mid_transfer_gives_a_negative_code_with_the_outcome(spawn_target):
+    import threading
+
+    target = spawn_target("mooncake", size=32 << 20)
+    te = TransferEngine()
+    assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    src = np.full(32 << 20, 1, dtype=np.uint8)
+    assert te.register_memory(src.ctypes.data, src.nbytes) == 0
+    assert te.transfer_sync_write(target.session, src.ctypes.data, target.address, 4096) == 0
+    rcs, errors, started = [], [], threading.Event()
+
+    def writer() -> None:
+        started.set()
+        for _ in range(200):
+            rc = te.batch_transfer_sync_write(target.session, [src.ctypes.data + i * (1 << 20) for i in range(32)],
+                                              [target.address + i * (1 << 20) for i in range(32)], [1 << 20] * 32)
+            rcs.append(rc)
+            if rc != 0:
+                errors.append(te.last_error())
+                return
+
+    t = threading.Thread(target=writer)
+    t.start()
+    started.wait()
+    target.proc.kill()
+    target.proc.wait()
+    t.join(60)
+    assert not t.is_alive(), "a transfer to a dead target must end"
+    assert rcs and rcs[-1] < 0
+    err = errors[0]
+    assert err.message
+    if err.outcomes:  # the batch ran: every outcome says how far it got
+        assert any(o.status != "complete" for o in err.outcomes)
+        for o in err.outcomes:
+            assert o.remote_effect in ("none", "possible", "complete") and o.drain == "drained"
+    te.close()
