@@ -1,52 +1,56 @@
-//! Whether the target process of a local mapping still exists.
+//! Whether the target of a local mapping still serves it.
 //!
 //! A mapping of a peer's memfd stays valid after the peer dies: copies into
-//! it succeed and reach no one. So the initiator watches the process that
-//! serves the mapping: when it connects to the peer's local server it reads
-//! the server's pid from the socket (`SO_PEERCRED`) and opens a pidfd on it
-//! before the handshake. The handshake and the handout that follow prove
-//! that the pid still named the server then (a dead process answers
-//! nothing, and a live one's pid cannot be reused), so the pidfd watches
-//! the right process from then on. A pidfd becomes readable when its
-//! process exits; checking it is one `poll` with a zero timeout.
-//!
-//! Where no pidfd can be had (a kernel before 5.3, a server in another pid
-//! namespace), the mapping is used without the check, and that is logged.
+//! it succeed and reach no one. So the initiator watches the mapping
+//! session: the target's local server holds it open until the initiator
+//! leaves or the target's listener stops (notifications travel on it), and
+//! when the target process exits the kernel closes the target's end, so
+//! the socket reports a hang-up. Checking it is one `poll` with a zero
+//! timeout and reads nothing. This needs no process id, so it holds across
+//! pid namespaces, and it also notices a target that stopped serving.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 
 use rustix::event::{PollFd, PollFlags};
-use rustix::process::PidfdFlags;
 
-/// The process serving one peer's mappings.
+/// The mapping session of one peer, watched for its hang-up.
 #[derive(Debug)]
-pub(crate) struct TargetProcess {
-    pidfd: Option<OwnedFd>,
+pub(crate) struct TargetSession {
+    /// A duplicate of the session's socket (the transport keeps the
+    /// original to send notifications).
+    sock: Option<OwnedFd>,
 }
 
-impl TargetProcess {
-    /// The process at the other end of `sock` (a connected unix socket).
-    pub(crate) fn of_peer(sock: &UnixStream) -> Self {
-        let pidfd = rustix::net::sockopt::socket_peercred(sock)
-            .ok()
-            .and_then(|cred| rustix::process::pidfd_open(cred.pid, PidfdFlags::empty()).ok());
-        if pidfd.is_none() {
-            tracing::warn!(
-                "no pidfd for the local peer's process: the local path cannot notice if it dies"
-            );
-        }
-        Self { pidfd }
+impl TargetSession {
+    /// Watches `sock`, a connected mapping session.
+    pub(crate) fn watch(sock: &UnixStream) -> Self {
+        let sock = match sock.try_clone() {
+            Ok(s) => Some(OwnedFd::from(s)),
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "cannot watch the local peer's session: the local path cannot notice if it dies"
+                );
+                None
+            }
+        };
+        Self { sock }
     }
 
-    /// Whether the process has exited (`false` when it cannot be told).
+    /// Whether the target's end is gone (`false` when it cannot be told).
     pub(crate) fn is_gone(&self) -> bool {
-        let Some(fd) = &self.pidfd else {
+        let Some(fd) = &self.sock else {
             return false;
         };
-        let mut fds = [PollFd::new(fd, PollFlags::IN)];
+        let mut fds = [PollFd::new(fd, PollFlags::RDHUP)];
         match rustix::event::poll(&mut fds, Some(&rustix::event::Timespec::default())) {
-            Ok(n) => n > 0 && !fds[0].revents().is_empty(),
+            Ok(n) => {
+                n > 0
+                    && fds[0]
+                        .revents()
+                        .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
+            }
             Err(_) => false,
         }
     }

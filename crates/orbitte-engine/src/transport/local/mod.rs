@@ -40,7 +40,7 @@ use crate::transport::{
     CleanupError, EventSink, NotifyError, Op, PathKind, PeerId, PostContext, PostError, RailId,
     SliceFailure, SliceStatus, Transport, TransportEvent, WorkItem, close_rails_now,
 };
-use liveness::TargetProcess;
+use liveness::TargetSession;
 
 /// The abstract unix socket name of a source owner's local server.
 pub fn socket_name(source: &SourceId, epoch: Epoch) -> String {
@@ -96,8 +96,8 @@ pub enum LocalError {
 /// One range of a peer mapped here.
 #[derive(Debug, Clone)]
 struct Mapped {
-    /// The process that serves it: copies check it is still alive.
-    target: Arc<TargetProcess>,
+    /// The session of the target that serves it: copies check it is up.
+    target: Arc<TargetSession>,
     memory: Arc<HostMemory>,
     /// Where the range starts in the mapping.
     base: u64,
@@ -201,9 +201,8 @@ impl LocalTransport {
         };
         let addr = UnixAddr::from_abstract_name(name.as_bytes()).map_err(unreachable)?;
         let mut s = UnixStream::connect_addr(&addr).map_err(unreachable)?;
-        // Before the handshake: its success then proves the pid named the
-        // server (see `liveness`).
-        let target = Arc::new(TargetProcess::of_peer(&s));
+        // Copies check the session is still up (see `liveness`).
+        let target = Arc::new(TargetSession::watch(&s));
         let hs = handshake::connect(&mut s, cfg, peers, None)?;
         let close = |peers: &SharedPeerTable| {
             peers
@@ -495,7 +494,7 @@ fn send_note(rail: RailId, channel: Option<&Mutex<UnixStream>>, frame: &[u8]) {
     }
 }
 
-const PEER_EXITED: &str = "the peer process exited: its mapping reaches no one";
+const PEER_EXITED: &str = "the peer process exited or stopped serving: its mapping reaches no one";
 
 fn peer_exited() -> SliceStatus {
     SliceStatus::Failed(SliceFailure::RailDown(PEER_EXITED.into()))
@@ -505,14 +504,14 @@ fn peer_exited() -> SliceStatus {
 /// and once after the batch's copies.
 #[derive(Default)]
 struct Alive {
-    before: Option<(Arc<TargetProcess>, bool)>,
-    after: Option<(Arc<TargetProcess>, bool)>,
+    before: Option<(Arc<TargetSession>, bool)>,
+    after: Option<(Arc<TargetSession>, bool)>,
     saw_exit: bool,
 }
 
 impl Alive {
     fn check(
-        slot: &mut Option<(Arc<TargetProcess>, bool)>,
+        slot: &mut Option<(Arc<TargetSession>, bool)>,
         saw_exit: &mut bool,
         job: &Job,
     ) -> bool {
