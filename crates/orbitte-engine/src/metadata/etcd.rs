@@ -11,12 +11,10 @@
 //! `/v3/lease/revoke`, `/v3/maintenance/status`) as HTTP/1.1 POSTs of JSON
 //! bodies on the client port, which every etcd since 3.4 serves next to
 //! gRPC. Keys and values travel base64-encoded, 64-bit integers as decimal
-//! strings. This keeps the store synchronous and dependency-free: no gRPC
-//! stack, no async runtime, and no `protoc` at build time. TLS endpoints
+//! strings. Requests go through `ureq` (a small blocking HTTP
+//! client): no gRPC stack, no async runtime, and no `protoc` at build time. TLS endpoints
 //! (`https://`) are refused with that reason.
 
-use std::io::{Read as _, Write as _};
-use std::net::{TcpStream, ToSocketAddrs as _};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -314,45 +312,24 @@ enum Failure {
 }
 
 fn post(endpoint: &str, path: &str, body: &Value) -> Result<Value, Failure> {
-    let io = |what: &str, e: std::io::Error| Failure::Unreachable(format!("{what}: {e}"));
-    let addrs = endpoint
-        .to_socket_addrs()
-        .map_err(|e| io("cannot resolve the address", e))?;
-    let mut stream = None;
-    let mut err = None;
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, REQUEST_TIMEOUT) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
-            Err(e) => err = Some(e),
-        }
-    }
-    let Some(mut stream) = stream else {
-        return Err(match err {
-            Some(e) => io("cannot connect", e),
-            None => Failure::Unreachable("the address resolves to nothing".into()),
-        });
-    };
-    stream
-        .set_read_timeout(Some(REQUEST_TIMEOUT))
-        .and_then(|()| stream.set_write_timeout(Some(REQUEST_TIMEOUT)))
-        .map_err(|e| io("socket setup", e))?;
-    let body = body.to_string();
-    let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: {endpoint}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream
-        .write_all(request.as_bytes())
-        .map_err(|e| io("sending the request", e))?;
-    let mut raw = Vec::new();
-    (&mut stream)
-        .take(MAX_ANSWER)
-        .read_to_end(&mut raw)
-        .map_err(|e| io("reading the answer", e))?;
-    let (status, body) = http::parse(&raw).map_err(Failure::Unreachable)?;
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(REQUEST_TIMEOUT))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let url = format!("http://{endpoint}{path}");
+    let mut answer = agent
+        .post(&url)
+        .header("Content-Type", "application/json")
+        .send(body.to_string())
+        .map_err(|e| Failure::Unreachable(format!("no answer from {url}: {e}")))?;
+    let status = answer.status().as_u16();
+    let body = answer
+        .body_mut()
+        .with_config()
+        .limit(MAX_ANSWER)
+        .read_to_vec()
+        .map_err(|e| Failure::Unreachable(format!("reading the answer of {url}: {e}")))?;
     // The first JSON value (a keep-alive answer is a stream of them).
     let value = serde_json::Deserializer::from_slice(&body)
         .into_iter::<Value>()
@@ -371,100 +348,18 @@ fn post(endpoint: &str, path: &str, body: &Value) -> Result<Value, Failure> {
     })
 }
 
-/// Just enough HTTP/1.1 to read one answer of a closed connection.
-mod http {
-    /// The status code and the body (de-chunked) of `raw`.
-    pub(super) fn parse(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
-        let not_http = || "the answer is not HTTP: is it an etcd client URL?".to_owned();
-        let end = raw
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .ok_or_else(not_http)?;
-        let head = std::str::from_utf8(&raw[..end]).map_err(|_| not_http())?;
-        let mut lines = head.split("\r\n");
-        let status: u16 = lines
-            .next()
-            .and_then(|l| l.strip_prefix("HTTP/1."))
-            .and_then(|l| l.split(' ').nth(1))
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(not_http)?;
-        let chunked = lines.any(|l| {
-            let l = l.to_ascii_lowercase();
-            l.starts_with("transfer-encoding:") && l.contains("chunked")
-        });
-        let body = &raw[end + 4..];
-        if !chunked {
-            return Ok((status, body.to_vec()));
-        }
-        let mut out = Vec::new();
-        let mut rest = body;
-        loop {
-            let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") else {
-                // A stream cut short: keep what arrived.
-                return Ok((status, out));
-            };
-            let size = std::str::from_utf8(&rest[..eol])
-                .ok()
-                .and_then(|s| usize::from_str_radix(s.split(';').next()?.trim(), 16).ok())
-                .ok_or_else(|| "bad chunk size in the answer".to_owned())?;
-            rest = &rest[eol + 2..];
-            if size == 0 {
-                return Ok((status, out));
-            }
-            let take = size.min(rest.len());
-            out.extend_from_slice(&rest[..take]);
-            rest = rest.get(take + 2..).unwrap_or_default();
-        }
-    }
-}
-
-/// Standard base64 with padding (etcd's JSON encoding of bytes).
+/// etcd's JSON encoding of bytes: standard base64 with padding.
 mod base64 {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
 
     pub(super) fn encode(bytes: &[u8]) -> String {
-        let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-        for chunk in bytes.chunks(3) {
-            let b = [
-                chunk[0],
-                *chunk.get(1).unwrap_or(&0),
-                *chunk.get(2).unwrap_or(&0),
-            ];
-            let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
-            for i in 0..4 {
-                if i <= chunk.len() {
-                    out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-                } else {
-                    out.push('=');
-                }
-            }
-        }
-        out
+        STANDARD.encode(bytes)
     }
 
     /// `None` when `text` is not padded standard base64.
     pub(super) fn decode(text: &str) -> Option<Vec<u8>> {
-        let t = text.as_bytes();
-        if !t.len().is_multiple_of(4) {
-            return None;
-        }
-        let mut out = Vec::with_capacity(t.len() / 4 * 3);
-        for (ci, chunk) in t.chunks(4).enumerate() {
-            let last = ci + 1 == t.len() / 4;
-            let pad = chunk.iter().rev().take_while(|&&c| c == b'=').count();
-            if pad > 2 || (pad > 0 && !last) {
-                return None;
-            }
-            let mut n = 0u32;
-            for &c in &chunk[..4 - pad] {
-                let v = ALPHABET.iter().position(|&a| a == c)? as u32;
-                n = n << 6 | v;
-            }
-            n <<= 6 * pad as u32;
-            let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
-            out.extend_from_slice(&bytes[..3 - pad]);
-        }
-        Some(out)
+        STANDARD.decode(text).ok()
     }
 }
 
@@ -495,14 +390,5 @@ mod tests {
         assert_eq!(prefix_end(b"/a/"), b"/a0");
         assert_eq!(prefix_end(b"a\xff"), b"b");
         assert_eq!(prefix_end(b"\xff"), [0]);
-    }
-
-    #[test]
-    fn http_answers_parse_plain_and_chunked() {
-        let plain = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
-        assert_eq!(http::parse(plain), Ok((200, b"{}".to_vec())));
-        let chunked = b"HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n3\r\n\":1\r\n1\r\n}\r\n0\r\n\r\n";
-        assert_eq!(http::parse(chunked), Ok((404, b"{\"a\":1}".to_vec())));
-        assert!(http::parse(b"SSH-2.0-OpenSSH\r\n").is_err());
     }
 }
