@@ -22,7 +22,7 @@ tasks:
                        start `orbitte serve` and attack it (pre-auth floods, huge
                        announced frames, log injection, slow readers, frame
                        mutation for N s); check it lives, stays bounded and serves
-  perf [--seconds S] [--rounds N] [--docs] [--no-build]
+  perf [--seconds S] [--rounds N] [--docs] [--no-build] [--from FILE]
                        the release orbitte's throughput matrix (tcp, local, rdma-sim)
                        next to its baselines; writes target/perf/ (--docs: docs/performance.md)
   softroce build|run|test  native verbs tests on Soft-RoCE in a qemu guest (docs/testing.md)

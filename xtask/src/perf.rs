@@ -1,4 +1,5 @@
-//! `cargo xtask perf [--seconds S] [--rounds N] [--docs] [--no-build]`: the
+//! `cargo xtask perf [--seconds S] [--rounds N] [--docs] [--no-build]
+//! [--from FILE]`: the
 //! throughput matrix of the release `orbitte`, each figure next to the
 //! baselines `orbitte bench` measures in the same run.
 //!
@@ -9,7 +10,8 @@
 //! alternating) for S seconds a round. The table goes to target/perf/
 //! (perf.json with every cell's bench report, the machine and the load;
 //! perf.md) and, with `--docs`, into docs/performance.md between its
-//! `perf:begin` and `perf:end` marks.
+//! `perf:begin` and `perf:end` marks. `--from FILE` measures nothing: it
+//! writes the table of a perf.json kept from an earlier run.
 
 use std::io::{BufRead as _, BufReader, Read as _};
 use std::path::{Path, PathBuf};
@@ -81,6 +83,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     let mut rounds = 3u32;
     let mut docs = false;
     let mut build = true;
+    let mut from = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -100,9 +103,10 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             }
             "--docs" => docs = true,
             "--no-build" => build = false,
+            "--from" => from = Some(PathBuf::from(it.next().ok_or("--from takes a perf.json")?)),
             other => {
                 return Err(format!(
-                    "unknown argument `{other}` (--seconds S, --rounds N, --docs, --no-build)"
+                    "unknown argument `{other}` (--seconds S, --rounds N, --docs, --no-build, --from FILE)"
                 ));
             }
         }
@@ -111,8 +115,52 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     let target_dir = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
+    let out = target_dir.join("perf");
+    std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let (doc, failed) = match from {
+        Some(file) => {
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+            let doc: Value = serde_json::from_str(&text)
+                .map_err(|e| format!("{} is not a perf.json: {e}", file.display()))?;
+            (doc, 0)
+        }
+        None => {
+            let (doc, failed) = measure(&root, &target_dir, build, seconds, rounds)?;
+            let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+            write(&out.join("perf.json"), &text)?;
+            (doc, failed)
+        }
+    };
+    let table = markdown(&doc);
+    write(&out.join("perf.md"), &table)?;
+    print!("{table}");
+    if docs {
+        let page = root.join("docs/performance.md");
+        let old = std::fs::read_to_string(&page)
+            .map_err(|e| format!("cannot read {}: {e}", page.display()))?;
+        write(&page, &replace_section(&old, &table)?)?;
+        eprintln!("xtask perf: table written to {}", page.display());
+    }
+    eprintln!("xtask perf: written to {}", out.display());
+    if failed > 0 {
+        return Err(format!(
+            "{failed} cell(s) failed; their error is in the table"
+        ));
+    }
+    Ok(())
+}
+
+/// Runs the matrix; returns the perf document and how many cells failed.
+fn measure(
+    root: &Path,
+    target_dir: &Path,
+    build: bool,
+    seconds: f64,
+    rounds: u32,
+) -> Result<(Value, usize), String> {
     if build {
-        build_release(&root)?;
+        build_release(root)?;
     }
     let bin = target_dir.join("release").join("orbitte");
     if !bin.exists() {
@@ -140,7 +188,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     drop(target);
     let doc = json!({
         "date": command_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
-        "commit": commit(&root),
+        "commit": commit(root),
         "machine": machine(),
         "load_before": load_before,
         "load_after": load_average(),
@@ -149,31 +197,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         "wall_s": start.elapsed().as_secs_f64(),
         "cells": results,
     });
-    let out = target_dir.join("perf");
-    std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
-    let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
-    write(&out.join("perf.json"), &text)?;
-    let table = markdown(&doc);
-    write(&out.join("perf.md"), &table)?;
-    print!("{table}");
-    if docs {
-        let page = root.join("docs/performance.md");
-        let old = std::fs::read_to_string(&page)
-            .map_err(|e| format!("cannot read {}: {e}", page.display()))?;
-        write(&page, &replace_section(&old, &table)?)?;
-        eprintln!("xtask perf: table written to {}", page.display());
-    }
-    eprintln!(
-        "xtask perf: {} and {} written",
-        out.join("perf.json").display(),
-        out.join("perf.md").display()
-    );
-    if failed > 0 {
-        return Err(format!(
-            "{failed} cell(s) failed; their error is in the table"
-        ));
-    }
-    Ok(())
+    Ok((doc, failed))
 }
 
 fn write(path: &Path, text: &str) -> Result<(), String> {
@@ -419,8 +443,9 @@ fn judged(b: &Value, notes: &mut Vec<String>, what: &str) -> (String, String) {
     (format!("{gbps:.2}"), ratio)
 }
 
-/// A note when the 1-minute load average before or after the run was above
-/// the number of available cores: other work shared the machine.
+/// A note when the 1-minute load average before the run was above the
+/// number of available cores: other work shared the machine. (The load
+/// after it includes the run's own threads.)
 fn busy(doc: &Value) -> &'static str {
     let cores = doc["machine"]["cores_available"].as_f64().unwrap_or(0.0);
     let load1 = |k: &str| {
@@ -429,11 +454,7 @@ fn busy(doc: &Value) -> &'static str {
             .and_then(|l| l.split_whitespace().next())
             .and_then(|v| v.parse::<f64>().ok())
     };
-    let busy = [load1("load_before"), load1("load_after")]
-        .into_iter()
-        .flatten()
-        .any(|l| cores > 0.0 && l > cores);
-    if busy {
+    if load1("load_before").is_some_and(|l| cores > 0.0 && l > cores) {
         " (busy: other work shared the cores, so figures are low and rounds vary)"
     } else {
         ""
@@ -446,7 +467,7 @@ fn markdown(doc: &Value) -> String {
     let s = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
     let mut out = format!(
         "Measured {} at commit {} by `cargo xtask perf` (release build): {}, {} CPU(s) ({} available here), \
-         Linux {}. Load average before {}, after {}{}. {} round(s) of {} s per cell, batch as listed, \
+         Linux {}. Load average before {}{}, after {} (the run's own threads included). {} round(s) of {} s per cell, batch as listed, \
          loopback over 127.0.0.1; tcp and local with target and initiator in two processes, \
          rdma on the zero-latency simulated fabric in one. GB/s = 1e9 B/s, medians over rounds.\n\n",
         s(&doc["date"]),
@@ -456,8 +477,8 @@ fn markdown(doc: &Value) -> String {
         s(&m["cores_available"]),
         s(&m["kernel"]),
         s(&doc["load_before"]),
-        s(&doc["load_after"]),
         busy(doc),
+        s(&doc["load_after"]),
         s(&doc["rounds"]),
         s(&doc["seconds_per_round"]),
     );
@@ -594,12 +615,14 @@ mod tests {
         let t = markdown(&doc());
         assert!(t.contains("AMD EPYC, 2 CPU(s)"), "{t}");
         assert!(
-            t.contains("Load average before 1.0 1.0 1.0, after 1.2 1.0 1.0."),
+            t.contains("Load average before 1.0 1.0 1.0, after 1.2 1.0 1.0 "),
             "{t}"
         );
         let mut busy = doc();
         busy["load_after"] = json!("3.5 2.0 1.0");
-        assert!(markdown(&busy).contains("after 3.5 2.0 1.0 (busy:"));
+        assert!(!markdown(&busy).contains("(busy:"));
+        busy["load_before"] = json!("2.5 2.0 1.0");
+        assert!(markdown(&busy).contains("before 2.5 2.0 1.0 (busy:"));
         assert!(
             t.contains("| tcp | READ | 64K | 16 | 1 | 1.50 | 1.40 1.50 1.60 | 22888 | 600 / 900 / 1500 | 2.00 | 0.75 | 1.20 | suspect [1] |"),
             "{t}"
