@@ -307,6 +307,20 @@ fn bench_with(
             threads: args.threads as usize,
             duration: baseline::duration(args.duration),
         };
+        // The baselines allocate their own windows (two per thread) while
+        // the path's stay allocated: skipped when they would not fit.
+        let need = 2 * (shape.block * shape.batch * shape.threads) as u64;
+        let kinds = match crate::memory::check(
+            need,
+            "the baselines' buffers",
+            "lower --block-size, --batch-size or --threads, or pass --no-baseline",
+        ) {
+            Ok(()) => kinds.clone(),
+            Err(f) => {
+                tracing::warn!(reason = %f.message, "baselines not measured");
+                Vec::new()
+            }
+        };
         // Path and baselines alternate, round by round.
         let mut path_rounds = Vec::new();
         let mut samples = vec![Vec::new(); kinds.len()];
