@@ -44,6 +44,8 @@ pub struct EngineBuilder {
     pub(crate) session_tuning: Vec<SessionTuning>,
     pub(crate) metadata: MetadataMode,
     pub(crate) host_without_rdma: bool,
+    pub(crate) recovery: crate::recovery::RecoveryPolicy,
+    pub(crate) recovery: crate::recovery::RecoveryPolicy,
 }
 
 /// A change to the engine's session settings (see
@@ -86,6 +88,8 @@ impl EngineBuilder {
             session_tuning: Vec::new(),
             metadata: MetadataMode::P2p,
             host_without_rdma: false,
+            recovery: crate::recovery::RecoveryPolicy::default(),
+            recovery: crate::recovery::RecoveryPolicy::default(),
         }
     }
 
@@ -232,6 +236,20 @@ impl EngineBuilder {
     /// Signal at least every `n` work requests (default 16).
     pub fn signal_interval(mut self, n: u32) -> Self {
         self.signal_interval = n;
+        self
+    }
+
+    /// How rdma rails whose queue pair went to the error state are
+    /// re-established (default: [`RecoveryPolicy::default`](crate::RecoveryPolicy)).
+    pub fn rail_recovery(mut self, policy: crate::recovery::RecoveryPolicy) -> Self {
+        self.recovery = policy;
+        self
+    }
+
+    /// How rdma rails whose queue pair went to the error state are
+    /// re-established (default: [`RecoveryPolicy::default`](crate::RecoveryPolicy)).
+    pub fn rail_recovery(mut self, policy: crate::recovery::RecoveryPolicy) -> Self {
+        self.recovery = policy;
         self
     }
 

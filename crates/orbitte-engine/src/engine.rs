@@ -134,6 +134,11 @@ pub struct RailInfo {
     pub up: bool,
     /// Why it is down, if it is.
     pub down_reason: Option<String>,
+    /// Its recovery (rdma rails): up, down since, recovering (attempt n)
+    /// or cooling down until; `None` for tcp and local rails.
+    pub recovery: Option<crate::recovery::RecoveryState>,
+    /// How many times it came back after going down.
+    pub recoveries: u32,
 }
 
 /// An open peer (remote source owner).
@@ -207,6 +212,10 @@ pub(crate) struct State {
     pub(crate) who: (String, u64),
     /// Notifying batches whose outcomes are held until they resolve.
     pub(crate) notify: crate::notify::tracker::Tracker,
+    /// When to re-establish each rdma rail (see `crate::recovery`).
+    pub(crate) recovery: crate::recovery::Recoveries,
+    /// When to re-establish each rdma rail (see `crate::recovery`).
+    pub(crate) recovery: crate::recovery::Recoveries,
     work: Vec<WorkItem>,
     rotor: usize,
 }
@@ -313,6 +322,7 @@ impl State {
     /// next pump) and, for rdma, its queue pair destroyed once its work
     /// drained; an idle one is destroyed now.
     pub(crate) fn retire_rail(&mut self, rail: RailId, now: Instant) {
+        self.recovery.untrack(rail);
         let busy = self.core.close_rail(rail, now);
         match self.owner.get(rail.0 as usize) {
             Some(Owner::Rdma) if busy => self.reap.push(rail),
@@ -338,7 +348,7 @@ impl State {
     /// Records a failed queue pair destroy of a rail as `Unquiesced` (the
     /// QP is retained by verbs; a QP carries no budget charge) and fences
     /// new admission with the reason.
-    fn record_rail_unquiesced(&mut self, during: String, failure: verbs::Unquiesced) {
+    pub(crate) fn record_rail_unquiesced(&mut self, during: String, failure: verbs::Unquiesced) {
         let u = Unquiesced {
             source_id: self.who.0.clone(),
             epoch: self.who.1,
@@ -530,6 +540,8 @@ impl EngineBuilder {
             reap: Vec::new(),
             who: (source_id.as_str().to_owned(), epoch.value()),
             notify: crate::notify::tracker::Tracker::default(),
+            recovery: crate::recovery::Recoveries::new(self.recovery),
+            recovery: crate::recovery::Recoveries::new(self.recovery),
             work: Vec::new(),
             rotor: 0,
         };
@@ -679,9 +691,19 @@ fn poll_loop(shared: &Shared, nic: u32, cq: verbs::CompletionQueue, ctx: verbs::
                     }
                 }
                 verbs::AsyncEvent::PortActive { .. } => {
+                    let now = Instant::now();
                     for rail in st.rdma.rails_on(nic) {
                         if st.rdma.is_rts(rail) {
                             events.push(TransportEvent::RailUp { rail });
+                            if st.recovery.observe(rail, true, now) {
+                                tracing::info!(
+                                    rail = rail.0,
+                                    "rail recovered: its port is active again"
+                                );
+                            }
+                        } else {
+                            // A new queue pair can be connected now.
+                            st.recovery.retry_now(rail, now);
                         }
                     }
                 }
@@ -804,6 +826,30 @@ impl TransferEngine {
                 {
                     Ok(h) => threads.push(h),
                     Err(e) => tracing::error!(nic = id, error = %e, "poller thread did not start"),
+                }
+            }
+            if !init.nics.is_empty() {
+                let shared = self.shared.clone();
+                match std::thread::Builder::new()
+                    .name("orbitte-recovery".into())
+                    .spawn(move || crate::recovery::recovery_loop(&shared))
+                {
+                    Ok(h) => threads.push(h),
+                    Err(e) => {
+                        tracing::error!(error = %e, "rail recovery thread did not start")
+                    }
+                }
+            }
+            if !init.nics.is_empty() {
+                let shared = self.shared.clone();
+                match std::thread::Builder::new()
+                    .name("orbitte-recovery".into())
+                    .spawn(move || crate::recovery::recovery_loop(&shared))
+                {
+                    Ok(h) => threads.push(h),
+                    Err(e) => {
+                        tracing::error!(error = %e, "rail recovery thread did not start")
+                    }
                 }
             }
             tracing::info!(contexts = init.nics.len(), "nic contexts initialized");
@@ -1673,6 +1719,8 @@ pub(crate) fn peer_info(st: &State, id: PeerId) -> PeerInfo {
                     device: qp.map(|r| r.device.clone()),
                     up: st.core.rail_is_up(rail),
                     down_reason: st.core.rail_down_reason(rail).map(|r| r.to_string()),
+                    recovery: st.recovery.state(rail).map(|(s, _)| s),
+                    recoveries: st.recovery.state(rail).map_or(0, |(_, n)| n),
                 }
             })
             .collect(),

@@ -86,6 +86,8 @@ mod nic;
 pub mod notify;
 pub mod outcome;
 mod peer;
+mod recovery;
+mod recovery;
 mod rdma;
 mod registration;
 mod request;
@@ -100,6 +102,8 @@ pub use capability::{CapabilityMatrix, Check, PathRow};
 pub use config::EngineBuilder;
 pub use control::{ControlLink, InProcessLink};
 pub use engine::{PeerInfo, RailInfo, TransferEngine, TransferRequest};
+pub use recovery::{RecoveryPolicy, RecoveryState};
+pub use recovery::{RecoveryPolicy, RecoveryState};
 pub use error::{
     BuildError, DrainTimeout, LinkError, OpenPeerError, RegisterError, Unquiesced, UnregisterError,
     WaitError,

@@ -43,7 +43,7 @@ fn nonce() -> wire::Nonce {
     wire::Nonce(n)
 }
 
-fn to_verbs_mtu(m: wire::Mtu) -> verbs::Mtu {
+pub(crate) pub(crate) fn to_verbs_mtu(m: wire::Mtu) -> verbs::Mtu {
     match m.bytes() {
         256 => verbs::Mtu::Mtu256,
         512 => verbs::Mtu::Mtu512,
@@ -53,11 +53,11 @@ fn to_verbs_mtu(m: wire::Mtu) -> verbs::Mtu {
     }
 }
 
-fn to_wire_mtu(m: verbs::Mtu) -> wire::Mtu {
+pub(crate) pub(crate) fn to_wire_mtu(m: verbs::Mtu) -> wire::Mtu {
     wire::Mtu::new(m.bytes() as u16).unwrap_or(wire::Mtu::MTU_1024)
 }
 
-fn min_mtu(a: verbs::Mtu, b: verbs::Mtu) -> verbs::Mtu {
+pub(crate) pub(crate) fn min_mtu(a: verbs::Mtu, b: verbs::Mtu) -> verbs::Mtu {
     if a.bytes() <= b.bytes() { a } else { b }
 }
 
@@ -84,13 +84,13 @@ fn verbs_err(n: &NicCtx, e: impl Into<Box<dyn std::error::Error + Send + Sync>>)
 }
 
 /// A queue pair after INIT, with its endpoint.
-struct HalfRail {
-    nic: u32,
+pub(crate) struct HalfRail {
+    pub(crate) nic: u32,
     qp: verbs::QueuePair<verbs::qp_state::Init>,
-    endpoint: wire::RailEndpoint,
+    pub(crate) endpoint: wire::RailEndpoint,
 }
 
-fn make_qp(n: &NicCtx, caps: QpCaps, psn: u32) -> Result<HalfRail, OpenPeerError> {
+pub(crate) pub(crate) fn make_qp(n: &NicCtx, caps: QpCaps, psn: u32) -> Result<HalfRail, OpenPeerError> {
     let qp =
         n.pd.create_qp(&n.cq, &n.cq, caps)
             .map_err(|e| verbs_err(n, e))?;
@@ -114,7 +114,7 @@ fn make_qp(n: &NicCtx, caps: QpCaps, psn: u32) -> Result<HalfRail, OpenPeerError
     })
 }
 
-fn connect(
+pub(crate) fn connect_qp(
     n: &NicCtx,
     half: HalfRail,
     remote: &wire::RailEndpoint,
@@ -292,7 +292,7 @@ impl TransferEngine {
                 continue;
             };
             let device = n.identity.name.clone();
-            let qp = connect(n, half, remote)?;
+            let qp = connect_qp(n, half, remote)?;
             made.push((nic, remote.nic_id.0, qp, device));
         }
         self.install_rails(&mut st, peer, session, connect_id, made);
@@ -386,7 +386,7 @@ impl TransferEngine {
             let half = make_qp(n, caps, psn)?;
             let mut ep = half.endpoint;
             ep.mtu = to_wire_mtu(min_mtu(n.mtu, to_verbs_mtu(rr.endpoint.mtu)));
-            let qp = connect(n, half, &rr.endpoint)?;
+            let qp = connect_qp(n, half, &rr.endpoint)?;
             endpoints.push(ep);
             made.push((n.id.0, rr.endpoint.nic_id.0, qp, n.identity.name.clone()));
         }
@@ -478,7 +478,7 @@ impl TransferEngine {
         }
     }
 
-    fn qp_caps(&self) -> QpCaps {
+    pub(crate) fn qp_caps(&self) -> QpCaps {
         QpCaps {
             // Room for the notification SENDs beside the slices.
             max_send_wr: self.shared.settings.max_in_flight
@@ -726,6 +726,9 @@ impl TransferEngine {
                 },
             );
             st.qpn_rail.insert((nic, qpn), rail);
+            // This side re-establishes the rail once it holds the peer's
+            // rdma control session (the side that opened the peer).
+            st.recovery.track(rail, false, now);
             if let Some(p) = st.tables.peers.get_mut(&peer.0) {
                 p.rails.push(rail);
             }

@@ -276,6 +276,8 @@ impl ControlAcceptor for EngineControl {
         };
         tracing::info!(peer = %peer.source_id, rails = peer.rails.len(), "rdma peer accepted");
         drop(engine);
+        let session = hs.session;
+        let session = hs.session;
         // The link stays open while the rails live; the peer closes it (or
         // says goodbye) when it is done.
         loop {
@@ -293,6 +295,40 @@ impl ControlAcceptor for EngineControl {
                         abnormal: false,
                         text: format!("rdma control link: goodbye ({})", g.reason),
                     };
+                }
+                Ok(orbitte_wire::Frame::ConnectRequest(r)) => {
+                    // The peer re-establishes one of the rails.
+                    let Some(shared) = self.0.upgrade() else {
+                        return CloseReason {
+                            abnormal: false,
+                            text: "the engine stopped".into(),
+                        };
+                    };
+                    let answer =
+                        TransferEngine::view(shared).answer_rail_request(peer.id, session, &r);
+                    if let Err(e) = link.send(&answer) {
+                        return CloseReason {
+                            abnormal: true,
+                            text: format!("rdma control link failed: {e}"),
+                        };
+                    }
+                }
+                Ok(orbitte_wire::Frame::ConnectRequest(r)) => {
+                    // The peer re-establishes one of the rails.
+                    let Some(shared) = self.0.upgrade() else {
+                        return CloseReason {
+                            abnormal: false,
+                            text: "the engine stopped".into(),
+                        };
+                    };
+                    let answer =
+                        TransferEngine::view(shared).answer_rail_request(peer.id, session, &r);
+                    if let Err(e) = link.send(&answer) {
+                        return CloseReason {
+                            abnormal: true,
+                            text: format!("rdma control link failed: {e}"),
+                        };
+                    }
                 }
                 Ok(other) => {
                     tracing::debug!(frame = %other.frame_type(), "rdma control link: frame ignored");
@@ -501,7 +537,7 @@ pub(crate) struct NetPaths {
     local_id: TransportId,
     /// The rdma control link of each peer on the rdma path (kept open
     /// while the peer is).
-    links: std::sync::Mutex<std::collections::HashMap<PeerId, TcpControlLink>>,
+    pub(crate) links: std::sync::Mutex<std::collections::HashMap<PeerId, TcpControlLink>>,
 }
 
 impl NetPaths {
@@ -679,6 +715,7 @@ impl NetPaths {
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .insert(peer, l);
+                    engine.recover_rails_of(peer);
                 }
                 let ids = engine
                     .peers()
