@@ -45,7 +45,6 @@ pub struct EngineBuilder {
     pub(crate) metadata: MetadataMode,
     pub(crate) host_without_rdma: bool,
     pub(crate) recovery: crate::recovery::RecoveryPolicy,
-    pub(crate) recovery: crate::recovery::RecoveryPolicy,
 }
 
 /// A change to the engine's session settings (see
@@ -88,7 +87,6 @@ impl EngineBuilder {
             session_tuning: Vec::new(),
             metadata: MetadataMode::P2p,
             host_without_rdma: false,
-            recovery: crate::recovery::RecoveryPolicy::default(),
             recovery: crate::recovery::RecoveryPolicy::default(),
         }
     }
@@ -236,13 +234,6 @@ impl EngineBuilder {
     /// Signal at least every `n` work requests (default 16).
     pub fn signal_interval(mut self, n: u32) -> Self {
         self.signal_interval = n;
-        self
-    }
-
-    /// How rdma rails whose queue pair went to the error state are
-    /// re-established (default: [`RecoveryPolicy::default`](crate::RecoveryPolicy)).
-    pub fn rail_recovery(mut self, policy: crate::recovery::RecoveryPolicy) -> Self {
-        self.recovery = policy;
         self
     }
 

@@ -214,8 +214,6 @@ pub(crate) struct State {
     pub(crate) notify: crate::notify::tracker::Tracker,
     /// When to re-establish each rdma rail (see `crate::recovery`).
     pub(crate) recovery: crate::recovery::Recoveries,
-    /// When to re-establish each rdma rail (see `crate::recovery`).
-    pub(crate) recovery: crate::recovery::Recoveries,
     work: Vec<WorkItem>,
     rotor: usize,
 }
@@ -541,7 +539,6 @@ impl EngineBuilder {
             who: (source_id.as_str().to_owned(), epoch.value()),
             notify: crate::notify::tracker::Tracker::default(),
             recovery: crate::recovery::Recoveries::new(self.recovery),
-            recovery: crate::recovery::Recoveries::new(self.recovery),
             work: Vec::new(),
             rotor: 0,
         };
@@ -826,18 +823,6 @@ impl TransferEngine {
                 {
                     Ok(h) => threads.push(h),
                     Err(e) => tracing::error!(nic = id, error = %e, "poller thread did not start"),
-                }
-            }
-            if !init.nics.is_empty() {
-                let shared = self.shared.clone();
-                match std::thread::Builder::new()
-                    .name("orbitte-recovery".into())
-                    .spawn(move || crate::recovery::recovery_loop(&shared))
-                {
-                    Ok(h) => threads.push(h),
-                    Err(e) => {
-                        tracing::error!(error = %e, "rail recovery thread did not start")
-                    }
                 }
             }
             if !init.nics.is_empty() {

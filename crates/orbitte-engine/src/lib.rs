@@ -87,7 +87,6 @@ pub mod notify;
 pub mod outcome;
 mod peer;
 mod recovery;
-mod recovery;
 mod rdma;
 mod registration;
 mod request;
@@ -102,7 +101,6 @@ pub use capability::{CapabilityMatrix, Check, PathRow};
 pub use config::EngineBuilder;
 pub use control::{ControlLink, InProcessLink};
 pub use engine::{PeerInfo, RailInfo, TransferEngine, TransferRequest};
-pub use recovery::{RecoveryPolicy, RecoveryState};
 pub use recovery::{RecoveryPolicy, RecoveryState};
 pub use error::{
     BuildError, DrainTimeout, LinkError, OpenPeerError, RegisterError, Unquiesced, UnregisterError,

@@ -43,7 +43,7 @@ fn nonce() -> wire::Nonce {
     wire::Nonce(n)
 }
 
-pub(crate) pub(crate) fn to_verbs_mtu(m: wire::Mtu) -> verbs::Mtu {
+pub(crate) fn to_verbs_mtu(m: wire::Mtu) -> verbs::Mtu {
     match m.bytes() {
         256 => verbs::Mtu::Mtu256,
         512 => verbs::Mtu::Mtu512,
@@ -53,11 +53,11 @@ pub(crate) pub(crate) fn to_verbs_mtu(m: wire::Mtu) -> verbs::Mtu {
     }
 }
 
-pub(crate) pub(crate) fn to_wire_mtu(m: verbs::Mtu) -> wire::Mtu {
+pub(crate) fn to_wire_mtu(m: verbs::Mtu) -> wire::Mtu {
     wire::Mtu::new(m.bytes() as u16).unwrap_or(wire::Mtu::MTU_1024)
 }
 
-pub(crate) pub(crate) fn min_mtu(a: verbs::Mtu, b: verbs::Mtu) -> verbs::Mtu {
+pub(crate) fn min_mtu(a: verbs::Mtu, b: verbs::Mtu) -> verbs::Mtu {
     if a.bytes() <= b.bytes() { a } else { b }
 }
 
@@ -90,7 +90,7 @@ pub(crate) struct HalfRail {
     pub(crate) endpoint: wire::RailEndpoint,
 }
 
-pub(crate) pub(crate) fn make_qp(n: &NicCtx, caps: QpCaps, psn: u32) -> Result<HalfRail, OpenPeerError> {
+pub(crate) fn make_qp(n: &NicCtx, caps: QpCaps, psn: u32) -> Result<HalfRail, OpenPeerError> {
     let qp =
         n.pd.create_qp(&n.cq, &n.cq, caps)
             .map_err(|e| verbs_err(n, e))?;

@@ -243,28 +243,6 @@ impl Core {
         true
     }
 
-    /// Whether the rail was closed for good.
-    pub fn rail_is_closed(&self, rail: RailId) -> bool {
-        self.rails.get(rail.0 as usize).is_none_or(|r| r.closed)
-    }
-
-    /// The rail's transport re-established it (rdma: a new queue pair on
-    /// the same NIC pair): it takes new work again. Only a rail that is not
-    /// closed and holds no posted work is restored; returns whether it was.
-    pub fn restore_rail(&mut self, rail: RailId) -> bool {
-        let Some(r) = self.rails.get_mut(rail.0 as usize) else {
-            return false;
-        };
-        if r.closed || !r.fifo.is_empty() {
-            return false;
-        }
-        r.down = None;
-        r.errored = false;
-        r.flush_requested = false;
-        r.since_signal = 0;
-        true
-    }
-
     /// Posted, unreported work items on the rail.
     pub fn rail_in_flight(&self, rail: RailId) -> usize {
         self.rails.get(rail.0 as usize).map_or(0, |r| r.fifo.len())

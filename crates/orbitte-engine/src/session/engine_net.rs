@@ -277,7 +277,6 @@ impl ControlAcceptor for EngineControl {
         tracing::info!(peer = %peer.source_id, rails = peer.rails.len(), "rdma peer accepted");
         drop(engine);
         let session = hs.session;
-        let session = hs.session;
         // The link stays open while the rails live; the peer closes it (or
         // says goodbye) when it is done.
         loop {
@@ -295,23 +294,6 @@ impl ControlAcceptor for EngineControl {
                         abnormal: false,
                         text: format!("rdma control link: goodbye ({})", g.reason),
                     };
-                }
-                Ok(orbitte_wire::Frame::ConnectRequest(r)) => {
-                    // The peer re-establishes one of the rails.
-                    let Some(shared) = self.0.upgrade() else {
-                        return CloseReason {
-                            abnormal: false,
-                            text: "the engine stopped".into(),
-                        };
-                    };
-                    let answer =
-                        TransferEngine::view(shared).answer_rail_request(peer.id, session, &r);
-                    if let Err(e) = link.send(&answer) {
-                        return CloseReason {
-                            abnormal: true,
-                            text: format!("rdma control link failed: {e}"),
-                        };
-                    }
                 }
                 Ok(orbitte_wire::Frame::ConnectRequest(r)) => {
                     // The peer re-establishes one of the rails.
