@@ -308,3 +308,51 @@ fn a_failed_rail_flush_is_unquiesced_and_fences_admission() {
         "new admission is fenced"
     );
 }
+
+/// A PD that still holds a memory region the engine does not own (leaked
+/// on purpose) is refused by the device (EBUSY, as the kernel does) when
+/// shutdown destroys it: `Unquiesced` with the evidence, the PD retained,
+/// its charges kept, admission fenced. The same test runs on rxe0 in
+/// `tests/native_rdma.rs`.
+#[test]
+fn a_pd_the_device_refuses_to_destroy_is_unquiesced_and_retained() {
+    let fabric = fabric(1, Delivery::Background, 45);
+    let a = builder(&fabric, "a", 1).build().unwrap();
+    let m = region(4096, 1);
+    register(&a, &m, Access::REMOTE_READ_WRITE);
+    a.leak_registration_on(orbitte_topology::NicId(0), region(4096, 2))
+        .unwrap();
+    assert_eq!(fabric.counts_on("a0").map(|c| c.mrs), Some(3));
+    let u = a.shutdown(Duration::from_secs(1)).unwrap_err();
+    assert_eq!(
+        (u.source_id.as_str(), u.epoch, u.during.as_str()),
+        ("engine-a", a.epoch(), "shutdown")
+    );
+    let pd = u
+        .failures
+        .iter()
+        .find(|f| f.object == ObjectKind::ProtectionDomain)
+        .unwrap_or_else(|| panic!("no PD failure: {u}"));
+    assert_eq!(pd.device.name, "a0");
+    assert_eq!(
+        pd.cause,
+        UnquiescedCause::Native(orbitte_verbs::NativeError::new("ibv_dealloc_pd", EBUSY))
+    );
+    assert!(pd.cleanup.retained, "{pd}");
+    assert!(
+        orbitte_verbs::retained()
+            .iter()
+            .any(|o| o.object == ObjectKind::ProtectionDomain && o.label == pd.label),
+        "verbs retains the PD"
+    );
+    // The engine's own regions were deregistered: only the leaked one
+    // stays on the device, and nothing the engine charged is retained.
+    assert_eq!(fabric.counts_on("a0").map(|c| (c.mrs, c.pds)), Some((1, 1)));
+    assert_eq!(u.retained, Charges::default());
+    assert_eq!(a.charges(), u.retained);
+    assert_eq!(a.unquiesced().len(), 1);
+    assert!(matches!(
+        a.register_host(region(4096, 3), Access::LocalOnly),
+        Err(RegisterError::Fenced { .. })
+    ));
+}

@@ -703,3 +703,70 @@ fn a_write_with_a_revoked_rkey_fails_with_the_device_status() {
     let status = target.child.wait().expect("the target process ends");
     assert!(status.success(), "target process: {status}");
 }
+
+/// A destroy the device refuses: the engine's context on the device gets
+/// a memory region no handle owns (leaked on purpose through the
+/// `testing` hook), so at shutdown the kernel refuses to deallocate the
+/// protection domain (EBUSY). The shutdown is `Unquiesced` with the
+/// source, device identity, native error and cleanup evidence; verbs
+/// retains the PD (and the context it holds); nothing the engine charged
+/// is released wrongly; new admission is fenced. The same test runs on
+/// the sim in `tests/cleanup.rs`.
+#[test]
+fn a_pd_the_device_refuses_to_destroy_is_unquiesced_and_retained() {
+    let Some(device) = device() else { return };
+    logs();
+    let a = engine(INITIATOR_SOURCE, &device);
+    let memory = HostMemory::alloc(LEN).expect("memory");
+    let reg = a
+        .register(&memory, Access::REMOTE_READ_WRITE)
+        .expect("Host Direct registration");
+    assert_eq!(reg.copies, 2);
+    let nic = a.topology().contexts[0].nic;
+    a.leak_registration_on(nic, HostMemory::alloc(4096).expect("memory"))
+        .expect("a region no handle owns");
+    a.unregister(reg.id)
+        .expect("the engine's own regions deregister");
+    let u = a
+        .shutdown(BOUND)
+        .expect_err("the device refuses to deallocate a PD holding a region");
+    println!("{u}");
+    assert_eq!(
+        (u.source_id.as_str(), u.epoch, u.during.as_str()),
+        (INITIATOR_SOURCE, a.epoch(), "shutdown")
+    );
+    let pd = u
+        .failures
+        .iter()
+        .find(|f| f.object == orbitte_verbs::ObjectKind::ProtectionDomain)
+        .unwrap_or_else(|| panic!("no PD failure: {u}"));
+    assert_eq!(pd.device.name, device);
+    assert_eq!(
+        pd.cause,
+        orbitte_verbs::UnquiescedCause::Native(orbitte_verbs::NativeError::new(
+            "ibv_dealloc_pd",
+            16 // EBUSY
+        )),
+        "{pd}"
+    );
+    assert!(pd.cleanup.retained, "{pd}");
+    assert!(
+        pd.cleanup.tried.iter().any(|t| t.contains("destroy")),
+        "{pd}"
+    );
+    assert!(
+        orbitte_verbs::retained().iter().any(|o| {
+            o.object == orbitte_verbs::ObjectKind::ProtectionDomain
+                && o.label == pd.label
+                && o.device.name == device
+        }),
+        "verbs retains the PD"
+    );
+    assert_eq!(u.retained, a.charges(), "no charge released wrongly");
+    assert_eq!(a.unquiesced().len(), 1);
+    assert!(a.fenced().is_some());
+    assert!(matches!(
+        a.register(HostMemory::alloc(4096).expect("memory"), Access::LocalOnly),
+        Err(orbitte_engine::RegisterError::Fenced { .. })
+    ));
+}

@@ -120,6 +120,37 @@ impl ProtectionDomain {
         ))
     }
 
+    /// Registers `range` of `buffer` and leaks the memory region on
+    /// purpose: no handle owns it, so it is never deregistered, and the
+    /// buffer stays alive for the rest of the process. The device then
+    /// refuses to destroy this PD (EBUSY on real verbs and on the sim):
+    /// the way tests provoke a native destroy failure on hardware. Returns
+    /// the region's lkey.
+    #[cfg(feature = "testing")]
+    pub fn leak_registration(
+        &self,
+        buffer: Arc<dyn DmaBuffer>,
+        range: Range<usize>,
+        access: Access,
+    ) -> Result<u32, RegisterError> {
+        if range.start >= range.end || range.end > buffer.len() {
+            return Err(RegisterError::OutOfRange {
+                start: range.start,
+                end: range.end,
+                len: buffer.len(),
+            });
+        }
+        // Only the native region and the buffer are leaked: the PD handle
+        // is not kept, so closing it reaches the device.
+        let ops = self
+            .ops()
+            .register(&buffer, range.start, range.end - range.start, access)?;
+        let lkey = ops.lkey();
+        std::mem::forget(ops);
+        std::mem::forget(buffer);
+        Ok(lkey)
+    }
+
     /// Deallocates now. Fails with [`Unquiesced`] if MRs/QPs (or clones)
     /// still hold it, or if the native dealloc fails (then retained).
     pub fn close(self) -> Result<(), Unquiesced> {

@@ -220,7 +220,12 @@ impl Destroy for SimPd {
             ObjectKind::ProtectionDomain,
             "ibv_dealloc_pd",
         )?;
-        self.shared.lock().pds.remove(&self.id);
+        let mut st = self.shared.lock();
+        // As the kernel: a PD that still holds a memory region is busy.
+        if st.mrs.values().any(|m| m.pd == self.id) {
+            return Err(NativeError::new("ibv_dealloc_pd", libc::EBUSY));
+        }
+        st.pds.remove(&self.id);
         Ok(())
     }
 }
