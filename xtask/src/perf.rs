@@ -532,7 +532,8 @@ fn markdown(doc: &Value) -> String {
         ));
     }
     out.push_str(
-        "\nbaseline: memcpy for local, the same exchange on raw sockets for tcp; \
+        "\nbaseline: memcpy for local, the same exchange on raw sockets for tcp, raw verbs on the same \
+         simulated fabric for rdma (sim); \
          loopback limit: the best raw-socket setting (performance.md says how each is measured).\n",
     );
     if !notes.is_empty() {

@@ -756,6 +756,15 @@ fn bench_rdma_on_the_simulated_fabric_moves_checked_bytes() {
     );
     assert_point_ok(&v["points"][0], true);
     assert_eq!(v["points"][0]["drained"], true);
+    // Judged against raw verbs on the same kind of fabric.
+    let b = &v["points"][0]["baseline"];
+    assert!(
+        b["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("raw sim verbs")),
+        "{v}"
+    );
+    assert!(b["gbps"].as_f64().is_some_and(|g| g > 0.0), "{v}");
     assert_usage_error(&run(&["bench", "--sim"]), &["--path rdma"]);
 }
 

@@ -10,7 +10,9 @@
 //!   the payload back), one batch in flight per connection;
 //! - tcp: the loopback limit, the best of a few raw settings (two streams
 //!   of 1 MiB writes, with the kernel's autotuned and with 4 MiB socket
-//!   buffers), with no protocol at all.
+//!   buffers), with no protocol at all;
+//! - rdma with `--sim`: raw verbs on the same simulated fabric
+//!   ([`super::sim_verbs`]).
 //!
 //! Every buffer is written before the clock starts (no page faults and no
 //! zero pages inside the measurement) and each exchange does one untimed
@@ -51,6 +53,8 @@ pub(crate) enum Kind {
     SameExchange(Op),
     /// The best raw loopback setting (tcp).
     LoopbackLimit,
+    /// Raw verbs on the simulated fabric (rdma with `--sim`).
+    SimVerbs(Op),
 }
 
 /// The shape of the work the path does, which a baseline repeats.
@@ -71,12 +75,14 @@ pub(crate) struct Sample {
     pub(crate) seconds: f64,
 }
 
-/// The baselines of `path` for `op`: the first is the one the path is
-/// judged against, a second (tcp) is the loopback limit.
-pub(crate) fn kinds(path: PathKind, op: Op) -> Vec<Kind> {
+/// The baselines of `path` for `op` (`sim`: rdma on the simulated
+/// fabric): the first is the one the path is judged against, a second
+/// (tcp) is the loopback limit.
+pub(crate) fn kinds(path: PathKind, op: Op, sim: bool) -> Vec<Kind> {
     match path {
         PathKind::Local => vec![Kind::Memcpy],
         PathKind::Tcp => vec![Kind::SameExchange(op), Kind::LoopbackLimit],
+        PathKind::Rdma if sim => vec![Kind::SimVerbs(op)],
         _ => Vec::new(),
     }
 }
@@ -91,6 +97,7 @@ pub(crate) fn measure(kind: Kind, shape: Shape) -> std::io::Result<Sample> {
         Kind::Memcpy => memcpy(shape),
         Kind::SameExchange(op) => same_exchange(op, shape),
         Kind::LoopbackLimit => loopback_limit(shape.duration),
+        Kind::SimVerbs(op) => super::sim_verbs::measure(op, shape),
     }
 }
 
@@ -103,7 +110,7 @@ fn faulted(len: usize) -> Vec<u8> {
 /// `ready()`, then works until `stop` is set and returns the bytes it
 /// moved after `ready()`. The clock runs for `duration` from the moment
 /// every thread is ready. Returns the bytes and the elapsed time.
-fn timed<W>(n: usize, duration: Duration, work: W) -> std::io::Result<(u64, Duration)>
+pub(crate) fn timed<W>(n: usize, duration: Duration, work: W) -> std::io::Result<(u64, Duration)>
 where
     W: Fn(usize, &AtomicBool, &dyn Fn()) -> std::io::Result<u64> + Sync,
 {
@@ -447,6 +454,8 @@ mod tests {
             Kind::SameExchange(Op::Write),
             Kind::SameExchange(Op::Read),
             Kind::LoopbackLimit,
+            Kind::SimVerbs(Op::Write),
+            Kind::SimVerbs(Op::Read),
         ] {
             let s = measure(kind, shape()).unwrap();
             assert!(s.gbps > 0.0, "{kind:?}: {s:?}");
@@ -457,10 +466,15 @@ mod tests {
     #[test]
     fn tcp_has_the_exchange_and_the_limit_local_has_memcpy() {
         assert_eq!(
-            kinds(PathKind::Tcp, Op::Read),
+            kinds(PathKind::Tcp, Op::Read, false),
             vec![Kind::SameExchange(Op::Read), Kind::LoopbackLimit]
         );
-        assert_eq!(kinds(PathKind::Local, Op::Write), vec![Kind::Memcpy]);
-        assert!(kinds(PathKind::Rdma, Op::Write).is_empty());
+        assert_eq!(kinds(PathKind::Local, Op::Write, false), vec![Kind::Memcpy]);
+        assert_eq!(
+            kinds(PathKind::Rdma, Op::Write, true),
+            vec![Kind::SimVerbs(Op::Write)]
+        );
+        // A NIC has no baseline here.
+        assert!(kinds(PathKind::Rdma, Op::Write, false).is_empty());
     }
 }

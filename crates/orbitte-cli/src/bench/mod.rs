@@ -7,6 +7,7 @@ mod baseline;
 mod measure;
 mod report;
 mod rounds;
+mod sim_verbs;
 
 use std::io::IsTerminal as _;
 use std::net::SocketAddr;
@@ -298,7 +299,7 @@ fn bench_with(
     let kinds = if args.no_baseline || !same_host {
         Vec::new()
     } else {
-        baseline::kinds(backend.path(), engine_op(args.op))
+        baseline::kinds(backend.path(), engine_op(args.op), args.sim)
     };
     for &block in &sizes {
         let shape = baseline::Shape {
