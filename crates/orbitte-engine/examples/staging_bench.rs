@@ -14,7 +14,8 @@
 //!
 //! Variants: raw pinned D2H and H2D (one copy each), engine host WRITE and
 //! READ, then staged WRITE (GPU → remote) and READ (remote → GPU) at 1, 4
-//! and 16 MiB chunks (one lane). Median of `iterations` (default 5) after
+//! and 16 MiB chunks (one lane; GPU memory registered with
+//! `engine.register`, requests through `submit` and `wait` like host ones). Median of `iterations` (default 5) after
 //! one warm-up; the bytes of one staged round trip are checked. Without a
 //! GPU it prints `skipped: ...` and exits 0, or 1 with
 //! `ORBITTE_REQUIRE_GPU=1`.
@@ -24,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use orbitte_cuda::{CopyStream, CudaBuffer, CudaDevice, PinnedBuffer, StagingPipeline};
-use orbitte_engine::staging::{CudaStaging, StagedRequest};
+use orbitte_engine::staging::StagingConfig;
 use orbitte_engine::{
     Access, EngineBuilder, InProcessLink, PeerId, RangeId, TransferEngine, TransferRequest,
 };
@@ -90,7 +91,8 @@ struct Net {
     peer: PeerId,
 }
 
-fn engines(len: usize) -> Result<Net, Error> {
+/// [`Net`] whose engine A stages GPU memory on one lane of `chunk` bytes.
+fn engines(len: usize, chunk: usize) -> Result<Net, Error> {
     let devs = vec![
         SimDeviceDesc::roce("a0", [10, 1, 0, 1]),
         SimDeviceDesc::roce("b0", [10, 2, 0, 1]),
@@ -113,6 +115,11 @@ fn engines(len: usize) -> Result<Net, Error> {
             .max_in_flight(64)
             .signal_interval(8)
             .request_timeout(Duration::from_secs(60))
+            .cuda_staging(StagingConfig {
+                chunk,
+                depth: 1,
+                ..StagingConfig::default()
+            })
             .build()
     };
     let a = engine("a", "a0")?;
@@ -162,7 +169,7 @@ fn run(dev: &CudaDevice, len: usize, iters: usize) -> Result<(), Error> {
     line("raw pinned cuMemcpy D2H (baseline)", d2h, d2h);
     line("raw pinned cuMemcpy H2D (baseline)", h2d, h2d);
 
-    let net = engines(len)?;
+    let net = engines(len, 4 << 20)?;
     let (a, range, peer) = (&net.a, net.range, net.peer);
     // Network-only reference: host memory through the engine.
     let host = HostMemory::alloc(len)?;
@@ -192,23 +199,32 @@ fn run(dev: &CudaDevice, len: usize, iters: usize) -> Result<(), Error> {
     );
 
     for chunk_mib in [1usize, 4, 16] {
-        let staging = CudaStaging::new(a, dev, chunk_mib << 20, 1)?;
-        let reg = staging.register_cuda(gpu.clone())?;
-        let staged = |r: StagedRequest| -> Result<(), Error> {
-            let o = staging.run(&r)?;
+        let net = engines(len, chunk_mib << 20)?;
+        let (a, range, peer) = (&net.a, net.range, net.peer);
+        let reg = a.register(&gpu, Access::LocalOnly)?;
+        let staged = |r: TransferRequest| -> Result<(), Error> {
+            let id = *a
+                .submit(&[r])?
+                .first()
+                .ok_or("the engine returned no request id")?;
+            let o = a.wait(id, Duration::from_secs(120))?;
             if !o.is_complete() {
                 return Err(format!("staged request ended {o:?}").into());
             }
             Ok(())
         };
-        let w = b.gbps(|| staged(StagedRequest::write(reg.id, 0, peer, range, 0, len as u64)))?;
+        let w = b.gbps(|| {
+            staged(TransferRequest::write(
+                reg.id, 0, peer, range, 0, len as u64,
+            ))
+        })?;
         line(
             &format!("staged WRITE GPU -> remote, {chunk_mib} MiB chunks"),
             w,
             d2h,
         );
         let r = b.gbps(|| {
-            staged(StagedRequest::read(
+            staged(TransferRequest::read(
                 reg.id, len as u64, peer, range, 0, len as u64,
             ))
         })?;
@@ -220,14 +236,18 @@ fn run(dev: &CudaDevice, len: usize, iters: usize) -> Result<(), Error> {
     }
     // One checked round trip: GPU[0..len] -> remote -> GPU[len..2len].
     gpu.fill(len, len, 0)?;
-    let staging = CudaStaging::new(a, dev, 4 << 20, 1)?;
-    let reg = staging.register_cuda(gpu.clone())?;
+    let reg = a.register(&gpu, Access::LocalOnly)?;
     for r in [
-        StagedRequest::write(reg.id, 0, peer, range, 0, len as u64),
-        StagedRequest::read(reg.id, len as u64, peer, range, 0, len as u64),
+        TransferRequest::write(reg.id, 0, peer, range, 0, len as u64),
+        TransferRequest::read(reg.id, len as u64, peer, range, 0, len as u64),
     ] {
-        let o = staging.run(&r)?;
-        if !o.is_complete() || !o.drain.is_drained() {
+        let id = *a
+            .submit(&[r])?
+            .first()
+            .ok_or("the engine returned no request id")?;
+        let o = a.wait(id, Duration::from_secs(120))?;
+        a.wait_drain(id, Duration::from_secs(10))?;
+        if !o.is_complete() {
             return Err(format!("checked round trip ended {o:?}").into());
         }
     }

@@ -45,6 +45,7 @@ pub struct EngineBuilder {
     pub(crate) metadata: MetadataMode,
     pub(crate) host_without_rdma: bool,
     pub(crate) recovery: crate::recovery::RecoveryPolicy,
+    pub(crate) staging: crate::staging::StagingConfig,
 }
 
 /// A change to the engine's session settings (see
@@ -88,6 +89,7 @@ impl EngineBuilder {
             metadata: MetadataMode::P2p,
             host_without_rdma: false,
             recovery: crate::recovery::RecoveryPolicy::default(),
+            staging: crate::staging::StagingConfig::default(),
         }
     }
 
@@ -134,6 +136,16 @@ impl EngineBuilder {
     /// failure is an error, never a fallback.
     pub fn host_memory_without_rdma(mut self) -> Self {
         self.host_without_rdma = true;
+        self
+    }
+
+    /// The cuda-staging lanes made on each CUDA device at its first CUDA
+    /// registration (default [`StagingConfig::default`](crate::staging::StagingConfig):
+    /// two lanes of 4 MiB chunks). Their bounce buffers are Host Direct
+    /// registrations, or none with
+    /// [`host_memory_without_rdma`](Self::host_memory_without_rdma).
+    pub fn cuda_staging(mut self, config: crate::staging::StagingConfig) -> Self {
+        self.staging = config;
         self
     }
 

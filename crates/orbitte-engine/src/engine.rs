@@ -187,6 +187,46 @@ impl PostContext for Tables {
     }
 }
 
+/// The peer and the published range a request names, checked: the peer
+/// is open, the range published, `rend` (the request's end in it) inside
+/// it, and the range allows the operation.
+pub(crate) fn published_remote<'t>(
+    tables: &'t Tables,
+    r: &TransferRequest,
+    rend: u64,
+) -> Result<(&'t PeerState, &'t wire::RangeDescriptor), RequestError> {
+    let peer = tables
+        .peers
+        .get(&r.peer.0)
+        .ok_or(RequestError::UnknownPeer(r.peer))?;
+    let desc = peer
+        .ranges
+        .get(&r.range)
+        .ok_or(RequestError::UnpublishedRemote {
+            peer: r.peer,
+            range: r.range,
+        })?;
+    if rend > desc.length {
+        return Err(RequestError::OutOfRange {
+            side: "remote",
+            offset: r.remote_offset,
+            len: r.len,
+            size: desc.length,
+        });
+    }
+    let need = match r.op {
+        Op::Read => wire::AccessFlags::REMOTE_READ,
+        Op::Write => wire::AccessFlags::REMOTE_WRITE,
+    };
+    if !desc.access.contains(need) {
+        return Err(RequestError::WrongAccess {
+            side: "remote",
+            op: r.op,
+        });
+    }
+    Ok((peer, desc))
+}
+
 pub(crate) struct State {
     pub(crate) core: Core,
     pub(crate) rdma: RdmaTransport,
@@ -214,6 +254,8 @@ pub(crate) struct State {
     pub(crate) notify: crate::notify::tracker::Tracker,
     /// When to re-establish each rdma rail (see `crate::recovery`).
     pub(crate) recovery: crate::recovery::Recoveries,
+    /// CUDA registrations and cuda-staging requests.
+    pub(crate) staged: crate::staging::Staged,
     work: Vec<WorkItem>,
     rotor: usize,
 }
@@ -431,6 +473,8 @@ pub(crate) struct Shared {
     pub(crate) etcd: Mutex<Option<crate::metadata::etcd::EtcdMetadata>>,
     /// Notifications received from peers, waiting to be read.
     pub(crate) inbox: crate::notify::inbox::Inbox,
+    /// The cuda-staging lanes of each CUDA device.
+    pub(crate) staging: crate::staging::Pools,
 }
 
 impl Shared {
@@ -539,6 +583,7 @@ impl EngineBuilder {
             who: (source_id.as_str().to_owned(), epoch.value()),
             notify: crate::notify::tracker::Tracker::default(),
             recovery: crate::recovery::Recoveries::new(self.recovery),
+            staged: crate::staging::Staged::default(),
             work: Vec::new(),
             rotor: 0,
         };
@@ -567,6 +612,7 @@ impl EngineBuilder {
             #[cfg(feature = "etcd")]
             etcd: Mutex::new(None),
             inbox: crate::notify::inbox::Inbox::default(),
+            staging: crate::staging::Pools::new(self.staging),
         });
         let timer = {
             let shared = shared.clone();
@@ -958,6 +1004,7 @@ impl TransferEngine {
                     self.register_host_at(memory, access, location)
                 }
             }
+            crate::registration::Memory::Cuda(buffer) => self.register_cuda(buffer, access),
         }
     }
 
@@ -1183,6 +1230,9 @@ impl TransferEngine {
     /// `Unquiesced`: the copy, its memory and its charge stay retained and
     /// the engine is fenced.
     pub fn unregister(&self, registration: RegistrationId) -> Result<(), UnregisterError> {
+        if let Some(result) = self.unregister_cuda(registration) {
+            return result;
+        }
         let mut st = self.lock();
         let Some(entry) = st.tables.regs.get(&registration.0) else {
             return Err(UnregisterError::Unknown(registration));
@@ -1247,6 +1297,9 @@ impl TransferEngine {
         batch: &[R],
     ) -> Result<Vec<RequestId>, SubmitError> {
         let resolved = self.resolve(batch)?;
+        if self.first_staged(&resolved).is_some() {
+            return self.submit_with_staged(&resolved);
+        }
         self.submit_inner(&resolved, None)
     }
 
@@ -1310,33 +1363,7 @@ impl TransferEngine {
                     size,
                 }));
             }
-            let Some(peer) = st.tables.peers.get(&r.peer.0) else {
-                return Err(bad(RequestError::UnknownPeer(r.peer)));
-            };
-            let Some(desc) = peer.ranges.get(&r.range) else {
-                return Err(bad(RequestError::UnpublishedRemote {
-                    peer: r.peer,
-                    range: r.range,
-                }));
-            };
-            if rend > desc.length {
-                return Err(bad(RequestError::OutOfRange {
-                    side: "remote",
-                    offset: r.remote_offset,
-                    len: r.len,
-                    size: desc.length,
-                }));
-            }
-            let need = match r.op {
-                Op::Read => wire::AccessFlags::REMOTE_READ,
-                Op::Write => wire::AccessFlags::REMOTE_WRITE,
-            };
-            if !desc.access.contains(need) {
-                return Err(bad(RequestError::WrongAccess {
-                    side: "remote",
-                    op: r.op,
-                }));
-            }
+            let (peer, desc) = published_remote(&st.tables, r, rend).map_err(bad)?;
             let mut why = Vec::new();
             let mut rails = Vec::with_capacity(peer.rails.len());
             for &rail in &peer.rails {
@@ -1441,7 +1468,7 @@ impl TransferEngine {
             if let Some(o) = st.outcomes.remove(&id) {
                 return Ok(o);
             }
-            if !st.core.is_pending(id) && !st.notify.holds(id) {
+            if !st.core.is_pending(id) && !st.notify.holds(id) && !st.staged.is_pending(id) {
                 return Err(WaitError::Unknown(id));
             }
             if now >= deadline {
@@ -1472,6 +1499,9 @@ impl TransferEngine {
     /// posted slices may still move bytes until the request drains.
     /// Returns false if the request already had its outcome.
     pub fn cancel(&self, id: RequestId) -> bool {
+        if let Some(done) = self.cancel_staged(id) {
+            return done;
+        }
         let mut st = self.lock();
         let now = Instant::now();
         let done = st.core.cancel(now, id);
@@ -1483,7 +1513,8 @@ impl TransferEngine {
 
     /// Whether the transports still hold the request's local bytes.
     pub fn drain_status(&self, id: RequestId) -> DrainStatus {
-        self.lock().core.drain_status(id)
+        let mut st = self.lock();
+        crate::staging::drain_status(&mut st, id).unwrap_or_else(|| st.core.drain_status(id))
     }
 
     /// Waits until the request is drained (its local buffer is the
@@ -1496,7 +1527,9 @@ impl TransferEngine {
             let now = Instant::now();
             st.core.handle_timeout(now);
             st.pump(now);
-            match st.core.drain_status(id) {
+            let status = crate::staging::drain_status(&mut st, id)
+                .unwrap_or_else(|| st.core.drain_status(id));
+            match status {
                 DrainStatus::Drained => return Ok(()),
                 DrainStatus::Pending { slices } if now >= deadline => {
                     return Err(DrainTimeout {
@@ -1656,6 +1689,7 @@ impl TransferEngine {
             l.shutdown();
         }
         self.shared.stop.store(true, Ordering::Release);
+        self.shared.staging.stop_all();
         self.shared.cond.notify_all();
         self.shared.timer.notify_all();
         let threads = std::mem::take(

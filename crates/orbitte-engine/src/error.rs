@@ -136,6 +136,29 @@ pub enum RegisterError {
         /// Why.
         reason: Arc<str>,
     },
+    /// GPU memory asked for remote access: that is direct registration of
+    /// GPU memory with NICs, which is not implemented. Nothing switches to
+    /// another path.
+    #[error(
+        "{path}: not implemented: registering GPU memory directly with RDMA NICs needs \
+         peer-memory or dma-buf support and hardware qualification; register the buffer with \
+         Access::LocalOnly (cuda-staging) and publish host memory instead"
+    )]
+    NotImplemented {
+        /// The path the registration would need (`gpudirect-rdma`).
+        path: crate::transport::PathKind,
+    },
+    /// The cuda-staging lanes of the buffer's device could not be made
+    /// (pipelines, pinned bounce buffers, their registration). Nothing of
+    /// them is left registered; no other path is tried.
+    #[error("cuda-staging on CUDA device {device}: {source}")]
+    Staging {
+        /// The CUDA device index.
+        device: usize,
+        /// Why.
+        #[source]
+        source: Box<crate::staging::StagingSetupError>,
+    },
 }
 
 /// Why [`TransferEngine::unregister`](crate::TransferEngine::unregister) or

@@ -11,7 +11,8 @@
 //!    for an engine that others connect to (one listener serves tcp data
 //!    sessions, same-host mapping and rdma control links).
 //! 2. [`TransferEngine::register`]: host memory (or caller memory through
-//!    `HostMemory::from_raw_parts`), published with [`Access`]; the
+//!    `HostMemory::from_raw_parts`), published with [`Access`], or CUDA
+//!    device memory (an `Arc<CudaBuffer>`, local only: [`staging`]); the
 //!    [`Registration`] says which [`MemoryPath`] serves it.
 //! 3. [`TransferEngine::connect`] (by address) or `connect_by_name` (etcd):
 //!    a [`Peer`] with its path, rails, fallbacks and published
@@ -54,6 +55,8 @@
 //!   in the net modules).
 //! - the driver ([`TransferEngine`]): one poller thread per NIC context, a
 //!   timer thread, and the caller's thread posting.
+//! - [`staging`]: the cuda-staging lanes (GPU memory through pinned
+//!   bounce buffers), one thread per lane, outcomes into the same table.
 //! - [`session`]: sessions between engines (handshake, the listener, the
 //!   path policy); [`control`]: the control-link seam (in-process links
 //!   drive two engines on the simulated fabric in tests);
@@ -94,7 +97,7 @@ pub mod transport;
 // net (issue 7, helper "net"): sessions and metadata; tcp/local under transport/.
 pub mod metadata;
 pub mod session;
-// cuda-staging path (issue 8, helper "staging"): GPU memory through pinned bounce buffers.
+// cuda-staging path: GPU memory through pinned bounce buffers (staging lanes).
 pub mod staging;
 
 pub use capability::{CapabilityMatrix, Check, PathRow};
@@ -112,7 +115,8 @@ pub use notify::{
     ReceivedNotification,
 };
 pub use outcome::{
-    DrainStatus, FailureInfo, Outcome, RemoteEffect, RequestError, RequestId, Status, SubmitError,
+    ChunkFailure, DrainStatus, FailureInfo, Outcome, RemoteEffect, RequestError, RequestId, Status,
+    SubmitError,
 };
 pub use registration::{Access, Budgets, Charges, Memory, MemoryPath, Registration};
 pub use request::{LocalRead, LocalWrite, RemoteRange, RemoteTarget, Request};

@@ -70,29 +70,72 @@ pub enum DrainStatus {
 }
 
 /// Where and why a request failed.
+///
+/// For a cuda-staging request (local memory on a GPU) the failed step is
+/// either a chunk's request over the peer's path (`rail`, `path`, `nic`
+/// and `status` are that request's failure; `slice` counts within the
+/// chunk's request) or a device copy (`rail` is `None`, `path` is
+/// [`PathKind::CudaStaging`], `status` is
+/// [`SliceFailure::DeviceCopy`] with the CUDA error); [`chunk`](Self::chunk)
+/// says which chunk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FailureInfo {
-    /// Index of the first failed slice.
+    /// Index of the first failed slice (cuda-staging: within the chunk's
+    /// request).
     pub slice: u32,
-    /// Request-relative offset of that slice.
+    /// Request-relative offset of that slice (or of the failed device
+    /// copy's chunk).
     pub offset: u64,
-    /// The rail it was bound to.
-    pub rail: RailId,
-    /// That rail's path.
+    /// The rail it was bound to; `None` when the failed step ran on no
+    /// rail (a device copy, a refused chunk).
+    pub rail: Option<RailId>,
+    /// That rail's path, or [`PathKind::CudaStaging`] for a step of the
+    /// staging lane itself.
     pub path: PathKind,
     /// Local NIC ID of the rail (rdma).
     pub nic: Option<orbitte_topology::NicId>,
-    /// What the transport said.
+    /// What the transport (or the CUDA driver) said.
     pub status: SliceFailure,
+    /// cuda-staging: the chunk that failed.
+    pub chunk: Option<ChunkFailure>,
+}
+
+/// The chunk of a cuda-staging request where it failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkFailure {
+    /// Chunk index, from 0.
+    pub index: u32,
+    /// Request-relative offset of the chunk.
+    pub offset: u64,
+    /// The engine request that moved the chunk over the peer's path, when
+    /// one was admitted.
+    pub request: Option<RequestId>,
+    /// How that request ended.
+    pub status: Option<Status>,
+    /// Whether what the chunk used drained (false: its bounce buffer, or
+    /// for a copy the lane, is still held).
+    pub drained: bool,
 }
 
 impl fmt::Display for FailureInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(c) = &self.chunk {
+            write!(f, "chunk {} (offset {}), ", c.index, c.offset)?;
+            if let Some(r) = c.request {
+                write!(f, "{r}, ")?;
+            }
+            if !c.drained {
+                f.write_str("not drained, ")?;
+            }
+        }
         write!(
             f,
-            "slice {} (offset {}) on {} rail {}",
-            self.slice, self.offset, self.path, self.rail.0
+            "slice {} (offset {}) on {}",
+            self.slice, self.offset, self.path
         )?;
+        if let Some(r) = self.rail {
+            write!(f, " rail {}", r.0)?;
+        }
         if let Some(n) = self.nic {
             write!(f, " (NIC ID {})", n.0)?;
         }
@@ -232,6 +275,19 @@ pub enum RequestError {
         peer: PeerId,
         /// The reasons per rail.
         why: Arc<str>,
+    },
+    /// Every cuda-staging lane of the GPU holding the local memory is
+    /// unquiesced (a device copy did not drain; its buffers are retained
+    /// for good).
+    #[error(
+        "every cuda-staging lane of CUDA device {device} is fenced ({reasons}); register the \
+         memory on another device or restart the engine"
+    )]
+    StagingFenced {
+        /// The CUDA device.
+        device: usize,
+        /// Why, per lane.
+        reasons: Arc<str>,
     },
 }
 

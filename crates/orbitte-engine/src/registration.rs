@@ -151,6 +151,11 @@ pub enum MemoryPath {
     /// ([`EngineBuilder::host_memory_without_rdma`](crate::EngineBuilder::host_memory_without_rdma)):
     /// no MR, served by tcp and local only.
     HostWithoutRdma,
+    /// CUDA device memory: the GPU's copy engines move it through pinned
+    /// host bounce buffers (the engine's staging lanes on that device),
+    /// and the bounce buffers go over the peer's path. Never published:
+    /// GPU memory is only the local side of a request.
+    CudaStaging,
 }
 
 impl std::fmt::Display for MemoryPath {
@@ -158,6 +163,7 @@ impl std::fmt::Display for MemoryPath {
         f.write_str(match self {
             Self::HostDirect => "host direct (rdma, tcp, local)",
             Self::HostWithoutRdma => "host memory without rdma (tcp, local)",
+            Self::CudaStaging => "cuda-staging (gpu memory through pinned bounce buffers)",
         })
     }
 }
@@ -177,6 +183,12 @@ pub enum Memory {
         /// NIC ID order.
         location: orbitte_topology::MemoryLocation,
     },
+    /// CUDA device memory, served by the cuda-staging path
+    /// ([`MemoryPath::CudaStaging`]). It registers only as
+    /// [`Access::LocalOnly`]: registering GPU memory with NICs
+    /// (`gpudirect-rdma`) is not implemented and is refused, never
+    /// replaced by another path.
+    Cuda(Arc<orbitte_cuda::CudaBuffer>),
 }
 
 impl Memory {
@@ -199,6 +211,18 @@ impl From<Arc<HostMemory>> for Memory {
 impl From<&Arc<HostMemory>> for Memory {
     fn from(memory: &Arc<HostMemory>) -> Self {
         Arc::clone(memory).into()
+    }
+}
+
+impl From<Arc<orbitte_cuda::CudaBuffer>> for Memory {
+    fn from(buffer: Arc<orbitte_cuda::CudaBuffer>) -> Self {
+        Self::Cuda(buffer)
+    }
+}
+
+impl From<&Arc<orbitte_cuda::CudaBuffer>> for Memory {
+    fn from(buffer: &Arc<orbitte_cuda::CudaBuffer>) -> Self {
+        Self::Cuda(Arc::clone(buffer))
     }
 }
 

@@ -192,6 +192,21 @@ pub enum SliceFailure {
     PostFailed(Arc<str>),
     /// The rail went down before the slice could be posted.
     RailDown(Arc<str>),
+    /// cuda-staging: a device copy between GPU memory and a bounce buffer
+    /// failed, or could not be waited for (the CUDA error).
+    DeviceCopy(orbitte_cuda::CopyError),
+    /// cuda-staging: the lane's pipeline was unquiesced by an earlier copy
+    /// that did not drain (that copy's error); the lane runs no more.
+    PipelineUnquiesced(orbitte_cuda::CopyError),
+    /// cuda-staging: the engine refused a chunk's request; nothing of that
+    /// chunk was posted.
+    Refused(Box<crate::outcome::SubmitError>),
+    /// cuda-staging: a chunk's request ended with this status and no slice
+    /// failure (its request timeout passed, or it was cancelled).
+    Ended(crate::outcome::Status),
+    /// cuda-staging: a chunk could not be handled and whether it was posted
+    /// is unknown (its bytes count as uncertain).
+    Internal(Arc<str>),
 }
 
 impl fmt::Display for SliceFailure {
@@ -201,6 +216,11 @@ impl fmt::Display for SliceFailure {
             Self::Flushed => f.write_str("flushed after an earlier error on the rail"),
             Self::PostFailed(e) => write!(f, "post failed: {e}"),
             Self::RailDown(e) => write!(f, "rail down: {e}"),
+            Self::DeviceCopy(e) => write!(f, "device copy failed: {e}"),
+            Self::PipelineUnquiesced(e) => write!(f, "staging pipeline unquiesced: {e}"),
+            Self::Refused(e) => write!(f, "chunk request refused: {e}"),
+            Self::Ended(s) => write!(f, "chunk request ended {s:?}"),
+            Self::Internal(e) => f.write_str(e),
         }
     }
 }

@@ -246,6 +246,9 @@ fn check_outcome(seed: u64, o: &Outcome, r: &TransferRequest, posted: &[(u64, u6
                 was_posted,
                 "seed {seed}: a failed slice the fabric never accepted ({o:?}, posted {posted:?})"
             ),
+            ref other => {
+                panic!("seed {seed}: a cuda-staging status {other:?} on host memory ({o:?})")
+            }
         }
     }
 }

@@ -625,10 +625,11 @@ impl Core {
                     req.failure = Some(FailureInfo {
                         slice: slot.index,
                         offset: u64::from(slot.index) * u64::from(self.config.slice_size),
-                        rail: RailId(slot.rail),
+                        rail: Some(RailId(slot.rail)),
                         path: spec.path,
                         nic: spec.nic.map(orbitte_topology::NicId),
                         status: failure,
+                        chunk: None,
                     });
                 }
                 req.abandoned = true;
@@ -766,10 +767,11 @@ impl Core {
                 req.failure = Some(FailureInfo {
                     slice: index,
                     offset: u64::from(index) * u64::from(self.config.slice_size),
-                    rail,
+                    rail: Some(rail),
                     path: spec.path,
                     nic: spec.nic.map(orbitte_topology::NicId),
                     status: SliceFailure::RailDown(reason.clone()),
+                    chunk: None,
                 });
             }
             req.abandoned = true;

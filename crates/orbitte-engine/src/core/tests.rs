@@ -351,7 +351,7 @@ fn error_completion_fails_request_without_replay_on_other_rail() {
     let f = o.failure.as_ref().unwrap();
     assert_eq!(
         (f.slice, f.rail, f.nic),
-        (2, rails[0], Some(orbitte_topology::NicId(0)))
+        (2, Some(rails[0]), Some(orbitte_topology::NicId(0)))
     );
     assert!(matches!(
         f.status,
@@ -395,7 +395,7 @@ fn rail_down_mid_batch_fails_waiting_requests() {
     assert_eq!(w.status, Status::Failed, "{w:?}");
     assert_eq!(w.drain, DrainStatus::Drained);
     let f = w.failure.as_ref().unwrap();
-    assert_eq!(f.rail, rails[1]);
+    assert_eq!(f.rail, Some(rails[1]));
     // Slices of rail 0 still completed; nothing moved to rail 0 from rail 1.
     assert_eq!(w.completed_prefix, 1024);
     assert_eq!(h.local[..1024], h.remote[..1024]);

@@ -133,6 +133,17 @@ pub enum NotificationError {
         /// That request's peer.
         found: u32,
     },
+    /// A notifying batch cannot carry cuda-staging requests (local memory
+    /// on a GPU): their chunks are separate requests of the engine, and the
+    /// notification would not be held behind them.
+    #[error(
+        "a notifying batch cannot carry cuda-staging requests: request #{index} has GPU memory as \
+         its local side; send the notification with a batch of host memory after it completes"
+    )]
+    Staged {
+        /// Position of the first cuda-staging request.
+        index: usize,
+    },
 }
 
 /// The notification of a batch being admitted: checked, not yet tracked.
@@ -304,6 +315,9 @@ impl TransferEngine {
         notification: Notification,
     ) -> Result<Vec<RequestId>, SubmitError> {
         let resolved = self.resolve(batch)?;
+        if let Some(index) = self.first_staged(&resolved) {
+            return Err(NotificationError::Staged { index }.into());
+        }
         let armed = Armed::check(&resolved, notification)?;
         self.submit_inner(&resolved, Some(armed))
     }

@@ -23,15 +23,17 @@ use std::sync::Arc;
 
 use orbitte_cuda::{self as cuda, CudaBuffer, CudaDevice, StagingPipeline};
 
-use super::{CudaStaging, StagedRequest};
 use crate::capability::{CapabilityMatrix, Check, PathRow};
-use crate::engine::TransferEngine;
+use crate::engine::{TransferEngine, TransferRequest};
+use crate::outcome::{DrainStatus, Outcome};
+use crate::registration::Access;
 use crate::transport::{PathKind, PeerId, RangeId};
 
 /// Bytes the completion check moves each way.
 pub const LOOPBACK_BYTES: u64 = 256 << 10;
-/// Chunk size of the completion check (4 chunks: both bounce buffers and
-/// the overlap are exercised).
+/// Chunk size of the device-only copies that fill and read back the GPU
+/// memory of the completion check (the staged requests use the engine's
+/// [`StagingConfig`](super::StagingConfig) chunk).
 pub const LOOPBACK_CHUNK: usize = 64 << 10;
 
 /// A scratch range of a loopback peer (another engine on this host, opened
@@ -222,36 +224,16 @@ fn round_trip(
         })
         .map_err(|e| format!("filling GPU memory: {e}"))?;
     gpu.fill(n, n, 0).map_err(|e| e.to_string())?;
-    let staging = CudaStaging::new(engine, &dev, LOOPBACK_CHUNK, 1).map_err(|e| e.to_string())?;
-    let reg = staging
-        .register_cuda(gpu.clone())
+    let reg = engine
+        .register(gpu.clone(), Access::LocalOnly)
         .map_err(|e| e.to_string())?;
-    let w = staging
-        .run(&StagedRequest::write(
-            reg.id, 0, t.peer, t.range, t.offset, n as u64,
-        ))
-        .map_err(|e| format!("staged WRITE refused: {e}"))?;
-    if !w.is_complete() {
-        return Err(format!(
-            "staged WRITE GPU -> remote ended {:?} after {} of {n} bytes: {}",
-            w.status,
-            w.completed_prefix,
-            w.failure.map(|f| f.to_string()).unwrap_or_default()
-        ));
+    let result = staged_round_trip(engine, reg.id, n, t);
+    // The lanes' drain check, before the unregistration stops them.
+    let lanes = engine.cuda_staging(device).map(|s| s.is_drained());
+    if let Err(e) = engine.unregister(reg.id) {
+        tracing::warn!(error = %e, "unregistering the completion check's GPU memory failed");
     }
-    let r = staging
-        .run(&StagedRequest::read(
-            reg.id, n as u64, t.peer, t.range, t.offset, n as u64,
-        ))
-        .map_err(|e| format!("staged READ refused: {e}"))?;
-    if !r.is_complete() {
-        return Err(format!(
-            "staged READ remote -> GPU ended {:?} after {} of {n} bytes: {}",
-            r.status,
-            r.completed_prefix,
-            r.failure.map(|f| f.to_string()).unwrap_or_default()
-        ));
-    }
+    let (w, r) = result?;
     let mut back = vec![0u8; n];
     local
         .download(&gpu, n, n, |c| {
@@ -271,9 +253,9 @@ fn round_trip(
     let detail = format!(
         "{n} bytes GPU -> peer {} range {} -> GPU through the engine in {} chunks of \
          {LOOPBACK_CHUNK} each way, bytes match",
-        t.peer.0, t.range.0, w.chunks
+        t.peer.0, t.range.0, w.slices
     );
-    let drain = if !w.drain.is_drained() || !r.drain.is_drained() {
+    let drain = if w.drain != DrainStatus::Drained || r.drain != DrainStatus::Drained {
         Check::Fail {
             reason: format!(
                 "staged requests not drained: WRITE {:?}, READ {:?}",
@@ -282,19 +264,61 @@ fn round_trip(
             fix: "keep the evidence; the bounce buffers stay retained".to_owned(),
         }
     } else {
-        match staging.is_drained() {
-            Ok(true) => Check::Pass,
-            Ok(false) => Check::Fail {
+        match lanes {
+            Some(Ok(true)) => Check::Pass,
+            Some(Ok(false)) | None => Check::Fail {
                 reason: "a staging stream or lane is still busy after the round trip".to_owned(),
                 fix: "report this: staged requests must drain before they return".to_owned(),
             },
-            Err(e) => Check::Fail {
+            Some(Err(e)) => Check::Fail {
                 reason: e,
                 fix: "check `nvidia-smi` and `dmesg` (Xid errors)".to_owned(),
             },
         }
     };
     Ok((detail, drain))
+}
+
+/// The staged WRITE GPU -> remote and READ remote -> GPU of the round
+/// trip, each submitted, waited for and drained through the engine.
+fn staged_round_trip(
+    engine: &TransferEngine,
+    reg: crate::transport::RegistrationId,
+    n: usize,
+    t: LoopbackTarget,
+) -> Result<(Outcome, Outcome), String> {
+    let len = n as u64;
+    let staged = |req: TransferRequest, what: &str| -> Result<Outcome, String> {
+        let id = engine
+            .submit(&[req])
+            .map_err(|e| format!("staged {what} refused: {e}"))?[0];
+        let o = engine
+            .wait(id, super::DEFAULT_CHUNK_WAIT)
+            .map_err(|e| format!("staged {what}: {e}"))?;
+        if !o.is_complete() {
+            return Err(format!(
+                "staged {what} ended {:?} after {} of {n} bytes: {}",
+                o.status,
+                o.completed_prefix,
+                o.failure.map(|f| f.to_string()).unwrap_or_default()
+            ));
+        }
+        // Drain is the next check: a timeout here is reported there.
+        let _ = engine.wait_drain(id, super::DEFAULT_DRAIN_WAIT);
+        Ok(Outcome {
+            drain: engine.drain_status(id),
+            ..o
+        })
+    };
+    let w = staged(
+        TransferRequest::write(reg, 0, t.peer, t.range, t.offset, len),
+        "WRITE GPU -> remote",
+    )?;
+    let r = staged(
+        TransferRequest::read(reg, len, t.peer, t.range, t.offset, len),
+        "READ remote -> GPU",
+    )?;
+    Ok((w, r))
 }
 
 #[cfg(test)]
