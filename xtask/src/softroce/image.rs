@@ -16,7 +16,10 @@ use super::{cache_dir, find_tool, secs};
 const SUITE: &str = "bookworm";
 
 /// Packages installed into the guest (debootstrap `--include`): the kernel
-/// (with rdma_rxe), rdma-core's runtime and tools, and what init needs.
+/// (with rdma_rxe), rdma-core's runtime and tools, what init needs, and
+/// python3 for the Python package's suite (the orbitte wheel and its
+/// stdlib-only script; the list is part of the cache key, so a change here
+/// rebuilds the image).
 const PACKAGES: &[&str] = &[
     "linux-image-amd64",
     "rdma-core",
@@ -29,6 +32,7 @@ const PACKAGES: &[&str] = &[
     "iproute2",
     "kmod",
     "busybox",
+    "python3",
 ];
 
 /// Scripts baked into the image; their text is part of the cache key.

@@ -27,9 +27,11 @@ usage: cargo xtask softroce <build|run|test> [options]
                              boot the guest, run CMD (a shell command line) in the
                              work folder with ORBITTE_TEST_DEVICE=rxe0, pass its
                              output and exit status through, power off
-  test [--timeout SECS] [-- TEST-ARGS]
+  test [--timeout SECS] [--wheel PATH] [-- TEST-ARGS]
                              build the native test suites on the host and run them
-                             in the guest against rxe0, after a smoke check
+                             in the guest against rxe0, after a smoke check; the
+                             Python suite installs the orbitte wheel PATH (else
+                             ORBITTE_WHEEL, else one built with maturin) in the guest
 
 environment: SOFTROCE_MIRROR (Debian mirror), SOFTROCE_CACHE (image cache folder),
 SOFTROCE_ACCEL (tcg|kvm, default: kvm only where it really works), SOFTROCE_QEMU,
@@ -51,7 +53,14 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             image::ensure(rebuild).map(drop)
         }
         "run" => {
-            let (timeout, cmd) = options(rest, Duration::from_secs(1800))?;
+            let Options {
+                timeout,
+                wheel,
+                rest: cmd,
+            } = options(rest, Duration::from_secs(1800))?;
+            if wheel.is_some() {
+                return Err(format!("`--wheel` is an option of `test`\n{USAGE}"));
+            }
             if cmd.is_empty() {
                 return Err(format!("`run` needs a command after `--`\n{USAGE}"));
             }
@@ -61,8 +70,12 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             exit_with(rc)
         }
         "test" => {
-            let (timeout, test_args) = options(rest, Duration::from_secs(2400))?;
-            let rc = suites::run(&test_args, timeout)?;
+            let Options {
+                timeout,
+                wheel,
+                rest: test_args,
+            } = options(rest, Duration::from_secs(2400))?;
+            let rc = suites::run(&test_args, timeout, wheel)?;
             exit_with(rc)
         }
         "-h" | "--help" | "help" => {
@@ -73,25 +86,47 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     }
 }
 
-/// Parses `[--timeout SECS] [-- REST...]`.
-fn options(args: &[String], default: Duration) -> Result<(Duration, Vec<String>), String> {
-    let mut timeout = default;
+/// What `run` and `test` take before `--`, and what follows it.
+#[derive(Debug, PartialEq, Eq)]
+struct Options {
+    timeout: Duration,
+    wheel: Option<PathBuf>,
+    rest: Vec<String>,
+}
+
+/// Parses `[--timeout SECS] [--wheel PATH] [-- REST...]`.
+fn options(args: &[String], default: Duration) -> Result<Options, String> {
+    let mut opts = Options {
+        timeout: default,
+        wheel: None,
+        rest: Vec::new(),
+    };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--" => return Ok((timeout, it.cloned().collect())),
+            "--" => {
+                opts.rest = it.cloned().collect();
+                return Ok(opts);
+            }
             "--timeout" => {
                 let secs = it
                     .next()
                     .and_then(|s| s.parse::<u64>().ok())
                     .filter(|&s| s > 0)
                     .ok_or("`--timeout` needs a positive number of seconds")?;
-                timeout = Duration::from_secs(secs);
+                opts.timeout = Duration::from_secs(secs);
+            }
+            "--wheel" => {
+                let path = it
+                    .next()
+                    .filter(|p| !p.is_empty())
+                    .ok_or("`--wheel` needs the path of an orbitte wheel (.whl)")?;
+                opts.wheel = Some(PathBuf::from(path));
             }
             other => return Err(format!("unexpected argument `{other}`\n{USAGE}")),
         }
     }
-    Ok((timeout, Vec::new()))
+    Ok(opts)
 }
 
 /// Passes the guest command's exit status through as the task's own.
@@ -143,13 +178,23 @@ mod tests {
     #[test]
     fn options_take_a_timeout_and_everything_after_the_separator() {
         let d = Duration::from_secs(7);
-        let (t, rest) = options(&strings(&["--timeout", "90", "--", "ls", "-l"]), d).unwrap();
-        assert_eq!(t, Duration::from_secs(90));
-        assert_eq!(rest, strings(&["ls", "-l"]));
-        let (t, rest) = options(&strings(&["--", "--timeout", "3"]), d).unwrap();
-        assert_eq!(t, d);
-        assert_eq!(rest, strings(&["--timeout", "3"]));
-        assert_eq!(options(&[], d).unwrap(), (d, Vec::new()));
+        let o = options(&strings(&["--timeout", "90", "--", "ls", "-l"]), d).unwrap();
+        assert_eq!(o.timeout, Duration::from_secs(90));
+        assert_eq!(o.rest, strings(&["ls", "-l"]));
+        let o = options(&strings(&["--", "--timeout", "3"]), d).unwrap();
+        assert_eq!(o.timeout, d);
+        assert_eq!(o.rest, strings(&["--timeout", "3"]));
+        assert_eq!(
+            options(&[], d).unwrap(),
+            Options {
+                timeout: d,
+                wheel: None,
+                rest: Vec::new()
+            }
+        );
+        let o = options(&strings(&["--wheel", "/w/o.whl", "--", "x"]), d).unwrap();
+        assert_eq!(o.wheel, Some(PathBuf::from("/w/o.whl")));
+        assert_eq!(o.rest, strings(&["x"]));
     }
 
     #[test]
@@ -161,12 +206,16 @@ mod tests {
         }
         let err = options(&strings(&["ls"]), d).unwrap_err();
         assert!(err.starts_with("unexpected argument `ls`"), "{err}");
+        let err = options(&strings(&["--wheel"]), d).unwrap_err();
+        assert!(err.contains("path of an orbitte wheel"), "{err}");
     }
 
     #[test]
     fn run_without_a_command_is_an_error_before_anything_starts() {
         let err = run(&strings(&["run", "--"])).unwrap_err();
         assert!(err.starts_with("`run` needs a command"), "{err}");
+        let err = run(&strings(&["run", "--wheel", "w.whl", "--", "true"])).unwrap_err();
+        assert!(err.starts_with("`--wheel` is an option of `test`"), "{err}");
         let err = run(&strings(&["boot"])).unwrap_err();
         assert!(err.starts_with("unknown subcommand `boot`"), "{err}");
     }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,15 @@ enum Target {
         label: &'static str,
         script: &'static str,
     },
+    /// A Python script (workspace-relative path) run by the guest's python3
+    /// with the package's wheel unpacked onto PYTHONPATH: passes when it
+    /// exits 0 and its output contains every string of `expect`. The wheel
+    /// is not built by cargo: see [`wheel`].
+    Python {
+        script: &'static str,
+        label: &'static str,
+        expect: &'static [&'static str],
+    },
 }
 
 /// A test binary honouring `ORBITTE_TEST_DEVICE`, or a command, that the
@@ -60,6 +69,7 @@ impl Suite {
             Target::Bin { name, .. } | Target::Script { name, .. } => {
                 (vec!["--bin".into(), name.into()], "bin", name.into(), false)
             }
+            Target::Python { script, .. } => (Vec::new(), "python", script.into(), false),
         }
     }
 
@@ -71,6 +81,9 @@ impl Suite {
                 format!("{} `{name} {}`", self.package, args.join(" "))
             }
             Target::Script { name, label, .. } => format!("{} `{name}`: {label}", self.package),
+            Target::Python { script, label, .. } => {
+                format!("{} `python3 {script}`: {label}", self.package)
+            }
         }
     }
 
@@ -78,7 +91,8 @@ impl Suite {
     /// when it passed: it exited 0, its output has every expected string,
     /// and no line of its output says `skipped:` (in the guest every native
     /// test must run; a test binary runs with `--show-output` so that the
-    /// output of passing tests, where a skip is printed, is shown).
+    /// output of passing tests, where a skip is printed, is shown). For a
+    /// Python suite `exe` is the wheel.
     fn check(&self, exe: &str, test_args: &[String]) -> String {
         let exe = quote(exe);
         let (command, expect) = match self.target {
@@ -92,6 +106,17 @@ impl Suite {
             }
             Target::Script { script, .. } => {
                 (format!("BIN={exe} sh -c {}", quote(script)), &[][..])
+            }
+            Target::Python { script, expect, .. } => {
+                let script = crate::workspace_root().join(script);
+                (
+                    format!(
+                        "WHEEL={exe} SCRIPT={} sh -c {}",
+                        quote(&script.to_string_lossy()),
+                        quote(PYTHON_WITH_WHEEL)
+                    ),
+                    expect,
+                )
             }
         };
         // The output streams as it comes (tee) and is kept in a file of its
@@ -253,7 +278,38 @@ const NATIVE_SUITES: &[Suite] = &[
             script: BENCH_TWO_PROCESSES,
         },
     },
+    // The Python package on the rdma path: the orbitte wheel unpacked in
+    // the guest, a target process (Host Direct registration on rxe0) and an
+    // initiator through orbitte.Engine (WRITE with a notification, READ
+    // back, the peer's path must be rdma: a fall back to tcp fails) and
+    // through orbitte.mooncake.TransferEngine with protocol "rdma"
+    // (transfer_sync_write/read and the batch calls), every byte checked.
+    Suite {
+        package: "orbitte-py",
+        target: Target::Python {
+            script: "crates/orbitte-py/tests/rdma_guest.py",
+            label: "the wheel on rxe0: Engine and mooncake.TransferEngine, two processes, path rdma",
+            expect: &[
+                "rdma-guest: engine: ok",
+                "rdma-guest: mooncake: ok",
+                "rdma-guest: all checks passed",
+            ],
+        },
+    },
 ];
+
+/// Unpacks `$WHEEL` (the orbitte wheel) into a fresh folder and runs
+/// `$SCRIPT` with python3 and that folder first on PYTHONPATH: the guest
+/// has no network, so no pip; a wheel is a zip of the installed files.
+const PYTHON_WITH_WHEEL: &str = r#"command -v python3 >/dev/null || {
+    echo "softroce: the guest image has no python3; rebuild it: cargo xtask softroce build --rebuild"
+    exit 1
+}
+site=$(mktemp -d /tmp/orbitte-wheel.XXXXXX) || exit 1
+python3 -m zipfile -e "$WHEEL" "$site" || { echo "softroce: cannot unpack $WHEEL"; exit 1; }
+echo "softroce: $(python3 --version) with $(basename "$WHEEL") unpacked into $site"
+PYTHONPATH="$site" python3 -u "$SCRIPT"
+"#;
 
 /// `orbitte doctor --path rdma --json` exits 0 (the path works) and its one
 /// row has four passing checks and `"works": true`.
@@ -320,7 +376,12 @@ fi
 
 /// Builds the suites, boots the guest once and runs them all; returns the
 /// guest's exit status (non-zero when the smoke check or any suite failed).
-pub(crate) fn run(test_args: &[String], timeout: Duration) -> Result<i32, String> {
+/// `wheel` is the orbitte wheel for the Python suite (see [`wheel`]).
+pub(crate) fn run(
+    test_args: &[String],
+    timeout: Duration,
+    wheel: Option<PathBuf>,
+) -> Result<i32, String> {
     let started = Instant::now();
     guest::qemu()?;
     let prepared = image::prepare(false)?;
@@ -332,7 +393,7 @@ pub(crate) fn run(test_args: &[String], timeout: Duration) -> Result<i32, String
             (image, started.elapsed())
         });
         let cargo_started = Instant::now();
-        let built = build_suites().map(|b| (b, cargo_started.elapsed()));
+        let built = build_suites(wheel).map(|b| (b, cargo_started.elapsed()));
         let image = image
             .join()
             .unwrap_or_else(|_| (Err("the image build panicked".into()), started.elapsed()));
@@ -408,14 +469,34 @@ pub(crate) fn run(test_args: &[String], timeout: Duration) -> Result<i32, String
 /// Builds every existing suite (`cargo test --no-run`, or `cargo build`
 /// for a binary) and finds its executable in cargo's JSON messages. A suite
 /// that does not build is recorded as broken and the others still run.
-fn build_suites() -> Result<Built, String> {
+fn build_suites(mut wheel_given: Option<PathBuf>) -> Result<Built, String> {
     let targets = workspace_targets()?;
     let mut built = Built::default();
     // Suites sharing a target (several commands of one binary) build once.
     let mut done: HashMap<(&str, Vec<String>), Result<PathBuf, String>> = HashMap::new();
+    let mut the_wheel: Option<Result<Option<PathBuf>, String>> = None;
     for suite in NATIVE_SUITES {
         let (flags, kind, name, test) = suite.cargo_target();
         let label = suite.label();
+        if let Target::Python { script, .. } = suite.target {
+            if !crate::workspace_root().join(script).is_file() {
+                built
+                    .missing
+                    .push(format!("{label}: {script} does not exist yet"));
+                continue;
+            }
+            match the_wheel
+                .get_or_insert_with(|| wheel(wheel_given.take()))
+                .clone()
+            {
+                Ok(Some(w)) => built.binaries.push((suite, label, w)),
+                Ok(None) => built.missing.push(format!(
+                    "{label}: no orbitte wheel ({NO_WHEEL}; under CI=true this fails)"
+                )),
+                Err(e) => built.broken.push(format!("{label}: {e}")),
+            }
+            continue;
+        }
         let kind_matches = |k: &str| k == kind || (kind == "lib" && k.ends_with("lib"));
         let exists = targets.iter().any(|(p, kinds, n)| {
             p == suite.package && *n == name && kinds.iter().any(|k| kind_matches(k))
@@ -434,6 +515,114 @@ fn build_suites() -> Result<Built, String> {
         }
     }
     Ok(built)
+}
+
+/// How to give the Python suite a wheel.
+const NO_WHEEL: &str = "pass --wheel PATH, set ORBITTE_WHEEL, or install maturin (pip install \
+     maturin) so that one is built";
+
+/// The orbitte wheel for the Python suite, copied where the guest sees it:
+/// `given` (`--wheel`), else `ORBITTE_WHEEL`, else one built now with
+/// maturin (`maturin build`: the host's glibc is the guest's, as for the
+/// test binaries). None when there is none and maturin is not installed,
+/// an error under `CI=true` then.
+fn wheel(given: Option<PathBuf>) -> Result<Option<PathBuf>, String> {
+    let from_env = std::env::var_os("ORBITTE_WHEEL")
+        .filter(|w| !w.is_empty())
+        .map(PathBuf::from);
+    let dir = guest_visible_dir().join("softroce-py");
+    let wheel = match given.or(from_env) {
+        Some(w) => w,
+        None => match super::find_tool("maturin") {
+            Some(maturin) => build_wheel(&maturin, &dir.join("built"))?,
+            None if std::env::var("CI").is_ok_and(|v| v == "true") => {
+                return Err(format!("no orbitte wheel and no maturin: {NO_WHEEL}"));
+            }
+            None => return Ok(None),
+        },
+    };
+    let name = wheel
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("orbitte-") && n.ends_with(".whl"))
+        .ok_or_else(|| {
+            format!(
+                "{} is not an orbitte wheel (orbitte-*.whl)",
+                wheel.display()
+            )
+        })?;
+    if !wheel.is_file() {
+        return Err(format!(
+            "the wheel {} does not exist; build it with maturin (docs/python.md)",
+            wheel.display()
+        ));
+    }
+    let copy = dir.join(&name);
+    if fs_same(&wheel, &copy) {
+        return Ok(Some(copy));
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::copy(&wheel, &copy)
+        .map_err(|e| format!("cannot copy {} to {}: {e}", wheel.display(), copy.display()))?;
+    eprintln!("softroce: Python suite: wheel {}", wheel.display());
+    Ok(Some(copy))
+}
+
+fn fs_same(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// The cargo target folder: shared with the guest at the same path
+/// (`guest::shares`), so what is put there is visible inside.
+fn guest_visible_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(t) if !t.is_empty() => PathBuf::from(t),
+        _ => crate::workspace_root().join("target"),
+    }
+}
+
+/// Builds the wheel with `maturin build` into `out` (emptied first).
+fn build_wheel(maturin: &Path, out: &Path) -> Result<PathBuf, String> {
+    let _ = std::fs::remove_dir_all(out);
+    let started = Instant::now();
+    eprintln!(
+        "softroce: building the orbitte wheel with {}",
+        maturin.display()
+    );
+    let status = Command::new(maturin)
+        .args([
+            "build",
+            "--quiet",
+            "-m",
+            "crates/orbitte-py/Cargo.toml",
+            "-o",
+        ])
+        .arg(out)
+        .current_dir(crate::workspace_root())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .status()
+        .map_err(|e| format!("cannot run {}: {e}", maturin.display()))?;
+    if !status.success() {
+        return Err(format!(
+            "`maturin build -m crates/orbitte-py/Cargo.toml` failed ({status}; its errors are above)"
+        ));
+    }
+    let found = std::fs::read_dir(out)
+        .map_err(|e| format!("cannot read {}: {e}", out.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or_else(|| format!("maturin built no wheel into {}", out.display()))?;
+    eprintln!(
+        "softroce: built {} in {}",
+        found.display(),
+        secs(started.elapsed())
+    );
+    Ok(found)
 }
 
 /// Builds one target and returns its executable.
@@ -703,6 +892,58 @@ mod tests {
             "/bin/echo",
             &[]
         ));
+    }
+
+    #[test]
+    fn a_python_suite_runs_its_script_on_the_unpacked_wheel() {
+        let dir = std::env::temp_dir().join(format!("xtask-pysuite-{}", std::process::id()));
+        let pkg = dir.join("pkg/orbitte");
+        std::fs::create_dir_all(&pkg).unwrap();
+        std::fs::write(pkg.join("__init__.py"), "MARK = 'from the wheel'\n").unwrap();
+        let wheel = dir.join("orbitte-0.0.0-py3-none-any.whl");
+        let zipped = Command::new("python3")
+            .args(["-m", "zipfile", "-c"])
+            .arg(&wheel)
+            .arg(&pkg)
+            .status()
+            .unwrap();
+        assert!(zipped.success());
+        let suite = |body: &str, expect: &'static [&'static str]| {
+            let script = dir.join(format!("s{}.py", body.len()));
+            std::fs::write(&script, body).unwrap();
+            let script: &'static str = Box::leak(script.to_string_lossy().into_owned().into());
+            Suite {
+                package: "p",
+                target: Target::Python {
+                    script,
+                    label: "l",
+                    expect,
+                },
+            }
+        };
+        let w = wheel.to_string_lossy().into_owned();
+        let from_wheel = "import os, orbitte\n\
+            assert orbitte.__file__.startswith(os.environ['PYTHONPATH'])\n\
+            print(orbitte.MARK)\n";
+        assert!(passes(&suite(from_wheel, &["from the wheel"]), &w, &[]));
+        assert!(!passes(&suite(from_wheel, &["all checks passed"]), &w, &[]));
+        assert!(!passes(&suite("import sys; sys.exit(1)\n", &[]), &w, &[]));
+        assert!(!passes(
+            &suite("print('skipped: no device')\n", &[]),
+            &w,
+            &[]
+        ));
+        let missing = dir.join("orbitte-none.whl").to_string_lossy().into_owned();
+        assert!(!passes(&suite("print('ran')\n", &[]), &missing, &[]));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_wheel_that_is_not_an_orbitte_wheel_or_is_missing_is_an_error() {
+        let err = wheel(Some(PathBuf::from("/nonexistent/numpy-1.whl"))).unwrap_err();
+        assert!(err.contains("is not an orbitte wheel"), "{err}");
+        let err = wheel(Some(PathBuf::from("/nonexistent/orbitte-0.1.0.whl"))).unwrap_err();
+        assert!(err.contains("does not exist"), "{err}");
     }
 
     #[test]
