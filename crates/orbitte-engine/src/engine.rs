@@ -22,7 +22,7 @@ use crate::error::{
     BuildError, DrainTimeout, RegisterError, Unquiesced, UnregisterError, WaitError,
 };
 use crate::nic::{self, ContextStatus, EngineTopology, Initialized};
-use crate::outcome::{DrainStatus, Outcome, RequestError, RequestId, SubmitError};
+use crate::outcome::{DrainStatus, Outcome, RailRefusal, RequestError, RequestId, SubmitError};
 use crate::rdma::{self, RdmaTransport};
 use crate::registration::{
     Access, Charges, Ledger, NicCopies, RegEntry, RegState, Registration, close_copies,
@@ -149,7 +149,7 @@ pub struct PeerInfo {
     /// The peer's source id.
     pub source_id: String,
     /// Its authoritative epoch.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// Ranges it published, in range id order.
     pub ranges: Vec<crate::RemoteRange>,
     /// Rails to it.
@@ -1372,19 +1372,18 @@ impl TransferEngine {
                 if let Some(n) = nic
                     && !mask.contains(NicId(n))
                 {
-                    why.push(format!(
-                        "rail {} (NIC ID {n}) outside the dispatch mask {mask}",
-                        rail.0
-                    ));
+                    why.push(RailRefusal::OutsideMask {
+                        rail,
+                        nic: NicId(n),
+                        mask,
+                    });
                     continue;
                 }
                 if !st.core.rail_is_up(rail) {
-                    let reason = st
-                        .core
-                        .rail_down_reason(rail)
-                        .map(|r| r.to_string())
-                        .unwrap_or_default();
-                    why.push(format!("rail {} down: {reason}", rail.0));
+                    why.push(match st.core.rail_down_reason(rail) {
+                        Some(reason) => RailRefusal::Down { rail, reason },
+                        None => RailRefusal::Unknown { rail },
+                    });
                     continue;
                 }
                 if let Some(n) = nic
@@ -1397,7 +1396,7 @@ impl TransferEngine {
                             .iter()
                             .any(|k| u32::from(k.nic_id.0) == remote_nic)
                     {
-                        why.push(format!("rail {} has no keys for this range pair", rail.0));
+                        why.push(RailRefusal::NoKeys { rail });
                         continue;
                     }
                 }
@@ -1405,12 +1404,9 @@ impl TransferEngine {
             }
             if rails.is_empty() {
                 if why.is_empty() {
-                    why.push("the peer has no rails".into());
+                    why.push(RailRefusal::NoRails);
                 }
-                return Err(bad(RequestError::NoRail {
-                    peer: r.peer,
-                    why: why.join("; ").into(),
-                }));
+                return Err(bad(RequestError::NoRail { peer: r.peer, why }));
             }
             // Affinity allows the rails whose NIC is in the best class for
             // this memory among the usable ones (all of them when the
@@ -1722,7 +1718,7 @@ pub(crate) fn peer_info(st: &State, id: PeerId) -> PeerInfo {
     PeerInfo {
         id,
         source_id: p.source_id.as_str().to_owned(),
-        epoch: p.epoch.value(),
+        epoch: p.epoch,
         ranges,
         rails: p
             .rails

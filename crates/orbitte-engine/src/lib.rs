@@ -115,8 +115,8 @@ pub use notify::{
     ReceivedNotification,
 };
 pub use outcome::{
-    ChunkFailure, DrainStatus, FailureInfo, Outcome, RemoteEffect, RequestError, RequestId, Status,
-    SubmitError,
+    ChunkFailure, DrainStatus, FailureInfo, Outcome, RailRefusal, RemoteEffect, RequestError,
+    RequestId, Status, SubmitError,
 };
 pub use registration::{Access, Budgets, Charges, Memory, MemoryPath, Registration};
 pub use request::{LocalRead, LocalWrite, RemoteRange, RemoteTarget, Request};
@@ -124,3 +124,4 @@ pub use session::{ConnectError, ConnectOptions, ListenError, PathPreference, Pee
 pub use transport::{Op, PathKind, PeerId, RailId, RangeId, RegistrationId};
 
 pub use orbitte_topology::{DeviceMask, MemoryLocation, RdmaConfig};
+pub use orbitte_wire::Epoch;

@@ -269,12 +269,12 @@ pub enum RequestError {
         len: u64,
     },
     /// No rail to the peer is up and allowed by the dispatch mask.
-    #[error("no usable rail to peer {}: {why}", .peer.0)]
+    #[error("no usable rail to peer {}: {}", .peer.0, RailRefusal::list(.why))]
     NoRail {
         /// Peer.
         peer: PeerId,
-        /// The reasons per rail.
-        why: Arc<str>,
+        /// Why each rail was refused (the peer's rails in order).
+        why: Vec<RailRefusal>,
     },
     /// Every cuda-staging lane of the GPU holding the local memory is
     /// unquiesced (a device copy did not drain; its buffers are retained
@@ -289,6 +289,72 @@ pub enum RequestError {
         /// Why, per lane.
         reasons: Arc<str>,
     },
+}
+
+/// Why one rail to a peer cannot carry a request
+/// ([`RequestError::NoRail`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RailRefusal {
+    /// The peer has no rails at all.
+    NoRails,
+    /// The rail's NIC is outside the dispatch mask.
+    OutsideMask {
+        /// The rail.
+        rail: RailId,
+        /// Its local NIC ID.
+        nic: orbitte_topology::NicId,
+        /// The engine's dispatch mask.
+        mask: orbitte_topology::DeviceMask,
+    },
+    /// The rail is down.
+    Down {
+        /// The rail.
+        rail: RailId,
+        /// Why (what the transport or the port said).
+        reason: Arc<str>,
+    },
+    /// The rail (rdma) has no keys for this local/remote range pair: the
+    /// local range has no MR on its NIC, or the remote range no rkey on
+    /// the remote NIC.
+    NoKeys {
+        /// The rail.
+        rail: RailId,
+    },
+    /// The engine knows no such rail.
+    Unknown {
+        /// The rail.
+        rail: RailId,
+    },
+}
+
+impl RailRefusal {
+    /// The refusals as one line, `; ` between them.
+    fn list(refusals: &[Self]) -> String {
+        refusals
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+impl fmt::Display for RailRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoRails => f.write_str("the peer has no rails"),
+            Self::OutsideMask { rail, nic, mask } => write!(
+                f,
+                "rail {} (NIC ID {}) outside the dispatch mask {mask}",
+                rail.0, nic.0
+            ),
+            Self::Down { rail, reason } => write!(f, "rail {} down: {reason}", rail.0),
+            Self::NoKeys { rail } => {
+                write!(f, "rail {} has no keys for this range pair", rail.0)
+            }
+            Self::Unknown { rail } => write!(f, "unknown rail {}", rail.0),
+        }
+    }
 }
 
 /// A refused batch.

@@ -412,7 +412,7 @@ fn one(seed: u64) -> Vec<String> {
                 rb = register(&b, &mem, Access::REMOTE_READ_WRITE);
                 remotes.push(Remote { mem, before });
                 let (p, _) = connect(&a, &b);
-                assert_eq!(p.epoch, b_epoch, "seed {seed}");
+                assert_eq!(p.epoch.value(), b_epoch, "seed {seed}");
                 assert_ne!(p.id, pb.id, "seed {seed}: the newer epoch is a new peer");
                 pb = p;
                 let batch = make_batch(&mut rng, ra.id, pb.id, RangeId(rb.id.0), SIZE as u64, 1);

@@ -27,14 +27,14 @@ fn use_the_source_owners_current_authoritative_epoch_a_newer_epoch_replaces_the_
     let b1 = b_incarnation(&fabric, 10);
     register(&b1, &region(4096, 2), Access::REMOTE_READ_WRITE);
     let (old, _) = connect(&a, &b1);
-    assert_eq!(old.epoch, 10);
+    assert_eq!(old.epoch.value(), 10);
     // B restarts with a newer epoch and a new publication.
     drop(b1);
     let b2 = b_incarnation(&fabric, 20);
     let dst = region(4096, 3);
     let rb2 = register(&b2, &dst, Access::REMOTE_READ_WRITE);
     let (new, _) = connect(&a, &b2);
-    assert_eq!(new.epoch, 20);
+    assert_eq!(new.epoch.value(), 20);
     assert_ne!(new.id, old.id);
     assert_eq!(a.peers().len(), 1, "the old incarnation is gone");
     // Its queue pair was destroyed (the sim no longer knows it).
@@ -115,7 +115,7 @@ fn reopening_the_same_tcp_address_with_an_old_epoch_cannot_adopt_a_replacement_s
     );
     let peers = a.peers();
     assert_eq!(peers.len(), 1);
-    assert_eq!(peers[0].epoch, 20, "the replacement stays adopted");
+    assert_eq!(peers[0].epoch.value(), 20, "the replacement stays adopted");
 }
 
 fn la_with(l: &mut InProcessLink, addr: std::net::SocketAddr) -> InProcessLink {
@@ -375,13 +375,11 @@ fn reopening_a_peer_at_the_same_epoch_replaces_rails_that_went_down() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let req = TransferRequest::write(ra.id, 0, pb.id, RangeId(rb.id.0), 0, 4096);
-    assert!(matches!(
-        a.submit(&[req]),
-        Err(SubmitError::Invalid {
-            error: RequestError::NoRail { .. },
-            ..
-        })
-    ));
+    let why = rail_refusals(a.submit(&[req]));
+    assert!(
+        matches!(why[..], [orbitte_engine::RailRefusal::Down { .. }]),
+        "{why:?}"
+    );
     // Same incarnation, new session: a reconnect keeps the PeerId and
     // replaces the rails.
     let (again, _) = connect(&a, &b);
@@ -459,21 +457,12 @@ fn a_peer_adopted_from_an_outside_session_needs_no_nic_and_follows_the_epoch_rul
 
     let (s1, e1) = admit(&a, 10).unwrap();
     let old = a.adopt_peer(s1, &e1, &publication(10, 5)).unwrap();
-    assert_eq!((old.epoch, old.rails.len()), (10, 0));
+    assert_eq!((old.epoch.value(), old.rails.len()), (10, 0));
     assert!(a.topology().contexts.is_empty(), "no NIC context needed");
     // A request to a peer without rails is refused at submit.
     let req = TransferRequest::write(r.id, 0, old.id, RangeId(5), 0, 16);
-    let err = a.submit(&[req]).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            SubmitError::Invalid {
-                error: RequestError::NoRail { .. },
-                ..
-            }
-        ),
-        "{err}"
-    );
+    let why = rail_refusals(a.submit(&[req]));
+    assert_eq!(why, [orbitte_engine::RailRefusal::NoRails]);
     // Older epoch: refused by the shared table.
     let err = admit(&a, 9).unwrap_err();
     assert!(
@@ -500,4 +489,17 @@ fn a_peer_adopted_from_an_outside_session_needs_no_nic_and_follows_the_epoch_rul
         ),
         "{err}"
     );
+}
+
+/// The per-rail refusals of a submit refused with `NoRail`.
+fn rail_refusals(
+    submitted: Result<Vec<orbitte_engine::RequestId>, SubmitError>,
+) -> Vec<orbitte_engine::RailRefusal> {
+    match submitted {
+        Err(SubmitError::Invalid {
+            error: RequestError::NoRail { why, .. },
+            ..
+        }) => why,
+        other => panic!("expected NoRail, got {other:?}"),
+    }
 }

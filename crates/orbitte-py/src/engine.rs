@@ -432,7 +432,7 @@ impl NativeEngine {
 type Received = (String, u64, &'static str, Vec<u8>);
 
 fn received(n: ReceivedNotification) -> Received {
-    (n.source_id, n.epoch, n.path.name(), n.payload)
+    (n.source_id, n.epoch.value(), n.path.name(), n.payload)
 }
 
 /// A sequence of ints, or their packed little-endian u64 bytes (what

@@ -189,7 +189,7 @@ impl Node {
         Ok(RemotePeer {
             id: net.info.id,
             source_id: net.info.source_id,
-            epoch: net.info.epoch,
+            epoch: net.info.epoch.value(),
             path: net.path,
             fell_back: net.fell_back,
             ranges,

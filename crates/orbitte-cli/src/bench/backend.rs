@@ -341,7 +341,7 @@ impl Backend {
         }
         let (info, path, path_note) = (peer.info, peer.path, note);
         if let Some(recorded) = recorded_epoch
-            && info.epoch < recorded
+            && info.epoch.value() < recorded
         {
             return Err(Failure::failed(format!(
                 "{} at {addr} answered with epoch {}, older than its record's {recorded} in etcd: an old incarnation holds the address",
@@ -381,7 +381,7 @@ impl Backend {
         Ok(Self {
             peer: info.id,
             peer_name: format!("{} (epoch {})", info.source_id, info.epoch),
-            peer_identity: (info.source_id.to_string(), info.epoch),
+            peer_identity: (info.source_id.to_string(), info.epoch.value()),
             a,
             target,
             path,

@@ -29,7 +29,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::outcome::{
-    DrainStatus, FailureInfo, Outcome, RemoteEffect, RequestError, RequestId, Status, SubmitError,
+    DrainStatus, FailureInfo, Outcome, RailRefusal, RemoteEffect, RequestError, RequestId, Status,
+    SubmitError,
 };
 use crate::transport::{
     Op, PeerId, PostError, RailId, RailSpec, RangeId, RegistrationId, SliceFailure, SliceStatus,
@@ -330,15 +331,22 @@ impl Core {
             if r.rails.is_empty() {
                 return Err(bad(RequestError::NoRail {
                     peer: r.peer,
-                    why: "no rail chosen".into(),
+                    why: vec![RailRefusal::NoRails],
                 }));
             }
             for rail in &r.rails {
                 if !self.rail_is_up(*rail) {
-                    let why = self
-                        .rail_down_reason(*rail)
-                        .unwrap_or_else(|| format!("unknown rail {}", rail.0).into());
-                    return Err(bad(RequestError::NoRail { peer: r.peer, why }));
+                    let refusal = match self.rail_down_reason(*rail) {
+                        Some(reason) => RailRefusal::Down {
+                            rail: *rail,
+                            reason,
+                        },
+                        None => RailRefusal::Unknown { rail: *rail },
+                    };
+                    return Err(bad(RequestError::NoRail {
+                        peer: r.peer,
+                        why: vec![refusal],
+                    }));
                 }
             }
         }

@@ -117,7 +117,7 @@ mod tests {
     fn note(i: u8) -> ReceivedNotification {
         ReceivedNotification {
             source_id: "a".into(),
-            epoch: 1,
+            epoch: orbitte_wire::Epoch::MIN,
             path: PathKind::Tcp,
             payload: vec![i],
         }

@@ -87,7 +87,7 @@ pub struct ReceivedNotification {
     /// The sender's source id (as its session or queue pair was admitted).
     pub source_id: String,
     /// The sender's epoch.
-    pub epoch: u64,
+    pub epoch: wire::Epoch,
     /// The path it came over.
     pub path: PathKind,
     /// The bytes.
@@ -350,7 +350,7 @@ pub(crate) fn deliver(
 ) {
     inbox.push(ReceivedNotification {
         source_id: from.source_id.as_str().to_owned(),
-        epoch: from.epoch.value(),
+        epoch: from.epoch,
         path,
         payload: note.payload,
     });

@@ -248,7 +248,7 @@ fn receive(st: &mut State, inbox: &Inbox, rail: RailId, slot: usize, len: usize)
         .core
         .rail_spec(rail)
         .and_then(|s| st.tables.peers.get(&s.peer.0))
-        .map(|p| (p.source_id.as_str().to_owned(), p.epoch.value()));
+        .map(|p| (p.source_id.as_str().to_owned(), p.epoch));
     let Some(r) = st.rdma.rail_mut(rail) else {
         return;
     };

@@ -95,11 +95,11 @@ impl TransferEngine {
                     source,
                 })?;
         let peer = self.connect_with(addr, options)?;
-        if peer.info.epoch < record.epoch {
+        if peer.info.epoch.value() < record.epoch {
             return Err(ConnectError::OlderThanRecord {
                 source_id: source_id.to_owned(),
                 addr,
-                answered: peer.info.epoch,
+                answered: peer.info.epoch.value(),
                 recorded: record.epoch,
             });
         }
@@ -418,7 +418,7 @@ impl Peer {
     }
 
     /// Its authoritative epoch.
-    pub fn epoch(&self) -> u64 {
+    pub fn epoch(&self) -> orbitte_wire::Epoch {
         self.info.epoch
     }
 
