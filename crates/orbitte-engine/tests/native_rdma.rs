@@ -30,6 +30,10 @@ use orbitte_engine::{
 use orbitte_memory::HostMemory;
 use orbitte_wire::AccessFlags;
 
+/// Held shared by every test that moves data over the device, and
+/// exclusively by the one that takes its link down.
+static LINK: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 /// Env var that turns `child_target` into the target process.
 const ROLE: &str = "ORBITTE_NATIVE_RDMA_ROLE";
 /// Bytes of the target's published range (and of the initiator's memory).
@@ -425,6 +429,7 @@ fn connect(device: &str) -> Connected {
 #[test]
 fn host_direct_write_and_read_batches_between_two_processes() {
     let Some(device) = device() else { return };
+    let _link = LINK.read().unwrap_or_else(|e| e.into_inner());
     logs();
     let Connected {
         mut target,
@@ -553,6 +558,7 @@ fn host_direct_write_and_read_batches_between_two_processes() {
 #[test]
 fn a_notification_arrives_after_every_byte_of_its_batch_between_two_processes() {
     let Some(device) = device() else { return };
+    let _link = LINK.read().unwrap_or_else(|e| e.into_inner());
     logs();
     let mut c = connect(&device);
     let half = LEN / 2;
@@ -631,6 +637,7 @@ impl Connected {
 #[test]
 fn a_write_with_a_revoked_rkey_fails_with_the_device_status() {
     let Some(device) = device() else { return };
+    let _link = LINK.read().unwrap_or_else(|e| e.into_inner());
     logs();
     let Connected {
         mut target,
@@ -715,6 +722,7 @@ fn a_write_with_a_revoked_rkey_fails_with_the_device_status() {
 #[test]
 fn a_pd_the_device_refuses_to_destroy_is_unquiesced_and_retained() {
     let Some(device) = device() else { return };
+    let _link = LINK.read().unwrap_or_else(|e| e.into_inner());
     logs();
     let a = engine(INITIATOR_SOURCE, &device);
     let memory = HostMemory::alloc(LEN).expect("memory");
@@ -769,4 +777,161 @@ fn a_pd_the_device_refuses_to_destroy_is_unquiesced_and_retained() {
         a.register(HostMemory::alloc(4096).expect("memory"), Access::LocalOnly),
         Err(orbitte_engine::RegisterError::Fenced { .. })
     ));
+}
+
+/// Brings the link back up when dropped (also when the test fails).
+struct LinkUp(String);
+
+impl Drop for LinkUp {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "set", &self.0, "up"])
+            .status();
+    }
+}
+
+/// Rail recovery on the device: two engines in this process over the
+/// device in loopback, the rdma path over the target's listener. The
+/// RoCE netdev goes down: the rail goes down, recovery attempts fail while
+/// the port is not active, and a new request has no rail; the link comes
+/// back: the rail recovers and a batch completes with every byte right.
+/// Needs root and `ip` (the Soft-RoCE guest has both).
+#[test]
+fn a_rail_recovers_after_a_port_flap() {
+    let Some(device) = device() else { return };
+    let _exclusive = LINK.write().unwrap_or_else(|e| e.into_inner());
+    logs();
+    if !std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+    }) {
+        println!("skipped: flapping the link needs root");
+        return;
+    }
+    let target = EngineBuilder::new(TARGET_SOURCE)
+        .rdma(rdma_config(&device))
+        .listen("127.0.0.1:0".parse().expect("address"))
+        .handshake_timeout(Duration::from_secs(60))
+        .build()
+        .expect("target engine");
+    let a = EngineBuilder::new(INITIATOR_SOURCE)
+        .rdma(rdma_config(&device))
+        .slice_size(SLICE)
+        .request_timeout(Duration::from_secs(60))
+        .handshake_timeout(Duration::from_secs(60))
+        .rail_recovery(orbitte_engine::RecoveryPolicy {
+            max_attempts: 1000,
+            first_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_millis(500),
+            cooldown: Duration::from_secs(5),
+        })
+        .session_settings(|cfg| {
+            cfg.host_id = orbitte_wire::HostId::new("another-host").expect("host id");
+        })
+        .build()
+        .expect("initiator engine");
+    let remote = HostMemory::alloc(LEN).expect("memory");
+    let range = target
+        .register(&remote, Access::REMOTE_READ_WRITE)
+        .expect("target registration");
+    let local = HostMemory::alloc(LEN).expect("memory");
+    local
+        .write_at(0, &pattern(LEN, SEED_INITIATOR))
+        .expect("pattern");
+    let reg = a.register(&local, Access::LocalOnly).expect("registration");
+    let peer = a
+        .connect_with(
+            target.listen_addr().expect("listening"),
+            orbitte_engine::ConnectOptions::new().path(PathKind::Rdma),
+        )
+        .expect("rdma peer over the target's listener");
+    let range = RangeId(range.id.0);
+    let write = |offset: usize| {
+        a.submit(&[TransferRequest::write(
+            reg.id,
+            offset as u64,
+            peer.id(),
+            range,
+            offset as u64,
+            64 << 10,
+        )])
+    };
+    let ids = write(0).expect("submit");
+    check_outcome(
+        &a.wait(ids[0], BOUND).expect("outcome"),
+        Op::Write,
+        64 << 10,
+        0,
+    );
+    let rail = |a: &TransferEngine| a.peers()[0].rails[0].clone();
+    let until = |what: &str, ok: &dyn Fn(&orbitte_engine::RailInfo) -> bool| {
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let r = rail(&a);
+            if ok(&r) {
+                return r;
+            }
+            assert!(Instant::now() < deadline, "the rail never {what}: {r:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let netdev = a.topology().topology.and_then(|t| {
+        t.slots().iter().find_map(|s| {
+            s.nic().and_then(|n| {
+                n.ports
+                    .iter()
+                    .flat_map(|p| p.gids.iter())
+                    .find_map(|g| g.netdev.clone())
+            })
+        })
+    });
+    let Some(netdev) = netdev else {
+        println!("skipped: {device} has no netdev (not RoCE)");
+        return;
+    };
+    let down = Command::new("ip")
+        .args(["link", "set", &netdev, "down"])
+        .status()
+        .expect("run ip");
+    assert!(down.success(), "ip link set {netdev} down: {down}");
+    let up = LinkUp(netdev.clone());
+    let r = until("went down and retried", &|r| {
+        !r.up
+            && matches!(
+                r.recovery,
+                Some(orbitte_engine::RecoveryState::Recovering { attempt, .. }) if attempt >= 2
+            )
+    });
+    println!("while the link is down: {r:?}");
+    assert_eq!(r.recoveries, 0);
+    match write(LEN / 2) {
+        Err(orbitte_engine::SubmitError::Invalid { .. }) => {}
+        other => panic!("a request with its only rail down: {other:?}"),
+    }
+    drop(up);
+    let r = until("recovered", &|r| r.up && r.recoveries >= 1);
+    println!("after the link came back: {r:?}");
+    // Let the GID table refill, then move bytes again.
+    let mut last = None;
+    for _ in 0..100 {
+        let ids = write(LEN / 2).expect("submit after recovery");
+        let o = a.wait(ids[0], BOUND).expect("outcome");
+        if o.status == Status::Complete {
+            last = Some(o);
+            break;
+        }
+        println!("not yet: {o:?}");
+        a.wait_drain(ids[0], BOUND).expect("drain");
+        until("recovered again", &|r| r.up);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let o = last.expect("a batch completes after the port came back");
+    check_outcome(&o, Op::Write, 64 << 10, 0);
+    assert_eq!(
+        remote.to_vec(LEN / 2, 64 << 10).expect("read"),
+        local.to_vec(LEN / 2, 64 << 10).expect("read")
+    );
+    assert_eq!(rail(&a).recovery, Some(orbitte_engine::RecoveryState::Up));
+    a.shutdown(BOUND).expect("initiator shutdown");
+    target.shutdown(BOUND).expect("target shutdown");
 }
