@@ -210,7 +210,7 @@ impl TransferEngine {
         {
             let st = self.lock();
             if let Some(e) = &st.listing_error {
-                row.discovery = Check::fail(e.clone(), FIX_DEVICES);
+                row.discovery = Check::fail(e.to_string(), FIX_DEVICES);
                 return row;
             }
             if st.listed.is_empty() {
@@ -219,7 +219,7 @@ impl TransferEngine {
             }
         }
         if let Err(report) = self.ensure_contexts() {
-            row.discovery = Check::fail(report, FIX_SELECTION);
+            row.discovery = Check::fail(report.to_string(), FIX_SELECTION);
             return row;
         }
         let pick = {

@@ -19,7 +19,8 @@ use orbitte_wire::{self as wire, Epoch, PeerTable, SourceId};
 use crate::config::EngineBuilder;
 use crate::core::{Core, CoreConfig, CoreRequest};
 use crate::error::{
-    BuildError, DrainTimeout, RegisterError, Unquiesced, UnregisterError, WaitError,
+    BuildError, DrainTimeout, NicsUnavailable, RegisterError, Unquiesced, UnregisterError,
+    WaitError,
 };
 use crate::nic::{self, ContextStatus, EngineTopology, Initialized};
 use crate::outcome::{DrainStatus, Outcome, RailRefusal, RequestError, RequestId, SubmitError};
@@ -239,7 +240,7 @@ pub(crate) struct State {
     pub(crate) next_connect: u64,
     pub(crate) ledger: Ledger,
     pub(crate) listed: Vec<verbs::DeviceInfo>,
-    pub(crate) listing_error: Option<String>,
+    pub(crate) listing_error: Option<Arc<verbs::DeviceListError>>,
     pub(crate) init: Option<Initialized>,
     /// NIC IDs in affinity order (best first) for host memory.
     pub(crate) nic_order: Vec<u32>,
@@ -552,7 +553,7 @@ impl EngineBuilder {
                 });
                 (l, None)
             }
-            Err(e) => (Vec::new(), Some(e.to_string())),
+            Err(e) => (Vec::new(), Some(Arc::new(e))),
         };
         let core = Core::new(CoreConfig {
             slice_size: self.slice_size,
@@ -832,7 +833,7 @@ impl TransferEngine {
 
     /// Initializes NIC contexts once (first Host Direct registration or
     /// first RDMA use). Returns the prepared NIC IDs, or why there are none.
-    pub(crate) fn ensure_contexts(&self) -> Result<Vec<u32>, String> {
+    pub(crate) fn ensure_contexts(&self) -> Result<Vec<u32>, NicsUnavailable> {
         let mut st = self.lock();
         if st.init.is_none() {
             let init = nic::initialize(
@@ -894,10 +895,11 @@ impl TransferEngine {
         });
         match init {
             Some((ids, _)) if !ids.is_empty() => Ok(ids),
-            Some((_, err)) => Err(err
-                .or_else(|| st.listing_error.clone())
-                .unwrap_or_else(|| "no device could be opened and prepared".into())),
-            None => Err("contexts not initialized".into()),
+            Some((_, Some(err))) => Err(NicsUnavailable::Selection(err)),
+            _ => Err(st
+                .listing_error
+                .clone()
+                .map_or(NicsUnavailable::NonePrepared, NicsUnavailable::Listing)),
         }
     }
 
@@ -911,7 +913,7 @@ impl TransferEngine {
                 initialized: false,
                 topology: None,
                 selection: None,
-                selection_error: st.listing_error.clone(),
+                selection_error: st.listing_error.as_ref().map(ToString::to_string),
                 contexts: Vec::new(),
             },
             Some(init) => EngineTopology {
@@ -919,7 +921,7 @@ impl TransferEngine {
                 initialized: true,
                 topology: Some(init.topology.clone()),
                 selection: init.selection.clone(),
-                selection_error: init.selection_error.clone(),
+                selection_error: init.selection_error.as_ref().map(ToString::to_string),
                 contexts: init
                     .nics
                     .iter()

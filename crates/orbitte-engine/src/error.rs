@@ -97,8 +97,9 @@ pub enum RegisterError {
     /// No NIC context could be prepared.
     #[error("no usable rdma context for host direct registration: {report}")]
     NoUsableNic {
-        /// Every device and port with its reason (or the listing error).
-        report: String,
+        /// Why: the device listing failed, or the selection's report of
+        /// every device and port with its reason.
+        report: NicsUnavailable,
     },
     /// A native registration failed on one context. The copies already made
     /// were released. There is no automatic switch to staging.
@@ -158,6 +159,28 @@ pub enum RegisterError {
         /// Why.
         #[source]
         source: Box<crate::staging::StagingSetupError>,
+    },
+}
+
+/// Why no NIC context can serve Host Direct registration.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum NicsUnavailable {
+    /// The verbs provider could not list devices (local system).
+    #[error(transparent)]
+    Listing(Arc<verbs::DeviceListError>),
+    /// Selection found no usable device and port: the topology's report
+    /// names every one with its reason.
+    #[error(transparent)]
+    Selection(orbitte_topology::SelectionError),
+    /// Devices were selected but none could be opened and prepared.
+    #[error("no device could be opened and prepared")]
+    NonePrepared,
+    /// The NIC asked for has no prepared context.
+    #[error("NIC ID {} has no prepared context", .nic.0)]
+    NoContext {
+        /// The NIC.
+        nic: orbitte_topology::NicId,
     },
 }
 

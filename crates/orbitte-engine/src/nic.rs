@@ -88,7 +88,7 @@ pub struct ContextStatus {
 pub(crate) struct Initialized {
     pub(crate) topology: Topology,
     pub(crate) selection: Option<Selection>,
-    pub(crate) selection_error: Option<String>,
+    pub(crate) selection_error: Option<topo::SelectionError>,
     pub(crate) nics: Vec<NicCtx>,
 }
 
@@ -224,7 +224,7 @@ pub(crate) fn initialize(
     forced = b.build();
     let (selection, selection_error) = match topo::select(&forced, config, DeviceMask::ALL) {
         Ok(s) => (Some(s), None),
-        Err(e) => (None, Some(e.to_string())),
+        Err(e) => (None, Some(e)),
     };
     let mut nics = Vec::new();
     if let Some(sel) = &selection {
@@ -301,7 +301,7 @@ impl crate::TransferEngine {
             .and_then(|i| i.nics.iter().find(|n| n.id == nic))
         else {
             return Err(crate::RegisterError::NoUsableNic {
-                report: format!("NIC ID {} has no prepared context", nic.0),
+                report: crate::error::NicsUnavailable::NoContext { nic },
             });
         };
         let len = memory.len();

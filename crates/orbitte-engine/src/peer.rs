@@ -177,7 +177,8 @@ impl TransferEngine {
     /// [`accept_peer`](Self::accept_peer)).
     pub fn open_peer(&self, link: &mut dyn ControlLink) -> Result<PeerInfo, OpenPeerError> {
         self.fenced_peer()?;
-        self.ensure_contexts().map_err(OpenPeerError::NoRail)?;
+        self.ensure_contexts()
+            .map_err(|e| OpenPeerError::NoRail(e.to_string()))?;
         let from = link.peer_addr();
         let mut init = Initiator::new(self.identity(), None, nonce());
         let challenge = self.recv(link)?;
@@ -201,7 +202,8 @@ impl TransferEngine {
         session: wire::SessionId,
         established: &Established,
     ) -> Result<PeerInfo, OpenPeerError> {
-        self.ensure_contexts().map_err(OpenPeerError::NoRail)?;
+        self.ensure_contexts()
+            .map_err(|e| OpenPeerError::NoRail(e.to_string()))?;
         let publication = self.segment_publication();
         link.send(&Frame::SegmentPublication(publication))?;
         let theirs = match self.recv(link)? {
@@ -307,7 +309,8 @@ impl TransferEngine {
     /// Accepts a peer as the responder over `link`.
     pub fn accept_peer(&self, link: &mut dyn ControlLink) -> Result<PeerInfo, OpenPeerError> {
         self.fenced_peer()?;
-        self.ensure_contexts().map_err(OpenPeerError::NoRail)?;
+        self.ensure_contexts()
+            .map_err(|e| OpenPeerError::NoRail(e.to_string()))?;
         let from = link.peer_addr();
         let mut resp = Responder::new(self.identity(), None, nonce());
         link.send(&resp.challenge())?;
@@ -349,7 +352,7 @@ impl TransferEngine {
                 request_id: wire::RequestId(0),
                 message: wire::Message::truncating(format!("no rdma context here: {why}")),
             }));
-            return Err(self.abandon(session, OpenPeerError::NoRail(why)));
+            return Err(self.abandon(session, OpenPeerError::NoRail(why.to_string())));
         }
         let theirs = match self.recv(link)? {
             Frame::SegmentPublication(p) => p,
@@ -618,7 +621,7 @@ impl TransferEngine {
     /// contexts, why not))`: with contexts but no active port the engine
     /// still advertises RDMA (the path policy reports a fallback).
     pub(crate) fn rdma_usable(&self) -> Result<(), (bool, String)> {
-        self.ensure_contexts().map_err(|e| (false, e))?;
+        self.ensure_contexts().map_err(|e| (false, e.to_string()))?;
         let st = self.lock();
         let nics = self.ordered_nics(&st);
         if nics.iter().any(|n| n.port_active()) {
