@@ -1687,6 +1687,7 @@ impl TransferEngine {
             l.shutdown();
         }
         self.shared.stop.store(true, Ordering::Release);
+        crate::staging::cancel_all(&mut self.lock());
         self.shared.staging.stop_all();
         self.shared.cond.notify_all();
         self.shared.timer.notify_all();

@@ -91,7 +91,7 @@ pub use orbitte_cuda::{COMPUTE_PROBE_CAVEAT, CudaBuffer, DEFAULT_CHUNK_SIZE};
 pub use setup::StagingSetupError;
 
 pub(crate) use lanes::Pools;
-pub(crate) use table::{Staged, drain_status};
+pub(crate) use table::{Staged, cancel_all, drain_status};
 
 /// How long a chunk's outcome is waited for before the chunk is cancelled
 /// (a backstop: the engine's own request timeout normally ends it first).

@@ -88,6 +88,27 @@ impl Staged {
     }
 }
 
+/// Cancels every staged request without an outcome (the engine stops): no
+/// further chunk starts and the chunk requests in flight are cancelled, so
+/// the lanes end soon.
+pub(crate) fn cancel_all(st: &mut State) {
+    let now = std::time::Instant::now();
+    let running: Vec<RequestId> = st
+        .staged
+        .requests
+        .values()
+        .filter(|e| e.outcome_pending)
+        .filter_map(|e| {
+            e.cancel.store(true, Ordering::Release);
+            e.current
+        })
+        .collect();
+    for chunk in running {
+        st.core.cancel(now, chunk);
+    }
+    st.pump(now);
+}
+
 /// The drain status of a staged request (`None`: not one). Pending
 /// counts one for a lane still working on it or a copy that did not
 /// drain, plus the undrained slices of its chunk requests. A drained
