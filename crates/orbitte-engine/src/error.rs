@@ -162,6 +162,47 @@ pub enum RegisterError {
     },
 }
 
+/// Why this engine could make no rdma rail to a peer.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum NoRdmaRail {
+    /// No NIC context could be prepared here.
+    #[error(transparent)]
+    Contexts(NicsUnavailable),
+    /// Every prepared NIC's port is not active.
+    #[error("{}", InactivePort::list(.0))]
+    PortsInactive(Vec<InactivePort>),
+    /// The peer asked for a queue pair and no context is prepared.
+    #[error("no prepared nic context")]
+    NoContext,
+}
+
+/// A prepared NIC whose port is not active ([`NoRdmaRail::PortsInactive`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InactivePort {
+    /// The NIC.
+    pub nic: orbitte_topology::NicId,
+    /// Its device name.
+    pub device: String,
+    /// The selected port.
+    pub port: u8,
+}
+
+impl InactivePort {
+    fn list(ports: &[Self]) -> String {
+        ports
+            .iter()
+            .map(|p| {
+                format!(
+                    "NIC ID {} ({}) port {} not active",
+                    p.nic.0, p.device, p.port
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
 /// Why no NIC context can serve Host Direct registration.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
@@ -305,7 +346,7 @@ pub enum OpenPeerError {
     UnknownPeer(crate::transport::PeerId),
     /// No local context can make a rail.
     #[error("no usable rail: {0}")]
-    NoRail(String),
+    NoRail(NoRdmaRail),
     /// A verbs call failed while making a rail.
     #[error("making a rail on NIC ID {} ({device}) failed: {source}", .nic.0)]
     Verbs {

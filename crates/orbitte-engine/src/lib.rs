@@ -106,8 +106,8 @@ pub use control::{ControlLink, InProcessLink};
 pub use engine::{PeerInfo, RailInfo, TransferEngine, TransferRequest};
 pub use recovery::{RecoveryPolicy, RecoveryState};
 pub use error::{
-    BuildError, DrainTimeout, LinkError, NicsUnavailable, OpenPeerError, RegisterError, Unquiesced,
-    UnregisterError, WaitError,
+    BuildError, DrainTimeout, InactivePort, LinkError, NicsUnavailable, NoRdmaRail, OpenPeerError,
+    RegisterError, Unquiesced, UnregisterError, WaitError,
 };
 pub use nic::{ContextStatus, EngineTopology};
 pub use notify::{

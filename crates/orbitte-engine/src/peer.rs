@@ -30,7 +30,7 @@ use orbitte_wire::{self as wire, Admission, Frame};
 
 use crate::control::ControlLink;
 use crate::engine::{Owner, PeerInfo, PeerState, State, TransferEngine, peer_info};
-use crate::error::{LinkError, OpenPeerError};
+use crate::error::{InactivePort, LinkError, NoRdmaRail, OpenPeerError};
 use crate::nic::NicCtx;
 use crate::rdma::{RailQp, RdmaRail};
 use crate::transport::{PathKind, PeerId, RailId, RailSpec, RangeId};
@@ -178,7 +178,7 @@ impl TransferEngine {
     pub fn open_peer(&self, link: &mut dyn ControlLink) -> Result<PeerInfo, OpenPeerError> {
         self.fenced_peer()?;
         self.ensure_contexts()
-            .map_err(|e| OpenPeerError::NoRail(e.to_string()))?;
+            .map_err(|e| OpenPeerError::NoRail(NoRdmaRail::Contexts(e)))?;
         let from = link.peer_addr();
         let mut init = Initiator::new(self.identity(), None, nonce());
         let challenge = self.recv(link)?;
@@ -203,7 +203,7 @@ impl TransferEngine {
         established: &Established,
     ) -> Result<PeerInfo, OpenPeerError> {
         self.ensure_contexts()
-            .map_err(|e| OpenPeerError::NoRail(e.to_string()))?;
+            .map_err(|e| OpenPeerError::NoRail(NoRdmaRail::Contexts(e)))?;
         let publication = self.segment_publication();
         link.send(&Frame::SegmentPublication(publication))?;
         let theirs = match self.recv(link)? {
@@ -232,10 +232,11 @@ impl TransferEngine {
             let mut skipped = Vec::new();
             for (i, n) in nics.iter().enumerate() {
                 if !n.port_active() {
-                    skipped.push(format!(
-                        "NIC ID {} ({}) port {} not active",
-                        n.id.0, n.identity.name, n.port
-                    ));
+                    skipped.push(InactivePort {
+                        nic: n.id,
+                        device: n.identity.name.clone(),
+                        port: n.port,
+                    });
                     continue;
                 }
                 let target = if remote_nics.is_empty() {
@@ -250,7 +251,10 @@ impl TransferEngine {
             drop(nics);
             drop(st);
             if halves.is_empty() {
-                return Err(self.abandon(session, OpenPeerError::NoRail(skipped.join("; "))));
+                return Err(self.abandon(
+                    session,
+                    OpenPeerError::NoRail(NoRdmaRail::PortsInactive(skipped)),
+                ));
             }
             (halves, connect_id)
         };
@@ -310,7 +314,7 @@ impl TransferEngine {
     pub fn accept_peer(&self, link: &mut dyn ControlLink) -> Result<PeerInfo, OpenPeerError> {
         self.fenced_peer()?;
         self.ensure_contexts()
-            .map_err(|e| OpenPeerError::NoRail(e.to_string()))?;
+            .map_err(|e| OpenPeerError::NoRail(NoRdmaRail::Contexts(e)))?;
         let from = link.peer_addr();
         let mut resp = Responder::new(self.identity(), None, nonce());
         link.send(&resp.challenge())?;
@@ -352,7 +356,7 @@ impl TransferEngine {
                 request_id: wire::RequestId(0),
                 message: wire::Message::truncating(format!("no rdma context here: {why}")),
             }));
-            return Err(self.abandon(session, OpenPeerError::NoRail(why.to_string())));
+            return Err(self.abandon(session, OpenPeerError::NoRail(NoRdmaRail::Contexts(why))));
         }
         let theirs = match self.recv(link)? {
             Frame::SegmentPublication(p) => p,
@@ -383,7 +387,7 @@ impl TransferEngine {
                     code: wire::ErrorCode::NO_USABLE_RAIL,
                     message: wire::Message::truncating("no prepared nic context"),
                 }));
-                return Err(OpenPeerError::NoRail("no prepared nic context".into()));
+                return Err(OpenPeerError::NoRail(NoRdmaRail::NoContext));
             };
             let psn = (crate::registration::fresh_token().0 as u32) & 0xff_ffff;
             let half = make_qp(n, caps, psn)?;
