@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use orbitte_wire::{Admission, ErrorCode, Frame, FrameType, SessionId, SessionPurpose, SourceId};
 
-use super::io::{send_error, write_frame};
+use super::io::{close_after_refusal, send_error, write_frame};
 use super::publications::publication_frames;
 use super::refusal_log::{RefusalLog, Verdict};
 use super::{RangeLookup, SessionConfig, SessionError, SharedPeerTable, handshake};
@@ -436,6 +436,7 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
             FrameType::HELLO,
             &msg,
         );
+        close_after_refusal(&mut stream);
         CloseReason {
             abnormal: true,
             text: msg,
