@@ -18,7 +18,9 @@ use crate::transport::{Op, PathKind, PeerId, RailId, RangeId, RegistrationId, Sl
 /// Names one request of one engine.
 ///
 /// Invariant: the low 32 bits are a slot index, the high 32 bits that
-/// slot's generation, so a stale id never aliases a newer request.
+/// slot's generation, so a stale id never aliases a newer request. The
+/// core's slots stay below 2^31; cuda-staging requests take their ids from
+/// slots at 2^31 and above, so the two never alias.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestId(pub u64);
 
