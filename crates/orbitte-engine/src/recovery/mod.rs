@@ -192,7 +192,6 @@ impl TransferEngine {
         let mut st = self.lock();
         match res {
             Ok(qpn) => {
-                st.recovery.recovered(rail);
                 tracing::info!(
                     rail = rail.0,
                     attempt,
@@ -225,7 +224,8 @@ impl TransferEngine {
     }
 
     /// One attempt: a new queue pair on the rail's NIC, connected over the
-    /// peer's rdma control session. Returns the new queue pair number.
+    /// peer's rdma control session, reported recovered on success.
+    /// Returns the new queue pair number.
     fn reestablish(&self, rail: RailId) -> Result<u32, Attempt> {
         let failed = |e: &dyn std::fmt::Display| Attempt::Failed(e.to_string());
         let (peer, half, connect_id, remote_nic, session) = {
@@ -233,6 +233,10 @@ impl TransferEngine {
             let Some(peer) = st.core.rail_spec(rail).map(|s| s.peer) else {
                 return Err(Attempt::Failed("unknown rail".into()));
             };
+            if st.core.rail_is_up(rail) {
+                // The port came back with the queue pair intact.
+                return Err(Attempt::NotYet("the rail is up again".into()));
+            }
             if st.core.rail_in_flight(rail) > 0 {
                 return Err(Attempt::NotYet(
                     "the old queue pair still holds work".into(),
@@ -252,6 +256,10 @@ impl TransferEngine {
             }
             let psn = (crate::registration::fresh_token().0 as u32) & 0xff_ffff;
             let half = make_qp(n, self.qp_caps(), psn).map_err(|e| failed(&e))?;
+            // The peer replaces its end of the rail from now on: the old
+            // queue pair never carries work again (a port coming back
+            // does not bring it up).
+            st.rdma.mark_failed(rail);
             let connect_id = wire::ConnectId(st.next_connect);
             st.next_connect += 1;
             let session = st
@@ -306,6 +314,9 @@ impl TransferEngine {
         let qp = connect_qp(n, half, &remote).map_err(|e| failed(&e))?;
         let qpn = qp.qp_num();
         install_qp(&mut st, rail, qp, now).map_err(Attempt::Failed)?;
+        // Under the same lock as the core taking the rail back, so that
+        // `peers()` never shows it up and not yet recovered.
+        st.recovery.recovered(rail);
         drop(st);
         if let Some(s) = session {
             let _ = self.shared.peer_table().record_rc_connection(s, connect_id);
@@ -397,7 +408,7 @@ impl TransferEngine {
         if let Err(why) = install_qp(&mut st, rail, qp, now) {
             return reject(wire::ErrorCode::INTERNAL, why);
         }
-        st.recovery.recovered(rail);
+        st.recovery.replaced(rail);
         drop(st);
         let _ = self
             .shared

@@ -193,8 +193,9 @@ impl Recoveries {
                 };
                 false
             }
-            // An attempt in progress reports itself.
-            (Phase::Up | Phase::Attempting { .. }, true) => false,
+            (Phase::Up, true) => false,
+            // Also during an attempt: the rail is up, whatever the attempt
+            // then reports.
             (_, true) => {
                 r.phase = Phase::Up;
                 r.recoveries += 1;
@@ -221,8 +222,20 @@ impl Recoveries {
         out
     }
 
-    /// The attempt re-established the rail.
+    /// The attempt re-established the rail (counted once, also when the
+    /// rail was seen up meanwhile).
     pub(crate) fn recovered(&mut self, rail: RailId) {
+        if let Some(r) = self.rails.get_mut(&rail)
+            && r.phase != Phase::Up
+        {
+            r.phase = Phase::Up;
+            r.recoveries += 1;
+        }
+    }
+
+    /// The peer re-established the rail (a new queue pair here, whatever
+    /// this side saw of it).
+    pub(crate) fn replaced(&mut self, rail: RailId) {
         if let Some(r) = self.rails.get_mut(&rail) {
             r.phase = Phase::Up;
             r.recoveries += 1;
@@ -436,6 +449,21 @@ mod tests {
     }
 
     #[test]
+    fn a_port_that_returns_during_an_attempt_counts_once() {
+        let t0 = Instant::now();
+        let mut r = down(t0);
+        assert_eq!(r.due(t0), vec![(R, 1)]);
+        assert!(r.observe(R, true, t0));
+        assert_eq!(r.state(R), Some((RecoveryState::Up, 1)));
+        // Whatever the attempt then says, the rail stays up, counted once.
+        assert_eq!(r.failed(R, t0), None);
+        r.deferred(R, t0);
+        r.recovered(R);
+        assert_eq!(r.state(R), Some((RecoveryState::Up, 1)));
+        assert_eq!(r.next_timeout(), None);
+    }
+
+    #[test]
     fn a_deferred_attempt_is_not_counted() {
         let t0 = Instant::now();
         let mut r = down(t0);
@@ -457,7 +485,7 @@ mod tests {
         r.retry_now(R, t0);
         assert_eq!(r.due(t0), vec![]);
         // The peer re-establishes it.
-        r.recovered(R);
+        r.replaced(R);
         assert_eq!(r.state(R), Some((RecoveryState::Up, 1)));
         r.untrack(R);
         assert_eq!(r.state(R), None);
