@@ -312,8 +312,22 @@ fn counts_and_keys_per_device_follow_what_each_device_holds() {
     let mut both = vec![h.mr.lkey(), second.lkey()];
     both.sort_unstable();
     assert_eq!(f.mr_keys("sim1"), both);
+    let base = h.mem.as_ptr() as u64;
+    let second_range = f
+        .mr_ranges("sim1")
+        .into_iter()
+        .find(|&(_, len)| len == 4096)
+        .expect("the second region is listed");
+    assert_eq!(
+        second_range,
+        (base, 4096),
+        "address of the buffer's first byte"
+    );
+    assert!(f.mr_ranges("sim0").is_empty());
+    assert!(f.mr_ranges("nope").is_empty());
     second.close().unwrap();
     assert_eq!(f.mr_keys("sim1"), [h.mr.lkey()]);
+    assert_eq!(f.mr_ranges("sim1").len(), 1);
     drop(h);
     assert_eq!(f.counts_on("sim1"), Some(SimCounts::default()));
 }

@@ -826,4 +826,19 @@ impl SimFabric {
         let st = self.shared.lock();
         st.mrs.keys().filter(|k| k.0 == d).map(|k| k.1).collect()
     }
+
+    /// The memory regions that exist now on the named device, retained ones
+    /// included, as (virtual address of the first byte, length), in key
+    /// order; empty when the fabric has no such device.
+    pub fn mr_ranges(&self, device: &str) -> Vec<(u64, usize)> {
+        let Some(d) = self.shared.device_index(device) else {
+            return Vec::new();
+        };
+        let st = self.shared.lock();
+        st.mrs
+            .iter()
+            .filter(|(k, _)| k.0 == d)
+            .map(|(_, mr)| (mr.addr, mr.len))
+            .collect()
+    }
 }
