@@ -89,8 +89,8 @@ mod nic;
 pub mod notify;
 pub mod outcome;
 mod peer;
-mod recovery;
 mod rdma;
+mod recovery;
 mod registration;
 mod request;
 pub mod transport;
@@ -104,7 +104,6 @@ pub use capability::{CapabilityMatrix, Check, PathRow};
 pub use config::EngineBuilder;
 pub use control::{ControlLink, InProcessLink};
 pub use engine::{PeerInfo, RailInfo, TransferEngine, TransferRequest};
-pub use recovery::{RecoveryPolicy, RecoveryState};
 pub use error::{
     BuildError, DrainTimeout, InactivePort, LinkError, NicsUnavailable, NoRdmaRail, OpenPeerError,
     RegisterError, Unquiesced, UnregisterError, WaitError,
@@ -118,6 +117,7 @@ pub use outcome::{
     ChunkFailure, DrainStatus, FailureInfo, Outcome, RailRefusal, RemoteEffect, RequestError,
     RequestId, Status, SubmitError,
 };
+pub use recovery::{RecoveryPolicy, RecoveryState};
 pub use registration::{Access, Budgets, Charges, Memory, MemoryPath, Registration};
 pub use request::{LocalRead, LocalWrite, RemoteRange, RemoteTarget, Request};
 pub use session::{ConnectError, ConnectOptions, ListenError, PathPreference, Peer};

@@ -1,0 +1,53 @@
+//! Event intake: attached transports, their rails, and the sink they
+//! deliver events through.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{Owner, Shared, TransferEngine};
+use crate::transport::{EventSink, RailId, RailSpec, Transport, TransportEvent};
+
+/// A handle for a transport attached with
+/// [`TransferEngine::attach_transport`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct TransportId(pub(crate) usize);
+
+struct Sink(std::sync::Weak<Shared>);
+
+impl EventSink for Sink {
+    fn deliver(&self, events: &mut Vec<TransportEvent>) {
+        if let Some(shared) = self.0.upgrade() {
+            shared.lock().handle_events(Instant::now(), events);
+            shared.cond.notify_all();
+        } else {
+            events.clear();
+        }
+    }
+}
+
+impl TransferEngine {
+    /// Attaches another path's transport (tcp, local). Its rails are added
+    /// with [`add_rail`](Self::add_rail); it reports through
+    /// [`event_sink`](Self::event_sink).
+    pub(crate) fn attach_transport(&self, transport: Box<dyn Transport>) -> TransportId {
+        let mut st = self.lock();
+        st.others.push(transport);
+        TransportId(st.others.len() - 1)
+    }
+
+    /// Adds a rail of an attached transport to an open peer.
+    pub(crate) fn add_rail(&self, transport: TransportId, spec: RailSpec) -> RailId {
+        let mut st = self.lock();
+        let peer = spec.peer;
+        let rail = st.add_rail(Owner::Other(transport.0), spec);
+        if let Some(p) = st.tables.peers.get_mut(&peer.0) {
+            p.rails.push(rail);
+        }
+        rail
+    }
+
+    /// Where attached transports deliver their events.
+    pub(crate) fn event_sink(&self) -> Arc<dyn EventSink> {
+        Arc::new(Sink(Arc::downgrade(&self.shared)))
+    }
+}

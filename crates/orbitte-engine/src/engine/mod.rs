@@ -1,0 +1,101 @@
+//! The transfer engine: the driver around the sans-IO core.
+//!
+//! One mutex guards the core and every table; the caller's thread posts
+//! (submit), one poller thread per NIC context turns completions and async
+//! events into core events, and a timer thread expires deadlines. Waiters
+//! sleep on one condition variable that every pump wakes.
+
+mod build;
+mod contexts;
+mod intake;
+mod peers;
+mod poll;
+mod queries;
+mod register;
+mod shared;
+mod shutdown;
+mod state;
+mod submit;
+mod tables;
+mod timer;
+mod transfer;
+mod wait;
+
+pub(crate) use intake::TransportId;
+pub use peers::{PeerInfo, RailInfo};
+pub(crate) use peers::{PeerState, peer_info};
+pub(crate) use shared::{Settings, Shared};
+pub(crate) use state::{Owner, State};
+pub(crate) use tables::{Tables, published_remote};
+pub use transfer::TransferRequest;
+
+use std::sync::{Arc, MutexGuard};
+
+/// The transfer engine. See the crate docs for the contract.
+pub struct TransferEngine {
+    pub(crate) shared: Arc<Shared>,
+    /// Whether dropping this handle stops the engine: true for the handle
+    /// `build` returns, false for the views its listener uses to serve
+    /// rdma control links.
+    owner: bool,
+}
+
+impl std::fmt::Debug for TransferEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferEngine")
+            .field("source_id", &self.shared.source_id.as_str())
+            .field("epoch", &self.shared.epoch.value())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TransferEngine {
+    /// This engine's source owner id.
+    pub fn source_id(&self) -> &str {
+        self.shared.source_id.as_str()
+    }
+
+    /// This engine's authoritative epoch.
+    pub fn epoch(&self) -> u64 {
+        self.shared.epoch.value()
+    }
+
+    /// The engine's peer table (the wire's epoch and version rules), for
+    /// tests that admit hellos as a session outside the engine would. Lock
+    /// it briefly; never call into the engine while holding it.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn peer_table(&self) -> Arc<std::sync::Mutex<orbitte_wire::PeerTable>> {
+        self.shared.peer_table.clone()
+    }
+
+    /// A fresh session id for the peer table, unique in this engine.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn new_session_id(&self) -> orbitte_wire::SessionId {
+        self.shared.new_session_id()
+    }
+
+    /// The address the engine's own listener is bound to
+    /// ([`EngineBuilder::listen`](crate::EngineBuilder::listen); port 0 there: the port chosen), or
+    /// `None` when the engine does not listen.
+    pub fn listen_addr(&self) -> Option<std::net::SocketAddr> {
+        self.shared
+            .listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(crate::session::Listener::local_addr)
+    }
+
+    /// A non-owning handle on the same engine (dropping it stops nothing),
+    /// for the listener threads that serve rdma control links.
+    pub(crate) fn view(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            owner: false,
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.lock()
+    }
+}

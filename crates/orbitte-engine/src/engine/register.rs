@@ -1,0 +1,325 @@
+//! Registration: Host Direct, tcp/local only, retire, unregister,
+//! publication.
+
+use std::sync::Arc;
+
+use orbitte_memory::{DmaBuffer, HostMemory};
+use orbitte_topology::{MemoryLocation, NicId};
+use orbitte_verbs as verbs;
+use orbitte_wire::{self as wire};
+
+use super::TransferEngine;
+use crate::error::{RegisterError, UnregisterError};
+use crate::registration::{
+    Access, Charges, NicCopies, RegEntry, RegState, Registration, close_copies,
+};
+use crate::transport::RegistrationId;
+
+impl TransferEngine {
+    /// Registers `memory` for requests and, unless `access` is
+    /// [`Access::LocalOnly`], publishes it to peers. The returned
+    /// [`Registration`] says which path serves it
+    /// ([`MemoryPath`](crate::MemoryPath)).
+    ///
+    /// Host memory is a Host Direct registration
+    /// ([`register_host_at`](Self::register_host_at): MRs on every usable
+    /// NIC context, budgets charged per copy, all or nothing) unless the
+    /// engine was built with
+    /// [`host_memory_without_rdma`](crate::EngineBuilder::host_memory_without_rdma):
+    /// then no MR is made and tcp and local serve it. A Host Direct failure
+    /// is an error, never a silent switch to another path.
+    pub fn register(
+        &self,
+        memory: impl Into<crate::registration::Memory>,
+        access: Access,
+    ) -> Result<Registration, RegisterError> {
+        match memory.into() {
+            crate::registration::Memory::Host { memory, location } => {
+                if self.shared.host_without_rdma {
+                    self.register_host_without_rdma(memory, access)
+                } else {
+                    self.register_host_at(memory, access, location)
+                }
+            }
+            crate::registration::Memory::Cuda(buffer) => self.register_cuda(buffer, access),
+        }
+    }
+
+    /// Host Direct registration: prepares MRs on every prepared NIC context
+    /// (paused ports included, whatever the dispatch mask), one copy per
+    /// context for `Access::LocalOnly`, two for a remotely accessible one, and
+    /// publishes the range only when all succeeded. The memory's location
+    /// is unknown: rails are used in NIC ID order.
+    pub fn register_host(
+        &self,
+        memory: Arc<HostMemory>,
+        access: Access,
+    ) -> Result<Registration, RegisterError> {
+        self.register_host_at(memory, access, MemoryLocation::Host { numa_node: None })
+    }
+
+    /// [`register_host`](Self::register_host) for memory at a known
+    /// location (NUMA node): requests on it stripe over rails in affinity
+    /// order (PCIe distance, then NUMA distance, then NIC ID), best first.
+    pub fn register_host_at(
+        &self,
+        memory: Arc<HostMemory>,
+        access: Access,
+        location: MemoryLocation,
+    ) -> Result<Registration, RegisterError> {
+        if let Some(reason) = self.lock().core.fenced().cloned() {
+            return Err(RegisterError::Fenced { reason });
+        }
+        self.ensure_contexts()
+            .map_err(|report| RegisterError::NoUsableNic { report })?;
+        let len = memory.len();
+        let (id, pds, ask) = {
+            let mut st = self.lock();
+            if let Some(reason) = st.core.fenced().cloned() {
+                return Err(RegisterError::Fenced { reason });
+            }
+            let nics = st.init.as_ref().map(|i| &i.nics[..]).unwrap_or(&[]);
+            let pds: Vec<_> = nics
+                .iter()
+                .map(|n| (n.id.0, n.pd.clone(), n.identity.clone()))
+                .collect();
+            let copies = access.copies_per_context() * pds.len() as u64;
+            let ask = Charges {
+                mrs: copies,
+                bytes: copies.saturating_mul(len as u64),
+            };
+            st.ledger.check(ask)?;
+            // Reserve now so that concurrent registrations see the charge.
+            st.ledger.charge(ask);
+            let id = st.next_reg;
+            st.next_reg += 1;
+            (id, pds, ask)
+        };
+        let nic_order = {
+            let st = self.lock();
+            let ranked = st
+                .init
+                .as_ref()
+                .and_then(|i| i.topology.rank_nics(location).ok())
+                .unwrap_or_default();
+            crate::registration::affinity_classes(&ranked)
+        };
+        let span = tracing::debug_span!("register_host", id, len, ?access);
+        let _g = span.enter();
+        let buf: Arc<dyn DmaBuffer> = memory.clone();
+        let mut copies = Vec::with_capacity(pds.len());
+        let mut failure = None;
+        for (nic, pd, identity) in &pds {
+            let local = match pd.register(buf.clone(), 0..len, verbs::Access::LOCAL_WRITE) {
+                Ok(m) => m,
+                Err(source) => {
+                    failure = Some(RegisterError::Native {
+                        nic: NicId(*nic),
+                        device: Box::new(identity.clone()),
+                        copy: "local-access",
+                        len,
+                        source: Box::new(source),
+                    });
+                    break;
+                }
+            };
+            let remote = match access.remote_verbs() {
+                None => None,
+                Some(a) => match pd.register(buf.clone(), 0..len, a) {
+                    Ok(m) => Some(m),
+                    Err(source) => {
+                        copies.push(NicCopies {
+                            nic: *nic,
+                            local,
+                            remote: None,
+                        });
+                        failure = Some(RegisterError::Native {
+                            nic: NicId(*nic),
+                            device: Box::new(identity.clone()),
+                            copy: "remote-access",
+                            len,
+                            source: Box::new(source),
+                        });
+                        break;
+                    }
+                },
+            };
+            copies.push(NicCopies {
+                nic: *nic,
+                local,
+                remote,
+            });
+        }
+        if let Some(err) = failure {
+            // Release the copies made so far; a release that fails leaves
+            // them retained (verbs keeps the owners and memory) and charged.
+            let failures = close_copies(copies);
+            let retained = Charges {
+                mrs: failures.len() as u64,
+                bytes: failures.len() as u64 * len as u64,
+            };
+            let mut st = self.lock();
+            st.ledger.release(ask);
+            st.ledger.charge(retained);
+            tracing::warn!(error = %err, "host registration failed; copies released");
+            if !failures.is_empty() {
+                let u = self.unquiesced_from(
+                    format!("release after a failed registration of {len} bytes"),
+                    failures,
+                    retained,
+                );
+                self.record_unquiesced(&mut st, &u);
+                return Err(RegisterError::Unquiesced {
+                    unquiesced: Box::new(u),
+                    cause: Box::new(err),
+                });
+            }
+            return Err(err);
+        }
+        let n = copies.len() as u64 * access.copies_per_context();
+        let entry = RegEntry::published(memory, access, copies, ask, nic_order);
+        self.lock().tables.regs.insert(id, entry);
+        tracing::debug!(id, copies = n, "registration published");
+        Ok(Registration {
+            id: RegistrationId(id),
+            len: len as u64,
+            access,
+            copies: n,
+            path: crate::registration::MemoryPath::HostDirect,
+        })
+    }
+
+    /// Registers a range for the tcp and local paths only: no MR is made on
+    /// any NIC (nothing is charged) and the rdma path is never offered for
+    /// it. An explicit choice for hosts without RDMA, never a fallback:
+    /// [`register_host`](Self::register_host) does not switch to it.
+    pub fn register_host_without_rdma(
+        &self,
+        memory: Arc<HostMemory>,
+        access: Access,
+    ) -> Result<Registration, RegisterError> {
+        let mut st = self.lock();
+        if let Some(reason) = st.core.fenced().cloned() {
+            return Err(RegisterError::Fenced { reason });
+        }
+        let id = st.next_reg;
+        st.next_reg += 1;
+        let len = memory.len() as u64;
+        st.tables.regs.insert(
+            id,
+            RegEntry::published(memory, access, Vec::new(), Charges::default(), Vec::new()),
+        );
+        tracing::debug!(id, len, "registration published for tcp/local only");
+        Ok(Registration {
+            id: RegistrationId(id),
+            len,
+            access,
+            copies: 0,
+            path: crate::registration::MemoryPath::HostWithoutRdma,
+        })
+    }
+
+    /// Unpublishes a registration: new requests on it are refused, peers'
+    /// rkeys are revoked (its remote-access MRs are deregistered). Local
+    /// requests already in flight keep their local-access MRs until they
+    /// drain.
+    pub fn retire(&self, registration: RegistrationId) -> Result<(), UnregisterError> {
+        let mut st = self.lock();
+        let Some(entry) = st.tables.regs.get_mut(&registration.0) else {
+            return Err(UnregisterError::Unknown(registration));
+        };
+        entry.state = RegState::Retired;
+        let len = entry.memory.len() as u64;
+        let mut failures = Vec::new();
+        let mut released = Charges::default();
+        for c in &mut entry.copies {
+            if let Some(mr) = c.remote.take() {
+                match mr.close() {
+                    Ok(()) => {
+                        released.mrs += 1;
+                        released.bytes += len;
+                    }
+                    Err(u) => failures.push(u),
+                }
+            }
+        }
+        entry.charge.mrs -= released.mrs;
+        entry.charge.bytes -= released.bytes;
+        st.ledger.release(released);
+        if failures.is_empty() {
+            return Ok(());
+        }
+        let retained = Charges {
+            mrs: failures.len() as u64,
+            bytes: failures.len() as u64 * len,
+        };
+        let u = self.unquiesced_from(
+            format!("retire of registration {}", registration.0),
+            failures,
+            retained,
+        );
+        self.record_unquiesced(&mut st, &u);
+        Err(UnregisterError::Unquiesced(Box::new(u)))
+    }
+
+    /// Deregisters every copy and forgets the range. Refused while requests
+    /// on it are undrained. A failed native deregistration yields
+    /// `Unquiesced`: the copy, its memory and its charge stay retained and
+    /// the engine is fenced.
+    pub fn unregister(&self, registration: RegistrationId) -> Result<(), UnregisterError> {
+        if let Some(result) = self.unregister_cuda(registration) {
+            return result;
+        }
+        let mut st = self.lock();
+        let Some(entry) = st.tables.regs.get(&registration.0) else {
+            return Err(UnregisterError::Unknown(registration));
+        };
+        let requests = entry.undrained();
+        if requests > 0 {
+            return Err(UnregisterError::Undrained {
+                id: registration,
+                requests,
+            });
+        }
+        let Some(entry) = st.tables.regs.remove(&registration.0) else {
+            return Err(UnregisterError::Unknown(registration));
+        };
+        let len = entry.memory.len() as u64;
+        let failures = close_copies(entry.copies);
+        let retained = Charges {
+            mrs: failures.len() as u64,
+            bytes: failures.len() as u64 * len,
+        };
+        st.ledger.release(entry.charge);
+        st.ledger.charge(retained);
+        if failures.is_empty() {
+            tracing::debug!(id = registration.0, "registration removed");
+            return Ok(());
+        }
+        let u = self.unquiesced_from(
+            format!("unregister of registration {}", registration.0),
+            failures,
+            retained,
+        );
+        self.record_unquiesced(&mut st, &u);
+        Err(UnregisterError::Unquiesced(Box::new(u)))
+    }
+
+    /// The segment descriptors of every published, remotely accessible
+    /// range, as the wire's `segment-publication` frame.
+    pub fn segment_publication(&self) -> wire::SegmentPublication {
+        let st = self.lock();
+        let nics = st.nic_info();
+        let mut ranges: Vec<_> = st
+            .tables
+            .regs
+            .iter()
+            .filter_map(|(id, e)| e.descriptor(RegistrationId(*id), &nics))
+            .collect();
+        ranges.sort_by_key(|r| r.range_id.0);
+        wire::SegmentPublication {
+            epoch: self.shared.epoch,
+            ranges,
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! The registration and peer tables, and the check of a request's remote side.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use orbitte_memory::HostMemory;
+use orbitte_wire::{self as wire};
+
+use super::{PeerState, TransferRequest};
+use crate::outcome::RequestError;
+use crate::registration::RegEntry;
+use crate::transport::{Op, PeerId, PostContext, RangeId, RegistrationId};
+
+/// The registration and peer tables, lent to transports while they post.
+#[derive(Debug, Default)]
+pub(crate) struct Tables {
+    pub(crate) regs: HashMap<u64, RegEntry>,
+    pub(crate) peers: HashMap<u32, PeerState>,
+}
+
+impl PostContext for Tables {
+    fn memory(&self, registration: RegistrationId) -> Option<&Arc<HostMemory>> {
+        self.regs.get(&registration.0).map(|e| &e.memory)
+    }
+
+    fn local_key(&self, registration: RegistrationId, nic: u32) -> Option<(u64, u32)> {
+        let c = self.regs.get(&registration.0)?.copies_on(nic)?;
+        Some((c.local.addr(), c.local.lkey()))
+    }
+
+    fn remote_range(&self, peer: PeerId, range: RangeId) -> Option<&wire::RangeDescriptor> {
+        self.peers.get(&peer.0)?.ranges.get(&range)
+    }
+}
+
+/// The peer and the published range a request names, checked: the peer
+/// is open, the range published, `rend` (the request's end in it) inside
+/// it, and the range allows the operation.
+pub(crate) fn published_remote<'t>(
+    tables: &'t Tables,
+    r: &TransferRequest,
+    rend: u64,
+) -> Result<(&'t PeerState, &'t wire::RangeDescriptor), RequestError> {
+    let peer = tables
+        .peers
+        .get(&r.peer.0)
+        .ok_or(RequestError::UnknownPeer(r.peer))?;
+    let desc = peer
+        .ranges
+        .get(&r.range)
+        .ok_or(RequestError::UnpublishedRemote {
+            peer: r.peer,
+            range: r.range,
+        })?;
+    if rend > desc.length {
+        return Err(RequestError::OutOfRange {
+            side: "remote",
+            offset: r.remote_offset,
+            len: r.len,
+            size: desc.length,
+        });
+    }
+    let need = match r.op {
+        Op::Read => wire::AccessFlags::REMOTE_READ,
+        Op::Write => wire::AccessFlags::REMOTE_WRITE,
+    };
+    if !desc.access.contains(need) {
+        return Err(RequestError::WrongAccess {
+            side: "remote",
+            op: r.op,
+        });
+    }
+    Ok((peer, desc))
+}
