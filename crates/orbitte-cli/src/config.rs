@@ -94,6 +94,8 @@ pub(crate) struct EngineConfig {
     pub(crate) request_timeout_ms: u64,
     pub(crate) drain_timeout_ms: u64,
     pub(crate) handshake_timeout_ms: u64,
+    /// Closes an authenticated session idle this long (`None`: never).
+    pub(crate) idle_timeout_ms: Option<u64>,
     pub(crate) max_in_flight: u32,
     pub(crate) signal_interval: u32,
     pub(crate) dispatch_mask: u64,
@@ -116,6 +118,9 @@ impl EngineConfig {
     pub(crate) fn handshake_timeout(&self) -> Duration {
         Duration::from_millis(self.handshake_timeout_ms)
     }
+    pub(crate) fn idle_timeout(&self) -> Option<Duration> {
+        self.idle_timeout_ms.map(Duration::from_millis)
+    }
 }
 
 /// Keys of each table, for "unknown key" messages.
@@ -131,6 +136,7 @@ const ENGINE_KEYS: &[&str] = &[
     "request_timeout_ms",
     "drain_timeout_ms",
     "handshake_timeout_ms",
+    "idle_timeout_ms",
     "max_in_flight",
     "signal_interval",
     "dispatch_mask",
@@ -488,6 +494,7 @@ fn parse_engine(cx: &Ctx<'_>, t: Option<&toml::Table>) -> Result<EngineConfig, C
         request_timeout_ms: opt_u64("request_timeout_ms", 1, 86_400_000)?.unwrap_or(10_000),
         drain_timeout_ms: opt_u64("drain_timeout_ms", 1, 86_400_000)?.unwrap_or(5_000),
         handshake_timeout_ms: opt_u64("handshake_timeout_ms", 1, 86_400_000)?.unwrap_or(5_000),
+        idle_timeout_ms: opt_u64("idle_timeout_ms", 1, 86_400_000)?,
         max_in_flight: opt_u64("max_in_flight", 1, 65_536)?.map_or(128, |n| n as u32),
         signal_interval: opt_u64("signal_interval", 1, 65_536)?.map_or(16, |n| n as u32),
         dispatch_mask,

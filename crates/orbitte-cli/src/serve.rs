@@ -276,6 +276,7 @@ fn build_engine(
         .request_timeout(e.request_timeout())
         .drain_timeout(e.drain_timeout())
         .handshake_timeout(e.handshake_timeout())
+        .idle_timeout(e.idle_timeout())
         .max_in_flight(e.max_in_flight)
         .signal_interval(e.signal_interval);
     if let Some(x) = e.epoch {

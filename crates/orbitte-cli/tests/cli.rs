@@ -1301,3 +1301,46 @@ fn an_unreachable_etcd_is_one_line_naming_the_setting() {
         &["--metadata", "etcd://HOST:PORT"],
     );
 }
+
+#[test]
+fn serve_closes_a_session_idle_longer_than_engine_idle_timeout_ms() {
+    let f = config(
+        "[engine]\nsource_id = \"idle-test\"\nlisten = \"127.0.0.1:0\"\nidle_timeout_ms = 300\n\n[[range]]\nsize = \"64K\"\n",
+    );
+    let (_serve, addr) = spawn_with_addr(
+        &["serve", "--config", f.path().to_str().unwrap()],
+        "serving as",
+    );
+    let engine = orbitte::EngineBuilder::new("idle-client".to_owned())
+        .host_memory_without_rdma()
+        .build()
+        .expect("engine");
+    let peer = engine
+        .connect_with(
+            addr.parse().unwrap(),
+            orbitte::ConnectOptions::new().path(orbitte::PathKind::Tcp),
+        )
+        .expect("connect over tcp");
+    let rails = |up: bool| {
+        engine
+            .peers()
+            .iter()
+            .filter(|p| p.id == peer.id())
+            .flat_map(|p| p.rails.iter())
+            .filter(|r| r.up == up)
+            .map(|r| r.down_reason.clone().unwrap_or_default())
+            .collect::<Vec<_>>()
+    };
+    assert!(!rails(true).is_empty(), "a fresh session is up");
+    // The server closes it once it has been idle for 300 ms; wait far
+    // longer than that before calling it a failure.
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while rails(true).len() > 0 && std::time::Instant::now() < give_up {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let down = rails(false);
+    assert!(
+        rails(true).is_empty() && down.iter().all(|r| r.contains("idle")),
+        "every tcp rail closed by the server as idle: {down:?}"
+    );
+}
