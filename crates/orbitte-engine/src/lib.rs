@@ -51,8 +51,8 @@
 //! # Shape
 //! - `core`: the sans-IO core (requests in, work items out; completions
 //!   and time in, outcomes out), unit-tested with virtual time.
-//! - [`transport`]: the seam where paths plug in (rdma here; tcp and local
-//!   in the net modules).
+//! - [`transport`]: the seam where paths plug in, and the paths under it
+//!   (rdma, tcp, local).
 //! - the driver ([`TransferEngine`]): one poller thread per NIC context, a
 //!   timer thread, and the caller's thread posting.
 //! - [`staging`]: the cuda-staging lanes (GPU memory through pinned
@@ -89,7 +89,6 @@ mod nic;
 pub mod notify;
 pub mod outcome;
 mod peer;
-mod rdma;
 mod recovery;
 mod registration;
 mod request;

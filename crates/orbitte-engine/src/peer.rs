@@ -32,7 +32,7 @@ use crate::control::ControlLink;
 use crate::engine::{Owner, PeerInfo, PeerState, State, TransferEngine, peer_info};
 use crate::error::{InactivePort, LinkError, NoRdmaRail, OpenPeerError};
 use crate::nic::NicCtx;
-use crate::rdma::{RailQp, RdmaRail};
+use crate::transport::rdma::{RailQp, RdmaRail};
 use crate::transport::{PathKind, PeerId, RailId, RailSpec, RangeId};
 
 fn nonce() -> wire::Nonce {

@@ -433,6 +433,7 @@ pub struct CleanupError {
     pub error: String,
 }
 
-// The tcp and local paths (issue 7, helper "net").
+// The paths.
 pub mod local;
+pub(crate) mod rdma;
 pub mod tcp;

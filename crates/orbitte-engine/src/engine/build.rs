@@ -12,8 +12,8 @@ use super::{Settings, Shared, State, Tables, TransferEngine};
 use crate::config::EngineBuilder;
 use crate::core::{Core, CoreConfig};
 use crate::error::BuildError;
-use crate::rdma::RdmaTransport;
 use crate::registration::{Charges, Ledger};
+use crate::transport::rdma::RdmaTransport;
 
 impl EngineBuilder {
     /// Builds the engine. Lists the provider's devices (NIC IDs, in the

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use orbitte_verbs::{self as verbs, Completion};
 
 use super::Shared;
-use crate::rdma;
 use crate::transport::TransportEvent;
+use crate::transport::rdma;
 
 pub(super) fn poll_loop(
     shared: &Shared,

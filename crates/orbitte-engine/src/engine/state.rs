@@ -12,8 +12,8 @@ use crate::core::Core;
 use crate::error::Unquiesced;
 use crate::nic::Initialized;
 use crate::outcome::{Outcome, RequestId};
-use crate::rdma::RdmaTransport;
 use crate::registration::{Charges, Ledger};
+use crate::transport::rdma::RdmaTransport;
 use crate::transport::{MarkerFate, RailId, RailSpec, Transport, TransportEvent, WorkItem};
 
 /// Which transport owns a rail.

@@ -27,7 +27,7 @@ use orbitte_wire as wire;
 use super::ReceivedNotification;
 use super::inbox::Inbox;
 use crate::engine::State;
-use crate::rdma::{RailQp, RdmaRail};
+use crate::transport::rdma::{RailQp, RdmaRail};
 use crate::transport::{NotifyError, PathKind, RailId, TransportEvent};
 
 /// Receive slots posted per rail (the queue pair's receive queue depth).

@@ -42,7 +42,7 @@ use orbitte_wire::{self as wire, Frame};
 use crate::control::ControlLink;
 use crate::engine::{Owner, Shared, State, TransferEngine};
 use crate::peer::{connect_qp, make_qp, min_mtu, to_verbs_mtu, to_wire_mtu};
-use crate::rdma::RailQp;
+use crate::transport::rdma::RailQp;
 use crate::transport::{PeerId, RailId, Transport, TransportEvent};
 
 /// Why an attempt did not re-establish the rail.
