@@ -4,8 +4,18 @@
 //! Nothing links libibverbs: a machine without it gets
 //! [`DeviceListError::Unavailable`]; one whose kernel has no RDMA gets
 //! [`DeviceListError::Native`] with ENOSYS. Every failure is typed.
+//!
+//! One module per verbs object (`context`, `pd`, `mr`, `cq`, `qp`): raw
+//! libibverbs pointers behind the backend traits. The handle layer
+//! guarantees each is destroyed once, after its children, and never used
+//! after a successful destroy.
 
-mod objects;
+mod context;
+mod cq;
+mod mr;
+mod os;
+mod pd;
+mod qp;
 mod sysfs;
 
 use std::sync::{Arc, OnceLock};
@@ -120,7 +130,7 @@ impl Provider for NativeProvider {
             });
         };
         let dev = list.as_slice()[index];
-        let ops = objects::NativeContext::open(verbs.clone(), dev, info.identity.clone()).map_err(
+        let ops = context::NativeContext::open(verbs.clone(), dev, info.identity.clone()).map_err(
             |source| OpenError::Native {
                 device: info.identity.clone(),
                 source,
