@@ -205,7 +205,7 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
     if cfg.rdma_table {
         println!("rdma peers open this engine on the same address");
     }
-    tracing::info!(source = engine.source_id(), epoch = engine.epoch(), %addr, "serving");
+    tracing::info!(source = engine.source_id(), epoch = engine.epoch().value(), %addr, "serving");
     let stats = || engine.listener_stats().unwrap_or_default();
     let mut last = stats();
     loop {

@@ -272,7 +272,7 @@ fn initialize(config: &RdmaConfig) -> Initialized {
                 port_active: c.port_active,
             })
             .collect(),
-        selection_error: t.selection_error,
+        selection_error: t.selection_error.map(|e| e.to_string()),
         registration_error,
     }
 }

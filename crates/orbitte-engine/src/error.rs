@@ -26,7 +26,7 @@ pub struct Unquiesced {
     /// The source owner (this engine's source id).
     pub source_id: String,
     /// Its epoch.
-    pub epoch: u64,
+    pub epoch: orbitte_wire::Epoch,
     /// What was being cleaned up (`unregister of registration 3`,
     /// `shutdown`, `release after a failed registration`).
     pub during: String,

@@ -57,9 +57,10 @@ pub struct EngineTopology {
     /// The selection the contexts were prepared from (ports considered
     /// active, so paused ports are prepared too).
     pub selection: Option<Selection>,
-    /// Why no context could be prepared, if so (every device and port with
-    /// its reason).
-    pub selection_error: Option<String>,
+    /// Why no context could be prepared, if so: the device listing failed,
+    /// or selection found no usable device and port (every one with its
+    /// reason).
+    pub selection_error: Option<crate::NicsUnavailable>,
     /// Per prepared context: NIC ID, device, port, GID index and whether the
     /// port is ACTIVE now.
     pub contexts: Vec<ContextStatus>,

@@ -211,7 +211,7 @@ fn preserve_the_source_device_identity_error_and_cleanup_evidence_for_diagnosis(
         panic!()
     };
     assert_eq!(u.source_id, "engine-a");
-    assert_eq!(u.epoch, 77);
+    assert_eq!(u.epoch.value(), 77);
     assert!(u.during.contains("unregister"));
     let f = &u.failures[0];
     assert_eq!(f.device.name, "a0");
@@ -288,7 +288,7 @@ fn a_failed_rail_flush_is_unquiesced_and_fences_admission() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let u = a.unquiesced().remove(0);
-    assert_eq!((u.source_id.as_str(), u.epoch), ("engine-a", 9));
+    assert_eq!((u.source_id.as_str(), u.epoch.value()), ("engine-a", 9));
     assert!(u.during.contains("flushing rail"), "{u}");
     let f = &u.failures[0];
     assert_eq!(f.object, ObjectKind::QueuePair);

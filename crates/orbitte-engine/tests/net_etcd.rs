@@ -215,7 +215,7 @@ fn an_engine_found_through_etcd_is_opened_and_serves_requests() {
         .lookup("etcd-target")
         .unwrap()
         .expect("published at build");
-    assert_eq!(record.epoch, target.epoch());
+    assert_eq!(record.epoch, target.epoch().value());
     assert_eq!(
         record.listen_addr,
         target.listen_addr().unwrap().to_string()

@@ -93,10 +93,7 @@ fn rdma_notification_arrives_once_after_every_byte_and_tagged_with_the_sender() 
         "every byte is in place when the notification is read"
     );
     assert_eq!(n.payload, b"kv ready");
-    assert_eq!(
-        (n.source_id.as_str(), n.epoch.value()),
-        ("engine-a", a.epoch())
-    );
+    assert_eq!((n.source_id.as_str(), n.epoch), ("engine-a", a.epoch()));
     assert_eq!(n.path, PathKind::Rdma);
     all_sent(&a.wait_all(&ids, BOUND).unwrap());
     // Once.
@@ -348,7 +345,7 @@ fn delivered_once_after_every_byte(path: PathKind) {
     );
     assert_eq!(got.payload, format!("{path} batch done").as_bytes());
     assert_eq!(got.source_id, format!("{path}-initiator"));
-    assert_eq!(got.epoch.value(), n.initiator.epoch());
+    assert_eq!(got.epoch, n.initiator.epoch());
     assert_eq!(got.path, path);
     all_sent(&n.initiator.wait_all(&ids, BOUND).unwrap());
     std::thread::sleep(QUIET);
@@ -379,11 +376,7 @@ fn delivered_once_after_every_byte(path: PathKind) {
         .unwrap();
     let got = n.target.wait_notification(BOUND).expect("second sender");
     assert_eq!(
-        (
-            got.source_id.as_str(),
-            got.epoch.value(),
-            got.payload.as_slice()
-        ),
+        (got.source_id.as_str(), got.epoch, got.payload.as_slice()),
         (
             format!("{path}-other").as_str(),
             other.epoch(),

@@ -399,7 +399,7 @@ fn admit(
     use wire::handshake::{Initiator, Responder};
     let local = wire::Identity::new(
         wire::SourceId::new(a.source_id()).unwrap(),
-        wire::Epoch::new(a.epoch()).unwrap(),
+        a.epoch(),
         wire::Capabilities::TCP,
     );
     let remote = wire::Identity::new(

@@ -119,7 +119,7 @@ impl NativeEngine {
     /// This engine's authoritative epoch.
     #[getter]
     fn epoch(&self) -> u64 {
-        self.node.engine.epoch()
+        self.node.engine.epoch().value()
     }
 
     /// RDMA devices the provider lists (before any is initialized).

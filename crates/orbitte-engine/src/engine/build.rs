@@ -72,7 +72,7 @@ impl EngineBuilder {
             outcomes: HashMap::new(),
             unquiesced: Vec::new(),
             reap: Vec::new(),
-            who: (source_id.as_str().to_owned(), epoch.value()),
+            who: (source_id.as_str().to_owned(), epoch),
             notify: crate::notify::tracker::Tracker::default(),
             recovery: crate::recovery::Recoveries::new(self.recovery),
             staged: crate::staging::Staged::default(),

@@ -56,8 +56,8 @@ impl TransferEngine {
     }
 
     /// This engine's authoritative epoch.
-    pub fn epoch(&self) -> u64 {
-        self.shared.epoch.value()
+    pub fn epoch(&self) -> orbitte_wire::Epoch {
+        self.shared.epoch
     }
 
     /// The engine's peer table (the wire's epoch and version rules), for

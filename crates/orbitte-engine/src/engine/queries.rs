@@ -17,7 +17,10 @@ impl TransferEngine {
                 initialized: false,
                 topology: None,
                 selection: None,
-                selection_error: st.listing_error.as_ref().map(ToString::to_string),
+                selection_error: st
+                    .listing_error
+                    .clone()
+                    .map(crate::NicsUnavailable::Listing),
                 contexts: Vec::new(),
             },
             Some(init) => EngineTopology {
@@ -25,7 +28,10 @@ impl TransferEngine {
                 initialized: true,
                 topology: Some(init.topology.clone()),
                 selection: init.selection.clone(),
-                selection_error: init.selection_error.as_ref().map(ToString::to_string),
+                selection_error: init
+                    .selection_error
+                    .clone()
+                    .map(crate::NicsUnavailable::Selection),
                 contexts: init
                     .nics
                     .iter()

@@ -19,7 +19,7 @@ impl TransferEngine {
     ) -> Unquiesced {
         Unquiesced {
             source_id: self.shared.source_id.as_str().to_owned(),
-            epoch: self.shared.epoch.value(),
+            epoch: self.shared.epoch,
             during,
             failures,
             retained,

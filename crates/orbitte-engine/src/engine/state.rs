@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use orbitte_verbs as verbs;
+use orbitte_wire::Epoch;
 
 use super::Tables;
 use crate::core::Core;
@@ -45,7 +46,7 @@ pub(crate) struct State {
     /// their queue pair is destroyed.
     pub(crate) reap: Vec<RailId>,
     /// This engine's source id and epoch (for `Unquiesced` evidence).
-    pub(crate) who: (String, u64),
+    pub(crate) who: (String, Epoch),
     /// Notifying batches whose outcomes are held until they resolve.
     pub(crate) notify: crate::notify::tracker::Tracker,
     /// When to re-establish each rdma rail (see `crate::recovery`).
