@@ -5,7 +5,9 @@
 //! slices and hands them out as [`WorkItem`]s, each bound to one *rail*
 //! (one queue pair for rdma, one connection for tcp, one mapping for local).
 //! A [`Transport`] owns rails and executes their work items; it reports
-//! back through the [`EventSink`] it was given when it was attached. The core
+//! back through the [`EventSink`] it was given when it was attached, or,
+//! for items it executes while they are posted
+//! ([`Transport::post_inline`]), in the events it hands back there. The core
 //! never calls a transport and a transport never touches the core: the
 //! engine's driver pumps both.
 //!
@@ -344,6 +346,25 @@ pub trait Transport: Send + fmt::Debug {
         items: &[WorkItem],
         ctx: &dyn PostContext,
     ) -> Result<(), PostError>;
+
+    /// Posts like [`post`](Self::post), and may execute some of the items
+    /// at once on the calling thread (the local path copies small batches
+    /// this way: no hand-off to another thread, no wakeup). The events of
+    /// what it executed (their completions, and a `RailDown` that
+    /// executing found) go into `done`, which the caller hands to the core
+    /// in the same pump instead of through the [`EventSink`]; it must do so
+    /// also when this returns an error. Items not reported in `done` are
+    /// reported later, as for `post`. The default executes nothing here.
+    fn post_inline(
+        &mut self,
+        rail: RailId,
+        items: &[WorkItem],
+        ctx: &dyn PostContext,
+        done: &mut Vec<TransportEvent>,
+    ) -> Result<(), PostError> {
+        let _ = done;
+        self.post(rail, items, ctx)
+    }
 
     /// Makes the rail report every outstanding item (rdma: move the QP to
     /// the error state so the NIC flushes it). Used after a timeout and at

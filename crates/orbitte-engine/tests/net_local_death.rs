@@ -12,6 +12,7 @@ use net_support::child::{self, ROLE};
 use net_support::{Initiator, cfg, pattern, request};
 use orbitte_engine::core::CoreConfig;
 use orbitte_engine::outcome::{RemoteEffect, Status};
+use orbitte_engine::transport::local::INLINE_BYTES;
 use orbitte_engine::transport::{Op, PathKind, PeerId, SliceFailure};
 use orbitte_memory::HostMemory;
 use orbitte_wire::RangeId;
@@ -29,16 +30,31 @@ fn child_entry() {
 
 #[test]
 fn a_write_after_the_local_target_died_fails_with_its_remote_effect_stated() {
+    // The posting thread copies the first INLINE_BYTES, the rail's worker
+    // the rest.
+    write_after_death("mortal", 4 * INLINE_BYTES);
+}
+
+#[test]
+fn a_small_write_copied_by_the_posting_thread_after_the_target_died_fails_too() {
+    // Copied by the posting thread alone.
+    const { assert!(64 << 10 <= INLINE_BYTES) };
+    write_after_death("mortal-small", 64 << 10);
+}
+
+/// Writes `len` bytes while the target lives (complete), kills it, writes
+/// again: the second write must not be reported delivered.
+fn write_after_death(source: &str, len: u64) {
     net_support::logs();
     let mut p = child::spawn(
         "child_entry",
         &[],
         &[
             (ROLE, "target".into()),
-            ("NET_SOURCE", "mortal".into()),
+            ("NET_SOURCE", source.into()),
             ("NET_EPOCH", "2".into()),
             ("NET_ADDR", "127.0.0.1:0".into()),
-            ("NET_SIZE", (4 << 20).to_string()),
+            ("NET_SIZE", len.to_string()),
         ],
     );
     let ready = p.expect("READY", BOUND);
@@ -56,7 +72,7 @@ fn a_write_after_the_local_target_died_fails_with_its_remote_effect_stated() {
     i.local
         .attach(&i.cfg, &i.peers, PeerId(1), &link.handshake.peer, &rails)
         .unwrap();
-    let src = HostMemory::alloc(4 << 20).unwrap();
+    let src = HostMemory::alloc(len as usize).unwrap();
     pattern(&src, 4);
     let reg = i.driver.register(src.clone());
     let write = |label| {
@@ -68,7 +84,7 @@ fn a_write_after_the_local_target_died_fails_with_its_remote_effect_stated() {
             PeerId(1),
             range.0,
             0,
-            4 << 20,
+            len,
             &rails,
         )])[0]
     };

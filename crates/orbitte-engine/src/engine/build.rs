@@ -77,6 +77,8 @@ impl EngineBuilder {
             recovery: crate::recovery::Recoveries::new(self.recovery),
             staged: crate::staging::Staged::default(),
             work: Vec::new(),
+            done: Vec::new(),
+            completed_inline: false,
             rotor: 0,
         };
         let shared = Arc::new(Shared {

@@ -69,6 +69,15 @@ impl Shared {
         self.peer_table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Wakes the waiters if a pump under `st` completed work while posting
+    /// it (no transport thread delivered those events, so no one else
+    /// wakes them).
+    pub(crate) fn wake_if_completed_inline(&self, st: &mut State) {
+        if std::mem::take(&mut st.completed_inline) {
+            self.cond.notify_all();
+        }
+    }
+
     /// A fresh session id for the peer table, unique in this engine.
     pub(crate) fn new_session_id(&self) -> wire::SessionId {
         wire::SessionId(self.next_session.fetch_add(1, Ordering::Relaxed))

@@ -54,6 +54,12 @@ pub(crate) struct State {
     /// CUDA registrations and cuda-staging requests.
     pub(crate) staged: crate::staging::Staged,
     pub(super) work: Vec<WorkItem>,
+    /// Events of work the transports executed while it was posted.
+    pub(super) done: Vec<TransportEvent>,
+    /// Whether a pump completed work while posting it since the last
+    /// [`Shared::wake_if_completed_inline`](super::Shared::wake_if_completed_inline):
+    /// its outcomes may be another thread's.
+    pub(super) completed_inline: bool,
     pub(super) rotor: usize,
 }
 
@@ -70,8 +76,30 @@ impl State {
     /// asks, collects outcomes.
     pub(crate) fn pump(&mut self, now: Instant) {
         let mut work = std::mem::take(&mut self.work);
-        work.clear();
-        self.core.poll_work(&mut work);
+        let mut done = std::mem::take(&mut self.done);
+        loop {
+            work.clear();
+            self.core.poll_work(&mut work);
+            self.post(now, &work, &mut done);
+            if done.is_empty() {
+                break;
+            }
+            // Work the transports executed while posting; its completions
+            // may free rail slots for more work.
+            self.completed_inline = true;
+            for ev in done.drain(..) {
+                self.core.handle_event(now, ev);
+            }
+        }
+        self.work = work;
+        self.done = done;
+        self.flush_and_reap(now);
+        crate::notify::collect_outcomes(self);
+    }
+
+    /// Posts `work` rail by rail; events of work executed while posting go
+    /// into `done`.
+    fn post(&mut self, now: Instant, work: &[WorkItem], done: &mut Vec<TransportEvent>) {
         let mut start = 0;
         while start < work.len() {
             let rail = work[start].rail;
@@ -83,7 +111,7 @@ impl State {
             let res = match self.owner.get(rail.0 as usize) {
                 Some(Owner::Rdma) => self.rdma.post(rail, run, &self.tables),
                 Some(Owner::Other(i)) => match self.others.get_mut(*i) {
-                    Some(t) => t.post(rail, run, &self.tables),
+                    Some(t) => t.post_inline(rail, run, &self.tables, done),
                     None => Err(crate::transport::PostError {
                         rail,
                         posted: 0,
@@ -102,7 +130,10 @@ impl State {
             }
             start = end;
         }
-        self.work = work;
+    }
+
+    /// Flushes what the core asks, destroys reaped rdma rails that drained.
+    fn flush_and_reap(&mut self, now: Instant) {
         while let Some((rail, marker)) = self.core.poll_flush(now) {
             let res = match self.owner.get(rail.0 as usize) {
                 Some(Owner::Rdma) => match self.rdma.flush_with_marker(rail, marker) {
@@ -144,7 +175,6 @@ impl State {
                 self.destroy_rdma_rail(rail);
             }
         }
-        crate::notify::collect_outcomes(self);
     }
 
     pub(crate) fn handle_events(&mut self, now: Instant, events: &mut Vec<TransportEvent>) {

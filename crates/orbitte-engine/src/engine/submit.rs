@@ -165,6 +165,7 @@ impl TransferEngine {
             crate::notify::track(st, &ids, armed);
         }
         st.pump(now);
+        self.shared.wake_if_completed_inline(st);
         Ok(ids)
     }
 }

@@ -25,6 +25,7 @@ impl TransferEngine {
             let now = Instant::now();
             st.core.handle_timeout(now);
             st.pump(now);
+            self.shared.wake_if_completed_inline(&mut st);
             if let Some(o) = st.outcomes.remove(&id) {
                 return Ok(o);
             }
@@ -87,6 +88,7 @@ impl TransferEngine {
             let now = Instant::now();
             st.core.handle_timeout(now);
             st.pump(now);
+            self.shared.wake_if_completed_inline(&mut st);
             let status = crate::staging::drain_status(&mut st, id)
                 .unwrap_or_else(|| st.core.drain_status(id));
             match status {

@@ -200,6 +200,7 @@ impl Driver {
                 g.work = work;
                 break;
             }
+            let mut done = Vec::new();
             let mut start = 0;
             while start < work.len() {
                 let rail = work[start].rail;
@@ -215,7 +216,7 @@ impl Driver {
                 } = &mut *g;
                 let ctx = Ctx { regs, remote };
                 let res = match path.and_then(|p| transports.get_mut(&p)) {
-                    Some(t) => t.post(rail, items, &ctx),
+                    Some(t) => t.post_inline(rail, items, &ctx, &mut done),
                     None => Err(orbitte_engine::transport::PostError {
                         rail,
                         posted: 0,
@@ -228,6 +229,10 @@ impl Driver {
                 start = end;
             }
             g.work = work;
+            // What the transports executed while posting, as the engine does.
+            for e in done.drain(..) {
+                g.core.handle_event(now, e);
+            }
         }
         while let Some(o) = g.core.poll_outcome() {
             g.outcomes.insert(o.request, o);

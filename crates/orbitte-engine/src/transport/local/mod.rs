@@ -13,7 +13,11 @@
 //! mapping always allows reading); they go over tcp.
 //!
 //! The initiator maps each range once and executes work items with
-//! `memcpy` on a worker thread per rail ([`LocalTransport`]).
+//! `memcpy` ([`LocalTransport`]): up to [`INLINE_BYTES`] of each post on
+//! the thread that posts them, inside the engine's pump, so a small batch
+//! costs no hand-off to another thread and no wakeup; the rest on a worker
+//! thread per rail, so a large batch does not hold the engine's lock for
+//! the whole copy and rails copy in parallel.
 
 mod fdpass;
 mod liveness;
@@ -28,6 +32,7 @@ use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use orbitte_memory::HostMemory;
@@ -126,6 +131,9 @@ struct LocalRail {
     cv: Condvar,
     /// The peer's mapping session, kept open to carry notifications.
     channel: Option<Arc<Mutex<UnixStream>>>,
+    /// Whether the rail reported that its peer exited (once, by whichever
+    /// of the worker and the posting thread saw it first).
+    exit_reported: AtomicBool,
 }
 
 /// The initiator side of the local path: a [`Transport`] whose rails copy
@@ -297,6 +305,7 @@ impl LocalTransport {
                 peer,
                 queue: Mutex::new(RailQueue::default()),
                 cv: Condvar::new(),
+                exit_reported: AtomicBool::new(false),
                 channel: self
                     .channels
                     .read()
@@ -341,6 +350,12 @@ impl LocalTransport {
             .is_some_and(|m| m.contains_key(&range))
     }
 }
+
+/// Most bytes of one post that the posting thread copies itself (the rest
+/// go to the rail's worker). The engine's lock is held while it copies, so
+/// this bounds how long one post keeps other threads out: a batch of 16
+/// slices of 64 KiB is 1 MiB, about 40 to 100 µs of memcpy.
+pub const INLINE_BYTES: u64 = 1 << 20;
 
 /// Most ranges one local session may hand out (each holds an fd here).
 const MAX_LOCAL_RANGES: usize = 4096;
@@ -412,7 +427,6 @@ fn rail_worker(rail: RailId, r: Arc<LocalRail>, sink: Arc<dyn EventSink>) {
     let mut batch = std::collections::VecDeque::new();
     let mut notes = std::collections::VecDeque::new();
     let mut done = Vec::new();
-    let mut reported_exit = false;
     loop {
         {
             let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -438,17 +452,14 @@ fn rail_worker(rail: RailId, r: Arc<LocalRail>, sink: Arc<dyn EventSink>) {
         let mut alive = Alive::default();
         let mut statuses = std::mem::take(&mut done);
         statuses.extend(batch.iter().map(|job| {
-            if alive.before(job) {
-                execute(job)
+            if alive.before(job.remote.as_ref()) {
+                execute(&job.item, &job.local, job.remote.as_ref())
             } else {
                 peer_exited()
             }
         }));
         for (job, status) in batch.drain(..).zip(statuses.drain(..)) {
-            let status = match status {
-                SliceStatus::Success if !alive.after(&job) => peer_exited(),
-                other => other,
-            };
+            let status = alive.confirm(job.remote.as_ref(), status);
             events.push(TransportEvent::Completed {
                 rail,
                 token: job.item.token,
@@ -457,15 +468,8 @@ fn rail_worker(rail: RailId, r: Arc<LocalRail>, sink: Arc<dyn EventSink>) {
             });
         }
         done = statuses;
-        if alive.saw_exit && !reported_exit {
-            reported_exit = true;
-            events.insert(
-                0,
-                TransportEvent::RailDown {
-                    rail,
-                    reason: PEER_EXITED.into(),
-                },
-            );
+        if alive.saw_exit && !r.exit_reported.swap(true, Ordering::Relaxed) {
+            events.insert(0, rail_down_exited(rail));
         }
         if !events.is_empty() {
             sink.deliver(&mut events);
@@ -500,6 +504,13 @@ fn peer_exited() -> SliceStatus {
     SliceStatus::Failed(SliceFailure::RailDown(PEER_EXITED.into()))
 }
 
+fn rail_down_exited(rail: RailId) -> TransportEvent {
+    TransportEvent::RailDown {
+        rail,
+        reason: PEER_EXITED.into(),
+    }
+}
+
 /// The liveness of the peers of one batch, checked once per peer before
 /// and once after the batch's copies.
 #[derive(Default)]
@@ -513,9 +524,9 @@ impl Alive {
     fn check(
         slot: &mut Option<(Arc<TargetSession>, bool)>,
         saw_exit: &mut bool,
-        job: &Job,
+        remote: Option<&Mapped>,
     ) -> bool {
-        let Some(remote) = &job.remote else {
+        let Some(remote) = remote else {
             return true;
         };
         match slot {
@@ -529,12 +540,20 @@ impl Alive {
         }
     }
 
-    fn before(&mut self, job: &Job) -> bool {
-        Self::check(&mut self.before, &mut self.saw_exit, job)
+    /// Whether the target of `remote` was up before the batch's copies.
+    fn before(&mut self, remote: Option<&Mapped>) -> bool {
+        Self::check(&mut self.before, &mut self.saw_exit, remote)
     }
 
-    fn after(&mut self, job: &Job) -> bool {
-        Self::check(&mut self.after, &mut self.saw_exit, job)
+    /// The status of a copy into or from `remote` once the batch's copies
+    /// are done: a success counts only if the target is still up.
+    fn confirm(&mut self, remote: Option<&Mapped>, status: SliceStatus) -> SliceStatus {
+        match status {
+            SliceStatus::Success if !Self::check(&mut self.after, &mut self.saw_exit, remote) => {
+                peer_exited()
+            }
+            other => other,
+        }
     }
 }
 
@@ -545,11 +564,10 @@ fn failed(status: Status) -> SliceStatus {
     })
 }
 
-fn execute(job: &Job) -> SliceStatus {
-    let Some(remote) = &job.remote else {
+fn execute(it: &WorkItem, local: &HostMemory, remote: Option<&Mapped>) -> SliceStatus {
+    let Some(remote) = remote else {
         return failed(Status::UNKNOWN_RANGE);
     };
-    let it = &job.item;
     let len = it.len as usize;
     match it.remote_offset.checked_add(u64::from(it.len)) {
         Some(end) if end <= remote.length => {}
@@ -562,8 +580,8 @@ fn execute(job: &Job) -> SliceStatus {
         return failed(Status::OUT_OF_BOUNDS);
     };
     let r = match it.op {
-        Op::Read => job.local.copy_from(loff, &remote.memory, roff, len),
-        Op::Write => remote.memory.copy_from(roff, &job.local, loff, len),
+        Op::Read => local.copy_from(loff, &remote.memory, roff, len),
+        Op::Write => remote.memory.copy_from(roff, local, loff, len),
     };
     match r {
         Ok(()) => SliceStatus::Success,
@@ -574,12 +592,39 @@ fn execute(job: &Job) -> SliceStatus {
 }
 
 impl LocalTransport {
-    /// Queues `items` on `rail` (see [`Transport::post`]).
+    /// Queues `items` on `rail`'s worker (see [`Transport::post`]).
     pub fn post_items(
         &self,
         rail: RailId,
         items: &[WorkItem],
         ctx: &dyn PostContext,
+    ) -> Result<(), PostError> {
+        self.post_split(rail, items, ctx, 0, &mut Vec::new())
+    }
+
+    /// Copies the items at the front of `items`, up to [`INLINE_BYTES`],
+    /// here and puts their events into `done`; queues the rest on `rail`'s
+    /// worker (see [`Transport::post_inline`]).
+    pub fn post_inline_items(
+        &self,
+        rail: RailId,
+        items: &[WorkItem],
+        ctx: &dyn PostContext,
+        done: &mut Vec<TransportEvent>,
+    ) -> Result<(), PostError> {
+        self.post_split(rail, items, ctx, INLINE_BYTES, done)
+    }
+
+    /// Copies the front of `items`, at most `inline` bytes, on this thread
+    /// (events into `done`) and queues the rest on the rail's worker,
+    /// before copying, so that the worker copies at the same time.
+    fn post_split(
+        &self,
+        rail: RailId,
+        items: &[WorkItem],
+        ctx: &dyn PostContext,
+        inline: u64,
+        done: &mut Vec<TransportEvent>,
     ) -> Result<(), PostError> {
         let Some(r) = self
             .rails
@@ -594,37 +639,85 @@ impl LocalTransport {
                 reason: "unknown local rail".into(),
             });
         };
+        // Items after one whose registration is gone are not posted.
+        let accepted = items
+            .iter()
+            .position(|it| ctx.memory(it.registration).is_none())
+            .unwrap_or(items.len());
+        let (items, refused) = items.split_at(accepted);
+        let mut budget = inline;
+        let here = items
+            .iter()
+            .take_while(|it| {
+                let fits = u64::from(it.len) <= budget;
+                if fits {
+                    budget -= u64::from(it.len);
+                }
+                fits
+            })
+            .count();
+        let (here, queued) = items.split_at(here);
         let maps = self.maps.read().unwrap_or_else(|p| p.into_inner());
         let peer_maps = maps.get(&r.peer);
-        let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
-        if q.closed {
-            return Err(PostError {
-                rail,
-                posted: 0,
-                reason: "local rail closed".into(),
-            });
-        }
-        for (i, item) in items.iter().enumerate() {
-            let Some(local) = ctx.memory(item.registration) else {
+        let remote_of = |it: &WorkItem| peer_maps.and_then(|m| m.get(&RangeId(it.range.0)));
+        {
+            let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
+            if q.closed {
                 return Err(PostError {
                     rail,
-                    posted: i,
-                    reason: "local registration is gone".into(),
+                    posted: 0,
+                    reason: "local rail closed".into(),
                 });
-            };
-            let remote = peer_maps
-                .and_then(|m| m.get(&RangeId(item.range.0)))
-                .cloned();
-            q.jobs.push_back(Job {
-                item: *item,
-                local: local.clone(),
-                remote,
-            });
+            }
+            for item in queued {
+                if let Some(local) = ctx.memory(item.registration) {
+                    q.jobs.push_back(Job {
+                        item: *item,
+                        local: local.clone(),
+                        remote: remote_of(item).cloned(),
+                    });
+                }
+            }
         }
-        r.cv.notify_one();
-        Ok(())
+        if !queued.is_empty() {
+            r.cv.notify_one();
+        }
+        if !here.is_empty() {
+            let mut alive = Alive::default();
+            let first = done.len();
+            for it in here {
+                let remote = remote_of(it);
+                let status = match ctx.memory(it.registration) {
+                    Some(local) if alive.before(remote) => execute(it, local, remote),
+                    Some(_) => peer_exited(),
+                    None => failed(Status::INTERNAL),
+                };
+                done.push(TransportEvent::Completed {
+                    rail,
+                    token: it.token,
+                    status,
+                    released: true,
+                });
+            }
+            for (it, ev) in here.iter().zip(&mut done[first..]) {
+                if let TransportEvent::Completed { status, .. } = ev {
+                    let s = std::mem::replace(status, SliceStatus::Success);
+                    *status = alive.confirm(remote_of(it), s);
+                }
+            }
+            if alive.saw_exit && !r.exit_reported.swap(true, Ordering::Relaxed) {
+                done.insert(first, rail_down_exited(rail));
+            }
+        }
+        match refused.first() {
+            None => Ok(()),
+            Some(_) => Err(PostError {
+                rail,
+                posted: accepted,
+                reason: "local registration is gone".into(),
+            }),
+        }
     }
-
     /// Queues an encoded `notification` frame on `rail` (see
     /// [`Transport::notify`]); the rail's worker writes it on the peer's
     /// mapping session.
@@ -708,6 +801,16 @@ impl Transport for Arc<LocalTransport> {
         ctx: &dyn PostContext,
     ) -> Result<(), PostError> {
         self.post_items(rail, items, ctx)
+    }
+
+    fn post_inline(
+        &mut self,
+        rail: RailId,
+        items: &[WorkItem],
+        ctx: &dyn PostContext,
+        done: &mut Vec<TransportEvent>,
+    ) -> Result<(), PostError> {
+        self.post_inline_items(rail, items, ctx, done)
     }
 
     fn flush(&mut self, _rail: RailId) -> Result<(), CleanupError> {
