@@ -18,13 +18,15 @@
 //! 1. **Completion.** A [`TransportEvent::Completed`] with the item's
 //!    [`SliceToken`] and a [`SliceStatus`]. A transport that honours
 //!    [`WorkItem::signaled`] (rdma's selective signaling) may stay silent for
-//!    unsignaled items: a completion for token `T` on a rail means every
-//!    item posted *before* `T` on the same rail finished successfully, unless
-//!    the rail already reported an error (then the earlier ones count as
-//!    flushed). After the first error on a rail, the transport reports every
-//!    remaining item of that rail individually (verbs flush semantics).
-//!    Transports without selective signaling set
-//!    [`RailSpec::signal_interval`] to 1 and report every item.
+//!    unsignaled items: on a rail whose signal interval is above 1, a
+//!    completion for token `T` means every item posted *before* `T` on the
+//!    same rail finished successfully, unless the rail already reported an
+//!    error (then the earlier ones count as flushed). After the first error
+//!    on a rail, the transport reports every remaining item of that rail
+//!    individually (verbs flush semantics). Transports without selective
+//!    signaling set [`RailSpec::signal_interval`] to 1 and report every
+//!    item, in any order (a tcp peer may answer requests out of order): a
+//!    completion then finishes exactly the item it names.
 //! 2. **Drain.** `Completed { released: true, .. }` says the transport will
 //!    never again read or write the local bytes of that item (and of the
 //!    items it implies). This is the rdma case: a CQE means the NIC is done

@@ -575,8 +575,27 @@ impl Core {
             return;
         }
         let failed = matches!(status, SliceStatus::Failed(_));
-        // Everything posted before `token` on this rail is implied: done if
-        // the rail had no error yet, flushed otherwise.
+        // A rail that reports every item (signal interval 1: tcp and local,
+        // whose peers may answer in any order) finishes exactly the item
+        // reported; the items posted before it stay in flight until they
+        // are reported themselves.
+        if self.rails[rail.0 as usize].spec.signal_interval == 1 {
+            let r = &mut self.rails[rail.0 as usize];
+            if let Some(pos) = r.fifo.iter().position(|t| *t == token.0) {
+                r.fifo.remove(pos);
+                if failed {
+                    r.errored = true;
+                }
+                self.finish_slice(now, tidx, status, released);
+            }
+            if self.rails[rail.0 as usize].down.is_none() {
+                self.mark_ready(rail.0);
+            }
+            return;
+        }
+        // Under selective signaling everything posted before `token` on
+        // this rail is implied (verbs RC order): done if the rail had no
+        // error yet, flushed otherwise.
         loop {
             let r = &mut self.rails[rail.0 as usize];
             let Some(front) = r.fifo.pop_front() else {

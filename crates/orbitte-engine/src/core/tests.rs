@@ -333,6 +333,46 @@ fn completed_prefix_counts_only_contiguous_slices() {
 }
 
 #[test]
+fn a_rail_reporting_every_item_completes_only_the_item_reported() {
+    // Signal interval 1 (tcp, local): the peer may answer in any order, so
+    // a completion says nothing about the items posted before it.
+    let (mut h, rails) = Harness::new(&[spec(0, 8, 1)], 64 * 1024);
+    let keep = Arc::new(());
+    h.core
+        .submit(
+            h.now,
+            vec![
+                req(Op::Read, 0, 1024, &rails, &keep),
+                req(Op::Read, 1024, 1024, &rails, &keep),
+            ],
+        )
+        .unwrap();
+    h.pump();
+    let (first, _) = h.queues[0].pop_front().unwrap();
+    let (second, _) = h.queues[0].pop_front().unwrap();
+    h.copy(&second, 1024);
+    h.report(second, SliceStatus::Success);
+    h.pump();
+    let done: Vec<u64> = h.outcomes.iter().map(|o| o.label).collect();
+    assert_eq!(
+        done,
+        [1024],
+        "only the second request, whose item was reported"
+    );
+    assert_eq!(
+        h.core.rail_in_flight(rails[0]),
+        1,
+        "the first item is still in flight"
+    );
+    h.copy(&first, 1024);
+    h.report(first, SliceStatus::Success);
+    h.pump();
+    assert_eq!(h.outcomes.len(), 2);
+    assert!(h.outcomes.iter().all(Outcome::is_complete));
+    assert_eq!(h.local[..2048], h.remote[..2048]);
+}
+
+#[test]
 fn error_completion_fails_request_without_replay_on_other_rail() {
     let (mut h, rails) = Harness::new(&[spec(0, 8, 1), spec(1, 8, 1)], 64 * 1024);
     let keep = Arc::new(());
