@@ -57,6 +57,9 @@ struct LiveConn {
     ip: IpAddr,
     since: Instant,
     stream: TcpStream,
+    /// Closed to make room for a newcomer: it no longer holds a pre-auth
+    /// slot, though its thread may not have recorded the close yet.
+    evicted: bool,
 }
 
 /// Serves sessions opened for [`SessionPurpose::RDMA_CONTROL`] (the
@@ -296,7 +299,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         let conn = shared.next_conn.fetch_add(1, Ordering::Relaxed);
         {
             let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
-            if let Err(why) = preauth_slot(&shared.cfg, &live, from.ip()) {
+            if let Err(why) = preauth_slot(&shared.cfg, &mut live, from.ip()) {
                 drop(live);
                 let mut s = stream;
                 send_error(&mut s, ErrorCode::RESOURCE_EXHAUSTED, FrameType(0), why);
@@ -313,6 +316,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                             ip: from.ip(),
                             since: Instant::now(),
                             stream: clone,
+                            evicted: false,
                         },
                     );
                 }
@@ -345,23 +349,31 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 /// `max_unauthenticated_per_address` of them (more are refused); when all
 /// `max_unauthenticated` are taken, the oldest is closed for the newcomer:
 /// a legitimate peer authenticates within a round trip, long before its
-/// slot becomes the oldest.
+/// slot becomes the oldest. A closed connection gives up its slot at once,
+/// before its thread has recorded the close, so a burst of newcomers
+/// closes one connection each and never holds more than the budget.
 fn preauth_slot(
     cfg: &SessionConfig,
-    live: &HashMap<u64, LiveConn>,
+    live: &mut HashMap<u64, LiveConn>,
     ip: IpAddr,
 ) -> Result<(), &'static str> {
-    let waiting = || live.values().filter(|c| c.source.is_none());
-    if waiting().filter(|c| c.ip == ip).count() >= cfg.max_unauthenticated_per_address {
+    let waiting = |c: &LiveConn| c.source.is_none() && !c.evicted;
+    let from_ip = live.values().filter(|c| waiting(c) && c.ip == ip).count();
+    if from_ip >= cfg.max_unauthenticated_per_address {
         return Err("too many unauthenticated connections from this address");
     }
-    if waiting().count() >= cfg.max_unauthenticated {
+    if live.values().filter(|c| waiting(c)).count() >= cfg.max_unauthenticated {
         if cfg.max_unauthenticated == 0 {
             return Err("no unauthenticated connections accepted");
         }
-        if let Some(oldest) = waiting().min_by_key(|c| c.since) {
+        if let Some(oldest) = live
+            .values_mut()
+            .filter(|c| waiting(c))
+            .min_by_key(|c| c.since)
+        {
             // Its session thread sees the socket fail and records the close.
             let _ = oldest.stream.shutdown(Shutdown::Both);
+            oldest.evicted = true;
         }
     }
     Ok(())
