@@ -2,7 +2,6 @@
 //! deliver events through.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::{Owner, Shared, TransferEngine};
 use crate::transport::{EventSink, RailId, RailSpec, Transport, TransportEvent};
@@ -17,8 +16,7 @@ struct Sink(std::sync::Weak<Shared>);
 impl EventSink for Sink {
     fn deliver(&self, events: &mut Vec<TransportEvent>) {
         if let Some(shared) = self.0.upgrade() {
-            shared.lock().handle_events(Instant::now(), events);
-            shared.cond.notify_all();
+            shared.deliver(events);
         } else {
             events.clear();
         }

@@ -20,16 +20,17 @@ mod tables;
 mod timer;
 mod transfer;
 mod wait;
+mod waiters;
 
 pub(crate) use intake::TransportId;
 pub use peers::{PeerInfo, RailInfo};
 pub(crate) use peers::{PeerState, peer_info};
-pub(crate) use shared::{Settings, Shared};
+pub(crate) use shared::{Settings, Shared, StateGuard};
 pub(crate) use state::{Owner, State};
 pub(crate) use tables::{Tables, published_remote};
 pub use transfer::TransferRequest;
 
-use std::sync::{Arc, MutexGuard};
+use std::sync::Arc;
 
 /// The transfer engine. See the crate docs for the contract.
 pub struct TransferEngine {
@@ -95,7 +96,7 @@ impl TransferEngine {
         }
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> StateGuard<'_> {
         self.shared.lock()
     }
 }

@@ -122,6 +122,5 @@ pub(super) fn poll_loop(
         }
         st.handle_events(Instant::now(), &mut events);
         drop(st);
-        shared.cond.notify_all();
     }
 }

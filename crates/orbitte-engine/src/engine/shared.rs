@@ -1,16 +1,23 @@
-//! What every engine thread shares: the state lock, the peer table,
-//! settings, threads, listener.
+//! What every engine thread shares: the state lock and its event intake,
+//! the peer table, settings, threads, listener.
+//!
+//! Transports deliver events without waiting for the state lock: they
+//! push them on the intake queue and drain it only if the lock is free.
+//! Whoever holds the lock drains the queue before releasing it (one pump
+//! per drained batch, see [`StateGuard`]) and looks at it again after
+//! releasing, so no event waits for the next lock holder.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering, fence};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use orbitte_topology::{DeviceMask, RdmaConfig};
 use orbitte_verbs::Provider;
 use orbitte_wire::{self as wire, Epoch, PeerTable, SourceId};
 
 use super::State;
+use crate::transport::TransportEvent;
 
 /// Settings fixed at build time.
 #[derive(Debug, Clone)]
@@ -23,16 +30,19 @@ pub(crate) struct Settings {
 }
 
 pub(crate) struct Shared {
-    pub(crate) state: Mutex<State>,
+    /// Taken through [`lock`](Self::lock) only, whose guard drains the
+    /// intake.
+    pub(super) state: Mutex<State>,
+    /// Events delivered while the state was busy, drained by its holder.
+    pub(super) intake: Intake,
     /// The wire's epoch rules, shared with the net sessions. Lock order:
     /// `state` before `peer_table`, never the other way round.
     pub(crate) peer_table: Arc<Mutex<PeerTable>>,
     pub(crate) next_session: Arc<std::sync::atomic::AtomicU64>,
-    pub(crate) cond: Condvar,
-    /// Wakes only the timer thread (at stop). It runs on its own schedule
-    /// and is not woken by every event batch: whoever delivers a batch
-    /// already pumps, so a timer pump after each one is work done twice.
-    pub(crate) timer: Condvar,
+    /// Where the timer and recovery threads sleep (without the state
+    /// lock); rung only at stop. They run on their own schedule and are not
+    /// woken by every event batch: whoever drains a batch already pumps.
+    pub(super) bell: (Mutex<()>, Condvar),
     pub(crate) stop: AtomicBool,
     pub(crate) source_id: SourceId,
     pub(crate) epoch: Epoch,
@@ -61,25 +71,152 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    /// Takes the state lock. Releasing the guard drains the intake first.
+    pub(crate) fn lock(&self) -> StateGuard<'_> {
+        StateGuard {
+            shared: self,
+            guard: Some(self.state.lock().unwrap_or_else(|e| e.into_inner())),
+        }
+    }
+
+    fn try_lock(&self) -> Option<MutexGuard<'_, State>> {
+        match self.state.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Takes transports' events without waiting for the state lock: they
+    /// are queued, and handled now if the lock is free, else by its holder
+    /// before it releases the lock.
+    pub(crate) fn deliver(&self, events: &mut Vec<TransportEvent>) {
+        for ev in events.drain(..) {
+            self.intake.push(ev);
+        }
+        // Pairs with the fence in `StateGuard::drop`: either the holder
+        // sees these events after releasing, or this try_lock sees the
+        // lock released.
+        fence(Ordering::SeqCst);
+        if let Some(g) = self.try_lock() {
+            release(self, g);
+        }
+    }
+
+    /// Sleeps (holding no lock) for up to `wait`, or until the engine
+    /// stops.
+    pub(crate) fn sleep(&self, wait: Duration) {
+        let (lock, cv) = &self.bell;
+        let g = lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let _ = cv.wait_timeout(g, wait);
+    }
+
+    /// Stops the sleepers: sets `stop` and rings the bell.
+    pub(crate) fn ring_stop(&self) {
+        let (lock, cv) = &self.bell;
+        let _g = lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.stop.store(true, Ordering::Release);
+        cv.notify_all();
     }
 
     pub(crate) fn peer_table(&self) -> MutexGuard<'_, PeerTable> {
         self.peer_table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Wakes the waiters if a pump under `st` completed work while posting
-    /// it (no transport thread delivered those events, so no one else
-    /// wakes them).
-    pub(crate) fn wake_if_completed_inline(&self, st: &mut State) {
-        if std::mem::take(&mut st.completed_inline) {
-            self.cond.notify_all();
-        }
-    }
-
     /// A fresh session id for the peer table, unique in this engine.
     pub(crate) fn new_session_id(&self) -> wire::SessionId {
         wire::SessionId(self.next_session.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// The state lock, held. Dropping it handles every queued event (one pump
+/// per drained batch), releases the lock, wakes the threads whose outcomes
+/// arrived, and drains again if events came in meanwhile and the lock is
+/// free.
+pub(crate) struct StateGuard<'a> {
+    shared: &'a Shared,
+    /// Invariant: `Some` until dropped.
+    guard: Option<MutexGuard<'a, State>>,
+}
+
+impl std::ops::Deref for StateGuard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        self.guard
+            .as_deref()
+            .expect("a StateGuard holds its lock until dropped")
+    }
+}
+
+impl std::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.guard
+            .as_deref_mut()
+            .expect("a StateGuard holds its lock until dropped")
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(g) = self.guard.take() {
+            release(self.shared, g);
+        }
+    }
+}
+
+/// Drains the intake into the held state, releases the lock, wakes the
+/// waiters; repeats while events arrived after the release and the lock
+/// is free.
+fn release<'a>(shared: &'a Shared, mut g: MutexGuard<'a, State>) {
+    let mut wake = Vec::new();
+    loop {
+        if !shared.intake.is_empty() {
+            g.intake(&shared.intake, Instant::now());
+        }
+        g.outcomes.take_wakeups(&mut wake);
+        drop(g);
+        for t in wake.drain(..) {
+            t.unpark();
+        }
+        // Pairs with the fence in `Shared::deliver`.
+        fence(Ordering::SeqCst);
+        if shared.intake.is_empty() {
+            return;
+        }
+        match shared.try_lock() {
+            Some(next) => g = next,
+            None => return,
+        }
+    }
+}
+
+/// The queue of events delivered while the state lock was busy: an
+/// unbounded lock-free channel whose both ends the engine holds.
+#[derive(Debug)]
+pub(crate) struct Intake {
+    tx: crossbeam_channel::Sender<TransportEvent>,
+    rx: crossbeam_channel::Receiver<TransportEvent>,
+}
+
+impl Intake {
+    pub(super) fn new() -> Self {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        Self { tx, rx }
+    }
+
+    fn push(&self, ev: TransportEvent) {
+        // Cannot fail: the receiver lives as long as the sender.
+        let _ = self.tx.send(ev);
+    }
+
+    pub(super) fn pop(&self) -> Option<TransportEvent> {
+        self.rx.try_recv().ok()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.rx.is_empty()
     }
 }

@@ -56,16 +56,17 @@ impl TransferEngine {
             st.pump(now);
         }
         // Wait for the flushes to drain (pollers still run).
-        let mut st = self.lock();
-        while st.core.outstanding_slices() > 0 && Instant::now() < deadline {
-            st = self
-                .shared
-                .cond
-                .wait_timeout(st, Duration::from_millis(5))
-                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
-        }
-        let undrained = st.core.outstanding_slices();
-        drop(st);
+        let undrained = loop {
+            let mut st = self.lock();
+            let undrained = st.core.outstanding_slices();
+            let now = Instant::now();
+            if undrained == 0 || now >= deadline {
+                break undrained;
+            }
+            st.outcomes.await_drain();
+            drop(st);
+            std::thread::park_timeout((deadline - now).min(Duration::from_millis(5)));
+        };
         self.stop_threads();
         let mut st = self.lock();
         let mut failures = Vec::new();
@@ -139,8 +140,7 @@ impl TransferEngine {
         self.shared.stop.store(true, Ordering::Release);
         crate::staging::cancel_all(&mut self.lock());
         self.shared.staging.stop_all();
-        self.shared.cond.notify_all();
-        self.shared.timer.notify_all();
+        self.shared.ring_stop();
         let threads = std::mem::take(
             &mut *self
                 .shared

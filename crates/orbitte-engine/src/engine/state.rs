@@ -12,7 +12,6 @@ use super::Tables;
 use crate::core::Core;
 use crate::error::Unquiesced;
 use crate::nic::Initialized;
-use crate::outcome::{Outcome, RequestId};
 use crate::registration::{Charges, Ledger};
 use crate::transport::rdma::RdmaTransport;
 use crate::transport::{MarkerFate, RailId, RailSpec, Transport, TransportEvent, WorkItem};
@@ -40,7 +39,8 @@ pub(crate) struct State {
     pub(crate) init: Option<Initialized>,
     /// NIC IDs in affinity order (best first) for host memory.
     pub(crate) nic_order: Vec<u32>,
-    pub(crate) outcomes: HashMap<RequestId, Outcome>,
+    /// Outcomes not taken yet, and the threads waiting for them.
+    pub(crate) outcomes: super::waiters::Outcomes,
     pub(crate) unquiesced: Vec<Unquiesced>,
     /// Closed rdma rails waiting for their flushed work to drain before
     /// their queue pair is destroyed.
@@ -56,11 +56,10 @@ pub(crate) struct State {
     pub(super) work: Vec<WorkItem>,
     /// Events of work the transports executed while it was posted.
     pub(super) done: Vec<TransportEvent>,
-    /// Whether a pump completed work while posting it since the last
-    /// [`Shared::wake_if_completed_inline`](super::Shared::wake_if_completed_inline):
-    /// its outcomes may be another thread's.
-    pub(super) completed_inline: bool,
     pub(super) rotor: usize,
+    /// Undrained slices at the end of the last pump (drain waiters wake
+    /// when it changes).
+    pub(super) last_outstanding: u64,
 }
 
 impl std::fmt::Debug for State {
@@ -86,7 +85,6 @@ impl State {
             }
             // Work the transports executed while posting; its completions
             // may free rail slots for more work.
-            self.completed_inline = true;
             for ev in done.drain(..) {
                 self.core.handle_event(now, ev);
             }
@@ -95,6 +93,19 @@ impl State {
         self.done = done;
         self.flush_and_reap(now);
         crate::notify::collect_outcomes(self);
+        let outstanding = self.core.outstanding_slices();
+        if outstanding != self.last_outstanding {
+            self.last_outstanding = outstanding;
+            self.outcomes.slices_released();
+        }
+    }
+
+    /// Handles every event queued on the intake, then pumps once.
+    pub(super) fn intake(&mut self, queue: &super::shared::Intake, now: Instant) {
+        while let Some(ev) = queue.pop() {
+            self.core.handle_event(now, ev);
+        }
+        self.pump(now);
     }
 
     /// Posts `work` rail by rail; events of work executed while posting go

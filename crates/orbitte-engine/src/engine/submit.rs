@@ -165,7 +165,6 @@ impl TransferEngine {
             crate::notify::track(st, &ids, armed);
         }
         st.pump(now);
-        self.shared.wake_if_completed_inline(st);
         Ok(ids)
     }
 }

@@ -15,32 +15,41 @@ impl TransferEngine {
 
     /// Waits for the outcome. Every request gets one by its request
     /// timeout, so a `timeout` longer than that always returns it.
+    ///
+    /// The thread parks under the request's id and wakes when its outcome
+    /// arrives (not at every other request's), or when a deadline of the
+    /// core is due, which it then expires itself.
     pub fn wait(&self, id: RequestId, timeout: Duration) -> Result<Outcome, WaitError> {
         let deadline = Instant::now() + timeout;
-        let mut st = self.lock();
         loop {
+            let mut st = self.lock();
             if let Some(o) = st.outcomes.remove(&id) {
                 return Ok(o);
             }
             let now = Instant::now();
-            st.core.handle_timeout(now);
-            st.pump(now);
-            self.shared.wake_if_completed_inline(&mut st);
-            if let Some(o) = st.outcomes.remove(&id) {
-                return Ok(o);
+            let next_timer = st.core.poll_timeout();
+            if next_timer.is_some_and(|t| t <= now) {
+                st.core.handle_timeout(now);
+                st.pump(now);
+                if let Some(o) = st.outcomes.remove(&id) {
+                    st.outcomes.forget_waiter(id);
+                    return Ok(o);
+                }
             }
             if !st.core.is_pending(id) && !st.notify.holds(id) && !st.staged.is_pending(id) {
+                st.outcomes.forget_waiter(id);
                 return Err(WaitError::Unknown(id));
             }
             if now >= deadline {
+                st.outcomes.forget_waiter(id);
                 return Err(WaitError::TimedOut(id));
             }
-            let step = (deadline - now).min(Duration::from_millis(20));
-            st = self
-                .shared
-                .cond
-                .wait_timeout(st, step)
-                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
+            st.outcomes.await_outcome(id);
+            let until = next_timer
+                .filter(|t| *t > now)
+                .map_or(deadline, |t| t.min(deadline));
+            drop(st);
+            std::thread::park_timeout(until.saturating_duration_since(now));
         }
     }
 
@@ -67,8 +76,6 @@ impl TransferEngine {
         let now = Instant::now();
         let done = st.core.cancel(now, id);
         st.pump(now);
-        drop(st);
-        self.shared.cond.notify_all();
         done
     }
 
@@ -83,12 +90,11 @@ impl TransferEngine {
     /// its slices are flushed, which ends the wait on a working device.
     pub fn wait_drain(&self, id: RequestId, timeout: Duration) -> Result<(), DrainTimeout> {
         let deadline = Instant::now() + timeout;
-        let mut st = self.lock();
         loop {
+            let mut st = self.lock();
             let now = Instant::now();
             st.core.handle_timeout(now);
             st.pump(now);
-            self.shared.wake_if_completed_inline(&mut st);
             let status = crate::staging::drain_status(&mut st, id)
                 .unwrap_or_else(|| st.core.drain_status(id));
             match status {
@@ -101,12 +107,17 @@ impl TransferEngine {
                 }
                 DrainStatus::Pending { .. } => {}
             }
-            let step = (deadline - now).min(Duration::from_millis(20));
-            st = self
-                .shared
-                .cond
-                .wait_timeout(st, step)
-                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
+            // Woken when slices are released; cuda-staging lanes drain
+            // without the core, so look again at least every 20 ms.
+            st.outcomes.await_drain();
+            let until = st
+                .core
+                .poll_timeout()
+                .filter(|t| *t > now)
+                .map_or(deadline, |t| t.min(deadline))
+                .min(now + Duration::from_millis(20));
+            drop(st);
+            std::thread::park_timeout(until.saturating_duration_since(now));
         }
     }
 }

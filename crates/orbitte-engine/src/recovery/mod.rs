@@ -71,7 +71,6 @@ pub(crate) fn recovery_loop(shared: &Arc<Shared>) {
                 engine.attempt_recovery(rail, attempt);
             }
             drop(engine);
-            shared.cond.notify_all();
             st = shared.lock();
             continue;
         }
@@ -82,10 +81,9 @@ pub(crate) fn recovery_loop(shared: &Arc<Shared>) {
                 t.saturating_duration_since(now)
             })
             .clamp(Duration::from_millis(1), Duration::from_millis(50));
-        st = shared
-            .timer
-            .wait_timeout(st, wait)
-            .map_or_else(|e| e.into_inner().0, |(g, _)| g);
+        drop(st);
+        shared.sleep(wait);
+        st = shared.lock();
     }
 }
 

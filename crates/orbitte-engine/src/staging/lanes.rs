@@ -509,8 +509,8 @@ impl Pool {
             st.idle += 1;
             drop(st);
             drop(job);
-            // Let waiters see the lane back.
-            shared.cond.notify_all();
+            // Let drain waiters see the lane back.
+            shared.lock().outcomes.slices_released();
         }
     }
 }

@@ -69,8 +69,6 @@ pub(super) fn publish(shared: &Shared, id: RequestId, done: Finished) {
     let mut outcome = done.outcome;
     outcome.drain = super::table::drain_status(&mut st, id).unwrap_or(DrainStatus::Drained);
     st.outcomes.insert(id, outcome);
-    drop(st);
-    shared.cond.notify_all();
 }
 
 struct Runner<'a> {
