@@ -21,10 +21,10 @@
 
 mod rail;
 mod request;
+mod timers;
 
 use std::any::Any;
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,7 @@ use crate::transport::{
 
 use rail::Rail;
 use request::Req;
+use timers::{Deadline, TimerKind, Timers};
 
 /// Settings of the core.
 #[derive(Debug, Clone, Copy)]
@@ -120,12 +121,6 @@ struct SliceSlot {
     len: u32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum TimerKind {
-    Request,
-    Drain,
-}
-
 /// The sans-IO transfer core. See the module docs for the calling order.
 pub struct Core {
     config: CoreConfig,
@@ -136,7 +131,7 @@ pub struct Core {
     free_slices: Vec<u32>,
     /// Rails that may have work to post (deduplicated by `Rail::queued`).
     ready: Vec<u32>,
-    timers: BinaryHeap<Reverse<(Instant, TimerKind, u32, u32)>>,
+    timers: Timers,
     outcomes: VecDeque<Outcome>,
     flush: VecDeque<RailId>,
     fence: Option<Arc<str>>,
@@ -183,7 +178,7 @@ impl Core {
             slices: Vec::new(),
             free_slices: Vec::new(),
             ready: Vec::new(),
-            timers: BinaryHeap::new(),
+            timers: Timers::default(),
             outcomes: VecDeque::new(),
             flush: VecDeque::new(),
             fence: None,
@@ -375,7 +370,7 @@ impl Core {
                 }
             }
             self.timers
-                .push(Reverse((deadline, TimerKind::Request, slot, generation)));
+                .push(TimerKind::Request, deadline, slot, generation);
             self.live += 1;
             let id = id_of(slot, generation);
             tracing::trace!(%id, slices, "request admitted");
@@ -763,8 +758,7 @@ impl Core {
         tracing::debug!(id = %outcome.request, ?status, prefix, "request finished");
         if req.outstanding > 0 {
             let at = now + self.config.drain_timeout;
-            self.timers
-                .push(Reverse((at, TimerKind::Drain, slot, req.generation)));
+            self.timers.push(TimerKind::Drain, at, slot, req.generation);
         }
         self.outcomes.push_back(outcome);
     }
@@ -824,30 +818,36 @@ impl Core {
     /// The earliest instant at which [`handle_timeout`](Self::handle_timeout)
     /// has something to do.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
-        while let Some(Reverse((at, kind, slot, generation))) = self.timers.peek().copied() {
-            let req = &self.requests[slot as usize];
-            let stale = req.generation != generation
+        while let Some(d) = self.timers.peek() {
+            let req = &self.requests[d.slot as usize];
+            let stale = req.generation != d.generation
                 || !req.live
-                || match kind {
+                || match d.kind {
                     TimerKind::Request => req.finished,
                     TimerKind::Drain => req.outstanding == 0,
                 };
             if stale {
-                self.timers.pop();
+                self.timers.pop(d.kind);
                 continue;
             }
-            return Some(at);
+            return Some(d.at);
         }
         None
     }
 
     /// Expires request and drain deadlines up to `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        while let Some(Reverse((at, kind, slot, generation))) = self.timers.peek().copied() {
+        while let Some(Deadline {
+            at,
+            kind,
+            slot,
+            generation,
+        }) = self.timers.peek()
+        {
             if at > now {
                 break;
             }
-            self.timers.pop();
+            self.timers.pop(kind);
             let req = &self.requests[slot as usize];
             if req.generation != generation || !req.live {
                 continue;
