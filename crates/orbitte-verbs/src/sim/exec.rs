@@ -353,19 +353,25 @@ fn move_data(
         Some(q) => (q.pd, q.access),
         None => return Err(Responder::Access),
     };
-    let mut buf = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
     match wr.op {
         SendOp::Write { remote, imm } => {
-            remote_mr(st, t.0, tpd, taccess, remote, total, Access::REMOTE_WRITE)
-                .ok_or(Responder::Access)?;
+            let (dst, dst_off) =
+                remote_mr(st, t.0, tpd, taccess, remote, total, Access::REMOTE_WRITE)
+                    .ok_or(Responder::Access)?;
             if imm.is_some() && st.qps.get(&t).is_none_or(|q| q.rq.is_empty()) {
                 return Err(Responder::Rnr);
             }
-            gather(st, key.0, &wr.sges, &mut buf);
-            if let Some((mr, off)) =
-                remote_mr(st, t.0, tpd, taccess, remote, total, Access::REMOTE_WRITE)
-            {
-                mr.write(off, &buf);
+            // Each local SGE's bytes go straight to the next bytes of the
+            // remote range (the SGEs were checked in `execute`).
+            let mut at = dst_off;
+            for sge in wr.sges.iter() {
+                let len = sge.length() as usize;
+                if let Some(mr) = st.mrs.get(&(key.0, sge.lkey()))
+                    && let Some(off) = mr.locate(sge.addr(), len as u64)
+                {
+                    mr.copy_to(off, dst, at, len);
+                    at += len;
+                }
             }
             if let Some(imm) = imm
                 && let Some(recv) = st.qps.get_mut(&t).and_then(|q| q.rq.pop_front())
@@ -383,12 +389,25 @@ fn move_data(
             Ok(())
         }
         SendOp::Read { remote } => {
-            let (mr, off) = remote_mr(st, t.0, tpd, taccess, remote, total, Access::REMOTE_READ)
-                .ok_or(Responder::Access)?;
-            buf.resize(usize::try_from(total).unwrap_or(0), 0);
-            mr.read(off, &mut buf);
-            // The NIC keeps the qp's PD checked in `execute`.
-            scatter(st, key.0, &wr.sges, &buf);
+            let (src, mut at) =
+                remote_mr(st, t.0, tpd, taccess, remote, total, Access::REMOTE_READ)
+                    .ok_or(Responder::Access)?;
+            // The remote range fills the local SGEs in order (the NIC keeps
+            // the qp's PD checked in `execute`).
+            let mut left = usize::try_from(total).unwrap_or(0);
+            for sge in wr.sges.iter() {
+                if left == 0 {
+                    break;
+                }
+                if let Some(mr) = st.mrs.get(&(key.0, sge.lkey())) {
+                    let n = left.min(sge.length() as usize);
+                    if let Some(off) = mr.locate(sge.addr(), n as u64) {
+                        src.copy_to(at, mr, off, n);
+                    }
+                    at += n;
+                    left -= n;
+                }
+            }
             Ok(())
         }
         SendOp::Send { imm } => {
@@ -406,6 +425,7 @@ fn move_data(
             if room < total {
                 return Err(Responder::RecvLength(recv.wr_id));
             }
+            let mut buf = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
             gather(st, key.0, &wr.sges, &mut buf);
             scatter(st, t.0, &recv.sges, &buf);
             let n = u32::try_from(total).unwrap_or(u32::MAX);

@@ -463,7 +463,7 @@ impl SimFabric {
                     qpn,
                     wr_id: p.wr_id,
                     op: p.op,
-                    sges: p.sges.clone(),
+                    sges: p.sges.to_vec(),
                 })
             })
             .collect()

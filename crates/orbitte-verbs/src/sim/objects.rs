@@ -9,7 +9,7 @@ use orbitte_memory::DmaBuffer;
 
 use super::Shared;
 use super::state::{
-    CqRec, FaultState, MrRec, PendingRecv, PendingSend, QpKey, QpRec, SendFaultKind, State,
+    CqRec, FaultState, MrRec, PendingRecv, PendingSend, QpKey, QpRec, SendFaultKind, Sges, State,
 };
 use crate::backend::{ContextOps, CqOps, Destroy, MrOps, PdOps, QpOps, Transition};
 use crate::error::{
@@ -635,7 +635,7 @@ impl QpOps for SimQp {
             let pending = PendingSend {
                 wr_id: wr.wr_id,
                 op: wr.op,
-                sges: wr.sges.to_vec(),
+                sges: Sges::from_slice(wr.sges),
                 signaled: wr.signaled,
                 due,
                 seq,
@@ -696,7 +696,7 @@ impl QpOps for SimQp {
             } else {
                 qp.rq.push_back(PendingRecv {
                     wr_id: wr.wr_id,
-                    sges: wr.sges.to_vec(),
+                    sges: Sges::from_slice(wr.sges),
                 });
             }
         }

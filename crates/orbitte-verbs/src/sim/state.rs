@@ -79,6 +79,29 @@ impl MrRec {
         }
     }
 
+    /// Copies `len` bytes at `off` of this region to `dst_off` of `dst`
+    /// (the two may be the same region, even overlapping), as a NIC moves
+    /// bytes: no staging buffer. Both ranges must have been checked with
+    /// [`locate`](Self::locate).
+    pub(crate) fn copy_to(&self, off: usize, dst: &Self, dst_off: usize, len: usize) {
+        if off.checked_add(len).is_none_or(|end| end > self.len)
+            || dst_off.checked_add(len).is_none_or(|end| end > dst.len)
+        {
+            return;
+        }
+        // SAFETY: both ranges lie inside their registered regions (checked
+        // above), which lie inside their live buffers (checked at
+        // registration); DmaBuffer allows raw concurrent access; `copy`
+        // allows the ranges to overlap.
+        unsafe {
+            std::ptr::copy(
+                self.buf.as_ptr().add(self.offset + off),
+                dst.buf.as_ptr().add(dst.offset + dst_off),
+                len,
+            );
+        }
+    }
+
     /// Copies into the region (bounds as for [`read`](Self::read)).
     pub(crate) fn write(&self, off: usize, data: &[u8]) {
         if off.checked_add(data.len()).is_none_or(|end| end > self.len) {
@@ -197,11 +220,39 @@ impl FaultState {
     }
 }
 
+/// A work request's SGE list, inline when it has one entry (the common
+/// case: no allocation per posted request).
+#[derive(Debug, Clone)]
+pub(crate) enum Sges {
+    One(Sge),
+    Many(Vec<Sge>),
+}
+
+impl Sges {
+    pub(crate) fn from_slice(sges: &[Sge]) -> Self {
+        match sges {
+            [one] => Self::One(*one),
+            many => Self::Many(many.to_vec()),
+        }
+    }
+}
+
+impl std::ops::Deref for Sges {
+    type Target = [Sge];
+
+    fn deref(&self) -> &[Sge] {
+        match self {
+            Self::One(one) => std::slice::from_ref(one),
+            Self::Many(many) => many,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct PendingSend {
     pub(crate) wr_id: u64,
     pub(crate) op: SendOp,
-    pub(crate) sges: Vec<Sge>,
+    pub(crate) sges: Sges,
     pub(crate) signaled: bool,
     pub(crate) due: Duration,
     pub(crate) seq: u64,
@@ -211,7 +262,7 @@ pub(crate) struct PendingSend {
 #[derive(Debug)]
 pub(crate) struct PendingRecv {
     pub(crate) wr_id: u64,
-    pub(crate) sges: Vec<Sge>,
+    pub(crate) sges: Sges,
 }
 
 #[derive(Debug)]
