@@ -362,6 +362,109 @@ impl HostMemory {
         Ok(())
     }
 
+    /// Receives up to `len` bytes from the connected socket `socket`
+    /// straight into the range at `offset`: one `recv(2)`, the kernel's one
+    /// copy from the socket into the mapping, no page-cache detour and no
+    /// intermediate buffer. Returns how many bytes arrived (`Ok(0)`: the
+    /// peer closed its sending side). With `dont_wait`, it returns
+    /// `WouldBlock` at once instead of waiting for bytes; otherwise the
+    /// socket's receive timeout applies (`WouldBlock` when it passes).
+    ///
+    /// A range outside the memory or a read-only mapping is refused before
+    /// any system call (`InvalidInput`/`PermissionDenied`, with the
+    /// [`MemoryError`] as the source).
+    pub fn recv_from(
+        &self,
+        socket: BorrowedFd<'_>,
+        offset: usize,
+        len: usize,
+        dont_wait: bool,
+    ) -> std::io::Result<usize> {
+        self.check(offset, len)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        if !self.is_writable() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                MemoryError::ReadOnly,
+            ));
+        }
+        let flags = if dont_wait { libc::MSG_DONTWAIT } else { 0 };
+        // SAFETY: `offset..offset + len` lies inside the mapping (checked
+        // above), which stays mapped while `self` lives (type invariant)
+        // and is writable (checked above). The kernel writes into it with
+        // its user-copy routine, which reports a fault as EFAULT instead of
+        // touching anything else; no Rust reference into the mapping exists
+        // (type invariant), so the write aliases none. The fd is valid for
+        // the call (`BorrowedFd`); a non-socket fd fails with ENOTSOCK.
+        let n = unsafe {
+            libc::recv(
+                socket.as_raw_fd(),
+                self.ptr.as_ptr().add(offset).cast(),
+                len,
+                flags,
+            )
+        };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+
+    /// Sends up to `len` bytes of the range at `offset` on the connected
+    /// socket `socket`, after `head` (a frame header that goes first),
+    /// with one `sendmsg(2)` of two pieces: the kernel copies the bytes
+    /// straight out of the mapping. Returns how many bytes went out, `head`
+    /// included: the caller sends the rest of `head` and of the range
+    /// with further calls. `more` sets `MSG_MORE` (more data follows at
+    /// once: the kernel may hold a partial packet back). `SIGPIPE` is never
+    /// raised (`MSG_NOSIGNAL`); the socket's send timeout applies
+    /// (`WouldBlock` when it passes).
+    ///
+    /// A range outside the memory is refused before any system call
+    /// (`InvalidInput`, with the [`MemoryError`] as the source).
+    pub fn send_to(
+        &self,
+        socket: BorrowedFd<'_>,
+        head: &[u8],
+        offset: usize,
+        len: usize,
+        more: bool,
+    ) -> std::io::Result<usize> {
+        self.check(offset, len)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        let mut iov = [
+            libc::iovec {
+                iov_base: head.as_ptr().cast_mut().cast(),
+                iov_len: head.len(),
+            },
+            libc::iovec {
+                // SAFETY: `offset <= self.len` (checked above), so the
+                // pointer stays inside the mapping or one past its end.
+                iov_base: unsafe { self.ptr.as_ptr().add(offset) }.cast(),
+                iov_len: len,
+            },
+        ];
+        let skip = usize::from(head.is_empty());
+        // SAFETY: an all-zero msghdr is a valid empty message.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov[skip..].as_mut_ptr();
+        msg.msg_iovlen = (2 - skip) as _;
+        let mut flags = libc::MSG_NOSIGNAL;
+        if more {
+            flags |= libc::MSG_MORE;
+        }
+        // SAFETY: the iovecs name `head` (a live slice) and
+        // `offset..offset + len` of the mapping (bounds checked above,
+        // mapped while `self` lives); the kernel only reads them, with its
+        // user-copy routine (a fault is EFAULT). `msg` and `iov` outlive
+        // the call; the fd is valid for the call (`BorrowedFd`).
+        let n = unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, flags) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+
     /// Copies `len` bytes starting at `offset` into a new vector.
     pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>, MemoryError> {
         let mut v = vec![0; len];
@@ -523,6 +626,87 @@ mod tests {
             HostMemory::from_dma_buffer(ro),
             Err(MemoryError::ReadOnly)
         ));
+    }
+
+    fn read_only_view(m: &HostMemory) -> Arc<HostMemory> {
+        let fd = m.memfd().unwrap().try_clone_to_owned().unwrap();
+        HostMemory::map_shared(fd, m.len(), false).unwrap()
+    }
+
+    /// Reads exactly `n` bytes from `s`.
+    fn read_n(s: &mut std::os::unix::net::UnixStream, n: usize) -> Vec<u8> {
+        let mut got = vec![0u8; n];
+        std::io::Read::read_exact(s, &mut got).unwrap();
+        got
+    }
+
+    fn socket_pair() -> (
+        std::os::unix::net::UnixStream,
+        std::os::unix::net::UnixStream,
+    ) {
+        std::os::unix::net::UnixStream::pair().unwrap()
+    }
+
+    #[test]
+    fn recv_from_writes_the_socket_bytes_into_the_range() {
+        use std::io::Write;
+        let (mut a, b) = socket_pair();
+        let m = HostMemory::alloc(8192).unwrap();
+        a.write_all(b"hello world").unwrap();
+        let mut got = 0;
+        while got < 11 {
+            let n = m.recv_from(b.as_fd(), 4090 + got, 11 - got, false).unwrap();
+            assert!(n > 0);
+            got += n;
+        }
+        assert_eq!(m.to_vec(4090, 11).unwrap(), b"hello world");
+        assert_eq!(m.to_vec(4089, 1).unwrap(), vec![0]);
+        assert_eq!(m.to_vec(4101, 1).unwrap(), vec![0]);
+        // Nothing waiting: dont_wait returns at once.
+        let e = m.recv_from(b.as_fd(), 0, 10, true).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+        drop(a);
+        assert_eq!(m.recv_from(b.as_fd(), 0, 10, false).unwrap(), 0);
+    }
+
+    #[test]
+    fn recv_from_refuses_outside_the_range_and_read_only_memory() {
+        use std::io::Write;
+        let (mut a, b) = socket_pair();
+        a.write_all(b"xyz").unwrap();
+        let m = HostMemory::alloc(4096).unwrap();
+        let e = m.recv_from(b.as_fd(), 4095, 2, false).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(matches!(
+            e.get_ref().and_then(|s| s.downcast_ref::<MemoryError>()),
+            Some(MemoryError::OutOfBounds { .. })
+        ));
+        let e = m.recv_from(b.as_fd(), usize::MAX, 2, false).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        let ro = read_only_view(&m);
+        let e = ro.recv_from(b.as_fd(), 0, 3, false).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied);
+        // The refused calls consumed nothing.
+        assert_eq!(m.recv_from(b.as_fd(), 0, 3, false).unwrap(), 3);
+        assert_eq!(m.to_vec(0, 3).unwrap(), b"xyz");
+    }
+
+    #[test]
+    fn send_to_sends_the_head_then_the_range() {
+        let (a, mut b) = socket_pair();
+        let m = HostMemory::alloc(4096).unwrap();
+        m.write_at(100, b"payload").unwrap();
+        let n = m.send_to(a.as_fd(), b"HEAD", 100, 7, true).unwrap();
+        assert_eq!(n, 11);
+        assert_eq!(read_n(&mut b, 11), b"HEADpayload");
+        assert_eq!(m.send_to(a.as_fd(), &[], 100, 3, false).unwrap(), 3);
+        assert_eq!(read_n(&mut b, 3), b"pay");
+        let e = m.send_to(a.as_fd(), b"H", 4000, 97, false).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        // A read-only mapping can be sent from.
+        let ro = read_only_view(&m);
+        assert_eq!(ro.send_to(a.as_fd(), &[], 100, 7, false).unwrap(), 7);
+        assert_eq!(read_n(&mut b, 7), b"payload");
     }
 
     #[test]

@@ -193,6 +193,173 @@ impl FrameReader {
     }
 }
 
+/// Bytes a [`FrameBuffer`] holds for small frames; it grows past this only
+/// for a frame whose header and fixed part do not fit, as its bytes arrive.
+const FRAME_BUFFER: usize = 4 << 10;
+
+/// Reads frames from a socket through a small buffer: one `recv` brings
+/// every frame already waiting (a batch's answers or requests), and they
+/// are decoded from the buffer without a system call each. A data frame's
+/// payload is the caller's: the part that arrived in the buffer with the
+/// header is taken with [`take_payload`](Self::take_payload), the rest is
+/// received from the socket straight into its destination. The buffer is
+/// small (so little of a payload goes through it), grows only as the bytes
+/// of a larger frame arrive (at most twice what arrived) and shrinks back
+/// once that frame is decoded.
+///
+/// The socket's receive timeout is the caller's, set once: a
+/// [`fill`](Self::fill) that finds nothing within it returns `WouldBlock`,
+/// and [`overdue`](Self::overdue) tells whether a frame that started has
+/// been incomplete for longer than the frame timeout.
+#[derive(Debug)]
+pub(crate) struct FrameBuffer {
+    /// Storage; bytes `start..end` are received and not yet consumed.
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// Bytes the frame at `start` needs in the buffer (header and fixed
+    /// part), once its header arrived.
+    need: usize,
+    /// Payload bytes of the last decoded data frame not yet taken.
+    payload: u64,
+    /// When the incomplete frame at `start` was first seen.
+    partial_since: Option<Instant>,
+}
+
+impl Default for FrameBuffer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FrameBuffer {
+    /// An empty buffer.
+    pub(crate) fn new() -> Self {
+        Self {
+            buf: vec![0; FRAME_BUFFER],
+            start: 0,
+            end: 0,
+            need: HEADER_LEN,
+            payload: 0,
+            partial_since: None,
+        }
+    }
+
+    /// Decodes the next frame whose header and fixed part are buffered
+    /// (`Ok(None)`: not complete yet, [`fill`](Self::fill) next). After a
+    /// data frame, its [`payload_len`](Self::payload_len) bytes follow:
+    /// take them (buffered part and socket) before the next frame.
+    pub(crate) fn next(&mut self) -> Result<Option<Frame>, SessionError> {
+        debug_assert_eq!(self.payload, 0, "payload of the last frame not taken");
+        let avail = &self.buf[self.start..self.end];
+        let Some(head) = avail.first_chunk::<HEADER_LEN>() else {
+            return Ok(self.incomplete(HEADER_LEN));
+        };
+        let header = FrameHeader::decode(head)?;
+        let need = HEADER_LEN + header.fixed_len();
+        if avail.len() < need {
+            return Ok(self.incomplete(need));
+        }
+        let frame = orbitte_wire::decode_body(&header, &avail[HEADER_LEN..need])?;
+        self.start += need;
+        self.need = HEADER_LEN;
+        self.payload = u64::from(header.payload_len());
+        self.partial_since = None;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+            if self.buf.len() > BODY_STEP {
+                self.buf = vec![0; FRAME_BUFFER];
+            }
+        }
+        Ok(Some(frame))
+    }
+
+    fn incomplete(&mut self, need: usize) -> Option<Frame> {
+        self.need = need;
+        if self.start < self.end && self.partial_since.is_none() {
+            self.partial_since = Some(Instant::now());
+        }
+        None
+    }
+
+    /// Payload bytes of the last decoded frame still to take.
+    pub(crate) fn payload_len(&self) -> u64 {
+        self.payload
+    }
+
+    /// Takes up to `max` of the payload bytes that are already buffered
+    /// (the caller then receives the rest of the payload from the socket
+    /// and reports it with [`payload_received`](Self::payload_received)).
+    pub(crate) fn take_payload(&mut self, max: usize) -> &[u8] {
+        let n = (self.end - self.start)
+            .min(max)
+            .min(usize::try_from(self.payload).unwrap_or(usize::MAX));
+        let at = self.start;
+        self.start += n;
+        self.payload -= n as u64;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        &self.buf[at..at + n]
+    }
+
+    /// The caller received `n` payload bytes from the socket itself.
+    pub(crate) fn payload_received(&mut self, n: u64) {
+        self.payload = self.payload.saturating_sub(n);
+    }
+
+    /// Whether buffered bytes (a started frame, or payload) wait.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+
+    /// Whether a frame started and has stayed incomplete for longer than
+    /// `frame_timeout`.
+    pub(crate) fn overdue(&self, frame_timeout: Duration) -> bool {
+        self.partial_since
+            .is_some_and(|t| t.elapsed() >= frame_timeout)
+    }
+
+    /// One `recv` into the buffer (`dont_wait`: return `WouldBlock` at once
+    /// when nothing waits; otherwise the socket's receive timeout applies).
+    /// `Ok(0)`: the peer closed. Call it only while the payload of the last
+    /// frame has been taken.
+    pub(crate) fn fill(
+        &mut self,
+        sock: &impl std::os::fd::AsFd,
+        dont_wait: bool,
+    ) -> io::Result<usize> {
+        if self.start > 0 && self.buf.len() - self.end < self.need.max(HEADER_LEN) {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.end == self.buf.len() {
+            // Full with one incomplete frame larger than the buffer: grow
+            // by what arrived, up to what the frame needs.
+            let len = (self.buf.len() * 2).min(self.start + self.need.max(self.buf.len() + 1));
+            self.buf.resize(len, 0);
+        }
+        let flags = if dont_wait {
+            rustix::net::RecvFlags::DONTWAIT
+        } else {
+            rustix::net::RecvFlags::empty()
+        };
+        loop {
+            match rustix::net::recv(sock.as_fd(), &mut self.buf[self.end..], flags) {
+                Ok((n, _)) => {
+                    self.end += n;
+                    return Ok(n);
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
 /// Writes a complete frame (header + body; a data frame's payload is the
 /// caller's to send right after).
 pub(crate) fn write_frame<W: Write>(

@@ -109,8 +109,10 @@ pub struct SessionConfig {
     /// tcp requests an initiator keeps outstanding per connection
     /// (pipelining depth).
     pub max_in_flight_per_connection: u32,
-    /// Use sendfile/splice for memfd-backed memory (see
-    /// `transport::tcp::payload`); off only to test the fallback.
+    /// Send memfd-backed memory with `sendfile` (see
+    /// `transport::tcp::payload`); off: with `sendmsg` straight from the
+    /// mapping, as every other memory is sent. Received payloads always go
+    /// straight from the socket into the mapping.
     pub zero_copy: bool,
     /// Test knob: the target sleeps this long before serving each request
     /// (makes "killed mid-batch" deterministic).

@@ -428,6 +428,7 @@ impl TcpTransport {
                 item: *item,
                 local: local.clone(),
                 token,
+                answered: None,
             });
         }
         drop(state);

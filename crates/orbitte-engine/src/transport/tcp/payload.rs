@@ -1,54 +1,58 @@
 //! Moving payload bytes between a socket and [`HostMemory`] without an
-//! intermediate buffer per operation.
+//! intermediate buffer.
 //!
-//! memfd-backed memory (what [`HostMemory::alloc`] makes) goes through the
-//! kernel: `sendfile(2)` from the memfd into the socket, and `splice(2)` from
-//! the socket through a pipe into the memfd. The bytes are copied once, by
-//! the kernel, exactly as a raw socket `send`/`recv` would. Other memory
-//! (caller-owned, or a peer's mapping) goes through one scratch buffer that
-//! the connection keeps for its whole life, so no operation allocates.
+//! Received payloads go straight from the socket into the mapped range
+//! ([`HostMemory::recv_from`]: one `recv(2)`, the kernel's one copy).
+//! Sent payloads go out of the mapped range with the frame header in front
+//! ([`HostMemory::send_to`]: one `sendmsg(2)`), or, for memfd-backed
+//! memory with `zero_copy`, with `sendfile(2)` from the memfd after the
+//! header. Only a refused WRITE's payload, which must be read and dropped,
+//! goes through a scratch buffer that the connection keeps for its life.
 //!
-//! Every call works on a blocking socket. Without a deadline the caller's
-//! read/write timeouts apply per system call; with one, every call re-arms
-//! the socket timeout to the time left, so the whole operation ends by the
-//! deadline however the peer paces its reads or writes. A timeout comes back
-//! as `WouldBlock`/`TimedOut`.
+//! Every call works on a blocking socket whose timeouts the connection set
+//! once (no `setsockopt` per call). Without a deadline a timeout of the
+//! socket ends the operation (`WouldBlock`); with one, the operation
+//! carries on across socket timeouts until the deadline, so the whole
+//! operation ends by the deadline (within one socket timeout) however the
+//! peer paces its reads or writes, and a timeout past it is `TimedOut`.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::TcpStream;
-use std::os::fd::{AsFd, OwnedFd};
-use std::time::{Duration, Instant};
+use std::os::fd::AsFd;
+use std::time::Instant;
 
 use orbitte_memory::HostMemory;
-use rustix::pipe::SpliceFlags;
 
-/// Scratch size for memory that has no memfd, and the pipe size for splice.
+/// Largest piece one `sendfile` call moves, and the scratch size.
 const CHUNK: usize = 1 << 20;
 
-/// Which socket timeout a deadline re-arms.
-#[derive(Clone, Copy)]
-enum Dir {
-    Send,
-    Recv,
+/// Whether a failed call may be retried: interrupted, or a socket timeout
+/// before `deadline`. A socket timeout past the deadline (or without one)
+/// becomes the operation's error.
+fn retry(e: io::Error, deadline: Option<Instant>) -> io::Result<()> {
+    match e.kind() {
+        io::ErrorKind::Interrupted => Ok(()),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => match deadline {
+            Some(d) if Instant::now() < d => Ok(()),
+            Some(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "payload not moved within its deadline",
+            )),
+            None => Err(e),
+        },
+        _ => Err(e),
+    }
 }
 
-/// Sets the socket timeout of `dir` to the time left before `deadline`
-/// (nothing without a deadline); past it, `TimedOut`.
-fn arm(sock: &TcpStream, deadline: Option<Instant>, dir: Dir) -> io::Result<()> {
-    let Some(deadline) = deadline else {
-        return Ok(());
-    };
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(io::Error::new(
+/// `TimedOut` once `deadline` passed (checked between system calls that
+/// made progress: a peer that trickles bytes is cut off as well).
+fn past(deadline: Option<Instant>) -> io::Result<()> {
+    match deadline {
+        Some(d) if Instant::now() >= d => Err(io::Error::new(
             io::ErrorKind::TimedOut,
             "payload not moved within its deadline",
-        ));
-    }
-    let left = Some(left.max(Duration::from_millis(1)));
-    match dir {
-        Dir::Send => sock.set_write_timeout(left),
-        Dir::Recv => sock.set_read_timeout(left),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -56,10 +60,8 @@ fn arm(sock: &TcpStream, deadline: Option<Instant>, dir: Dir) -> io::Result<()> 
 #[derive(Debug)]
 pub(crate) struct PayloadIo {
     scratch: Vec<u8>,
-    /// (read end, write end), made on first use.
-    pipe: Option<(OwnedFd, OwnedFd)>,
-    /// Whether the zero-copy syscalls may be used (tests turn it off to
-    /// cover the scratch-buffer path).
+    /// Whether memfd-backed memory is sent with `sendfile` (otherwise with
+    /// `sendmsg` from the mapping; tests cover both).
     zero_copy: bool,
 }
 
@@ -67,66 +69,56 @@ impl PayloadIo {
     pub(crate) fn new(zero_copy: bool) -> Self {
         Self {
             scratch: Vec::new(),
-            pipe: None,
             zero_copy,
         }
     }
 
-    fn scratch(&mut self) -> &mut [u8] {
-        if self.scratch.is_empty() {
-            self.scratch = vec![0; CHUNK];
-        }
-        &mut self.scratch
-    }
-
-    /// Writes `mem[offset..offset + len]` to `sock`, all of it by
-    /// `deadline` when one is given.
+    /// Writes `head` and then `mem[offset..offset + len]` to `sock`, all
+    /// of it by `deadline` when one is given.
     pub(crate) fn send(
         &mut self,
         sock: &TcpStream,
+        head: &[u8],
         mem: &HostMemory,
         offset: u64,
         len: usize,
         deadline: Option<Instant>,
     ) -> io::Result<()> {
-        check(mem, offset, len)?;
+        let offset = check(mem, offset, len)?;
         if self.zero_copy
+            && len > 0
             && let Some(fd) = mem.memfd()
         {
-            let mut off = offset;
-            let end = offset + len as u64;
+            send_all(sock, head, true, deadline)?;
+            let mut off = offset as u64;
+            let end = off + len as u64;
             while off < end {
                 let want = usize::try_from(end - off)
                     .unwrap_or(usize::MAX)
                     .min(CHUNK * 4);
-                arm(sock, deadline, Dir::Send)?;
                 match rustix::fs::sendfile(sock.as_fd(), fd, Some(&mut off), want) {
                     Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                    Ok(_) if off < end => past(deadline)?,
                     Ok(_) => {}
-                    Err(rustix::io::Errno::INTR) => {}
-                    Err(e) => return Err(e.into()),
+                    Err(e) => retry(e.into(), deadline)?,
                 }
             }
             return Ok(());
         }
-        let mut done = 0usize;
-        let mut sock = sock;
-        while done < len {
-            let n = (len - done).min(CHUNK);
-            let buf = &mut self.scratch()[..n];
-            mem.read_at(offset as usize + done, buf)
-                .map_err(io::Error::other)?;
-            let mut sent = 0;
-            while sent < n {
-                arm(sock, deadline, Dir::Send)?;
-                match sock.write(&buf[sent..]) {
-                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                    Ok(m) => sent += m,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
+        let (mut head, mut off, end) = (head, offset, offset + len);
+        while !head.is_empty() || off < end {
+            match mem.send_to(sock.as_fd(), head, off, end - off, false) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    let from_head = n.min(head.len());
+                    head = &head[from_head..];
+                    off += n - from_head;
+                    if off < end {
+                        past(deadline)?;
+                    }
                 }
+                Err(e) => retry(e, deadline)?,
             }
-            done += n;
         }
         Ok(())
     }
@@ -141,77 +133,21 @@ impl PayloadIo {
         len: usize,
         deadline: Option<Instant>,
     ) -> io::Result<()> {
-        check(mem, offset, len)?;
-        if !mem.is_writable() {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                "memory is read-only",
-            ));
-        }
-        if self.zero_copy
-            && let Some(fd) = mem.memfd()
-        {
-            if self.pipe.is_none() {
-                let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-                // Best effort: a larger pipe means fewer syscalls.
-                let _ = rustix::pipe::fcntl_setpipe_size(&w, CHUNK);
-                self.pipe = Some((r, w));
-            }
-            let Some((r, w)) = &self.pipe else {
-                unreachable!("pipe made above")
-            };
-            let mut out_off = offset;
-            let mut left = len;
-            while left > 0 {
-                arm(sock, deadline, Dir::Recv)?;
-                let n = match rustix::pipe::splice(
-                    sock.as_fd(),
-                    None,
-                    w,
-                    None,
-                    left.min(CHUNK),
-                    SpliceFlags::MOVE,
-                ) {
-                    Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                    Ok(n) => n,
-                    Err(rustix::io::Errno::INTR) => continue,
-                    Err(rustix::io::Errno::AGAIN) => return Err(io::ErrorKind::WouldBlock.into()),
-                    Err(e) => return Err(e.into()),
-                };
-                // Drain the pipe into the memfd completely before the next
-                // socket read, so the pipe never holds bytes across an error.
-                let mut in_pipe = n;
-                while in_pipe > 0 {
-                    match rustix::pipe::splice(
-                        r,
-                        None,
-                        fd,
-                        Some(&mut out_off),
-                        in_pipe,
-                        SpliceFlags::MOVE,
-                    ) {
-                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                        Ok(m) => in_pipe -= m,
-                        Err(rustix::io::Errno::INTR) => {}
-                        Err(e) => {
-                            // The pipe holds unread bytes now: drop it.
-                            self.pipe = None;
-                            return Err(e.into());
-                        }
+        let (mut off, end) = {
+            let o = check(mem, offset, len)?;
+            (o, o + len)
+        };
+        while off < end {
+            match mem.recv_from(sock.as_fd(), off, end - off, false) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    off += n;
+                    if off < end {
+                        past(deadline)?;
                     }
                 }
-                left -= n;
+                Err(e) => retry(e, deadline)?,
             }
-            return Ok(());
-        }
-        let mut done = 0usize;
-        while done < len {
-            let n = (len - done).min(CHUNK);
-            let buf = &mut self.scratch()[..n];
-            read_exact_by(sock, buf, deadline)?;
-            mem.write_at(offset as usize + done, buf)
-                .map_err(io::Error::other)?;
-            done += n;
         }
         Ok(())
     }
@@ -224,45 +160,72 @@ impl PayloadIo {
         len: u64,
         deadline: Option<Instant>,
     ) -> io::Result<()> {
+        if self.scratch.is_empty() {
+            self.scratch = vec![0; CHUNK];
+        }
         let mut left = len;
         while left > 0 {
             let n = usize::try_from(left).unwrap_or(usize::MAX).min(CHUNK);
-            let buf = &mut self.scratch()[..n];
-            read_exact_by(sock, buf, deadline)?;
-            left -= n as u64;
+            match rustix::net::recv(
+                sock.as_fd(),
+                &mut self.scratch[..n],
+                rustix::net::RecvFlags::empty(),
+            ) {
+                Ok((0, _)) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok((m, _)) => {
+                    left -= m as u64;
+                    if left > 0 {
+                        past(deadline)?;
+                    }
+                }
+                Err(e) => retry(e.into(), deadline)?,
+            }
         }
         Ok(())
     }
 }
 
-/// `read_exact` with the deadline re-armed before every read.
-fn read_exact_by(sock: &TcpStream, buf: &mut [u8], deadline: Option<Instant>) -> io::Result<()> {
-    let mut sock = sock;
-    if deadline.is_none() {
-        return sock.read_exact(buf);
-    }
-    let mut done = 0;
-    while done < buf.len() {
-        arm(sock, deadline, Dir::Recv)?;
-        match sock.read(&mut buf[done..]) {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+/// Sends all of `bytes`, by `deadline` when given; `more`: more data
+/// follows at once (`MSG_MORE`: the bytes may wait to share a packet).
+pub(crate) fn send_all(
+    sock: &TcpStream,
+    mut bytes: &[u8],
+    more: bool,
+    deadline: Option<Instant>,
+) -> io::Result<()> {
+    use rustix::net::SendFlags;
+    let flags = if more {
+        SendFlags::NOSIGNAL | SendFlags::MORE
+    } else {
+        SendFlags::NOSIGNAL
+    };
+    while !bytes.is_empty() {
+        match rustix::net::send(sock.as_fd(), bytes, flags) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                bytes = &bytes[n..];
+                if !bytes.is_empty() {
+                    past(deadline)?;
+                }
+            }
+            Err(e) => retry(e.into(), deadline)?,
         }
     }
     Ok(())
 }
 
-fn check(mem: &HostMemory, offset: u64, len: usize) -> io::Result<()> {
+/// Checks the range and returns its offset as `usize`.
+fn check(mem: &HostMemory, offset: u64, len: usize) -> io::Result<usize> {
     let off = usize::try_from(offset).map_err(|_| io::Error::other("offset overflows usize"))?;
-    mem.check(off, len).map_err(io::Error::other)
+    mem.check(off, len).map_err(io::Error::other)?;
+    Ok(off)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::net::TcpListener;
+    use std::sync::Arc;
 
     fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -271,30 +234,39 @@ mod tests {
         (a, b)
     }
 
-    fn roundtrip(zero_copy: bool, raw_dst: bool) {
-        let (a, b) = pair();
-        let src = HostMemory::alloc(3 * CHUNK + 17).unwrap();
-        for i in 0..src.len() / 4096 {
-            src.fill(i * 4096, 4096, (i % 251) as u8).unwrap();
-        }
-        let dst = if raw_dst {
-            let fd = HostMemory::alloc(3 * CHUNK + 17).unwrap();
-            // A peer mapping has no memfd of its own: exercises the scratch path.
+    /// Sends a head and `3 * CHUNK` bytes from `src` (memfd-backed, or a
+    /// peer mapping of one with `mapped_src`) and receives them into `dst`
+    /// (likewise), checking every byte.
+    fn roundtrip(zero_copy: bool, mapped_src: bool, mapped_dst: bool) {
+        let mapping = |m: Arc<HostMemory>| {
             HostMemory::map_shared(
-                fd.memfd().unwrap().try_clone_to_owned().unwrap(),
-                fd.len(),
+                m.memfd().unwrap().try_clone_to_owned().unwrap(),
+                m.len(),
                 true,
             )
             .unwrap()
-        } else {
-            HostMemory::alloc(3 * CHUNK + 17).unwrap()
         };
+        let (a, b) = pair();
+        let mut src = HostMemory::alloc(3 * CHUNK + 17).unwrap();
+        for i in 0..src.len() / 4096 {
+            src.fill(i * 4096, 4096, (i % 251) as u8).unwrap();
+        }
+        if mapped_src {
+            src = mapping(src);
+        }
+        let mut dst = HostMemory::alloc(3 * CHUNK + 17).unwrap();
+        if mapped_dst {
+            dst = mapping(dst);
+        }
         let len = 3 * CHUNK;
         let t = std::thread::spawn(move || {
             let mut io = PayloadIo::new(zero_copy);
-            io.send(&a, &src, 17, len, None).unwrap();
+            io.send(&a, b"HDR", &src, 17, len, None).unwrap();
             src
         });
+        let mut head = [0u8; 3];
+        io::Read::read_exact(&mut &b, &mut head).unwrap();
+        assert_eq!(&head, b"HDR");
         let mut io = PayloadIo::new(zero_copy);
         io.recv(&b, &dst, 5, len, None).unwrap();
         let src = t.join().unwrap();
@@ -303,14 +275,40 @@ mod tests {
     }
 
     #[test]
-    fn zero_copy_roundtrip_moves_exact_bytes() {
-        roundtrip(true, false);
+    fn sendfile_roundtrip_moves_exact_bytes() {
+        roundtrip(true, false, false);
     }
 
     #[test]
-    fn scratch_roundtrip_moves_exact_bytes() {
-        roundtrip(false, false);
-        roundtrip(true, true);
+    fn sendmsg_roundtrip_moves_exact_bytes() {
+        roundtrip(false, false, false);
+        // A peer mapping has no memfd of its own: sent with sendmsg.
+        roundtrip(true, true, true);
+    }
+
+    #[test]
+    fn a_deadline_outlasts_socket_timeouts_and_then_ends_the_receive() {
+        let (a, b) = pair();
+        b.set_read_timeout(Some(std::time::Duration::from_millis(20)))
+            .unwrap();
+        let m = HostMemory::alloc(4096).unwrap();
+        let mut io = PayloadIo::new(true);
+        // Without a deadline, the socket's timeout ends it.
+        let e = io.recv(&b, &m, 0, 10, None).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        // With one, bytes that come after several socket timeouts count.
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            io::Write::write_all(&mut &a, b"0123456789").unwrap();
+            a
+        });
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        io.recv(&b, &m, 0, 10, Some(deadline)).unwrap();
+        assert_eq!(m.to_vec(0, 10).unwrap(), b"0123456789");
+        let _a = t.join().unwrap();
+        // Past the deadline, a socket timeout ends it as TimedOut.
+        let e = io.recv(&b, &m, 0, 10, Some(Instant::now())).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
     }
 
     #[test]
@@ -318,7 +316,7 @@ mod tests {
         let (a, _b) = pair();
         let m = HostMemory::alloc(4096).unwrap();
         let mut io = PayloadIo::new(true);
-        assert!(io.send(&a, &m, 4000, 100, None).is_err());
+        assert!(io.send(&a, b"h", &m, 4000, 100, None).is_err());
         assert!(io.recv(&a, &m, u64::MAX, 1, None).is_err());
     }
 }

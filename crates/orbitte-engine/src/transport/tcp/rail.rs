@@ -2,11 +2,25 @@
 //! requests (up to the in-flight bound) and a reader thread that matches
 //! answers, moves READ payloads into local memory and reports completions.
 //!
+//! The writer sends everything queued at once: the requests it takes in one
+//! go share system calls (READ requests and notifications are gathered into
+//! one `send`, a WRITE's header goes out in the `sendmsg` of its payload).
+//! The reader receives through a small buffer ([`FrameBuffer`]), so one
+//! `recv` brings every answer that waits, and it hands every answer of such
+//! a burst to the engine in one delivery, just before it would wait for
+//! more. A READ's payload goes from the socket straight into the local
+//! range (`recv` into the mapping). Socket timeouts are set once per
+//! connection.
+//!
 //! Answers are matched to requests by request id (docs/protocol.md: a
 //! peer may answer in any order; ours serves a connection in order, so the
 //! match is usually at the front of the in-flight list). An answer that
 //! names no request in flight, or the wrong operation, is a protocol error
-//! that takes the rail down.
+//! that takes the rail down. Completions are reported in the order the
+//! requests were sent, whatever the order of the answers (an answer that
+//! overtook earlier ones is held, its bytes in place, until those are
+//! answered): a rail's completions reach the engine in posting order, as
+//! on every other path.
 //!
 //! When the rail goes down (socket error, peer error frame, no answer within
 //! `io_timeout` while requests are outstanding, or a flush), the reader
@@ -22,10 +36,9 @@ use std::time::{Duration, Instant};
 use orbitte_memory::HostMemory;
 use orbitte_wire::{AccessToken, Frame, RangeId, ReadRequest, RequestId, Status, WriteRequest};
 
-use super::payload::PayloadIo;
-use super::serve::send_more as send_header_more;
-use crate::session::io::{FrameReader, write_frame};
-use crate::session::{SessionConfig, SessionError};
+use super::payload::{PayloadIo, send_all};
+use crate::session::SessionConfig;
+use crate::session::io::FrameBuffer;
 use crate::transport::{
     EventSink, Op, RailId, SliceFailure, SliceStatus, TransportEvent, WorkItem,
 };
@@ -42,6 +55,9 @@ pub(crate) struct Job {
     pub(crate) item: WorkItem,
     pub(crate) local: Arc<HostMemory>,
     pub(crate) token: AccessToken,
+    /// In flight: the outcome of its answer, once the answer (and a READ's
+    /// payload) arrived, until the jobs sent before it are answered too.
+    pub(crate) answered: Option<SliceStatus>,
 }
 
 #[derive(Debug)]
@@ -101,17 +117,7 @@ impl Rail {
             .spawn(move || writer(r1, w_stream, zero_copy))?;
         std::thread::Builder::new()
             .name(format!("orbitte-tcp-r{}", id.0))
-            .spawn(move || {
-                reader(
-                    r2,
-                    stream,
-                    zero_copy,
-                    frame_timeout,
-                    io_timeout,
-                    sink,
-                    on_segment,
-                )
-            })?;
+            .spawn(move || reader(r2, stream, frame_timeout, io_timeout, sink, on_segment))?;
         Ok(rail)
     }
 
@@ -167,11 +173,12 @@ impl Rail {
     }
 }
 
-fn writer(rail: Arc<Rail>, mut stream: TcpStream, zero_copy: bool) {
+fn writer(rail: Arc<Rail>, stream: TcpStream, zero_copy: bool) {
     let mut io = PayloadIo::new(zero_copy);
-    let mut scratch = Vec::with_capacity(64);
+    let mut out = Vec::with_capacity(1024);
+    let mut jobs = Vec::new();
     loop {
-        let job = {
+        {
             let mut st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
             loop {
                 if st.down.is_some() {
@@ -186,55 +193,20 @@ fn writer(rail: Arc<Rail>, mut stream: TcpStream, zero_copy: bool) {
                 }
                 st = rail.cv.wait(st).unwrap_or_else(|p| p.into_inner());
             }
-            if let Some(note) = st.notes.pop_front() {
-                drop(st);
-                if let Err(e) = std::io::Write::write_all(&mut stream, &note) {
-                    rail.fail(&format!("sending a notification failed: {e}"), false);
-                    let mut st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
-                    st.writer_done = true;
-                    rail.cv.notify_all();
-                    return;
-                }
-                continue;
+            out.clear();
+            for note in st.notes.drain(..) {
+                out.extend_from_slice(&note);
             }
-            let Some(job) = st.queue.pop_front() else {
-                continue;
-            };
-            st.in_flight.push_back(job.clone());
-            job
-        };
-        let it = &job.item;
-        let r = match it.op {
-            Op::Read => {
-                let f = Frame::ReadRequest(ReadRequest {
-                    request_id: RequestId(it.token.0),
-                    range_id: RangeId(it.range.0),
-                    token: job.token,
-                    offset: it.remote_offset,
-                    length: it.len,
-                });
-                write_frame(&mut stream, &f, &mut scratch)
+            while st.in_flight.len() < rail.max_in_flight {
+                let Some(job) = st.queue.pop_front() else {
+                    break;
+                };
+                st.in_flight.push_back(job.clone());
+                jobs.push(job);
             }
-            Op::Write => {
-                let f = Frame::WriteRequest(WriteRequest {
-                    request_id: RequestId(it.token.0),
-                    range_id: RangeId(it.range.0),
-                    token: job.token,
-                    offset: it.remote_offset,
-                    length: it.len,
-                });
-                scratch.clear();
-                match f.encode(&mut scratch) {
-                    Err(e) => Err(SessionError::Protocol(e.to_string())),
-                    Ok(()) => send_header_more(&stream, &scratch)
-                        .and_then(|()| {
-                            io.send(&stream, &job.local, it.local_offset, it.len as usize, None)
-                        })
-                        .map_err(SessionError::Io),
-                }
-            }
-        };
-        drop(job);
+        }
+        let r = send_jobs(&stream, &mut io, &mut out, &mut jobs);
+        jobs.clear();
         if let Err(e) = r {
             rail.fail(&format!("sending a request failed: {e}"), false);
             let mut st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -243,6 +215,51 @@ fn writer(rail: Arc<Rail>, mut stream: TcpStream, zero_copy: bool) {
             return;
         }
     }
+}
+
+/// Sends the frames in `out` and the requests of `jobs` (a WRITE's header
+/// and payload in one `sendmsg`, with the frames gathered before it).
+fn send_jobs(
+    stream: &TcpStream,
+    io: &mut PayloadIo,
+    out: &mut Vec<u8>,
+    jobs: &mut [Job],
+) -> std::io::Result<()> {
+    for job in jobs.iter() {
+        let it = &job.item;
+        let f = match it.op {
+            Op::Read => Frame::ReadRequest(ReadRequest {
+                request_id: RequestId(it.token.0),
+                range_id: RangeId(it.range.0),
+                token: job.token,
+                offset: it.remote_offset,
+                length: it.len,
+            }),
+            Op::Write => Frame::WriteRequest(WriteRequest {
+                request_id: RequestId(it.token.0),
+                range_id: RangeId(it.range.0),
+                token: job.token,
+                offset: it.remote_offset,
+                length: it.len,
+            }),
+        };
+        f.encode(out).map_err(std::io::Error::other)?;
+        if it.op == Op::Write {
+            io.send(
+                stream,
+                out,
+                &job.local,
+                it.local_offset,
+                it.len as usize,
+                None,
+            )?;
+            out.clear();
+        }
+    }
+    if !out.is_empty() {
+        send_all(stream, out, false, None)?;
+    }
+    Ok(())
 }
 
 fn completion(status: Status) -> SliceStatus {
@@ -256,127 +273,232 @@ fn completion(status: Status) -> SliceStatus {
     }
 }
 
+/// Receives `len` bytes into `mem` at `offset` straight from the socket,
+/// whose receive timeout is the reader's poll interval: it gives up when no
+/// byte came for `io_timeout` or the rail went down meanwhile.
+fn recv_payload(
+    rail: &Rail,
+    stream: &TcpStream,
+    mem: &HostMemory,
+    offset: usize,
+    len: usize,
+    io_timeout: Duration,
+) -> Result<(), String> {
+    use std::io::ErrorKind;
+    use std::os::fd::AsFd;
+    let (mut at, end) = (offset, offset + len);
+    let mut moved = false;
+    let mut last = Instant::now();
+    while at < end {
+        match mem.recv_from(stream.as_fd(), at, end - at, false) {
+            Ok(0) => return Err("peer closed the connection inside a payload".into()),
+            Ok(n) => {
+                at += n;
+                moved = true;
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                if let Some(why) = &rail.state.lock().unwrap_or_else(|p| p.into_inner()).down {
+                    return Err(why.to_string());
+                }
+                if moved {
+                    moved = false;
+                    last = Instant::now();
+                } else if last.elapsed() >= io_timeout {
+                    return Err(format!(
+                        "no payload byte from the peer within {io_timeout:?}"
+                    ));
+                }
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(())
+}
+
+/// Records the outcome of `job`'s answer and moves every answered job at
+/// the front of the in-flight list, in the order sent, into `events`.
+fn answer(rail: &Rail, job: &Job, status: SliceStatus, events: &mut Vec<TransportEvent>) {
+    let mut st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(j) = st
+        .in_flight
+        .iter_mut()
+        .find(|j| j.item.token == job.item.token && j.answered.is_none())
+    {
+        j.answered = Some(status);
+    }
+    while let Some(front) = st.in_flight.front_mut() {
+        let Some(status) = front.answered.take() else {
+            break;
+        };
+        let token = front.item.token;
+        st.in_flight.pop_front();
+        events.push(TransportEvent::Completed {
+            rail: rail.id,
+            token,
+            status,
+            released: true,
+        });
+    }
+    // The writer waits for room only while requests are queued.
+    if !st.queue.is_empty() {
+        rail.cv.notify_all();
+    }
+}
+
 fn reader(
     rail: Arc<Rail>,
-    mut stream: TcpStream,
-    zero_copy: bool,
+    stream: TcpStream,
     frame_timeout: Duration,
     io_timeout: Duration,
     sink: Arc<dyn EventSink>,
     on_segment: Arc<dyn Fn(SegmentUpdate) + Send + Sync>,
 ) {
-    let mut io = PayloadIo::new(zero_copy);
-    let mut frames = FrameReader::new();
-    let mut events = Vec::with_capacity(8);
+    use std::io::ErrorKind;
+    let mut frames = FrameBuffer::new();
+    let mut events = Vec::with_capacity(32);
     let poll = io_timeout.min(Duration::from_millis(250));
-    let why: String = loop {
-        let frame = match frames.read(&mut stream, Some(poll), frame_timeout) {
-            Ok(f) => f,
-            Err(SessionError::Idle) => {
-                let st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(d) = &st.down {
-                    break d.to_string();
-                }
-                if !st.in_flight.is_empty() && st.last_progress.elapsed() >= io_timeout {
-                    break format!("no answer from the peer within {io_timeout:?}");
-                }
-                continue;
-            }
-            Err(e) => break format!("connection lost: {e}"),
-        };
-        let (request_id, status, length, op) = match &frame {
-            Frame::ReadResponse(r) => (r.request_id, r.status, r.length, Op::Read),
-            Frame::WriteResponse(w) => (w.request_id, w.status, w.length, Op::Write),
-            Frame::SegmentPublication(p) => {
-                on_segment(SegmentUpdate::Published(p.clone()));
-                continue;
-            }
-            Frame::SegmentRetire(r) => {
-                on_segment(SegmentUpdate::Retired(r.clone()));
-                continue;
-            }
-            Frame::Error(e) => break format!("peer sent error {}: {}", e.code, e.message),
-            Frame::Goodbye(g) => break format!("peer said goodbye ({}: {})", g.reason, g.message),
-            other => break format!("unexpected {} from the peer", other.frame_type()),
-        };
-        let job = {
-            let mut st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(at) = st
-                .in_flight
-                .iter()
-                .position(|j| j.item.token.0 == request_id.0 && j.item.op == op)
-            else {
-                break format!(
-                    "answer for request {} ({op:?}) matches no request in flight",
-                    request_id.0
-                );
-            };
-            st.last_progress = Instant::now();
-            st.in_flight.remove(at)
-        };
-        let Some(job) = job else {
-            break "in-flight list empty".into();
-        };
-        rail.cv.notify_all();
-        let mut st_status = completion(status);
-        if op == Op::Read && status.is_ok() {
-            if length != job.item.len {
-                let msg = format!(
-                    "read answer of {length} bytes for a {}-byte request",
-                    job.item.len
-                );
-                events.push(TransportEvent::Completed {
-                    rail: rail.id,
-                    token: job.item.token,
-                    status: SliceStatus::Failed(SliceFailure::Completion {
-                        status: msg.clone().into(),
-                        code: 0,
-                    }),
-                    released: true,
-                });
-                sink.deliver(&mut events);
-                events.clear();
-                break msg;
-            }
-            let _ = stream.set_read_timeout(Some(io_timeout));
-            if let Err(e) = io.recv(
-                &stream,
-                &job.local,
-                job.item.local_offset,
-                length as usize,
-                None,
-            ) {
-                let msg = format!("receiving read data failed: {e}");
-                // The reader is the only thread writing local memory: it
-                // stopped, so the bytes are released (possibly partial).
-                events.push(TransportEvent::Completed {
-                    rail: rail.id,
-                    token: job.item.token,
-                    status: SliceStatus::Failed(SliceFailure::RailDown(msg.clone().into())),
-                    released: true,
-                });
-                sink.deliver(&mut events);
-                events.clear();
-                break msg;
-            }
-        } else if op == Op::Write && status.is_ok() && length != job.item.len {
-            st_status = SliceStatus::Failed(SliceFailure::Completion {
-                status: format!(
-                    "write answer of {length} bytes for a {}-byte request",
-                    job.item.len
-                )
-                .into(),
-                code: 0,
-            });
+    let why: String = 'read: {
+        if let Err(e) = stream.set_read_timeout(Some(poll.max(Duration::from_millis(1)))) {
+            break 'read format!("cannot set the receive timeout: {e}");
         }
-        events.push(TransportEvent::Completed {
-            rail: rail.id,
-            token: job.item.token,
-            status: st_status,
-            released: true,
-        });
-        sink.deliver(&mut events);
-        events.clear();
+        loop {
+            let frame = match frames.next() {
+                Ok(Some(f)) => f,
+                Ok(None) => {
+                    // Nothing complete is buffered: hand the answers of this
+                    // burst over before waiting for more.
+                    let got = match frames.fill(&stream, !events.is_empty()) {
+                        Err(e) if e.kind() == ErrorKind::WouldBlock && !events.is_empty() => {
+                            sink.deliver(&mut events);
+                            events.clear();
+                            frames.fill(&stream, false)
+                        }
+                        r => r,
+                    };
+                    match got {
+                        Ok(0) => break 'read "connection lost: peer closed the connection".into(),
+                        Ok(_) => {}
+                        Err(e)
+                            if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
+                        {
+                            let st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
+                            if let Some(d) = &st.down {
+                                break 'read d.to_string();
+                            }
+                            if !st.in_flight.is_empty() && st.last_progress.elapsed() >= io_timeout
+                            {
+                                break 'read format!(
+                                    "no answer from the peer within {io_timeout:?}"
+                                );
+                            }
+                        }
+                        Err(e) => break 'read format!("connection lost: {e}"),
+                    }
+                    if frames.overdue(frame_timeout) {
+                        break 'read format!(
+                            "connection lost: the peer did not complete a frame within {frame_timeout:?}"
+                        );
+                    }
+                    continue;
+                }
+                Err(e) => break 'read format!("connection lost: {e}"),
+            };
+            if frames.payload_len() != u64::from(frame.payload_len()) {
+                break 'read format!(
+                    "{} announces {} payload bytes in its header and {} in its body",
+                    frame.frame_type(),
+                    frames.payload_len(),
+                    frame.payload_len()
+                );
+            }
+            let (request_id, status, length, op) = match &frame {
+                Frame::ReadResponse(r) => (r.request_id, r.status, r.length, Op::Read),
+                Frame::WriteResponse(w) => (w.request_id, w.status, w.length, Op::Write),
+                Frame::SegmentPublication(p) => {
+                    on_segment(SegmentUpdate::Published(p.clone()));
+                    continue;
+                }
+                Frame::SegmentRetire(r) => {
+                    on_segment(SegmentUpdate::Retired(r.clone()));
+                    continue;
+                }
+                Frame::Error(e) => {
+                    break 'read format!("peer sent error {}: {}", e.code, e.message);
+                }
+                Frame::Goodbye(g) => {
+                    break 'read format!("peer said goodbye ({}: {})", g.reason, g.message);
+                }
+                other => break 'read format!("unexpected {} from the peer", other.frame_type()),
+            };
+            let job = {
+                let mut st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(job) = st.in_flight.iter().find(|j| {
+                    j.answered.is_none() && j.item.token.0 == request_id.0 && j.item.op == op
+                }) else {
+                    break 'read format!(
+                        "answer for request {} ({op:?}) matches no request in flight",
+                        request_id.0
+                    );
+                };
+                let job = job.clone();
+                st.last_progress = Instant::now();
+                job
+            };
+            let mut st_status = completion(status);
+            if op == Op::Read && status.is_ok() {
+                if length != job.item.len {
+                    let msg = format!(
+                        "read answer of {length} bytes for a {}-byte request",
+                        job.item.len
+                    );
+                    answer(
+                        &rail,
+                        &job,
+                        SliceStatus::Failed(SliceFailure::Completion {
+                            status: msg.clone().into(),
+                            code: 0,
+                        }),
+                        &mut events,
+                    );
+                    break 'read msg;
+                }
+                let received = usize::try_from(job.item.local_offset)
+                    .map_err(|_| "local offset overflows usize".to_owned())
+                    .and_then(|offset| {
+                        let len = length as usize;
+                        let buffered = frames.take_payload(len);
+                        let n = buffered.len();
+                        job.local
+                            .write_at(offset, buffered)
+                            .map_err(|e| e.to_string())?;
+                        frames.payload_received((len - n) as u64);
+                        recv_payload(&rail, &stream, &job.local, offset + n, len - n, io_timeout)
+                    });
+                if let Err(e) = received {
+                    let msg = format!("receiving read data failed: {e}");
+                    // The reader is the only thread writing local memory: it
+                    // stopped, so the bytes are released (possibly partial).
+                    answer(
+                        &rail,
+                        &job,
+                        SliceStatus::Failed(SliceFailure::RailDown(msg.clone().into())),
+                        &mut events,
+                    );
+                    break 'read msg;
+                }
+            } else if op == Op::Write && status.is_ok() && length != job.item.len {
+                st_status = SliceStatus::Failed(SliceFailure::Completion {
+                    status: format!(
+                        "write answer of {length} bytes for a {}-byte request",
+                        job.item.len
+                    )
+                    .into(),
+                    code: 0,
+                });
+            }
+            answer(&rail, &job, st_status, &mut events);
+        }
     };
     rail.fail(&why, false);
     // Wait until the writer let go of local memory (the socket is shut, so
@@ -401,11 +523,15 @@ fn reader(
         rail: rail.id,
         reason: reason.clone(),
     });
+    // In the order sent; an answered one keeps its outcome (its bytes
+    // arrived), the others failed with the rail.
     for j in in_flight {
         events.push(TransportEvent::Completed {
             rail: rail.id,
             token: j.item.token,
-            status: SliceStatus::Failed(SliceFailure::RailDown(reason.clone())),
+            status: j
+                .answered
+                .unwrap_or_else(|| SliceStatus::Failed(SliceFailure::RailDown(reason.clone()))),
             released: true,
         });
     }

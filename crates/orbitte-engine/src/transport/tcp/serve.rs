@@ -7,10 +7,17 @@
 //! allow the operation and `offset + length` must lie inside the range.
 //! Otherwise the answer carries the failing status (and a refused WRITE's
 //! payload is read and dropped, never written).
+//!
+//! Requests are received through a small buffer ([`FrameBuffer`]): one
+//! `recv` brings every request that waits. A WRITE's payload goes from the
+//! socket straight into the range, a READ's answer goes out with its header
+//! in one `sendmsg` from the range (or `sendfile` from its memfd), and the
+//! small answers (WRITE answers, refusals) are gathered and sent together
+//! when no further request is waiting. The socket's timeouts are set once
+//! to the poll interval; deadlines are checked between system calls.
 
 use std::io::Write;
 use std::net::TcpStream;
-use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -19,8 +26,8 @@ use orbitte_wire::{
     SessionId, Status, WriteResponse,
 };
 
-use super::payload::PayloadIo;
-use crate::session::io::{FrameReader, send_error, write_frame};
+use super::payload::{PayloadIo, send_all};
+use crate::session::io::{FrameBuffer, send_error, write_frame};
 use crate::session::{
     PeerIdentity, Published, RangeLookup, SessionConfig, SessionError, SharedPeerTable,
 };
@@ -63,21 +70,6 @@ pub(crate) struct ServeCtx<'a> {
     pub(crate) bytes: &'a std::sync::atomic::AtomicU64,
 }
 
-/// Sends `bytes` with MSG_MORE so the payload that follows shares packets.
-pub(crate) fn send_more(sock: &TcpStream, mut bytes: &[u8]) -> std::io::Result<()> {
-    use rustix::net::SendFlags;
-    while !bytes.is_empty() {
-        match rustix::net::send(sock.as_fd(), bytes, SendFlags::MORE | SendFlags::NOSIGNAL) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => bytes = &bytes[n..],
-            Err(rustix::io::Errno::INTR) => {}
-            Err(rustix::io::Errno::AGAIN) => return Err(std::io::ErrorKind::TimedOut.into()),
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
-
 fn check(
     ranges: &dyn RangeLookup,
     range: RangeId,
@@ -99,53 +91,129 @@ fn check(
     }
 }
 
+/// Sends the gathered answers in `out` (best effort) and then an error
+/// frame: the peer learns the outcome of what was served before.
+fn refuse(stream: &mut TcpStream, out: &mut Vec<u8>, code: ErrorCode, ft: FrameType, msg: &str) {
+    if !out.is_empty() {
+        let _ = send_all(stream, out, false, None);
+        out.clear();
+    }
+    send_error(stream, code, ft, msg);
+}
+
+/// Refuses a frame of a superseded epoch and closes the session.
+fn stale(stream: &mut TcpStream, out: &mut Vec<u8>, ft: FrameType, msg: String) -> CloseReason {
+    refuse(stream, out, ErrorCode::STALE_EPOCH, ft, &msg);
+    CloseReason::abnormal(msg)
+}
+
+fn stalled(cfg: &SessionConfig, e: &std::io::Error) -> CloseReason {
+    if matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    ) {
+        CloseReason::abnormal(format!(
+            "peer stalled for {:?} (not reading answers or not sending payload): {e}",
+            cfg.io_timeout
+        ))
+    } else {
+        CloseReason::abnormal(format!("data transfer failed: {e}"))
+    }
+}
+
 /// Serves requests until the session ends; returns why.
 pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
     let cfg = ctx.cfg;
-    let mut reader = FrameReader::new();
-    let mut scratch = Vec::with_capacity(64);
+    let mut frames = FrameBuffer::new();
+    // Encoded answers not sent yet (see the module docs).
+    let mut out = Vec::with_capacity(1024);
     let mut io = PayloadIo::new(cfg.zero_copy);
     let mut last_request = Instant::now();
-    if let Err(e) = stream.set_write_timeout(Some(cfg.io_timeout)) {
-        return CloseReason::abnormal(format!("cannot set the write timeout: {e}"));
+    if let Err(e) = stream
+        .set_write_timeout(Some(POLL))
+        .and_then(|()| stream.set_read_timeout(Some(POLL)))
+    {
+        return CloseReason::abnormal(format!("cannot set the socket timeouts: {e}"));
     }
     loop {
-        let frame = match reader.read(stream, Some(POLL), cfg.frame_timeout) {
-            Ok(f) => f,
-            Err(SessionError::Idle) => {
-                if ctx.stop.load(Ordering::Acquire) {
-                    let _ = goodbye(stream, GoodbyeReason::SHUTDOWN, "listener shutting down");
-                    return CloseReason::normal("listener shut down");
+        let frame = match frames.next() {
+            Ok(Some(f)) => f,
+            Ok(None) => {
+                // No whole request waits in the buffer: send the gathered
+                // answers before waiting for more.
+                let got = match frames.fill(stream, !out.is_empty()) {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && !out.is_empty() => {
+                        if let Err(e) =
+                            send_all(stream, &out, false, Some(Instant::now() + cfg.io_timeout))
+                        {
+                            return stalled(cfg, &e);
+                        }
+                        out.clear();
+                        frames.fill(stream, false)
+                    }
+                    r => r,
+                };
+                match got {
+                    Ok(0) => return CloseReason::normal("peer closed the connection"),
+                    Ok(_) => {}
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        if frames.is_empty() && ctx.stop.load(Ordering::Acquire) {
+                            let _ =
+                                goodbye(stream, GoodbyeReason::SHUTDOWN, "listener shutting down");
+                            return CloseReason::normal("listener shut down");
+                        }
+                        if let Some(idle) = cfg.idle_timeout
+                            && frames.is_empty()
+                            && last_request.elapsed() >= idle
+                        {
+                            let _ = goodbye(stream, GoodbyeReason::IDLE, "idle");
+                            return CloseReason::normal(format!("idle for {idle:?}"));
+                        }
+                    }
+                    Err(e) => return CloseReason::abnormal(format!("connection failed: {e}")),
                 }
-                if let Some(idle) = cfg.idle_timeout
-                    && last_request.elapsed() >= idle
-                {
-                    let _ = goodbye(stream, GoodbyeReason::IDLE, "idle");
-                    return CloseReason::normal(format!("idle for {idle:?}"));
+                if frames.overdue(cfg.frame_timeout) {
+                    refuse(
+                        stream,
+                        &mut out,
+                        ErrorCode::TIMEOUT,
+                        FrameType(0),
+                        "frame not completed in time",
+                    );
+                    return CloseReason::abnormal(format!(
+                        "peer did not complete a frame (truncated frame) within {:?}",
+                        cfg.frame_timeout
+                    ));
                 }
                 continue;
             }
             Err(SessionError::Malformed(e)) => {
-                send_error(stream, e.error_code(), e.frame, &e.to_string());
+                refuse(stream, &mut out, e.error_code(), e.frame, &e.to_string());
                 return CloseReason::abnormal(format!("malformed frame: {e}"));
-            }
-            Err(SessionError::Timeout { what }) => {
-                send_error(
-                    stream,
-                    ErrorCode::TIMEOUT,
-                    FrameType(0),
-                    "frame not completed in time",
-                );
-                return CloseReason::abnormal(format!(
-                    "peer did not complete {what} within {:?}",
-                    cfg.frame_timeout
-                ));
-            }
-            Err(SessionError::Closed { .. }) => {
-                return CloseReason::normal("peer closed the connection");
             }
             Err(e) => return CloseReason::abnormal(format!("connection failed: {e}")),
         };
+        if frames.payload_len() != u64::from(frame.payload_len()) {
+            let msg = format!(
+                "{} announces {} payload bytes in its header and {} in its body",
+                frame.frame_type(),
+                frames.payload_len(),
+                frame.payload_len()
+            );
+            refuse(
+                stream,
+                &mut out,
+                ErrorCode::MALFORMED_FRAME,
+                frame.frame_type(),
+                &msg,
+            );
+            return CloseReason::abnormal(format!("malformed frame: {msg}"));
+        }
         last_request = Instant::now();
         // The epoch rule on every request: a newer incarnation of the
         // source may have been admitted since this session opened.
@@ -161,8 +229,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                 ctx.peer.epoch,
                 current.map(|e| e.value())
             );
-            send_error(stream, ErrorCode::STALE_EPOCH, frame.frame_type(), &msg);
-            return CloseReason::abnormal(msg);
+            return stale(stream, &mut out, frame.frame_type(), msg);
         }
         if let Frame::ReadRequest(_) | Frame::WriteRequest(_) = &frame {
             ctx.requests.fetch_add(1, Ordering::Relaxed);
@@ -174,11 +241,6 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
         // A whole answer (a READ's payload, a WRITE's payload and its
         // answer) must move within io_timeout, however the peer paces it.
         let deadline = Some(Instant::now() + cfg.io_timeout);
-        if let Frame::ReadRequest(_) | Frame::WriteRequest(_) = &frame
-            && let Err(e) = stream.set_write_timeout(Some(cfg.io_timeout))
-        {
-            return CloseReason::abnormal(format!("cannot set the write timeout: {e}"));
-        }
         let result = match frame {
             Frame::ReadRequest(r) => {
                 match check(
@@ -197,19 +259,18 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                             status: Status::OK,
                             length: r.length,
                         });
-                        scratch.clear();
-                        match resp.encode(&mut scratch) {
-                            Ok(()) => send_more(stream, &scratch)
-                                .and_then(|()| {
-                                    io.send(
-                                        stream,
-                                        &p.memory,
-                                        p.offset + r.offset,
-                                        r.length as usize,
-                                        deadline,
-                                    )
-                                })
+                        match resp.encode(&mut out) {
+                            Ok(()) => io
+                                .send(
+                                    stream,
+                                    &out,
+                                    &p.memory,
+                                    p.offset + r.offset,
+                                    r.length as usize,
+                                    deadline,
+                                )
                                 .map(|()| {
+                                    out.clear();
                                     ctx.bytes.fetch_add(u64::from(r.length), Ordering::Relaxed);
                                 }),
                             Err(e) => Err(std::io::Error::other(e)),
@@ -217,18 +278,20 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                     }
                     Err(status) => {
                         tracing::debug!(session = ?ctx.session, range = r.range_id.0, %status, "read refused");
-                        let resp = Frame::ReadResponse(ReadResponse {
+                        Frame::ReadResponse(ReadResponse {
                             request_id: r.request_id,
                             range_id: r.range_id,
                             offset: r.offset,
                             status,
                             length: 0,
-                        });
-                        write_frame(stream, &resp, &mut scratch).map_err(std::io::Error::other)
+                        })
+                        .encode(&mut out)
+                        .map_err(std::io::Error::other)
                     }
                 }
             }
             Frame::WriteRequest(w) => {
+                let len = w.length as usize;
                 let status = match check(
                     ctx.ranges,
                     w.range_id,
@@ -238,39 +301,44 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                     AccessFlags::REMOTE_WRITE,
                 ) {
                     Ok(p) => {
-                        match io.recv(
-                            stream,
-                            &p.memory,
-                            p.offset + w.offset,
-                            w.length as usize,
-                            deadline,
-                        ) {
-                            Ok(()) => {
+                        let at = p.offset + w.offset;
+                        let buffered = frames.take_payload(len);
+                        let n = buffered.len();
+                        usize::try_from(at)
+                            .map_err(std::io::Error::other)
+                            .and_then(|a| {
+                                p.memory
+                                    .write_at(a, buffered)
+                                    .map_err(std::io::Error::other)
+                            })
+                            .and_then(|()| {
+                                frames.payload_received((len - n) as u64);
+                                io.recv(stream, &p.memory, at + n as u64, len - n, deadline)
+                            })
+                            .map(|()| {
                                 ctx.bytes.fetch_add(u64::from(w.length), Ordering::Relaxed);
-                                Ok(Status::OK)
-                            }
-                            Err(e) => Err(e),
-                        }
+                                Status::OK
+                            })
                     }
                     Err(status) => {
                         tracing::debug!(session = ?ctx.session, range = w.range_id.0, %status, "write refused");
-                        io.discard(stream, u64::from(w.length), deadline)
+                        let n = frames.take_payload(len).len();
+                        frames.payload_received((len - n) as u64);
+                        io.discard(stream, (len - n) as u64, deadline)
                             .map(|()| status)
                     }
                 };
-                match status {
-                    Ok(status) => {
-                        let resp = Frame::WriteResponse(WriteResponse {
-                            request_id: w.request_id,
-                            range_id: w.range_id,
-                            offset: w.offset,
-                            status,
-                            length: if status.is_ok() { w.length } else { 0 },
-                        });
-                        write_frame(stream, &resp, &mut scratch).map_err(std::io::Error::other)
-                    }
-                    Err(e) => Err(e),
-                }
+                status.and_then(|status| {
+                    Frame::WriteResponse(WriteResponse {
+                        request_id: w.request_id,
+                        range_id: w.range_id,
+                        offset: w.offset,
+                        status,
+                        length: if status.is_ok() { w.length } else { 0 },
+                    })
+                    .encode(&mut out)
+                    .map_err(std::io::Error::other)
+                })
             }
             // Either side publishes after the handshake (docs/protocol.md,
             // "Session"). A tcp target reads and writes only its own ranges,
@@ -283,8 +351,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                         frame.frame_type(),
                         ctx.peer.epoch
                     );
-                    send_error(stream, ErrorCode::STALE_EPOCH, frame.frame_type(), &msg);
-                    return CloseReason::abnormal(msg);
+                    return stale(stream, &mut out, frame.frame_type(), msg);
                 }
                 Ok(())
             }
@@ -309,8 +376,9 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                     "{} is not allowed after the handshake on a tcp session",
                     other.frame_type()
                 );
-                send_error(
+                refuse(
                     stream,
+                    &mut out,
                     ErrorCode::UNEXPECTED_FRAME,
                     other.frame_type(),
                     &msg,
@@ -319,18 +387,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
             }
         };
         if let Err(e) = result {
-            let what = if matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-            ) {
-                format!(
-                    "peer stalled for {:?} (not reading answers or not sending payload): {e}",
-                    cfg.io_timeout
-                )
-            } else {
-                format!("data transfer failed: {e}")
-            };
-            return CloseReason::abnormal(what);
+            return stalled(cfg, &e);
         }
     }
 }
