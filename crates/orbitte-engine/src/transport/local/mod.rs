@@ -13,10 +13,11 @@
 //! mapping always allows reading); they go over tcp.
 //!
 //! The initiator maps each range once and executes work items with
-//! `memcpy` ([`LocalTransport`]): up to [`INLINE_BYTES`] of each post on
-//! the thread that posts them, inside the engine's pump, so a small batch
-//! costs no hand-off to another thread and no wakeup; the rest on a worker
-//! thread per rail, so a large batch does not hold the engine's lock for
+//! `memcpy` ([`LocalTransport`]): up to [`INLINE_BYTES`] of a post to an
+//! idle rail on the thread that posts them, inside the engine's pump, so
+//! a small batch costs no hand-off to another thread and no wakeup; the
+//! rest, and everything posted while the rail's worker thread holds items,
+//! on that worker, so a large batch does not hold the engine's lock for
 //! the whole copy and rails copy in parallel.
 
 mod fdpass;
@@ -121,6 +122,9 @@ struct RailQueue {
     jobs: std::collections::VecDeque<Job>,
     /// Encoded `notification` frames for the peer's session.
     notes: std::collections::VecDeque<Arc<[u8]>>,
+    /// Whether the worker is copying jobs it took from `jobs` (set when it
+    /// takes them, cleared once it reported them).
+    busy: bool,
     closed: bool,
 }
 
@@ -351,10 +355,11 @@ impl LocalTransport {
     }
 }
 
-/// Most bytes of one post that the posting thread copies itself (the rest
-/// go to the rail's worker). The engine's lock is held while it copies, so
-/// this bounds how long one post keeps other threads out: a batch of 16
-/// slices of 64 KiB is 1 MiB, about 40 to 100 µs of memcpy.
+/// Most bytes of one post to an idle rail that the posting thread copies
+/// itself (the rest go to the rail's worker). The engine's lock is held
+/// while it copies, so this bounds how long one post keeps other threads
+/// out: a batch of 16 slices of 64 KiB is 1 MiB, about 40 to 100 µs of
+/// memcpy.
 pub const INLINE_BYTES: u64 = 1 << 20;
 
 /// Most ranges one local session may hand out (each holds an fd here).
@@ -430,6 +435,7 @@ fn rail_worker(rail: RailId, r: Arc<LocalRail>, sink: Arc<dyn EventSink>) {
     loop {
         {
             let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
+            q.busy = false;
             while q.jobs.is_empty() && q.notes.is_empty() && !q.closed {
                 q = r.cv.wait(q).unwrap_or_else(|p| p.into_inner());
             }
@@ -445,19 +451,18 @@ fn rail_worker(rail: RailId, r: Arc<LocalRail>, sink: Arc<dyn EventSink>) {
             }
             std::mem::swap(&mut q.jobs, &mut batch);
             std::mem::swap(&mut q.notes, &mut notes);
+            q.busy = !batch.is_empty();
         }
         // A copy into (or from) the mapping of a process that died reached
-        // no one: checked before the batch and again after it, so nothing
-        // copied while the peer died is reported as done.
+        // no one: checked after the batch, so nothing copied while the
+        // peer died is reported as done.
         let mut alive = Alive::default();
         let mut statuses = std::mem::take(&mut done);
-        statuses.extend(batch.iter().map(|job| {
-            if alive.before(job.remote.as_ref()) {
-                execute(&job.item, &job.local, job.remote.as_ref())
-            } else {
-                peer_exited()
-            }
-        }));
+        statuses.extend(
+            batch
+                .iter()
+                .map(|job| execute(&job.item, &job.local, job.remote.as_ref())),
+        );
         for (job, status) in batch.drain(..).zip(statuses.drain(..)) {
             let status = alive.confirm(job.remote.as_ref(), status);
             events.push(TransportEvent::Completed {
@@ -511,49 +516,34 @@ fn rail_down_exited(rail: RailId) -> TransportEvent {
     }
 }
 
-/// The liveness of the peers of one batch, checked once per peer before
-/// and once after the batch's copies.
+/// The liveness of the targets of one batch, checked once per target
+/// after the batch's copies: the target's hang-up stays reported once it
+/// happened, so a target that died before or during a copy is seen then,
+/// and that copy is not reported done. (Copying into the mapping of a
+/// dead target reaches no one and harms no one.)
 #[derive(Default)]
 struct Alive {
-    before: Option<(Arc<TargetSession>, bool)>,
-    after: Option<(Arc<TargetSession>, bool)>,
+    last: Option<(Arc<TargetSession>, bool)>,
     saw_exit: bool,
 }
 
 impl Alive {
-    fn check(
-        slot: &mut Option<(Arc<TargetSession>, bool)>,
-        saw_exit: &mut bool,
-        remote: Option<&Mapped>,
-    ) -> bool {
-        let Some(remote) = remote else {
-            return true;
+    /// The status of a copy into or from `remote`, given once the batch's
+    /// copies are done: a success counts only if the target is still up.
+    fn confirm(&mut self, remote: Option<&Mapped>, status: SliceStatus) -> SliceStatus {
+        let (SliceStatus::Success, Some(remote)) = (&status, remote) else {
+            return status;
         };
-        match slot {
+        let alive = match &self.last {
             Some((t, alive)) if Arc::ptr_eq(t, &remote.target) => *alive,
             _ => {
                 let alive = !remote.target.is_gone();
-                *saw_exit |= !alive;
-                *slot = Some((remote.target.clone(), alive));
+                self.saw_exit |= !alive;
+                self.last = Some((remote.target.clone(), alive));
                 alive
             }
-        }
-    }
-
-    /// Whether the target of `remote` was up before the batch's copies.
-    fn before(&mut self, remote: Option<&Mapped>) -> bool {
-        Self::check(&mut self.before, &mut self.saw_exit, remote)
-    }
-
-    /// The status of a copy into or from `remote` once the batch's copies
-    /// are done: a success counts only if the target is still up.
-    fn confirm(&mut self, remote: Option<&Mapped>, status: SliceStatus) -> SliceStatus {
-        match status {
-            SliceStatus::Success if !Self::check(&mut self.after, &mut self.saw_exit, remote) => {
-                peer_exited()
-            }
-            other => other,
-        }
+        };
+        if alive { status } else { peer_exited() }
     }
 }
 
@@ -603,8 +593,9 @@ impl LocalTransport {
     }
 
     /// Copies the items at the front of `items`, up to [`INLINE_BYTES`],
-    /// here and puts their events into `done`; queues the rest on `rail`'s
-    /// worker (see [`Transport::post_inline`]).
+    /// here if `rail`'s worker holds nothing, and puts their events into
+    /// `done`; queues the rest on the worker (see
+    /// [`Transport::post_inline`]).
     pub fn post_inline_items(
         &self,
         rail: RailId,
@@ -616,8 +607,9 @@ impl LocalTransport {
     }
 
     /// Copies the front of `items`, at most `inline` bytes, on this thread
-    /// (events into `done`) and queues the rest on the rail's worker,
-    /// before copying, so that the worker copies at the same time.
+    /// (events into `done`) if the rail's worker holds nothing, and queues
+    /// the rest on the worker, before copying, so that the worker copies at
+    /// the same time.
     fn post_split(
         &self,
         rail: RailId,
@@ -645,22 +637,10 @@ impl LocalTransport {
             .position(|it| ctx.memory(it.registration).is_none())
             .unwrap_or(items.len());
         let (items, refused) = items.split_at(accepted);
-        let mut budget = inline;
-        let here = items
-            .iter()
-            .take_while(|it| {
-                let fits = u64::from(it.len) <= budget;
-                if fits {
-                    budget -= u64::from(it.len);
-                }
-                fits
-            })
-            .count();
-        let (here, queued) = items.split_at(here);
         let maps = self.maps.read().unwrap_or_else(|p| p.into_inner());
         let peer_maps = maps.get(&r.peer);
         let remote_of = |it: &WorkItem| peer_maps.and_then(|m| m.get(&RangeId(it.range.0)));
-        {
+        let (here, queued) = {
             let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
             if q.closed {
                 return Err(PostError {
@@ -669,6 +649,26 @@ impl LocalTransport {
                     reason: "local rail closed".into(),
                 });
             }
+            // Only an idle rail copies here: items never pass the ones its
+            // worker holds, and a pump that posts again after this post's
+            // completions queues behind the worker instead of copying on
+            // under the engine's lock.
+            let mut budget = if q.busy || !q.jobs.is_empty() {
+                0
+            } else {
+                inline
+            };
+            let here = items
+                .iter()
+                .take_while(|it| {
+                    let fits = u64::from(it.len) <= budget;
+                    if fits {
+                        budget -= u64::from(it.len);
+                    }
+                    fits
+                })
+                .count();
+            let (here, queued) = items.split_at(here);
             for item in queued {
                 if let Some(local) = ctx.memory(item.registration) {
                     q.jobs.push_back(Job {
@@ -678,7 +678,8 @@ impl LocalTransport {
                     });
                 }
             }
-        }
+            (here, queued)
+        };
         if !queued.is_empty() {
             r.cv.notify_one();
         }
@@ -686,10 +687,8 @@ impl LocalTransport {
             let mut alive = Alive::default();
             let first = done.len();
             for it in here {
-                let remote = remote_of(it);
                 let status = match ctx.memory(it.registration) {
-                    Some(local) if alive.before(remote) => execute(it, local, remote),
-                    Some(_) => peer_exited(),
+                    Some(local) => execute(it, local, remote_of(it)),
                     None => failed(Status::INTERNAL),
                 };
                 done.push(TransportEvent::Completed {
@@ -827,3 +826,6 @@ impl Transport for Arc<LocalTransport> {
         self.notify_rail(rail, frame)
     }
 }
+
+#[cfg(test)]
+mod tests;
