@@ -8,6 +8,10 @@
 //!   `#![forbid(unsafe_code)]`;
 //! - in the crates that may use `unsafe`, every `unsafe` block and
 //!   `unsafe impl` carries a `// SAFETY:` comment (generated bindings aside);
+//! - the engine's sans-IO layers (`src/core/`, `src/state/`) use no
+//!   threads, sockets or clock: time is an argument there (their test
+//!   files and inline test modules, which start virtual time from one
+//!   `Instant`, aside);
 //! - the code is formatted (`cargo fmt --check`).
 //!
 //! It runs as an ordinary `#[test]` too, so `cargo test --workspace`
@@ -24,6 +28,29 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "orbitte-verbs",
     "orbitte-cuda",
     "orbitte-py",
+];
+
+/// The engine's sans-IO layers, relative to orbitte-engine's directory.
+const SANS_IO_DIRS: &[&str] = &["src/core", "src/state"];
+
+/// Test-only files of those layers (`#[cfg(test)]` modules): they start
+/// virtual time from one `Instant::now()`.
+const SANS_IO_TEST_FILES: &[&str] = &["tests.rs", "fuzz.rs"];
+
+/// What a sans-IO layer must not touch: threads, sockets, the clock.
+const SANS_IO_FORBIDDEN: &[&str] = &[
+    "Instant::now",
+    "SystemTime::now",
+    "std::thread",
+    "thread::spawn",
+    "thread::sleep",
+    "std::net",
+    "TcpStream",
+    "TcpListener",
+    "UdpSocket",
+    "rustix::net",
+    "std::sync::Mutex",
+    "Condvar",
 ];
 
 /// For each orbitte crate, the orbitte crates it may depend on (any kind of
@@ -138,6 +165,24 @@ pub(crate) fn check(root: &Path) -> Result<Vec<String>, String> {
                 ));
             }
         }
+        if pkg.name == "orbitte-engine" {
+            for dir in SANS_IO_DIRS {
+                for file in rust_files(&pkg.dir.join(dir)) {
+                    let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                    if SANS_IO_TEST_FILES.contains(&name) {
+                        continue;
+                    }
+                    let text = read(&file)?;
+                    problems.extend(io_in_sans_io(&text).into_iter().map(|(line, what)| {
+                        format!(
+                            "{}:{line}: `{what}` in a sans-IO layer (no threads, sockets or \
+                             clock there: take time as an argument, leave I/O to the driver)",
+                            rel(root, &file)
+                        )
+                    }));
+                }
+            }
+        }
         if may_be_unsafe {
             for file in rust_files(&pkg.dir) {
                 let text = read(&file)?;
@@ -241,6 +286,30 @@ fn undocumented_unsafe(text: &str) -> Vec<usize> {
     bad
 }
 
+/// Lines (1-based) of code, comments and an inline `#[cfg(test)] mod`
+/// at the end of the file aside, that name a thread, socket or clock API,
+/// with the name.
+fn io_in_sans_io(text: &str) -> Vec<(usize, &'static str)> {
+    let mut found = Vec::new();
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim() == "#[cfg(test)]"
+            && lines
+                .get(i + 1)
+                .is_some_and(|next| next.trim_start().starts_with("mod ") && next.ends_with('{'))
+        {
+            break;
+        }
+        let code = line.split("//").next().unwrap_or("");
+        for what in SANS_IO_FORBIDDEN {
+            if code.contains(what) {
+                found.push((i + 1, *what));
+            }
+        }
+    }
+    found
+}
+
 /// Whether line `i`, or the comment block (and attributes) right above it,
 /// or the statement it continues (up to three lines back), says `SAFETY:`.
 fn has_safety_comment(lines: &[&str], i: usize) -> bool {
@@ -342,6 +411,23 @@ mod tests {
             "tidy found problems:\n{}",
             problems.join("\n")
         );
+    }
+
+    #[test]
+    fn io_in_a_sans_io_layer_is_found_and_comments_are_not() {
+        let text = "// Instant::now is the driver's\nlet t = Instant::now();\n\
+                    use std::thread;\nfn f(now: Instant) {}\n";
+        assert_eq!(
+            io_in_sans_io(text),
+            vec![(2, "Instant::now"), (3, "std::thread")]
+        );
+    }
+
+    #[test]
+    fn an_inline_test_module_at_the_end_may_read_the_clock() {
+        let text = "fn f() {}\n#[cfg(test)]\nmod tests;\nfn g() { Instant::now(); }\n\
+                    #[cfg(test)]\nmod more {\n    fn t() { Instant::now(); }\n}\n";
+        assert_eq!(io_in_sans_io(text), vec![(4, "Instant::now")]);
     }
 
     #[test]

@@ -53,8 +53,12 @@
 //!   and time in, outcomes out), unit-tested with virtual time.
 //! - [`transport`]: the seam where paths plug in, and the paths under it
 //!   (rdma, tcp, local).
-//! - the driver ([`TransferEngine`]): one poller thread per NIC context, a
-//!   timer thread, and the caller's thread posting.
+//! - `state`: `EngineState`, the sans-IO state around the core (tables,
+//!   budget ledger, validation, rail choice, fencing), tested on virtual
+//!   time with a fault fuzz.
+//! - the driver ([`TransferEngine`], `engine/`): one poller thread per NIC
+//!   context, a timer thread, the caller's thread posting; events come in
+//!   through a lock-free intake queue, waiters park per request.
 //! - [`staging`]: the cuda-staging lanes (GPU memory through pinned
 //!   bounce buffers), one thread per lane, outcomes into the same table.
 //! - [`session`]: sessions between engines (handshake, the listener, the
@@ -92,6 +96,7 @@ mod peer;
 mod recovery;
 mod registration;
 mod request;
+mod state;
 pub mod transport;
 // net (issue 7, helper "net"): sessions and metadata; tcp/local under transport/.
 pub mod metadata;

@@ -8,11 +8,10 @@ use orbitte_verbs::{self as verbs, Provider};
 use orbitte_wire::{self as wire, PeerTable};
 
 use super::timer::timer_loop;
-use super::{Settings, Shared, State, Tables, TransferEngine};
+use super::{Settings, Shared, State, TransferEngine};
 use crate::config::EngineBuilder;
-use crate::core::{Core, CoreConfig};
+use crate::core::CoreConfig;
 use crate::error::BuildError;
-use crate::registration::{Charges, Ledger};
 use crate::transport::rdma::RdmaTransport;
 
 impl EngineBuilder {
@@ -46,25 +45,21 @@ impl EngineBuilder {
             }
             Err(e) => (Vec::new(), Some(Arc::new(e))),
         };
-        let core = Core::new(CoreConfig {
-            slice_size: self.slice_size,
-            request_timeout: self.request_timeout,
-            drain_timeout: self.drain_timeout,
-        });
+        let engine = crate::state::EngineState::new(
+            CoreConfig {
+                slice_size: self.slice_size,
+                request_timeout: self.request_timeout,
+                drain_timeout: self.drain_timeout,
+            },
+            self.budgets,
+        );
         let state = State {
-            core,
+            engine,
             rdma: RdmaTransport::default(),
             others: Vec::new(),
             owner: Vec::new(),
             qpn_rail: HashMap::new(),
-            tables: Tables::default(),
-            next_reg: 1,
-            next_peer: 1,
             next_connect: 1,
-            ledger: Ledger {
-                budgets: self.budgets,
-                in_use: Charges::default(),
-            },
             listed,
             listing_error,
             init: None,
@@ -78,7 +73,6 @@ impl EngineBuilder {
             staged: crate::staging::Staged::default(),
             work: Vec::new(),
             done: Vec::new(),
-            rotor: 0,
             last_outstanding: 0,
         };
         let shared = Arc::new(Shared {

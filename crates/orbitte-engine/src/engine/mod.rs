@@ -16,18 +16,17 @@ mod shared;
 mod shutdown;
 mod state;
 mod submit;
-mod tables;
 mod timer;
 mod transfer;
 mod wait;
 mod waiters;
 
+pub(crate) use crate::state::{PeerState, published_remote};
 pub(crate) use intake::TransportId;
+pub(crate) use peers::peer_info;
 pub use peers::{PeerInfo, RailInfo};
-pub(crate) use peers::{PeerState, peer_info};
 pub(crate) use shared::{Settings, Shared, StateGuard};
 pub(crate) use state::{Owner, State};
-pub(crate) use tables::{Tables, published_remote};
 pub use transfer::TransferRequest;
 
 use std::sync::Arc;

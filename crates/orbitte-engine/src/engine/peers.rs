@@ -1,9 +1,7 @@
 //! Open peers: their table entries and what `peers()` reports.
 
-use std::collections::HashMap;
-
 use orbitte_topology::NicId;
-use orbitte_wire::{self as wire, Epoch, SourceId};
+use orbitte_wire::Epoch;
 
 use super::{State, TransferEngine};
 use crate::transport::{PeerId, RailId, RangeId};
@@ -45,15 +43,6 @@ pub struct PeerInfo {
     pub ranges: Vec<crate::RemoteRange>,
     /// Rails to it.
     pub rails: Vec<RailInfo>,
-}
-
-#[derive(Debug)]
-pub(crate) struct PeerState {
-    pub(crate) source_id: SourceId,
-    pub(crate) epoch: Epoch,
-    pub(crate) sessions: Vec<wire::SessionId>,
-    pub(crate) ranges: HashMap<RangeId, wire::RangeDescriptor>,
-    pub(crate) rails: Vec<RailId>,
 }
 
 impl TransferEngine {

@@ -55,7 +55,7 @@ impl TransferEngine {
 
     /// Why the engine admits nothing new, if it is fenced.
     pub fn fenced(&self) -> Option<String> {
-        self.lock().core.fenced().map(|r| r.to_string())
+        self.lock().engine.fenced().map(|r| r.to_string())
     }
 
     /// Every `Unquiesced` so far (the evidence is kept).

@@ -198,25 +198,13 @@ impl TransferEngine {
         memory: Arc<HostMemory>,
         access: Access,
     ) -> Result<Registration, RegisterError> {
-        let mut st = self.lock();
-        if let Some(reason) = st.core.fenced().cloned() {
-            return Err(RegisterError::Fenced { reason });
-        }
-        let id = st.next_reg;
-        st.next_reg += 1;
-        let len = memory.len() as u64;
-        st.tables.regs.insert(
-            id,
-            RegEntry::published(memory, access, Vec::new(), Charges::default(), Vec::new()),
+        let reg = self.lock().engine.register_unpinned(memory, access)?;
+        tracing::debug!(
+            id = reg.id.0,
+            len = reg.len,
+            "registration published for tcp/local only"
         );
-        tracing::debug!(id, len, "registration published for tcp/local only");
-        Ok(Registration {
-            id: RegistrationId(id),
-            len,
-            access,
-            copies: 0,
-            path: crate::registration::MemoryPath::HostWithoutRdma,
-        })
+        Ok(reg)
     }
 
     /// Unpublishes a registration: new requests on it are refused, peers'
@@ -271,26 +259,13 @@ impl TransferEngine {
             return result;
         }
         let mut st = self.lock();
-        let Some(entry) = st.tables.regs.get(&registration.0) else {
-            return Err(UnregisterError::Unknown(registration));
-        };
-        let requests = entry.undrained();
-        if requests > 0 {
-            return Err(UnregisterError::Undrained {
-                id: registration,
-                requests,
-            });
-        }
-        let Some(entry) = st.tables.regs.remove(&registration.0) else {
-            return Err(UnregisterError::Unknown(registration));
-        };
+        let entry = st.engine.take_registration(registration)?;
         let len = entry.memory.len() as u64;
         let failures = close_copies(entry.copies);
         let retained = Charges {
             mrs: failures.len() as u64,
             bytes: failures.len() as u64 * len,
         };
-        st.ledger.release(entry.charge);
         st.ledger.charge(retained);
         if failures.is_empty() {
             tracing::debug!(id = registration.0, "registration removed");

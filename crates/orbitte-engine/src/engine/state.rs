@@ -8,11 +8,10 @@ use std::time::Instant;
 use orbitte_verbs as verbs;
 use orbitte_wire::Epoch;
 
-use super::Tables;
-use crate::core::Core;
 use crate::error::Unquiesced;
 use crate::nic::Initialized;
-use crate::registration::{Charges, Ledger};
+use crate::registration::Charges;
+use crate::state::EngineState;
 use crate::transport::rdma::RdmaTransport;
 use crate::transport::{MarkerFate, RailId, RailSpec, Transport, TransportEvent, WorkItem};
 
@@ -23,17 +22,18 @@ pub(crate) enum Owner {
     Other(usize),
 }
 
+/// The driver's state: the sans-IO [`EngineState`] (reached through
+/// `Deref`: `st.core`, `st.tables`, `st.ledger`) and what only the driver
+/// holds: transports, NIC contexts, outcomes with their waiters, cleanup
+/// evidence.
 pub(crate) struct State {
-    pub(crate) core: Core,
+    /// The tables, the ledger, the core and the rules of admission.
+    pub(crate) engine: EngineState,
     pub(crate) rdma: RdmaTransport,
     pub(crate) others: Vec<Box<dyn Transport>>,
     pub(crate) owner: Vec<Owner>,
     pub(crate) qpn_rail: HashMap<(u32, u32), RailId>,
-    pub(crate) tables: Tables,
-    pub(crate) next_reg: u64,
-    pub(crate) next_peer: u32,
     pub(crate) next_connect: u64,
-    pub(crate) ledger: Ledger,
     pub(crate) listed: Vec<verbs::DeviceInfo>,
     pub(crate) listing_error: Option<Arc<verbs::DeviceListError>>,
     pub(crate) init: Option<Initialized>,
@@ -56,10 +56,22 @@ pub(crate) struct State {
     pub(super) work: Vec<WorkItem>,
     /// Events of work the transports executed while it was posted.
     pub(super) done: Vec<TransportEvent>,
-    pub(super) rotor: usize,
     /// Undrained slices at the end of the last pump (drain waiters wake
     /// when it changes).
     pub(super) last_outstanding: u64,
+}
+
+impl std::ops::Deref for State {
+    type Target = EngineState;
+    fn deref(&self) -> &EngineState {
+        &self.engine
+    }
+}
+
+impl std::ops::DerefMut for State {
+    fn deref_mut(&mut self) -> &mut EngineState {
+        &mut self.engine
+    }
 }
 
 impl std::fmt::Debug for State {
@@ -120,9 +132,9 @@ impl State {
                 .map_or(work.len(), |p| start + p);
             let run = &work[start..end];
             let res = match self.owner.get(rail.0 as usize) {
-                Some(Owner::Rdma) => self.rdma.post(rail, run, &self.tables),
+                Some(Owner::Rdma) => self.rdma.post(rail, run, &self.engine.tables),
                 Some(Owner::Other(i)) => match self.others.get_mut(*i) {
-                    Some(t) => t.post_inline(rail, run, &self.tables, done),
+                    Some(t) => t.post_inline(rail, run, &self.engine.tables, done),
                     None => Err(crate::transport::PostError {
                         rail,
                         posted: 0,
@@ -247,7 +259,7 @@ impl State {
     }
 
     pub(crate) fn fence(&mut self, reason: impl Into<Arc<str>>) {
-        self.core.fence(reason.into());
+        self.engine.fence(reason);
     }
 
     pub(crate) fn add_rail(&mut self, owner: Owner, spec: RailSpec) -> RailId {

@@ -4,12 +4,23 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use orbitte_memory::HostMemory;
-use orbitte_wire::{self as wire};
+use orbitte_wire::{self as wire, Epoch, SourceId};
 
-use super::{PeerState, TransferRequest};
+use crate::engine::TransferRequest;
 use crate::outcome::RequestError;
 use crate::registration::RegEntry;
-use crate::transport::{Op, PeerId, PostContext, RangeId, RegistrationId};
+use crate::transport::{Op, PeerId, PostContext, RailId, RangeId, RegistrationId};
+
+/// An open peer: its source owner and epoch, the sessions it was admitted
+/// on, the ranges it published, its rails.
+#[derive(Debug)]
+pub(crate) struct PeerState {
+    pub(crate) source_id: SourceId,
+    pub(crate) epoch: Epoch,
+    pub(crate) sessions: Vec<wire::SessionId>,
+    pub(crate) ranges: HashMap<RangeId, wire::RangeDescriptor>,
+    pub(crate) rails: Vec<RailId>,
+}
 
 /// The registration and peer tables, lent to transports while they post.
 #[derive(Debug, Default)]

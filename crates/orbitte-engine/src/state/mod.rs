@@ -1,0 +1,338 @@
+//! The engine's state below the line: sans-IO, as [`Core`] is.
+//!
+//! [`EngineState`] owns the core, the registration and peer tables and the
+//! budget ledger, and decides admission: it validates a batch against the
+//! tables (registration published, range inside it, peer open, range
+//! published with the right access), chooses each request's rails (dispatch
+//! mask, rail up, keys on both NICs, affinity class, rotation), refuses
+//! everything while fenced, and refuses to forget a registration that
+//! requests still hold. No threads, sockets or clock inside: time is an
+//! argument, and `cargo xtask tidy` keeps it that way.
+//!
+//! The driver (`crate::engine`) wraps it: it owns the threads, the clock,
+//! the NIC contexts and the transports, and pumps the core in the order
+//! `crate::core` documents:
+//!
+//! 1. [`EngineState::submit`] a batch (or [`EngineState::admit`] it and hand
+//!    the requests to [`Core::submit`] after arming what it tracks);
+//! 2. `core.poll_work` and post each rail's run; feed completions and rail
+//!    events to `core.handle_event`, deadlines to `core.handle_timeout`;
+//! 3. take outcomes with `core.poll_outcome` and flushes with
+//!    `core.poll_flush`.
+//!
+//! Tests drive it with a scripted transport on virtual time
+//! (`state/tests.rs`, and the fault fuzz in `state/fuzz.rs`).
+
+#[cfg(test)]
+mod fuzz;
+mod tables;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use tables::{PeerState, Tables, published_remote};
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use orbitte_memory::HostMemory;
+use orbitte_topology::{DeviceMask, NicId};
+use orbitte_wire::{self as wire, Epoch, SourceId};
+
+use crate::core::{Core, CoreConfig, CoreRequest};
+use crate::engine::TransferRequest;
+use crate::error::{RegisterError, UnregisterError};
+use crate::outcome::{RailRefusal, RequestError, RequestId, SubmitError};
+use crate::registration::{
+    Access, Budgets, Charges, Ledger, MemoryPath, RegEntry, RegState, Registration,
+};
+use crate::transport::{PathKind, PeerId, RailId, RailSpec, RangeId, RegistrationId};
+
+/// The tables, the ledger and the core, with the rules of admission.
+/// See the module docs for how a driver calls it.
+#[derive(Debug)]
+pub(crate) struct EngineState {
+    pub(crate) core: Core,
+    pub(crate) tables: Tables,
+    /// Invariant: `ledger.in_use` is the sum of the registrations'
+    /// charges plus what cleanup failures retain.
+    pub(crate) ledger: Ledger,
+    /// The next registration id (ids are never reused).
+    pub(crate) next_reg: u64,
+    /// The next peer id (ids are never reused).
+    pub(crate) next_peer: u32,
+    /// Rotates each request's first rail among its allowed rails.
+    rotor: usize,
+}
+
+impl EngineState {
+    /// An empty state: no registrations, peers or rails.
+    pub(crate) fn new(core: CoreConfig, budgets: Budgets) -> Self {
+        Self {
+            core: Core::new(core),
+            tables: Tables::default(),
+            ledger: Ledger {
+                budgets,
+                in_use: Charges::default(),
+            },
+            next_reg: 1,
+            next_peer: 1,
+            rotor: 0,
+        }
+    }
+
+    /// Validates a batch and chooses each request's rails: all admitted or
+    /// none (the error names the first bad request). Nothing is submitted:
+    /// the caller hands the result to [`Core::submit`] (or calls
+    /// [`submit`](Self::submit)).
+    pub(crate) fn admit(
+        &mut self,
+        batch: &[TransferRequest],
+        mask: DeviceMask,
+    ) -> Result<Vec<CoreRequest>, SubmitError> {
+        let Some(first) = batch.first() else {
+            return Err(SubmitError::Empty);
+        };
+        if let Some(reason) = self.core.fenced() {
+            return Err(SubmitError::Fenced {
+                index: 0,
+                label: first.label,
+                reason: reason.clone(),
+            });
+        }
+        let mut reqs = Vec::with_capacity(batch.len());
+        for (index, r) in batch.iter().enumerate() {
+            let bad = |error| SubmitError::Invalid {
+                index,
+                label: r.label,
+                error,
+            };
+            if r.len == 0 {
+                return Err(bad(RequestError::ZeroLength));
+            }
+            let (Some(lend), Some(rend)) = (
+                r.local_offset.checked_add(r.len),
+                r.remote_offset.checked_add(r.len),
+            ) else {
+                return Err(bad(RequestError::Overflow {
+                    offset: r.local_offset.max(r.remote_offset),
+                    len: r.len,
+                }));
+            };
+            let Some(reg) = self
+                .tables
+                .regs
+                .get(&r.registration.0)
+                .filter(|e| e.state == RegState::Published)
+            else {
+                return Err(bad(RequestError::UnpublishedLocal(r.registration)));
+            };
+            let size = reg.memory.len() as u64;
+            if lend > size {
+                return Err(bad(RequestError::OutOfRange {
+                    side: "local",
+                    offset: r.local_offset,
+                    len: r.len,
+                    size,
+                }));
+            }
+            let (peer, desc) = published_remote(&self.tables, r, rend).map_err(bad)?;
+            let mut why = Vec::new();
+            let mut rails = Vec::with_capacity(peer.rails.len());
+            for &rail in &peer.rails {
+                let spec = self.core.rail_spec(rail);
+                let nic = spec.and_then(|s| s.nic);
+                if let Some(n) = nic
+                    && !mask.contains(NicId(n))
+                {
+                    why.push(RailRefusal::OutsideMask {
+                        rail,
+                        nic: NicId(n),
+                        mask,
+                    });
+                    continue;
+                }
+                if !self.core.rail_is_up(rail) {
+                    why.push(match self.core.rail_down_reason(rail) {
+                        Some(reason) => RailRefusal::Down { rail, reason },
+                        None => RailRefusal::Unknown { rail },
+                    });
+                    continue;
+                }
+                if let Some(n) = nic
+                    && spec.is_some_and(|s| s.path == PathKind::Rdma)
+                {
+                    let remote_nic = spec.and_then(|s| s.remote_nic).unwrap_or(u32::MAX);
+                    if reg.copies_on(n).is_none()
+                        || !desc
+                            .rkeys
+                            .iter()
+                            .any(|k| u32::from(k.nic_id.0) == remote_nic)
+                    {
+                        why.push(RailRefusal::NoKeys { rail });
+                        continue;
+                    }
+                }
+                rails.push(rail);
+            }
+            if rails.is_empty() {
+                if why.is_empty() {
+                    why.push(RailRefusal::NoRails);
+                }
+                return Err(bad(RequestError::NoRail { peer: r.peer, why }));
+            }
+            // Affinity allows the rails whose NIC is in the best class for
+            // this memory among the usable ones (all of them when the
+            // memory's location is unknown); rotate among those.
+            let class = |rail: &RailId| {
+                let nic = self.core.rail_spec(*rail).and_then(|s| s.nic);
+                nic.map_or(0, |n| reg.affinity_class(n))
+            };
+            if let Some(best) = rails.iter().map(class).min() {
+                rails.retain(|r| class(r) == best);
+            }
+            let k = rails.len();
+            rails.rotate_left(self.rotor % k);
+            self.rotor = self.rotor.wrapping_add(1);
+            reqs.push(CoreRequest {
+                label: r.label,
+                op: r.op,
+                registration: r.registration,
+                local_offset: r.local_offset,
+                peer: r.peer,
+                range: r.range,
+                remote_offset: r.remote_offset,
+                len: r.len,
+                rails,
+                keepalive: Some(reg.pin.clone()),
+            });
+        }
+        Ok(reqs)
+    }
+
+    /// [`admit`](Self::admit)s a batch and submits it to the core at `now`.
+    // The driver admits and submits apart (it arms notifications between);
+    // tests submit in one step.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn submit(
+        &mut self,
+        now: Instant,
+        batch: &[TransferRequest],
+        mask: DeviceMask,
+    ) -> Result<Vec<RequestId>, SubmitError> {
+        let reqs = self.admit(batch, mask)?;
+        self.core.submit(now, reqs)
+    }
+
+    /// Publishes host memory for the tcp and local paths only: no memory
+    /// region on any NIC, nothing charged. Refused while fenced.
+    pub(crate) fn register_unpinned(
+        &mut self,
+        memory: Arc<HostMemory>,
+        access: Access,
+    ) -> Result<Registration, RegisterError> {
+        if let Some(reason) = self.core.fenced().cloned() {
+            return Err(RegisterError::Fenced { reason });
+        }
+        let len = memory.len() as u64;
+        let id = self.insert_registration(RegEntry::published(
+            memory,
+            access,
+            Vec::new(),
+            Charges::default(),
+            Vec::new(),
+        ));
+        Ok(Registration {
+            id,
+            len,
+            access,
+            copies: 0,
+            path: MemoryPath::HostWithoutRdma,
+        })
+    }
+
+    /// Adds a published entry (its charges already in the ledger) under a
+    /// fresh id.
+    pub(crate) fn insert_registration(&mut self, entry: RegEntry) -> RegistrationId {
+        let id = self.next_reg;
+        self.next_reg += 1;
+        self.tables.regs.insert(id, entry);
+        RegistrationId(id)
+    }
+
+    /// Takes a registration out of the table, releasing its charges from
+    /// the ledger; the caller closes its copies (and charges back what a
+    /// failed close retains). Refused while requests on it are undrained.
+    pub(crate) fn take_registration(
+        &mut self,
+        registration: RegistrationId,
+    ) -> Result<RegEntry, UnregisterError> {
+        let Some(entry) = self.tables.regs.get(&registration.0) else {
+            return Err(UnregisterError::Unknown(registration));
+        };
+        let requests = entry.undrained();
+        if requests > 0 {
+            return Err(UnregisterError::Undrained {
+                id: registration,
+                requests,
+            });
+        }
+        let entry = self
+            .tables
+            .regs
+            .remove(&registration.0)
+            .ok_or(UnregisterError::Unknown(registration))?;
+        self.ledger.release(entry.charge);
+        Ok(entry)
+    }
+
+    /// Records a newly admitted peer with the ranges it published.
+    // The driver's sessions record peers through their own admission
+    // (reconnect, replacement); tests open them here.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn open_peer(
+        &mut self,
+        source_id: SourceId,
+        epoch: Epoch,
+        ranges: &[wire::RangeDescriptor],
+    ) -> PeerId {
+        let id = self.next_peer;
+        self.next_peer += 1;
+        self.tables.peers.insert(
+            id,
+            PeerState {
+                source_id,
+                epoch,
+                sessions: Vec::new(),
+                ranges: ranges
+                    .iter()
+                    .map(|r| (RangeId(r.range_id.0), r.clone()))
+                    .collect::<HashMap<_, _>>(),
+                rails: Vec::new(),
+            },
+        );
+        PeerId(id)
+    }
+
+    /// Adds a rail to the core and to its peer's rails.
+    // The driver also records which transport owns the rail.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn add_rail(&mut self, spec: RailSpec) -> RailId {
+        let peer = spec.peer;
+        let rail = self.core.add_rail(spec);
+        if let Some(p) = self.tables.peers.get_mut(&peer.0) {
+            p.rails.push(rail);
+        }
+        rail
+    }
+
+    /// Why new admission is refused, if it is.
+    pub(crate) fn fenced(&self) -> Option<&Arc<str>> {
+        self.core.fenced()
+    }
+
+    /// Refuses new admission from now on, with the reason.
+    pub(crate) fn fence(&mut self, reason: impl Into<Arc<str>>) {
+        self.core.fence(reason.into());
+    }
+}

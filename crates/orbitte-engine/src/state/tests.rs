@@ -1,0 +1,534 @@
+//! `EngineState` contract tests on virtual time: a scripted transport
+//! moves real bytes between a registration and a peer's published range,
+//! and the clock moves only when a test advances it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use orbitte_memory::HostMemory;
+use orbitte_topology::DeviceMask;
+use orbitte_wire::{self as wire, Epoch, SourceId};
+
+use super::EngineState;
+use crate::core::CoreConfig;
+use crate::engine::TransferRequest;
+use crate::error::{RegisterError, UnregisterError};
+use crate::outcome::{
+    DrainStatus, Outcome, RailRefusal, RequestError, RequestId, Status, SubmitError,
+};
+use crate::registration::{Access, Budgets, Charges};
+use crate::transport::{
+    Op, PathKind, PeerId, PostError, RailId, RailSpec, RangeId, RegistrationId, SliceFailure,
+    SliceStatus, SliceToken, TransportEvent, WorkItem,
+};
+
+pub(super) const SLICE: u32 = 1024;
+/// Bytes of the local registration and of the peer's range.
+pub(super) const SIZE: usize = 16 * 1024;
+pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_millis(100);
+pub(super) const DRAIN_TIMEOUT: Duration = Duration::from_millis(50);
+
+pub(super) fn config() -> CoreConfig {
+    CoreConfig {
+        slice_size: SLICE,
+        request_timeout: REQUEST_TIMEOUT,
+        drain_timeout: DRAIN_TIMEOUT,
+    }
+}
+
+/// What the scripted transport does with the next item of a rail.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Fate {
+    Ok,
+    /// Moves half the bytes, then reports an error completion.
+    ErrorHalf,
+    /// Never reports (until flushed).
+    Hang,
+}
+
+/// An `EngineState` with one local registration, one peer with one
+/// published range, and rails to it; the "remote" is a second buffer.
+pub(super) struct Sim {
+    pub(super) st: EngineState,
+    pub(super) now: Instant,
+    pub(super) local: Arc<HostMemory>,
+    pub(super) remote: Arc<HostMemory>,
+    pub(super) reg: RegistrationId,
+    pub(super) peer: PeerId,
+    pub(super) range: RangeId,
+    pub(super) rails: Vec<RailId>,
+    queues: Vec<VecDeque<(WorkItem, bool)>>,
+    /// The rail is in error: what remains on it is flushed.
+    broken: Vec<bool>,
+    pub(super) outcomes: HashMap<RequestId, Outcome>,
+    work: Vec<WorkItem>,
+    /// The next post accepts only this many items, then fails.
+    pub(super) fail_next_post: Option<usize>,
+    /// Every data item the transport accepted.
+    pub(super) accepted: Vec<WorkItem>,
+}
+
+/// The local registration's bytes before any request.
+pub(super) fn local_before() -> &'static [u8] {
+    static BYTES: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    BYTES.get_or_init(|| pattern(SIZE, 3))
+}
+
+/// The peer's range's bytes before any request.
+pub(super) fn remote_before() -> &'static [u8] {
+    static BYTES: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    BYTES.get_or_init(|| pattern(SIZE, 101))
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+impl Sim {
+    /// Rails of the given (depth, signal interval), tcp path, no NIC.
+    pub(super) fn new(rails: &[(u32, u32)]) -> Self {
+        let mut st = EngineState::new(config(), Budgets::default());
+        let local = HostMemory::alloc(SIZE).expect("test memory");
+        let remote = HostMemory::alloc(SIZE).expect("test memory");
+        local.write_at(0, local_before()).expect("in range");
+        remote.write_at(0, remote_before()).expect("in range");
+        let reg = st
+            .register_unpinned(local.clone(), Access::REMOTE_READ_WRITE)
+            .expect("not fenced")
+            .id;
+        let range = RangeId(7);
+        let desc = wire::RangeDescriptor {
+            range_id: wire::RangeId(range.0),
+            address: 0x10_0000,
+            length: SIZE as u64,
+            access: Access::REMOTE_READ_WRITE.wire_flags(),
+            token: wire::AccessToken(9),
+            rkeys: Vec::new(),
+            local: None,
+        };
+        let peer = st.open_peer(
+            SourceId::new("peer").expect("valid"),
+            Epoch::MIN,
+            std::slice::from_ref(&desc),
+        );
+        let rails: Vec<RailId> = rails
+            .iter()
+            .map(|&(depth, interval)| {
+                st.add_rail(RailSpec {
+                    path: PathKind::Tcp,
+                    peer,
+                    nic: None,
+                    remote_nic: None,
+                    max_in_flight: depth,
+                    signal_interval: interval,
+                })
+            })
+            .collect();
+        let n = rails.len();
+        Self {
+            st,
+            now: Instant::now(),
+            local,
+            remote,
+            reg,
+            peer,
+            range,
+            rails,
+            queues: vec![VecDeque::new(); n],
+            broken: vec![false; n],
+            outcomes: HashMap::new(),
+            work: Vec::new(),
+            fail_next_post: None,
+            accepted: Vec::new(),
+        }
+    }
+
+    /// Adds a rail (tcp path, depth 4, every item signaled) on `nic`.
+    pub(super) fn add_rail(&mut self, nic: Option<u32>) -> RailId {
+        let rail = self.st.add_rail(RailSpec {
+            path: PathKind::Tcp,
+            peer: self.peer,
+            nic,
+            remote_nic: None,
+            max_in_flight: 4,
+            signal_interval: 1,
+        });
+        self.rails.push(rail);
+        self.queues.push(VecDeque::new());
+        self.broken.push(false);
+        rail
+    }
+
+    pub(super) fn request(&self, op: Op, local: u64, remote: u64, len: u64) -> TransferRequest {
+        let r = match op {
+            Op::Read => TransferRequest::read,
+            Op::Write => TransferRequest::write,
+        };
+        r(self.reg, local, self.peer, self.range, remote, len).label(local)
+    }
+
+    pub(super) fn submit(
+        &mut self,
+        batch: &[TransferRequest],
+    ) -> Result<Vec<RequestId>, SubmitError> {
+        self.st.submit(self.now, batch, DeviceMask::ALL)
+    }
+
+    /// Rail index of a rail id.
+    fn index(&self, rail: RailId) -> usize {
+        self.rails
+            .iter()
+            .position(|r| *r == rail)
+            .expect("a rail of this sim")
+    }
+
+    /// Posts what the core has, collects outcomes and flushes.
+    pub(super) fn pump(&mut self) {
+        self.work.clear();
+        self.st.core.poll_work(&mut self.work);
+        let mut start = 0;
+        while start < self.work.len() {
+            let rail = self.work[start].rail;
+            let end = self.work[start..]
+                .iter()
+                .position(|w| w.rail != rail)
+                .map_or(self.work.len(), |p| start + p);
+            let accepted = self
+                .fail_next_post
+                .take()
+                .map_or(end - start, |k| k.min(end - start));
+            let i = self.index(rail);
+            for w in &self.work[start..start + accepted] {
+                self.queues[i].push_back((*w, false));
+                self.accepted.push(*w);
+            }
+            if accepted < end - start {
+                let err = PostError {
+                    rail,
+                    posted: accepted,
+                    reason: "injected post failure".into(),
+                };
+                let run = self.work[start..end].to_vec();
+                self.st.core.handle_post_error(self.now, &err, &run);
+            }
+            start = end;
+        }
+        while let Some(o) = self.st.core.poll_outcome() {
+            assert!(
+                self.outcomes.insert(o.request, o).is_none(),
+                "one outcome per request"
+            );
+        }
+        while let Some((rail, marker)) = self.st.core.poll_flush(self.now) {
+            self.flush_marked(rail, marker);
+        }
+    }
+
+    fn copy(&self, w: &WorkItem, len: usize) {
+        let (l, r) = (w.local_offset as usize, w.remote_offset as usize);
+        let mut buf = vec![0; len];
+        let (from, to, at_from, at_to) = match w.op {
+            Op::Write => (&self.local, &self.remote, l, r),
+            Op::Read => (&self.remote, &self.local, r, l),
+        };
+        from.read_at(at_from, &mut buf).expect("in range");
+        to.write_at(at_to, &buf).expect("in range");
+    }
+
+    /// Executes the head item of rail `i` with `fate`; reports it if
+    /// signaled (or failed). Returns false if nothing ran.
+    pub(super) fn step(&mut self, i: usize, fate: Fate) -> bool {
+        let Some((w, _)) = self.queues[i].front().copied() else {
+            return false;
+        };
+        if self.broken[i] {
+            self.queues[i].pop_front();
+            self.report(w, SliceStatus::Failed(SliceFailure::Flushed));
+            return true;
+        }
+        match fate {
+            Fate::Hang => {
+                if let Some(front) = self.queues[i].front_mut() {
+                    front.1 = true;
+                }
+                return false;
+            }
+            Fate::Ok => {
+                self.queues[i].pop_front();
+                self.copy(&w, w.len as usize);
+                if w.signaled {
+                    self.report(w, SliceStatus::Success);
+                }
+            }
+            Fate::ErrorHalf => {
+                self.queues[i].pop_front();
+                self.copy(&w, w.len as usize / 2);
+                self.broken[i] = true;
+                let status = SliceFailure::Completion {
+                    status: "IBV_WC_RETRY_EXC_ERR".into(),
+                    code: 12,
+                };
+                self.report(w, SliceStatus::Failed(status));
+            }
+        }
+        true
+    }
+
+    /// Whether the head item of rail `i` hangs.
+    pub(super) fn hung(&self, i: usize) -> bool {
+        self.queues[i].front().is_some_and(|q| q.1)
+    }
+
+    fn report(&mut self, w: WorkItem, status: SliceStatus) {
+        let ev = TransportEvent::Completed {
+            rail: w.rail,
+            token: w.token,
+            status,
+            released: true,
+        };
+        self.st.core.handle_event(self.now, ev);
+    }
+
+    /// The flush: the rail to error, then a signaled marker that reports
+    /// after everything queued before it.
+    fn flush_marked(&mut self, rail: RailId, marker: SliceToken) {
+        let i = self.index(rail);
+        self.broken[i] = true;
+        let m = WorkItem {
+            token: marker,
+            rail,
+            op: Op::Write,
+            registration: RegistrationId(0),
+            local_offset: 0,
+            peer: PeerId(0),
+            range: RangeId(0),
+            remote_offset: 0,
+            len: 0,
+            signaled: true,
+        };
+        self.queues[i].push_back((m, false));
+        self.flush(i);
+    }
+
+    /// The rail to error: every queued item reports flushed.
+    pub(super) fn flush(&mut self, i: usize) {
+        self.broken[i] = true;
+        while self.step(i, Fate::Ok) {}
+    }
+
+    /// The rail goes down (its port paused) and its queue is flushed.
+    pub(super) fn rail_down(&mut self, i: usize) {
+        let ev = TransportEvent::RailDown {
+            rail: self.rails[i],
+            reason: "port paused".into(),
+        };
+        self.st.core.handle_event(self.now, ev);
+        self.flush(i);
+    }
+
+    pub(super) fn advance(&mut self, d: Duration) {
+        self.now += d;
+        self.st.core.handle_timeout(self.now);
+        self.pump();
+    }
+
+    /// Runs every rail until nothing moves.
+    pub(super) fn run_ok(&mut self) {
+        loop {
+            self.pump();
+            let mut any = false;
+            for i in 0..self.queues.len() {
+                while !self.hung(i) && self.step(i, Fate::Ok) {
+                    any = true;
+                }
+            }
+            if !any {
+                self.pump();
+                break;
+            }
+        }
+    }
+}
+
+#[test]
+fn bytes_arrive_and_every_request_has_its_outcome() {
+    let mut sim = Sim::new(&[(4, 2), (4, 1)]);
+    let w = sim.request(Op::Write, 0, 0, 5000);
+    let r = sim.request(Op::Read, 8192, 12288, 3000);
+    let ids = sim.submit(&[w, r]).unwrap();
+    sim.run_ok();
+    for id in &ids {
+        let o = &sim.outcomes[id];
+        assert_eq!(o.status, Status::Complete, "{o:?}");
+        assert_eq!(o.drain, DrainStatus::Drained, "{o:?}");
+    }
+    let (local, remote) = (local_before(), remote_before());
+    assert_eq!(sim.remote.to_vec(0, 5000).unwrap(), local[..5000]);
+    assert_eq!(sim.remote.to_vec(5000, 100).unwrap(), remote[5000..5100]);
+    assert_eq!(sim.local.to_vec(8192, 3000).unwrap(), remote[12288..15288]);
+    assert_eq!(sim.local.to_vec(11192, 100).unwrap(), local[11192..11292]);
+    // Both rails carried slices.
+    for rail in &sim.rails {
+        assert!(sim.accepted.iter().any(|w| w.rail == *rail), "{rail:?}");
+    }
+}
+
+#[test]
+fn a_bad_request_refuses_the_whole_batch_and_nothing_is_posted() {
+    let mut sim = Sim::new(&[(4, 1)]);
+    let good = sim.request(Op::Write, 0, 0, 100);
+    let cases = [
+        (
+            sim.request(Op::Write, 0, SIZE as u64 - 10, 11),
+            "remote out of range",
+        ),
+        (
+            sim.request(Op::Read, SIZE as u64, 0, 1),
+            "local out of range",
+        ),
+        (sim.request(Op::Read, 0, 0, 0), "zero length"),
+        (sim.request(Op::Read, u64::MAX, 0, 2), "overflow"),
+        (
+            TransferRequest::read(RegistrationId(99), 0, sim.peer, sim.range, 0, 1),
+            "unknown registration",
+        ),
+        (
+            TransferRequest::read(sim.reg, 0, PeerId(42), sim.range, 0, 1),
+            "unknown peer",
+        ),
+        (
+            TransferRequest::read(sim.reg, 0, sim.peer, RangeId(8), 0, 1),
+            "unpublished range",
+        ),
+    ];
+    for (bad, what) in cases {
+        let err = sim.submit(&[good, bad.label(77)]).unwrap_err();
+        let SubmitError::Invalid {
+            index,
+            label,
+            error,
+        } = &err
+        else {
+            panic!("{what}: {err:?}");
+        };
+        assert_eq!((*index, *label), (1, 77), "{what}: {err:?}");
+        match what {
+            "remote out of range" => assert!(
+                matches!(error, RequestError::OutOfRange { side: "remote", .. }),
+                "{err:?}"
+            ),
+            "local out of range" => assert!(
+                matches!(error, RequestError::OutOfRange { side: "local", .. }),
+                "{err:?}"
+            ),
+            "zero length" => assert_eq!(error, &RequestError::ZeroLength),
+            "overflow" => assert!(matches!(error, RequestError::Overflow { .. }), "{err:?}"),
+            "unknown registration" => {
+                assert_eq!(error, &RequestError::UnpublishedLocal(RegistrationId(99)))
+            }
+            "unknown peer" => assert_eq!(error, &RequestError::UnknownPeer(PeerId(42))),
+            _ => assert!(
+                matches!(error, RequestError::UnpublishedRemote { .. }),
+                "{err:?}"
+            ),
+        }
+    }
+    assert!(matches!(sim.submit(&[]), Err(SubmitError::Empty)));
+    sim.pump();
+    assert!(sim.accepted.is_empty(), "nothing posted");
+    assert_eq!(sim.st.core.outstanding_slices(), 0);
+    assert_eq!(sim.st.tables.regs[&sim.reg.0].undrained(), 0, "no pin kept");
+}
+
+#[test]
+fn rail_choice_skips_masked_and_down_rails_and_names_each() {
+    let mut sim = Sim::new(&[(4, 1)]);
+    let masked = sim.add_rail(Some(5));
+    let only_0 = DeviceMask::of([orbitte_topology::NicId(0)]);
+    sim.st.core.handle_event(
+        sim.now,
+        TransportEvent::RailDown {
+            rail: sim.rails[0],
+            reason: "port paused".into(),
+        },
+    );
+    let w = sim.request(Op::Write, 0, 0, 10);
+    let err = sim.st.submit(sim.now, &[w], only_0).unwrap_err();
+    let SubmitError::Invalid {
+        error: RequestError::NoRail { peer, why },
+        ..
+    } = &err
+    else {
+        panic!("{err:?}");
+    };
+    assert_eq!(*peer, sim.peer);
+    assert_eq!(why.len(), 2, "{why:?}");
+    assert!(
+        matches!(&why[0], RailRefusal::Down { rail, reason } if *rail == sim.rails[0] && reason.contains("paused")),
+        "{why:?}"
+    );
+    assert!(
+        matches!(&why[1], RailRefusal::OutsideMask { rail, .. } if *rail == masked),
+        "{why:?}"
+    );
+    // With the mask allowing NIC 5, the masked rail takes the request.
+    let ids = sim.st.submit(sim.now, &[w], DeviceMask::ALL).unwrap();
+    sim.pump();
+    assert_eq!(ids.len(), 1);
+    assert!(sim.accepted.iter().all(|w| w.rail == masked));
+    assert!(!sim.accepted.is_empty());
+}
+
+#[test]
+fn a_fenced_state_admits_nothing() {
+    let mut sim = Sim::new(&[(4, 1)]);
+    sim.st
+        .fence("unquiesced during shutdown: MR destroy failed");
+    let w = sim.request(Op::Write, 0, 0, 10);
+    let err = sim.submit(&[w]).unwrap_err();
+    assert!(
+        matches!(&err, SubmitError::Fenced { index: 0, reason, .. } if reason.contains("MR destroy failed")),
+        "{err:?}"
+    );
+    let mem = HostMemory::alloc(4096).unwrap();
+    let err = sim
+        .st
+        .register_unpinned(mem, Access::LocalOnly)
+        .unwrap_err();
+    assert!(matches!(err, RegisterError::Fenced { .. }), "{err:?}");
+    sim.pump();
+    assert!(sim.accepted.is_empty());
+}
+
+#[test]
+fn a_registration_stays_until_its_requests_drained_on_virtual_time() {
+    let mut sim = Sim::new(&[(4, 1)]);
+    let w = sim.request(Op::Write, 0, 0, 2 * u64::from(SLICE));
+    let ids = sim.submit(&[w]).unwrap();
+    sim.pump();
+    assert!(!sim.step(0, Fate::Hang), "the first slice hangs");
+    let err = sim.st.take_registration(sim.reg).unwrap_err();
+    assert!(
+        matches!(err, UnregisterError::Undrained { requests: 1, .. }),
+        "{err:?}"
+    );
+    // The request times out logically; its slices stay with the transport.
+    sim.advance(REQUEST_TIMEOUT);
+    let o = &sim.outcomes[&ids[0]];
+    assert_eq!(o.status, Status::TimedOut, "{o:?}");
+    assert!(matches!(o.drain, DrainStatus::Pending { .. }), "{o:?}");
+    assert!(sim.st.take_registration(sim.reg).is_err());
+    // Past the drain timeout the rail is flushed, which drains it.
+    sim.advance(DRAIN_TIMEOUT);
+    assert_eq!(sim.st.core.drain_status(ids[0]), DrainStatus::Drained);
+    let entry = sim.st.take_registration(sim.reg).unwrap();
+    assert_eq!(entry.charge, Charges::default());
+    assert_eq!(sim.st.ledger.in_use, Charges::default());
+    assert!(matches!(
+        sim.st.take_registration(sim.reg),
+        Err(UnregisterError::Unknown(_))
+    ));
+}
