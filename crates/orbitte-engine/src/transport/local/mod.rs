@@ -44,7 +44,8 @@ use orbitte_wire::{
 use crate::session::{PeerIdentity, SessionConfig, SessionError, SharedPeerTable, handshake};
 use crate::transport::{
     CleanupError, EventSink, NotifyError, Op, PathKind, PeerId, PostContext, PostError, RailId,
-    SliceFailure, SliceStatus, Transport, TransportEvent, WorkItem, close_rails_now,
+    RegistrationId, SliceFailure, SliceStatus, Transport, TransportEvent, WorkItem,
+    close_rails_now,
 };
 use liveness::TargetSession;
 
@@ -362,6 +363,42 @@ impl LocalTransport {
 /// memcpy.
 pub const INLINE_BYTES: u64 = 1 << 20;
 
+/// The memory that a post's items name, looked up again only when an item
+/// names another registration or range than the one before it (a post's
+/// items mostly name one of each).
+struct Lookups<'a> {
+    ctx: &'a dyn PostContext,
+    /// The ranges of the rail's peer mapped here.
+    maps: Option<&'a HashMap<RangeId, Mapped>>,
+    local: Option<(RegistrationId, Option<&'a Arc<HostMemory>>)>,
+    remote: Option<(RangeId, Option<&'a Mapped>)>,
+}
+
+impl<'a> Lookups<'a> {
+    fn local(&mut self, registration: RegistrationId) -> Option<&'a Arc<HostMemory>> {
+        match self.local {
+            Some((r, memory)) if r == registration => memory,
+            _ => {
+                let memory = self.ctx.memory(registration);
+                self.local = Some((registration, memory));
+                memory
+            }
+        }
+    }
+
+    fn remote(&mut self, item: &WorkItem) -> Option<&'a Mapped> {
+        let range = RangeId(item.range.0);
+        match self.remote {
+            Some((r, mapped)) if r == range => mapped,
+            _ => {
+                let mapped = self.maps.and_then(|m| m.get(&range));
+                self.remote = Some((range, mapped));
+                mapped
+            }
+        }
+    }
+}
+
 /// Most ranges one local session may hand out (each holds an fd here).
 const MAX_LOCAL_RANGES: usize = 4096;
 
@@ -631,15 +668,19 @@ impl LocalTransport {
                 reason: "unknown local rail".into(),
             });
         };
+        let maps = self.maps.read().unwrap_or_else(|p| p.into_inner());
+        let mut look = Lookups {
+            ctx,
+            maps: maps.get(&r.peer),
+            local: None,
+            remote: None,
+        };
         // Items after one whose registration is gone are not posted.
         let accepted = items
             .iter()
-            .position(|it| ctx.memory(it.registration).is_none())
+            .position(|it| look.local(it.registration).is_none())
             .unwrap_or(items.len());
         let (items, refused) = items.split_at(accepted);
-        let maps = self.maps.read().unwrap_or_else(|p| p.into_inner());
-        let peer_maps = maps.get(&r.peer);
-        let remote_of = |it: &WorkItem| peer_maps.and_then(|m| m.get(&RangeId(it.range.0)));
         let (here, queued) = {
             let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
             if q.closed {
@@ -670,11 +711,11 @@ impl LocalTransport {
                 .count();
             let (here, queued) = items.split_at(here);
             for item in queued {
-                if let Some(local) = ctx.memory(item.registration) {
+                if let Some(local) = look.local(item.registration) {
                     q.jobs.push_back(Job {
                         item: *item,
                         local: local.clone(),
-                        remote: remote_of(item).cloned(),
+                        remote: look.remote(item).cloned(),
                     });
                 }
             }
@@ -687,8 +728,8 @@ impl LocalTransport {
             let mut alive = Alive::default();
             let first = done.len();
             for it in here {
-                let status = match ctx.memory(it.registration) {
-                    Some(local) => execute(it, local, remote_of(it)),
+                let status = match look.local(it.registration) {
+                    Some(local) => execute(it, local, look.remote(it)),
                     None => failed(Status::INTERNAL),
                 };
                 done.push(TransportEvent::Completed {
@@ -701,7 +742,7 @@ impl LocalTransport {
             for (it, ev) in here.iter().zip(&mut done[first..]) {
                 if let TransportEvent::Completed { status, .. } = ev {
                     let s = std::mem::replace(status, SliceStatus::Success);
-                    *status = alive.confirm(remote_of(it), s);
+                    *status = alive.confirm(look.remote(it), s);
                 }
             }
             if alive.saw_exit && !r.exit_reported.swap(true, Ordering::Relaxed) {
