@@ -65,8 +65,6 @@ impl EngineBuilder {
             init: None,
             nic_order: Vec::new(),
             outcomes: super::waiters::Outcomes::default(),
-            unquiesced: Vec::new(),
-            reap: Vec::new(),
             who: (source_id.as_str().to_owned(), epoch),
             notify: crate::notify::tracker::Tracker::default(),
             recovery: crate::recovery::Recoveries::new(self.recovery),

@@ -27,16 +27,7 @@ impl TransferEngine {
     }
 
     pub(crate) fn record_unquiesced(&self, st: &mut State, u: &Unquiesced) {
-        tracing::error!(error = %u, "unquiesced: fencing new admission");
-        st.fence(format!(
-            "unquiesced during {}: {}",
-            u.during,
-            u.failures
-                .first()
-                .map(|f| f.to_string())
-                .unwrap_or_default()
-        ));
-        st.unquiesced.push(u.clone());
+        st.engine.record_unquiesced(u.clone());
     }
 
     /// Fences the engine, cancels what runs, waits up to `timeout` for

@@ -41,10 +41,6 @@ pub(crate) struct State {
     pub(crate) nic_order: Vec<u32>,
     /// Outcomes not taken yet, and the threads waiting for them.
     pub(crate) outcomes: super::waiters::Outcomes,
-    pub(crate) unquiesced: Vec<Unquiesced>,
-    /// Closed rdma rails waiting for their flushed work to drain before
-    /// their queue pair is destroyed.
-    pub(crate) reap: Vec<RailId>,
     /// This engine's source id and epoch (for `Unquiesced` evidence).
     pub(crate) who: (String, Epoch),
     /// Notifying batches whose outcomes are held until they resolve.
@@ -186,17 +182,10 @@ impl State {
                 }
             }
         }
-        if !self.reap.is_empty() {
-            let ready: Vec<RailId> = self
-                .reap
-                .iter()
-                .copied()
-                .filter(|r| self.core.rail_in_flight(*r) == 0)
-                .collect();
-            self.reap.retain(|r| !ready.contains(r));
-            for rail in ready {
-                self.destroy_rdma_rail(rail);
-            }
+        let mut ready = Vec::new();
+        self.engine.take_reapable(&mut ready);
+        for rail in ready {
+            self.destroy_rdma_rail(rail);
         }
     }
 
@@ -213,9 +202,10 @@ impl State {
     /// drained; an idle one is destroyed now.
     pub(crate) fn retire_rail(&mut self, rail: RailId, now: Instant) {
         self.recovery.untrack(rail);
-        let busy = self.core.close_rail(rail, now);
+        let rdma = self.owner.get(rail.0 as usize) == Some(&Owner::Rdma);
+        let busy = self.engine.close_rail(rail, now, rdma);
         match self.owner.get(rail.0 as usize) {
-            Some(Owner::Rdma) if busy => self.reap.push(rail),
+            Some(Owner::Rdma) if busy => {}
             Some(Owner::Rdma) => self.destroy_rdma_rail(rail),
             Some(Owner::Other(t)) if !busy => {
                 if let Some(tr) = self.others.get_mut(*t)
@@ -246,16 +236,7 @@ impl State {
             failures: vec![failure],
             retained: Charges::default(),
         };
-        tracing::error!(error = %u, "unquiesced: fencing new admission");
-        self.fence(format!(
-            "unquiesced during {}: {}",
-            u.during,
-            u.failures
-                .first()
-                .map(|f| f.to_string())
-                .unwrap_or_default()
-        ));
-        self.unquiesced.push(u);
+        self.engine.record_unquiesced(u);
     }
 
     pub(crate) fn fence(&mut self, reason: impl Into<Arc<str>>) {

@@ -5,8 +5,10 @@
 //! tables (registration published, range inside it, peer open, range
 //! published with the right access), chooses each request's rails (dispatch
 //! mask, rail up, keys on both NICs, affinity class, rotation), refuses
-//! everything while fenced, and refuses to forget a registration that
-//! requests still hold. No threads, sockets or clock inside: time is an
+//! everything while fenced (keeping the `Unquiesced` evidence that fenced
+//! it), refuses to forget a registration that requests still hold, and
+//! keeps closed rails until their work drained (reaping: the driver then
+//! destroys their queue pairs). No threads, sockets or clock inside: time is an
 //! argument, and `cargo xtask tidy` keeps it that way.
 //!
 //! The driver (`crate::engine`) wraps it: it owns the threads, the clock,
@@ -41,7 +43,7 @@ use orbitte_wire::{self as wire, Epoch, SourceId};
 
 use crate::core::{Core, CoreConfig, CoreRequest};
 use crate::engine::TransferRequest;
-use crate::error::{RegisterError, UnregisterError};
+use crate::error::{RegisterError, Unquiesced, UnregisterError};
 use crate::outcome::{RailRefusal, RequestError, RequestId, SubmitError};
 use crate::registration::{
     Access, Budgets, Charges, Ledger, MemoryPath, RegEntry, RegState, Registration,
@@ -63,6 +65,11 @@ pub(crate) struct EngineState {
     pub(crate) next_peer: u32,
     /// Rotates each request's first rail among its allowed rails.
     rotor: usize,
+    /// Every `Unquiesced` so far; each one fenced admission.
+    pub(crate) unquiesced: Vec<Unquiesced>,
+    /// Closed rails whose queue pair the driver destroys once their work
+    /// in flight drained.
+    reap: Vec<RailId>,
 }
 
 impl EngineState {
@@ -78,6 +85,8 @@ impl EngineState {
             next_reg: 1,
             next_peer: 1,
             rotor: 0,
+            unquiesced: Vec::new(),
+            reap: Vec::new(),
         }
     }
 
@@ -334,5 +343,53 @@ impl EngineState {
     /// Refuses new admission from now on, with the reason.
     pub(crate) fn fence(&mut self, reason: impl Into<Arc<str>>) {
         self.core.fence(reason.into());
+    }
+
+    /// Keeps the evidence of a cleanup that failed and fences admission
+    /// with its first failure as the reason.
+    pub(crate) fn record_unquiesced(&mut self, u: Unquiesced) {
+        tracing::error!(error = %u, "unquiesced: fencing new admission");
+        self.fence(format!(
+            "unquiesced during {}: {}",
+            u.during,
+            u.failures
+                .first()
+                .map(|f| f.to_string())
+                .unwrap_or_default()
+        ));
+        self.unquiesced.push(u);
+    }
+
+    /// Closes a rail for good: no new work, its queued work is flushed by
+    /// the next pump. Returns whether work was in flight on it; then the
+    /// rail waits in the reap list until [`take_reapable`](Self::take_reapable)
+    /// hands it back drained (when `reap_when_drained`).
+    pub(crate) fn close_rail(
+        &mut self,
+        rail: RailId,
+        now: Instant,
+        reap_when_drained: bool,
+    ) -> bool {
+        let busy = self.core.close_rail(rail, now);
+        if busy && reap_when_drained && !self.reap.contains(&rail) {
+            self.reap.push(rail);
+        }
+        busy
+    }
+
+    /// Moves the closed rails that have no work in flight any more into
+    /// `into`, for the driver to destroy.
+    pub(crate) fn take_reapable(&mut self, into: &mut Vec<RailId>) {
+        if self.reap.is_empty() {
+            return;
+        }
+        let core = &self.core;
+        self.reap.retain(|r| {
+            let drained = core.rail_in_flight(*r) == 0;
+            if drained {
+                into.push(*r);
+            }
+            !drained
+        });
     }
 }

@@ -532,3 +532,60 @@ fn a_registration_stays_until_its_requests_drained_on_virtual_time() {
         Err(UnregisterError::Unknown(_))
     ));
 }
+
+#[test]
+fn a_closed_rail_is_reaped_once_its_work_drained() {
+    let mut sim = Sim::new(&[(4, 1), (4, 1)]);
+    let w = sim.request(Op::Write, 0, 0, 4 * u64::from(SLICE));
+    let ids = sim.submit(&[w]).unwrap();
+    sim.pump();
+    assert!(!sim.step(0, Fate::Hang), "rail 0 holds its slices");
+    let mut reapable = Vec::new();
+    // An idle rail is not kept for reaping: the driver destroys it now.
+    sim.step(1, Fate::Ok);
+    sim.step(1, Fate::Ok);
+    sim.pump();
+    let idle = sim.rails[1];
+    assert!(!sim.st.close_rail(idle, sim.now, true));
+    // A busy one waits until its work in flight drained.
+    let busy = sim.rails[0];
+    assert!(sim.st.close_rail(busy, sim.now, true));
+    sim.st.take_reapable(&mut reapable);
+    assert!(reapable.is_empty(), "{reapable:?}");
+    // The next pump flushes the closed rail, which drains it.
+    sim.pump();
+    sim.st.take_reapable(&mut reapable);
+    assert_eq!(reapable, [busy]);
+    reapable.clear();
+    sim.st.take_reapable(&mut reapable);
+    assert!(reapable.is_empty(), "handed back once");
+    sim.pump();
+    let o = &sim.outcomes[&ids[0]];
+    assert_ne!(o.status, Status::Complete, "{o:?}");
+    assert_eq!(sim.st.core.drain_status(ids[0]), DrainStatus::Drained);
+}
+
+#[test]
+fn unquiesced_evidence_is_kept_and_fences_admission() {
+    let mut sim = Sim::new(&[(4, 1)]);
+    let u = crate::error::Unquiesced {
+        source_id: "a".into(),
+        epoch: Epoch::MIN,
+        during: "unregister of registration 3".into(),
+        failures: Vec::new(),
+        retained: Charges { mrs: 1, bytes: 64 },
+    };
+    sim.st.record_unquiesced(u.clone());
+    assert_eq!(sim.st.unquiesced, [u]);
+    let reason = sim.st.fenced().expect("fenced").to_string();
+    assert!(
+        reason.contains("unquiesced during unregister of registration 3"),
+        "{reason}"
+    );
+    let w = sim.request(Op::Write, 0, 0, 10);
+    let err = sim.submit(&[w]).unwrap_err();
+    assert!(
+        matches!(&err, SubmitError::Fenced { reason: r, .. } if r.contains("registration 3")),
+        "{err:?}"
+    );
+}
