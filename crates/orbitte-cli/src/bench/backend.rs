@@ -229,11 +229,17 @@ impl Backend {
                 (addr, Some(epoch))
             }
         };
-        let a = build(engine(
+        let mut a = engine(
             super::source_id(args, "initiator"),
             fabric.as_ref(),
             "sim_initiator",
-        )?)?;
+        )?;
+        if fabric.is_some() {
+            // The raw-verbs baseline posts a whole batch to a queue pair
+            // that deep; the engine's rail gets the same depth.
+            a = a.max_in_flight(args.batch_size.max(super::sim_verbs::SIGNAL_EVERY as u32));
+        }
+        let a = build(a)?;
         Self::connect(args, a, addr, want, Some(target), epoch)
     }
 

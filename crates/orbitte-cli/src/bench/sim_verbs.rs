@@ -20,7 +20,7 @@ use super::baseline::{Sample, Shape, timed};
 use crate::stats::gbps;
 
 /// Signal every this many requests (and the last of a batch).
-const SIGNAL_EVERY: usize = 16;
+pub(crate) const SIGNAL_EVERY: usize = 16;
 
 fn err(what: &str, e: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(format!("sim verbs baseline: {what}: {e}"))

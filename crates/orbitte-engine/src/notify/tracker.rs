@@ -133,6 +133,10 @@ impl Tracker {
 
     /// Feeds one outcome.
     pub(crate) fn on_outcome(&mut self, outcome: Outcome) -> Step {
+        // No notifying batch in flight (the common case): nothing to hash.
+        if self.by_request.is_empty() {
+            return Step::Release(outcome);
+        }
         let Some(id) = self.by_request.remove(&outcome.request) else {
             return Step::Release(outcome);
         };

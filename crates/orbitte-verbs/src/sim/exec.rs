@@ -59,7 +59,7 @@ pub(crate) fn step(shared: &Shared, st: &mut State, until: Option<Duration>) -> 
         if best.is_some_and(|(d, s, _)| (d, s) <= (head.due, head.seq)) {
             continue;
         }
-        if waits_for_receive(shared, st, key, head) {
+        if waits_for_receive(st, key, head) {
             continue;
         }
         best = Some((head.due, head.seq, key));
@@ -85,7 +85,7 @@ fn needs_receive(op: &SendOp) -> bool {
 /// reachable peer has no receive posted waits, as hardware keeps retrying.
 /// One whose local SGEs do not fit their keys does not wait: the NIC reads
 /// them before the first packet leaves, and fails `LocalProtection` at once.
-fn waits_for_receive(shared: &Shared, st: &State, key: QpKey, head: &PendingSend) -> bool {
+fn waits_for_receive(st: &State, key: QpKey, head: &PendingSend) -> bool {
     if !needs_receive(&head.op) || head.fault.is_some() {
         return false;
     }
@@ -102,17 +102,16 @@ fn waits_for_receive(shared: &Shared, st: &State, key: QpKey, head: &PendingSend
     {
         return false;
     }
-    match resolve(shared, st, key) {
+    match resolve(st, key) {
         Ok(t) => st.qps.get(&t).is_some_and(|t| t.rq.is_empty()),
         Err(_) => false,
     }
 }
 
 /// The device and port a route from (`device`, `port`, `sgid_index`)
-/// reaches, if any.
-fn route_target(
+/// reaches in the fabric's description, if any.
+pub(crate) fn route_target(
     shared: &Shared,
-    st: &State,
     device: usize,
     port: u8,
     sgid: u8,
@@ -156,13 +155,12 @@ fn route_target(
             }
         }
     }
-    let _ = st;
     None
 }
 
 /// The peer QP the QP `key` reaches now, or the status its work fails with
 /// (`RetryExceeded`: the peer does not answer).
-fn resolve(shared: &Shared, st: &State, key: QpKey) -> Result<QpKey, WcStatus> {
+fn resolve(st: &State, key: QpKey) -> Result<QpKey, WcStatus> {
     let fail = Err(WcStatus::RetryExceeded);
     let Some(qp) = st.qps.get(&key) else {
         return fail;
@@ -179,9 +177,7 @@ fn resolve(shared: &Shared, st: &State, key: QpKey) -> Result<QpKey, WcStatus> {
     if !port_up(key.0, qp.port) {
         return fail;
     }
-    let Some((d2, p2, _)) =
-        route_target(shared, st, key.0, qp.port, rtr.sgid_index, rtr.remote.route)
-    else {
+    let Some((d2, p2)) = qp.reaches else {
         return fail;
     };
     if !port_up(d2, p2) {
@@ -198,8 +194,9 @@ fn resolve(shared: &Shared, st: &State, key: QpKey) -> Result<QpKey, WcStatus> {
     if trtr.remote.qpn != key.1 || (trtr.remote.psn ^ rts.sq_psn) & 0x00ff_ffff != 0 {
         return fail;
     }
-    match route_target(shared, st, d2, p2, trtr.sgid_index, trtr.remote.route) {
-        Some((d, p, _)) if d == key.0 && p == qp.port => Ok(tkey),
+    // `t.reaches` is the route from (`d2`, `t.port` = `p2`).
+    match t.reaches {
+        Some((d, p)) if d == key.0 && p == qp.port => Ok(tkey),
         _ => fail,
     }
 }
@@ -282,7 +279,7 @@ fn execute(shared: &Shared, st: &mut State, key: QpKey, wr: PendingSend) {
     if let Some(SendFaultKind::Fail { status, apply_data }) = wr.fault {
         if apply_data {
             // Best effort: move the bytes as a success would, then fail.
-            if let Ok(t) = resolve(shared, st, key) {
+            if let Ok(t) = resolve(st, key) {
                 let _ = move_data(st, key, t, &wr, total);
             }
         }
@@ -307,7 +304,7 @@ fn execute(shared: &Shared, st: &mut State, key: QpKey, wr: PendingSend) {
     {
         return fail(shared, st, key, &wr, WcStatus::LocalProtection);
     }
-    let t = match resolve(shared, st, key) {
+    let t = match resolve(st, key) {
         Ok(t) => t,
         Err(status) => return fail(shared, st, key, &wr, status),
     };

@@ -326,6 +326,7 @@ impl PdOps for SimPd {
                 port: 0,
                 access: Access::NONE,
                 rtr: None,
+                reaches: None,
                 rts: None,
                 sq: VecDeque::new(),
                 rq: VecDeque::new(),
@@ -534,6 +535,14 @@ impl QpOps for SimQp {
                     Route::Lid(_) => {}
                 }
                 qp.rtr = Some(a);
+                qp.reaches = super::exec::route_target(
+                    &self.shared,
+                    self.key.0,
+                    qp.port,
+                    a.sgid_index,
+                    a.remote.route,
+                )
+                .map(|(d, p, _)| (d, p));
                 qp.state = QpState::Rtr;
             }
             Transition::Rts(a) => {

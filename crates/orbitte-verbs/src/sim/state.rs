@@ -275,6 +275,9 @@ pub(crate) struct QpRec {
     pub(crate) port: u8,
     pub(crate) access: Access,
     pub(crate) rtr: Option<RtrAttrs>,
+    /// The device and port the RTR route reaches in the fabric's
+    /// description (which never changes, so it is found once, at RTR).
+    pub(crate) reaches: Option<(usize, u8)>,
     pub(crate) rts: Option<RtsAttrs>,
     pub(crate) sq: VecDeque<PendingSend>,
     pub(crate) rq: VecDeque<PendingRecv>,
