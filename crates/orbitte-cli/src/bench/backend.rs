@@ -174,6 +174,14 @@ pub(crate) fn target(args: &BenchArgs, rdma: bool, len: u64) -> Result<Target, F
     Target::start(engine(id, None, "")?, rdma, len, listen, args)
 }
 
+/// The fewest tcp connections (rails) a `--path tcp` run opens (one per
+/// initiator thread, and at least this many): one batch in flight on one
+/// connection leaves the wire idle while the answers of its last requests
+/// come back; striped over two, the connections' writers, readers and
+/// target sessions work side by side (docs/performance.md has the
+/// measurements).
+pub(crate) const TCP_MIN_RAILS: usize = 2;
+
 /// The initiator engine with one open peer.
 pub(crate) struct Backend {
     a: TransferEngine,
@@ -185,6 +193,8 @@ pub(crate) struct Backend {
     peer_identity: (String, u64),
     path: PathKind,
     path_note: String,
+    /// Rails the peer got.
+    rails: usize,
     range: RangeId,
     range_len: u64,
     threads: Vec<ThreadMem>,
@@ -297,7 +307,12 @@ impl Backend {
             ))
         };
         let prefer = want.map_or(ConnectOptions::new(), |p| ConnectOptions::new().path(p));
-        let rails = usize::try_from(args.threads).unwrap_or(1).clamp(1, 8);
+        let initiators = usize::try_from(args.threads).unwrap_or(1).clamp(1, 8);
+        let rails = if want == Some(PathKind::Tcp) {
+            initiators.max(TCP_MIN_RAILS)
+        } else {
+            initiators
+        };
         let peer = a.connect_with(addr, prefer.rails(rails)).map_err(|e| {
             use orbitte::ConnectError;
             use orbitte::session::SessionError;
@@ -345,7 +360,7 @@ impl Backend {
         for (p, why) in &peer.fell_back {
             note.push_str(&format!("; fell back from {p}: {why}"));
         }
-        let (info, path, path_note) = (peer.info, peer.path, note);
+        let (info, path, path_note, rails) = (peer.info, peer.path, note, peer.rails.len());
         if let Some(recorded) = recorded_epoch
             && info.epoch.value() < recorded
         {
@@ -392,6 +407,7 @@ impl Backend {
             target,
             path,
             path_note,
+            rails,
             range,
             range_len,
             threads,
@@ -401,6 +417,12 @@ impl Backend {
     /// The path requests take.
     pub(crate) fn path(&self) -> PathKind {
         self.path
+    }
+
+    /// Rails (tcp connections, local copy threads, rdma queue pairs) the
+    /// peer got.
+    pub(crate) fn rails(&self) -> usize {
+        self.rails
     }
 
     /// Why this path (the policy's choice, or `--path`).

@@ -4,10 +4,12 @@
 //! - local: memcpy between two memfd-backed windows (the path's own copy,
 //!   `HostMemory::copy_from`), block by block over the batch's window, one
 //!   thread per initiator thread;
-//! - tcp: a raw socket pair doing the path's exchange over as many
-//!   connections as initiator threads (WRITE: a header and the payload one
+//! - tcp: raw socket pairs doing the path's exchange over as many
+//!   connections as the path has rails (WRITE: a header and the payload one
 //!   way, a small ack back per request; READ: a small request, a header and
-//!   the payload back), one batch in flight per connection;
+//!   the payload back), each thread's batch split evenly over its
+//!   connections, one part in flight per connection, a thread per
+//!   connection;
 //! - tcp: the loopback limit, the best of a few raw settings (two streams
 //!   of 1 MiB writes, with the kernel's autotuned and with 4 MiB socket
 //!   buffers), with no protocol at all;
@@ -64,6 +66,8 @@ pub(crate) struct Shape {
     /// Requests per batch.
     pub(crate) batch: usize,
     pub(crate) threads: usize,
+    /// Connections the path uses (tcp rails; at least `threads`).
+    pub(crate) connections: usize,
     pub(crate) duration: Duration,
 }
 
@@ -307,13 +311,16 @@ fn exchange_batch(
     Ok((batch * block) as u64)
 }
 
-/// The tcp path's exchange on raw sockets, one connection and one batch
-/// in flight per initiator thread.
+/// The tcp path's exchange on raw sockets over as many connections as the
+/// path's rails, each thread's batch split evenly over its connections,
+/// one part in flight per connection.
 fn same_exchange(op: Op, shape: Shape) -> std::io::Result<Sample> {
-    let window = shape.block * shape.batch;
-    let pairs = pairs(shape.threads)?;
-    let mut headers = vec![0u8; HEADER * shape.batch];
-    for j in 0..shape.batch {
+    let conns = shape.connections.max(shape.threads).max(1);
+    let batch = (shape.batch * shape.threads / conns).max(1);
+    let window = shape.block * batch;
+    let pairs = pairs(conns)?;
+    let mut headers = vec![0u8; HEADER * batch];
+    for j in 0..batch {
         let h = &mut headers[j * HEADER..(j + 1) * HEADER];
         h[..8].copy_from_slice(&((j * shape.block) as u64).to_le_bytes());
         h[8..16].copy_from_slice(&(shape.block as u64).to_le_bytes());
@@ -329,7 +336,7 @@ fn same_exchange(op: Op, shape: Shape) -> std::io::Result<Sample> {
                 }
             });
         }
-        timed(shape.threads, shape.duration, |t, stop, ready| {
+        timed(conns, shape.duration, |t, stop, ready| {
             let mut conn = initiators[t]
                 .lock()
                 .map_err(|_| std::io::Error::other("poisoned"))?;
@@ -350,13 +357,13 @@ fn same_exchange(op: Op, shape: Shape) -> std::io::Result<Sample> {
     })?;
     Ok(Sample {
         name: format!(
-            "raw tcp, the path's {} exchange ({} connection(s), batch {} of {} KiB, one batch in flight)",
+            "raw tcp, the path's {} exchange ({} connection(s), {} of {} KiB in flight on each)",
             match op {
                 Op::Read => "READ",
                 Op::Write => "WRITE",
             },
-            shape.threads,
-            shape.batch,
+            conns,
+            batch,
             shape.block >> 10
         ),
         gbps: gbps(bytes, elapsed),
@@ -368,8 +375,12 @@ fn same_exchange(op: Op, shape: Shape) -> std::io::Result<Sample> {
 fn loopback_limit(duration: Duration) -> std::io::Result<Sample> {
     let half = duration / 2;
     let mut best: Option<Sample> = None;
-    for buffer in [None, Some(LIMIT_BUFFER)] {
-        let s = stream(LIMIT_STREAMS, buffer, half)?;
+    for (buffer, sendfile) in [
+        (None, false),
+        (Some(LIMIT_BUFFER), false),
+        (Some(LIMIT_BUFFER), true),
+    ] {
+        let s = stream(LIMIT_STREAMS, buffer, sendfile, half)?;
         if best.as_ref().is_none_or(|b| s.gbps > b.gbps) {
             best = Some(s);
         }
@@ -381,8 +392,16 @@ fn loopback_limit(duration: Duration) -> std::io::Result<Sample> {
 
 /// `streams` connections, each streaming 1 MiB writes that the other end
 /// reads and drops; `buffer`: the socket buffer size asked for (else the
-/// kernel's autotuning).
-fn stream(streams: usize, buffer: Option<usize>, duration: Duration) -> std::io::Result<Sample> {
+/// kernel's autotuning); `sendfile`: each write is a `sendfile(2)` from a
+/// memfd (as the tcp path sends registered memory: on loopback the pages
+/// go by reference, so the receiver's copy is the only one) instead of a
+/// `write(2)` from a buffer.
+fn stream(
+    streams: usize,
+    buffer: Option<usize>,
+    sendfile: bool,
+    duration: Duration,
+) -> std::io::Result<Sample> {
     let pairs = pairs(streams)?;
     let mut granted = None;
     if let Some(size) = buffer {
@@ -410,11 +429,28 @@ fn stream(streams: usize, buffer: Option<usize>, duration: Duration) -> std::io:
                 .lock()
                 .map_err(|_| std::io::Error::other("poisoned"))?;
             let buf = faulted(LIMIT_WRITE);
-            tx.write_all(&buf)?;
+            let file = alloc(LIMIT_WRITE)?;
+            file.write_at(0, &buf).map_err(std::io::Error::other)?;
+            let send = |tx: &mut TcpStream| -> std::io::Result<()> {
+                let Some(fd) = file.memfd().filter(|_| sendfile) else {
+                    return tx.write_all(&buf);
+                };
+                let mut off = 0u64;
+                while off < LIMIT_WRITE as u64 {
+                    let left = LIMIT_WRITE - off as usize;
+                    match rustix::fs::sendfile(&*tx, fd, Some(&mut off), left) {
+                        Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                        Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Ok(())
+            };
+            send(&mut tx)?;
             ready();
             let mut n = 0;
             while !stop.load(Ordering::Relaxed) {
-                tx.write_all(&buf)?;
+                send(&mut tx)?;
                 n += LIMIT_WRITE as u64;
             }
             let _ = tx.shutdown(std::net::Shutdown::Both);
@@ -423,7 +459,12 @@ fn stream(streams: usize, buffer: Option<usize>, duration: Duration) -> std::io:
     })?;
     Ok(Sample {
         name: format!(
-            "loopback limit: raw tcp, {streams} streams of 1 MiB writes, {}",
+            "loopback limit: raw tcp, {streams} streams of 1 MiB {}, {}",
+            if sendfile {
+                "sendfile from a memfd"
+            } else {
+                "writes"
+            },
             match granted {
                 Some(g) => format!("{} KiB socket buffers", g >> 10),
                 None => "autotuned socket buffers".to_owned(),
@@ -443,6 +484,7 @@ mod tests {
             block: 4096,
             batch: 4,
             threads: 2,
+            connections: 4,
             duration: Duration::from_millis(50),
         }
     }

@@ -306,6 +306,7 @@ fn bench_with(
             block: usize::try_from(block).map_err(|_| Failure::usage("block size too large"))?,
             batch: args.batch_size as usize,
             threads: args.threads as usize,
+            connections: backend.rails(),
             duration: baseline::duration(args.duration),
         };
         // The baselines allocate their own windows (two per thread) while

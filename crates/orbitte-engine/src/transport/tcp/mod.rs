@@ -20,6 +20,17 @@
 //! is retried on another rail.
 
 pub(crate) mod payload;
+
+/// Asks for `size`-byte send and receive buffers on an established
+/// session's socket (best effort: the kernel caps them at
+/// `net.core.wmem_max`/`rmem_max`, and a refusal leaves autotuning on).
+pub(crate) fn size_socket_buffers(s: &TcpStream, size: Option<usize>) {
+    if let Some(n) = size.filter(|n| *n > 0) {
+        let _ = rustix::net::sockopt::set_socket_send_buffer_size(s, n);
+        let _ = rustix::net::sockopt::set_socket_recv_buffer_size(s, n);
+    }
+}
+
 mod rail;
 pub(crate) mod serve;
 

@@ -107,6 +107,7 @@ impl Rail {
             cv: Condvar::new(),
             max_in_flight: cfg.max_in_flight_per_connection.max(1) as usize,
         });
+        super::size_socket_buffers(&stream, cfg.socket_buffer);
         let w_stream = stream.try_clone()?;
         let (r1, r2) = (rail.clone(), rail.clone());
         let zero_copy = cfg.zero_copy;

@@ -129,6 +129,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
     let mut out = Vec::with_capacity(1024);
     let mut io = PayloadIo::new(cfg.zero_copy);
     let mut last_request = Instant::now();
+    super::size_socket_buffers(stream, cfg.socket_buffer);
     if let Err(e) = stream
         .set_write_timeout(Some(POLL))
         .and_then(|()| stream.set_read_timeout(Some(POLL)))
