@@ -64,7 +64,7 @@ impl EngineBuilder {
             listing_error,
             init: None,
             nic_order: Vec::new(),
-            outcomes: super::waiters::Outcomes::default(),
+            waiters: super::waiters::Waiters::default(),
             who: (source_id.as_str().to_owned(), epoch),
             notify: crate::notify::tracker::Tracker::default(),
             recovery: crate::recovery::Recoveries::new(self.recovery),

@@ -172,11 +172,15 @@ impl Drop for StateGuard<'_> {
 /// is free.
 fn release<'a>(shared: &'a Shared, mut g: MutexGuard<'a, State>) {
     let mut wake = Vec::new();
+    let mut arrived = Vec::new();
     loop {
         if !shared.intake.is_empty() {
             g.intake(&shared.intake, Instant::now());
         }
-        g.outcomes.take_wakeups(&mut wake);
+        let st = &mut *g;
+        st.engine.outcomes.take_arrived(&mut arrived);
+        st.waiters.take_woken(&arrived, &mut wake);
+        arrived.clear();
         drop(g);
         for t in wake.drain(..) {
             t.unpark();

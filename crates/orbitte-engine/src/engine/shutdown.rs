@@ -54,7 +54,7 @@ impl TransferEngine {
             if undrained == 0 || now >= deadline {
                 break undrained;
             }
-            st.outcomes.await_drain();
+            st.waiters.await_drain();
             drop(st);
             std::thread::park_timeout((deadline - now).min(Duration::from_millis(5)));
         };

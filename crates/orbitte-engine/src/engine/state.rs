@@ -39,8 +39,8 @@ pub(crate) struct State {
     pub(crate) init: Option<Initialized>,
     /// NIC IDs in affinity order (best first) for host memory.
     pub(crate) nic_order: Vec<u32>,
-    /// Outcomes not taken yet, and the threads waiting for them.
-    pub(crate) outcomes: super::waiters::Outcomes,
+    /// The threads waiting for outcomes (`engine.outcomes`) and drain.
+    pub(crate) waiters: super::waiters::Waiters,
     /// This engine's source id and epoch (for `Unquiesced` evidence).
     pub(crate) who: (String, Epoch),
     /// Notifying batches whose outcomes are held until they resolve.
@@ -104,7 +104,7 @@ impl State {
         let outstanding = self.core.outstanding_slices();
         if outstanding != self.last_outstanding {
             self.last_outstanding = outstanding;
-            self.outcomes.slices_released();
+            self.waiters.slices_released();
         }
     }
 

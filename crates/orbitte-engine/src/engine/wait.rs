@@ -32,19 +32,19 @@ impl TransferEngine {
                 st.core.handle_timeout(now);
                 st.pump(now);
                 if let Some(o) = st.outcomes.remove(&id) {
-                    st.outcomes.forget_waiter(id);
+                    st.waiters.forget_waiter(id);
                     return Ok(o);
                 }
             }
             if !st.core.is_pending(id) && !st.notify.holds(id) && !st.staged.is_pending(id) {
-                st.outcomes.forget_waiter(id);
+                st.waiters.forget_waiter(id);
                 return Err(WaitError::Unknown(id));
             }
             if now >= deadline {
-                st.outcomes.forget_waiter(id);
+                st.waiters.forget_waiter(id);
                 return Err(WaitError::TimedOut(id));
             }
-            st.outcomes.await_outcome(id);
+            st.waiters.await_outcome(id);
             let until = next_timer
                 .filter(|t| *t > now)
                 .map_or(deadline, |t| t.min(deadline));
@@ -109,7 +109,7 @@ impl TransferEngine {
             }
             // Woken when slices are released; cuda-staging lanes drain
             // without the core, so look again at least every 20 ms.
-            st.outcomes.await_drain();
+            st.waiters.await_drain();
             let until = st
                 .core
                 .poll_timeout()

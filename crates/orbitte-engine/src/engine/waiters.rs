@@ -1,50 +1,30 @@
-//! Outcomes waiting to be taken, and the threads waiting for them.
+//! The threads waiting for outcomes and for drain.
 //!
 //! A thread that waits for a request parks itself under the request's id;
-//! the outcome's arrival wakes that thread only. A thread that waits for
-//! drain parks on the drain list, woken when slices are released. The
-//! threads to wake are collected under the state lock and unparked after
-//! it is released (see [`StateGuard`](super::StateGuard)), so a woken
-//! thread does not run into the lock its waker still holds.
+//! the outcome's arrival ([`Outcomes::take_arrived`](crate::state::Outcomes::take_arrived))
+//! wakes that thread only. A thread that waits for drain parks on the
+//! drain list, woken when slices are released. The threads to wake are
+//! collected under the state lock and unparked after it is released (see
+//! [`StateGuard`](super::StateGuard)), so a woken thread does not run into
+//! the lock its waker still holds.
 
 use std::collections::HashMap;
 use std::thread::Thread;
 
-use crate::outcome::{Outcome, RequestId};
+use crate::outcome::RequestId;
 
-/// Outcomes made and not yet taken, and who waits for them.
+/// Who waits for what.
 #[derive(Debug, Default)]
-pub(crate) struct Outcomes {
-    ready: HashMap<RequestId, Outcome>,
+pub(crate) struct Waiters {
     /// One parked thread per awaited request.
     waiting: HashMap<RequestId, Thread>,
     /// Threads parked until some slice is released.
     draining: Vec<Thread>,
-    /// Threads to unpark once the state lock is released.
-    wake: Vec<Thread>,
+    /// Whether slices were released since the drain waiters were last woken.
+    wake_drain: bool,
 }
 
-impl Outcomes {
-    /// Adds an outcome; the thread waiting for it, if any, is woken, and
-    /// so are drain waiters (an outcome may come with released slices).
-    pub(crate) fn insert(&mut self, id: RequestId, outcome: Outcome) {
-        self.ready.insert(id, outcome);
-        if let Some(t) = self.waiting.remove(&id) {
-            self.wake.push(t);
-        }
-        self.slices_released();
-    }
-
-    /// Takes the outcome.
-    pub(crate) fn remove(&mut self, id: &RequestId) -> Option<Outcome> {
-        self.ready.remove(id)
-    }
-
-    /// Whether the request's outcome is here, not taken yet.
-    pub(crate) fn contains_key(&self, id: &RequestId) -> bool {
-        self.ready.contains_key(id)
-    }
-
+impl Waiters {
     /// Records the current thread as the one waiting for `id` (replacing
     /// an earlier waiter, which then wakes on its own timeout).
     pub(crate) fn await_outcome(&mut self, id: RequestId) {
@@ -64,14 +44,23 @@ impl Outcomes {
         }
     }
 
-    /// Slices were released (or a drain status may have changed): wake
-    /// every drain waiter.
+    /// Slices were released (or a drain status may have changed): every
+    /// drain waiter is to be woken at the next release of the lock.
     pub(crate) fn slices_released(&mut self) {
-        self.wake.append(&mut self.draining);
+        self.wake_drain = true;
     }
 
-    /// Moves the threads to wake into `into`.
-    pub(crate) fn take_wakeups(&mut self, into: &mut Vec<Thread>) {
-        into.append(&mut self.wake);
+    /// The threads to wake for the outcomes that `arrived` (an outcome may
+    /// come with released slices, so drain waiters too), and for released
+    /// slices, into `into`.
+    pub(crate) fn take_woken(&mut self, arrived: &[RequestId], into: &mut Vec<Thread>) {
+        for id in arrived {
+            if let Some(t) = self.waiting.remove(id) {
+                into.push(t);
+            }
+        }
+        if !arrived.is_empty() || std::mem::take(&mut self.wake_drain) {
+            into.append(&mut self.draining);
+        }
     }
 }

@@ -510,7 +510,7 @@ impl Pool {
             drop(st);
             drop(job);
             // Let drain waiters see the lane back.
-            shared.lock().outcomes.slices_released();
+            shared.lock().waiters.slices_released();
         }
     }
 }

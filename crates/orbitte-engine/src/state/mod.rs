@@ -1,7 +1,7 @@
 //! The engine's state below the line: sans-IO, as [`Core`] is.
 //!
-//! [`EngineState`] owns the core, the registration and peer tables and the
-//! budget ledger, and decides admission: it validates a batch against the
+//! [`EngineState`] owns the core, the registration and peer tables, the
+//! budget ledger and the outcomes not taken yet, and decides admission: it validates a batch against the
 //! tables (registration published, range inside it, peer open, range
 //! published with the right access), chooses each request's rails (dispatch
 //! mask, rail up, keys on both NICs, affinity class, rotation), refuses
@@ -27,10 +27,12 @@
 
 #[cfg(test)]
 mod fuzz;
+mod outcomes;
 mod tables;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use outcomes::Outcomes;
 pub(crate) use tables::{PeerState, Tables, published_remote};
 
 use std::collections::HashMap;
@@ -65,6 +67,8 @@ pub(crate) struct EngineState {
     pub(crate) next_peer: u32,
     /// Rotates each request's first rail among its allowed rails.
     rotor: usize,
+    /// Outcomes made and not taken yet.
+    pub(crate) outcomes: Outcomes,
     /// Every `Unquiesced` so far; each one fenced admission.
     pub(crate) unquiesced: Vec<Unquiesced>,
     /// Closed rails whose queue pair the driver destroys once their work
@@ -85,6 +89,7 @@ impl EngineState {
             next_reg: 1,
             next_peer: 1,
             rotor: 0,
+            outcomes: Outcomes::default(),
             unquiesced: Vec::new(),
             reap: Vec::new(),
         }

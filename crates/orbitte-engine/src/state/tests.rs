@@ -589,3 +589,27 @@ fn unquiesced_evidence_is_kept_and_fences_admission() {
         "{err:?}"
     );
 }
+
+#[test]
+fn outcomes_wait_to_be_taken_and_say_once_which_arrived() {
+    let mut sim = Sim::new(&[(4, 1)]);
+    let a = sim.request(Op::Write, 0, 0, 10);
+    let b = sim.request(Op::Read, 100, 100, 10);
+    let ids = sim.submit(&[a, b]).unwrap();
+    sim.run_ok();
+    for id in &ids {
+        let o = sim.outcomes.remove(id).expect("made");
+        sim.st.outcomes.insert(*id, o);
+    }
+    let mut arrived = Vec::new();
+    sim.st.outcomes.take_arrived(&mut arrived);
+    assert_eq!(arrived, ids);
+    arrived.clear();
+    sim.st.outcomes.take_arrived(&mut arrived);
+    assert!(arrived.is_empty(), "reported once");
+    assert!(sim.st.outcomes.contains_key(&ids[1]));
+    let o = sim.st.outcomes.remove(&ids[1]).expect("not taken yet");
+    assert_eq!((o.request, o.status), (ids[1], Status::Complete));
+    assert!(sim.st.outcomes.remove(&ids[1]).is_none(), "taken once");
+    assert!(sim.st.outcomes.contains_key(&ids[0]));
+}
