@@ -172,7 +172,7 @@ impl std::fmt::Display for MemoryPath {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Memory {
-    /// Host memory: a memfd-backed [`HostMemory`](orbitte_memory::HostMemory)
+    /// Host memory: a memfd-backed [`HostMemory`]
     /// (`HostMemory::alloc`; same-host peers can map it) or the caller's
     /// own memory wrapped by the one `unsafe` constructor,
     /// `HostMemory::from_raw_parts`.

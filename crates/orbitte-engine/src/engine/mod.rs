@@ -1,9 +1,13 @@
-//! The transfer engine: the driver around the sans-IO core.
+//! The transfer engine: the driver around the sans-IO layers
+//! (`crate::core` and [`EngineState`](crate::state::EngineState)).
 //!
-//! One mutex guards the core and every table; the caller's thread posts
-//! (submit), one poller thread per NIC context turns completions and async
-//! events into core events, and a timer thread expires deadlines. Waiters
-//! sleep on one condition variable that every pump wakes.
+//! One mutex guards the driver's state (the `EngineState`, the transports,
+//! the NIC contexts); the caller's thread posts (submit), one poller thread
+//! per NIC context turns completions and async events into core events, a
+//! timer thread expires deadlines. Transports deliver events onto a
+//! lock-free intake that the lock's holder drains, one pump per drained
+//! batch ([`StateGuard`]); a waiting thread parks under its request's id
+//! and is woken by that outcome alone (`waiters`).
 
 mod build;
 mod contexts;

@@ -10,7 +10,7 @@ impl TransferEngine {
     /// or the positional [`TransferRequest`]): all admitted or none (a typed
     /// error names the first bad request; nothing is posted then). Remote
     /// addresses are resolved against the peers' publications now. Returns
-    /// at once; every request ends with an [`Outcome`] ([`poll`](Self::poll),
+    /// at once; every request ends with an [`Outcome`](crate::Outcome) ([`poll`](Self::poll),
     /// [`wait`](Self::wait)).
     pub fn submit<R: Into<crate::Request> + Copy>(
         &self,
