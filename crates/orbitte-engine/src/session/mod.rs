@@ -110,11 +110,14 @@ pub struct SessionConfig {
     /// (pipelining depth).
     pub max_in_flight_per_connection: u32,
     /// Send and receive buffer size asked for on every tcp data session
-    /// once it is admitted (`None`: the kernel's autotuning). One stream on
-    /// loopback moves about 1.4x more with 4 MiB than autotuned
-    /// (docs/performance.md); the kernel caps it at `net.core.wmem_max` and
-    /// `rmem_max`. Not applied before authentication, so unauthenticated
-    /// connections cannot hold that much kernel memory.
+    /// once it is admitted (`None`, the default: the kernel's autotuning).
+    /// A fixed receive buffer turns autotuning off, and with payloads sent
+    /// by `sendfile` (page references on loopback, which count whole pages
+    /// against it) a fixed 4 MiB one filled up: zero windows, dropped
+    /// segments and retransmission timeouts stalled READs of 1 MiB blocks
+    /// for hundreds of milliseconds (docs/performance.md). The kernel caps
+    /// it at `net.core.wmem_max` and `rmem_max`. Never applied before
+    /// authentication.
     pub socket_buffer: Option<usize>,
     /// Send memfd-backed memory with `sendfile` (see
     /// `transport::tcp::payload`); off: with `sendmsg` straight from the
@@ -179,7 +182,7 @@ impl SessionConfig {
             max_sessions: 256,
             max_connections_per_source: 32,
             max_in_flight_per_connection: 16,
-            socket_buffer: Some(4 << 20),
+            socket_buffer: None,
             zero_copy: true,
             #[cfg(any(test, feature = "testing"))]
             serve_delay: Duration::ZERO,
