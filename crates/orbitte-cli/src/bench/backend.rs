@@ -209,10 +209,14 @@ impl Backend {
         len: u64,
     ) -> Result<Self, Failure> {
         let rdma = want == Some(PathKind::Rdma);
+        let initiator = SimDeviceDesc::roce("sim_initiator", [10, 0, 0, 1]);
+        // Half the device's queue-pair limit leaves room for the rail's
+        // notification slots.
+        let max_depth = initiator.max_qp_wr / 2;
         let fabric = (rdma && args.sim).then(|| {
             SimFabric::new(
                 SimDescription::new(vec![
-                    SimDeviceDesc::roce("sim_initiator", [10, 0, 0, 1]),
+                    initiator,
                     SimDeviceDesc::roce("sim_target", [10, 0, 0, 2]),
                 ])
                 .with_delivery(Delivery::Background)
@@ -246,8 +250,10 @@ impl Backend {
         )?;
         if fabric.is_some() {
             // The raw-verbs baseline posts a whole batch to a queue pair
-            // that deep; the engine's rail gets the same depth.
-            a = a.max_in_flight(args.batch_size.max(super::sim_verbs::SIGNAL_EVERY as u32));
+            // that deep; the engine's rail gets the same depth (as far as
+            // the simulated device allows).
+            let depth = args.batch_size.max(super::sim_verbs::SIGNAL_EVERY as u32);
+            a = a.max_in_flight(depth.min(max_depth));
         }
         let a = build(a)?;
         Self::connect(args, a, addr, want, Some(target), epoch)
