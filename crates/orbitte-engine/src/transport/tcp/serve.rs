@@ -11,7 +11,8 @@
 //! Requests are received through a small buffer ([`FrameBuffer`]): one
 //! `recv` brings every request that waits. A WRITE's payload goes from the
 //! socket straight into the range, a READ's answer goes out with its header
-//! in one `sendmsg` from the range (or `sendfile` from its memfd), and the
+//! in one `sendmsg` from the range (or, up to 256 KiB, `sendfile` from its
+//! memfd), and the
 //! small answers (WRITE answers, refusals) are gathered and sent together
 //! when no further request is waiting. The socket's timeouts are set once
 //! to the poll interval; deadlines are checked between system calls.
@@ -127,7 +128,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
     let mut frames = FrameBuffer::new();
     // Encoded answers not sent yet (see the module docs).
     let mut out = Vec::with_capacity(1024);
-    let mut io = PayloadIo::new(cfg.zero_copy);
+    let mut io = PayloadIo::for_answers(cfg.zero_copy);
     let mut last_request = Instant::now();
     super::size_socket_buffers(stream, cfg.socket_buffer);
     if let Err(e) = stream
