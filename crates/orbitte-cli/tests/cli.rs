@@ -1335,7 +1335,7 @@ fn serve_closes_a_session_idle_longer_than_engine_idle_timeout_ms() {
     // The server closes it once it has been idle for 300 ms; wait far
     // longer than that before calling it a failure.
     let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while rails(true).len() > 0 && std::time::Instant::now() < give_up {
+    while !rails(true).is_empty() && std::time::Instant::now() < give_up {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let down = rails(false);
