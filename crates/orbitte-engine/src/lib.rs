@@ -97,6 +97,8 @@ mod recovery;
 mod registration;
 mod request;
 mod state;
+#[cfg(test)]
+mod test_rng;
 pub mod transport;
 // net (issue 7, helper "net"): sessions and metadata; tcp/local under transport/.
 pub mod metadata;
