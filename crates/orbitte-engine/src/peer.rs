@@ -21,19 +21,18 @@
 //! descriptors and rkeys are dropped (its old [`PeerId`] becomes unknown);
 //! an equal one is a reconnect that replaces the rails.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use orbitte_verbs::{self as verbs, InitAttrs, QpCaps, RtrAttrs, RtsAttrs};
 use orbitte_wire::handshake::{Established, Initiator, Responder};
-use orbitte_wire::{self as wire, Admission, Frame};
+use orbitte_wire::{self as wire, Frame};
 
 use crate::control::ControlLink;
-use crate::engine::{Owner, PeerInfo, PeerState, State, TransferEngine, peer_info};
+use crate::engine::{Owner, PeerInfo, State, TransferEngine, peer_info};
 use crate::error::{InactivePort, LinkError, NoRdmaRail, OpenPeerError};
 use crate::nic::NicCtx;
 use crate::transport::rdma::{RailQp, RdmaRail};
-use crate::transport::{PathKind, PeerId, RailId, RailSpec, RangeId};
+use crate::transport::{PathKind, PeerId, RailId, RailSpec};
 
 fn nonce() -> wire::Nonce {
     let mut n = [0u8; 32];
@@ -419,15 +418,16 @@ impl TransferEngine {
         peer: PeerId,
         publication: &wire::SegmentPublication,
     ) -> Result<(), OpenPeerError> {
-        self.update_peer_ranges(
-            peer,
-            |table, session| table.record_publication(session, publication),
-            |ranges| {
-                for r in &publication.ranges {
-                    ranges.insert(RangeId(r.range_id.0), r.clone());
-                }
-            },
-        )
+        let mut st = self.lock();
+        let session = st
+            .engine
+            .peer_session(peer)
+            .ok_or(OpenPeerError::UnknownPeer(peer))?;
+        self.shared
+            .peer_table()
+            .record_publication(session, publication)?;
+        st.engine.apply_publication(peer, publication);
+        Ok(())
     }
 
     /// Applies a `segment-retire` a peer sent: requests naming those ranges
@@ -437,39 +437,13 @@ impl TransferEngine {
         peer: PeerId,
         retire: &wire::SegmentRetire,
     ) -> Result<(), OpenPeerError> {
-        self.update_peer_ranges(
-            peer,
-            |table, session| table.record_retire(session, retire),
-            |ranges| {
-                for id in &retire.range_ids {
-                    ranges.remove(&RangeId(id.0));
-                }
-            },
-        )
-    }
-
-    /// Records a frame about `peer`'s ranges in the shared peer table (on
-    /// the peer's latest session; `record` refuses a wrong epoch), then
-    /// applies it to the peer's cached descriptors with `apply`.
-    fn update_peer_ranges(
-        &self,
-        peer: PeerId,
-        record: impl FnOnce(
-            &mut wire::PeerTable,
-            wire::SessionId,
-        ) -> Result<wire::Invalidation, wire::RecordError>,
-        apply: impl FnOnce(&mut HashMap<RangeId, wire::RangeDescriptor>),
-    ) -> Result<(), OpenPeerError> {
         let mut st = self.lock();
-        let st = &mut *st;
-        let p = st
-            .tables
-            .peers
-            .get_mut(&peer.0)
+        let session = st
+            .engine
+            .peer_session(peer)
             .ok_or(OpenPeerError::UnknownPeer(peer))?;
-        let session = *p.sessions.last().ok_or(OpenPeerError::UnknownPeer(peer))?;
-        record(&mut self.shared.peer_table(), session)?;
-        apply(&mut p.ranges);
+        self.shared.peer_table().record_retire(session, retire)?;
+        st.engine.apply_retire(peer, retire);
         Ok(())
     }
 
@@ -539,7 +513,8 @@ impl TransferEngine {
         Ok(peer_info(&self.lock(), id))
     }
 
-    /// Records the peer (new, reconnect or replacement) and its ranges.
+    /// Records the peer (new, reconnect or replacement) and its ranges;
+    /// a replaced incarnation's rails are retired.
     fn adopt(
         &self,
         session: wire::SessionId,
@@ -550,69 +525,15 @@ impl TransferEngine {
         self.shared
             .peer_table()
             .record_publication(session, publication)?;
-        let source = est.peer.source_id.clone();
-        let existing = st
-            .tables
-            .peers
-            .iter()
-            .find(|(_, p)| p.source_id == source)
-            .map(|(id, _)| *id);
-        let now = Instant::now();
-        let id = match (&est.admission, existing) {
-            (Admission::Reconnect, Some(id)) => id,
-            (
-                Admission::Replaced {
-                    previous,
-                    invalidated,
-                },
-                Some(old),
-            ) => {
-                tracing::info!(
-                    source = source.as_str(),
-                    previous = previous.value(),
-                    new = est.peer.epoch.value(),
-                    descriptors = invalidated.descriptors.len(),
-                    "source restarted: old incarnation invalidated"
-                );
-                self.drop_peer(&mut st, PeerId(old), now);
-                let id = st.next_peer;
-                st.next_peer += 1;
-                id
+        let adoption = st.engine.adopt_peer(session, est, publication);
+        if !adoption.retire.is_empty() {
+            let now = Instant::now();
+            for rail in adoption.retire {
+                st.retire_rail(rail, now);
             }
-            _ => {
-                let id = st.next_peer;
-                st.next_peer += 1;
-                id
-            }
-        };
-        let ranges: HashMap<RangeId, wire::RangeDescriptor> = publication
-            .ranges
-            .iter()
-            .map(|r| (RangeId(r.range_id.0), r.clone()))
-            .collect();
-        let entry = st.tables.peers.entry(id).or_insert_with(|| PeerState {
-            source_id: source.clone(),
-            epoch: est.peer.epoch,
-            sessions: Vec::new(),
-            ranges: HashMap::new(),
-            rails: Vec::new(),
-        });
-        entry.epoch = est.peer.epoch;
-        entry.sessions.push(session);
-        entry.ranges = ranges;
-        Ok(PeerId(id))
-    }
-
-    /// Forgets a peer: its rails are closed (flushed so that drain can
-    /// finish, QPs destroyed once empty), its descriptors dropped.
-    pub(crate) fn drop_peer(&self, st: &mut State, peer: PeerId, now: Instant) {
-        let Some(p) = st.tables.peers.remove(&peer.0) else {
-            return;
-        };
-        for rail in p.rails {
-            st.retire_rail(rail, now);
+            st.pump(now);
         }
-        st.pump(now);
+        Ok(adoption.peer)
     }
 
     fn abandon(&self, session: wire::SessionId, e: OpenPeerError) -> OpenPeerError {
@@ -659,9 +580,7 @@ impl TransferEngine {
             .collect();
         for &rail in &rails {
             st.retire_rail(rail, now);
-            if let Some(p) = st.tables.peers.get_mut(&peer.0) {
-                p.rails.retain(|r| *r != rail);
-            }
+            st.engine.detach_rail(peer, rail);
         }
         if !rails.is_empty() {
             st.pump(now);
@@ -692,9 +611,7 @@ impl TransferEngine {
         for rail in old {
             if matches!(st.owner.get(rail.0 as usize), Some(Owner::Rdma)) {
                 st.retire_rail(rail, now);
-                if let Some(p) = st.tables.peers.get_mut(&peer.0) {
-                    p.rails.retain(|r| *r != rail);
-                }
+                st.engine.detach_rail(peer, rail);
             }
         }
         for (nic, remote_nic, mut qp, device) in made {
@@ -736,9 +653,6 @@ impl TransferEngine {
             // This side re-establishes the rail once it holds the peer's
             // rdma control session (the side that opened the peer).
             st.recovery.track(rail, false, now);
-            if let Some(p) = st.tables.peers.get_mut(&peer.0) {
-                p.rails.push(rail);
-            }
         }
     }
 }

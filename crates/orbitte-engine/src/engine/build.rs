@@ -66,7 +66,6 @@ impl EngineBuilder {
             nic_order: Vec::new(),
             waiters: super::waiters::Waiters::default(),
             who: (source_id.as_str().to_owned(), epoch),
-            notify: crate::notify::tracker::Tracker::default(),
             recovery: crate::recovery::Recoveries::new(self.recovery),
             staged: crate::staging::Staged::default(),
             work: Vec::new(),

@@ -35,13 +35,7 @@ impl TransferEngine {
 
     /// Adds a rail of an attached transport to an open peer.
     pub(crate) fn add_rail(&self, transport: TransportId, spec: RailSpec) -> RailId {
-        let mut st = self.lock();
-        let peer = spec.peer;
-        let rail = st.add_rail(Owner::Other(transport.0), spec);
-        if let Some(p) = st.tables.peers.get_mut(&peer.0) {
-            p.rails.push(rail);
-        }
-        rail
+        self.lock().add_rail(Owner::Other(transport.0), spec)
     }
 
     /// Where attached transports deliver their events.

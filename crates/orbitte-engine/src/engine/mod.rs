@@ -25,7 +25,7 @@ mod transfer;
 mod wait;
 mod waiters;
 
-pub(crate) use crate::state::{PeerState, published_remote};
+pub(crate) use crate::state::published_remote;
 pub(crate) use intake::TransportId;
 pub(crate) use peers::peer_info;
 pub use peers::{PeerInfo, RailInfo};

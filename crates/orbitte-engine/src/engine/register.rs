@@ -10,9 +10,7 @@ use orbitte_wire::{self as wire};
 
 use super::TransferEngine;
 use crate::error::{RegisterError, UnregisterError};
-use crate::registration::{
-    Access, Charges, NicCopies, RegEntry, RegState, Registration, close_copies,
-};
+use crate::registration::{Access, NicCopies, Registration, close_copies};
 use crate::transport::RegistrationId;
 
 impl TransferEngine {
@@ -73,37 +71,25 @@ impl TransferEngine {
         self.ensure_contexts()
             .map_err(|report| RegisterError::NoUsableNic { report })?;
         let len = memory.len();
-        let (id, pds, ask) = {
+        let (reservation, pds, nic_order) = {
             let mut st = self.lock();
-            if let Some(reason) = st.core.fenced().cloned() {
-                return Err(RegisterError::Fenced { reason });
-            }
             let nics = st.init.as_ref().map(|i| &i.nics[..]).unwrap_or(&[]);
             let pds: Vec<_> = nics
                 .iter()
                 .map(|n| (n.id.0, n.pd.clone(), n.identity.clone()))
                 .collect();
-            let copies = access.copies_per_context() * pds.len() as u64;
-            let ask = Charges {
-                mrs: copies,
-                bytes: copies.saturating_mul(len as u64),
-            };
-            st.ledger.check(ask)?;
-            // Reserve now so that concurrent registrations see the charge.
-            st.ledger.charge(ask);
-            let id = st.next_reg;
-            st.next_reg += 1;
-            (id, pds, ask)
-        };
-        let nic_order = {
-            let st = self.lock();
             let ranked = st
                 .init
                 .as_ref()
                 .and_then(|i| i.topology.rank_nics(location).ok())
                 .unwrap_or_default();
-            crate::registration::affinity_classes(&ranked)
+            let nic_order = crate::registration::affinity_classes(&ranked);
+            let reservation = st
+                .engine
+                .reserve_host_direct(len as u64, access, pds.len())?;
+            (reservation, pds, nic_order)
         };
+        let id = reservation.id.0;
         let span = tracing::debug_span!("register_host", id, len, ?access);
         let _g = span.enter();
         let buf: Arc<dyn DmaBuffer> = memory.clone();
@@ -154,13 +140,8 @@ impl TransferEngine {
             // Release the copies made so far; a release that fails leaves
             // them retained (verbs keeps the owners and memory) and charged.
             let failures = close_copies(copies);
-            let retained = Charges {
-                mrs: failures.len() as u64,
-                bytes: failures.len() as u64 * len as u64,
-            };
             let mut st = self.lock();
-            st.ledger.release(ask);
-            st.ledger.charge(retained);
+            let retained = st.engine.abandon_host_direct(reservation, failures.len());
             tracing::warn!(error = %err, "host registration failed; copies released");
             if !failures.is_empty() {
                 let u = self.unquiesced_from(
@@ -176,17 +157,12 @@ impl TransferEngine {
             }
             return Err(err);
         }
-        let n = copies.len() as u64 * access.copies_per_context();
-        let entry = RegEntry::published(memory, access, copies, ask, nic_order);
-        self.lock().tables.regs.insert(id, entry);
-        tracing::debug!(id, copies = n, "registration published");
-        Ok(Registration {
-            id: RegistrationId(id),
-            len: len as u64,
-            access,
-            copies: n,
-            path: crate::registration::MemoryPath::HostDirect,
-        })
+        let reg = self
+            .lock()
+            .engine
+            .publish_host_direct(reservation, memory, copies, nic_order);
+        tracing::debug!(id, copies = reg.copies, "registration published");
+        Ok(reg)
     }
 
     /// Registers a range for the tcp and local paths only: no MR is made on
@@ -213,34 +189,21 @@ impl TransferEngine {
     /// drain.
     pub fn retire(&self, registration: RegistrationId) -> Result<(), UnregisterError> {
         let mut st = self.lock();
-        let Some(entry) = st.tables.regs.get_mut(&registration.0) else {
-            return Err(UnregisterError::Unknown(registration));
-        };
-        entry.state = RegState::Retired;
-        let len = entry.memory.len() as u64;
+        let remote = st.engine.retire_registration(registration)?;
+        let len = remote.first().map_or(0, |mr| mr.len() as u64);
         let mut failures = Vec::new();
-        let mut released = Charges::default();
-        for c in &mut entry.copies {
-            if let Some(mr) = c.remote.take() {
-                match mr.close() {
-                    Ok(()) => {
-                        released.mrs += 1;
-                        released.bytes += len;
-                    }
-                    Err(u) => failures.push(u),
-                }
+        let mut closed = 0;
+        for mr in remote {
+            match mr.close() {
+                Ok(()) => closed += 1,
+                Err(u) => failures.push(u),
             }
         }
-        entry.charge.mrs -= released.mrs;
-        entry.charge.bytes -= released.bytes;
-        st.ledger.release(released);
+        st.engine.retired_closed(registration, closed);
         if failures.is_empty() {
             return Ok(());
         }
-        let retained = Charges {
-            mrs: failures.len() as u64,
-            bytes: failures.len() as u64 * len,
-        };
+        let retained = crate::state::retained(failures.len(), len);
         let u = self.unquiesced_from(
             format!("retire of registration {}", registration.0),
             failures,
@@ -262,11 +225,7 @@ impl TransferEngine {
         let entry = st.engine.take_registration(registration)?;
         let len = entry.memory.len() as u64;
         let failures = close_copies(entry.copies);
-        let retained = Charges {
-            mrs: failures.len() as u64,
-            bytes: failures.len() as u64 * len,
-        };
-        st.ledger.charge(retained);
+        let retained = st.engine.retain(failures.len(), len);
         if failures.is_empty() {
             tracing::debug!(id = registration.0, "registration removed");
             return Ok(());

@@ -7,7 +7,7 @@ use orbitte_verbs as verbs;
 
 use super::{Owner, State, TransferEngine};
 use crate::error::Unquiesced;
-use crate::registration::Charges;
+use crate::registration::{Charges, close_copies};
 use crate::transport::RailId;
 
 impl TransferEngine {
@@ -83,23 +83,14 @@ impl TransferEngine {
             }
         }
         let mut retained = Charges::default();
-        let regs: Vec<u64> = st.tables.regs.keys().copied().collect();
-        for id in regs {
-            if let Some(entry) = st.tables.regs.remove(&id) {
-                let len = entry.memory.len() as u64;
-                st.ledger.release(entry.charge);
-                for c in entry.copies {
-                    for mr in std::iter::once(c.local).chain(c.remote) {
-                        if let Err(u) = mr.close() {
-                            failures.push(u);
-                            retained.mrs += 1;
-                            retained.bytes += len;
-                        }
-                    }
-                }
-            }
+        for entry in st.engine.take_all_registrations() {
+            let len = entry.memory.len() as u64;
+            let failed = close_copies(entry.copies);
+            let kept = st.engine.retain(failed.len(), len);
+            retained.mrs += kept.mrs;
+            retained.bytes += kept.bytes;
+            failures.extend(failed);
         }
-        st.ledger.charge(retained);
         if let Some(init) = st.init.as_mut() {
             for n in init.nics.drain(..) {
                 for r in [n.cq.close(), n.pd.close(), n.context.close()] {

@@ -43,8 +43,6 @@ pub(crate) struct State {
     pub(crate) waiters: super::waiters::Waiters,
     /// This engine's source id and epoch (for `Unquiesced` evidence).
     pub(crate) who: (String, Epoch),
-    /// Notifying batches whose outcomes are held until they resolve.
-    pub(crate) notify: crate::notify::tracker::Tracker,
     /// When to re-establish each rdma rail (see `crate::recovery`).
     pub(crate) recovery: crate::recovery::Recoveries,
     /// CUDA registrations and cuda-staging requests.
@@ -243,8 +241,9 @@ impl State {
         self.engine.fence(reason);
     }
 
+    /// Adds a rail to the core and to its peer's rails, owned by `owner`.
     pub(crate) fn add_rail(&mut self, owner: Owner, spec: RailSpec) -> RailId {
-        let rail = self.core.add_rail(spec);
+        let rail = self.engine.add_rail(spec);
         let i = rail.0 as usize;
         if self.owner.len() <= i {
             self.owner.resize(i + 1, Owner::Rdma);

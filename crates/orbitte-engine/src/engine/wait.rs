@@ -36,7 +36,7 @@ impl TransferEngine {
                     return Ok(o);
                 }
             }
-            if !st.core.is_pending(id) && !st.notify.holds(id) && !st.staged.is_pending(id) {
+            if !st.core.is_pending(id) && !st.notifications.holds(id) && !st.staged.is_pending(id) {
                 st.waiters.forget_waiter(id);
                 return Err(WaitError::Unknown(id));
             }

@@ -35,11 +35,11 @@ use orbitte_wire as wire;
 use crate::core::CoreRequest;
 use crate::engine::{Owner, State, TransferEngine, TransferRequest};
 use crate::outcome::{RequestId, SubmitError};
+use crate::state::Transmit;
 use crate::transport::{PathKind, PeerId, RailId};
 
 pub use inbox::INBOX_CAPACITY;
 pub use orbitte_wire::MAX_NOTIFICATION_LEN;
-use tracker::{Step, Verdict};
 
 /// The bytes a batch carries to its peer (at most
 /// [`MAX_NOTIFICATION_LEN`], checked at submit).
@@ -184,6 +184,11 @@ impl Armed {
         })
     }
 
+    /// The peer, the bytes and the rails.
+    pub(crate) fn into_parts(self) -> (PeerId, Vec<u8>, Vec<RailId>) {
+        (self.peer, self.notification.bytes, self.rails)
+    }
+
     /// The same, with the rails the core was given for the batch.
     pub(crate) fn on_rails(mut self, batch: &[CoreRequest]) -> Self {
         for r in batch.iter().flat_map(|r| &r.rails) {
@@ -198,84 +203,29 @@ impl Armed {
 /// Tracks the admitted batch `ids` carrying `armed` (the engine calls it
 /// right after the core admitted the batch, before it pumps).
 pub(crate) fn track(st: &mut State, ids: &[RequestId], armed: Armed) {
-    let id = st.notify.next_id();
-    let frame = wire::Frame::Notification(wire::Notification {
-        notification_id: id,
-        payload: armed.notification.bytes,
-    });
-    // Cannot fail: the payload length was checked against the bound.
-    let frame: Arc<[u8]> = match frame.to_bytes() {
-        Ok(b) => b.into(),
-        Err(e) => {
-            tracing::error!(error = %e, "encoding a notification failed");
-            Arc::from(&[][..])
-        }
-    };
-    st.notify.track(id, ids, armed.peer, armed.rails, frame);
+    st.engine.track_notification(ids, armed);
 }
 
-/// Moves the core's outcomes to the engine's table, holding those of
-/// notifying batches until their batch resolves and sending (or
-/// withholding) the notification then. The engine's pump calls it.
+/// Moves the core's outcomes to the engine's table (`EngineState` holds
+/// those of notifying batches and decides each notification) and sends
+/// the notifications it asks for. The engine's pump calls it.
 pub(crate) fn collect_outcomes(st: &mut State) {
-    while let Some(o) = st.core.poll_outcome() {
-        match st.notify.on_outcome(o) {
-            Step::Release(o) => {
-                st.outcomes.insert(o.request, o);
-            }
-            Step::Held => {}
-            Step::Resolved(r) => {
-                let status = match &r.verdict {
-                    Verdict::Send if r.frame.is_empty() => NotificationStatus::NotSent {
-                        why: "the notification could not be encoded".into(),
-                    },
-                    Verdict::Send => send(st, r.peer, &r.rails, &r.frame),
-                    Verdict::Withhold(why) => NotificationStatus::NotSent { why: why.clone() },
-                };
-                tracing::debug!(
-                    notification = r.id,
-                    peer = r.peer.0,
-                    ?status,
-                    "notifying batch resolved"
-                );
-                for o in r.stamp(&status) {
-                    st.outcomes.insert(o.request, o);
-                }
-            }
-        }
+    st.engine.collect_outcomes();
+    while let Some(t) = st.engine.poll_transmit() {
+        let result = send(st, &t);
+        st.engine.notification_sent(t.id, result);
     }
 }
 
-/// Hands `frame` to the first of the batch's `rails` to `peer` that is
-/// still the peer's, up, and takes it.
-fn send(st: &mut State, peer: PeerId, rails: &[RailId], frame: &Arc<[u8]>) -> NotificationStatus {
-    let Some(current) = st.tables.peers.get(&peer.0).map(|p| p.rails.clone()) else {
-        return NotificationStatus::NotSent {
-            why: format!(
-                "peer {} is gone (closed, or replaced by a newer epoch)",
-                peer.0
-            )
-            .into(),
-        };
-    };
+/// Hands the frame to the first of the transmit's rails whose transport
+/// takes it; else why each refused.
+fn send(st: &mut State, t: &Transmit) -> Result<(), Vec<String>> {
     let mut why = Vec::new();
-    for &rail in rails {
-        if !current.contains(&rail) {
-            why.push(format!("rail {} was closed", rail.0));
-            continue;
-        }
-        if !st.core.rail_is_up(rail) {
-            let reason = st
-                .core
-                .rail_down_reason(rail)
-                .unwrap_or_else(|| "down".into());
-            why.push(format!("rail {} down: {reason}", rail.0));
-            continue;
-        }
+    for &rail in &t.rails {
         let res = match st.owner.get(rail.0 as usize) {
-            Some(Owner::Rdma) => rdma::send(st.rdma.rail_mut(rail), rail, frame),
+            Some(Owner::Rdma) => rdma::send(st.rdma.rail_mut(rail), rail, &t.frame),
             Some(Owner::Other(i)) => match st.others.get_mut(*i) {
-                Some(t) => t.notify(rail, frame),
+                Some(tr) => tr.notify(rail, &t.frame),
                 None => {
                     why.push(format!("rail {} has no transport", rail.0));
                     continue;
@@ -287,16 +237,11 @@ fn send(st: &mut State, peer: PeerId, rails: &[RailId], frame: &Arc<[u8]>) -> No
             }
         };
         match res {
-            Ok(()) => return NotificationStatus::Sent,
+            Ok(()) => return Ok(()),
             Err(e) => why.push(e.to_string()),
         }
     }
-    if why.is_empty() {
-        why.push("the batch had no rails".into());
-    }
-    NotificationStatus::NotSent {
-        why: why.join("; ").into(),
-    }
+    Err(why)
 }
 
 impl TransferEngine {

@@ -1,13 +1,13 @@
 //! Which requests belong to a notifying batch, and what to do when the
 //! batch's last request has its outcome: the decision, without I/O.
 //!
-//! The engine feeds every outcome the core makes to
+//! `EngineState` feeds every outcome the core makes to
 //! [`Tracker::on_outcome`]. Outcomes of requests outside notifying batches
 //! come straight back ([`Step::Release`]); those of a notifying batch are
 //! held until every request of the batch has one, and then come back
 //! together with the verdict ([`Step::Resolved`]): send the notification
-//! when every request is `Complete`, withhold it otherwise. The engine
-//! stamps the [`NotificationStatus`] of what it did on each held outcome.
+//! when every request is `Complete`, withhold it otherwise. `EngineState`
+//! stamps the [`NotificationStatus`] of what happened on each held outcome.
 
 use std::collections::HashMap;
 use std::sync::Arc;

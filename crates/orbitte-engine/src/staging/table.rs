@@ -154,8 +154,7 @@ impl TransferEngine {
         let device = buffer.device().index();
         self.shared.staging.pool_for(self, buffer.device())?;
         let mut st = self.lock();
-        let id = st.next_reg;
-        st.next_reg += 1;
+        let id = st.engine.fresh_registration_id().0;
         let len = buffer.len() as u64;
         st.staged.regs.insert(
             id,

@@ -1,38 +1,48 @@
 //! The engine's state below the line: sans-IO, as [`Core`] is.
 //!
 //! [`EngineState`] owns the core, the registration and peer tables, the
-//! budget ledger and the outcomes not taken yet, and decides admission: it validates a batch against the
-//! tables (registration published, range inside it, peer open, range
-//! published with the right access), chooses each request's rails (dispatch
-//! mask, rail up, keys on both NICs, affinity class, rotation), refuses
-//! everything while fenced (keeping the `Unquiesced` evidence that fenced
-//! it), refuses to forget a registration that requests still hold, and
-//! keeps closed rails until their work drained (reaping: the driver then
-//! destroys their queue pairs). No threads, sockets or clock inside: time is an
-//! argument, and `cargo xtask tidy` keeps it that way.
+//! budget ledger and the outcomes not taken yet, and decides admission: it
+//! validates a batch against the tables (registration published, range
+//! inside it, peer open, range published with the right access), chooses
+//! each request's rails (dispatch mask, rail up, keys on both NICs,
+//! affinity class, rotation), refuses everything while fenced (keeping the
+//! `Unquiesced` evidence that fenced it), refuses to forget a registration
+//! that requests still hold, and keeps closed rails until their work
+//! drained (reaping: the driver then destroys their queue pairs). It also
+//! holds the rules around the I/O the driver does: Host Direct
+//! registration (`register`), peer adoption by epoch (`peers`) and
+//! notifications (`notify`). No threads, sockets or clock inside: time is
+//! an argument, and `cargo xtask tidy` keeps it that way.
 //!
 //! The driver (`crate::engine`) wraps it: it owns the threads, the clock,
 //! the NIC contexts and the transports, and pumps the core in the order
 //! `crate::core` documents:
 //!
 //! 1. [`EngineState::submit`] a batch (or [`EngineState::admit`] it and hand
-//!    the requests to [`Core::submit`] after arming what it tracks);
+//!    the requests to [`Core::submit`], then
+//!    [`EngineState::track_notification`] if it carries one);
 //! 2. `core.poll_work` and post each rail's run; feed completions and rail
 //!    events to `core.handle_event`, deadlines to `core.handle_timeout`;
-//! 3. take outcomes with `core.poll_outcome` and flushes with
-//!    `core.poll_flush`.
+//! 3. [`EngineState::collect_outcomes`], hand each
+//!    [`EngineState::poll_transmit`] to a transport and report it with
+//!    [`EngineState::notification_sent`]; flushes with `core.poll_flush`.
 //!
 //! Tests drive it with a scripted transport on virtual time
 //! (`state/tests.rs`, and the fault fuzz in `state/fuzz.rs`).
 
 #[cfg(test)]
 mod fuzz;
+mod notify;
 mod outcomes;
+mod peers;
+mod register;
 mod tables;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use notify::{Notifications, Transmit};
 pub(crate) use outcomes::Outcomes;
+pub(crate) use register::retained;
 pub(crate) use tables::{PeerState, Tables, published_remote};
 
 use std::collections::HashMap;
@@ -62,13 +72,15 @@ pub(crate) struct EngineState {
     /// charges plus what cleanup failures retain.
     pub(crate) ledger: Ledger,
     /// The next registration id (ids are never reused).
-    pub(crate) next_reg: u64,
+    next_reg: u64,
     /// The next peer id (ids are never reused).
-    pub(crate) next_peer: u32,
+    next_peer: u32,
     /// Rotates each request's first rail among its allowed rails.
     rotor: usize,
     /// Outcomes made and not taken yet.
     pub(crate) outcomes: Outcomes,
+    /// Notifying batches whose outcomes are held until they resolve.
+    pub(crate) notifications: Notifications,
     /// Every `Unquiesced` so far; each one fenced admission.
     pub(crate) unquiesced: Vec<Unquiesced>,
     /// Closed rails whose queue pair the driver destroys once their work
@@ -90,6 +102,7 @@ impl EngineState {
             next_peer: 1,
             rotor: 0,
             outcomes: Outcomes::default(),
+            notifications: Notifications::default(),
             unquiesced: Vec::new(),
             reap: Vec::new(),
         }
@@ -268,10 +281,9 @@ impl EngineState {
     /// Adds a published entry (its charges already in the ledger) under a
     /// fresh id.
     pub(crate) fn insert_registration(&mut self, entry: RegEntry) -> RegistrationId {
-        let id = self.next_reg;
-        self.next_reg += 1;
-        self.tables.regs.insert(id, entry);
-        RegistrationId(id)
+        let id = self.fresh_registration_id();
+        self.tables.regs.insert(id.0, entry);
+        id
     }
 
     /// Takes a registration out of the table, releasing its charges from
@@ -310,10 +322,9 @@ impl EngineState {
         epoch: Epoch,
         ranges: &[wire::RangeDescriptor],
     ) -> PeerId {
-        let id = self.next_peer;
-        self.next_peer += 1;
+        let id = self.fresh_peer_id();
         self.tables.peers.insert(
-            id,
+            id.0,
             PeerState {
                 source_id,
                 epoch,
@@ -325,12 +336,11 @@ impl EngineState {
                 rails: Vec::new(),
             },
         );
-        PeerId(id)
+        id
     }
 
-    /// Adds a rail to the core and to its peer's rails.
-    // The driver also records which transport owns the rail.
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// Adds a rail to the core and to its peer's rails (the driver also
+    /// records which transport owns the rail).
     pub(crate) fn add_rail(&mut self, spec: RailSpec) -> RailId {
         let peer = spec.peer;
         let rail = self.core.add_rail(spec);

@@ -8,12 +8,14 @@ use std::time::{Duration, Instant};
 
 use orbitte_memory::HostMemory;
 use orbitte_topology::DeviceMask;
+use orbitte_wire::handshake::Established;
 use orbitte_wire::{self as wire, Epoch, SourceId};
 
-use super::EngineState;
+use super::{EngineState, Transmit};
 use crate::core::CoreConfig;
 use crate::engine::TransferRequest;
 use crate::error::{RegisterError, UnregisterError};
+use crate::notify::{Armed, Notification, NotificationStatus};
 use crate::outcome::{
     DrainStatus, Outcome, RailRefusal, RequestError, RequestId, Status, SubmitError,
 };
@@ -67,6 +69,21 @@ pub(super) struct Sim {
     pub(super) fail_next_post: Option<usize>,
     /// Every data item the transport accepted.
     pub(super) accepted: Vec<WorkItem>,
+    /// Notifications the state asked to send, not answered yet.
+    pub(super) transmits: Vec<Transmit>,
+}
+
+/// A peer's range `id` of [`SIZE`] bytes, remotely readable and writable.
+fn descriptor(id: u64) -> wire::RangeDescriptor {
+    wire::RangeDescriptor {
+        range_id: wire::RangeId(id),
+        address: 0x10_0000,
+        length: SIZE as u64,
+        access: Access::REMOTE_READ_WRITE.wire_flags(),
+        token: wire::AccessToken(9),
+        rkeys: Vec::new(),
+        local: None,
+    }
 }
 
 /// The local registration's bytes before any request.
@@ -100,15 +117,7 @@ impl Sim {
             .expect("not fenced")
             .id;
         let range = RangeId(7);
-        let desc = wire::RangeDescriptor {
-            range_id: wire::RangeId(range.0),
-            address: 0x10_0000,
-            length: SIZE as u64,
-            access: Access::REMOTE_READ_WRITE.wire_flags(),
-            token: wire::AccessToken(9),
-            rkeys: Vec::new(),
-            local: None,
-        };
+        let desc = descriptor(range.0);
         let peer = st.open_peer(
             SourceId::new("peer").expect("valid"),
             Epoch::MIN,
@@ -143,6 +152,7 @@ impl Sim {
             work: Vec::new(),
             fail_next_post: None,
             accepted: Vec::new(),
+            transmits: Vec::new(),
         }
     }
 
@@ -175,6 +185,22 @@ impl Sim {
         batch: &[TransferRequest],
     ) -> Result<Vec<RequestId>, SubmitError> {
         self.st.submit(self.now, batch, DeviceMask::ALL)
+    }
+
+    /// Submits a batch carrying a notification of `bytes`, the way the
+    /// driver does: admit, submit to the core, track.
+    pub(super) fn submit_notifying(
+        &mut self,
+        batch: &[TransferRequest],
+        bytes: &[u8],
+    ) -> Result<Vec<RequestId>, SubmitError> {
+        let reqs = self.st.admit(batch, DeviceMask::ALL)?;
+        let armed = Armed::check(batch, Notification::new(bytes))
+            .expect("one peer, a small notification")
+            .on_rails(&reqs);
+        let ids = self.st.core.submit(self.now, reqs)?;
+        self.st.track_notification(&ids, armed);
+        Ok(ids)
     }
 
     /// Rail index of a rail id.
@@ -216,7 +242,14 @@ impl Sim {
             }
             start = end;
         }
-        while let Some(o) = self.st.core.poll_outcome() {
+        self.st.collect_outcomes();
+        while let Some(t) = self.st.poll_transmit() {
+            self.transmits.push(t);
+        }
+        let mut arrived = Vec::new();
+        self.st.outcomes.take_arrived(&mut arrived);
+        for id in arrived {
+            let o = self.st.outcomes.remove(&id).expect("arrived, not taken");
             assert!(
                 self.outcomes.insert(o.request, o).is_none(),
                 "one outcome per request"
@@ -612,4 +645,440 @@ fn outcomes_wait_to_be_taken_and_say_once_which_arrived() {
     assert_eq!((o.request, o.status), (ids[1], Status::Complete));
     assert!(sim.st.outcomes.remove(&ids[1]).is_none(), "taken once");
     assert!(sim.st.outcomes.contains_key(&ids[0]));
+}
+
+// ---- notifications ----
+
+/// The notification status of a request's outcome.
+fn notification(sim: &Sim, id: RequestId) -> &NotificationStatus {
+    &sim.outcomes[&id].notification
+}
+
+/// A sim with `rails` and a batch of `n` 100-byte WRITEs carrying the
+/// notification "kv ready", posted.
+fn notifying(rails: &[(u32, u32)], n: u64) -> (Sim, Vec<RequestId>) {
+    let mut sim = Sim::new(rails);
+    let batch: Vec<_> = (0..n)
+        .map(|k| sim.request(Op::Write, 200 * k, 200 * k, 100))
+        .collect();
+    let ids = sim.submit_notifying(&batch, b"kv ready").unwrap();
+    sim.pump();
+    (sim, ids)
+}
+
+/// [`notifying`] with one WRITE.
+fn notifying_write(rails: &[(u32, u32)]) -> (Sim, RequestId) {
+    let (sim, ids) = notifying(rails, 1);
+    (sim, ids[0])
+}
+
+fn why_not_sent(sim: &Sim, id: RequestId) -> &str {
+    match notification(sim, id) {
+        NotificationStatus::NotSent { why } => why,
+        other => panic!("expected NotSent, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_notification_waits_for_the_last_outcome_then_goes_out_on_the_batchs_rail() {
+    let (mut sim, ids) = notifying(&[(4, 1)], 2);
+    assert!(sim.step(0, Fate::Ok), "the first request completes");
+    sim.pump();
+    assert!(sim.outcomes.is_empty(), "held: {:?}", sim.outcomes);
+    assert!(sim.st.notifications.holds(ids[0]));
+    assert!(!sim.st.notifications.holds(ids[1]), "not made yet");
+    assert!(sim.transmits.is_empty(), "not before the last outcome");
+    assert!(sim.step(0, Fate::Ok));
+    sim.pump();
+    let t = sim
+        .transmits
+        .pop()
+        .expect("a transmit once every request completed");
+    assert!(sim.transmits.is_empty(), "one per batch");
+    assert_eq!(t.rails, [sim.rails[0]]);
+    match wire::decode_exact(&t.frame) {
+        Ok((wire::Frame::Notification(n), _)) => {
+            assert_eq!(
+                (n.notification_id, n.payload.as_slice()),
+                (t.id, &b"kv ready"[..])
+            );
+        }
+        other => panic!("not a notification frame: {other:?}"),
+    }
+    // The outcomes stay held while the driver sends.
+    sim.pump();
+    assert!(sim.outcomes.is_empty());
+    assert!(sim.st.notifications.holds(ids[1]));
+    sim.st.notification_sent(t.id, Ok(()));
+    sim.pump();
+    for id in &ids {
+        assert_eq!(sim.outcomes[id].status, Status::Complete);
+        assert_eq!(notification(&sim, *id), &NotificationStatus::Sent);
+        assert!(!sim.st.notifications.holds(*id));
+    }
+    assert_eq!(sim.st.notifications.pending(), 0);
+    // A second answer for the same notification changes nothing.
+    sim.st.notification_sent(t.id, Err(vec!["late".into()]));
+    let mut arrived = Vec::new();
+    sim.st.outcomes.take_arrived(&mut arrived);
+    assert!(arrived.is_empty(), "{arrived:?}");
+}
+
+#[test]
+fn a_batch_that_times_out_on_virtual_time_withholds_its_notification() {
+    let (mut sim, ids) = notifying(&[(4, 1)], 2);
+    assert!(sim.step(0, Fate::Ok));
+    assert!(!sim.step(0, Fate::Hang), "the second request hangs");
+    sim.advance(REQUEST_TIMEOUT - Duration::from_millis(1));
+    assert!(sim.outcomes.is_empty(), "held until the batch resolves");
+    sim.advance(Duration::from_millis(1));
+    assert!(
+        sim.transmits.is_empty(),
+        "nothing to send: {:?}",
+        sim.transmits
+    );
+    assert_eq!(sim.outcomes[&ids[0]].status, Status::Complete);
+    assert_eq!(sim.outcomes[&ids[1]].status, Status::TimedOut);
+    for id in &ids {
+        let why = why_not_sent(&sim, *id);
+        assert!(why.contains("TimedOut"), "{why}");
+    }
+    assert_eq!(sim.st.notifications.pending(), 0);
+}
+
+#[test]
+fn a_notification_passes_over_closed_and_down_rails_and_names_every_refusal() {
+    let (mut sim, id) = notifying_write(&[(4, 1), (4, 1), (4, 1)]);
+    for i in 0..3 {
+        sim.step(i, Fate::Ok);
+    }
+    // Before the pump that resolves the batch: one rail goes down, one
+    // is closed and taken off the peer.
+    let (up, down, closed) = (sim.rails[0], sim.rails[1], sim.rails[2]);
+    sim.rail_down(1);
+    assert!(!sim.st.close_rail(closed, sim.now, false), "idle");
+    sim.st.detach_rail(sim.peer, closed);
+    sim.pump();
+    let t = sim.transmits.pop().expect("one rail is left");
+    assert_eq!(t.rails, [up]);
+    assert!(sim.outcomes.is_empty(), "held while the driver sends");
+    sim.st
+        .notification_sent(t.id, Err(vec![format!("rail {}: session closed", up.0)]));
+    sim.pump();
+    assert_eq!(sim.outcomes[&id].status, Status::Complete);
+    let why = why_not_sent(&sim, id);
+    for part in [
+        format!("rail {} was closed", closed.0),
+        format!("rail {} down: port paused", down.0),
+        format!("rail {}: session closed", up.0),
+    ] {
+        assert!(why.contains(&part), "{part:?} in {why}");
+    }
+}
+
+#[test]
+fn a_batch_with_no_usable_rail_left_is_not_sent_and_never_reaches_the_driver() {
+    let (mut sim, id) = notifying_write(&[(4, 1)]);
+    sim.step(0, Fate::Ok);
+    sim.rail_down(0);
+    sim.pump();
+    assert!(sim.transmits.is_empty());
+    let why = why_not_sent(&sim, id);
+    assert!(why.contains("down: port paused"), "{why}");
+}
+
+/// Why a batch of one request was refused.
+fn refused(submitted: Result<Vec<RequestId>, SubmitError>) -> RequestError {
+    match submitted {
+        Err(SubmitError::Invalid { error, .. }) => error,
+        other => panic!("expected a refused request, got {other:?}"),
+    }
+}
+
+// ---- Host Direct registration ----
+
+fn sim_pd() -> (
+    orbitte_verbs::sim::SimFabric,
+    orbitte_verbs::ProtectionDomain,
+) {
+    use orbitte_verbs::sim::{SimDescription, SimDeviceDesc, SimFabric};
+    let fabric = SimFabric::new(
+        SimDescription::new(vec![SimDeviceDesc::roce("s0", [10, 0, 0, 1])]),
+        1,
+    );
+    let pd = fabric
+        .provider()
+        .open("s0")
+        .expect("sim device")
+        .alloc_pd()
+        .expect("sim pd");
+    (fabric, pd)
+}
+
+#[test]
+fn host_direct_charges_every_copy_up_front_and_refuses_past_either_budget() {
+    let budgets = Budgets {
+        max_mrs: 5,
+        max_bytes: 64 * 1024,
+    };
+    let mut st = EngineState::new(config(), budgets);
+    let r = st
+        .reserve_host_direct(4096, Access::REMOTE_READ_WRITE, 2)
+        .unwrap();
+    let four = Charges {
+        mrs: 4,
+        bytes: 4 * 4096,
+    };
+    assert_eq!((r.charge, st.ledger.in_use), (four, four));
+    // A registration made meanwhile sees the reservation.
+    let err = st
+        .reserve_host_direct(4096, Access::REMOTE_READ_WRITE, 1)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RegisterError::ResourceExhausted {
+                resource: "memory regions",
+                asked: 2,
+                in_use: 4,
+                limit: 5
+            }
+        ),
+        "{err:?}"
+    );
+    let err = st
+        .reserve_host_direct(64 * 1024, Access::LocalOnly, 1)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RegisterError::ResourceExhausted {
+                resource: "registered bytes",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(st.ledger.in_use, four, "a refusal charges nothing");
+    // Abandoned with one copy that could not be released: it stays charged.
+    let kept = st.abandon_host_direct(r, 1);
+    let one = Charges {
+        mrs: 1,
+        bytes: 4096,
+    };
+    assert_eq!((kept, st.ledger.in_use), (one, one));
+    st.fence("unquiesced during release");
+    let err = st
+        .reserve_host_direct(4096, Access::LocalOnly, 1)
+        .unwrap_err();
+    assert!(matches!(err, RegisterError::Fenced { .. }), "{err:?}");
+    assert_eq!(st.ledger.in_use, one);
+}
+
+#[test]
+fn a_published_host_direct_registration_serves_requests_until_retired() {
+    use crate::registration::{MemoryPath, NicCopies};
+    let (_fabric, pd) = sim_pd();
+    let mut sim = Sim::new(&[(4, 1)]);
+    let before = sim.st.ledger.in_use;
+    let access = Access::REMOTE_READ_WRITE;
+    let r = sim.st.reserve_host_direct(SIZE as u64, access, 1).unwrap();
+    let id = r.id;
+    let memory = HostMemory::alloc(SIZE).unwrap();
+    let buf: Arc<dyn orbitte_memory::DmaBuffer> = memory.clone();
+    let local = pd
+        .register(buf.clone(), 0..SIZE, orbitte_verbs::Access::LOCAL_WRITE)
+        .unwrap();
+    let remote = pd
+        .register(buf, 0..SIZE, access.remote_verbs().expect("remote"))
+        .unwrap();
+    let copies = vec![NicCopies {
+        nic: 0,
+        local,
+        remote: Some(remote),
+    }];
+    // Not admitted before it is published.
+    let w = TransferRequest::write(id, 0, sim.peer, sim.range, 0, 10);
+    assert!(sim.submit(&[w]).is_err());
+    let reg = sim.st.publish_host_direct(r, memory, copies, vec![(0, 0)]);
+    assert_eq!(
+        (reg.id, reg.copies, reg.path, reg.len),
+        (id, 2, MemoryPath::HostDirect, SIZE as u64)
+    );
+    let ids = sim.submit(&[w]).unwrap();
+    sim.run_ok();
+    assert_eq!(sim.outcomes[&ids[0]].status, Status::Complete);
+    // Retire: new requests refused, the remote copy handed to the driver.
+    let remote = sim.st.retire_registration(id).unwrap();
+    assert_eq!(remote.len(), 1);
+    assert_eq!(
+        refused(sim.submit(&[w])),
+        RequestError::UnpublishedLocal(id)
+    );
+    for mr in remote {
+        mr.close().expect("sim close");
+    }
+    sim.st.retired_closed(id, 1);
+    let left = Charges {
+        mrs: 1,
+        bytes: SIZE as u64,
+    };
+    assert_eq!(sim.st.tables.regs[&id.0].charge, left);
+    assert_eq!(sim.st.ledger.in_use.mrs, before.mrs + 1);
+    assert!(sim.st.retire_registration(id).unwrap().is_empty(), "once");
+    let entry = sim.st.take_registration(id).unwrap();
+    assert_eq!(sim.st.ledger.in_use, before);
+    assert!(crate::registration::close_copies(entry.copies).is_empty());
+    assert!(matches!(
+        sim.st.retire_registration(RegistrationId(999)),
+        Err(UnregisterError::Unknown(_))
+    ));
+}
+
+// ---- peers ----
+
+fn established(source: &str, epoch: u64, admission: wire::Admission) -> Established {
+    Established {
+        peer: wire::Identity::new(
+            SourceId::new(source).expect("valid"),
+            Epoch::new(epoch).expect("valid"),
+            wire::Capabilities::RDMA,
+        ),
+        admission,
+        purpose: wire::SessionPurpose::DATA,
+    }
+}
+
+fn publication(epoch: u64, ranges: &[u64]) -> wire::SegmentPublication {
+    wire::SegmentPublication {
+        epoch: Epoch::new(epoch).expect("valid"),
+        ranges: ranges.iter().map(|&id| descriptor(id)).collect(),
+    }
+}
+
+fn tcp_rail(peer: PeerId) -> RailSpec {
+    RailSpec {
+        path: PathKind::Tcp,
+        peer,
+        nic: None,
+        remote_nic: None,
+        max_in_flight: 4,
+        signal_interval: 1,
+    }
+}
+
+#[test]
+fn a_reconnect_keeps_the_peer_and_its_rails_and_replaces_its_ranges() {
+    let mut st = EngineState::new(config(), Budgets::default());
+    let s1 = wire::SessionId(1);
+    let a = st.adopt_peer(
+        s1,
+        &established("b", 2, wire::Admission::New),
+        &publication(2, &[7, 8]),
+    );
+    assert_eq!((a.replaced, a.retire.as_slice()), (None, &[][..]));
+    let rail = st.add_rail(tcp_rail(a.peer));
+    let s2 = wire::SessionId(2);
+    let again = st.adopt_peer(
+        s2,
+        &established("b", 2, wire::Admission::Reconnect),
+        &publication(2, &[8]),
+    );
+    assert_eq!((again.peer, again.replaced), (a.peer, None));
+    assert!(again.retire.is_empty());
+    let p = &st.tables.peers[&a.peer.0];
+    assert_eq!(p.rails, [rail]);
+    assert_eq!(p.sessions, [s1, s2]);
+    assert_eq!(st.peer_session(a.peer), Some(s2));
+    let mut ranges: Vec<_> = p.ranges.keys().copied().collect();
+    ranges.sort();
+    assert_eq!(ranges, [RangeId(8)]);
+    // Another source is another peer.
+    let c = st.adopt_peer(
+        wire::SessionId(3),
+        &established("c", 1, wire::Admission::New),
+        &publication(1, &[]),
+    );
+    assert_ne!(c.peer, a.peer);
+    assert_eq!(st.tables.peers.len(), 2);
+}
+
+#[test]
+fn a_newer_epoch_forgets_the_old_incarnation_and_hands_back_its_rails() {
+    // The sim's peer is source "peer" at the first epoch, with one rail
+    // holding a request that hangs, and a notifying batch in flight.
+    let (mut sim, id) = notifying_write(&[(4, 1)]);
+    assert!(!sim.step(0, Fate::Hang));
+    let old = sim.peer;
+    let replaced = wire::Admission::Replaced {
+        previous: Epoch::MIN,
+        invalidated: wire::Invalidation::default(),
+    };
+    let a = sim.st.adopt_peer(
+        wire::SessionId(9),
+        &established("peer", 5, replaced),
+        &publication(5, &[sim.range.0]),
+    );
+    assert_ne!(a.peer, old);
+    assert_eq!(a.replaced, Some(old));
+    assert_eq!(a.retire, sim.rails);
+    assert!(!sim.st.tables.peers.contains_key(&old.0));
+    assert_eq!(sim.st.forget_peer(old), None, "gone already");
+    // Requests naming the old incarnation are refused.
+    let w = sim.request(Op::Write, 0, 0, 100);
+    assert_eq!(refused(sim.submit(&[w])), RequestError::UnknownPeer(old));
+    // The driver retires the rails; the flush drains the hung request.
+    for rail in &a.retire {
+        assert!(sim.st.close_rail(*rail, sim.now, false), "busy");
+    }
+    sim.pump();
+    assert_eq!(sim.st.core.drain_status(id), DrainStatus::Drained);
+    sim.advance(REQUEST_TIMEOUT);
+    assert_ne!(sim.outcomes[&id].status, Status::Complete);
+    let why = why_not_sent(&sim, id);
+    assert!(!why.is_empty());
+    // The new incarnation has no rails until the driver adds some.
+    let w2 = TransferRequest::write(sim.reg, 0, a.peer, sim.range, 0, 10);
+    let err = refused(sim.submit(&[w2]));
+    assert!(matches!(err, RequestError::NoRail { .. }), "{err:?}");
+}
+
+#[test]
+fn a_notification_to_a_peer_that_is_gone_is_not_sent() {
+    let (mut sim, id) = notifying_write(&[(4, 1)]);
+    sim.step(0, Fate::Ok);
+    // Completed on the wire, then the peer is forgotten before the pump.
+    assert_eq!(sim.st.forget_peer(sim.peer), Some(sim.rails.clone()));
+    sim.pump();
+    assert!(sim.transmits.is_empty());
+    assert_eq!(sim.outcomes[&id].status, Status::Complete);
+    let why = why_not_sent(&sim, id);
+    assert!(why.contains("is gone"), "{why}");
+}
+
+#[test]
+fn publications_and_retires_after_opening_change_what_is_admitted() {
+    let mut sim = Sim::new(&[(4, 1)]);
+    let at =
+        |sim: &Sim, range: u64| TransferRequest::write(sim.reg, 0, sim.peer, RangeId(range), 0, 10);
+    assert!(sim.submit(&[at(&sim, 11)]).is_err(), "not published yet");
+    assert!(sim.st.apply_publication(sim.peer, &publication(1, &[11])));
+    let ids = sim.submit(&[at(&sim, 11)]).unwrap();
+    sim.run_ok();
+    assert_eq!(sim.outcomes[&ids[0]].status, Status::Complete);
+    let retire = wire::SegmentRetire {
+        epoch: Epoch::MIN,
+        range_ids: vec![wire::RangeId(11)],
+    };
+    assert!(sim.st.apply_retire(sim.peer, &retire));
+    let err = refused(sim.submit(&[at(&sim, 11)]));
+    assert!(
+        matches!(err, RequestError::UnpublishedRemote { .. }),
+        "{err:?}"
+    );
+    // The other range is untouched; an unknown peer changes nothing.
+    assert!(sim.submit(&[at(&sim, sim.range.0)]).is_ok());
+    assert!(!sim.st.apply_retire(PeerId(77), &retire));
+    assert!(!sim.st.apply_publication(PeerId(77), &publication(1, &[1])));
+    assert_eq!(sim.st.peer_session(PeerId(77)), None);
 }

@@ -1,0 +1,209 @@
+//! Notifying batches: whose outcomes are held, whether the notification
+//! goes out, and on which rails the driver tries to send it.
+//!
+//! The order a driver follows: after admitting a batch that carries a
+//! notification, [`EngineState::track_notification`]; after each pump,
+//! [`EngineState::collect_outcomes`], then every
+//! [`EngineState::poll_transmit`] handed to a transport (the first of its
+//! rails that takes it) and answered with
+//! [`EngineState::notification_sent`]. The batch's outcomes come out only
+//! with that answer, stamped with what happened.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use orbitte_wire as wire;
+
+use super::EngineState;
+use crate::notify::NotificationStatus;
+use crate::notify::tracker::{Resolved, Step, Tracker, Verdict};
+use crate::outcome::RequestId;
+use crate::transport::RailId;
+
+/// A notification the driver hands to a transport: it tries `rails` in
+/// order until one takes `frame`, then reports to
+/// [`EngineState::notification_sent`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Transmit {
+    /// The notification's number (the frame's id).
+    pub(crate) id: u64,
+    /// The batch's rails that are still its peer's and up, in first-use
+    /// order; never empty.
+    pub(crate) rails: Vec<RailId>,
+    /// The encoded `notification` frame.
+    pub(crate) frame: Arc<[u8]>,
+}
+
+/// A resolved batch whose notification is with the driver.
+#[derive(Debug)]
+struct Sending {
+    /// Why rails of the batch were passed over.
+    skipped: Vec<String>,
+    outcomes: Resolved,
+}
+
+/// The notifying batches: in flight (`tracker`), resolved and being sent.
+#[derive(Debug, Default)]
+pub(crate) struct Notifications {
+    tracker: Tracker,
+    /// Invariant: every id in `transmits` is a key of `sending`.
+    sending: HashMap<u64, Sending>,
+    transmits: VecDeque<Transmit>,
+}
+
+impl Notifications {
+    /// Whether the request's outcome is made and held until its batch's
+    /// notification is decided.
+    pub(crate) fn holds(&self, request: RequestId) -> bool {
+        self.tracker.holds(request)
+            || self
+                .sending
+                .values()
+                .any(|s| s.outcomes.outcomes.iter().any(|o| o.request == request))
+    }
+}
+
+impl EngineState {
+    /// Tracks the admitted batch `requests` (in submission order) that
+    /// carries `armed`: their outcomes are held until the last one is made.
+    pub(crate) fn track_notification(
+        &mut self,
+        requests: &[RequestId],
+        armed: crate::notify::Armed,
+    ) {
+        let n = &mut self.notifications.tracker;
+        let id = n.next_id();
+        let (peer, bytes, rails) = armed.into_parts();
+        let frame = wire::Frame::Notification(wire::Notification {
+            notification_id: id,
+            payload: bytes,
+        });
+        // Cannot fail: the payload length was checked against the bound
+        // (an empty frame is reported as not sent at resolution).
+        let frame: Arc<[u8]> = match frame.to_bytes() {
+            Ok(b) => b.into(),
+            Err(e) => {
+                tracing::error!(error = %e, "encoding a notification failed");
+                Arc::from(&[][..])
+            }
+        };
+        n.track(id, requests, peer, rails, frame);
+    }
+
+    /// Moves the core's outcomes to [`outcomes`](Self::outcomes), holding
+    /// those of notifying batches until their batch resolves. A batch
+    /// whose every request completed and that still has a usable rail
+    /// becomes a [`Transmit`] ([`poll_transmit`](Self::poll_transmit)); any
+    /// other resolved batch comes out at once, `NotSent` with the reason.
+    pub(crate) fn collect_outcomes(&mut self) {
+        while let Some(o) = self.core.poll_outcome() {
+            match self.notifications.tracker.on_outcome(o) {
+                Step::Release(o) => self.outcomes.insert(o.request, o),
+                Step::Held => {}
+                Step::Resolved(r) => self.resolve(r),
+            }
+        }
+    }
+
+    /// The next notification for the driver to send.
+    pub(crate) fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.notifications.transmits.pop_front()
+    }
+
+    /// What became of [`Transmit`] `id`: `Ok` when a rail took it, else
+    /// why each rail refused. Releases the batch's outcomes, stamped.
+    pub(crate) fn notification_sent(&mut self, id: u64, result: Result<(), Vec<String>>) {
+        let Some(s) = self.notifications.sending.remove(&id) else {
+            return;
+        };
+        let status = match result {
+            Ok(()) => NotificationStatus::Sent,
+            Err(refused) => not_sent(s.skipped.into_iter().chain(refused).collect()),
+        };
+        self.release_batch(s.outcomes, status);
+    }
+
+    /// Decides a resolved batch: withheld, nowhere to send, or a transmit.
+    fn resolve(&mut self, r: Resolved) {
+        match &r.verdict {
+            Verdict::Withhold(why) => {
+                let status = NotificationStatus::NotSent { why: why.clone() };
+                return self.release_batch(r, status);
+            }
+            Verdict::Send if r.frame.is_empty() => {
+                let status = NotificationStatus::NotSent {
+                    why: "the notification could not be encoded".into(),
+                };
+                return self.release_batch(r, status);
+            }
+            Verdict::Send => {}
+        }
+        let Some(current) = self.tables.peers.get(&r.peer.0).map(|p| &p.rails) else {
+            let why = format!(
+                "peer {} is gone (closed, or replaced by a newer epoch)",
+                r.peer.0
+            );
+            return self.release_batch(r, NotificationStatus::NotSent { why: why.into() });
+        };
+        let mut skipped = Vec::new();
+        let mut rails = Vec::new();
+        for &rail in &r.rails {
+            if !current.contains(&rail) {
+                skipped.push(format!("rail {} was closed", rail.0));
+            } else if !self.core.rail_is_up(rail) {
+                let reason = self
+                    .core
+                    .rail_down_reason(rail)
+                    .unwrap_or_else(|| "down".into());
+                skipped.push(format!("rail {} down: {reason}", rail.0));
+            } else {
+                rails.push(rail);
+            }
+        }
+        if rails.is_empty() {
+            return self.release_batch(r, not_sent(skipped));
+        }
+        self.notifications.transmits.push_back(Transmit {
+            id: r.id,
+            rails,
+            frame: r.frame.clone(),
+        });
+        self.notifications.sending.insert(
+            r.id,
+            Sending {
+                skipped,
+                outcomes: r,
+            },
+        );
+    }
+
+    fn release_batch(&mut self, r: Resolved, status: NotificationStatus) {
+        tracing::debug!(
+            notification = r.id,
+            peer = r.peer.0,
+            ?status,
+            "notifying batch resolved"
+        );
+        for o in r.stamp(&status) {
+            self.outcomes.insert(o.request, o);
+        }
+    }
+}
+
+/// `NotSent` with every reason, in order.
+fn not_sent(mut why: Vec<String>) -> NotificationStatus {
+    if why.is_empty() {
+        why.push("the batch had no rails".into());
+    }
+    NotificationStatus::NotSent {
+        why: why.join("; ").into(),
+    }
+}
+
+/// Notifying batches not yet released (tracked or being sent).
+#[cfg(test)]
+impl Notifications {
+    pub(crate) fn pending(&self) -> usize {
+        self.tracker.pending() + self.sending.len()
+    }
+}
