@@ -55,11 +55,35 @@ fn not_sent(o: &Outcome) -> &str {
 
 // ---- rdma, on the simulated fabric ----
 
+/// The notification `target` receives for `initiator`'s batch `ids`; if
+/// none comes within [`BOUND`], the panic says how the batch ended (a
+/// batch that did not complete withholds it).
+fn arrived(
+    target: &TransferEngine,
+    initiator: &TransferEngine,
+    ids: &[orbitte_engine::RequestId],
+) -> orbitte_engine::ReceivedNotification {
+    target.wait_notification(BOUND).unwrap_or_else(|| {
+        let ended: Vec<_> = ids
+            .iter()
+            .map(|id| initiator.poll(*id).map(|o| (o.status, o.notification)))
+            .collect();
+        panic!("no notification within {BOUND:?}; the batch's outcomes: {ended:?}")
+    })
+}
+
+/// `builder` with a request timeout as long as the waits: these batches
+/// must complete, however loaded the machine (the 500 ms of `builder` is
+/// for tests that time requests out on purpose).
+fn patient(fabric: &SimFabric, host: &str, nics: usize) -> EngineBuilder {
+    builder(fabric, host, nics).request_timeout(BOUND)
+}
+
 #[test]
 fn rdma_notification_arrives_once_after_every_byte_and_tagged_with_the_sender() {
     let fabric = fabric(2, Delivery::Background, 11);
-    let a = builder(&fabric, "a", 2).build().unwrap();
-    let b = builder(&fabric, "b", 2).build().unwrap();
+    let a = patient(&fabric, "a", 2).build().unwrap();
+    let b = patient(&fabric, "b", 2).build().unwrap();
     let len = 4 * MB as usize;
     let src = region(len, 3);
     let dst = HostMemory::alloc(len).unwrap();
@@ -86,7 +110,7 @@ fn rdma_notification_arrives_once_after_every_byte_and_tagged_with_the_sender() 
         )
         .unwrap();
     // The target waits; the initiator does nothing.
-    let n = b.wait_notification(BOUND).expect("notification");
+    let n = arrived(&b, &a, &ids);
     assert_eq!(
         dst.to_vec(0, len).unwrap(),
         src.to_vec(0, len).unwrap(),
@@ -109,7 +133,7 @@ fn rdma_notification_arrives_once_after_every_byte_and_tagged_with_the_sender() 
             Notification::new(big.clone()),
         )
         .unwrap();
-    let n = b.wait_notification(BOUND).expect("4 KiB notification");
+    let n = arrived(&b, &a, &ids);
     assert_eq!(n.payload, big);
     all_sent(&a.wait_all(&ids, BOUND).unwrap());
     // A batch without a notification says so and sends none.
@@ -130,7 +154,7 @@ fn rdma_notification_arrives_once_after_every_byte_and_tagged_with_the_sender() 
             Notification::new(b"back"),
         )
         .unwrap();
-    let n = a.wait_notification(BOUND).expect("notification back");
+    let n = arrived(&a, &b, &ids);
     assert_eq!(
         (n.source_id.as_str(), n.payload.as_slice()),
         ("engine-b", &b"back"[..])
@@ -143,11 +167,11 @@ fn rdma_notification_arrives_once_after_every_byte_and_tagged_with_the_sender() 
 fn rdma_notification_is_one_send_behind_the_batch_writes_on_a_rail_the_dispatch_mask_allows() {
     let fabric = fabric(2, Delivery::Background, 13);
     // Only NIC ID 1 may carry a's work.
-    let a = builder(&fabric, "a", 2)
+    let a = patient(&fabric, "a", 2)
         .dispatch_mask(orbitte_engine::DeviceMask(0b10))
         .build()
         .unwrap();
-    let b = builder(&fabric, "b", 2).build().unwrap();
+    let b = patient(&fabric, "b", 2).build().unwrap();
     let src = region(64 << 10, 4);
     let dst = HostMemory::alloc(64 << 10).unwrap();
     let sreg = register(&a, &src, Access::LocalOnly);
@@ -161,10 +185,7 @@ fn rdma_notification_is_one_send_behind_the_batch_writes_on_a_rail_the_dispatch_
             Notification::new(b"m"),
         )
         .unwrap();
-    assert_eq!(
-        b.wait_notification(BOUND).expect("notification").payload,
-        b"m"
-    );
+    assert_eq!(arrived(&b, &a, &ids).payload, b"m");
     all_sent(&a.wait_all(&ids, BOUND).unwrap());
     let ours: Vec<_> = fabric
         .take_sends()
@@ -337,7 +358,7 @@ fn delivered_once_after_every_byte(path: PathKind) {
             Notification::new(format!("{path} batch done")),
         )
         .unwrap();
-    let got = n.target.wait_notification(BOUND).expect("notification");
+    let got = arrived(&n.target, &n.initiator, &ids);
     assert_eq!(
         n.dst.to_vec(0, len).unwrap(),
         n.src.to_vec(0, len).unwrap(),
