@@ -569,18 +569,9 @@ impl TransferEngine {
     pub(crate) fn close_rdma_rails(&self, peer: PeerId) -> Vec<RailId> {
         let mut st = self.lock();
         let now = Instant::now();
-        let rails: Vec<RailId> = st
-            .tables
-            .peers
-            .get(&peer.0)
-            .map(|p| p.rails.clone())
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|r| matches!(st.owner.get(r.0 as usize), Some(Owner::Rdma)))
-            .collect();
+        let rails = st.engine.detach_rails(peer, PathKind::Rdma);
         for &rail in &rails {
             st.retire_rail(rail, now);
-            st.engine.detach_rail(peer, rail);
         }
         if !rails.is_empty() {
             st.pump(now);
@@ -602,17 +593,8 @@ impl TransferEngine {
             .record_rc_connection(session, connect_id);
         let now = Instant::now();
         // A reconnect replaces the rails of the same incarnation.
-        let old: Vec<_> = st
-            .tables
-            .peers
-            .get(&peer.0)
-            .map(|p| p.rails.clone())
-            .unwrap_or_default();
-        for rail in old {
-            if matches!(st.owner.get(rail.0 as usize), Some(Owner::Rdma)) {
-                st.retire_rail(rail, now);
-                st.engine.detach_rail(peer, rail);
-            }
+        for rail in st.engine.detach_rails(peer, PathKind::Rdma) {
+            st.retire_rail(rail, now);
         }
         for (nic, remote_nic, mut qp, device) in made {
             let qpn = qp.qp_num();

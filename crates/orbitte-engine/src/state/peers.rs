@@ -13,7 +13,7 @@ use orbitte_wire::handshake::Established;
 use orbitte_wire::{self as wire, Admission};
 
 use super::{EngineState, PeerState};
-use crate::transport::{PeerId, RailId, RangeId};
+use crate::transport::{PathKind, PeerId, RailId, RangeId};
 
 /// What adopting a peer asks of the driver.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,11 +100,18 @@ impl EngineState {
         self.tables.peers.remove(&peer.0).map(|p| p.rails)
     }
 
-    /// Takes `rail` off `peer`'s rails (the driver retires it).
-    pub(crate) fn detach_rail(&mut self, peer: PeerId, rail: RailId) {
-        if let Some(p) = self.tables.peers.get_mut(&peer.0) {
-            p.rails.retain(|r| *r != rail);
-        }
+    /// Takes `peer`'s rails of `path` off it and returns them, for the
+    /// driver to retire (a reconnect replaces the rdma rails of the same
+    /// incarnation; a peer that switched paths loses them).
+    pub(crate) fn detach_rails(&mut self, peer: PeerId, path: PathKind) -> Vec<RailId> {
+        let Some(p) = self.tables.peers.get_mut(&peer.0) else {
+            return Vec::new();
+        };
+        let core = &self.core;
+        let on = |r: &RailId| core.rail_spec(*r).is_some_and(|s| s.path == path);
+        let taken: Vec<RailId> = p.rails.iter().copied().filter(on).collect();
+        p.rails.retain(|r| !on(r));
+        taken
     }
 
     /// The peer's latest session (where frames about its ranges are

@@ -757,7 +757,9 @@ fn a_notification_passes_over_closed_and_down_rails_and_names_every_refusal() {
     let (up, down, closed) = (sim.rails[0], sim.rails[1], sim.rails[2]);
     sim.rail_down(1);
     assert!(!sim.st.close_rail(closed, sim.now, false), "idle");
-    sim.st.detach_rail(sim.peer, closed);
+    // Taken off the peer, as a path switch does.
+    let peer = sim.st.tables.peers.get_mut(&sim.peer.0).expect("open");
+    peer.rails.retain(|r| *r != closed);
     sim.pump();
     let t = sim.transmits.pop().expect("one rail is left");
     assert_eq!(t.rails, [up]);
@@ -1054,6 +1056,27 @@ fn a_notification_to_a_peer_that_is_gone_is_not_sent() {
     assert_eq!(sim.outcomes[&id].status, Status::Complete);
     let why = why_not_sent(&sim, id);
     assert!(why.contains("is gone"), "{why}");
+}
+
+#[test]
+fn a_peer_gives_up_the_rails_of_one_path_and_keeps_the_others() {
+    let mut sim = Sim::new(&[(4, 1), (4, 1)]);
+    let rdma = sim.st.add_rail(RailSpec {
+        path: PathKind::Rdma,
+        nic: Some(0),
+        remote_nic: Some(0),
+        ..tcp_rail(sim.peer)
+    });
+    assert_eq!(sim.st.detach_rails(sim.peer, PathKind::Rdma), [rdma]);
+    assert_eq!(sim.st.tables.peers[&sim.peer.0].rails, sim.rails);
+    assert!(sim.st.detach_rails(sim.peer, PathKind::Rdma).is_empty());
+    assert!(sim.st.detach_rails(PeerId(77), PathKind::Tcp).is_empty());
+    // The tcp rails still carry requests.
+    let w = sim.request(Op::Write, 0, 0, 10);
+    let ids = sim.submit(&[w]).unwrap();
+    sim.run_ok();
+    assert_eq!(sim.outcomes[&ids[0]].status, Status::Complete);
+    assert!(sim.accepted.iter().all(|w| w.rail != rdma));
 }
 
 #[test]
