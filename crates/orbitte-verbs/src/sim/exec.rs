@@ -8,6 +8,12 @@ use super::state::{MrRec, PendingSend, QpKey, SendFaultKind, State};
 use crate::types::{Access, AsyncEvent, GidType, LinkLayer, PortState, QpState, Route};
 use crate::wr::{RemoteAddr, SendOp, Sge, WcOpcode, WcStatus};
 
+/// Work requests the fabric thread executes per hold of the fabric lock:
+/// between holds, pollers take the completions already delivered and
+/// posters add work, so a long batch is executed, polled and handled side
+/// by side instead of one stage after the other.
+const STEPS_PER_HOLD: usize = 32;
+
 /// Starts the real-time delivery thread. It holds only a weak reference
 /// between rounds, so it ends when the fabric is dropped.
 pub(crate) fn spawn_background(weak: Weak<Shared>) {
@@ -17,22 +23,39 @@ pub(crate) fn spawn_background(weak: Weak<Shared>) {
             loop {
                 let Some(shared) = weak.upgrade() else { return };
                 let mut st = shared.lock();
-                let now = shared.start.elapsed();
-                let mut ran = false;
-                while step(&shared, &mut st, Some(now)) {
-                    ran = true;
-                }
-                st.now = now;
-                if ran {
-                    shared.cond.notify_all();
-                }
+                // Execute everything due, releasing the lock every
+                // `STEPS_PER_HOLD` requests and waking the completion
+                // waiters when something was delivered.
+                let now = loop {
+                    let now = shared.start.elapsed();
+                    let delivered = st.deliveries;
+                    let mut ran = 0;
+                    while ran < STEPS_PER_HOLD && step(&shared, &mut st, Some(now)) {
+                        ran += 1;
+                    }
+                    st.now = now;
+                    let wake = st.deliveries != delivered;
+                    if ran < STEPS_PER_HOLD {
+                        if wake {
+                            shared.cond.notify_all();
+                        }
+                        break now;
+                    }
+                    drop(st);
+                    if wake {
+                        shared.cond.notify_all();
+                    }
+                    st = shared.lock();
+                };
                 let cap = Duration::from_millis(20);
                 let wait = st
                     .next_due()
                     .map_or(cap, |d| d.saturating_sub(now).min(cap));
                 let wait = wait.max(Duration::from_micros(50));
+                // Posts and faults ring `work`: completion waiters are not
+                // woken by new work, nor the fabric by deliveries.
                 let guard = shared
-                    .cond
+                    .work
                     .wait_timeout(st, wait)
                     .map(|(g, _)| g)
                     .unwrap_or_else(|e| e.into_inner().0);

@@ -281,8 +281,12 @@ impl SimDescription {
 
 pub(crate) struct Shared {
     pub(crate) state: Mutex<State>,
-    /// Signalled on every delivery, event and new work.
+    /// Signalled on deliveries and events (completion and event waiters
+    /// wait on it).
     pub(crate) cond: Condvar,
+    /// Signalled on new work and on what may unblock stalled work (the
+    /// fabric thread waits on it).
+    pub(crate) work: Condvar,
     pub(crate) desc: SimDescription,
     pub(crate) start: Instant,
 }
@@ -317,6 +321,12 @@ impl Shared {
         }
     }
 
+    /// Wakes every waiter and the fabric thread (a fault, a state change).
+    pub(crate) fn wake_all(&self) {
+        self.cond.notify_all();
+        self.work.notify_all();
+    }
+
     pub(crate) fn device_index(&self, name: &str) -> Option<usize> {
         self.desc.devices.iter().position(|d| d.name == name)
     }
@@ -338,6 +348,7 @@ impl SimFabric {
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             cond: Condvar::new(),
+            work: Condvar::new(),
             desc,
             start: Instant::now(),
         });
@@ -596,7 +607,7 @@ impl Faults {
         let mut st = self.shared.lock();
         st.set_port(d, port, PortState::Down, AsyncEvent::PortError { port });
         drop(st);
-        self.shared.cond.notify_all();
+        self.shared.wake_all();
         Ok(())
     }
 
@@ -606,7 +617,7 @@ impl Faults {
         let mut st = self.shared.lock();
         st.set_port(d, port, PortState::Active, AsyncEvent::PortActive { port });
         drop(st);
-        self.shared.cond.notify_all();
+        self.shared.wake_all();
         Ok(())
     }
 
@@ -623,7 +634,7 @@ impl Faults {
         }
         st.qp_to_error(&self.shared, (d, qpn), Some(AsyncEvent::QpFatal { qpn }));
         drop(st);
-        self.shared.cond.notify_all();
+        self.shared.wake_all();
         Ok(())
     }
 

@@ -402,7 +402,8 @@ impl CqOps for SimCq {
 
     fn poll(&self, out: &mut [Completion]) -> Result<usize, PollError> {
         let mut st = self.shared.lock();
-        let Some(cq) = st.cqs.get_mut(&self.id) else {
+        let State { cqs, qps, .. } = &mut *st;
+        let Some(cq) = cqs.get_mut(&self.id) else {
             return Ok(0);
         };
         if cq.overflowed && cq.queue.is_empty() {
@@ -412,18 +413,16 @@ impl CqOps for SimCq {
             )));
         }
         let mut n = 0;
-        let mut freed: Vec<(QpKey, u32, u32)> = Vec::new();
+        // Each polled completion frees its queue slots (and those of the
+        // unsignaled requests it covers).
         while n < out.len() {
             let Some(e) = cq.queue.pop_front() else { break };
             out[n] = e.wc;
-            freed.push((e.qp, e.sq_retire, e.rq_retire));
-            n += 1;
-        }
-        for (key, sq, rq) in freed {
-            if let Some(qp) = st.qps.get_mut(&key) {
-                qp.sq_outstanding = qp.sq_outstanding.saturating_sub(sq);
-                qp.rq_outstanding = qp.rq_outstanding.saturating_sub(rq);
+            if let Some(qp) = qps.get_mut(&e.qp) {
+                qp.sq_outstanding = qp.sq_outstanding.saturating_sub(e.sq_retire);
+                qp.rq_outstanding = qp.rq_outstanding.saturating_sub(e.rq_retire);
             }
+            n += 1;
         }
         Ok(n)
     }
@@ -555,7 +554,7 @@ impl QpOps for SimQp {
             Transition::Error => {
                 st.qp_to_error(&self.shared, self.key, None);
                 drop(st);
-                self.shared.cond.notify_all();
+                self.shared.wake_all();
             }
         }
         Ok(())
@@ -573,6 +572,7 @@ impl QpOps for SimQp {
         let timing = self.shared.desc.timing;
         let mut st = self.shared.lock();
         let now = self.shared.now(&st);
+        let delivered = st.deliveries;
         for (i, wr) in wrs.iter().enumerate() {
             let Some(qp) = st.qps.get(&self.key) else {
                 return Err(err(i, PostErrorKind::InvalidState(QpState::Error)));
@@ -610,7 +610,7 @@ impl QpOps for SimQp {
                     PostErrorKind::Native(NativeError::new("ibv_post_send", errno))
                 };
                 drop(st);
-                self.shared.cond.notify_all();
+                self.shared.wake_all();
                 return Err(err(i, kind));
             }
             let jitter = if timing.jitter.is_zero() {
@@ -656,8 +656,14 @@ impl QpOps for SimQp {
                 qp.sq.push_back(pending);
             }
         }
+        // New work wakes the fabric thread; completion waiters only when
+        // a post to a QP in the error state delivered a flush.
+        let flushed = st.deliveries != delivered;
         drop(st);
-        self.shared.cond.notify_all();
+        if flushed {
+            self.shared.cond.notify_all();
+        }
+        self.shared.work.notify_all();
         Ok(())
     }
 
@@ -710,7 +716,7 @@ impl QpOps for SimQp {
             }
         }
         drop(st);
-        self.shared.cond.notify_all();
+        self.shared.wake_all();
         Ok(())
     }
 }

@@ -203,6 +203,9 @@ impl FaultState {
         qpn: u32,
         state: QpState,
     ) -> Option<SendFaultKind> {
+        if self.sends.is_empty() {
+            return None;
+        }
         let mut fired = None;
         for f in &mut self.sends {
             if f.m.device.as_deref().is_none_or(|d| d == device_name)
@@ -304,6 +307,9 @@ pub(crate) struct State {
     pub(crate) cqs: BTreeMap<u64, CqRec>,
     pub(crate) qps: BTreeMap<QpKey, QpRec>,
     pub(crate) faults: FaultState,
+    /// Completions delivered (or lost to an overrun) so far: the fabric
+    /// thread wakes completion waiters only when it changed.
+    pub(crate) deliveries: u64,
     /// Accepted send work requests, oldest first, while recording
     /// ([`SimFabric::record_sends`](super::SimFabric::record_sends)).
     pub(crate) sent: Option<Vec<super::SentWr>>,
@@ -335,6 +341,7 @@ impl State {
             cqs: BTreeMap::new(),
             qps: BTreeMap::new(),
             faults: FaultState::default(),
+            deliveries: 0,
             sent: None,
         }
     }
@@ -372,6 +379,7 @@ impl State {
         let Some(rec) = self.cqs.get_mut(&cq) else {
             return;
         };
+        self.deliveries += 1;
         if rec.queue.len() >= rec.depth as usize {
             if !rec.overflowed {
                 rec.overflowed = true;
