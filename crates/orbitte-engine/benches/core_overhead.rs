@@ -60,7 +60,7 @@ fn request(len: u64, rails: &[RailId]) -> CoreRequest {
         range: RangeId(1),
         remote_offset: 0,
         len,
-        rails: rails.to_vec(),
+        rails: rails.into(),
         keepalive: None,
     }
 }

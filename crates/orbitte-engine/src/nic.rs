@@ -11,6 +11,8 @@
 //! is made and when it is used.
 
 use std::net::Ipv6Addr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 
 use orbitte_topology as topo;
 use orbitte_topology::{DeviceMask, InertCause, NicId, RdmaConfig, Selection, Topology};
@@ -26,6 +28,10 @@ pub(crate) struct NicCtx {
     pub(crate) context: Context,
     pub(crate) pd: ProtectionDomain,
     pub(crate) cq: CompletionQueue,
+    /// Threads that wait for a request by polling `cq` themselves
+    /// (`TransferEngine::wait`); while there are any, the context's poller
+    /// thread leaves the queue to them.
+    pub(crate) cq_waiters: Arc<AtomicUsize>,
     pub(crate) port: u8,
     pub(crate) gid_index: u32,
     pub(crate) gid: verbs::Gid,
@@ -258,6 +264,7 @@ pub(crate) fn initialize(
                     context: ctx,
                     pd,
                     cq,
+                    cq_waiters: Arc::default(),
                     port,
                     gid_index: rail.gid.index,
                     gid,
@@ -291,7 +298,7 @@ impl crate::TransferEngine {
     pub fn leak_registration_on(
         &self,
         nic: NicId,
-        memory: std::sync::Arc<orbitte_memory::HostMemory>,
+        memory: Arc<orbitte_memory::HostMemory>,
     ) -> Result<u32, crate::RegisterError> {
         self.ensure_contexts()
             .map_err(|report| crate::RegisterError::NoUsableNic { report })?;

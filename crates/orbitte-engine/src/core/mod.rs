@@ -20,6 +20,7 @@
 //! ring of posted tokens sized by its in-flight bound.
 
 mod rail;
+mod rail_list;
 mod request;
 mod timers;
 
@@ -38,6 +39,7 @@ use crate::transport::{
 };
 
 use rail::Rail;
+pub use rail_list::RailList;
 use request::Req;
 use timers::{Deadline, TimerKind, Timers};
 
@@ -82,7 +84,7 @@ pub struct CoreRequest {
     /// Bytes.
     pub len: u64,
     /// Rails to stripe over, in order (slice `i` goes to `rails[i % n]`).
-    pub rails: Vec<RailId>,
+    pub rails: RailList,
     /// Kept alive until the request is drained (the registration, so its
     /// memory and MRs outlive every slice).
     pub keepalive: Option<Arc<dyn Any + Send + Sync>>,
@@ -860,7 +862,7 @@ impl Core {
                 TimerKind::Drain if req.outstanding > 0 => {
                     // Flush every rail that holds one of its slices.
                     let rails = req.rails.clone();
-                    for rail in rails {
+                    for &rail in &rails {
                         let holds = self.rails[rail.0 as usize].fifo.iter().any(|t| {
                             let (s, _) = split(*t);
                             let sl = &self.slices[s as usize];
@@ -955,6 +957,15 @@ impl Core {
             }
             _ => DrainStatus::Drained,
         }
+    }
+
+    /// The rails of a request that has no outcome yet.
+    pub fn pending_rails(&self, id: RequestId) -> Option<&[RailId]> {
+        let (slot, generation) = split(id.0);
+        self.requests
+            .get(slot as usize)
+            .filter(|r| r.generation == generation && r.live && !r.finished)
+            .map(|r| &r.rails[..])
     }
 
     /// Whether the request still has no outcome.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::outcome::FailureInfo;
 use crate::transport::{Op, PeerId, RailId, RangeId, RegistrationId};
 
-use super::CoreRequest;
+use super::{CoreRequest, RailList};
 
 /// Invariants: `prefix` leading bits of `done` are set;
 /// `unanswered <= outstanding <= posted`; a request is freed (`live` false,
@@ -23,7 +23,7 @@ pub(super) struct Req {
     pub(super) remote_offset: u64,
     pub(super) len: u64,
     pub(super) slices: u32,
-    pub(super) rails: Vec<RailId>,
+    pub(super) rails: RailList,
     /// Next slice index to post, per rail position.
     pub(super) next: Vec<u32>,
     pub(super) done: Vec<u64>,
@@ -56,7 +56,7 @@ impl Req {
             remote_offset: 0,
             len: 0,
             slices: 0,
-            rails: Vec::new(),
+            rails: RailList::new(),
             next: Vec::new(),
             done: Vec::new(),
             prefix: 0,
@@ -141,6 +141,6 @@ impl Req {
         self.generation = self.generation.wrapping_add(1);
         self.keepalive = None;
         self.failure = None;
-        self.rails.clear();
+        self.rails = RailList::new();
     }
 }

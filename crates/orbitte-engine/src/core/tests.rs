@@ -39,7 +39,7 @@ fn req(op: Op, off: u64, len: u64, rails: &[RailId], keep: &Arc<()>) -> CoreRequ
         range: RangeId(7),
         remote_offset: off,
         len,
-        rails: rails.to_vec(),
+        rails: rails.into(),
         keepalive: Some(keep.clone() as Arc<dyn Any + Send + Sync>),
     }
 }

@@ -41,9 +41,10 @@ impl TransferEngine {
             for n in &init.nics {
                 let shared = self.shared.clone();
                 let (id, cq, ctx) = (n.id.0, n.cq.clone(), n.context.clone());
+                let waiters = n.cq_waiters.clone();
                 match std::thread::Builder::new()
                     .name(format!("orbitte-poll-{id}"))
-                    .spawn(move || poll_loop(&shared, id, cq, ctx))
+                    .spawn(move || poll_loop(&shared, id, cq, ctx, &waiters))
                 {
                     Ok(h) => threads.push(h),
                     Err(e) => tracing::error!(nic = id, error = %e, "poller thread did not start"),

@@ -1,69 +1,93 @@
 //! The poller thread of a NIC context: completions and async events in.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use orbitte_verbs::{self as verbs, Completion};
 
-use super::Shared;
+use super::{Shared, State};
 use crate::transport::TransportEvent;
 use crate::transport::rdma;
+
+/// Polls a context's completion queue and turns what it returns into
+/// events; returns how many completions it took. Called with the state
+/// lock held (by the poller thread, or by a thread waiting for a request
+/// on this queue): every poll of a queue happens under the lock, so its
+/// completions reach the core in the order the queue gave them.
+pub(super) fn poll_cq(
+    st: &mut State,
+    shared: &Shared,
+    nic: u32,
+    cq: &verbs::CompletionQueue,
+    buf: &mut [Completion],
+    events: &mut Vec<TransportEvent>,
+) -> usize {
+    let n = match cq.poll(buf) {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(nic, error = %e, "polling the completion queue failed");
+            0
+        }
+    };
+    for c in &buf[..n] {
+        match st.qpn_rail.get(&(nic, c.qp_num)) {
+            Some(&rail) if crate::notify::rdma::is_notification_wr(c.wr_id) => {
+                crate::notify::rdma::on_completion(st, &shared.inbox, rail, c, events);
+            }
+            Some(&rail) => {
+                if rdma::completion_events(rail, c, events) {
+                    st.rdma.mark_failed(rail);
+                }
+            }
+            None => tracing::debug!(nic, qpn = c.qp_num, "completion for an unknown qp ignored"),
+        }
+    }
+    n
+}
 
 pub(super) fn poll_loop(
     shared: &Shared,
     nic: u32,
     cq: verbs::CompletionQueue,
     ctx: verbs::Context,
+    waiters: &AtomicUsize,
 ) {
     let mut buf = [Completion::default(); 64];
     let mut events = Vec::with_capacity(256);
     let device = ctx.identity().name.clone();
-    let poll = |buf: &mut [Completion]| match cq.poll(buf) {
-        Ok(n) => n,
-        Err(e) => {
-            tracing::warn!(device, error = %e, "polling the completion queue failed");
-            0
-        }
-    };
+    // Whether the last poll filled the buffer (more may be queued).
+    let mut more = false;
     while !shared.stop.load(Ordering::Acquire) {
-        // Poll first; arm and wait only when the queue is empty, so a busy
-        // queue costs no notification (a syscall on some providers) per
-        // batch.
-        let mut n = poll(&mut buf);
-        if n == 0 {
+        let polling = waiters.load(Ordering::Acquire) == 0;
+        if !polling {
+            // A waiting thread polls the queue itself (`wait`); taking its
+            // completions here would leave it asleep in its wait on the
+            // queue. Look at async events meanwhile.
+            shared.sleep(Duration::from_millis(1));
+        } else if !more {
+            // Arm and wait only when the queue was empty, so a busy queue
+            // costs no notification (a syscall on some providers).
             let _ = cq.wait(Duration::from_millis(2));
-            n = poll(&mut buf);
         }
         let mut asyncs = Vec::new();
         while let Ok(Some(ev)) = ctx.next_async_event(Duration::ZERO) {
             asyncs.push(ev);
         }
-        if n == 0 && asyncs.is_empty() {
+        if !polling && asyncs.is_empty() {
+            more = false;
             continue;
         }
         let mut st = shared.lock();
-        for c in &buf[..n] {
-            match st.qpn_rail.get(&(nic, c.qp_num)) {
-                Some(&rail) if crate::notify::rdma::is_notification_wr(c.wr_id) => {
-                    crate::notify::rdma::on_completion(
-                        &mut st,
-                        &shared.inbox,
-                        rail,
-                        c,
-                        &mut events,
-                    );
-                }
-                Some(&rail) => {
-                    if rdma::completion_events(rail, c, &mut events) {
-                        st.rdma.mark_failed(rail);
-                    }
-                }
-                None => tracing::debug!(
-                    device,
-                    qpn = c.qp_num,
-                    "completion for an unknown qp ignored"
-                ),
-            }
+        // Looked at again under the lock: a waiter that came meanwhile
+        // polls for itself.
+        let n = if waiters.load(Ordering::Acquire) == 0 {
+            poll_cq(&mut st, shared, nic, &cq, &mut buf, &mut events)
+        } else {
+            0
+        };
+        more = n == buf.len();
+        if n == 0 && asyncs.is_empty() {
+            continue;
         }
         for ev in asyncs {
             tracing::debug!(device, ?ev, "async event");

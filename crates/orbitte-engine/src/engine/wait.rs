@@ -2,7 +2,12 @@
 
 use std::time::{Duration, Instant};
 
-use super::TransferEngine;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use orbitte_verbs::{Completion, CompletionQueue};
+
+use super::{Owner, State, TransferEngine};
 use crate::error::{DrainTimeout, WaitError};
 use crate::outcome::{DrainStatus, Outcome, RequestId};
 
@@ -20,13 +25,36 @@ impl TransferEngine {
     /// arrives (not at every other request's), or when a deadline of the
     /// core is due, which it then expires itself.
     pub fn wait(&self, id: RequestId, timeout: Duration) -> Result<Outcome, WaitError> {
-        let deadline = Instant::now() + timeout;
+        // The clock is read only when the outcome is not there yet.
+        let mut deadline = None;
+        // The completion queue this thread polls itself, once it waits.
+        let mut own: Option<OwnCq> = None;
+        let mut events = Vec::new();
         loop {
             let mut st = self.lock();
             if let Some(o) = st.outcomes.remove(&id) {
                 return Ok(o);
             }
+            if own.is_none() {
+                own = OwnCq::of(&st, id);
+            }
+            if let Some(cq) = &own {
+                // Completions go to the core from this thread, not through
+                // the poller thread and a wakeup.
+                let mut buf = [Completion::default(); 32];
+                let st = &mut *st;
+                while super::poll::poll_cq(st, &self.shared, cq.nic, &cq.cq, &mut buf, &mut events)
+                    == buf.len()
+                {}
+                if !events.is_empty() {
+                    st.handle_events(Instant::now(), &mut events);
+                }
+                if let Some(o) = st.outcomes.remove(&id) {
+                    return Ok(o);
+                }
+            }
             let now = Instant::now();
+            let deadline = *deadline.get_or_insert_with(|| now + timeout);
             let next_timer = st.core.poll_timeout();
             if next_timer.is_some_and(|t| t <= now) {
                 st.core.handle_timeout(now);
@@ -44,10 +72,20 @@ impl TransferEngine {
                 st.waiters.forget_waiter(id);
                 return Err(WaitError::TimedOut(id));
             }
-            st.waiters.await_outcome(id);
             let until = next_timer
                 .filter(|t| *t > now)
                 .map_or(deadline, |t| t.min(deadline));
+            if let Some(cq) = &own {
+                // Woken by the queue; what ends a request without a
+                // completion (a timeout, a cancel, a rail down) is seen at
+                // the next look, within `OWN_CQ_LOOK`.
+                drop(st);
+                let _ = cq
+                    .cq
+                    .wait(until.saturating_duration_since(now).min(OWN_CQ_LOOK));
+                continue;
+            }
+            st.waiters.await_outcome(id);
             drop(st);
             std::thread::park_timeout(until.saturating_duration_since(now));
         }
@@ -119,5 +157,56 @@ impl TransferEngine {
             drop(st);
             std::thread::park_timeout(until.saturating_duration_since(now));
         }
+    }
+}
+
+/// How long a thread polling its own completion queue sleeps on it at
+/// most before it looks at its request again.
+const OWN_CQ_LOOK: Duration = Duration::from_millis(1);
+
+/// The completion queue of the NIC a waited-for rdma request runs on,
+/// polled by the waiting thread itself while it waits; the context's
+/// poller thread leaves it alone meanwhile (`cq_waiters`).
+struct OwnCq {
+    nic: u32,
+    cq: CompletionQueue,
+    waiters: Arc<AtomicUsize>,
+}
+
+impl OwnCq {
+    /// The queue of `id`'s NIC when every rail of the request is an rdma
+    /// rail on that one NIC (then every completion that decides its
+    /// outcome arrives there); `None` otherwise.
+    fn of(st: &State, id: RequestId) -> Option<Self> {
+        let rails = st.core.pending_rails(id)?;
+        let mut nic = None;
+        for rail in rails {
+            if st.owner.get(rail.0 as usize) != Some(&Owner::Rdma) {
+                return None;
+            }
+            let n = st.rdma.rail(*rail)?.nic;
+            if nic.is_some_and(|m| m != n) {
+                return None;
+            }
+            nic = Some(n);
+        }
+        let ctx = st
+            .init
+            .as_ref()?
+            .nics
+            .iter()
+            .find(|c| Some(c.id.0) == nic)?;
+        ctx.cq_waiters.fetch_add(1, Ordering::AcqRel);
+        Some(Self {
+            nic: ctx.id.0,
+            cq: ctx.cq.clone(),
+            waiters: ctx.cq_waiters.clone(),
+        })
+    }
+}
+
+impl Drop for OwnCq {
+    fn drop(&mut self) {
+        self.waiters.fetch_sub(1, Ordering::AcqRel);
     }
 }

@@ -54,9 +54,21 @@ impl Waiters {
     /// come with released slices, so drain waiters too), and for released
     /// slices, into `into`.
     pub(crate) fn take_woken(&mut self, arrived: &[RequestId], into: &mut Vec<Thread>) {
-        for id in arrived {
-            if let Some(t) = self.waiting.remove(id) {
-                into.push(t);
+        if self.waiting.len() * 8 < arrived.len() {
+            // Few waiters, many outcomes (a batch completing): look each
+            // waiter up among the arrivals instead of hashing every one.
+            self.waiting.retain(|id, t| {
+                let woken = arrived.contains(id);
+                if woken {
+                    into.push(t.clone());
+                }
+                !woken
+            });
+        } else {
+            for id in arrived {
+                if let Some(t) = self.waiting.remove(id) {
+                    into.push(t);
+                }
             }
         }
         if !arrived.is_empty() || std::mem::take(&mut self.wake_drain) {

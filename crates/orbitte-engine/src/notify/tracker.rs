@@ -131,6 +131,11 @@ impl Tracker {
         self.batches.len()
     }
 
+    /// Whether some notifying batch waits for outcomes.
+    pub(crate) fn tracks_any(&self) -> bool {
+        !self.by_request.is_empty()
+    }
+
     /// Feeds one outcome.
     pub(crate) fn on_outcome(&mut self, outcome: Outcome) -> Step {
         // No notifying batch in flight (the common case): nothing to hash.

@@ -96,6 +96,14 @@ impl EngineState {
     /// becomes a [`Transmit`] ([`poll_transmit`](Self::poll_transmit)); any
     /// other resolved batch comes out at once, `NotSent` with the reason.
     pub(crate) fn collect_outcomes(&mut self) {
+        if !self.notifications.tracker.tracks_any() {
+            // No notifying batch in flight (the common case): straight to
+            // the table, without moving each outcome through the tracker.
+            while let Some(o) = self.core.poll_outcome() {
+                self.outcomes.insert(o.request, o);
+            }
+            return;
+        }
         while let Some(o) = self.core.poll_outcome() {
             match self.notifications.tracker.on_outcome(o) {
                 Step::Release(o) => self.outcomes.insert(o.request, o),

@@ -326,7 +326,7 @@ pub fn request(
         range: RangeId(range),
         remote_offset,
         len,
-        rails: rails.to_vec(),
+        rails: rails.into(),
         keepalive: None,
     }
 }
