@@ -5,6 +5,9 @@
 //! The writer sends everything queued at once: the requests it takes in one
 //! go share system calls (READ requests and notifications are gathered into
 //! one `send`, a WRITE's header goes out in the `sendmsg` of its payload).
+//! While requests are in flight it is woken only once answers bring them
+//! down to half the bound, so a long run of requests costs one wakeup and
+//! one `send` per half window instead of one per answer.
 //! The reader receives through a small buffer ([`FrameBuffer`]), so one
 //! `recv` brings every answer that waits, and it hands every answer of such
 //! a burst to the engine in one delivery, just before it would wait for
@@ -132,8 +135,20 @@ impl Rail {
             st.last_progress = Instant::now();
         }
         st.queue.extend(jobs);
-        self.cv.notify_all();
+        // Above the low-water mark the reader wakes the writer once answers
+        // bring the in-flight count down to it.
+        if st.in_flight.len() <= self.low_water() {
+            self.cv.notify_all();
+        }
         Ok(())
+    }
+
+    /// In-flight requests at or below which the writer is woken to send
+    /// queued ones: half the bound, so that it sends a run of requests per
+    /// wakeup (one system call) instead of one per answer, while the other
+    /// half keeps the peer busy.
+    fn low_water(&self) -> usize {
+        self.max_in_flight / 2
     }
 
     /// Queues an encoded `notification` frame; `Err` when the rail is down.
@@ -341,8 +356,9 @@ fn answer(rail: &Rail, job: &Job, status: SliceStatus, events: &mut Vec<Transpor
             released: true,
         });
     }
-    // The writer waits for room only while requests are queued.
-    if !st.queue.is_empty() {
+    // The writer waits for room only while requests are queued; it is
+    // woken at the low-water mark (see `Rail::low_water`).
+    if !st.queue.is_empty() && st.in_flight.len() <= rail.low_water() {
         rail.cv.notify_all();
     }
 }
