@@ -380,6 +380,22 @@ impl HostMemory {
         len: usize,
         dont_wait: bool,
     ) -> std::io::Result<usize> {
+        self.recv_from_then(socket, offset, len, &mut [], dont_wait)
+    }
+
+    /// As [`recv_from`](Self::recv_from), and what follows those `len`
+    /// bytes in the stream goes on into `tail` (up to its length), with
+    /// one `recvmsg(2)` of two pieces: a payload and the start of the next
+    /// frame in one system call. Returns how many bytes arrived in all;
+    /// the first `len` went to the range, any beyond into `tail`.
+    pub fn recv_from_then(
+        &self,
+        socket: BorrowedFd<'_>,
+        offset: usize,
+        len: usize,
+        tail: &mut [u8],
+        dont_wait: bool,
+    ) -> std::io::Result<usize> {
         self.check(offset, len)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         if !self.is_writable() {
@@ -388,22 +404,33 @@ impl HostMemory {
                 MemoryError::ReadOnly,
             ));
         }
+        let mut iov = [
+            libc::iovec {
+                // SAFETY: `offset <= self.len` (checked above), so the
+                // pointer stays inside the mapping or one past its end.
+                iov_base: unsafe { self.ptr.as_ptr().add(offset) }.cast(),
+                iov_len: len,
+            },
+            libc::iovec {
+                iov_base: tail.as_mut_ptr().cast(),
+                iov_len: tail.len(),
+            },
+        ];
+        // SAFETY: an all-zero msghdr is a valid empty message.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = if tail.is_empty() { 1 } else { 2 };
         let flags = if dont_wait { libc::MSG_DONTWAIT } else { 0 };
-        // SAFETY: `offset..offset + len` lies inside the mapping (checked
-        // above), which stays mapped while `self` lives (type invariant)
-        // and is writable (checked above). The kernel writes into it with
-        // its user-copy routine, which reports a fault as EFAULT instead of
-        // touching anything else; no Rust reference into the mapping exists
-        // (type invariant), so the write aliases none. The fd is valid for
-        // the call (`BorrowedFd`); a non-socket fd fails with ENOTSOCK.
-        let n = unsafe {
-            libc::recv(
-                socket.as_raw_fd(),
-                self.ptr.as_ptr().add(offset).cast(),
-                len,
-                flags,
-            )
-        };
+        // SAFETY: the iovecs name `offset..offset + len` of the mapping
+        // (inside it, checked above; mapped while `self` lives, type
+        // invariant; writable, checked above) and `tail` (a live, uniquely
+        // borrowed slice). The kernel writes into them with its user-copy
+        // routine, which reports a fault as EFAULT instead of touching
+        // anything else; no Rust reference into the mapping exists (type
+        // invariant), so the write aliases none. `msg` and `iov` outlive
+        // the call; the fd is valid for the call (`BorrowedFd`); a
+        // non-socket fd fails with ENOTSOCK.
+        let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, flags) };
         if n < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -689,6 +716,41 @@ mod tests {
         // The refused calls consumed nothing.
         assert_eq!(m.recv_from(b.as_fd(), 0, 3, false).unwrap(), 3);
         assert_eq!(m.to_vec(0, 3).unwrap(), b"xyz");
+    }
+
+    #[test]
+    fn recv_from_then_fills_the_range_first_and_the_tail_after_it() {
+        use std::io::Write;
+        let (mut a, b) = socket_pair();
+        let m = HostMemory::alloc(4096).unwrap();
+        a.write_all(b"payloadNEXT").unwrap();
+        let mut tail = [0u8; 8];
+        let mut got = 0;
+        while got < 11 {
+            let (range, t) = (7usize.saturating_sub(got), got.saturating_sub(7));
+            let n = m
+                .recv_from_then(b.as_fd(), 100 + 7 - range, range, &mut tail[t..], false)
+                .unwrap();
+            assert!(n > 0);
+            got += n;
+        }
+        assert_eq!(m.to_vec(100, 7).unwrap(), b"payload");
+        assert_eq!(m.to_vec(107, 1).unwrap(), vec![0]);
+        assert_eq!(&tail[..4], b"NEXT");
+        assert_eq!(&tail[4..], &[0; 4]);
+        // Refused before any system call, as recv_from.
+        let e = m
+            .recv_from_then(b.as_fd(), 4095, 2, &mut tail, false)
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        let e = read_only_view(&m)
+            .recv_from_then(b.as_fd(), 0, 2, &mut tail, true)
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied);
+        let e = m
+            .recv_from_then(b.as_fd(), 0, 2, &mut tail, true)
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
     }
 
     #[test]

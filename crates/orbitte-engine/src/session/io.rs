@@ -322,6 +322,32 @@ impl FrameBuffer {
             .is_some_and(|t| t.elapsed() >= frame_timeout)
     }
 
+    /// Free space, at most `max` bytes, for the bytes that follow a payload
+    /// being received from the socket (the next frame's header), to be
+    /// received in the same system call ([`HostMemory::recv_from_then`]);
+    /// report how many arrived in it with [`filled`](Self::filled). Empty
+    /// while buffered bytes wait (the payload's own come first: take them
+    /// with [`take_payload`](Self::take_payload)). A `max` of one header
+    /// and fixed part keeps the next payload out of the buffer, so that it
+    /// too is received straight into its destination.
+    ///
+    /// [`HostMemory::recv_from_then`]: orbitte_memory::HostMemory::recv_from_then
+    pub(crate) fn spare(&mut self, max: usize) -> &mut [u8] {
+        if self.start != self.end {
+            return &mut [];
+        }
+        self.start = 0;
+        self.end = 0;
+        let n = max.min(self.buf.len());
+        &mut self.buf[..n]
+    }
+
+    /// `n` bytes were received into [`spare`](Self::spare).
+    pub(crate) fn filled(&mut self, n: usize) {
+        debug_assert!(n <= self.buf.len() - self.end);
+        self.end = (self.end + n).min(self.buf.len());
+    }
+
     /// One `recv` into the buffer (`dont_wait`: return `WouldBlock` at once
     /// when nothing waits; otherwise the socket's receive timeout applies).
     /// `Ok(0)`: the peer closed. Call it only while the payload of the last

@@ -2,7 +2,9 @@
 //! intermediate buffer.
 //!
 //! Received payloads go straight from the socket into the mapped range
-//! ([`HostMemory::recv_from`]: one `recv(2)`, the kernel's one copy).
+//! ([`HostMemory::recv_from_then`]: one `recvmsg(2)`, the kernel's one
+//! copy), and what follows a payload in the same call into the
+//! connection's frame buffer.
 //! Sent payloads go out of the mapped range with the frame header in front
 //! ([`HostMemory::send_to`]: one `sendmsg(2)`), or, for memfd-backed
 //! memory with `zero_copy`, with `sendfile(2)` from the memfd after the
@@ -22,6 +24,8 @@ use std::os::fd::AsFd;
 use std::time::Instant;
 
 use orbitte_memory::HostMemory;
+
+use crate::session::io::FrameBuffer;
 
 /// Largest piece one `sendfile` call moves, and the scratch size.
 const CHUNK: usize = 1 << 20;
@@ -55,6 +59,11 @@ fn past(deadline: Option<Instant>) -> io::Result<()> {
         _ => Ok(()),
     }
 }
+
+/// What a WRITE payload's last `recvmsg` may bring of the next frame: the
+/// header and fixed part of a WRITE request (its payload is received
+/// straight into its own destination).
+const NEXT_REQUEST: usize = orbitte_wire::HEADER_LEN + orbitte_wire::WRITE_REQUEST_FIXED_LEN;
 
 /// Per-connection payload mover. Create one per connection and reuse it.
 #[derive(Debug)]
@@ -149,10 +158,13 @@ impl PayloadIo {
     }
 
     /// Reads exactly `len` bytes from `sock` into `mem[offset..]`, all of
-    /// them by `deadline` when one is given.
+    /// them by `deadline` when one is given; bytes that follow them and
+    /// arrive in the same system calls go on into `frames` (up to the next
+    /// request's header: one `recvmsg` per payload, not one more `recv`).
     pub(crate) fn recv(
         &mut self,
         sock: &TcpStream,
+        frames: &mut FrameBuffer,
         mem: &HostMemory,
         offset: u64,
         len: usize,
@@ -163,10 +175,18 @@ impl PayloadIo {
             (o, o + len)
         };
         while off < end {
-            match mem.recv_from(sock.as_fd(), off, end - off, false) {
+            match mem.recv_from_then(
+                sock.as_fd(),
+                off,
+                end - off,
+                frames.spare(NEXT_REQUEST),
+                false,
+            ) {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => {
-                    off += n;
+                    let to_mem = n.min(end - off);
+                    frames.filled(n - to_mem);
+                    off += to_mem;
                     if off < end {
                         past(deadline)?;
                     }
@@ -297,7 +317,8 @@ mod tests {
         io::Read::read_exact(&mut &b, &mut head).unwrap();
         assert_eq!(&head, b"HDR");
         let mut io = PayloadIo::new(zero_copy);
-        io.recv(&b, &dst, 5, len, None).unwrap();
+        io.recv(&b, &mut FrameBuffer::new(), &dst, 5, len, None)
+            .unwrap();
         let src = t.join().unwrap();
         assert_eq!(src.to_vec(17, len).unwrap(), dst.to_vec(5, len).unwrap());
         assert_eq!(dst.to_vec(0, 5).unwrap(), vec![0; 5]);
@@ -318,6 +339,45 @@ mod tests {
     }
 
     #[test]
+    fn frames_after_a_payload_reach_the_frame_buffer_whole() {
+        use orbitte_wire::{Frame, Goodbye, GoodbyeReason, Message};
+        let (a, b) = pair();
+        let bye = Frame::Goodbye(Goodbye {
+            reason: GoodbyeReason::SHUTDOWN,
+            message: Message::truncating("after the payload"),
+        });
+        let mut tail = Vec::new();
+        bye.encode(&mut tail).unwrap();
+        let src = HostMemory::alloc(CHUNK).unwrap();
+        for i in 0..CHUNK / 4096 {
+            src.fill(i * 4096, 4096, (i % 251) as u8).unwrap();
+        }
+        let t = std::thread::spawn(move || {
+            // Payload and the next frame in one write, so that they arrive
+            // together as often as the kernel allows.
+            let mut bytes = src.to_vec(0, CHUNK).unwrap();
+            bytes.extend_from_slice(&tail);
+            io::Write::write_all(&mut &a, &bytes).unwrap();
+            (a, src)
+        });
+        let dst = HostMemory::alloc(CHUNK).unwrap();
+        let mut frames = FrameBuffer::new();
+        PayloadIo::new(true)
+            .recv(&b, &mut frames, &dst, 0, CHUNK, None)
+            .unwrap();
+        let got = loop {
+            if let Some(f) = frames.next().unwrap() {
+                break f;
+            }
+            assert!(frames.fill(&b, false).unwrap() > 0);
+        };
+        let (_a, src) = t.join().unwrap();
+        assert_eq!(got, bye);
+        assert!(frames.is_empty());
+        assert_eq!(src.to_vec(0, CHUNK).unwrap(), dst.to_vec(0, CHUNK).unwrap());
+    }
+
+    #[test]
     fn a_deadline_outlasts_socket_timeouts_and_then_ends_the_receive() {
         let (a, b) = pair();
         b.set_read_timeout(Some(std::time::Duration::from_millis(20)))
@@ -325,7 +385,9 @@ mod tests {
         let m = HostMemory::alloc(4096).unwrap();
         let mut io = PayloadIo::new(true);
         // Without a deadline, the socket's timeout ends it.
-        let e = io.recv(&b, &m, 0, 10, None).unwrap_err();
+        let e = io
+            .recv(&b, &mut FrameBuffer::new(), &m, 0, 10, None)
+            .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         // With one, bytes that come after several socket timeouts count.
         let t = std::thread::spawn(move || {
@@ -334,11 +396,14 @@ mod tests {
             a
         });
         let deadline = Instant::now() + std::time::Duration::from_secs(60);
-        io.recv(&b, &m, 0, 10, Some(deadline)).unwrap();
+        io.recv(&b, &mut FrameBuffer::new(), &m, 0, 10, Some(deadline))
+            .unwrap();
         assert_eq!(m.to_vec(0, 10).unwrap(), b"0123456789");
         let _a = t.join().unwrap();
         // Past the deadline, a socket timeout ends it as TimedOut.
-        let e = io.recv(&b, &m, 0, 10, Some(Instant::now())).unwrap_err();
+        let e = io
+            .recv(&b, &mut FrameBuffer::new(), &m, 0, 10, Some(Instant::now()))
+            .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
     }
 
@@ -348,6 +413,9 @@ mod tests {
         let m = HostMemory::alloc(4096).unwrap();
         let mut io = PayloadIo::new(true);
         assert!(io.send(&a, b"h", &m, 4000, 100, None).is_err());
-        assert!(io.recv(&a, &m, u64::MAX, 1, None).is_err());
+        assert!(
+            io.recv(&a, &mut FrameBuffer::new(), &m, u64::MAX, 1, None)
+                .is_err()
+        );
     }
 }

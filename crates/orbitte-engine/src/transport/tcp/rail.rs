@@ -12,8 +12,9 @@
 //! `recv` brings every answer that waits, and it hands every answer of such
 //! a burst to the engine in one delivery, just before it would wait for
 //! more. A READ's payload goes from the socket straight into the local
-//! range (`recv` into the mapping). Socket timeouts are set once per
-//! connection.
+//! range, and the next answer's header comes in the same `recvmsg`: one
+//! system call per answer in a stream of READ answers. Socket timeouts are
+//! set once per connection.
 //!
 //! Answers are matched to requests by request id (docs/protocol.md: a
 //! peer may answer in any order; ours serves a connection in order, so the
@@ -289,12 +290,20 @@ fn completion(status: Status) -> SliceStatus {
     }
 }
 
+/// What a READ payload's last `recvmsg` may bring of the next frame: the
+/// header and fixed part of a READ answer (its payload is received straight
+/// into its own destination).
+const NEXT_ANSWER: usize = orbitte_wire::HEADER_LEN + orbitte_wire::READ_RESPONSE_FIXED_LEN;
+
 /// Receives `len` bytes into `mem` at `offset` straight from the socket,
-/// whose receive timeout is the reader's poll interval: it gives up when no
-/// byte came for `io_timeout` or the rail went down meanwhile.
+/// and in the same system calls what follows them into `frames` (up to
+/// the next answer's header), from the socket whose receive timeout is the reader's poll
+/// interval: it gives up when no byte came for `io_timeout` or the rail
+/// went down meanwhile.
 fn recv_payload(
     rail: &Rail,
     stream: &TcpStream,
+    frames: &mut FrameBuffer,
     mem: &HostMemory,
     offset: usize,
     len: usize,
@@ -306,10 +315,18 @@ fn recv_payload(
     let mut moved = false;
     let mut last = Instant::now();
     while at < end {
-        match mem.recv_from(stream.as_fd(), at, end - at, false) {
+        match mem.recv_from_then(
+            stream.as_fd(),
+            at,
+            end - at,
+            frames.spare(NEXT_ANSWER),
+            false,
+        ) {
             Ok(0) => return Err("peer closed the connection inside a payload".into()),
             Ok(n) => {
-                at += n;
+                let to_mem = n.min(end - at);
+                at += to_mem;
+                frames.filled(n - to_mem);
                 moved = true;
             }
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -490,7 +507,15 @@ fn reader(
                             .write_at(offset, buffered)
                             .map_err(|e| e.to_string())?;
                         frames.payload_received((len - n) as u64);
-                        recv_payload(&rail, &stream, &job.local, offset + n, len - n, io_timeout)
+                        recv_payload(
+                            &rail,
+                            &stream,
+                            &mut frames,
+                            &job.local,
+                            offset + n,
+                            len - n,
+                            io_timeout,
+                        )
                     });
                 if let Err(e) = received {
                     let msg = format!("receiving read data failed: {e}");

@@ -10,7 +10,8 @@
 //!
 //! Requests are received through a small buffer ([`FrameBuffer`]): one
 //! `recv` brings every request that waits. A WRITE's payload goes from the
-//! socket straight into the range, a READ's answer goes out with its header
+//! socket straight into the range (with the next request's header in the
+//! same `recvmsg`), a READ's answer goes out with its header
 //! in one `sendmsg` from the range (or, up to 256 KiB, `sendfile` from its
 //! memfd), and the
 //! small answers (WRITE answers, refusals) are gathered and sent together
@@ -315,7 +316,14 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                             })
                             .and_then(|()| {
                                 frames.payload_received((len - n) as u64);
-                                io.recv(stream, &p.memory, at + n as u64, len - n, deadline)
+                                io.recv(
+                                    stream,
+                                    &mut frames,
+                                    &p.memory,
+                                    at + n as u64,
+                                    len - n,
+                                    deadline,
+                                )
                             })
                             .map(|()| {
                                 ctx.bytes.fetch_add(u64::from(w.length), Ordering::Relaxed);
