@@ -28,21 +28,26 @@ pub(crate) fn spawn_background(weak: Weak<Shared>) {
                 // waiters when something was delivered.
                 let now = loop {
                     let now = shared.start.elapsed();
-                    let delivered = st.deliveries;
+                    let raised = st.events;
                     let mut ran = 0;
                     while ran < STEPS_PER_HOLD && step(&shared, &mut st, Some(now)) {
                         ran += 1;
                     }
                     st.now = now;
-                    let wake = st.deliveries != delivered;
+                    // Queues delivered to ring their own bells; event
+                    // waiters wake on `cond` when an event was raised.
+                    let raised = st.events != raised;
                     if ran < STEPS_PER_HOLD {
-                        if wake {
+                        super::state::ring(&st.take_bells());
+                        if raised {
                             shared.cond.notify_all();
                         }
                         break now;
                     }
+                    let bells = st.take_bells();
                     drop(st);
-                    if wake {
+                    super::state::ring(&bells);
+                    if raised {
                         shared.cond.notify_all();
                     }
                     st = shared.lock();

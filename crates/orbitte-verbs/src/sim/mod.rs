@@ -281,8 +281,8 @@ impl SimDescription {
 
 pub(crate) struct Shared {
     pub(crate) state: Mutex<State>,
-    /// Signalled on deliveries and events (completion and event waiters
-    /// wait on it).
+    /// Signalled on async events and state changes (event waiters wait on
+    /// it; completion waiters wait on their queue's bell, `CqRec::bell`).
     pub(crate) cond: Condvar,
     /// Signalled on new work and on what may unblock stalled work (the
     /// fabric thread waits on it).
@@ -397,7 +397,9 @@ impl SimFabric {
     pub fn step(&self) -> bool {
         let mut st = self.shared.lock();
         let ran = exec::step(&self.shared, &mut st, None);
+        let bells = st.take_bells();
         drop(st);
+        state::ring(&bells);
         if ran {
             self.shared.cond.notify_all();
         }
@@ -426,7 +428,9 @@ impl SimFabric {
         if st.now < until {
             st.now = until;
         }
+        let bells = st.take_bells();
         drop(st);
+        state::ring(&bells);
         self.shared.cond.notify_all();
         n
     }
@@ -606,7 +610,9 @@ impl Faults {
         let d = self.port(device, port)?;
         let mut st = self.shared.lock();
         st.set_port(d, port, PortState::Down, AsyncEvent::PortError { port });
+        let bells = st.take_bells();
         drop(st);
+        state::ring(&bells);
         self.shared.wake_all();
         Ok(())
     }
@@ -616,7 +622,9 @@ impl Faults {
         let d = self.port(device, port)?;
         let mut st = self.shared.lock();
         st.set_port(d, port, PortState::Active, AsyncEvent::PortActive { port });
+        let bells = st.take_bells();
         drop(st);
+        state::ring(&bells);
         self.shared.wake_all();
         Ok(())
     }
@@ -633,7 +641,9 @@ impl Faults {
             });
         }
         st.qp_to_error(&self.shared, (d, qpn), Some(AsyncEvent::QpFatal { qpn }));
+        let bells = st.take_bells();
         drop(st);
+        state::ring(&bells);
         self.shared.wake_all();
         Ok(())
     }

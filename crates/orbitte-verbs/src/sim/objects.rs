@@ -2,7 +2,7 @@
 
 use std::any::Any;
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar};
 use std::time::{Duration, Instant};
 
 use orbitte_memory::DmaBuffer;
@@ -33,6 +33,7 @@ const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 /// lock, first before any wait.
 fn wait_for<T>(
     shared: &Shared,
+    cond: &Condvar,
     timeout: Duration,
     mut check: impl FnMut(&mut State) -> Option<T>,
 ) -> Option<T> {
@@ -46,8 +47,7 @@ fn wait_for<T>(
         if now >= deadline {
             return None;
         }
-        st = shared
-            .cond
+        st = cond
             .wait_timeout(st, deadline - now)
             .map(|(g, _)| g)
             .unwrap_or_else(|e| e.into_inner().0);
@@ -182,6 +182,7 @@ impl ContextOps for SimContext {
         }
         let mut st = self.shared.lock();
         let id = st.id();
+        let bell = Arc::new(Condvar::new());
         st.cqs.insert(
             id,
             CqRec {
@@ -189,9 +190,11 @@ impl ContextOps for SimContext {
                 depth,
                 queue: VecDeque::new(),
                 overflowed: false,
+                bell: bell.clone(),
             },
         );
         Ok(Box::new(SimCq {
+            bell,
             shared: self.shared.clone(),
             id,
             device: self.device,
@@ -199,7 +202,7 @@ impl ContextOps for SimContext {
     }
 
     fn next_async_event(&self, timeout: Duration) -> Result<Option<AsyncEvent>, AsyncEventError> {
-        Ok(wait_for(&self.shared, timeout, |st| {
+        Ok(wait_for(&self.shared, &self.shared.cond, timeout, |st| {
             st.contexts.get_mut(&self.id).and_then(|c| c.1.pop_front())
         }))
     }
@@ -378,6 +381,8 @@ impl MrOps for SimMr {
 #[derive(Debug)]
 pub(crate) struct SimCq {
     shared: Arc<Shared>,
+    /// The queue's own condition variable (`CqRec::bell`).
+    bell: Arc<Condvar>,
     id: u64,
     device: usize,
 }
@@ -428,10 +433,12 @@ impl CqOps for SimCq {
     }
 
     fn wait(&self, timeout: Duration) -> Result<bool, WaitError> {
-        let ready = wait_for(&self.shared, timeout, |st| match st.cqs.get(&self.id) {
-            Some(cq) if !cq.queue.is_empty() || cq.overflowed => Some(true),
-            None => Some(false),
-            Some(_) => None,
+        let ready = wait_for(&self.shared, &self.bell, timeout, |st| {
+            match st.cqs.get(&self.id) {
+                Some(cq) if !cq.queue.is_empty() || cq.overflowed => Some(true),
+                None => Some(false),
+                Some(_) => None,
+            }
         });
         Ok(ready.unwrap_or(false))
     }
@@ -553,7 +560,9 @@ impl QpOps for SimQp {
             }
             Transition::Error => {
                 st.qp_to_error(&self.shared, self.key, None);
+                let bells = st.take_bells();
                 drop(st);
+                super::state::ring(&bells);
                 self.shared.wake_all();
             }
         }
@@ -572,7 +581,6 @@ impl QpOps for SimQp {
         let timing = self.shared.desc.timing;
         let mut st = self.shared.lock();
         let now = self.shared.now(&st);
-        let delivered = st.deliveries;
         for (i, wr) in wrs.iter().enumerate() {
             let Some(qp) = st.qps.get(&self.key) else {
                 return Err(err(i, PostErrorKind::InvalidState(QpState::Error)));
@@ -609,7 +617,9 @@ impl QpOps for SimQp {
                 } else {
                     PostErrorKind::Native(NativeError::new("ibv_post_send", errno))
                 };
+                let bells = st.take_bells();
                 drop(st);
+                super::state::ring(&bells);
                 self.shared.wake_all();
                 return Err(err(i, kind));
             }
@@ -656,13 +666,11 @@ impl QpOps for SimQp {
                 qp.sq.push_back(pending);
             }
         }
-        // New work wakes the fabric thread; completion waiters only when
-        // a post to a QP in the error state delivered a flush.
-        let flushed = st.deliveries != delivered;
+        // New work wakes the fabric thread; a post to a QP in the error
+        // state rings the bell of the queue it flushed to.
+        let bells = st.take_bells();
         drop(st);
-        if flushed {
-            self.shared.cond.notify_all();
-        }
+        super::state::ring(&bells);
         self.shared.work.notify_all();
         Ok(())
     }
@@ -715,7 +723,9 @@ impl QpOps for SimQp {
                 });
             }
         }
+        let bells = st.take_bells();
         drop(st);
+        super::state::ring(&bells);
         self.shared.wake_all();
         Ok(())
     }

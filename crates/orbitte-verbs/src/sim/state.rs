@@ -2,7 +2,7 @@
 //! delivers completions and events.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar};
 use std::time::Duration;
 
 use orbitte_memory::DmaBuffer;
@@ -11,6 +11,13 @@ use super::{Shared, SimDescription, WrMatch};
 use crate::error::ObjectKind;
 use crate::types::{Access, AsyncEvent, PortState, QpCaps, QpState, RtrAttrs, RtsAttrs};
 use crate::wr::{Completion, SendOp, Sge, WcOpcode, WcStatus};
+
+/// Wakes the waiters of the queues whose bells `take_bells` returned.
+pub(crate) fn ring(bells: &[Arc<Condvar>]) {
+    for b in bells {
+        b.notify_all();
+    }
+}
 
 /// Deterministic generator (splitmix64).
 #[derive(Debug, Clone)]
@@ -134,6 +141,9 @@ pub(crate) struct CqRec {
     pub(crate) depth: u32,
     pub(crate) queue: VecDeque<CqEntry>,
     pub(crate) overflowed: bool,
+    /// Where the queue's waiters sleep: rung after a delivery to this
+    /// queue only, so a waiter on another queue sleeps on.
+    pub(crate) bell: Arc<Condvar>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -307,9 +317,12 @@ pub(crate) struct State {
     pub(crate) cqs: BTreeMap<u64, CqRec>,
     pub(crate) qps: BTreeMap<QpKey, QpRec>,
     pub(crate) faults: FaultState,
-    /// Completions delivered (or lost to an overrun) so far: the fabric
-    /// thread wakes completion waiters only when it changed.
-    pub(crate) deliveries: u64,
+    /// Async events raised so far: the fabric thread wakes event waiters
+    /// only when it changed.
+    pub(crate) events: u64,
+    /// Bells of the queues delivered to since they were last rung
+    /// ([`take_bells`](Self::take_bells)).
+    pub(crate) bells: Vec<Arc<Condvar>>,
     /// Accepted send work requests, oldest first, while recording
     /// ([`SimFabric::record_sends`](super::SimFabric::record_sends)).
     pub(crate) sent: Option<Vec<super::SentWr>>,
@@ -341,7 +354,8 @@ impl State {
             cqs: BTreeMap::new(),
             qps: BTreeMap::new(),
             faults: FaultState::default(),
-            deliveries: 0,
+            events: 0,
+            bells: Vec::new(),
             sent: None,
         }
     }
@@ -351,11 +365,18 @@ impl State {
         self.next_id
     }
 
+    /// The bells of the queues delivered to since the last call, to ring
+    /// ([`ring`](ring)) once the fabric lock is released.
+    pub(crate) fn take_bells(&mut self) -> Vec<Arc<Condvar>> {
+        std::mem::take(&mut self.bells)
+    }
+
     pub(crate) fn pending(&self) -> usize {
         self.qps.values().map(|q| q.sq.len()).sum()
     }
 
     pub(crate) fn push_event(&mut self, device: usize, ev: AsyncEvent) {
+        self.events += 1;
         for (d, events) in self.contexts.values_mut() {
             if *d == device {
                 events.push_back(ev);
@@ -379,7 +400,9 @@ impl State {
         let Some(rec) = self.cqs.get_mut(&cq) else {
             return;
         };
-        self.deliveries += 1;
+        if !self.bells.iter().any(|b| Arc::ptr_eq(b, &rec.bell)) {
+            self.bells.push(rec.bell.clone());
+        }
         if rec.queue.len() >= rec.depth as usize {
             if !rec.overflowed {
                 rec.overflowed = true;
