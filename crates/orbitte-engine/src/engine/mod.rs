@@ -7,7 +7,9 @@
 //! timer thread expires deadlines. Transports deliver events onto a
 //! lock-free intake that the lock's holder drains, one pump per drained
 //! batch ([`StateGuard`]); a waiting thread parks under its request's id
-//! and is woken by that outcome alone (`waiters`).
+//! and is woken by that outcome alone (`waiters`), or, for a request on
+//! rdma rails of one NIC, polls that NIC's completion queue itself
+//! (`wait`).
 
 mod build;
 mod contexts;

@@ -23,7 +23,9 @@ impl TransferEngine {
     ///
     /// The thread parks under the request's id and wakes when its outcome
     /// arrives (not at every other request's), or when a deadline of the
-    /// core is due, which it then expires itself.
+    /// core is due, which it then expires itself. A request on rdma rails
+    /// of one NIC is waited for on that NIC's completion queue instead:
+    /// the thread polls it and hands its completions to the core itself.
     pub fn wait(&self, id: RequestId, timeout: Duration) -> Result<Outcome, WaitError> {
         // The clock is read only when the outcome is not there yet.
         let mut deadline = None;
