@@ -2,14 +2,15 @@
 //! [`RangeLookup`](crate::session::RangeLookup): what a peer may reach on
 //! the non-rdma paths is exactly what this engine published (remotely
 //! accessible, not retired), with the same token as in its descriptor.
+//! Ranges are looked up in the tables' snapshot (`engine::snapshot`), not
+//! under the engine's lock.
 
 use std::sync::{Arc, Weak};
 
-use orbitte_wire::{AccessFlags, NicRkey, RangeId};
+use orbitte_wire::{NicRkey, RangeId};
 
 use crate::TransferEngine;
 use crate::engine::Shared;
-use crate::registration::{RegEntry, RegState};
 use crate::session::{Published, RangeLookup};
 use crate::transport::RegistrationId;
 
@@ -21,49 +22,16 @@ impl std::fmt::Debug for EngineRanges {
     }
 }
 
-fn published(e: &RegEntry) -> Option<Published> {
-    if e.state != RegState::Published {
-        return None;
-    }
-    if !e.access.is_remote() {
-        return None;
-    }
-    let mut access = AccessFlags(0);
-    if e.access.remote_read() {
-        access = access | AccessFlags::REMOTE_READ;
-    }
-    if e.access.remote_write() {
-        access = access | AccessFlags::REMOTE_WRITE;
-    }
-    Some(Published {
-        memory: e.memory.clone(),
-        offset: 0,
-        length: e.memory.len() as u64,
-        access,
-        token: e.token,
-    })
-}
-
 impl RangeLookup for EngineRanges {
     fn lookup(&self, range: RangeId) -> Option<Published> {
-        let shared = self.0.upgrade()?;
-        let st = shared.lock();
-        st.tables.regs.get(&range.0).and_then(published)
+        self.0.upgrade()?.snapshot().lookup(range)
     }
 
     fn published(&self) -> Vec<(RangeId, Published)> {
-        let Some(shared) = self.0.upgrade() else {
-            return Vec::new();
-        };
-        let st = shared.lock();
-        let mut v: Vec<_> = st
-            .tables
-            .regs
-            .iter()
-            .filter_map(|(id, e)| published(e).map(|p| (RangeId(*id), p)))
-            .collect();
-        v.sort_by_key(|(id, _)| id.0);
-        v
+        self.0
+            .upgrade()
+            .map(|shared| shared.snapshot().published())
+            .unwrap_or_default()
     }
 
     fn rkeys(&self, range: RangeId) -> Vec<NicRkey> {

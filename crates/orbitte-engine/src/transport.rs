@@ -266,10 +266,11 @@ pub enum TransportEvent {
 }
 
 /// Where a transport sends its events. The engine implements it; its
-/// `deliver` may be called from any thread except from inside
-/// [`Transport::post`], [`Transport::flush`] or [`Transport::close_rail`]:
-/// those run under the engine's lock, which `deliver` takes (report from
-/// the transport's own threads, or queue the events and deliver later).
+/// `deliver` may be called from any thread except from inside a
+/// [`Transport`] method: those run holding the rail's post lock (and some
+/// the engine's state lock), and `deliver` may drain the engine's event
+/// queue, which posts and so takes rails' post locks (report from the
+/// transport's own threads, or queue the events and deliver later).
 pub trait EventSink: Send + Sync {
     /// Hands a batch of events to the engine.
     fn deliver(&self, events: &mut Vec<TransportEvent>);
@@ -333,9 +334,15 @@ pub trait PostContext {
 
 /// A path's executor of work items.
 ///
-/// The engine owns its transports and calls them with its core lock held,
-/// so `post` must not block on the network: queue the items and return.
-pub trait Transport: Send + fmt::Debug {
+/// The engine shares its transports between its threads. It posts without
+/// its state lock, holding only the rail's own post lock: posts to one
+/// rail never overlap and arrive in the order the core handed the items
+/// out, posts to different rails may run at the same time on different
+/// threads. [`flush`](Self::flush), [`flush_marked`](Self::flush_marked)
+/// and [`close_rail`](Self::close_rail) run under the state lock and the
+/// rail's post lock, after every post of items handed out before them.
+/// `post` must not block on the network: queue the items and return.
+pub trait Transport: Send + Sync + fmt::Debug {
     /// Which path this is.
     fn path(&self) -> PathKind;
 
@@ -343,7 +350,7 @@ pub trait Transport: Send + fmt::Debug {
     /// for rdma). On error, `posted` items at the front were accepted and
     /// will be reported; the rest were not posted.
     fn post(
-        &mut self,
+        &self,
         rail: RailId,
         items: &[WorkItem],
         ctx: &dyn PostContext,
@@ -358,7 +365,7 @@ pub trait Transport: Send + fmt::Debug {
     /// also when this returns an error. Items not reported in `done` are
     /// reported later, as for `post`. The default executes nothing here.
     fn post_inline(
-        &mut self,
+        &self,
         rail: RailId,
         items: &[WorkItem],
         ctx: &dyn PostContext,
@@ -371,7 +378,7 @@ pub trait Transport: Send + fmt::Debug {
     /// Makes the rail report every outstanding item (rdma: move the QP to
     /// the error state so the NIC flushes it). Used after a timeout and at
     /// shutdown so that drain can finish. Idempotent.
-    fn flush(&mut self, rail: RailId) -> Result<(), CleanupError>;
+    fn flush(&self, rail: RailId) -> Result<(), CleanupError>;
 
     /// Flushes the rail with a marker (see
     /// `Core::poll_flush`): a transport
@@ -381,18 +388,14 @@ pub trait Transport: Send + fmt::Debug {
     /// any item.
     /// The default (transports that report every item) calls
     /// [`flush`](Self::flush) and drops the marker.
-    fn flush_marked(
-        &mut self,
-        rail: RailId,
-        marker: SliceToken,
-    ) -> Result<MarkerFate, CleanupError> {
+    fn flush_marked(&self, rail: RailId, marker: SliceToken) -> Result<MarkerFate, CleanupError> {
         let _ = marker;
         self.flush(rail).map(|()| MarkerFate::Dropped)
     }
 
     /// Releases the rail's resources. An error means they are still held
     /// (the engine then reports `Unquiesced`).
-    fn close_rail(&mut self, rail: RailId) -> Result<(), CleanupError>;
+    fn close_rail(&self, rail: RailId) -> Result<(), CleanupError>;
 
     /// Sends an encoded `notification` frame to the rail's peer. The engine
     /// calls it only after every request of the notification's batch
@@ -400,7 +403,7 @@ pub trait Transport: Send + fmt::Debug {
     /// must queue it only after it applied every byte it acknowledged
     /// before. Must not block on the network (queue it). The default: this
     /// path carries no notifications.
-    fn notify(&mut self, rail: RailId, frame: &Arc<[u8]>) -> Result<(), NotifyError> {
+    fn notify(&self, rail: RailId, frame: &Arc<[u8]>) -> Result<(), NotifyError> {
         let _ = frame;
         Err(NotifyError {
             rail,

@@ -464,35 +464,48 @@ impl Core {
     /// for a flush ([`poll_flush`](Self::poll_flush)) at once: items that
     /// ran unsignaled before the failure have no signaled item after them,
     /// and only the flush's marker reports them.
+    ///
+    /// The driver may learn of the failure after it handed out more items
+    /// on the rail (it posts without holding the core): those stay in
+    /// flight, and a request's later slices handed out to the rail keep
+    /// the uncertain range where it was (they may still be posted).
     pub fn handle_post_error(&mut self, now: Instant, err: &PostError, items: &[WorkItem]) {
         let failed = &items[err.posted.min(items.len())..];
         let rail_idx = err.rail.0 as usize;
         if rail_idx >= self.rails.len() {
             return;
         }
-        // The failed items are the newest entries of the rail's ring: take
-        // them out newest first, then fail them in posting order, so the
-        // failure names the first slice that was not posted.
+        // The failed items are the newest entries of the rail's ring
+        // (unless more were handed out since): take them out newest first.
         let rail = &mut self.rails[rail_idx];
         for item in failed.iter().rev() {
-            if rail.fifo.back() == Some(&item.token.0) {
-                rail.fifo.pop_back();
+            if let Some(pos) = rail.fifo.iter().rposition(|t| *t == item.token.0) {
+                rail.fifo.remove(pos);
             }
         }
+        // Never posted: no remote effect, not in the hull. Newest first, so
+        // that the hull shrinks only over slices handed out last.
         let slice_size = u64::from(self.config.slice_size);
+        for item in failed.iter().rev() {
+            let (sidx, sgeneration) = split(item.token.0);
+            if let Some(slot) = self.slices.get(sidx as usize).copied()
+                && slot.generation == sgeneration
+                && matches!(slot.state, SliceState::Posted)
+                && let Some(req) = self.requests.get_mut(slot.req as usize)
+                && req.generation == slot.req_gen
+            {
+                req.posted -= 1;
+                req.unpost(err.rail, slot.index, slice_size);
+            }
+        }
+        // Then fail them in posting order, so the failure names the first
+        // slice that was not posted.
         for item in failed {
             let (sidx, sgeneration) = split(item.token.0);
             if let Some(slot) = self.slices.get(sidx as usize).copied()
                 && slot.generation == sgeneration
                 && matches!(slot.state, SliceState::Posted)
             {
-                if let Some(req) = self.requests.get_mut(slot.req as usize)
-                    && req.generation == slot.req_gen
-                {
-                    // Never posted: no remote effect, not in the hull.
-                    req.posted -= 1;
-                    req.unpost(err.rail, slot.index, slice_size);
-                }
                 self.finish_slice(
                     now,
                     sidx,

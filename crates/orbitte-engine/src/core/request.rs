@@ -99,18 +99,23 @@ impl Req {
         self.keepalive = r.keepalive;
     }
 
-    /// A post refused slice `index` (and every later one of this request
-    /// on the same rail, the newest items of its ring): rolls that rail's
-    /// next slice back to it, so `hull_end` covers only slices the
-    /// transport accepted. The request is abandoned, so nothing is posted
-    /// from there again.
+    /// A post refused slice `index` (called for the refused slices of a
+    /// rail newest first): if it is the last slice handed out on that
+    /// rail, rolls the rail's next slice back to it, so `hull_end` covers
+    /// only slices the transport accepted. A slice handed out after it
+    /// (the driver posts without holding the core, so it may hand out more
+    /// before it learns of the failure) may still be posted: then nothing
+    /// rolls back and the hull keeps covering it. The request is
+    /// abandoned, so nothing is posted from there again.
     pub(super) fn unpost(&mut self, rail: RailId, index: u32, slice_size: u64) {
-        if let Some(pos) = self.rails.iter().position(|r| *r == rail) {
-            self.next[pos] = self.next[pos].min(index);
+        let k = self.rails.len() as u32;
+        if let Some(pos) = self.rails.iter().position(|r| *r == rail)
+            && self.next[pos] == index + k
+        {
+            self.next[pos] = index;
         }
         // Each rail position posts its slices in order (pos, pos + k, ...),
         // so the furthest posted slice ends with one of the last ones.
-        let k = self.rails.len() as u32;
         self.hull_end = self
             .next
             .iter()

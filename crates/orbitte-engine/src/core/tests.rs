@@ -528,6 +528,60 @@ fn post_failure_fails_unposted_items_and_takes_rail_down() {
 }
 
 #[test]
+fn a_post_failure_learned_after_more_work_was_handed_out_keeps_the_later_items() {
+    // The driver posts without holding the core: by the time a post's
+    // failure comes back, the core may have handed out more of the rail.
+    let (mut h, rails) = Harness::new(&[spec(0, 4, 1)], 64 * 1024);
+    let keep = Arc::new(());
+    h.core
+        .submit(h.now, vec![req(Op::Write, 0, 8 * 1024, &rails, &keep)])
+        .unwrap();
+    let mut first = Vec::new();
+    h.core.poll_work(&mut first);
+    assert_eq!(first.len(), 4, "the rail's depth");
+    let done = |w: &WorkItem| TransportEvent::Completed {
+        rail: w.rail,
+        token: w.token,
+        status: SliceStatus::Success,
+        released: true,
+    };
+    // The first two complete; two more slices are handed out.
+    h.core.handle_event(h.now, done(&first[0]));
+    h.core.handle_event(h.now, done(&first[1]));
+    let mut second = Vec::new();
+    h.core.poll_work(&mut second);
+    assert_eq!(second.len(), 2);
+    // Now the first post's failure arrives: its last two were not posted.
+    let err = PostError {
+        rail: rails[0],
+        posted: 2,
+        reason: "ENOMEM".into(),
+    };
+    h.core.handle_post_error(h.now, &err, &first);
+    assert!(!h.core.rail_is_up(rails[0]));
+    assert_eq!(
+        h.core.outstanding_slices(),
+        2,
+        "the later items stay in flight"
+    );
+    // The later items were posted and report; the request drains.
+    h.core.handle_event(h.now, done(&second[0]));
+    h.core.handle_event(h.now, done(&second[1]));
+    h.pump();
+    assert_eq!(h.core.outstanding_slices(), 0);
+    let o = &h.outcomes[0];
+    assert_eq!(o.status, Status::Failed);
+    assert_eq!(o.completed_prefix, 2 * 1024);
+    assert!(matches!(
+        o.failure.as_ref().unwrap().status,
+        SliceFailure::PostFailed(_)
+    ));
+    // The later slices may have written: the uncertain range covers them.
+    assert_eq!(o.uncertain, 2 * 1024..6 * 1024);
+    assert_eq!(Arc::strong_count(&keep), 1);
+}
+
+#[test]
 fn unknown_tokens_and_rails_are_ignored() {
     let (mut h, rails) = Harness::new(&[spec(0, 4, 1)], 1024);
     h.core.handle_event(

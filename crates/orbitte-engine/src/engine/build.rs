@@ -53,6 +53,7 @@ impl EngineBuilder {
             },
             self.budgets,
         );
+        let intake = super::shared::Intake::new();
         let state = State {
             engine,
             rdma: RdmaTransport::default(),
@@ -68,15 +69,20 @@ impl EngineBuilder {
             who: (source_id.as_str().to_owned(), epoch),
             recovery: crate::recovery::Recoveries::new(self.recovery),
             staged: crate::staging::Staged::default(),
+            lanes: Vec::new(),
+            arrivals: intake.receiver(),
             work: Vec::new(),
             done: Vec::new(),
+            snapshot: Default::default(),
             last_outstanding: 0,
         };
         let shared = Arc::new(Shared {
             peer_table: Arc::new(Mutex::new(PeerTable::new(source_id.clone()))),
             next_session,
             state: Mutex::new(state),
-            intake: super::shared::Intake::new(),
+            intake,
+            snapshot: Default::default(),
+            spare: super::shared::Spare::new(),
             bell: (Mutex::new(()), Condvar::new()),
             stop: AtomicBool::new(false),
             source_id,

@@ -29,7 +29,7 @@ impl TransferEngine {
     /// [`event_sink`](Self::event_sink).
     pub(crate) fn attach_transport(&self, transport: Box<dyn Transport>) -> TransportId {
         let mut st = self.lock();
-        st.others.push(transport);
+        st.others.push(Arc::from(transport));
         TransportId(st.others.len() - 1)
     }
 

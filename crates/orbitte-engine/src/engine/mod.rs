@@ -2,24 +2,28 @@
 //! (`crate::core` and [`EngineState`](crate::state::EngineState)).
 //!
 //! One mutex guards the driver's state (the `EngineState`, the transports,
-//! the NIC contexts); the caller's thread posts (submit), one poller thread
-//! per NIC context turns completions and async events into core events, a
-//! timer thread expires deadlines. Transports deliver events onto a
-//! lock-free intake that the lock's holder drains, one pump per drained
-//! batch ([`StateGuard`]); a waiting thread parks under its request's id
-//! and is woken by that outcome alone (`waiters`), or, for a request on
-//! rdma rails of one NIC, polls that NIC's completion queue itself
-//! (`wait`).
+//! the NIC contexts); one poller thread per NIC context turns completions
+//! and async events into core events, a timer thread expires deadlines.
+//! Transports deliver events onto a lock-free intake that the lock's
+//! holder drains, one pump per drained batch ([`StateGuard`]); a waiting
+//! thread parks under its request's id and is woken by that outcome alone
+//! (`waiters`), or, for a request on rdma rails of one NIC, polls that
+//! NIC's completion queue itself (`wait`). Whoever releases the lock posts
+//! the work the core handed out meanwhile, holding each rail's post lock
+//! but not the state lock (`post`), with the tables' copy (`snapshot`)
+//! that the tcp/local target also serves from.
 
 mod build;
 mod contexts;
 mod intake;
 mod peers;
 mod poll;
+mod post;
 mod queries;
 mod register;
 mod shared;
 mod shutdown;
+mod snapshot;
 mod state;
 mod submit;
 mod timer;

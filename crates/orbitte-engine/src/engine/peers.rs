@@ -84,13 +84,16 @@ pub(crate) fn peer_info(st: &State, id: PeerId) -> PeerInfo {
             .iter()
             .map(|&rail| {
                 let spec = st.core.rail_spec(rail);
-                let qp = st.rdma.rail(rail);
+                let (qpn, device) = st
+                    .rdma
+                    .rail(rail)
+                    .map_or((None, None), |r| (r.qpn(), Some(r.device.clone())));
                 RailInfo {
                     rail,
                     nic: spec.and_then(|s| s.nic).map(NicId),
                     remote_nic: spec.and_then(|s| s.remote_nic).map(NicId),
-                    qpn: qp.and_then(|r| r.qpn()),
-                    device: qp.map(|r| r.device.clone()),
+                    qpn,
+                    device,
                     up: st.core.rail_is_up(rail),
                     down_reason: st.core.rail_down_reason(rail).map(|r| r.to_string()),
                     recovery: st.recovery.state(rail).map(|(s, _)| s),

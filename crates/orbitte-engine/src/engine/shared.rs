@@ -8,7 +8,7 @@
 //! releasing, so no event waits for the next lock holder.
 
 use std::sync::atomic::{AtomicBool, Ordering, fence};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,8 @@ use orbitte_verbs::Provider;
 use orbitte_wire::{self as wire, Epoch, PeerTable, SourceId};
 
 use super::State;
+use super::post::{Arrival, Posts};
+use super::snapshot::TablesSnapshot;
 use crate::transport::TransportEvent;
 
 /// Settings fixed at build time.
@@ -35,6 +37,11 @@ pub(crate) struct Shared {
     pub(super) state: Mutex<State>,
     /// Events delivered while the state was busy, drained by its holder.
     pub(super) intake: Intake,
+    /// The tables as posts and the tcp/local target read them, replaced
+    /// under the state lock after every change (see `snapshot`).
+    pub(super) snapshot: RwLock<Arc<TablesSnapshot>>,
+    /// Emptied posts for reuse.
+    pub(super) spare: Spare,
     /// The wire's epoch rules, shared with the net sessions. Lock order:
     /// `state` before `peer_table`, never the other way round.
     pub(crate) peer_table: Arc<Mutex<PeerTable>>,
@@ -71,11 +78,18 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Takes the state lock. Releasing the guard drains the intake first.
+    /// Takes the state lock and handles what the intake holds, so that an
+    /// event the holder finds itself (a completion it polls) never
+    /// overtakes one queued before (a post that stopped early on that
+    /// rail, see `post`). Releasing the guard drains the intake again.
     pub(crate) fn lock(&self) -> StateGuard<'_> {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.intake.is_empty() {
+            g.intake(&self.intake, Instant::now());
+        }
         StateGuard {
             shared: self,
-            guard: Some(self.state.lock().unwrap_or_else(|e| e.into_inner())),
+            guard: Some(g),
         }
     }
 
@@ -92,7 +106,7 @@ impl Shared {
     /// before it releases the lock.
     pub(crate) fn deliver(&self, events: &mut Vec<TransportEvent>) {
         for ev in events.drain(..) {
-            self.intake.push(ev);
+            self.intake.push(Arrival::Event(ev));
         }
         // Pairs with the fence in `StateGuard::drop`: either the holder
         // sees these events after releasing, or this try_lock sees the
@@ -101,6 +115,14 @@ impl Shared {
         if let Some(g) = self.try_lock() {
             release(self, g);
         }
+    }
+
+    /// The current copy of the tables (see `snapshot`).
+    pub(crate) fn snapshot(&self) -> Arc<TablesSnapshot> {
+        self.snapshot
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Sleeps (holding no lock) for up to `wait`, or until the engine
@@ -167,42 +189,60 @@ impl Drop for StateGuard<'_> {
     }
 }
 
-/// Drains the intake into the held state, releases the lock, wakes the
-/// waiters; repeats while events arrived after the release and the lock
-/// is free.
+/// Drains the intake into the held state, publishes the tables' copy if
+/// they changed, takes the work to post and its rails' post locks,
+/// releases the lock, posts, wakes the waiters; repeats while events
+/// arrived after the release and the lock is free.
 fn release<'a>(shared: &'a Shared, mut g: MutexGuard<'a, State>) {
     let mut wake = Vec::new();
     let mut arrived = Vec::new();
+    let mut posts: Option<Posts> = None;
     loop {
         if !shared.intake.is_empty() {
             g.intake(&shared.intake, Instant::now());
         }
         let st = &mut *g;
+        if st.engine.tables.take_changed() {
+            let copy = Arc::new(TablesSnapshot::of(&st.engine.tables));
+            st.snapshot = copy.clone();
+            *shared.snapshot.write().unwrap_or_else(|e| e.into_inner()) = copy;
+        }
         st.engine.outcomes.take_arrived(&mut arrived);
         st.waiters.take_woken(&arrived, &mut wake);
         arrived.clear();
-        drop(g);
+        if !st.work.is_empty() {
+            let p = posts.get_or_insert_with(|| shared.spare.take());
+            st.take_posts(p);
+        }
+        match posts.as_mut() {
+            Some(p) if !p.is_empty() => p.post_unlocked(g, &shared.intake),
+            _ => drop(g),
+        }
         for t in wake.drain(..) {
             t.unpark();
         }
         // Pairs with the fence in `Shared::deliver`.
         fence(Ordering::SeqCst);
         if shared.intake.is_empty() {
-            return;
+            break;
         }
         match shared.try_lock() {
             Some(next) => g = next,
-            None => return,
+            None => break,
         }
+    }
+    if let Some(p) = posts {
+        shared.spare.put(p);
     }
 }
 
-/// The queue of events delivered while the state lock was busy: an
-/// unbounded lock-free channel whose both ends the engine holds.
+/// The queue of events delivered while the state lock was busy, and of
+/// posts that stopped early: an unbounded lock-free channel whose both
+/// ends the engine holds.
 #[derive(Debug)]
 pub(crate) struct Intake {
-    tx: crossbeam_channel::Sender<TransportEvent>,
-    rx: crossbeam_channel::Receiver<TransportEvent>,
+    tx: crossbeam_channel::Sender<Arrival>,
+    rx: crossbeam_channel::Receiver<Arrival>,
 }
 
 impl Intake {
@@ -211,16 +251,45 @@ impl Intake {
         Self { tx, rx }
     }
 
-    fn push(&self, ev: TransportEvent) {
+    pub(super) fn push(&self, ev: Arrival) {
         // Cannot fail: the receiver lives as long as the sender.
         let _ = self.tx.send(ev);
     }
 
-    pub(super) fn pop(&self) -> Option<TransportEvent> {
+    /// Another receiving end of the queue.
+    pub(super) fn receiver(&self) -> crossbeam_channel::Receiver<Arrival> {
+        self.rx.clone()
+    }
+
+    pub(super) fn pop(&self) -> Option<Arrival> {
         self.rx.try_recv().ok()
     }
 
     fn is_empty(&self) -> bool {
         self.rx.is_empty()
+    }
+}
+
+/// A few emptied [`Posts`] kept for reuse, so that a release allocates
+/// nothing for its posts once the engine runs.
+#[derive(Debug)]
+pub(crate) struct Spare {
+    tx: crossbeam_channel::Sender<Posts>,
+    rx: crossbeam_channel::Receiver<Posts>,
+}
+
+impl Spare {
+    pub(super) fn new() -> Self {
+        let (tx, rx) = crossbeam_channel::bounded(8);
+        Self { tx, rx }
+    }
+
+    fn take(&self) -> Posts {
+        self.rx.try_recv().unwrap_or_default()
+    }
+
+    fn put(&self, posts: Posts) {
+        // A full pool drops it.
+        let _ = self.tx.try_send(posts);
     }
 }

@@ -1,13 +1,15 @@
 //! The driver's state behind the engine lock: the core, the transports, the
-//! tables, and the pump that posts and flushes what the core asks.
+//! tables, and the pump that takes the work to post and flushes what the
+//! core asks.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use orbitte_verbs as verbs;
 use orbitte_wire::Epoch;
 
+use super::post::{Arrival, Target, lock_lane};
 use crate::error::Unquiesced;
 use crate::nic::Initialized;
 use crate::registration::Charges;
@@ -30,7 +32,9 @@ pub(crate) struct State {
     /// The tables, the ledger, the core and the rules of admission.
     pub(crate) engine: EngineState,
     pub(crate) rdma: RdmaTransport,
-    pub(crate) others: Vec<Box<dyn Transport>>,
+    pub(crate) others: Vec<Arc<dyn Transport>>,
+    /// Each rail's post lock, by rail id (see `post`).
+    pub(super) lanes: Vec<Arc<Mutex<()>>>,
     pub(crate) owner: Vec<Owner>,
     pub(crate) qpn_rail: HashMap<(u32, u32), RailId>,
     pub(crate) next_connect: u64,
@@ -47,9 +51,17 @@ pub(crate) struct State {
     pub(crate) recovery: crate::recovery::Recoveries,
     /// CUDA registrations and cuda-staging requests.
     pub(crate) staged: crate::staging::Staged,
+    /// Work the core handed out in this hold of the lock, posted when the
+    /// lock is released (see `post`).
     pub(super) work: Vec<WorkItem>,
-    /// Events of work the transports executed while it was posted.
+    /// Events of work a transport executed while it was posted under the
+    /// lock.
     pub(super) done: Vec<TransportEvent>,
+    /// The intake's receiving end (see `settle_posts`).
+    pub(super) arrivals: crossbeam_channel::Receiver<Arrival>,
+    /// The tables' current copy (see `snapshot`), lent to posts made
+    /// without the lock.
+    pub(super) snapshot: Arc<super::snapshot::TablesSnapshot>,
     /// Undrained slices at the end of the last pump (drain waiters wake
     /// when it changes).
     pub(super) last_outstanding: u64,
@@ -77,27 +89,24 @@ impl std::fmt::Debug for State {
 }
 
 impl State {
-    /// Posts what the core has, reports post errors, flushes what the core
-    /// asks, collects outcomes.
+    /// Takes the work the core can hand out now (posted when the lock is
+    /// released, see `post`), flushes what the core asks, collects
+    /// outcomes.
     pub(crate) fn pump(&mut self, now: Instant) {
-        let mut work = std::mem::take(&mut self.work);
-        let mut done = std::mem::take(&mut self.done);
         loop {
-            work.clear();
-            self.core.poll_work(&mut work);
-            self.post(now, &work, &mut done);
-            if done.is_empty() {
+            self.engine.core.poll_work(&mut self.work);
+            self.flush_and_reap(now);
+            if self.done.is_empty() {
                 break;
             }
-            // Work the transports executed while posting; its completions
-            // may free rail slots for more work.
+            // Work executed while it was posted under the lock (before a
+            // flush); its completions may free rail slots for more work.
+            let mut done = std::mem::take(&mut self.done);
             for ev in done.drain(..) {
                 self.core.handle_event(now, ev);
             }
+            self.done = done;
         }
-        self.work = work;
-        self.done = done;
-        self.flush_and_reap(now);
         crate::notify::collect_outcomes(self);
         let outstanding = self.core.outstanding_slices();
         if outstanding != self.last_outstanding {
@@ -106,52 +115,125 @@ impl State {
         }
     }
 
-    /// Handles every event queued on the intake, then pumps once.
+    /// Handles everything queued on the intake, then pumps once.
     pub(super) fn intake(&mut self, queue: &super::shared::Intake, now: Instant) {
-        while let Some(ev) = queue.pop() {
-            self.core.handle_event(now, ev);
+        while let Some(arrival) = queue.pop() {
+            self.arrive(now, arrival);
         }
         self.pump(now);
     }
 
-    /// Posts `work` rail by rail; events of work executed while posting go
-    /// into `done`.
-    fn post(&mut self, now: Instant, work: &[WorkItem], done: &mut Vec<TransportEvent>) {
-        let mut start = 0;
-        while start < work.len() {
-            let rail = work[start].rail;
-            let end = work[start..]
-                .iter()
-                .position(|w| w.rail != rail)
-                .map_or(work.len(), |p| start + p);
-            let run = &work[start..end];
-            let res = match self.owner.get(rail.0 as usize) {
-                Some(Owner::Rdma) => self.rdma.post(rail, run, &self.engine.tables),
-                Some(Owner::Other(i)) => match self.others.get_mut(*i) {
-                    Some(t) => t.post_inline(rail, run, &self.engine.tables, done),
-                    None => Err(crate::transport::PostError {
-                        rail,
-                        posted: 0,
-                        reason: "no transport".into(),
-                    }),
-                },
-                None => Err(crate::transport::PostError {
-                    rail,
-                    posted: 0,
-                    reason: "no transport".into(),
-                }),
-            };
-            if let Err(e) = res {
-                tracing::debug!(error = %e, "post failed");
-                self.core.handle_post_error(now, &e, run);
+    fn arrive(&mut self, now: Instant, arrival: Arrival) {
+        match arrival {
+            Arrival::Event(ev) => self.core.handle_event(now, ev),
+            Arrival::PostFailed { error, items } => {
+                tracing::debug!(error = %error, "post failed");
+                self.core.handle_post_error(now, &error, &items);
             }
-            start = end;
+        }
+    }
+
+    /// Posts what this hold of the lock handed out, waits for the posts
+    /// running without the lock (their rails' post locks) and handles
+    /// what they found, so that an outcome made next (a cancel, an
+    /// expired deadline) knows every post's result: its uncertain range
+    /// covers exactly the slices the transports accepted, none that a post
+    /// still running would refuse.
+    fn settle_posts(&mut self, now: Instant) {
+        let mut rails: Vec<RailId> = self.work.iter().map(|w| w.rail).collect();
+        rails.sort_unstable();
+        rails.dedup();
+        for rail in rails {
+            let lane = self.lane(rail);
+            let _held = lock_lane(&lane);
+            self.post_held(now, rail);
+        }
+        for i in 0..self.lanes.len() {
+            let lane = self.lanes[i].clone();
+            drop(lock_lane(&lane));
+        }
+        while let Ok(arrival) = self.arrivals.try_recv() {
+            self.arrive(now, arrival);
+        }
+        let mut done = std::mem::take(&mut self.done);
+        for ev in done.drain(..) {
+            self.core.handle_event(now, ev);
+        }
+        self.done = done;
+    }
+
+    /// Expires the core's deadlines due at `now`, after settling the posts
+    /// (see `settle_posts`).
+    pub(crate) fn expire(&mut self, now: Instant) {
+        if self.core.poll_timeout().is_some_and(|t| t <= now) {
+            self.settle_posts(now);
+            self.core.handle_timeout(now);
+        }
+    }
+
+    /// Cancels a request (`Core::cancel`) after settling the posts (see
+    /// `settle_posts`).
+    pub(crate) fn cancel(&mut self, now: Instant, id: crate::outcome::RequestId) -> bool {
+        if !self.core.is_pending(id) {
+            return false;
+        }
+        self.settle_posts(now);
+        self.core.cancel(now, id)
+    }
+
+    /// Who posts to `rail`.
+    pub(super) fn target(&self, rail: RailId) -> Target {
+        match self.owner.get(rail.0 as usize) {
+            Some(Owner::Rdma) => self.rdma.cell(rail).map_or(Target::Missing, Target::Rdma),
+            Some(Owner::Other(i)) => self
+                .others
+                .get(*i)
+                .map_or(Target::Missing, |t| Target::Other(t.clone())),
+            None => Target::Missing,
+        }
+    }
+
+    /// The post lock of `rail`.
+    pub(super) fn lane(&self, rail: RailId) -> Arc<Mutex<()>> {
+        self.lanes
+            .get(rail.0 as usize)
+            .cloned()
+            .unwrap_or_else(|| Arc::new(Mutex::new(())))
+    }
+
+    /// Posts, under the state lock and `rail`'s post lock (which the caller
+    /// holds), the items for `rail` the core handed out in this hold of the
+    /// lock and not posted yet, so that what follows on the rail (a flush)
+    /// comes after them.
+    fn post_held(&mut self, now: Instant, rail: RailId) {
+        if !self.work.iter().any(|w| w.rail == rail) {
+            return;
+        }
+        let mut mine = Vec::new();
+        self.work.retain(|w| {
+            if w.rail == rail {
+                mine.push(*w);
+                false
+            } else {
+                true
+            }
+        });
+        let target = self.target(rail);
+        if let Err(e) = target.post(rail, &mine, &self.engine.tables, &mut self.done) {
+            tracing::debug!(error = %e, "post failed");
+            self.core.handle_post_error(now, &e, &mine);
         }
     }
 
     /// Flushes what the core asks, destroys reaped rdma rails that drained.
+    /// A flush waits for the posts of that rail still running without the
+    /// state lock (its post lock), and posts the rail's items still held
+    /// here first: the flush (and its marker) follows every item posted.
     fn flush_and_reap(&mut self, now: Instant) {
         while let Some((rail, marker)) = self.core.poll_flush(now) {
+            let lane = self.lane(rail);
+            let _held = lock_lane(&lane);
+            self.post_held(now, rail);
             let res = match self.owner.get(rail.0 as usize) {
                 Some(Owner::Rdma) => match self.rdma.flush_with_marker(rail, marker) {
                     Ok(fate) => Ok(fate),
@@ -166,7 +248,7 @@ impl State {
                 },
                 Some(Owner::Other(i)) => self
                     .others
-                    .get_mut(*i)
+                    .get(*i)
                     .map_or(Ok(MarkerFate::Dropped), |t| t.flush_marked(rail, marker)),
                 None => Ok(MarkerFate::Dropped),
             };
@@ -191,7 +273,7 @@ impl State {
         for ev in events.drain(..) {
             self.core.handle_event(now, ev);
         }
-        self.core.handle_timeout(now);
+        self.expire(now);
         self.pump(now);
     }
 
@@ -206,7 +288,9 @@ impl State {
             Some(Owner::Rdma) if busy => {}
             Some(Owner::Rdma) => self.destroy_rdma_rail(rail),
             Some(Owner::Other(t)) if !busy => {
-                if let Some(tr) = self.others.get_mut(*t)
+                let lane = self.lane(rail);
+                let _held = lock_lane(&lane);
+                if let Some(tr) = self.others.get(*t)
                     && let Err(e) = tr.close_rail(rail)
                 {
                     tracing::warn!(error = %e, "closing a rail failed");
@@ -249,6 +333,9 @@ impl State {
             self.owner.resize(i + 1, Owner::Rdma);
         }
         self.owner[i] = owner;
+        if self.lanes.len() <= i {
+            self.lanes.resize_with(i + 1, || Arc::new(Mutex::new(())));
+        }
         rail
     }
 

@@ -9,7 +9,7 @@ pub(super) fn timer_loop(shared: &Shared) {
     while !shared.stop.load(Ordering::Acquire) {
         let mut st = shared.lock();
         let now = Instant::now();
-        st.core.handle_timeout(now);
+        st.expire(now);
         st.pump(now);
         let next = st
             .core

@@ -59,7 +59,7 @@ impl TransferEngine {
             let deadline = *deadline.get_or_insert_with(|| now + timeout);
             let next_timer = st.core.poll_timeout();
             if next_timer.is_some_and(|t| t <= now) {
-                st.core.handle_timeout(now);
+                st.expire(now);
                 st.pump(now);
                 if let Some(o) = st.outcomes.remove(&id) {
                     st.waiters.forget_waiter(id);
@@ -114,7 +114,7 @@ impl TransferEngine {
         }
         let mut st = self.lock();
         let now = Instant::now();
-        let done = st.core.cancel(now, id);
+        let done = st.cancel(now, id);
         st.pump(now);
         done
     }
@@ -133,7 +133,7 @@ impl TransferEngine {
         loop {
             let mut st = self.lock();
             let now = Instant::now();
-            st.core.handle_timeout(now);
+            st.expire(now);
             st.pump(now);
             let status = crate::staging::drain_status(&mut st, id)
                 .unwrap_or_else(|| st.core.drain_status(id));

@@ -223,7 +223,7 @@ fn send(st: &mut State, t: &Transmit) -> Result<(), Vec<String>> {
     let mut why = Vec::new();
     for &rail in &t.rails {
         let res = match st.owner.get(rail.0 as usize) {
-            Some(Owner::Rdma) => rdma::send(st.rdma.rail_mut(rail), rail, &t.frame),
+            Some(Owner::Rdma) => rdma::send(st.rdma.rail_mut(rail).as_deref_mut(), rail, &t.frame),
             Some(Owner::Other(i)) => match st.others.get_mut(*i) {
                 Some(tr) => tr.notify(rail, &t.frame),
                 None => {

@@ -204,7 +204,8 @@ pub(crate) fn on_completion(
                 .into(),
             });
         }
-        if let Some(n) = st.rdma.rail_mut(rail).and_then(|r| r.notify.as_mut())
+        if let Some(mut r) = st.rdma.rail_mut(rail)
+            && let Some(n) = r.notify.as_mut()
             && !recv
             && slot < SEND_SLOTS
         {
@@ -218,9 +219,10 @@ pub(crate) fn on_completion(
         }
         return;
     }
-    let Some(r) = st.rdma.rail_mut(rail) else {
+    let Some(mut guard) = st.rdma.rail_mut(rail) else {
         return;
     };
+    let r = &mut *guard;
     let (RailQp::Rts(qp), Some(n)) = (&mut r.qp, r.notify.as_mut()) else {
         return;
     };
@@ -249,9 +251,10 @@ fn receive(st: &mut State, inbox: &Inbox, rail: RailId, slot: usize, len: usize)
         .rail_spec(rail)
         .and_then(|s| st.tables.peers.get(&s.peer.0))
         .map(|p| (p.source_id.as_str().to_owned(), p.epoch));
-    let Some(r) = st.rdma.rail_mut(rail) else {
+    let Some(mut guard) = st.rdma.rail_mut(rail) else {
         return;
     };
+    let r = &mut *guard;
     let Some(n) = r.notify.as_mut() else {
         return;
     };

@@ -137,7 +137,7 @@ fn install_qp(
         None => None,
     };
     let qpn = qp.qp_num();
-    if let Some(r) = st.rdma.rail_mut(rail) {
+    if let Some(mut r) = st.rdma.rail_mut(rail) {
         r.qp = RailQp::Rts(qp);
         r.failed = false;
         r.notify = notify;

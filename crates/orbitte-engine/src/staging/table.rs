@@ -104,7 +104,7 @@ pub(crate) fn cancel_all(st: &mut State) {
         })
         .collect();
     for chunk in running {
-        st.core.cancel(now, chunk);
+        st.cancel(now, chunk);
     }
     st.pump(now);
 }
@@ -339,7 +339,7 @@ impl TransferEngine {
         e.cancel.store(true, Ordering::Release);
         if let Some(chunk) = e.current {
             let now = std::time::Instant::now();
-            st.core.cancel(now, chunk);
+            st.cancel(now, chunk);
             st.pump(now);
         }
         Some(true)

@@ -23,10 +23,45 @@ pub(crate) struct PeerState {
 }
 
 /// The registration and peer tables, lent to transports while they post.
+/// Each table remembers whether it was changed (any `&mut` access counts),
+/// so the driver copies what posting and serving need only after a change
+/// ([`take_changed`](Self::take_changed)).
 #[derive(Debug, Default)]
 pub(crate) struct Tables {
-    pub(crate) regs: HashMap<u64, RegEntry>,
-    pub(crate) peers: HashMap<u32, PeerState>,
+    pub(crate) regs: Tracked<HashMap<u64, RegEntry>>,
+    pub(crate) peers: Tracked<HashMap<u32, PeerState>>,
+}
+
+impl Tables {
+    /// Whether a table was changed since the last call.
+    pub(crate) fn take_changed(&mut self) -> bool {
+        let regs = std::mem::take(&mut self.regs.changed);
+        let peers = std::mem::take(&mut self.peers.changed);
+        regs || peers
+    }
+}
+
+/// A value that records every mutable access to it: reads go through
+/// `Deref`, and any `DerefMut` (insert, remove, `get_mut`, ...) marks it
+/// changed, whether or not the caller then changes anything.
+#[derive(Debug, Default)]
+pub(crate) struct Tracked<T> {
+    value: T,
+    changed: bool,
+}
+
+impl<T> std::ops::Deref for Tracked<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.value
+    }
+}
+
+impl<T> std::ops::DerefMut for Tracked<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.changed = true;
+        &mut self.value
+    }
 }
 
 impl PostContext for Tables {

@@ -835,7 +835,7 @@ impl Transport for Arc<LocalTransport> {
     }
 
     fn post(
-        &mut self,
+        &self,
         rail: RailId,
         items: &[WorkItem],
         ctx: &dyn PostContext,
@@ -844,7 +844,7 @@ impl Transport for Arc<LocalTransport> {
     }
 
     fn post_inline(
-        &mut self,
+        &self,
         rail: RailId,
         items: &[WorkItem],
         ctx: &dyn PostContext,
@@ -853,17 +853,17 @@ impl Transport for Arc<LocalTransport> {
         self.post_inline_items(rail, items, ctx, done)
     }
 
-    fn flush(&mut self, _rail: RailId) -> Result<(), CleanupError> {
+    fn flush(&self, _rail: RailId) -> Result<(), CleanupError> {
         // Queued copies finish on their own (memcpy cannot hang).
         Ok(())
     }
 
-    fn close_rail(&mut self, rail: RailId) -> Result<(), CleanupError> {
+    fn close_rail(&self, rail: RailId) -> Result<(), CleanupError> {
         self.close(rail);
         Ok(())
     }
 
-    fn notify(&mut self, rail: RailId, frame: &Arc<[u8]>) -> Result<(), NotifyError> {
+    fn notify(&self, rail: RailId, frame: &Arc<[u8]>) -> Result<(), NotifyError> {
         self.notify_rail(rail, frame)
     }
 }

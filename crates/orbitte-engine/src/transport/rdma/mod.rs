@@ -8,7 +8,7 @@
 //! QP is in the error state, so the rail is reported down and every later
 //! request flushes individually (verbs flush semantics).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use orbitte_verbs::qp_state::{Errored, Rts};
 use orbitte_verbs::{self as verbs, QueuePair, RemoteAddr, SendOp, SendWr, Sge, WcStatus};
@@ -51,15 +51,45 @@ impl RdmaRail {
     }
 }
 
-/// The rdma transport: owns every rdma rail's queue pair.
-#[derive(Debug, Default)]
-pub(crate) struct RdmaTransport {
-    rails: Vec<Option<RdmaRail>>,
+/// A rail behind its own lock, with the buffers posting to it reuses.
+#[derive(Debug)]
+pub(crate) struct RailCell {
+    rail: RdmaRail,
     sges: Vec<Sge>,
     wrs: Vec<SendWr<'static>>,
     remotes: Vec<RemoteAddr>,
+}
+
+/// A locked rail.
+pub(crate) struct RailGuard<'a>(MutexGuard<'a, RailCell>);
+
+impl std::ops::Deref for RailGuard<'_> {
+    type Target = RdmaRail;
+    fn deref(&self) -> &RdmaRail {
+        &self.0.rail
+    }
+}
+
+impl std::ops::DerefMut for RailGuard<'_> {
+    fn deref_mut(&mut self) -> &mut RdmaRail {
+        &mut self.0.rail
+    }
+}
+
+/// Locks a rail's cell (a poisoned lock is taken as is: the queue pair's
+/// state is still whatever verbs says it is).
+pub(crate) fn lock_cell(cell: &Mutex<RailCell>) -> MutexGuard<'_, RailCell> {
+    cell.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The rdma transport: every rdma rail owns its queue pair behind its own
+/// lock, so a thread posts to one rail while others post to other rails
+/// or use the engine's state.
+#[derive(Debug, Default)]
+pub(crate) struct RdmaTransport {
+    rails: Vec<Option<Arc<Mutex<RailCell>>>>,
     /// Destroys that failed (the QP is retained by verbs).
-    pub(crate) unquiesced: Vec<verbs::Unquiesced>,
+    pub(crate) unquiesced: Mutex<Vec<verbs::Unquiesced>>,
 }
 
 /// Reuses a vector's allocation for another lifetime (in-place collect of
@@ -79,20 +109,42 @@ fn flush_failure(device: &str, rail: RailId, e: impl std::fmt::Display) -> Clean
 }
 
 impl RdmaTransport {
+    /// Adds the rail, or replaces what the rail holds (under its lock, so
+    /// after any post still running on it).
     pub(crate) fn insert(&mut self, rail: RailId, r: RdmaRail) {
         let i = rail.0 as usize;
         if self.rails.len() <= i {
             self.rails.resize_with(i + 1, || None);
         }
-        self.rails[i] = Some(r);
+        match &self.rails[i] {
+            Some(cell) => lock_cell(cell).rail = r,
+            None => {
+                self.rails[i] = Some(Arc::new(Mutex::new(RailCell {
+                    rail: r,
+                    sges: Vec::new(),
+                    wrs: Vec::new(),
+                    remotes: Vec::new(),
+                })));
+            }
+        }
     }
 
-    pub(crate) fn rail(&self, rail: RailId) -> Option<&RdmaRail> {
-        self.rails.get(rail.0 as usize).and_then(Option::as_ref)
+    /// The rail's cell, for posting to it without the engine's state.
+    pub(crate) fn cell(&self, rail: RailId) -> Option<Arc<Mutex<RailCell>>> {
+        self.rails.get(rail.0 as usize).and_then(Option::clone)
     }
 
-    pub(crate) fn rail_mut(&mut self, rail: RailId) -> Option<&mut RdmaRail> {
-        self.rails.get_mut(rail.0 as usize).and_then(Option::as_mut)
+    /// The rail, locked.
+    pub(crate) fn rail(&self, rail: RailId) -> Option<RailGuard<'_>> {
+        self.rails
+            .get(rail.0 as usize)
+            .and_then(Option::as_ref)
+            .map(|c| RailGuard(lock_cell(c)))
+    }
+
+    /// The rail, locked, to change it.
+    pub(crate) fn rail_mut(&mut self, rail: RailId) -> Option<RailGuard<'_>> {
+        self.rail(rail)
     }
 
     /// Rails on a NIC.
@@ -102,7 +154,7 @@ impl RdmaTransport {
             .enumerate()
             .filter_map(|(i, r)| {
                 r.as_ref()
-                    .filter(|r| r.nic == nic)
+                    .filter(|c| lock_cell(c).rail.nic == nic)
                     .map(|_| RailId(i as u32))
             })
             .collect()
@@ -116,32 +168,25 @@ impl RdmaTransport {
 
     /// Records that the device put the rail's QP in the error state.
     pub(crate) fn mark_failed(&mut self, rail: RailId) {
-        if let Some(r) = self.rails.get_mut(rail.0 as usize).and_then(Option::as_mut) {
+        if let Some(mut r) = self.rail(rail) {
             r.failed = true;
         }
     }
 
     /// Destroys the rail's QP; a failure is kept as evidence and returned.
-    pub(crate) fn destroy(&mut self, rail: RailId) -> Result<(), Box<verbs::Unquiesced>> {
-        let Some(r) = self.rails.get_mut(rail.0 as usize).and_then(Option::as_mut) else {
+    pub(crate) fn destroy(&self, rail: RailId) -> Result<(), Box<verbs::Unquiesced>> {
+        let Some(mut r) = self.rail(rail) else {
             return Ok(());
         };
-        let mut res = match std::mem::replace(&mut r.qp, RailQp::Closed) {
-            RailQp::Rts(qp) => qp.close(),
-            RailQp::Errored(qp) => qp.close(),
-            RailQp::Closed => Ok(()),
-        };
-        // The notification buffer goes after its queue pair (which may
-        // still write into it until it is destroyed).
-        if res.is_ok()
-            && let Some(n) = r.notify.as_mut()
-        {
-            res = n.close().map_err(|e| *e);
-        }
+        let res = r.destroy();
+        drop(r);
         if let Err(e) = &res {
-            self.unquiesced.push(e.clone());
+            self.unquiesced
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((**e).clone());
         }
-        res.map_err(Box::new)
+        res
     }
 
     /// Every rail id with a QP not yet destroyed.
@@ -151,10 +196,50 @@ impl RdmaTransport {
             .enumerate()
             .filter_map(|(i, r)| {
                 r.as_ref()
-                    .filter(|r| !matches!(r.qp, RailQp::Closed))
+                    .filter(|c| !matches!(lock_cell(c).rail.qp, RailQp::Closed))
                     .map(|_| RailId(i as u32))
             })
             .collect()
+    }
+}
+
+impl RdmaRail {
+    /// Destroys the queue pair, then the notification buffer.
+    fn destroy(&mut self) -> Result<(), Box<verbs::Unquiesced>> {
+        let mut res = match std::mem::replace(&mut self.qp, RailQp::Closed) {
+            RailQp::Rts(qp) => qp.close(),
+            RailQp::Errored(qp) => qp.close(),
+            RailQp::Closed => Ok(()),
+        };
+        // The notification buffer goes after its queue pair (which may
+        // still write into it until it is destroyed).
+        if res.is_ok()
+            && let Some(n) = self.notify.as_mut()
+        {
+            res = n.close().map_err(|e| *e);
+        }
+        res.map_err(Box::new)
+    }
+
+    /// Moves the queue pair to the error state (see [`Transport::flush`]).
+    fn flush(&mut self, rail: RailId) -> Result<(), CleanupError> {
+        match std::mem::replace(&mut self.qp, RailQp::Closed) {
+            RailQp::Rts(qp) => match qp.into_error() {
+                Ok(e) => {
+                    self.qp = RailQp::Errored(e);
+                    Ok(())
+                }
+                Err(t) => {
+                    let err = flush_failure(&self.device, rail, &t.error);
+                    self.qp = RailQp::Rts(t.qp);
+                    Err(err)
+                }
+            },
+            other => {
+                self.qp = other;
+                Ok(())
+            }
+        }
     }
 }
 
@@ -188,12 +273,10 @@ pub(crate) fn completion_events(
     error
 }
 
-impl Transport for RdmaTransport {
-    fn path(&self) -> PathKind {
-        PathKind::Rdma
-    }
-
-    fn post(
+impl RailCell {
+    /// Posts `items` to the rail's queue pair as one batch (see
+    /// [`Transport::post`]).
+    pub(crate) fn post(
         &mut self,
         rail: RailId,
         items: &[WorkItem],
@@ -204,9 +287,12 @@ impl Transport for RdmaTransport {
             posted,
             reason: reason.into(),
         };
-        let Some(r) = self.rails.get_mut(rail.0 as usize).and_then(Option::as_mut) else {
-            return Err(fail(0, "no such rdma rail".into()));
-        };
+        let Self {
+            rail: r,
+            sges,
+            wrs,
+            remotes,
+        } = self;
         let RailQp::Rts(qp) = &mut r.qp else {
             return Err(fail(
                 0,
@@ -216,14 +302,12 @@ impl Transport for RdmaTransport {
                 ),
             ));
         };
-        let mut sges = std::mem::take(&mut self.sges);
         sges.clear();
         // Resolve keys; runs usually share registration and range, so cache
         // the last lookup of each.
         let mut last_local: Option<(RegistrationId, u64, u32)> = None;
         let mut last_remote: Option<(PeerId, RangeId, u64, u32)> = None;
         let mut resolved = items.len();
-        let mut remotes = std::mem::take(&mut self.remotes);
         remotes.clear();
         for (i, w) in items.iter().enumerate() {
             let (laddr, lkey) = match last_local {
@@ -266,28 +350,26 @@ impl Transport for RdmaTransport {
                 rkey,
             });
         }
-        let mut wrs = recycle(std::mem::take(&mut self.wrs));
+        let mut batch = recycle(std::mem::take(wrs));
         for (i, w) in items[..resolved].iter().enumerate() {
             let remote = remotes[i];
             let op = match w.op {
                 Op::Write => SendOp::Write { remote, imm: None },
                 Op::Read => SendOp::Read { remote },
             };
-            wrs.push(SendWr {
+            batch.push(SendWr {
                 wr_id: w.token.0,
                 op,
                 sges: &sges[i..i + 1],
                 signaled: w.signaled,
             });
         }
-        let res = if wrs.is_empty() {
+        let res = if batch.is_empty() {
             Ok(())
         } else {
-            qp.post_send(&wrs)
+            qp.post_send(&batch)
         };
-        self.wrs = recycle(wrs);
-        self.sges = sges;
-        self.remotes = remotes;
+        *wrs = recycle(batch);
         match res {
             Err(e) => Err(fail(e.index.min(resolved), e.to_string())),
             Ok(()) if resolved < items.len() => Err(fail(
@@ -298,77 +380,25 @@ impl Transport for RdmaTransport {
         }
     }
 
-    fn flush(&mut self, rail: RailId) -> Result<(), CleanupError> {
-        let Some(r) = self.rails.get_mut(rail.0 as usize).and_then(Option::as_mut) else {
-            return Ok(());
-        };
-        match std::mem::replace(&mut r.qp, RailQp::Closed) {
-            RailQp::Rts(qp) => match qp.into_error() {
-                Ok(e) => {
-                    r.qp = RailQp::Errored(e);
-                    Ok(())
-                }
-                Err(t) => {
-                    let err = flush_failure(&r.device, rail, &t.error);
-                    r.qp = RailQp::Rts(t.qp);
-                    Err(err)
-                }
-            },
-            other => {
-                r.qp = other;
-                Ok(())
-            }
-        }
-    }
-
-    fn flush_marked(
-        &mut self,
-        rail: RailId,
-        marker: SliceToken,
-    ) -> Result<MarkerFate, CleanupError> {
-        let device = self
-            .rail(rail)
-            .map(|r| r.device.clone())
-            .unwrap_or_default();
-        self.flush_with_marker(rail, marker)
-            .map_err(|e| flush_failure(&device, rail, e))
-    }
-
-    fn close_rail(&mut self, rail: RailId) -> Result<(), CleanupError> {
-        let device = self
-            .rail(rail)
-            .map(|r| r.device.clone())
-            .unwrap_or_default();
-        self.destroy(rail)
-            .map_err(|e| flush_failure(&device, rail, e))
-    }
-}
-
-impl RdmaTransport {
-    /// [`Transport::flush_marked`] keeping the native evidence: when the
-    /// queue pair has to be destroyed and that fails, the error is the
-    /// verbs `Unquiesced` (the QP is retained by verbs), which the engine
-    /// records as its own `Unquiesced` and fences on.
+    /// [`RdmaTransport::flush_with_marker`] on the locked rail.
     pub(crate) fn flush_with_marker(
         &mut self,
         rail: RailId,
         marker: SliceToken,
     ) -> Result<MarkerFate, Box<verbs::Unquiesced>> {
+        let r = &mut self.rail;
         // The queue pair goes to the error state first, then the marker (a
         // signaled zero-length WRITE) is posted to it: work posted to a QP
         // in the error state completes with a flush after every earlier
         // work request and never executes (as the kernel's ib_drain_sq), so
         // a healthy peer never sees the marker. A QP that cannot be moved
         // to error gets no marker: it is destroyed below.
-        if let Err(e) = self.flush(rail) {
+        if let Err(e) = r.flush(rail) {
             tracing::warn!(
                 error = %e,
                 "moving a rail's queue pair to error failed; destroying it"
             );
         }
-        let Some(r) = self.rails.get_mut(rail.0 as usize).and_then(Option::as_mut) else {
-            return Ok(MarkerFate::Released);
-        };
         let posted = match &mut r.qp {
             RailQp::Errored(qp) => {
                 let wr = SendWr {
@@ -398,6 +428,74 @@ impl RdmaTransport {
         }
         // No marker possible: destroy the queue pair, after which the NIC
         // touches none of its buffers; everything outstanding is released.
-        self.destroy(rail).map(|()| MarkerFate::Released)
+        r.destroy().map(|()| MarkerFate::Released)
+    }
+}
+
+impl Transport for RdmaTransport {
+    fn path(&self) -> PathKind {
+        PathKind::Rdma
+    }
+
+    fn post(
+        &self,
+        rail: RailId,
+        items: &[WorkItem],
+        ctx: &dyn PostContext,
+    ) -> Result<(), PostError> {
+        match self.rails.get(rail.0 as usize).and_then(Option::as_ref) {
+            Some(c) => lock_cell(c).post(rail, items, ctx),
+            None => Err(PostError {
+                rail,
+                posted: 0,
+                reason: "no such rdma rail".into(),
+            }),
+        }
+    }
+
+    fn flush(&self, rail: RailId) -> Result<(), CleanupError> {
+        self.rail(rail).map_or(Ok(()), |mut r| r.flush(rail))
+    }
+
+    fn flush_marked(&self, rail: RailId, marker: SliceToken) -> Result<MarkerFate, CleanupError> {
+        let device = self
+            .rail(rail)
+            .map(|r| r.device.clone())
+            .unwrap_or_default();
+        self.flush_with_marker(rail, marker)
+            .map_err(|e| flush_failure(&device, rail, e))
+    }
+
+    fn close_rail(&self, rail: RailId) -> Result<(), CleanupError> {
+        let device = self
+            .rail(rail)
+            .map(|r| r.device.clone())
+            .unwrap_or_default();
+        self.destroy(rail)
+            .map_err(|e| flush_failure(&device, rail, e))
+    }
+}
+
+impl RdmaTransport {
+    /// [`Transport::flush_marked`] keeping the native evidence: when the
+    /// queue pair has to be destroyed and that fails, the error is the
+    /// verbs `Unquiesced` (the QP is retained by verbs), which the engine
+    /// records as its own `Unquiesced` and fences on.
+    pub(crate) fn flush_with_marker(
+        &self,
+        rail: RailId,
+        marker: SliceToken,
+    ) -> Result<MarkerFate, Box<verbs::Unquiesced>> {
+        let Some(c) = self.rails.get(rail.0 as usize).and_then(Option::as_ref) else {
+            return Ok(MarkerFate::Released);
+        };
+        let res = lock_cell(c).flush_with_marker(rail, marker);
+        if let Err(e) = &res {
+            self.unquiesced
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((**e).clone());
+        }
+        res
     }
 }

@@ -532,7 +532,7 @@ impl Transport for Arc<TcpTransport> {
     }
 
     fn post(
-        &mut self,
+        &self,
         rail: RailId,
         items: &[WorkItem],
         ctx: &dyn PostContext,
@@ -540,17 +540,17 @@ impl Transport for Arc<TcpTransport> {
         self.post_items(rail, items, ctx)
     }
 
-    fn flush(&mut self, rail: RailId) -> Result<(), CleanupError> {
+    fn flush(&self, rail: RailId) -> Result<(), CleanupError> {
         self.flush_rail(rail);
         Ok(())
     }
 
-    fn close_rail(&mut self, rail: RailId) -> Result<(), CleanupError> {
+    fn close_rail(&self, rail: RailId) -> Result<(), CleanupError> {
         self.close(rail);
         Ok(())
     }
 
-    fn notify(&mut self, rail: RailId, frame: &Arc<[u8]>) -> Result<(), NotifyError> {
+    fn notify(&self, rail: RailId, frame: &Arc<[u8]>) -> Result<(), NotifyError> {
         self.notify_rail(rail, frame)
     }
 }
