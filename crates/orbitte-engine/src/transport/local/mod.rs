@@ -14,11 +14,12 @@
 //!
 //! The initiator maps each range once and executes work items with
 //! `memcpy` ([`LocalTransport`]): up to [`INLINE_BYTES`] of a post to an
-//! idle rail on the thread that posts them, inside the engine's pump, so
-//! a small batch costs no hand-off to another thread and no wakeup; the
-//! rest, and everything posted while the rail's worker thread holds items,
-//! on that worker, so a large batch does not hold the engine's lock for
-//! the whole copy and rails copy in parallel.
+//! idle rail on the thread that posts them (the engine posts holding the
+//! rail's post lock, not its state lock), so a small batch costs no
+//! hand-off to another thread and no wakeup; the rest, and everything
+//! posted while the rail's worker thread holds items, on that worker, so
+//! a large batch does not hold the rail for the whole copy and the worker
+//! copies at the same time.
 
 mod fdpass;
 mod liveness;
@@ -357,10 +358,11 @@ impl LocalTransport {
 }
 
 /// Most bytes of one post to an idle rail that the posting thread copies
-/// itself (the rest go to the rail's worker). The engine's lock is held
-/// while it copies, so this bounds how long one post keeps other threads
-/// out: a batch of 16 slices of 64 KiB is 1 MiB, about 40 to 100 µs of
-/// memcpy.
+/// itself (the rest go to the rail's worker). The rail's post lock is
+/// held while it copies (not the engine's state lock), so this bounds how
+/// long one post keeps the next post to the same rail, and a flush of it,
+/// waiting: a batch of 16 slices of 64 KiB is 1 MiB, about 40 to 100 µs
+/// of memcpy.
 pub const INLINE_BYTES: u64 = 1 << 20;
 
 /// The memory that a post's items name, looked up again only when an item
@@ -691,9 +693,9 @@ impl LocalTransport {
                 });
             }
             // Only an idle rail copies here: items never pass the ones its
-            // worker holds, and a pump that posts again after this post's
-            // completions queues behind the worker instead of copying on
-            // under the engine's lock.
+            // worker holds, and a post that follows this one while the
+            // worker copies queues behind the worker instead of copying on
+            // the posting thread.
             let mut budget = if q.busy || !q.jobs.is_empty() {
                 0
             } else {
