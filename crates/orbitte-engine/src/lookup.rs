@@ -40,7 +40,8 @@ impl RangeLookup for EngineRanges {
         };
         let st = shared.lock();
         let nics = st.nic_info();
-        st.tables
+        st.engine
+            .tables
             .regs
             .get(&range.0)
             .and_then(|e| e.descriptor(RegistrationId(range.0), &nics))

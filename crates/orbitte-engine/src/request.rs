@@ -230,6 +230,7 @@ fn resolve_address(
     len: u64,
 ) -> Result<(RangeId, u64), RequestError> {
     let p = st
+        .engine
         .tables
         .peers
         .get(&peer.0)

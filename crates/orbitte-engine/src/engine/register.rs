@@ -65,7 +65,7 @@ impl TransferEngine {
         access: Access,
         location: MemoryLocation,
     ) -> Result<Registration, RegisterError> {
-        if let Some(reason) = self.lock().core.fenced().cloned() {
+        if let Some(reason) = self.lock().engine.core.fenced().cloned() {
             return Err(RegisterError::Fenced { reason });
         }
         self.ensure_contexts()
@@ -245,6 +245,7 @@ impl TransferEngine {
         let st = self.lock();
         let nics = st.nic_info();
         let mut ranges: Vec<_> = st
+            .engine
             .tables
             .regs
             .iter()

@@ -24,10 +24,10 @@ pub(crate) enum Owner {
     Other(usize),
 }
 
-/// The driver's state: the sans-IO [`EngineState`] (reached through
-/// `Deref`: `st.core`, `st.tables`, `st.ledger`) and what only the driver
-/// holds: transports, NIC contexts, outcomes with their waiters, cleanup
-/// evidence.
+/// The driver's state: the sans-IO [`EngineState`] (`st.engine`: the
+/// core, the tables, the ledger, outcomes, cleanup evidence) and what only
+/// the driver holds: transports, NIC contexts, the threads waiting for
+/// outcomes.
 pub(crate) struct State {
     /// The tables, the ledger, the core and the rules of admission.
     pub(crate) engine: EngineState,
@@ -67,23 +67,10 @@ pub(crate) struct State {
     pub(super) last_outstanding: u64,
 }
 
-impl std::ops::Deref for State {
-    type Target = EngineState;
-    fn deref(&self) -> &EngineState {
-        &self.engine
-    }
-}
-
-impl std::ops::DerefMut for State {
-    fn deref_mut(&mut self) -> &mut EngineState {
-        &mut self.engine
-    }
-}
-
 impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("State")
-            .field("core", &self.core)
+            .field("core", &self.engine.core)
             .finish_non_exhaustive()
     }
 }
@@ -103,12 +90,12 @@ impl State {
             // flush); its completions may free rail slots for more work.
             let mut done = std::mem::take(&mut self.done);
             for ev in done.drain(..) {
-                self.core.handle_event(now, ev);
+                self.engine.core.handle_event(now, ev);
             }
             self.done = done;
         }
         crate::notify::collect_outcomes(self);
-        let outstanding = self.core.outstanding_slices();
+        let outstanding = self.engine.core.outstanding_slices();
         if outstanding != self.last_outstanding {
             self.last_outstanding = outstanding;
             self.waiters.slices_released();
@@ -125,10 +112,10 @@ impl State {
 
     fn arrive(&mut self, now: Instant, arrival: Arrival) {
         match arrival {
-            Arrival::Event(ev) => self.core.handle_event(now, ev),
+            Arrival::Event(ev) => self.engine.core.handle_event(now, ev),
             Arrival::PostFailed { error, items } => {
                 tracing::debug!(error = %error, "post failed");
-                self.core.handle_post_error(now, &error, &items);
+                self.engine.core.handle_post_error(now, &error, &items);
             }
         }
     }
@@ -157,7 +144,7 @@ impl State {
         }
         let mut done = std::mem::take(&mut self.done);
         for ev in done.drain(..) {
-            self.core.handle_event(now, ev);
+            self.engine.core.handle_event(now, ev);
         }
         self.done = done;
     }
@@ -165,20 +152,20 @@ impl State {
     /// Expires the core's deadlines due at `now`, after settling the posts
     /// (see `settle_posts`).
     pub(crate) fn expire(&mut self, now: Instant) {
-        if self.core.poll_timeout().is_some_and(|t| t <= now) {
+        if self.engine.core.poll_timeout().is_some_and(|t| t <= now) {
             self.settle_posts(now);
-            self.core.handle_timeout(now);
+            self.engine.core.handle_timeout(now);
         }
     }
 
     /// Cancels a request (`Core::cancel`) after settling the posts (see
     /// `settle_posts`).
     pub(crate) fn cancel(&mut self, now: Instant, id: crate::outcome::RequestId) -> bool {
-        if !self.core.is_pending(id) {
+        if !self.engine.core.is_pending(id) {
             return false;
         }
         self.settle_posts(now);
-        self.core.cancel(now, id)
+        self.engine.core.cancel(now, id)
     }
 
     /// Who posts to `rail`.
@@ -221,7 +208,7 @@ impl State {
         let target = self.target(rail);
         if let Err(e) = target.post(rail, &mine, &self.engine.tables, &mut self.done) {
             tracing::debug!(error = %e, "post failed");
-            self.core.handle_post_error(now, &e, &mine);
+            self.engine.core.handle_post_error(now, &e, &mine);
         }
     }
 
@@ -230,7 +217,7 @@ impl State {
     /// state lock (its post lock), and posts the rail's items still held
     /// here first: the flush (and its marker) follows every item posted.
     fn flush_and_reap(&mut self, now: Instant) {
-        while let Some((rail, marker)) = self.core.poll_flush(now) {
+        while let Some((rail, marker)) = self.engine.core.poll_flush(now) {
             let lane = self.lane(rail);
             let _held = lock_lane(&lane);
             self.post_held(now, rail);
@@ -242,7 +229,7 @@ impl State {
                         // destroyed: its slices stay undrained, verbs
                         // retains it, and the engine is Unquiesced.
                         self.record_rail_unquiesced(format!("flushing rail {}", rail.0), *u);
-                        self.core.marker_dropped(rail, marker);
+                        self.engine.core.marker_dropped(rail, marker);
                         continue;
                     }
                 },
@@ -254,11 +241,11 @@ impl State {
             };
             match res {
                 Ok(MarkerFate::Posted) => {}
-                Ok(MarkerFate::Dropped) => self.core.marker_dropped(rail, marker),
-                Ok(MarkerFate::Released) => self.core.release_rail(now, rail),
+                Ok(MarkerFate::Dropped) => self.engine.core.marker_dropped(rail, marker),
+                Ok(MarkerFate::Released) => self.engine.core.release_rail(now, rail),
                 Err(e) => {
                     tracing::error!(error = %e, "flushing a rail failed; its slices stay undrained");
-                    self.core.marker_dropped(rail, marker);
+                    self.engine.core.marker_dropped(rail, marker);
                 }
             }
         }
@@ -271,7 +258,7 @@ impl State {
 
     pub(crate) fn handle_events(&mut self, now: Instant, events: &mut Vec<TransportEvent>) {
         for ev in events.drain(..) {
-            self.core.handle_event(now, ev);
+            self.engine.core.handle_event(now, ev);
         }
         self.expire(now);
         self.pump(now);

@@ -38,7 +38,7 @@ impl TransferEngine {
         let now = Instant::now();
         let reqs = st.engine.admit(batch, self.shared.settings.dispatch_mask)?;
         let notification = notification.map(|a| a.on_rails(&reqs));
-        let ids = st.core.submit(now, reqs)?;
+        let ids = st.engine.core.submit(now, reqs)?;
         if let Some(armed) = notification {
             crate::notify::track(st, &ids, armed);
         }

@@ -12,6 +12,7 @@ pub(super) fn timer_loop(shared: &Shared) {
         st.expire(now);
         st.pump(now);
         let next = st
+            .engine
             .core
             .poll_timeout()
             .map_or(Duration::from_millis(50), |t| {

@@ -15,7 +15,7 @@ impl TransferEngine {
     /// The outcome, if the request has one (taken: a second call says
     /// `None`).
     pub fn poll(&self, id: RequestId) -> Option<Outcome> {
-        self.lock().outcomes.remove(&id)
+        self.lock().engine.outcomes.remove(&id)
     }
 
     /// Waits for the outcome. Every request gets one by its request
@@ -34,7 +34,7 @@ impl TransferEngine {
         let mut events = Vec::new();
         loop {
             let mut st = self.lock();
-            if let Some(o) = st.outcomes.remove(&id) {
+            if let Some(o) = st.engine.outcomes.remove(&id) {
                 return Ok(o);
             }
             if own.is_none() {
@@ -51,22 +51,25 @@ impl TransferEngine {
                 if !events.is_empty() {
                     st.handle_events(Instant::now(), &mut events);
                 }
-                if let Some(o) = st.outcomes.remove(&id) {
+                if let Some(o) = st.engine.outcomes.remove(&id) {
                     return Ok(o);
                 }
             }
             let now = Instant::now();
             let deadline = *deadline.get_or_insert_with(|| now + timeout);
-            let next_timer = st.core.poll_timeout();
+            let next_timer = st.engine.core.poll_timeout();
             if next_timer.is_some_and(|t| t <= now) {
                 st.expire(now);
                 st.pump(now);
-                if let Some(o) = st.outcomes.remove(&id) {
+                if let Some(o) = st.engine.outcomes.remove(&id) {
                     st.waiters.forget_waiter(id);
                     return Ok(o);
                 }
             }
-            if !st.core.is_pending(id) && !st.notifications.holds(id) && !st.staged.is_pending(id) {
+            if !st.engine.core.is_pending(id)
+                && !st.engine.notifications.holds(id)
+                && !st.staged.is_pending(id)
+            {
                 st.waiters.forget_waiter(id);
                 return Err(WaitError::Unknown(id));
             }
@@ -122,7 +125,7 @@ impl TransferEngine {
     /// Whether the transports still hold the request's local bytes.
     pub fn drain_status(&self, id: RequestId) -> DrainStatus {
         let mut st = self.lock();
-        crate::staging::drain_status(&mut st, id).unwrap_or_else(|| st.core.drain_status(id))
+        crate::staging::drain_status(&mut st, id).unwrap_or_else(|| st.engine.core.drain_status(id))
     }
 
     /// Waits until the request is drained (its local buffer is the
@@ -136,7 +139,7 @@ impl TransferEngine {
             st.expire(now);
             st.pump(now);
             let status = crate::staging::drain_status(&mut st, id)
-                .unwrap_or_else(|| st.core.drain_status(id));
+                .unwrap_or_else(|| st.engine.core.drain_status(id));
             match status {
                 DrainStatus::Drained => return Ok(()),
                 DrainStatus::Pending { slices } if now >= deadline => {
@@ -151,6 +154,7 @@ impl TransferEngine {
             // without the core, so look again at least every 20 ms.
             st.waiters.await_drain();
             let until = st
+                .engine
                 .core
                 .poll_timeout()
                 .filter(|t| *t > now)
@@ -180,7 +184,7 @@ impl OwnCq {
     /// rail on that one NIC (then every completion that decides its
     /// outcome arrives there); `None` otherwise.
     fn of(st: &State, id: RequestId) -> Option<Self> {
-        let rails = st.core.pending_rails(id)?;
+        let rails = st.engine.core.pending_rails(id)?;
         let mut nic = None;
         for rail in rails {
             if st.owner.get(rail.0 as usize) != Some(&Owner::Rdma) {

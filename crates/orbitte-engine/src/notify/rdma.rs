@@ -247,9 +247,10 @@ pub(crate) fn on_completion(
 /// Queues the frame received in `slot` and posts the slot again.
 fn receive(st: &mut State, inbox: &Inbox, rail: RailId, slot: usize, len: usize) {
     let from = st
+        .engine
         .core
         .rail_spec(rail)
-        .and_then(|s| st.tables.peers.get(&s.peer.0))
+        .and_then(|s| st.engine.tables.peers.get(&s.peer.0))
         .map(|p| (p.source_id.as_str().to_owned(), p.epoch));
     let Some(mut guard) = st.rdma.rail_mut(rail) else {
         return;
