@@ -32,6 +32,7 @@ const SLICES: u64 = 4096;
 fn core(slice: u32, rails: u32, depth: u32, interval: u32) -> (Core, Vec<RailId>) {
     let mut core = Core::new(CoreConfig {
         slice_size: slice,
+        tcp_slice_size: 0,
         request_timeout: Duration::from_secs(3600),
         drain_timeout: Duration::from_secs(3600),
     });

@@ -111,6 +111,7 @@ fn tcp_setup(block: usize) -> TcpSetup {
     let range = t.ranges.publish(remote, RW).unwrap().0;
     let core = CoreConfig {
         slice_size: block as u32,
+        tcp_slice_size: 0,
         request_timeout: Duration::from_secs(60),
         drain_timeout: Duration::from_secs(10),
     };
@@ -205,6 +206,7 @@ fn local(c: &mut Criterion) {
         let range = t.ranges.publish(remote, RW).unwrap().0;
         let core = CoreConfig {
             slice_size: block as u32,
+            tcp_slice_size: 0,
             request_timeout: Duration::from_secs(60),
             drain_timeout: Duration::from_secs(10),
         };

@@ -203,7 +203,9 @@ impl EngineBuilder {
         self
     }
 
-    /// Bytes per slice (default 64 KiB).
+    /// Bytes per slice (default 64 KiB). A request whose rails are all
+    /// tcp is cut into slices of this size or 1 MiB, whichever is larger
+    /// (each tcp slice costs a request frame and an answer).
     pub fn slice_size(mut self, bytes: u32) -> Self {
         self.slice_size = bytes;
         self

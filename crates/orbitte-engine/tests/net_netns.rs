@@ -37,6 +37,7 @@ fn run_initiator() {
     c.io_timeout = Duration::from_secs(1);
     let core = CoreConfig {
         slice_size: 64 << 10,
+        tcp_slice_size: 0,
         request_timeout: Duration::from_secs(4),
         drain_timeout: Duration::from_secs(3),
     };

@@ -84,6 +84,7 @@ fn a_peer_killed_mid_batch_gives_the_documented_outcome_within_the_timeout() {
     let (mut p, addr, range) = spawn_target("victim", 1, 0, 25);
     let core = CoreConfig {
         slice_size: 64 << 10,
+        tcp_slice_size: 0,
         request_timeout: Duration::from_secs(20),
         drain_timeout: Duration::from_secs(5),
     };

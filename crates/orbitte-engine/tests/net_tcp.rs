@@ -18,6 +18,7 @@ const BOUND: Duration = Duration::from_secs(30);
 fn core() -> CoreConfig {
     CoreConfig {
         slice_size: 64 * 1024,
+        tcp_slice_size: 0,
         request_timeout: Duration::from_secs(20),
         drain_timeout: Duration::from_secs(5),
     }

@@ -34,8 +34,8 @@ use crate::outcome::{
     SubmitError,
 };
 use crate::transport::{
-    Op, PeerId, PostError, RailId, RailSpec, RangeId, RegistrationId, SliceFailure, SliceStatus,
-    SliceToken, TransportEvent, WorkItem,
+    Op, PathKind, PeerId, PostError, RailId, RailSpec, RangeId, RegistrationId, SliceFailure,
+    SliceStatus, SliceToken, TransportEvent, WorkItem,
 };
 
 use rail::Rail;
@@ -48,6 +48,11 @@ use timers::{Deadline, TimerKind, Timers};
 pub struct CoreConfig {
     /// Bytes per slice (the last slice of a request may be shorter).
     pub slice_size: u32,
+    /// Bytes per slice of a request whose rails are all tcp, if more than
+    /// `slice_size`: a tcp rail sends each slice as a request frame and an
+    /// answer (system calls and wakeups on both sides), and it has no
+    /// work-request or MTU bound that small slices serve.
+    pub tcp_slice_size: u32,
     /// From submission to a logical timeout.
     pub request_timeout: Duration,
     /// From an undrained outcome to flushing the rails that hold its
@@ -59,6 +64,7 @@ impl Default for CoreConfig {
     fn default() -> Self {
         Self {
             slice_size: 64 * 1024,
+            tcp_slice_size: 1024 * 1024,
             request_timeout: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(5),
         }
@@ -288,6 +294,23 @@ impl Core {
         self.live
     }
 
+    /// Bytes per slice of a request on `rails`: the tcp slice size when
+    /// every rail is tcp, the engine's otherwise.
+    fn slice_for(&self, rails: &[RailId]) -> u64 {
+        let tcp = !rails.is_empty()
+            && rails.iter().all(|r| {
+                self.rails
+                    .get(r.0 as usize)
+                    .is_some_and(|rl| rl.spec.path == PathKind::Tcp)
+            });
+        let size = if tcp {
+            self.config.tcp_slice_size.max(self.config.slice_size)
+        } else {
+            self.config.slice_size
+        };
+        u64::from(size.max(1))
+    }
+
     /// Admits a batch: all or nothing. The engine validated ranges and
     /// peers; the core checks lengths, rails and the fence.
     pub fn submit(
@@ -305,8 +328,8 @@ impl Core {
                 reason: reason.clone(),
             });
         }
-        let slice = u64::from(self.config.slice_size);
         for (index, r) in batch.iter().enumerate() {
+            let slice = self.slice_for(&r.rails);
             let bad = |error| SubmitError::Invalid {
                 index,
                 label: r.label,
@@ -350,6 +373,7 @@ impl Core {
         let deadline = now + self.config.request_timeout;
         let mut ids = Vec::with_capacity(batch.len());
         for r in batch {
+            let slice = self.slice_for(&r.rails);
             let slices = r.len.div_ceil(slice) as u32;
             let slot = match self.free_requests.pop() {
                 Some(s) => s,
@@ -359,7 +383,7 @@ impl Core {
                 }
             };
             let req = &mut self.requests[slot as usize];
-            req.fill(r, slices);
+            req.fill(r, slices, slice);
             let generation = req.generation;
             for (pos, rail) in req.rails.iter().enumerate() {
                 if (pos as u32) < slices {
@@ -384,7 +408,6 @@ impl Core {
     /// Appends the work items that can be posted now, grouped by rail (one
     /// post per run), each run ending with a signaled item.
     pub fn poll_work(&mut self, out: &mut Vec<WorkItem>) {
-        let slice_size = u64::from(self.config.slice_size);
         while let Some(rail_idx) = self.ready.pop() {
             let rail = &mut self.rails[rail_idx as usize];
             rail.queued = false;
@@ -411,8 +434,8 @@ impl Core {
                 if index + k >= req.slices {
                     rail.waiting.pop_front();
                 }
-                let offset = u64::from(index) * slice_size;
-                let len = (req.len - offset).min(slice_size) as u32;
+                let offset = u64::from(index) * req.slice;
+                let len = (req.len - offset).min(req.slice) as u32;
                 req.posted += 1;
                 req.unanswered += 1;
                 req.outstanding += 1;
@@ -485,7 +508,6 @@ impl Core {
         }
         // Never posted: no remote effect, not in the hull. Newest first, so
         // that the hull shrinks only over slices handed out last.
-        let slice_size = u64::from(self.config.slice_size);
         for item in failed.iter().rev() {
             let (sidx, sgeneration) = split(item.token.0);
             if let Some(slot) = self.slices.get(sidx as usize).copied()
@@ -495,7 +517,8 @@ impl Core {
                 && req.generation == slot.req_gen
             {
                 req.posted -= 1;
-                req.unpost(err.rail, slot.index, slice_size);
+                let slice = req.slice;
+                req.unpost(err.rail, slot.index, slice);
             }
         }
         // Then fail them in posting order, so the failure names the first
@@ -661,7 +684,7 @@ impl Core {
                     let spec = &self.rails[slot.rail as usize].spec;
                     req.failure = Some(FailureInfo {
                         slice: slot.index,
-                        offset: u64::from(slot.index) * u64::from(self.config.slice_size),
+                        offset: u64::from(slot.index) * req.slice,
                         rail: Some(RailId(slot.rail)),
                         path: spec.path,
                         nic: spec.nic.map(orbitte_topology::NicId),
@@ -725,11 +748,10 @@ impl Core {
     }
 
     fn finish(&mut self, now: Instant, slot: u32, status: Status) {
-        let slice_size = u64::from(self.config.slice_size);
         let req = &mut self.requests[slot as usize];
         req.finished = true;
         req.abandoned = true;
-        let prefix = (u64::from(req.prefix) * slice_size).min(req.len);
+        let prefix = (u64::from(req.prefix) * req.slice).min(req.len);
         let uncertain = if status == Status::Complete {
             req.len..req.len
         } else {
@@ -802,7 +824,7 @@ impl Core {
                 let spec = &self.rails[rail.0 as usize].spec;
                 req.failure = Some(FailureInfo {
                     slice: index,
-                    offset: u64::from(index) * u64::from(self.config.slice_size),
+                    offset: u64::from(index) * req.slice,
                     rail: Some(rail),
                     path: spec.path,
                     nic: spec.nic.map(orbitte_topology::NicId),

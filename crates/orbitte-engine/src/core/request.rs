@@ -23,6 +23,8 @@ pub(super) struct Req {
     pub(super) remote_offset: u64,
     pub(super) len: u64,
     pub(super) slices: u32,
+    /// Bytes per slice (the last may be shorter).
+    pub(super) slice: u64,
     pub(super) rails: RailList,
     /// Next slice index to post, per rail position.
     pub(super) next: Vec<u32>,
@@ -56,6 +58,7 @@ impl Req {
             remote_offset: 0,
             len: 0,
             slices: 0,
+            slice: 1,
             rails: RailList::new(),
             next: Vec::new(),
             done: Vec::new(),
@@ -71,7 +74,7 @@ impl Req {
         }
     }
 
-    pub(super) fn fill(&mut self, r: CoreRequest, slices: u32) {
+    pub(super) fn fill(&mut self, r: CoreRequest, slices: u32, slice: u64) {
         self.generation = self.generation.wrapping_add(1);
         self.live = true;
         self.label = r.label;
@@ -83,6 +86,7 @@ impl Req {
         self.remote_offset = r.remote_offset;
         self.len = r.len;
         self.slices = slices;
+        self.slice = slice;
         self.rails = r.rails;
         self.next.clear();
         self.next.extend(0..self.rails.len() as u32);

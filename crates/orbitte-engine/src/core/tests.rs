@@ -13,6 +13,7 @@ const SLICE: u32 = 1024;
 fn config() -> CoreConfig {
     CoreConfig {
         slice_size: SLICE,
+        tcp_slice_size: 0,
         request_timeout: Duration::from_millis(100),
         drain_timeout: Duration::from_millis(50),
     }
@@ -838,4 +839,57 @@ fn fuzz_one(seed: u64) {
             assert_eq!(o.completed_prefix, o.len);
         }
     }
+}
+
+#[test]
+fn requests_on_tcp_rails_only_are_cut_into_tcp_slices() {
+    let mut core = Core::new(CoreConfig {
+        tcp_slice_size: 4 * SLICE,
+        ..config()
+    });
+    let tcp = core.add_rail(RailSpec {
+        path: PathKind::Tcp,
+        nic: None,
+        remote_nic: None,
+        ..spec(0, 64, 1)
+    });
+    let rdma = core.add_rail(spec(1, 64, 1));
+    let keep = Arc::new(());
+    let len = 10 * u64::from(SLICE) + 5;
+    let now = Instant::now();
+    core.submit(
+        now,
+        vec![
+            req(Op::Read, 0, len, &[tcp], &keep),
+            req(Op::Write, 0, len, &[rdma], &keep),
+            req(Op::Write, 0, len, &[tcp, rdma], &keep),
+        ],
+    )
+    .unwrap();
+    let mut work = Vec::new();
+    core.poll_work(&mut work);
+    let cut = |op: Op, rail: RailId| {
+        work.iter()
+            .filter(|w| w.op == op && w.rail == rail)
+            .map(|w| (w.local_offset, w.len))
+            .collect::<Vec<_>>()
+    };
+    let (s, t) = (u64::from(SLICE), 4 * SLICE);
+    // tcp only: slices of tcp_slice_size, the last one shorter.
+    assert_eq!(
+        cut(Op::Read, tcp),
+        vec![(0, t), (4 * s, t), (8 * s, 2 * SLICE + 5)]
+    );
+    // rdma, and a request that has an rdma rail among its rails: the
+    // engine's slice size.
+    let rdma_only = cut(Op::Write, rdma);
+    let mixed = cut(Op::Write, tcp);
+    assert!(rdma_only.iter().all(|&(_, l)| l <= SLICE));
+    assert_eq!(mixed.len(), 6);
+    assert!(mixed.iter().all(|&(_, l)| l <= SLICE));
+    let written: u64 = rdma_only.iter().map(|&(_, l)| u64::from(l)).sum();
+    // The rdma rail holds the rdma-only request (11 slices) and every
+    // second slice of the mixed one (5 whole ones of 11).
+    assert_eq!(rdma_only.len(), 11 + 5);
+    assert_eq!(written, len + 5 * s);
 }

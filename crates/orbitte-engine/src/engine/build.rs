@@ -48,6 +48,7 @@ impl EngineBuilder {
         let engine = crate::state::EngineState::new(
             CoreConfig {
                 slice_size: self.slice_size,
+                tcp_slice_size: CoreConfig::default().tcp_slice_size,
                 request_timeout: self.request_timeout,
                 drain_timeout: self.drain_timeout,
             },

@@ -34,6 +34,7 @@ pub(super) const DRAIN_TIMEOUT: Duration = Duration::from_millis(50);
 pub(super) fn config() -> CoreConfig {
     CoreConfig {
         slice_size: SLICE,
+        tcp_slice_size: 0,
         request_timeout: REQUEST_TIMEOUT,
         drain_timeout: DRAIN_TIMEOUT,
     }
