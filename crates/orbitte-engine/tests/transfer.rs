@@ -89,3 +89,52 @@ fn a_mixed_batch_stripes_over_eight_rails_and_every_byte_arrives() {
     assert_eq!(la.to_vec(0, half).unwrap(), pattern(len, 3)[..half]);
     assert_eq!(a.outstanding_slices(), 0);
 }
+
+#[test]
+fn wait_ready_hands_over_every_arrived_outcome_in_order_at_once() {
+    let fabric = fabric(2, Delivery::Background, 3);
+    let a = builder(&fabric, "a", 2).build().unwrap();
+    let b = builder(&fabric, "b", 2).build().unwrap();
+    let len = 64 * 1024;
+    let la = region(len, 5);
+    let rb_mem = region(len, 6);
+    let ra = register(&a, &la, Access::LocalOnly);
+    let rb = register(&b, &rb_mem, Access::REMOTE_READ_WRITE);
+    let (peer, _) = connect(&a, &b);
+    let range = RangeId(rb.id.0);
+    let chunk = (len / 8) as u64;
+    let batch: Vec<_> = (0..8u64)
+        .map(|i| {
+            TransferRequest::write(ra.id, i * chunk, peer.id, range, i * chunk, chunk).label(i)
+        })
+        .collect();
+    let ids = a.submit(&batch).unwrap();
+    let bound = Duration::from_secs(10);
+    // Once every request has drained, every outcome is there: one call
+    // takes them all, in the order asked.
+    for id in &ids {
+        a.wait_drain(*id, bound).unwrap();
+    }
+    let mut out = Vec::new();
+    assert_eq!(a.wait_ready(&ids, bound, &mut out).unwrap(), ids.len());
+    let got: Vec<_> = out.iter().map(|o| (o.request, o.label)).collect();
+    let want: Vec<_> = ids.iter().copied().zip(0..8u64).collect();
+    assert_eq!(got, want);
+    assert!(out.iter().all(|o| o.is_complete()), "{out:?}");
+    assert_eq!(rb_mem.to_vec(0, len).unwrap(), pattern(len, 5));
+    // Taken means gone; nothing asked, nothing taken.
+    assert!(a.poll(ids[0]).is_none());
+    assert_eq!(a.wait_ready(&[], bound, &mut out).unwrap(), 0);
+    assert_eq!(out.len(), ids.len());
+    // A batch waited for piece by piece comes out whole and in order.
+    let ids = a.submit(&batch).unwrap();
+    let mut out = Vec::new();
+    let mut rest = &ids[..];
+    while !rest.is_empty() {
+        let taken = a.wait_ready(rest, bound, &mut out).unwrap();
+        assert!((1..=rest.len()).contains(&taken), "{taken}");
+        rest = &rest[taken..];
+    }
+    assert_eq!(out.iter().map(|o| o.request).collect::<Vec<_>>(), ids);
+    assert!(out.iter().all(|o| o.is_complete()), "{out:?}");
+}

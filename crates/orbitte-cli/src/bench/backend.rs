@@ -501,13 +501,19 @@ impl Backend {
             .a
             .submit(&batch)
             .map_err(|e| Failure::failed(format!("submit refused: {e}")))?;
+        // Each outcome's latency is when the caller got it: the outcomes
+        // already there are taken together.
         let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
-            let o = self
+        let mut got = Vec::with_capacity(ids.len());
+        let mut rest = &ids[..];
+        while let Some(first) = rest.first() {
+            let taken = self
                 .a
-                .wait(id, WAIT_BOUND)
-                .map_err(|e| Failure::failed(format!("waiting for request {id}: {e}")))?;
-            out.push((o, t0.elapsed()));
+                .wait_ready(rest, WAIT_BOUND, &mut got)
+                .map_err(|e| Failure::failed(format!("waiting for request {first}: {e}")))?;
+            let at = t0.elapsed();
+            out.extend(got.drain(..).map(|o| (o, at)));
+            rest = &rest[taken..];
         }
         Ok(out)
     }

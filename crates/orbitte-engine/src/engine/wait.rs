@@ -27,6 +27,51 @@ impl TransferEngine {
     /// of one NIC is waited for on that NIC's completion queue instead:
     /// the thread polls it and hands its completions to the core itself.
     pub fn wait(&self, id: RequestId, timeout: Duration) -> Result<Outcome, WaitError> {
+        self.wait_then(id, timeout, |o, _| o)
+    }
+
+    /// Waits for the outcome of `ids[0]`, then takes, under the same hold
+    /// of the state lock, the outcomes of the requests after it that are
+    /// already there, in order up to the first one that is not; appends
+    /// them all to `out` and returns how many it took (at least 1).
+    ///
+    /// For a caller that consumes a batch's outcomes as they come: one
+    /// lock round trip per run of arrived outcomes instead of one per
+    /// request, and each outcome handed over as soon as it is known.
+    /// Call it again with `&ids[taken..]` for the rest. Errors are
+    /// [`wait`](Self::wait)'s for `ids[0]`; an empty `ids` takes nothing
+    /// and returns `Ok(0)`.
+    pub fn wait_ready(
+        &self,
+        ids: &[RequestId],
+        timeout: Duration,
+        out: &mut Vec<Outcome>,
+    ) -> Result<usize, WaitError> {
+        let Some((&first, rest)) = ids.split_first() else {
+            return Ok(0);
+        };
+        self.wait_then(first, timeout, |o, st| {
+            out.push(o);
+            let mut taken = 1;
+            for id in rest {
+                match st.engine.outcomes.remove(id) {
+                    Some(o) => out.push(o),
+                    None => break,
+                }
+                taken += 1;
+            }
+            taken
+        })
+    }
+
+    /// [`wait`](Self::wait), handing the outcome to `then` with the state
+    /// lock still held.
+    fn wait_then<R>(
+        &self,
+        id: RequestId,
+        timeout: Duration,
+        then: impl FnOnce(Outcome, &mut State) -> R,
+    ) -> Result<R, WaitError> {
         // The clock is read only when the outcome is not there yet.
         let mut deadline = None;
         // The completion queue this thread polls itself, once it waits.
@@ -35,7 +80,7 @@ impl TransferEngine {
         loop {
             let mut st = self.lock();
             if let Some(o) = st.engine.outcomes.remove(&id) {
-                return Ok(o);
+                return Ok(then(o, &mut st));
             }
             if own.is_none() {
                 own = OwnCq::of(&st, id);
@@ -52,7 +97,7 @@ impl TransferEngine {
                     st.handle_events(Instant::now(), &mut events);
                 }
                 if let Some(o) = st.engine.outcomes.remove(&id) {
-                    return Ok(o);
+                    return Ok(then(o, st));
                 }
             }
             let now = Instant::now();
@@ -63,7 +108,7 @@ impl TransferEngine {
                 st.pump(now);
                 if let Some(o) = st.engine.outcomes.remove(&id) {
                     st.waiters.forget_waiter(id);
-                    return Ok(o);
+                    return Ok(then(o, &mut st));
                 }
             }
             if !st.engine.core.is_pending(id)
@@ -96,16 +141,22 @@ impl TransferEngine {
         }
     }
 
-    /// Waits for every request of a batch (in order).
+    /// Waits for every request of a batch (in order), taking the outcomes
+    /// that are already there together (see [`wait_ready`](Self::wait_ready)).
     pub fn wait_all(
         &self,
         ids: &[RequestId],
         timeout: Duration,
     ) -> Result<Vec<Outcome>, WaitError> {
         let deadline = Instant::now() + timeout;
-        ids.iter()
-            .map(|id| self.wait(*id, deadline.saturating_duration_since(Instant::now())))
-            .collect()
+        let mut out = Vec::with_capacity(ids.len());
+        let mut rest = ids;
+        while !rest.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let taken = self.wait_ready(rest, left, &mut out)?;
+            rest = &rest[taken..];
+        }
+        Ok(out)
     }
 
     /// Logical cancellation: the outcome (status `Cancelled`) is made now;
