@@ -283,22 +283,28 @@ impl Node {
     ) -> Result<(), Failure> {
         let (peer, ids) = self.submit(session, ops, notify)?;
         let mut outcomes = Vec::with_capacity(ids.len());
-        let mut complete = true;
-        for id in &ids {
-            let o = match self.engine.wait(*id, self.wait_timeout) {
-                Ok(o) => o,
+        // Every outcome already arrived is taken in one hold of the
+        // engine's lock; a request that outlives the wait is cancelled and
+        // its (then prompt) outcome taken alone.
+        let mut rest = &ids[..];
+        while let Some((&first, after)) = rest.split_first() {
+            match self
+                .engine
+                .wait_ready(rest, self.wait_timeout, &mut outcomes)
+            {
+                Ok(taken) => rest = &rest[taken..],
                 Err(WaitError::TimedOut(_)) => {
-                    self.engine.cancel(*id);
-                    match self.engine.wait(*id, self.wait_timeout) {
-                        Ok(o) => o,
+                    self.engine.cancel(first);
+                    match self.engine.wait(first, self.wait_timeout) {
+                        Ok(o) => outcomes.push(o),
                         Err(e) => return Err(Failure::Argument(e.to_string())),
                     }
+                    rest = after;
                 }
                 Err(e) => return Err(Failure::Argument(e.to_string())),
-            };
-            complete &= o.is_complete();
-            outcomes.push(o);
+            }
         }
+        let complete = outcomes.iter().all(|o| o.is_complete());
         for (id, o) in ids.iter().zip(outcomes.iter_mut()) {
             if o.drain != DrainStatus::Drained {
                 let _ = self.engine.wait_drain(*id, self.drain_timeout);
