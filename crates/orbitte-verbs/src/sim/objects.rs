@@ -2,6 +2,7 @@
 
 use std::any::Any;
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar};
 use std::time::{Duration, Instant};
 
@@ -9,7 +10,8 @@ use orbitte_memory::DmaBuffer;
 
 use super::Shared;
 use super::state::{
-    CqRec, FaultState, MrRec, PendingRecv, PendingSend, QpKey, QpRec, SendFaultKind, Sges, State,
+    CqRec, CqRing, FaultState, MrRec, PendingRecv, PendingSend, QpKey, QpRec, SendFaultKind, Sges,
+    State,
 };
 use crate::backend::{ContextOps, CqOps, Destroy, MrOps, PdOps, QpOps, Transition};
 use crate::error::{
@@ -182,19 +184,17 @@ impl ContextOps for SimContext {
         }
         let mut st = self.shared.lock();
         let id = st.id();
-        let bell = Arc::new(Condvar::new());
+        let ring = Arc::new(CqRing::default());
         st.cqs.insert(
             id,
             CqRec {
                 device: self.device,
                 depth,
-                queue: VecDeque::new(),
-                overflowed: false,
-                bell: bell.clone(),
+                ring: ring.clone(),
             },
         );
         Ok(Box::new(SimCq {
-            bell,
+            ring,
             shared: self.shared.clone(),
             id,
             device: self.device,
@@ -333,8 +333,9 @@ impl PdOps for SimPd {
                 rts: None,
                 sq: VecDeque::new(),
                 rq: VecDeque::new(),
-                sq_outstanding: 0,
-                rq_outstanding: 0,
+                sq_posted: 0,
+                rq_posted: 0,
+                retired: Arc::default(),
                 unsignaled: 0,
                 last_due: Duration::ZERO,
             },
@@ -381,8 +382,8 @@ impl MrOps for SimMr {
 #[derive(Debug)]
 pub(crate) struct SimCq {
     shared: Arc<Shared>,
-    /// The queue's own condition variable (`CqRec::bell`).
-    bell: Arc<Condvar>,
+    /// The queue's entries (`CqRec::ring`).
+    ring: Arc<CqRing>,
     id: u64,
     device: usize,
 }
@@ -395,7 +396,14 @@ impl Destroy for SimCq {
             ObjectKind::CompletionQueue,
             "ibv_destroy_cq",
         )?;
-        self.shared.lock().cqs.remove(&self.id);
+        let removed = self.shared.lock().cqs.remove(&self.id);
+        if let Some(rec) = removed {
+            let mut q = rec.ring.lock();
+            q.destroyed = true;
+            rec.ring.refresh(&q);
+            drop(q);
+            rec.ring.bell.notify_all();
+        }
         Ok(())
     }
 }
@@ -406,12 +414,14 @@ impl CqOps for SimCq {
     }
 
     fn poll(&self, out: &mut [Completion]) -> Result<usize, PollError> {
-        let mut st = self.shared.lock();
-        let State { cqs, qps, .. } = &mut *st;
-        let Some(cq) = cqs.get_mut(&self.id) else {
+        if !self.ring.filled.load(Ordering::Acquire) {
             return Ok(0);
-        };
-        if cq.overflowed && cq.queue.is_empty() {
+        }
+        let mut q = self.ring.lock();
+        if q.destroyed {
+            return Ok(0);
+        }
+        if q.overflowed && q.entries.is_empty() {
             return Err(PollError::Native(NativeError::new(
                 "ibv_poll_cq",
                 libc::EOVERFLOW,
@@ -421,26 +431,39 @@ impl CqOps for SimCq {
         // Each polled completion frees its queue slots (and those of the
         // unsignaled requests it covers).
         while n < out.len() {
-            let Some(e) = cq.queue.pop_front() else { break };
+            let Some(e) = q.entries.pop_front() else {
+                break;
+            };
             out[n] = e.wc;
-            if let Some(qp) = qps.get_mut(&e.qp) {
-                qp.sq_outstanding = qp.sq_outstanding.saturating_sub(e.sq_retire);
-                qp.rq_outstanding = qp.rq_outstanding.saturating_sub(e.rq_retire);
-            }
+            e.slots.sq.fetch_add(e.sq_retire, Ordering::AcqRel);
+            e.slots.rq.fetch_add(e.rq_retire, Ordering::AcqRel);
             n += 1;
         }
+        self.ring.refresh(&q);
         Ok(n)
     }
 
     fn wait(&self, timeout: Duration) -> Result<bool, WaitError> {
-        let ready = wait_for(&self.shared, &self.bell, timeout, |st| {
-            match st.cqs.get(&self.id) {
-                Some(cq) if !cq.queue.is_empty() || cq.overflowed => Some(true),
-                None => Some(false),
-                Some(_) => None,
+        let deadline = Instant::now() + timeout.min(MAX_WAIT);
+        let mut q = self.ring.lock();
+        loop {
+            if q.destroyed {
+                return Ok(false);
             }
-        });
-        Ok(ready.unwrap_or(false))
+            if !q.entries.is_empty() || q.overflowed {
+                return Ok(true);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            q = self
+                .ring
+                .bell
+                .wait_timeout(q, deadline - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
     }
 }
 
@@ -597,7 +620,7 @@ impl QpOps for SimQp {
                     },
                 ));
             }
-            if qp.sq_outstanding >= qp.caps.max_send_wr {
+            if qp.sq_outstanding() >= qp.caps.max_send_wr {
                 return Err(err(
                     i,
                     PostErrorKind::QueueFull {
@@ -650,7 +673,7 @@ impl QpOps for SimQp {
             let due =
                 (now + timing.base_latency + Duration::from_nanos(xfer + jitter)).max(qp.last_due);
             qp.last_due = due;
-            qp.sq_outstanding += 1;
+            qp.sq_posted = qp.sq_posted.wrapping_add(1);
             let pending = PendingSend {
                 wr_id: wr.wr_id,
                 op: wr.op,
@@ -698,7 +721,7 @@ impl QpOps for SimQp {
                     },
                 ));
             }
-            if qp.rq_outstanding >= qp.caps.max_recv_wr {
+            if qp.rq_outstanding() >= qp.caps.max_recv_wr {
                 return Err(err(
                     i,
                     PostErrorKind::QueueFull {
@@ -706,7 +729,7 @@ impl QpOps for SimQp {
                     },
                 ));
             }
-            qp.rq_outstanding += 1;
+            qp.rq_posted = qp.rq_posted.wrapping_add(1);
             if qp.state == QpState::Error {
                 st.complete_recv(
                     self.key,

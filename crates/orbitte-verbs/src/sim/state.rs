@@ -2,7 +2,8 @@
 //! delivers completions and events.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Condvar};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use orbitte_memory::DmaBuffer;
@@ -13,9 +14,9 @@ use crate::types::{Access, AsyncEvent, PortState, QpCaps, QpState, RtrAttrs, Rts
 use crate::wr::{Completion, SendOp, Sge, WcOpcode, WcStatus};
 
 /// Wakes the waiters of the queues whose bells `take_bells` returned.
-pub(crate) fn ring(bells: &[Arc<Condvar>]) {
+pub(crate) fn ring(bells: &[Arc<CqRing>]) {
     for b in bells {
-        b.notify_all();
+        b.bell.notify_all();
     }
 }
 
@@ -130,20 +131,65 @@ impl MrRec {
 #[derive(Debug)]
 pub(crate) struct CqEntry {
     pub(crate) wc: Completion,
-    pub(crate) qp: QpKey,
+    /// The slots of the QP that posted the work, freed when this entry is
+    /// polled.
+    pub(crate) slots: Arc<Retired>,
     pub(crate) sq_retire: u32,
     pub(crate) rq_retire: u32,
+}
+
+/// Work-queue slots of a QP freed by polled completions. A poller adds to
+/// them without the fabric lock; a post compares them with what it
+/// posted.
+#[derive(Debug, Default)]
+pub(crate) struct Retired {
+    pub(crate) sq: AtomicU32,
+    pub(crate) rq: AtomicU32,
+}
+
+/// A completion queue's entries, behind their own lock: polling takes
+/// only that lock, so a poller never waits for the fabric thread's
+/// execution of work (which holds the fabric lock), as on hardware, where
+/// the NIC writes entries and the host reads them without a lock between.
+/// Lock order: the fabric lock before a ring's.
+#[derive(Debug, Default)]
+pub(crate) struct CqRing {
+    queue: Mutex<CqQueue>,
+    /// Whether a poll finds anything (an entry, the overrun, the end),
+    /// written under `queue`'s lock and read without it: polling an empty
+    /// queue takes no lock.
+    pub(crate) filled: AtomicBool,
+    /// Where the queue's waiters sleep (with `queue`'s lock): rung after
+    /// a delivery to this queue only, so a waiter on another queue sleeps
+    /// on.
+    pub(crate) bell: Condvar,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct CqQueue {
+    pub(crate) entries: VecDeque<CqEntry>,
+    pub(crate) overflowed: bool,
+    /// The queue was destroyed: polls find nothing, waits end.
+    pub(crate) destroyed: bool,
+}
+
+impl CqRing {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, CqQueue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `filled` true to what `q` (this ring's queue, locked) holds.
+    pub(crate) fn refresh(&self, q: &CqQueue) {
+        let filled = !q.entries.is_empty() || q.overflowed || q.destroyed;
+        self.filled.store(filled, Ordering::Release);
+    }
 }
 
 #[derive(Debug)]
 pub(crate) struct CqRec {
     pub(crate) device: usize,
     pub(crate) depth: u32,
-    pub(crate) queue: VecDeque<CqEntry>,
-    pub(crate) overflowed: bool,
-    /// Where the queue's waiters sleep: rung after a delivery to this
-    /// queue only, so a waiter on another queue sleeps on.
-    pub(crate) bell: Arc<Condvar>,
+    pub(crate) ring: Arc<CqRing>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -294,12 +340,29 @@ pub(crate) struct QpRec {
     pub(crate) rts: Option<RtsAttrs>,
     pub(crate) sq: VecDeque<PendingSend>,
     pub(crate) rq: VecDeque<PendingRecv>,
-    /// Send WRs posted whose slot has not been freed by a polled completion.
-    pub(crate) sq_outstanding: u32,
-    pub(crate) rq_outstanding: u32,
+    /// Send and receive WRs ever posted (wrapping); those whose slot a
+    /// polled completion has not freed are these less `retired`'s.
+    pub(crate) sq_posted: u32,
+    pub(crate) rq_posted: u32,
+    pub(crate) retired: Arc<Retired>,
     /// Unsignaled successes since the last send completion.
     pub(crate) unsignaled: u32,
     pub(crate) last_due: Duration,
+}
+
+impl QpRec {
+    /// Send WRs posted whose slot has not been freed by a polled
+    /// completion.
+    pub(crate) fn sq_outstanding(&self) -> u32 {
+        self.sq_posted
+            .wrapping_sub(self.retired.sq.load(Ordering::Acquire))
+    }
+
+    /// Receive WRs posted and not yet polled.
+    pub(crate) fn rq_outstanding(&self) -> u32 {
+        self.rq_posted
+            .wrapping_sub(self.retired.rq.load(Ordering::Acquire))
+    }
 }
 
 #[derive(Debug)]
@@ -322,7 +385,7 @@ pub(crate) struct State {
     pub(crate) events: u64,
     /// Bells of the queues delivered to since they were last rung
     /// ([`take_bells`](Self::take_bells)).
-    pub(crate) bells: Vec<Arc<Condvar>>,
+    pub(crate) bells: Vec<Arc<CqRing>>,
     /// Accepted send work requests, oldest first, while recording
     /// ([`SimFabric::record_sends`](super::SimFabric::record_sends)).
     pub(crate) sent: Option<Vec<super::SentWr>>,
@@ -367,7 +430,7 @@ impl State {
 
     /// The bells of the queues delivered to since the last call, to ring
     /// ([`ring`](ring)) once the fabric lock is released.
-    pub(crate) fn take_bells(&mut self) -> Vec<Arc<Condvar>> {
+    pub(crate) fn take_bells(&mut self) -> Vec<Arc<CqRing>> {
         std::mem::take(&mut self.bells)
     }
 
@@ -400,18 +463,23 @@ impl State {
         let Some(rec) = self.cqs.get_mut(&cq) else {
             return;
         };
-        if !self.bells.iter().any(|b| Arc::ptr_eq(b, &rec.bell)) {
-            self.bells.push(rec.bell.clone());
+        if !self.bells.iter().any(|b| Arc::ptr_eq(b, &rec.ring)) {
+            self.bells.push(rec.ring.clone());
         }
-        if rec.queue.len() >= rec.depth as usize {
-            if !rec.overflowed {
-                rec.overflowed = true;
+        let mut q = rec.ring.lock();
+        if q.entries.len() >= rec.depth as usize {
+            let first = !q.overflowed;
+            q.overflowed = true;
+            rec.ring.refresh(&q);
+            drop(q);
+            if first {
                 let device = rec.device;
                 self.push_event(device, AsyncEvent::CqError);
             }
             return;
         }
-        rec.queue.push_back(entry);
+        q.entries.push_back(entry);
+        rec.ring.refresh(&q);
     }
 
     /// Completes a send WR of QP `key` (success completions only when
@@ -432,6 +500,7 @@ impl State {
         }
         let retire = 1 + std::mem::take(&mut qp.unsignaled);
         let cq = qp.send_cq;
+        let slots = qp.retired.clone();
         let ok = status.is_success();
         let opcode = ok.then_some(match wr.op {
             SendOp::Write { .. } => WcOpcode::RdmaWrite,
@@ -451,7 +520,7 @@ impl State {
             cq,
             CqEntry {
                 wc,
-                qp: key,
+                slots,
                 sq_retire: retire,
                 rq_retire: 0,
             },
@@ -480,11 +549,12 @@ impl State {
             vendor_err: 0,
         };
         let cq = qp.recv_cq;
+        let slots = qp.retired.clone();
         self.deliver(
             cq,
             CqEntry {
                 wc,
-                qp: key,
+                slots,
                 sq_retire: 0,
                 rq_retire: 1,
             },
