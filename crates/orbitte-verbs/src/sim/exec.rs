@@ -1,7 +1,8 @@
 //! Executing posted work: scheduling, connectivity, key checks, copies.
 
 use std::sync::Weak;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use super::Shared;
 use super::state::{MrRec, PendingSend, QpKey, SendFaultKind, State};
@@ -20,12 +21,17 @@ pub(crate) fn spawn_background(weak: Weak<Shared>) {
     let r = std::thread::Builder::new()
         .name("orbitte-sim-fabric".into())
         .spawn(move || {
+            // Whether the last look found nothing to run after work ran
+            // (the next idle look sleeps instead of polling).
+            let mut polled = false;
             loop {
                 let Some(shared) = weak.upgrade() else { return };
                 let mut st = shared.lock();
+                let seen = shared.posts.load(Ordering::Acquire);
                 // Execute everything due, releasing the lock every
                 // `STEPS_PER_HOLD` requests and waking the completion
                 // waiters when something was delivered.
+                let mut busy = false;
                 let now = loop {
                     let now = shared.start.elapsed();
                     let raised = st.events;
@@ -33,6 +39,7 @@ pub(crate) fn spawn_background(weak: Weak<Shared>) {
                     while ran < STEPS_PER_HOLD && step(&shared, &mut st, Some(now)) {
                         ran += 1;
                     }
+                    busy |= ran > 0;
                     st.now = now;
                     // Queues delivered to ring their own bells; event
                     // waiters wake on `cond` when an event was raised.
@@ -52,6 +59,18 @@ pub(crate) fn spawn_background(weak: Weak<Shared>) {
                     }
                     st = shared.lock();
                 };
+                if busy {
+                    polled = false;
+                }
+                if !polled && st.next_due().is_none() {
+                    // Nothing left to run: watch for a post for a while
+                    // before sleeping, as a NIC sees its doorbell at once,
+                    // with no thread to wake.
+                    polled = true;
+                    drop(st);
+                    poll_posts(&shared, seen);
+                    continue;
+                }
                 let cap = Duration::from_millis(20);
                 let wait = st
                     .next_due()
@@ -69,6 +88,27 @@ pub(crate) fn spawn_background(weak: Weak<Shared>) {
         });
     if let Err(e) = r {
         tracing::error!(error = %e, "sim fabric: cannot start the delivery thread; completions will not arrive");
+    }
+}
+
+/// How long the fabric thread watches for new posts once it ran out of
+/// work, before it sleeps until a post wakes it.
+const POLL_POSTS: Duration = Duration::from_micros(50);
+
+/// Returns when a post came after the fabric's look that saw `seen`
+/// posts, or after `POLL_POSTS`.
+fn poll_posts(shared: &Shared, seen: u64) {
+    let until = Instant::now() + POLL_POSTS;
+    loop {
+        for _ in 0..64 {
+            if shared.posts.load(Ordering::Acquire) != seen {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+        if Instant::now() >= until {
+            return;
+        }
     }
 }
 

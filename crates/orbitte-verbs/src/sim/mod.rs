@@ -63,6 +63,7 @@ mod exec;
 mod objects;
 mod state;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -287,6 +288,9 @@ pub(crate) struct Shared {
     /// Signalled on new work and on what may unblock stalled work (the
     /// fabric thread waits on it).
     pub(crate) work: Condvar,
+    /// Bumped with every ring of `work` (`wake_work`), so that the fabric
+    /// thread can watch for new work without the lock.
+    pub(crate) posts: AtomicU64,
     pub(crate) desc: SimDescription,
     pub(crate) start: Instant,
 }
@@ -324,6 +328,12 @@ impl Shared {
     /// Wakes every waiter and the fabric thread (a fault, a state change).
     pub(crate) fn wake_all(&self) {
         self.cond.notify_all();
+        self.wake_work();
+    }
+
+    /// Wakes the fabric thread: new work, or what may unblock stalled work.
+    pub(crate) fn wake_work(&self) {
+        self.posts.fetch_add(1, Ordering::AcqRel);
         self.work.notify_all();
     }
 
@@ -349,6 +359,7 @@ impl SimFabric {
             state: Mutex::new(state),
             cond: Condvar::new(),
             work: Condvar::new(),
+            posts: AtomicU64::new(0),
             desc,
             start: Instant::now(),
         });

@@ -694,7 +694,7 @@ impl QpOps for SimQp {
         let bells = st.take_bells();
         drop(st);
         super::state::ring(&bells);
-        self.shared.work.notify_all();
+        self.shared.wake_work();
         Ok(())
     }
 
