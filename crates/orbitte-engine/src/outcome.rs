@@ -165,8 +165,9 @@ pub struct Outcome {
     pub completed_slices: u32,
     /// Slices the request was cut into.
     pub slices: u32,
-    /// The first failure, when a slice failed.
-    pub failure: Option<FailureInfo>,
+    /// The first failure, when a slice failed (boxed: rare, and it would
+    /// more than double the size of every outcome the hot path moves).
+    pub failure: Option<Box<FailureInfo>>,
     /// Request-relative bytes of the *destination* beyond the completed
     /// prefix that may have changed (remote for WRITE, local for READ).
     pub uncertain: Range<u64>,

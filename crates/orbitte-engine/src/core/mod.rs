@@ -682,7 +682,7 @@ impl Core {
             SliceStatus::Failed(failure) => {
                 if req.failure.is_none() {
                     let spec = &self.rails[slot.rail as usize].spec;
-                    req.failure = Some(FailureInfo {
+                    req.failure = Some(Box::new(FailureInfo {
                         slice: slot.index,
                         offset: u64::from(slot.index) * req.slice,
                         rail: Some(RailId(slot.rail)),
@@ -690,7 +690,7 @@ impl Core {
                         nic: spec.nic.map(orbitte_topology::NicId),
                         status: failure,
                         chunk: None,
-                    });
+                    }));
                 }
                 req.abandoned = true;
             }
@@ -822,7 +822,7 @@ impl Core {
             }
             if req.failure.is_none() {
                 let spec = &self.rails[rail.0 as usize].spec;
-                req.failure = Some(FailureInfo {
+                req.failure = Some(Box::new(FailureInfo {
                     slice: index,
                     offset: u64::from(index) * req.slice,
                     rail: Some(rail),
@@ -830,7 +830,7 @@ impl Core {
                     nic: spec.nic.map(orbitte_topology::NicId),
                     status: SliceFailure::RailDown(reason.clone()),
                     chunk: None,
-                });
+                }));
             }
             req.abandoned = true;
             self.check_finished(now, slot);

@@ -35,7 +35,7 @@ pub(super) struct Req {
     pub(super) outstanding: u32,
     /// End (request-relative) of the furthest slice ever posted.
     pub(super) hull_end: u64,
-    pub(super) failure: Option<FailureInfo>,
+    pub(super) failure: Option<Box<FailureInfo>>,
     /// No more slices get posted.
     pub(super) abandoned: bool,
     /// The outcome was made.

@@ -72,7 +72,7 @@ fn nothing_done(job: &Job, chunk: usize, status: Status, failure: Option<Failure
     o.status = status;
     o.completed_prefix = 0;
     o.completed_slices = 0;
-    o.failure = failure;
+    o.failure = failure.map(Box::new);
     o.uncertain = 0..0;
     o.remote_effect = RemoteEffect::None;
     Finished {
@@ -197,7 +197,7 @@ pub(super) fn outcome(
                         Some(i) => FailureInfo {
                             offset: i.offset + offset,
                             chunk: Some(step),
-                            ..i
+                            ..*i
                         },
                         None => FailureInfo {
                             slice: 0,
@@ -268,7 +268,7 @@ pub(super) fn outcome(
     } else {
         index_of(o.completed_prefix)
     };
-    o.failure = failure;
+    o.failure = failure.map(Box::new);
     o.uncertain = match req.op {
         // A READ whose copies did not drain may have written GPU bytes
         // past the prefix (an issued copy may still land).
