@@ -318,6 +318,15 @@ impl Core {
         now: Instant,
         batch: Vec<CoreRequest>,
     ) -> Result<Vec<RequestId>, SubmitError> {
+        self.check(&batch)?;
+        let mut ids = Vec::with_capacity(batch.len());
+        self.insert(now, batch, &mut ids);
+        Ok(ids)
+    }
+
+    /// What [`submit`](Self::submit) checks before it takes a batch in:
+    /// lengths, rails and the fence.
+    pub fn check(&self, batch: &[CoreRequest]) -> Result<(), SubmitError> {
         if batch.is_empty() {
             return Err(SubmitError::Empty);
         }
@@ -370,8 +379,21 @@ impl Core {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Takes in requests that passed [`check`](Self::check) (the fence
+    /// raised since does not turn them away), appending their ids to
+    /// `ids`. A request with a rail that went down since its check fails
+    /// at once, as one waiting for that rail would: nothing of it is
+    /// posted.
+    pub fn insert(
+        &mut self,
+        now: Instant,
+        batch: impl IntoIterator<Item = CoreRequest>,
+        ids: &mut Vec<RequestId>,
+    ) {
         let deadline = now + self.config.request_timeout;
-        let mut ids = Vec::with_capacity(batch.len());
         for r in batch {
             let slice = self.slice_for(&r.rails);
             let slices = r.len.div_ceil(slice) as u32;
@@ -385,9 +407,14 @@ impl Core {
             let req = &mut self.requests[slot as usize];
             req.fill(r, slices, slice);
             let generation = req.generation;
+            let mut down = None;
             for (pos, rail) in req.rails.iter().enumerate() {
                 if (pos as u32) < slices {
                     let rl = &mut self.rails[rail.0 as usize];
+                    if let Some(reason) = &rl.down {
+                        down.get_or_insert((*rail, reason.clone()));
+                        continue;
+                    }
                     rl.waiting.push_back((slot, generation, pos as u32));
                     if !rl.queued {
                         rl.queued = true;
@@ -401,8 +428,11 @@ impl Core {
             let id = id_of(slot, generation);
             tracing::trace!(%id, slices, "request admitted");
             ids.push(id);
+            if let Some((rail, reason)) = down {
+                let pos = req.rails.iter().position(|r| *r == rail).unwrap_or(0);
+                self.fail_unposted(now, slot, pos, rail, &reason);
+            }
         }
-        Ok(ids)
     }
 
     /// Appends the work items that can be posted now, grouped by rail (one
@@ -812,29 +842,45 @@ impl Core {
         // slices fail here (never moved to another rail).
         let waiting = std::mem::take(&mut r.waiting);
         for (slot, generation, pos) in waiting {
-            let req = &mut self.requests[slot as usize];
+            let req = &self.requests[slot as usize];
             if req.generation != generation || req.abandoned {
                 continue;
             }
-            let index = req.next[pos as usize];
-            if index >= req.slices {
-                continue;
-            }
-            if req.failure.is_none() {
-                let spec = &self.rails[rail.0 as usize].spec;
-                req.failure = Some(Box::new(FailureInfo {
-                    slice: index,
-                    offset: u64::from(index) * req.slice,
-                    rail: Some(rail),
-                    path: spec.path,
-                    nic: spec.nic.map(orbitte_topology::NicId),
-                    status: SliceFailure::RailDown(reason.clone()),
-                    chunk: None,
-                }));
-            }
-            req.abandoned = true;
-            self.check_finished(now, slot);
+            self.fail_unposted(now, slot, pos as usize, rail, &reason);
         }
+    }
+
+    /// The request in `slot` cannot post the slices of its rail position
+    /// `pos` (on `rail`, down for `reason`): unless it has them all
+    /// posted, it fails (its first failure, if it has none, is the first
+    /// of those slices) and posts nothing more.
+    fn fail_unposted(
+        &mut self,
+        now: Instant,
+        slot: u32,
+        pos: usize,
+        rail: RailId,
+        reason: &Arc<str>,
+    ) {
+        let req = &mut self.requests[slot as usize];
+        let index = req.next[pos];
+        if index >= req.slices {
+            return;
+        }
+        if req.failure.is_none() {
+            let spec = &self.rails[rail.0 as usize].spec;
+            req.failure = Some(Box::new(FailureInfo {
+                slice: index,
+                offset: u64::from(index) * req.slice,
+                rail: Some(rail),
+                path: spec.path,
+                nic: spec.nic.map(orbitte_topology::NicId),
+                status: SliceFailure::RailDown(reason.clone()),
+                chunk: None,
+            }));
+        }
+        req.abandoned = true;
+        self.check_finished(now, slot);
     }
 
     /// Logically cancels a request: its outcome (status `Cancelled`) is

@@ -467,6 +467,56 @@ fn rail_down_mid_batch_fails_waiting_requests() {
 }
 
 #[test]
+fn a_request_taken_in_after_its_rail_went_down_fails_at_once_and_posts_nothing() {
+    let (mut h, rails) = Harness::new(&[spec(0, 4, 1), spec(1, 4, 1)], 64 * 1024);
+    let keep = Arc::new(());
+    let batch = vec![
+        req(Op::Write, 0, 1024, &rails[..1], &keep),
+        req(Op::Write, 4096, 4096, &rails, &keep),
+        req(Op::Read, 8192, 2048, &rails[..1], &keep),
+    ];
+    h.core.check(&batch).unwrap();
+    // The driver took the first request in and posted it; rail 1 went
+    // down before it took the rest in.
+    let mut ids = Vec::new();
+    let mut rest = batch.into_iter();
+    h.core.insert(h.now, rest.by_ref().take(1), &mut ids);
+    h.pump();
+    h.core.handle_event(
+        h.now,
+        TransportEvent::RailDown {
+            rail: rails[1],
+            reason: "port 1 PAUSED".into(),
+        },
+    );
+    h.core.insert(h.now, rest, &mut ids);
+    assert_eq!(ids.len(), 3);
+    h.pump();
+    h.run_ok();
+    assert_eq!(h.outcomes.len(), 3);
+    let by = |id| h.outcomes.iter().find(|o| o.request == id).unwrap();
+    assert_eq!(by(ids[0]).status, Status::Complete);
+    assert_eq!(by(ids[2]).status, Status::Complete);
+    // Striped over both rails, with rail 1 down: it fails before any
+    // slice is posted, without waiting for its request timeout.
+    let o = by(ids[1]);
+    assert_eq!(o.status, Status::Failed, "{o:?}");
+    assert_eq!(o.remote_effect, RemoteEffect::None);
+    assert_eq!(o.completed_prefix, 0);
+    assert_eq!(o.drain, DrainStatus::Drained);
+    let f = o.failure.as_ref().unwrap();
+    assert_eq!(f.rail, Some(rails[1]));
+    assert!(matches!(&f.status, SliceFailure::RailDown(r) if r.contains("PAUSED")));
+    assert_eq!(h.local[..1024], h.remote[..1024]);
+    assert_ne!(
+        h.local[4096..8192],
+        h.remote[4096..8192],
+        "nothing of it moved"
+    );
+    assert_eq!(h.core.live_requests(), 0);
+}
+
+#[test]
 fn cancel_is_logical_and_drain_is_separate() {
     let (mut h, rails) = Harness::new(&[spec(0, 2, 1)], 64 * 1024);
     let keep = Arc::new(());

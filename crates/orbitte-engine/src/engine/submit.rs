@@ -38,7 +38,22 @@ impl TransferEngine {
         let now = Instant::now();
         let reqs = st.engine.admit(batch, self.shared.settings.dispatch_mask)?;
         let notification = notification.map(|a| a.on_rails(&reqs));
-        let ids = st.engine.core.submit(now, reqs)?;
+        st.engine.core.check(&reqs)?;
+        let mut ids = Vec::with_capacity(reqs.len());
+        let mut rest = reqs.into_iter();
+        if notification.is_none() && rest.len() > 2 * FIRST_PIECE {
+            // The whole batch is admitted (checked): its first requests
+            // are posted while the rest are taken in, so the transports
+            // start at once.
+            st.engine
+                .core
+                .insert(now, rest.by_ref().take(FIRST_PIECE), &mut ids);
+            st.pump(now);
+            drop(guard);
+            guard = self.lock();
+        }
+        let st = &mut *guard;
+        st.engine.core.insert(now, rest, &mut ids);
         if let Some(armed) = notification {
             crate::notify::track(st, &ids, armed);
         }
@@ -46,3 +61,6 @@ impl TransferEngine {
         Ok(ids)
     }
 }
+
+/// Requests of a large batch posted before the rest is taken in.
+const FIRST_PIECE: usize = 32;
