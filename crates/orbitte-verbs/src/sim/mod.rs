@@ -31,6 +31,10 @@
 //! - [`Delivery::Background`] (real time): a fabric thread executes work as
 //!   it becomes due (latency from [`SimTiming`]) and wakes waiters. Order
 //!   per QP is still guaranteed; interleaving across QPs follows real time.
+//!   Out of work, it watches for posts for a while before it sleeps.
+//!
+//! A completion queue keeps its entries behind its own lock (polling never
+//! waits for the fabric lock, and an empty queue is polled without any).
 //!
 //! Each work request's due time is `post time + base latency + bytes /
 //! bandwidth + seeded jitter`, never earlier than the previous one on the
@@ -283,7 +287,7 @@ impl SimDescription {
 pub(crate) struct Shared {
     pub(crate) state: Mutex<State>,
     /// Signalled on async events and state changes (event waiters wait on
-    /// it; completion waiters wait on their queue's bell, `CqRec::bell`).
+    /// it; completion waiters wait on their queue's bell, `CqRing::bell`).
     pub(crate) cond: Condvar,
     /// Signalled on new work and on what may unblock stalled work (the
     /// fabric thread waits on it).
