@@ -223,6 +223,17 @@ impl Harness {
         while self.step(rail.0 as usize, Fate::Ok) {}
     }
 
+    /// The transport reports `rail` down.
+    fn rail_down(&mut self, rail: RailId, reason: &str) {
+        self.core.handle_event(
+            self.now,
+            TransportEvent::RailDown {
+                rail,
+                reason: reason.into(),
+            },
+        );
+    }
+
     fn advance(&mut self, d: Duration) {
         self.now += d;
         self.core.handle_timeout(self.now);
@@ -422,13 +433,7 @@ fn rail_down_mid_batch_fails_waiting_requests() {
         )
         .unwrap();
     h.pump();
-    h.core.handle_event(
-        h.now,
-        TransportEvent::RailDown {
-            rail: rails[1],
-            reason: "port 1 PAUSED".into(),
-        },
-    );
+    h.rail_down(rails[1], "port 1 PAUSED");
     h.flush(rails[1]);
     h.run_ok();
     assert_eq!(h.outcomes.len(), 2);
@@ -482,13 +487,7 @@ fn a_request_taken_in_after_its_rail_went_down_fails_at_once_and_posts_nothing()
     let mut rest = batch.into_iter();
     h.core.insert(h.now, rest.by_ref().take(1), &mut ids);
     h.pump();
-    h.core.handle_event(
-        h.now,
-        TransportEvent::RailDown {
-            rail: rails[1],
-            reason: "port 1 PAUSED".into(),
-        },
-    );
+    h.rail_down(rails[1], "port 1 PAUSED");
     h.core.insert(h.now, rest, &mut ids);
     assert_eq!(ids.len(), 3);
     h.pump();
