@@ -170,10 +170,12 @@ impl EngineState {
                 _ => self.choose(r, lend, rend, mask).map_err(bad)?,
             };
             let a = last.insert(a);
-            let mut rails = RailList::from(&a.rails[..]);
+            let mut rails = a.rails.clone();
             let k = rails.len();
-            rails.rotate_left(self.rotor % k);
-            self.rotor = self.rotor.wrapping_add(1);
+            if k > 1 {
+                rails.rotate_left(self.rotor % k);
+                self.rotor = self.rotor.wrapping_add(1);
+            }
             reqs.push(CoreRequest {
                 label: r.label,
                 op: r.op,
@@ -275,7 +277,7 @@ impl EngineState {
             op: r.op,
             local_size,
             remote_size: desc.length,
-            rails,
+            rails: RailList::from(rails),
             pin: reg.pin.clone(),
         })
     }
@@ -473,7 +475,7 @@ struct Admitted {
     /// Bytes of the remote range.
     remote_size: u64,
     /// Invariant: not empty.
-    rails: Vec<RailId>,
+    rails: RailList,
     pin: Arc<dyn std::any::Any + Send + Sync>,
 }
 
