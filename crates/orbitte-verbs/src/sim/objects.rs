@@ -3,7 +3,7 @@
 use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use orbitte_memory::DmaBuffer;
@@ -11,7 +11,6 @@ use orbitte_memory::DmaBuffer;
 use super::Shared;
 use super::state::{
     CqRec, CqRing, FaultState, MrRec, PendingRecv, PendingSend, QpKey, QpRec, SendFaultKind, Sges,
-    State,
 };
 use crate::backend::{ContextOps, CqOps, Destroy, MrOps, PdOps, QpOps, Transition};
 use crate::error::{
@@ -30,17 +29,17 @@ const EINVAL: i32 = libc::EINVAL;
 /// and must not overflow `Instant`.
 const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// Waits on the fabric's condition variable until `check` finds something
-/// (`Some`) or `timeout` passes (`None`). `check` runs under the fabric
-/// lock, first before any wait.
-fn wait_for<T>(
-    shared: &Shared,
+/// Waits on `cond` (paired with `lock`) until `check` finds something
+/// (`Some`) or `timeout` passes (`None`). `check` runs under `lock`, first
+/// before any wait.
+fn wait_for<S, T>(
+    lock: &Mutex<S>,
     cond: &Condvar,
     timeout: Duration,
-    mut check: impl FnMut(&mut State) -> Option<T>,
+    mut check: impl FnMut(&mut S) -> Option<T>,
 ) -> Option<T> {
     let deadline = Instant::now() + timeout.min(MAX_WAIT);
-    let mut st = shared.lock();
+    let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         if let Some(found) = check(&mut st) {
             return Some(found);
@@ -202,9 +201,12 @@ impl ContextOps for SimContext {
     }
 
     fn next_async_event(&self, timeout: Duration) -> Result<Option<AsyncEvent>, AsyncEventError> {
-        Ok(wait_for(&self.shared, &self.shared.cond, timeout, |st| {
-            st.contexts.get_mut(&self.id).and_then(|c| c.1.pop_front())
-        }))
+        Ok(wait_for(
+            &self.shared.state,
+            &self.shared.cond,
+            timeout,
+            |st| st.contexts.get_mut(&self.id).and_then(|c| c.1.pop_front()),
+        ))
     }
 }
 
@@ -444,26 +446,16 @@ impl CqOps for SimCq {
     }
 
     fn wait(&self, timeout: Duration) -> Result<bool, WaitError> {
-        let deadline = Instant::now() + timeout.min(MAX_WAIT);
-        let mut q = self.ring.lock();
-        loop {
+        let ready = wait_for(&self.ring.queue, &self.ring.bell, timeout, |q| {
             if q.destroyed {
-                return Ok(false);
+                Some(false)
+            } else if !q.entries.is_empty() || q.overflowed {
+                Some(true)
+            } else {
+                None
             }
-            if !q.entries.is_empty() || q.overflowed {
-                return Ok(true);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(false);
-            }
-            q = self
-                .ring
-                .bell
-                .wait_timeout(q, deadline - now)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
-        }
+        });
+        Ok(ready.unwrap_or(false))
     }
 }
 

@@ -154,7 +154,7 @@ pub(crate) struct Retired {
 /// Lock order: the fabric lock before a ring's.
 #[derive(Debug, Default)]
 pub(crate) struct CqRing {
-    queue: Mutex<CqQueue>,
+    pub(crate) queue: Mutex<CqQueue>,
     /// Whether a poll finds anything (an entry, the overrun, the end),
     /// written under `queue`'s lock and read without it: polling an empty
     /// queue takes no lock.

@@ -173,6 +173,14 @@ impl RdmaTransport {
         }
     }
 
+    /// Keeps a failed destroy as evidence (`unquiesced`).
+    fn record_unquiesced(&self, e: &verbs::Unquiesced) {
+        self.unquiesced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(e.clone());
+    }
+
     /// Destroys the rail's QP; a failure is kept as evidence and returned.
     pub(crate) fn destroy(&self, rail: RailId) -> Result<(), Box<verbs::Unquiesced>> {
         let Some(mut r) = self.rail(rail) else {
@@ -181,10 +189,7 @@ impl RdmaTransport {
         let res = r.destroy();
         drop(r);
         if let Err(e) = &res {
-            self.unquiesced
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push((**e).clone());
+            self.record_unquiesced(e);
         }
         res
     }
@@ -491,10 +496,7 @@ impl RdmaTransport {
         };
         let res = lock_cell(c).flush_with_marker(rail, marker);
         if let Err(e) = &res {
-            self.unquiesced
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push((**e).clone());
+            self.record_unquiesced(e);
         }
         res
     }
