@@ -483,8 +483,8 @@ fn markdown(doc: &Value) -> String {
         s(&doc["seconds_per_round"]),
     );
     out.push_str(
-        "| path | op | block | batch | threads | GB/s | rounds GB/s | req/s | p50 / p99 / p999 µs | baseline GB/s | path / baseline | loopback limit GB/s | path / limit |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| path | op | block | batch | threads | GB/s | rounds GB/s | req/s | p50 / p99 / p999 µs | CPUs busy | baseline GB/s | path / baseline | loopback limit GB/s | path / limit |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut notes = Vec::new();
     for c in doc["cells"].as_array().into_iter().flatten() {
@@ -504,7 +504,7 @@ fn markdown(doc: &Value) -> String {
         if let Some(e) = c["error"].as_str() {
             notes.push(format!("{what}: failed: {e}"));
             out.push_str(&format!(
-                "{head}| failed [{}] | | | | | | | |\n",
+                "{head}| failed [{}] | | | | | | | | |\n",
                 notes.len()
             ));
             continue;
@@ -523,10 +523,11 @@ fn markdown(doc: &Value) -> String {
             (Some(a), Some(b), Some(c)) => format!("{a:.0} / {b:.0} / {c:.0}"),
             _ => "—".into(),
         };
+        let cpu = f(&p["cpu"]["busy"]).map_or("—".into(), |b| format!("{:.0} %", b * 100.0));
         let (bg, br) = judged(&p["baseline"], &mut notes, &format!("{what} baseline"));
         let (lg, lr) = judged(&p["limit"], &mut notes, &format!("{what} limit"));
         out.push_str(&format!(
-            "{head}| {:.2} | {rounds} | {:.0} | {lat} | {bg} | {br} | {lg} | {lr} |\n",
+            "{head}| {:.2} | {rounds} | {:.0} | {lat} | {cpu} | {bg} | {br} | {lg} | {lr} |\n",
             f(&p["gbps"]).unwrap_or(0.0),
             f(&p["ops_per_s"]).unwrap_or(0.0),
         ));
@@ -534,7 +535,9 @@ fn markdown(doc: &Value) -> String {
     out.push_str(
         "\nbaseline: memcpy for local, the same exchange on raw sockets for tcp, raw verbs on the same \
          simulated fabric for rdma (sim); \
-         loopback limit: the best raw-socket setting (performance.md says how each is measured).\n",
+         loopback limit: the best raw-socket setting (performance.md says how each is measured); \
+         CPUs busy: the share of all the machine's CPU time spent working while the path was measured, \
+         both processes and everything else on the machine included.\n",
     );
     if !notes.is_empty() {
         out.push('\n');
@@ -603,6 +606,7 @@ mod tests {
                 cell_json(&cells()[0], Ok(json!({"points": [{
                     "gbps": 1.5, "ops_per_s": 22888.0, "rounds_gbps": [1.4, 1.5, 1.6],
                     "latency": {"p50_us": 600.0, "p99_us": 900.0, "p999_us": 1500.0},
+                    "cpu": {"cpus": 2, "busy": 0.846, "steal": 0.0},
                     "baseline": baseline(2.0, 0.75, Value::Null),
                     "limit": baseline(1.2, 1.25, json!("the path ran 1.25x its baseline")),
                 }]}))),
@@ -625,7 +629,7 @@ mod tests {
         busy["load_before"] = json!("2.5 2.0 1.0");
         assert!(markdown(&busy).contains("before 2.5 2.0 1.0 (busy:"));
         assert!(
-            t.contains("| tcp | READ | 64K | 16 | 1 | 1.50 | 1.40 1.50 1.60 | 22888 | 600 / 900 / 1500 | 2.00 | 0.75 | 1.20 | suspect [1] |"),
+            t.contains("| tcp | READ | 64K | 16 | 1 | 1.50 | 1.40 1.50 1.60 | 22888 | 600 / 900 / 1500 | 85 % | 2.00 | 0.75 | 1.20 | suspect [1] |"),
             "{t}"
         );
         assert!(
@@ -634,6 +638,11 @@ mod tests {
         );
         assert!(t.contains("| failed [2] |"), "{t}");
         assert!(t.contains("2. tcp READ 1M: failed: refused"), "{t}");
+        // A bench that could not read the CPU counters: no figure.
+        let mut blind = doc();
+        blind["cells"][0]["report"]["points"][0]["cpu"] = Value::Null;
+        let t = markdown(&blind);
+        assert!(t.contains("| 600 / 900 / 1500 | — | 2.00 |"), "{t}");
     }
 
     #[test]

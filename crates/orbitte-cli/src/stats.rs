@@ -61,6 +61,80 @@ pub(crate) fn gbps(bytes: u64, elapsed: Duration) -> f64 {
     if s > 0.0 { bytes as f64 / s / 1e9 } else { 0.0 }
 }
 
+/// The machine's CPU time counters (the `cpu` line of `/proc/stat`, in
+/// clock ticks summed over every CPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CpuTicks {
+    /// user, nice, system, irq and softirq (guest time is inside user).
+    busy: u64,
+    /// idle and iowait.
+    idle: u64,
+    /// Time the hypervisor ran something else on this VM's CPUs.
+    steal: u64,
+    /// Online CPUs (the `cpuN` lines).
+    cpus: usize,
+}
+
+/// How the machine's CPUs were used over a span of time, every process's
+/// work included.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub(crate) struct CpuUse {
+    /// Online CPUs.
+    pub(crate) cpus: usize,
+    /// Share of all CPU time spent working, 0 to 1.
+    pub(crate) busy: f64,
+    /// Share taken by the hypervisor for other guests, 0 to 1.
+    pub(crate) steal: f64,
+}
+
+impl CpuTicks {
+    /// The counters now; `None` where `/proc/stat` cannot be read or
+    /// parsed (not Linux).
+    pub(crate) fn now() -> Option<Self> {
+        Self::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// Parses the text of `/proc/stat`.
+    fn parse(text: &str) -> Option<Self> {
+        let line = text.lines().find(|l| l.starts_with("cpu "))?;
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        let at = |i: usize| v.get(i).copied().unwrap_or(0);
+        if v.len() < 4 {
+            return None;
+        }
+        let sum = |idx: &[usize]| idx.iter().try_fold(0u64, |acc, &i| acc.checked_add(at(i)));
+        let cpus = text
+            .lines()
+            .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+            .count();
+        Some(Self {
+            busy: sum(&[0, 1, 2, 5, 6])?,
+            idle: sum(&[3, 4])?,
+            steal: at(7),
+            cpus,
+        })
+    }
+
+    /// The use between `earlier` and `self`; `None` when no tick passed
+    /// (or the counters went back).
+    pub(crate) fn since(&self, earlier: &Self) -> Option<CpuUse> {
+        let busy = self.busy.checked_sub(earlier.busy)?;
+        let idle = self.idle.checked_sub(earlier.idle)?;
+        let steal = self.steal.checked_sub(earlier.steal)?;
+        let total = (busy + idle + steal) as f64;
+        (total > 0.0).then(|| CpuUse {
+            cpus: self.cpus,
+            busy: busy as f64 / total,
+            steal: steal as f64 / total,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,5 +161,40 @@ mod tests {
     fn gbps_of_a_second() {
         assert_eq!(gbps(2_000_000_000, Duration::from_secs(1)), 2.0);
         assert_eq!(gbps(1, Duration::ZERO), 0.0);
+    }
+
+    #[test]
+    fn cpu_use_comes_from_the_cpu_line_of_proc_stat() {
+        let before = CpuTicks::parse(
+            "cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 50 0 25 400 25 0 0 0 0 0\nintr 1 2\n",
+        )
+        .unwrap();
+        let after = CpuTicks::parse(
+            "cpu  250 10 100 900 60 5 5 20 0 0\ncpu0 1 1 1 1\ncpu1 1 1 1 1\ncpufreq 1\n",
+        )
+        .unwrap();
+        assert_eq!(before.cpus, 1);
+        let u = after.since(&before).unwrap();
+        // busy 150 + 10 + 50 + 5 + 5 = 220, idle 100 + 10, steal 20.
+        assert_eq!(u.cpus, 2);
+        assert!((u.busy - 220.0 / 350.0).abs() < 1e-12, "{u:?}");
+        assert!((u.steal - 20.0 / 350.0).abs() < 1e-12, "{u:?}");
+        // No tick passed, or the counters went back: no figure.
+        assert_eq!(after.since(&after), None);
+        assert_eq!(before.since(&after), None);
+    }
+
+    #[test]
+    fn a_malformed_proc_stat_gives_no_figure() {
+        assert_eq!(CpuTicks::parse(""), None);
+        assert_eq!(CpuTicks::parse("cpu  1 2\n"), None);
+        assert_eq!(CpuTicks::parse("cpu  1 2 x 4\n"), None);
+        assert_eq!(
+            CpuTicks::parse(&format!("cpu  {} {} 0 0\n", u64::MAX, u64::MAX)),
+            None
+        );
+        // Kernels before 2.6.11 had no steal column.
+        let old = CpuTicks::parse("cpu  1 2 3 4\n").unwrap();
+        assert_eq!(old.steal, 0);
     }
 }

@@ -15,7 +15,7 @@ use super::report::Point;
 use super::{engine_op, target_byte};
 use crate::Failure;
 use crate::cli::BenchArgs;
-use crate::stats::{Latencies, gbps};
+use crate::stats::{CpuTicks, Latencies, gbps};
 
 /// Byte `i` of block `block` of batch number `seq` of thread `t` (what a
 /// WRITE with `--check` sends).
@@ -72,6 +72,7 @@ pub(crate) fn run(
     for t in 0..threads {
         check_complete(&backend.batch(t, &requests(backend, args, t, block), false)?)?;
     }
+    let ticks = CpuTicks::now();
     let start = Instant::now();
     std::thread::scope(|s| {
         for t in 0..threads {
@@ -104,6 +105,9 @@ pub(crate) fn run(
         }
     });
     let elapsed = start.elapsed();
+    let cpu = CpuTicks::now()
+        .zip(ticks)
+        .and_then(|(now, then)| now.since(&then));
     if let Some(f) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(f);
     }
@@ -133,6 +137,7 @@ pub(crate) fn run(
         checked_bytes: args.check.then(|| shared.checked.load(Ordering::Relaxed)),
         drained: true,
         rounds_gbps: vec![gbps(bytes, elapsed)],
+        cpu,
         baseline: None,
         limit: None,
     })

@@ -8,7 +8,7 @@ use super::backend::Backend;
 use crate::Failure;
 use crate::chart::{self, Series, human_bytes};
 use crate::cli::{BenchArgs, Op, PathName, Role};
-use crate::stats::LatencySummary;
+use crate::stats::{CpuUse, LatencySummary};
 
 /// A baseline figure measured in the same run, alternating with the path
 /// (`--rounds`).
@@ -47,6 +47,10 @@ pub(crate) struct Point {
     /// Each round's GB/s, in order; the other figures are the median
     /// round's.
     pub(crate) rounds_gbps: Vec<f64>,
+    /// How busy the machine's CPUs were while the path was measured
+    /// (every process's work: on one host, the target's too); `None`
+    /// where the counters cannot be read.
+    pub(crate) cpu: Option<CpuUse>,
     /// What the path is judged against: memcpy (local), the same exchange
     /// on raw sockets (tcp).
     pub(crate) baseline: Option<Baseline>,
@@ -224,6 +228,19 @@ impl Report {
                     "  {:>11}  rounds: {} GB/s (the median round is shown)",
                     "",
                     gbps_list(&p.rounds_gbps)
+                );
+            }
+            if let Some(c) = p.cpu {
+                println!(
+                    "  {:>11}  CPUs busy {:.0} % of {} while measured{}",
+                    "",
+                    c.busy * 100.0,
+                    c.cpus,
+                    if c.steal >= 0.005 {
+                        format!(" ({:.0} % taken by the hypervisor)", c.steal * 100.0)
+                    } else {
+                        String::new()
+                    }
                 );
             }
             for (what, b) in [("baseline", &p.baseline), ("limit", &p.limit)] {
