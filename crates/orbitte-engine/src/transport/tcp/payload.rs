@@ -259,6 +259,27 @@ pub(crate) fn send_all(
     Ok(())
 }
 
+/// Sends as much of `bytes` as the socket takes without waiting; returns
+/// how many went out (fewer than all when its buffer filled).
+pub(crate) fn send_ready(sock: &TcpStream, bytes: &[u8]) -> io::Result<usize> {
+    use rustix::net::SendFlags;
+    let mut sent = 0;
+    while sent < bytes.len() {
+        match rustix::net::send(
+            sock.as_fd(),
+            &bytes[sent..],
+            SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+        ) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => sent += n,
+            Err(rustix::io::Errno::AGAIN) => break,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(sent)
+}
+
 /// Checks the range and returns its offset as `usize`.
 fn check(mem: &HostMemory, offset: u64, len: usize) -> io::Result<usize> {
     let off = usize::try_from(offset).map_err(|_| io::Error::other("offset overflows usize"))?;
@@ -405,6 +426,36 @@ mod tests {
             .recv(&b, &mut FrameBuffer::new(), &m, 0, 10, Some(Instant::now()))
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[test]
+    fn send_ready_stops_where_the_socket_would_wait_and_never_blocks() {
+        let (a, b) = pair();
+        // Nobody reads `b`: the buffers fill long before 64 MiB went out.
+        let bytes = vec![7u8; 64 << 20];
+        let t0 = Instant::now();
+        let n = send_ready(&a, &bytes).unwrap();
+        assert!(n > 0 && n < bytes.len(), "sent {n}");
+        // Full: nothing more goes, at once.
+        assert_eq!(send_ready(&a, &bytes).unwrap(), 0);
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+        // What went out arrives whole and in order.
+        let mut got = vec![0u8; n];
+        io::Read::read_exact(&mut &b, &mut got).unwrap();
+        assert!(got.iter().all(|&x| x == 7));
+        // A closed peer is an error, not a partial send.
+        drop(b);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let e = (0..3)
+            .find_map(|_| send_ready(&a, &bytes[..1024]).err())
+            .expect("sending to a closed peer fails");
+        assert!(
+            matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            ),
+            "{e}"
+        );
     }
 
     #[test]
