@@ -35,6 +35,8 @@ use crate::transport::{PostContext, PostError, RailId, Transport, TransportEvent
 pub(crate) enum Arrival {
     /// A transport's event.
     Event(TransportEvent),
+    /// Several events of one delivery, in order.
+    Events(Vec<TransportEvent>),
     /// A post stopped early: `items` (the tail of the run) were not posted
     /// (`error.posted` is 0 for them).
     PostFailed {
@@ -125,9 +127,7 @@ impl Posts {
                     items: items[posted..].to_vec(),
                 });
             }
-            for ev in self.done.drain(..) {
-                intake.push(Arrival::Event(ev));
-            }
+            intake.push_events(&mut self.done);
             drop(guard);
         }
         self.work.clear();

@@ -105,19 +105,30 @@ impl State {
     /// Handles everything queued on the intake, then pumps once.
     pub(super) fn intake(&mut self, queue: &super::shared::Intake, now: Instant) {
         while let Some(arrival) = queue.pop() {
-            self.arrive(now, arrival);
+            if let Some(emptied) = self.arrive(now, arrival) {
+                queue.recycle(emptied);
+            }
         }
         self.pump(now);
     }
 
-    fn arrive(&mut self, now: Instant, arrival: Arrival) {
+    /// Handles one arrival; returns the emptied buffer of a batch of
+    /// events, for reuse.
+    fn arrive(&mut self, now: Instant, arrival: Arrival) -> Option<Vec<TransportEvent>> {
         match arrival {
             Arrival::Event(ev) => self.engine.core.handle_event(now, ev),
+            Arrival::Events(mut evs) => {
+                for ev in evs.drain(..) {
+                    self.engine.core.handle_event(now, ev);
+                }
+                return Some(evs);
+            }
             Arrival::PostFailed { error, items } => {
                 tracing::debug!(error = %error, "post failed");
                 self.engine.core.handle_post_error(now, &error, &items);
             }
         }
+        None
     }
 
     /// Posts what this hold of the lock handed out, waits for the posts
@@ -140,7 +151,8 @@ impl State {
             drop(lock_lane(&lane));
         }
         while let Ok(arrival) = self.arrivals.try_recv() {
-            self.arrive(now, arrival);
+            // Rare (a cancel or a deadline): an emptied buffer is dropped.
+            drop(self.arrive(now, arrival));
         }
         let mut done = std::mem::take(&mut self.done);
         for ev in done.drain(..) {
