@@ -82,6 +82,8 @@ struct State {
     /// Bytes of requests a poster began to send but the socket did not
     /// take without waiting: the writer sends them before anything else.
     carry: Vec<u8>,
+    /// Bytes left to the writer that way, in all.
+    carried: u64,
     writer_done: bool,
     last_progress: Instant,
 }
@@ -117,6 +119,7 @@ impl Rail {
                 down: None,
                 sending: false,
                 carry: Vec::new(),
+                carried: 0,
                 writer_done: false,
                 last_progress: Instant::now(),
             }),
@@ -197,6 +200,12 @@ impl Rail {
             }
             Ok(n) if n < out.len() => {
                 out.drain(..n);
+                tracing::trace!(
+                    rail = self.id.0,
+                    bytes = out.len(),
+                    "the socket is full: the writer sends the rest of the requests"
+                );
+                st.carried += out.len() as u64;
                 st.carry = out;
                 self.cv.notify_all();
             }
@@ -669,4 +678,136 @@ fn reader(
         });
     }
     sink.deliver(&mut events);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::net::TcpListener;
+    use std::sync::mpsc;
+
+    use orbitte_wire::{FrameHeader, HEADER_LEN, SourceId};
+
+    use super::*;
+    use crate::transport::{PeerId, RegistrationId, SliceToken};
+
+    struct NoSink;
+
+    impl EventSink for NoSink {
+        fn deliver(&self, events: &mut Vec<TransportEvent>) {
+            events.clear();
+        }
+    }
+
+    fn job(token: u64, op: Op, len: u32, local: &Arc<HostMemory>) -> Job {
+        Job {
+            item: WorkItem {
+                token: SliceToken(token),
+                rail: RailId(0),
+                op,
+                registration: RegistrationId(1),
+                local_offset: 0,
+                peer: PeerId(1),
+                range: crate::transport::RangeId(7),
+                remote_offset: token * 16,
+                len,
+                signaled: true,
+            },
+            local: local.clone(),
+            token: AccessToken(99),
+            answered: None,
+        }
+    }
+
+    /// Reads one request frame (and a WRITE's payload) from the peer's end.
+    fn next_request(peer: &mut TcpStream) -> (Frame, Vec<u8>) {
+        let mut head = [0u8; HEADER_LEN];
+        peer.read_exact(&mut head).unwrap();
+        let h = FrameHeader::decode(&head).unwrap();
+        let mut body = vec![0u8; h.fixed_len()];
+        peer.read_exact(&mut body).unwrap();
+        let frame = orbitte_wire::decode_body(&h, &body).unwrap();
+        let mut payload = Vec::new();
+        if let Frame::WriteRequest(w) = &frame {
+            payload.resize(w.length as usize, 0);
+            peer.read_exact(&mut payload).unwrap();
+        }
+        (frame, payload)
+    }
+
+    /// A post of READs never waits for the socket: with a peer that reads
+    /// nothing and fixed buffers of 128 KiB, 30,000 requests (about
+    /// 1.4 MiB) do not fit; the post returns anyway and the rest is carried. The writer sends the
+    /// carried bytes first, then a WRITE and more READs queued behind
+    /// them: the peer reads every request once, whole and in order.
+    #[test]
+    fn a_post_of_reads_never_waits_and_what_the_socket_refused_goes_first() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut peer, _) = l.accept().unwrap();
+        // Fixed buffers (no autotuning): loopback otherwise takes megabytes
+        // that nobody reads.
+        super::super::size_socket_buffers(&peer, Some(64 << 10));
+        // A request that never comes fails the test instead of hanging it.
+        peer.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut cfg = SessionConfig::new(
+            SourceId::new("initiator").unwrap(),
+            orbitte_wire::Epoch::new(1).unwrap(),
+        );
+        cfg.max_in_flight_per_connection = 40_000;
+        cfg.socket_buffer = Some(64 << 10);
+        let rail = Rail::start(
+            RailId(0),
+            orbitte_wire::SessionId(1),
+            ours,
+            &cfg,
+            Arc::new(NoSink),
+            Arc::new(|_| {}),
+        )
+        .unwrap();
+        let local = HostMemory::alloc(4096).unwrap();
+        local.fill(0, 4096, 0xab).unwrap();
+
+        // The post runs on another thread so that a post that waited for
+        // the peer would fail the test instead of hanging it.
+        let (done, posted) = mpsc::channel();
+        let (r, l2) = (rail.clone(), local.clone());
+        std::thread::spawn(move || {
+            let jobs = (0..30_000).map(|t| job(t, Op::Read, 16, &l2));
+            done.send(r.push(jobs)).unwrap();
+        });
+        posted
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a post of READs waited for a peer that reads nothing")
+            .unwrap();
+        let carried = rail.state.lock().unwrap().carried;
+        assert!(carried > 0, "the socket took 1.4 MiB of requests at once");
+
+        // Behind the carried bytes: a WRITE and more READs.
+        rail.push(std::iter::once(job(30_000, Op::Write, 4096, &local)))
+            .unwrap();
+        rail.push((30_001..30_101).map(|t| job(t, Op::Read, 16, &local)))
+            .unwrap();
+
+        for want in 0..30_101u64 {
+            let (frame, payload) = next_request(&mut peer);
+            match frame {
+                Frame::ReadRequest(r) => {
+                    assert_ne!(want, 30_000, "the WRITE was overtaken");
+                    assert_eq!(r.request_id.0, want);
+                    assert_eq!(r.offset, want * 16);
+                    assert_eq!(r.length, 16);
+                }
+                Frame::WriteRequest(w) => {
+                    assert_eq!(want, 30_000, "the WRITE came at {want}");
+                    assert_eq!(w.request_id.0, want);
+                    assert_eq!(payload, vec![0xab; 4096]);
+                }
+                other => panic!("request {want}: unexpected {}", other.frame_type()),
+            }
+        }
+        assert!(rail.state.lock().unwrap().carry.is_empty());
+        rail.fail("test over", true);
+    }
 }
