@@ -81,6 +81,7 @@ struct State {
     sending: bool,
     /// Bytes of requests a poster began to send but the socket did not
     /// take without waiting: the writer sends them before anything else.
+    /// Empty, it keeps its allocation for the next poster's requests.
     carry: Vec<u8>,
     /// Bytes left to the writer that way, in all.
     carried: u64,
@@ -173,7 +174,9 @@ impl Rail {
             return Ok(());
         }
         st.sending = true;
-        let mut out = Vec::with_capacity(64 * st.queue.len());
+        // The carry buffer is empty here; its allocation is reused for the
+        // requests, and given back whether or not the socket took them all.
+        let mut out = std::mem::take(&mut st.carry);
         let mut encoded = Ok(());
         while st.in_flight.len() < self.max_in_flight {
             let Some(job) = st.queue.pop_front() else {
@@ -210,6 +213,8 @@ impl Rail {
                 self.cv.notify_all();
             }
             Ok(_) => {
+                out.clear();
+                st.carry = out;
                 if !st.notes.is_empty()
                     || (!st.queue.is_empty() && st.in_flight.len() <= self.low_water())
                 {
