@@ -3,7 +3,9 @@
 //!
 //! - local: memcpy between two memfd-backed windows (the path's own copy,
 //!   `HostMemory::copy_from`), block by block over the batch's window, one
-//!   thread per initiator thread;
+//!   thread per initiator thread; where the path copies part of a batch on
+//!   a second thread (its rail's worker, beyond what the posting thread
+//!   copies), so does the baseline, at the same time;
 //! - tcp: raw socket pairs doing the path's exchange over as many
 //!   connections as the path has rails (WRITE: a header and the payload one
 //!   way, a small ack back per request; READ: a small request, a header and
@@ -168,44 +170,147 @@ where
     }
 }
 
+/// Bytes of each batch that the local path copies on the thread that
+/// posts it when its rail is idle: whole items up to
+/// [`INLINE_BYTES`](orbitte::transport::local::INLINE_BYTES) (a block
+/// larger than that is cut into slices, and the slices that fit are
+/// copied there). The rest of the batch goes to the rail's worker thread,
+/// which copies at the same time.
+fn inline_bytes(block: usize, batch: usize) -> usize {
+    let inline = usize::try_from(orbitte::transport::local::INLINE_BYTES).unwrap_or(usize::MAX);
+    let window = block.saturating_mul(batch);
+    if window <= inline {
+        window
+    } else if block <= inline {
+        inline / block * block
+    } else {
+        inline
+    }
+}
+
+/// Copies `dst[range] = src[range]` in `block`-byte blocks (the last one
+/// may be shorter) with the local path's copy.
+fn copy_blocks(
+    src: &HostMemory,
+    dst: &HostMemory,
+    range: std::ops::Range<usize>,
+    block: usize,
+) -> std::io::Result<()> {
+    let mut off = range.start;
+    while off < range.end {
+        let n = block.min(range.end - off);
+        dst.copy_from(off, src, off, n)
+            .map_err(std::io::Error::other)?;
+        off += n;
+    }
+    Ok(())
+}
+
 /// One thread per initiator thread, copying `block`-byte blocks between
 /// two memfd-backed windows of `block x batch` bytes with the local
-/// path's copy.
+/// path's copy, split as the path splits a batch: a batch larger than the
+/// path copies on its posting thread ([`inline_bytes`]) has its rest
+/// copied by a second thread at the same time, and the next batch starts
+/// when both are done.
 fn memcpy(shape: Shape) -> std::io::Result<Sample> {
     let window = shape.block * shape.batch;
+    let split = inline_bytes(shape.block, shape.batch);
     let windows = (0..shape.threads)
         .map(|_| -> std::io::Result<_> {
             let pair = (alloc(window)?, alloc(window)?);
             Ok(pair)
         })
         .collect::<std::io::Result<Vec<_>>>()?;
-    let copy = |src: &HostMemory, dst: &HostMemory| -> std::io::Result<u64> {
-        for off in (0..window).step_by(shape.block) {
-            let n = shape.block.min(window - off);
-            dst.copy_from(off, src, off, n)
-                .map_err(std::io::Error::other)?;
-        }
-        Ok(window as u64)
-    };
     let (bytes, elapsed) = timed(shape.threads, shape.duration, |t, stop, ready| {
         let (src, dst) = &windows[t];
-        copy(src, dst)?;
-        ready();
-        let mut n = 0;
-        while !stop.load(Ordering::Relaxed) {
-            n += copy(src, dst)?;
+        let (src, dst) = (&**src, &**dst);
+        if split >= window {
+            copy_blocks(src, dst, 0..window, shape.block)?;
+            ready();
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                copy_blocks(src, dst, 0..window, shape.block)?;
+                n += window as u64;
+            }
+            return Ok(n);
         }
-        Ok(n)
+        split_copies(src, dst, shape.block, split, window, stop, ready)
     })?;
+    let how = if split >= window {
+        format!("{} thread(s)", shape.threads)
+    } else {
+        format!(
+            "{} thread(s), each batch's first {} KiB on one and the other {} KiB on a second at the same time, as the local path splits a batch",
+            shape.threads,
+            split >> 10,
+            (window - split) >> 10
+        )
+    };
     Ok(Sample {
         name: format!(
-            "memcpy ({} thread(s), {} KiB blocks over a {} KiB window, pre-faulted)",
-            shape.threads,
+            "memcpy ({how}, {} KiB blocks over a {} KiB window, pre-faulted)",
             shape.block >> 10,
             window >> 10
         ),
         gbps: gbps(bytes, elapsed),
         seconds: elapsed.as_secs_f64(),
+    })
+}
+
+/// Copies batches of `window` bytes until `stop`: this thread copies the
+/// first `split` bytes of each while a second thread copies the rest,
+/// and the next batch starts when both are done. Calls `ready` after the
+/// first batch and returns the bytes of the batches after it.
+fn split_copies(
+    src: &HostMemory,
+    dst: &HostMemory,
+    block: usize,
+    split: usize,
+    window: usize,
+    stop: &AtomicBool,
+    ready: &dyn Fn(),
+) -> std::io::Result<u64> {
+    let start = Barrier::new(2);
+    let end = Barrier::new(2);
+    let done = AtomicBool::new(false);
+    let failed = std::sync::Mutex::new(None);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            loop {
+                start.wait();
+                if done.load(Ordering::Acquire) {
+                    return;
+                }
+                if let Err(e) = copy_blocks(src, dst, split..window, block) {
+                    failed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(e);
+                }
+                end.wait();
+            }
+        });
+        let batch = || -> std::io::Result<u64> {
+            start.wait();
+            let mine = copy_blocks(src, dst, 0..split, block);
+            end.wait();
+            let theirs = failed.lock().unwrap_or_else(|p| p.into_inner()).take();
+            mine?;
+            theirs.map_or(Ok(()), Err)?;
+            Ok(window as u64)
+        };
+        let result = (|| {
+            batch()?;
+            ready();
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                n += batch()?;
+            }
+            Ok(n)
+        })();
+        done.store(true, Ordering::Release);
+        start.wait();
+        result
     })
 }
 
@@ -503,6 +608,61 @@ mod tests {
             assert!(s.gbps > 0.0, "{kind:?}: {s:?}");
             assert!(s.seconds > 0.0, "{kind:?}: {s:?}");
         }
+    }
+
+    #[test]
+    fn memcpy_splits_a_batch_where_the_local_path_does() {
+        let inline = usize::try_from(orbitte::transport::local::INLINE_BYTES).unwrap();
+        // A batch the posting thread copies whole.
+        assert_eq!(inline_bytes(64 << 10, 16), 16 * (64 << 10));
+        assert_eq!(inline_bytes(4096, 4), 4 * 4096);
+        // Whole blocks up to the limit; slices of a larger block.
+        assert_eq!(inline_bytes(128 << 10, 16), inline);
+        assert_eq!(inline_bytes(3 << 18, 4), inline / (3 << 18) * (3 << 18));
+        assert_eq!(inline_bytes(4 * inline, 2), inline);
+
+        let one = measure(Kind::Memcpy, shape()).unwrap();
+        assert!(
+            one.name.starts_with("memcpy (2 thread(s), 4 KiB"),
+            "{one:?}"
+        );
+        let split = measure(
+            Kind::Memcpy,
+            Shape {
+                block: inline / 2,
+                batch: 4,
+                threads: 1,
+                ..shape()
+            },
+        )
+        .unwrap();
+        assert!(split.gbps > 0.0, "{split:?}");
+        assert!(
+            split.name.contains(&format!(
+                "first {} KiB on one and the other {} KiB on a second",
+                inline >> 10,
+                inline >> 10
+            )),
+            "{split:?}"
+        );
+    }
+
+    #[test]
+    fn split_copies_copy_the_whole_window_once_both_threads_are_done() {
+        let (block, window) = (4096, 10 * 4096 + 100);
+        let src = HostMemory::alloc(window).unwrap();
+        let dst = HostMemory::alloc(window).unwrap();
+        let pattern: Vec<u8> = (0..window).map(|i| (i % 251) as u8).collect();
+        src.write_at(0, &pattern).unwrap();
+        // `stop` already set: one batch, not counted.
+        let stop = AtomicBool::new(true);
+        let readied = std::cell::Cell::new(0);
+        let bytes = split_copies(&src, &dst, block, 3 * block, window, &stop, &|| {
+            readied.set(readied.get() + 1)
+        })
+        .unwrap();
+        assert_eq!((bytes, readied.get()), (0, 1));
+        assert_eq!(dst.to_vec(0, window).unwrap(), pattern);
     }
 
     #[test]
