@@ -269,6 +269,21 @@ impl EngineBuilder {
         cfg
     }
 
+    /// Refuses session settings that cannot work.
+    pub(crate) fn check_sessions(cfg: &SessionConfig) -> Result<(), BuildError> {
+        let min = crate::session::MIN_SOCKET_BUFFER;
+        match cfg.socket_buffer {
+            Some(n) if n < min => Err(BuildError::Setting {
+                name: "socket_buffer",
+                why: format!(
+                    "{n} bytes is below the {} KiB floor (a socket buffer under one segment stalls a session on zero-window probes); ask for at least {min} bytes, or None for the kernel's autotuning",
+                    min >> 10
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     pub(crate) fn checked(&self) -> Result<(SourceId, Epoch), BuildError> {
         let source = SourceId::new(self.source_id.clone()).map_err(BuildError::SourceId)?;
         let epoch = match self.epoch {

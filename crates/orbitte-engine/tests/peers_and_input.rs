@@ -503,3 +503,28 @@ fn rail_refusals(
         other => panic!("expected NoRail, got {other:?}"),
     }
 }
+
+#[test]
+fn a_socket_buffer_below_one_segment_is_refused_at_build_naming_the_floor() {
+    use orbitte_engine::BuildError;
+    use orbitte_engine::session::MIN_SOCKET_BUFFER;
+    let fabric = fabric(1, Delivery::Background, 50);
+    let with = |size: Option<usize>| {
+        builder(&fabric, "a", 1)
+            .session_settings(move |c| c.socket_buffer = size)
+            .build()
+    };
+    match with(Some(4096)) {
+        Err(BuildError::Setting { name, why }) => {
+            assert_eq!(name, "socket_buffer");
+            assert!(why.contains("4096 bytes"), "{why}");
+            assert!(why.contains(&MIN_SOCKET_BUFFER.to_string()), "{why}");
+        }
+        other => panic!("a 4 KiB socket buffer was not refused: {other:?}"),
+    }
+    assert!(with(Some(MIN_SOCKET_BUFFER - 1)).is_err());
+    for ok in [None, Some(MIN_SOCKET_BUFFER), Some(4 << 20)] {
+        let e = with(ok).unwrap_or_else(|e| panic!("{ok:?} refused: {e}"));
+        e.shutdown(Duration::from_secs(5)).unwrap();
+    }
+}

@@ -22,6 +22,7 @@ impl EngineBuilder {
     pub fn build(self) -> Result<TransferEngine, BuildError> {
         let (source_id, epoch) = self.checked()?;
         let mut sessions = self.session_config(&source_id, epoch);
+        Self::check_sessions(&sessions)?;
         // Sessions go into the engine's one peer table: number them with the
         // engine's counter.
         let next_session = Arc::new(std::sync::atomic::AtomicU64::new(1));

@@ -64,6 +64,11 @@ pub use link::TcpControlLink;
 pub use listener::{ClosedSession, Listener, ListenerStats};
 pub use publications::{PublicationTable, Published, RangeLookup};
 
+/// The smallest `SessionConfig::socket_buffer`: the kernel doubles what
+/// is asked for, and a buffer below one segment (64 KiB on loopback)
+/// stalls a session on zero-window probes for seconds at a time.
+pub const MIN_SOCKET_BUFFER: usize = 64 << 10;
+
 /// Settings shared by both ends of sessions.
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
@@ -117,7 +122,8 @@ pub struct SessionConfig {
     /// segments and retransmission timeouts stalled READs of 1 MiB blocks
     /// for hundreds of milliseconds (docs/performance.md). The kernel caps
     /// it at `net.core.wmem_max` and `rmem_max`. Never applied before
-    /// authentication.
+    /// authentication. At least [`MIN_SOCKET_BUFFER`] (the engine's
+    /// builder refuses less).
     pub socket_buffer: Option<usize>,
     /// Send memfd-backed memory with `sendfile` (see
     /// `transport::tcp::payload`); off: with `sendmsg` straight from the
