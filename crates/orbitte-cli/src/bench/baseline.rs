@@ -171,11 +171,12 @@ where
 }
 
 /// Bytes of each batch that the local path copies on the thread that
-/// posts it when its rail is idle: whole items up to
-/// [`INLINE_BYTES`](orbitte::transport::local::INLINE_BYTES) (a block
-/// larger than that is cut into slices, and the slices that fit are
-/// copied there). The rest of the batch goes to the rail's worker thread,
-/// which copies at the same time.
+/// posts it when its rail is idle: whole blocks up to
+/// [`INLINE_BYTES`](orbitte::transport::local::INLINE_BYTES), or that
+/// much of a block larger than it (cut into slices). The rest of the batch
+/// goes to the rail's worker thread, which copies at the same time. (The
+/// path counts slices, not blocks: for a block that is not a multiple of
+/// the slice size it may copy up to one slice more here.)
 fn inline_bytes(block: usize, batch: usize) -> usize {
     let inline = usize::try_from(orbitte::transport::local::INLINE_BYTES).unwrap_or(usize::MAX);
     let window = block.saturating_mul(batch);
