@@ -483,8 +483,8 @@ fn markdown(doc: &Value) -> String {
         s(&doc["seconds_per_round"]),
     );
     out.push_str(
-        "| path | op | block | batch | threads | GB/s | rounds GB/s | req/s | p50 / p99 / p999 µs | CPUs busy | baseline GB/s | path / baseline | loopback limit GB/s | path / limit |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| path | op | block | batch | threads | GB/s | rounds GB/s | req/s | p50 / p99 / p999 µs | CPUs busy | initiator CPU µs / req | baseline GB/s | path / baseline | loopback limit GB/s | path / limit |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut notes = Vec::new();
     for c in doc["cells"].as_array().into_iter().flatten() {
@@ -504,7 +504,7 @@ fn markdown(doc: &Value) -> String {
         if let Some(e) = c["error"].as_str() {
             notes.push(format!("{what}: failed: {e}"));
             out.push_str(&format!(
-                "{head}| failed [{}] | | | | | | | | |\n",
+                "{head}| failed [{}] | | | | | | | | | |\n",
                 notes.len()
             ));
             continue;
@@ -524,10 +524,12 @@ fn markdown(doc: &Value) -> String {
             _ => "—".into(),
         };
         let cpu = f(&p["cpu"]["busy"]).map_or("—".into(), |b| format!("{:.0} %", b * 100.0));
+        let per_req =
+            f(&p["initiator_cpu"]["us_per_request"]).map_or("—".into(), |u| format!("{u:.2}"));
         let (bg, br) = judged(&p["baseline"], &mut notes, &format!("{what} baseline"));
         let (lg, lr) = judged(&p["limit"], &mut notes, &format!("{what} limit"));
         out.push_str(&format!(
-            "{head}| {:.2} | {rounds} | {:.0} | {lat} | {cpu} | {bg} | {br} | {lg} | {lr} |\n",
+            "{head}| {:.2} | {rounds} | {:.0} | {lat} | {cpu} | {per_req} | {bg} | {br} | {lg} | {lr} |\n",
             f(&p["gbps"]).unwrap_or(0.0),
             f(&p["ops_per_s"]).unwrap_or(0.0),
         ));
@@ -537,7 +539,9 @@ fn markdown(doc: &Value) -> String {
          simulated fabric for rdma (sim); \
          loopback limit: the best raw-socket setting (performance.md says how each is measured); \
          CPUs busy: the share of all the machine's CPU time spent working while the path was measured, \
-         both processes and everything else on the machine included.\n",
+         both processes and everything else on the machine included; initiator CPU µs / req: the CPU time \
+         of the initiator threads themselves (they submit and wait; copies made on them included) per \
+         request completed.\n",
     );
     if !notes.is_empty() {
         out.push('\n');
@@ -607,6 +611,7 @@ mod tests {
                     "gbps": 1.5, "ops_per_s": 22888.0, "rounds_gbps": [1.4, 1.5, 1.6],
                     "latency": {"p50_us": 600.0, "p99_us": 900.0, "p999_us": 1500.0},
                     "cpu": {"cpus": 2, "busy": 0.846, "steal": 0.0},
+                    "initiator_cpu": {"seconds": 0.9, "busy": 0.9, "us_per_request": 13.107},
                     "baseline": baseline(2.0, 0.75, Value::Null),
                     "limit": baseline(1.2, 1.25, json!("the path ran 1.25x its baseline")),
                 }]}))),
@@ -629,7 +634,7 @@ mod tests {
         busy["load_before"] = json!("2.5 2.0 1.0");
         assert!(markdown(&busy).contains("before 2.5 2.0 1.0 (busy:"));
         assert!(
-            t.contains("| tcp | READ | 64K | 16 | 1 | 1.50 | 1.40 1.50 1.60 | 22888 | 600 / 900 / 1500 | 85 % | 2.00 | 0.75 | 1.20 | suspect [1] |"),
+            t.contains("| tcp | READ | 64K | 16 | 1 | 1.50 | 1.40 1.50 1.60 | 22888 | 600 / 900 / 1500 | 85 % | 13.11 | 2.00 | 0.75 | 1.20 | suspect [1] |"),
             "{t}"
         );
         assert!(
@@ -641,8 +646,9 @@ mod tests {
         // A bench that could not read the CPU counters: no figure.
         let mut blind = doc();
         blind["cells"][0]["report"]["points"][0]["cpu"] = Value::Null;
+        blind["cells"][0]["report"]["points"][0]["initiator_cpu"] = Value::Null;
         let t = markdown(&blind);
-        assert!(t.contains("| 600 / 900 / 1500 | — | 2.00 |"), "{t}");
+        assert!(t.contains("| 600 / 900 / 1500 | — | — | 2.00 |"), "{t}");
     }
 
     #[test]

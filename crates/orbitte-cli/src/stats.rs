@@ -87,6 +87,45 @@ pub(crate) struct CpuUse {
     pub(crate) steal: f64,
 }
 
+/// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`).
+pub(crate) fn thread_cpu_time() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    let secs = u64::try_from(t.tv_sec).unwrap_or(0);
+    let nanos = u32::try_from(t.tv_nsec).unwrap_or(0);
+    Duration::new(secs, nanos)
+}
+
+/// What the initiator threads themselves (the ones that submit batches
+/// and wait for their outcomes, copies made on them included) spent over
+/// the timed window; the engine's other threads are not in it.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub(crate) struct ThreadCpu {
+    /// CPU seconds, summed over the threads.
+    pub(crate) seconds: f64,
+    /// `seconds` over the threads' wall time (threads x the window), 0 to 1.
+    pub(crate) busy: f64,
+    /// CPU microseconds per request completed.
+    pub(crate) us_per_request: f64,
+}
+
+impl ThreadCpu {
+    /// `cpu` spent by `threads` threads over `elapsed` for `requests`;
+    /// `None` when nothing was measured.
+    pub(crate) fn new(
+        cpu: Duration,
+        threads: usize,
+        elapsed: Duration,
+        requests: u64,
+    ) -> Option<Self> {
+        let wall = elapsed.as_secs_f64() * threads as f64;
+        (wall > 0.0 && requests > 0).then(|| Self {
+            seconds: cpu.as_secs_f64(),
+            busy: (cpu.as_secs_f64() / wall).min(1.0),
+            us_per_request: cpu.as_secs_f64() * 1e6 / requests as f64,
+        })
+    }
+}
+
 impl CpuTicks {
     /// The counters now; `None` where `/proc/stat` cannot be read or
     /// parsed (not Linux).
@@ -138,6 +177,33 @@ impl CpuTicks {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thread_cpu_time_counts_this_threads_work_not_its_sleep() {
+        let t0 = thread_cpu_time();
+        std::thread::sleep(Duration::from_millis(50));
+        let slept = thread_cpu_time() - t0;
+        let t1 = thread_cpu_time();
+        let mut x = 0u64;
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_millis(50) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        let worked = thread_cpu_time() - t1;
+        assert!(slept < Duration::from_millis(20), "{slept:?} while asleep");
+        assert!(worked > slept, "{worked:?} working, {slept:?} asleep");
+    }
+
+    #[test]
+    fn initiator_cpu_is_per_request_and_per_thread_wall_time() {
+        let c =
+            ThreadCpu::new(Duration::from_secs(3), 2, Duration::from_secs(2), 1_500_000).unwrap();
+        assert_eq!(c.seconds, 3.0);
+        assert_eq!(c.busy, 0.75);
+        assert_eq!(c.us_per_request, 2.0);
+        assert!(ThreadCpu::new(Duration::from_secs(1), 1, Duration::from_secs(1), 0).is_none());
+        assert!(ThreadCpu::new(Duration::from_secs(1), 1, Duration::ZERO, 5).is_none());
+    }
 
     #[test]
     fn percentiles_are_nearest_rank() {

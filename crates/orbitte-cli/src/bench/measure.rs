@@ -15,7 +15,7 @@ use super::report::Point;
 use super::{engine_op, target_byte};
 use crate::Failure;
 use crate::cli::BenchArgs;
-use crate::stats::{CpuTicks, Latencies, gbps};
+use crate::stats::{CpuTicks, Latencies, ThreadCpu, gbps, thread_cpu_time};
 
 /// Byte `i` of block `block` of batch number `seq` of thread `t` (what a
 /// WRITE with `--check` sends).
@@ -46,6 +46,8 @@ struct Shared {
     bytes: AtomicU64,
     ops: AtomicU64,
     checked: AtomicU64,
+    /// CPU nanoseconds the initiator threads used in their timed loops.
+    cpu_ns: AtomicU64,
 }
 
 /// Measures one block size.
@@ -63,6 +65,7 @@ pub(crate) fn run(
         bytes: AtomicU64::new(0),
         ops: AtomicU64::new(0),
         checked: AtomicU64::new(0),
+        cpu_ns: AtomicU64::new(0),
     };
     let duration = Duration::from_secs_f64(args.duration);
     let first_error: Mutex<Option<Failure>> = Mutex::new(None);
@@ -79,8 +82,14 @@ pub(crate) fn run(
             let (shared, first_error, latencies) = (&shared, &first_error, &latencies);
             s.spawn(move || {
                 let mut lat = Latencies::default();
+                let cpu = thread_cpu_time();
                 let r = thread_loop(
                     backend, args, t, block, window, start, duration, shared, &mut lat,
+                );
+                let used = thread_cpu_time().saturating_sub(cpu);
+                shared.cpu_ns.fetch_add(
+                    u64::try_from(used.as_nanos()).unwrap_or(u64::MAX),
+                    Ordering::Relaxed,
                 );
                 if let Err(f) = r {
                     shared.stop.store(true, Ordering::Release);
@@ -138,6 +147,12 @@ pub(crate) fn run(
         drained: true,
         rounds_gbps: vec![gbps(bytes, elapsed)],
         cpu,
+        initiator_cpu: ThreadCpu::new(
+            Duration::from_nanos(shared.cpu_ns.load(Ordering::Relaxed)),
+            threads,
+            elapsed,
+            ops,
+        ),
         baseline: None,
         limit: None,
     })

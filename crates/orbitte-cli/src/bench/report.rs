@@ -8,7 +8,7 @@ use super::backend::Backend;
 use crate::Failure;
 use crate::chart::{self, Series, human_bytes};
 use crate::cli::{BenchArgs, Op, PathName, Role};
-use crate::stats::{CpuUse, LatencySummary};
+use crate::stats::{CpuUse, LatencySummary, ThreadCpu};
 
 /// A baseline figure measured in the same run, alternating with the path
 /// (`--rounds`).
@@ -51,6 +51,9 @@ pub(crate) struct Point {
     /// (every process's work: on one host, the target's too); `None`
     /// where the counters cannot be read.
     pub(crate) cpu: Option<CpuUse>,
+    /// What the initiator threads themselves spent (`None` when no
+    /// request completed).
+    pub(crate) initiator_cpu: Option<ThreadCpu>,
     /// What the path is judged against: memcpy (local), the same exchange
     /// on raw sockets (tcp).
     pub(crate) baseline: Option<Baseline>,
@@ -241,6 +244,14 @@ impl Report {
                     } else {
                         String::new()
                     }
+                );
+            }
+            if let Some(c) = p.initiator_cpu {
+                println!(
+                    "  {:>11}  initiator thread(s) busy {:.0} %, {:.2} µs of their CPU per request",
+                    "",
+                    c.busy * 100.0,
+                    c.us_per_request
                 );
             }
             for (what, b) in [("baseline", &p.baseline), ("limit", &p.limit)] {
