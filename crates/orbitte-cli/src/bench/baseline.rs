@@ -170,6 +170,23 @@ where
     }
 }
 
+/// A baseline thread's work inside [`timed`]: one untimed `batch` (the
+/// warm-up), `ready()`, then batches until `stop`; returns the bytes of
+/// the timed ones (each `batch` returns its own).
+pub(crate) fn until_stopped(
+    stop: &AtomicBool,
+    ready: &dyn Fn(),
+    mut batch: impl FnMut() -> std::io::Result<u64>,
+) -> std::io::Result<u64> {
+    batch()?;
+    ready();
+    let mut n = 0;
+    while !stop.load(Ordering::Relaxed) {
+        n += batch()?;
+    }
+    Ok(n)
+}
+
 /// Bytes of each batch that the local path copies on the thread that
 /// posts it when its rail is idle: whole blocks up to
 /// [`INLINE_BYTES`](orbitte::transport::local::INLINE_BYTES), or that
@@ -226,14 +243,10 @@ fn memcpy(shape: Shape) -> std::io::Result<Sample> {
         let (src, dst) = &windows[t];
         let (src, dst) = (&**src, &**dst);
         if split >= window {
-            copy_blocks(src, dst, 0..window, shape.block)?;
-            ready();
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
+            return until_stopped(stop, ready, || {
                 copy_blocks(src, dst, 0..window, shape.block)?;
-                n += window as u64;
-            }
-            return Ok(n);
+                Ok(window as u64)
+            });
         }
         split_copies(src, dst, shape.block, split, window, stop, ready)
     })?;
@@ -300,15 +313,7 @@ fn split_copies(
             theirs.map_or(Ok(()), Err)?;
             Ok(window as u64)
         };
-        let result = (|| {
-            batch()?;
-            ready();
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
-                n += batch()?;
-            }
-            Ok(n)
-        })();
+        let result = until_stopped(stop, ready, batch);
         done.store(true, Ordering::Release);
         start.wait();
         result
@@ -447,15 +452,9 @@ fn same_exchange(op: Op, shape: Shape) -> std::io::Result<Sample> {
                 .lock()
                 .map_err(|_| std::io::Error::other("poisoned"))?;
             let mut window = faulted(window);
-            let r = (|| {
-                exchange_batch(op, &mut conn, &mut window, shape.block, &headers)?;
-                ready();
-                let mut n = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    n += exchange_batch(op, &mut conn, &mut window, shape.block, &headers)?;
-                }
-                Ok(n)
-            })();
+            let r = until_stopped(stop, ready, || {
+                exchange_batch(op, &mut conn, &mut window, shape.block, &headers)
+            });
             // The target side ends when its connection closes.
             let _ = conn.shutdown(std::net::Shutdown::Both);
             r
@@ -552,15 +551,12 @@ fn stream(
                 }
                 Ok(())
             };
-            send(&mut tx)?;
-            ready();
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
+            let r = until_stopped(stop, ready, || {
                 send(&mut tx)?;
-                n += LIMIT_WRITE as u64;
-            }
+                Ok(LIMIT_WRITE as u64)
+            });
             let _ = tx.shutdown(std::net::Shutdown::Both);
-            Ok(n)
+            r
         })
     })?;
     Ok(Sample {

@@ -171,13 +171,7 @@ pub(crate) fn measure(op: Op, shape: Shape) -> std::io::Result<Sample> {
                 )
             })
             .collect();
-        batch(&mut lane, op, shape, &sges)?;
-        ready();
-        let mut n = 0;
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            n += batch(&mut lane, op, shape, &sges)?;
-        }
-        Ok(n)
+        super::baseline::until_stopped(stop, ready, || batch(&mut lane, op, shape, &sges))
     })?;
     Ok(Sample {
         name: format!(
