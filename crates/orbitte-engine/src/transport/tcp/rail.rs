@@ -694,6 +694,7 @@ mod tests {
     use orbitte_wire::{FrameHeader, HEADER_LEN, SourceId};
 
     use super::*;
+    use crate::session::MIN_SOCKET_BUFFER;
     use crate::transport::{PeerId, RegistrationId, SliceToken};
 
     struct NoSink;
@@ -741,10 +742,12 @@ mod tests {
     }
 
     /// A post of READs never waits for the socket: with a peer that reads
-    /// nothing and fixed buffers of 128 KiB, 30,000 requests (about
-    /// 1.4 MiB) do not fit; the post returns anyway and the rest is carried. The writer sends the
-    /// carried bytes first, then a WRITE and more READs queued behind
-    /// them: the peer reads every request once, whole and in order.
+    /// nothing and the smallest fixed buffers the engine allows
+    /// (`MIN_SOCKET_BUFFER`, doubled by the kernel), 30,000 requests
+    /// (about 1.4 MiB) do not fit; the post returns anyway and the rest is
+    /// carried. The writer sends the carried bytes first, then a WRITE and
+    /// more READs queued behind them: the peer reads every request once,
+    /// whole and in order.
     #[test]
     fn a_post_of_reads_never_waits_and_what_the_socket_refused_goes_first() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -752,7 +755,7 @@ mod tests {
         let (mut peer, _) = l.accept().unwrap();
         // Fixed buffers (no autotuning): loopback otherwise takes megabytes
         // that nobody reads.
-        super::super::size_socket_buffers(&peer, Some(64 << 10));
+        super::super::size_socket_buffers(&peer, Some(MIN_SOCKET_BUFFER));
         // A request that never comes fails the test instead of hanging it.
         peer.set_read_timeout(Some(Duration::from_secs(20)))
             .unwrap();
@@ -761,7 +764,7 @@ mod tests {
             orbitte_wire::Epoch::new(1).unwrap(),
         );
         cfg.max_in_flight_per_connection = 40_000;
-        cfg.socket_buffer = Some(64 << 10);
+        cfg.socket_buffer = Some(MIN_SOCKET_BUFFER);
         let rail = Rail::start(
             RailId(0),
             orbitte_wire::SessionId(1),
