@@ -48,6 +48,8 @@ struct Shared {
     checked: AtomicU64,
     /// CPU nanoseconds the initiator threads used in their timed loops.
     cpu_ns: AtomicU64,
+    /// A thread could not read its CPU time.
+    cpu_unknown: AtomicBool,
 }
 
 /// Measures one block size.
@@ -66,6 +68,7 @@ pub(crate) fn run(
         ops: AtomicU64::new(0),
         checked: AtomicU64::new(0),
         cpu_ns: AtomicU64::new(0),
+        cpu_unknown: AtomicBool::new(false),
     };
     let duration = Duration::from_secs_f64(args.duration);
     let first_error: Mutex<Option<Failure>> = Mutex::new(None);
@@ -86,11 +89,16 @@ pub(crate) fn run(
                 let r = thread_loop(
                     backend, args, t, block, window, start, duration, shared, &mut lat,
                 );
-                let used = thread_cpu_time().saturating_sub(cpu);
-                shared.cpu_ns.fetch_add(
-                    u64::try_from(used.as_nanos()).unwrap_or(u64::MAX),
-                    Ordering::Relaxed,
-                );
+                match (cpu, thread_cpu_time()) {
+                    (Some(before), Some(after)) => {
+                        let used = after.saturating_sub(before);
+                        shared.cpu_ns.fetch_add(
+                            u64::try_from(used.as_nanos()).unwrap_or(u64::MAX),
+                            Ordering::Relaxed,
+                        );
+                    }
+                    _ => shared.cpu_unknown.store(true, Ordering::Relaxed),
+                }
                 if let Err(f) = r {
                     shared.stop.store(true, Ordering::Release);
                     let mut e = first_error.lock().unwrap_or_else(|p| p.into_inner());
@@ -147,12 +155,16 @@ pub(crate) fn run(
         drained: true,
         rounds_gbps: vec![gbps(bytes, elapsed)],
         cpu,
-        initiator_cpu: ThreadCpu::new(
-            Duration::from_nanos(shared.cpu_ns.load(Ordering::Relaxed)),
-            threads,
-            elapsed,
-            ops,
-        ),
+        initiator_cpu: if shared.cpu_unknown.load(Ordering::Relaxed) {
+            None
+        } else {
+            ThreadCpu::new(
+                Duration::from_nanos(shared.cpu_ns.load(Ordering::Relaxed)),
+                threads,
+                elapsed,
+                ops,
+            )
+        },
         baseline: None,
         limit: None,
     })
