@@ -645,7 +645,12 @@ impl Core {
         if self.rails[rail.0 as usize].spec.signal_interval == 1 {
             let r = &mut self.rails[rail.0 as usize];
             if let Some(pos) = r.fifo.iter().position(|t| *t == token.0) {
-                r.fifo.remove(pos);
+                // In order, the usual case, it is the oldest item.
+                if pos == 0 {
+                    r.fifo.pop_front();
+                } else {
+                    r.fifo.remove(pos);
+                }
                 if failed {
                     r.errored = true;
                 }
