@@ -96,6 +96,8 @@ pub(crate) struct Target {
     pub(crate) engine: Arc<TransferEngine>,
     pub(crate) addr: SocketAddr,
     pub(crate) range: RangeId,
+    /// The published range's memory.
+    pub(crate) memory: Arc<HostMemory>,
     /// Local path served.
     pub(crate) serves_local: bool,
     /// The record in etcd, kept alive while the target runs.
@@ -129,7 +131,7 @@ impl Target {
         let remote = alloc(len)?;
         fill_target_pattern(&remote).map_err(Failure::failed)?;
         let published = engine
-            .register(remote, Access::REMOTE_READ_WRITE)
+            .register(remote.clone(), Access::REMOTE_READ_WRITE)
             .map_err(|e| {
                 if rdma {
                     no_rdma(&e)
@@ -157,6 +159,7 @@ impl Target {
             serves_local: engine.serves_local(),
             engine,
             range,
+            memory: remote,
         })
     }
 }
@@ -454,6 +457,29 @@ impl Backend {
     /// Thread `t`'s local memory (source of WRITEs, destination of READs).
     pub(crate) fn local(&self, t: usize) -> &Arc<HostMemory> {
         &self.threads[t].local.1
+    }
+
+    /// The memory each thread's local-path copies move between, where
+    /// this process holds both sides (loopback on the local path): its
+    /// local window and its part of the target's range. Empty otherwise.
+    pub(crate) fn path_windows(&self, args: &BenchArgs) -> Vec<super::baseline::PathWindows> {
+        let Some(target) = self
+            .target
+            .as_ref()
+            .filter(|_| self.path == PathKind::Local)
+        else {
+            return Vec::new();
+        };
+        (0..self.threads.len())
+            .filter_map(|t| {
+                Some(super::baseline::PathWindows {
+                    local: self.local(t).clone(),
+                    remote: target.memory.clone(),
+                    remote_base: usize::try_from(super::measure::thread_base(self, args, t))
+                        .ok()?,
+                })
+            })
+            .collect()
     }
 
     /// Thread `t`'s scratch memory (where `--check` reads WRITEs back).

@@ -171,7 +171,7 @@ pub(crate) fn run(
 }
 
 /// Where thread `t`'s window starts in the remote range.
-fn thread_base(backend: &Backend, args: &BenchArgs, t: usize) -> u64 {
+pub(crate) fn thread_base(backend: &Backend, args: &BenchArgs, t: usize) -> u64 {
     t as u64 * (backend.remote_len() / u64::from(args.threads))
 }
 

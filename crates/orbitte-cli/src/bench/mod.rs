@@ -323,6 +323,9 @@ fn bench_with(
                 Vec::new()
             }
         };
+        // memcpy copies between the path's own pages where the bench
+        // holds them (loopback).
+        let own = backend.path_windows(args);
         // Path and baselines alternate, round by round.
         let mut path_rounds = Vec::new();
         let mut samples = vec![Vec::new(); kinds.len()];
@@ -332,7 +335,7 @@ fn bench_with(
             bar.finish_and_clear();
             path_rounds.push(point);
             for (kind, samples) in kinds.iter().zip(&mut samples) {
-                match baseline::measure(*kind, shape) {
+                match baseline::measure(*kind, shape, &own) {
                     Ok(s) => samples.push(s),
                     Err(e) => tracing::warn!(error = %e, ?kind, "baseline not measured"),
                 }
