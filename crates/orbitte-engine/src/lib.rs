@@ -100,7 +100,7 @@ mod state;
 #[cfg(test)]
 mod test_rng;
 pub mod transport;
-// net (issue 7, helper "net"): sessions and metadata; tcp/local under transport/.
+// Sessions and metadata; the tcp and local transports live under transport/.
 pub mod metadata;
 pub mod session;
 // cuda-staging path: GPU memory through pinned bounce buffers (staging lanes).

@@ -1,4 +1,4 @@
-//! The sim-versus-hardware comparison (issue 10, item 3): one set of
+//! The sim-versus-hardware comparison: one set of
 //! scenarios, each a function of a [`Rig`] (a provider and a device), run
 //! on the sim provider always and on the native provider when
 //! `ORBITTE_TEST_DEVICE` names a device (`rxe0` in the Soft-RoCE guest of

@@ -169,13 +169,12 @@ const NATIVE_SUITES: &[Suite] = &[
         target: Target::Test("native"),
     },
     // The same scenarios on the sim and on rxe0, with the documented
-    // differences (issue 10, item 3; docs/verbs.md "Sim versus rxe").
+    // differences (docs/verbs.md "Sim versus rxe").
     Suite {
         package: "orbitte-verbs",
         target: Target::Test("scenarios"),
     },
-    // Two engines in two processes on the native provider (issue 10, item
-    // 4): Host Direct registrations, open_peer / accept_peer over a TCP
+    // Two engines in two processes on the native provider: Host Direct registrations, open_peer / accept_peer over a TCP
     // control link, a mixed batch of WRITE and READ requests and a READ-back
     // batch over rxe0 loopback, every byte and every outcome field checked,
     // both engines shut down without anything Unquiesced.
@@ -209,7 +208,7 @@ const NATIVE_SUITES: &[Suite] = &[
         },
     },
     // The CLI's topology on rxe0, after one Host Direct registration through
-    // the native provider (issue 10, item 4).
+    // the native provider.
     Suite {
         package: "orbitte-cli",
         target: Target::Bin {
@@ -220,8 +219,8 @@ const NATIVE_SUITES: &[Suite] = &[
     },
     // Two engines (one process, loopback over rxe0) moving checked bytes
     // through the rdma path: Host Direct registration, batches of WRITE and
-    // of READ, every request drained (issue 10, item 4; two processes once
-    // the CLI has the control link for rdma). Correctness only: the rate
+    // of READ, every request drained (two processes once the CLI has the
+    // control link for rdma). Correctness only: the rate
     // under emulation means nothing.
     Suite {
         package: "orbitte-cli",
