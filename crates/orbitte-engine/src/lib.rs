@@ -106,6 +106,11 @@ pub mod session;
 // cuda-staging path: GPU memory through pinned bounce buffers (staging lanes).
 pub mod staging;
 
+/// The engine's tables keyed by ids (registrations, peers, ranges, rails,
+/// queue pairs, requests), looked up on every batch: foldhash, seeded per
+/// process, instead of SipHash.
+pub(crate) type Map<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 pub use capability::{CapabilityMatrix, Check, PathRow};
 pub use config::EngineBuilder;
 pub use control::{ControlLink, InProcessLink};

@@ -1,6 +1,5 @@
 //! Building an engine.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -61,7 +60,7 @@ impl EngineBuilder {
             rdma: RdmaTransport::default(),
             others: Vec::new(),
             owner: Vec::new(),
-            qpn_rail: HashMap::new(),
+            qpn_rail: crate::Map::default(),
             next_connect: 1,
             listed,
             listing_error,

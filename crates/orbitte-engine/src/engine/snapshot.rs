@@ -12,7 +12,6 @@
 //! undrained (`unregister` refuses until then, and `retire` keeps the
 //! local-access MRs).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use orbitte_memory::HostMemory;
@@ -27,8 +26,8 @@ use crate::transport::{PeerId, PostContext, RangeId, RegistrationId};
 /// tcp/local target (its published ranges).
 #[derive(Debug, Default)]
 pub(crate) struct TablesSnapshot {
-    regs: HashMap<u64, RegCopy>,
-    peers: HashMap<u32, HashMap<RangeId, RangeDescriptor>>,
+    regs: crate::Map<u64, RegCopy>,
+    peers: crate::Map<u32, crate::Map<RangeId, RangeDescriptor>>,
 }
 
 #[derive(Debug)]

@@ -2,7 +2,6 @@
 //! tables, and the pump that takes the work to post and flushes what the
 //! core asks.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -36,7 +35,7 @@ pub(crate) struct State {
     /// Each rail's post lock, by rail id (see `post`).
     pub(super) lanes: Vec<Arc<Mutex<()>>>,
     pub(crate) owner: Vec<Owner>,
-    pub(crate) qpn_rail: HashMap<(u32, u32), RailId>,
+    pub(crate) qpn_rail: crate::Map<(u32, u32), RailId>,
     pub(crate) next_connect: u64,
     pub(crate) listed: Vec<verbs::DeviceInfo>,
     pub(crate) listing_error: Option<Arc<verbs::DeviceListError>>,

@@ -8,7 +8,6 @@
 //! [`StateGuard`](super::StateGuard)), so a woken thread does not run into
 //! the lock its waker still holds.
 
-use std::collections::HashMap;
 use std::thread::Thread;
 
 use crate::outcome::RequestId;
@@ -17,7 +16,7 @@ use crate::outcome::RequestId;
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
     /// One parked thread per awaited request.
-    waiting: HashMap<RequestId, Thread>,
+    waiting: crate::Map<RequestId, Thread>,
     /// Threads parked until some slice is released.
     draining: Vec<Thread>,
     /// Whether slices were released since the drain waiters were last woken.

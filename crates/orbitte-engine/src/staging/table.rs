@@ -2,7 +2,6 @@
 //! staged requests in the engine's tables, and how `register`, `submit`,
 //! `cancel`, `wait` and the drain queries reach them.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -22,8 +21,8 @@ const STAGED_SLOT: u64 = 1 << 31;
 /// CUDA registrations and staged requests, kept in the engine state.
 #[derive(Debug, Default)]
 pub(crate) struct Staged {
-    regs: HashMap<u64, CudaEntry>,
-    requests: HashMap<RequestId, StagedEntry>,
+    regs: crate::Map<u64, CudaEntry>,
+    requests: crate::Map<RequestId, StagedEntry>,
     next: u64,
 }
 

@@ -45,7 +45,6 @@ pub(crate) use outcomes::Outcomes;
 pub(crate) use register::retained;
 pub(crate) use tables::{PeerState, Tables, published_remote};
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -377,7 +376,7 @@ impl EngineState {
                 ranges: ranges
                     .iter()
                     .map(|r| (RangeId(r.range_id.0), r.clone()))
-                    .collect::<HashMap<_, _>>(),
+                    .collect::<crate::Map<_, _>>(),
                 rails: Vec::new(),
             },
         );

@@ -7,8 +7,6 @@
 //! asks it first (it is shared with the net sessions), then applies the
 //! outcome here.
 
-use std::collections::HashMap;
-
 use orbitte_wire::handshake::Established;
 use orbitte_wire::{self as wire, Admission};
 
@@ -77,7 +75,7 @@ impl EngineState {
                 source_id: source.clone(),
                 epoch: est.peer.epoch,
                 sessions: Vec::new(),
-                ranges: HashMap::new(),
+                ranges: crate::Map::default(),
                 rails: Vec::new(),
             });
         entry.epoch = est.peer.epoch;

@@ -1,6 +1,5 @@
 //! The registration and peer tables, and the check of a request's remote side.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use orbitte_memory::HostMemory;
@@ -18,7 +17,7 @@ pub(crate) struct PeerState {
     pub(crate) source_id: SourceId,
     pub(crate) epoch: Epoch,
     pub(crate) sessions: Vec<wire::SessionId>,
-    pub(crate) ranges: HashMap<RangeId, wire::RangeDescriptor>,
+    pub(crate) ranges: crate::Map<RangeId, wire::RangeDescriptor>,
     pub(crate) rails: Vec<RailId>,
 }
 
@@ -28,8 +27,8 @@ pub(crate) struct PeerState {
 /// ([`take_changed`](Self::take_changed)).
 #[derive(Debug, Default)]
 pub(crate) struct Tables {
-    pub(crate) regs: Tracked<HashMap<u64, RegEntry>>,
-    pub(crate) peers: Tracked<HashMap<u32, PeerState>>,
+    pub(crate) regs: Tracked<crate::Map<u64, RegEntry>>,
+    pub(crate) peers: Tracked<crate::Map<u32, PeerState>>,
 }
 
 impl Tables {

@@ -146,8 +146,8 @@ struct LocalRail {
 /// between local memory and peer ranges mapped here.
 pub struct LocalTransport {
     sink: Arc<dyn EventSink>,
-    rails: RwLock<HashMap<RailId, Arc<LocalRail>>>,
-    maps: RwLock<HashMap<PeerId, HashMap<RangeId, Mapped>>>,
+    rails: RwLock<crate::Map<RailId, Arc<LocalRail>>>,
+    maps: RwLock<crate::Map<PeerId, crate::Map<RangeId, Mapped>>>,
     sources: RwLock<HashMap<PeerId, SourceId>>,
     /// Each mapped peer's mapping session, kept open for notifications.
     channels: RwLock<HashMap<PeerId, Arc<Mutex<UnixStream>>>>,
@@ -175,8 +175,8 @@ impl LocalTransport {
     pub fn new(sink: Arc<dyn EventSink>) -> Arc<Self> {
         Arc::new(Self {
             sink,
-            rails: RwLock::new(HashMap::new()),
-            maps: RwLock::new(HashMap::new()),
+            rails: RwLock::new(crate::Map::default()),
+            maps: RwLock::new(crate::Map::default()),
             sources: RwLock::new(HashMap::new()),
             channels: RwLock::new(HashMap::new()),
         })
@@ -236,7 +236,7 @@ impl LocalTransport {
         let received = receive_ranges(&mut s, cfg, identity.epoch);
         close(peers);
         let received = received?;
-        let mut mapped = HashMap::new();
+        let mut mapped = crate::Map::default();
         let mut out = LocalAttach {
             ranges: Vec::new(),
             writable: Vec::new(),
@@ -371,7 +371,7 @@ pub const INLINE_BYTES: u64 = 1 << 20;
 struct Lookups<'a> {
     ctx: &'a dyn PostContext,
     /// The ranges of the rail's peer mapped here.
-    maps: Option<&'a HashMap<RangeId, Mapped>>,
+    maps: Option<&'a crate::Map<RangeId, Mapped>>,
     local: Option<(RegistrationId, Option<&'a Arc<HostMemory>>)>,
     remote: Option<(RangeId, Option<&'a Mapped>)>,
 }

@@ -105,7 +105,7 @@ fn an_idle_rail_copies_the_front_here_and_a_busy_one_queues_behind_its_worker() 
         .maps
         .write()
         .unwrap()
-        .insert(PeerId(1), HashMap::from([(RangeId(7), mapped)]));
+        .insert(PeerId(1), crate::Map::from_iter([(RangeId(7), mapped)]));
     local.start_rails(PeerId(1), &[RailId(0)]).unwrap();
     let ctx = Ctx(src);
 

@@ -34,7 +34,6 @@ pub(crate) fn size_socket_buffers(s: &TcpStream, size: Option<usize>) {
 mod rail;
 pub(crate) mod serve;
 
-use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
@@ -57,7 +56,7 @@ use rail::{Job, Rail, SegmentUpdate};
 struct PeerState {
     source: SourceId,
     epoch: orbitte_wire::Epoch,
-    ranges: HashMap<RangeId, RangeDescriptor>,
+    ranges: crate::Map<RangeId, RangeDescriptor>,
 }
 
 /// A peer reached over tcp.
@@ -112,8 +111,8 @@ pub struct TcpTransport {
     cfg: SessionConfig,
     peers: SharedPeerTable,
     sink: Arc<dyn EventSink>,
-    rails: RwLock<HashMap<RailId, (PeerId, Arc<Rail>)>>,
-    state: Arc<RwLock<HashMap<PeerId, PeerState>>>,
+    rails: RwLock<crate::Map<RailId, (PeerId, Arc<Rail>)>>,
+    state: Arc<RwLock<crate::Map<PeerId, PeerState>>>,
 }
 
 impl std::fmt::Debug for TcpTransport {
@@ -133,8 +132,8 @@ impl TcpTransport {
             cfg,
             peers,
             sink,
-            rails: RwLock::new(HashMap::new()),
-            state: Arc::new(RwLock::new(HashMap::new())),
+            rails: RwLock::new(crate::Map::default()),
+            state: Arc::new(RwLock::new(crate::Map::default())),
         })
     }
 
@@ -262,7 +261,7 @@ impl TcpTransport {
                 "newer epoch adopted: old rails and cached descriptors dropped"
             );
         }
-        let ranges: HashMap<RangeId, RangeDescriptor> = publication
+        let ranges: crate::Map<RangeId, RangeDescriptor> = publication
             .ranges
             .iter()
             .map(|r| (r.range_id, r.clone()))
