@@ -30,6 +30,47 @@ impl RailList {
     }
 }
 
+impl RailList {
+    /// Appends a rail (the list moves to the heap past four).
+    pub fn push(&mut self, rail: RailId) {
+        let spilled = match &mut self.0 {
+            Repr::Inline { len, rails } if usize::from(*len) < INLINE => {
+                rails[usize::from(*len)] = rail;
+                *len += 1;
+                return;
+            }
+            Repr::Inline { len, rails } => {
+                let mut v = Vec::with_capacity(2 * INLINE);
+                v.extend_from_slice(&rails[..usize::from(*len)]);
+                v.push(rail);
+                v
+            }
+            Repr::Heap(v) => {
+                v.push(rail);
+                return;
+            }
+        };
+        self.0 = Repr::Heap(spilled);
+    }
+
+    /// Keeps the rails for which `keep` holds, in their order.
+    pub fn retain(&mut self, mut keep: impl FnMut(&RailId) -> bool) {
+        match &mut self.0 {
+            Repr::Inline { len, rails } => {
+                let mut kept = 0;
+                for i in 0..usize::from(*len) {
+                    if keep(&rails[i]) {
+                        rails[kept] = rails[i];
+                        kept += 1;
+                    }
+                }
+                *len = kept as u8;
+            }
+            Repr::Heap(v) => v.retain(|r| keep(r)),
+        }
+    }
+}
+
 impl Default for RailList {
     fn default() -> Self {
         Self::new()
@@ -110,5 +151,27 @@ mod tests {
         assert!(matches!(b.0, Repr::Heap(_)));
         assert_eq!(&b[..], &long[..]);
         assert!(RailList::new().is_empty());
+    }
+
+    #[test]
+    fn pushed_rails_spill_to_the_heap_past_four_and_retain_keeps_their_order() {
+        let mut a = RailList::new();
+        for r in 0..4 {
+            a.push(RailId(r));
+        }
+        assert!(matches!(a.0, Repr::Inline { len: 4, .. }));
+        a.push(RailId(4));
+        a.push(RailId(5));
+        assert!(matches!(a.0, Repr::Heap(_)));
+        assert_eq!(&a[..], &(0..6).map(RailId).collect::<Vec<_>>()[..]);
+        a.retain(|r| r.0 % 2 == 1);
+        assert_eq!(&a[..], &[RailId(1), RailId(3), RailId(5)]);
+
+        let mut b = RailList::from(&[RailId(7), RailId(8), RailId(9)][..]);
+        b.retain(|r| r.0 != 8);
+        assert!(matches!(b.0, Repr::Inline { len: 2, .. }));
+        assert_eq!(&b[..], &[RailId(7), RailId(9)]);
+        b.retain(|_| false);
+        assert!(b.is_empty());
     }
 }

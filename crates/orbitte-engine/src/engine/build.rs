@@ -61,6 +61,7 @@ impl EngineBuilder {
             others: Vec::new(),
             owner: Vec::new(),
             qpn_rail: crate::Map::default(),
+            arrived: Vec::new(),
             next_connect: 1,
             listed,
             listing_error,

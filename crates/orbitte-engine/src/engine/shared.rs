@@ -193,7 +193,6 @@ impl Drop for StateGuard<'_> {
 /// arrived after the release and the lock is free.
 fn release<'a>(shared: &'a Shared, mut g: MutexGuard<'a, State>) {
     let mut wake = Vec::new();
-    let mut arrived = Vec::new();
     let mut posts: Option<Posts> = None;
     loop {
         if !shared.intake.is_empty() {
@@ -205,9 +204,9 @@ fn release<'a>(shared: &'a Shared, mut g: MutexGuard<'a, State>) {
             st.snapshot = copy.clone();
             *shared.snapshot.write().unwrap_or_else(|e| e.into_inner()) = copy;
         }
-        st.engine.outcomes.take_arrived(&mut arrived);
-        st.waiters.take_woken(&arrived, &mut wake);
-        arrived.clear();
+        st.engine.outcomes.take_arrived(&mut st.arrived);
+        st.waiters.take_woken(&st.arrived, &mut wake);
+        st.arrived.clear();
         if !st.work.is_empty() {
             let p = posts.get_or_insert_with(|| shared.spare.take());
             st.take_posts(p);

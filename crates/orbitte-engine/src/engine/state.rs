@@ -36,6 +36,9 @@ pub(crate) struct State {
     pub(super) lanes: Vec<Arc<Mutex<()>>>,
     pub(crate) owner: Vec<Owner>,
     pub(crate) qpn_rail: crate::Map<(u32, u32), RailId>,
+    /// The requests whose outcomes arrived, between taking them from the
+    /// outcome table and waking their waiters (kept for its capacity).
+    pub(super) arrived: Vec<crate::outcome::RequestId>,
     pub(crate) next_connect: u64,
     pub(crate) listed: Vec<verbs::DeviceInfo>,
     pub(crate) listing_error: Option<Arc<verbs::DeviceListError>>,

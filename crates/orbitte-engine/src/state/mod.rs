@@ -216,7 +216,7 @@ impl EngineState {
         }
         let (peer, desc) = published_remote(&self.tables, r, rend)?;
         let mut why = Vec::new();
-        let mut rails = Vec::with_capacity(peer.rails.len());
+        let mut rails = RailList::new();
         for &rail in &peer.rails {
             let spec = self.core.rail_spec(rail);
             let nic = spec.and_then(|s| s.nic);
@@ -276,7 +276,7 @@ impl EngineState {
             op: r.op,
             local_size,
             remote_size: desc.length,
-            rails: RailList::from(rails),
+            rails,
             pin: reg.pin.clone(),
         })
     }
