@@ -112,6 +112,19 @@ pub(crate) struct PathWindows {
     pub(crate) remote_base: usize,
 }
 
+/// Bytes of memory `kinds` allocate for themselves at `shape`: two
+/// windows per thread, none for a memcpy that copies the path's own pages
+/// (`own`, one per thread).
+pub(crate) fn bytes_needed(kinds: &[Kind], shape: Shape, own: &[PathWindows]) -> u64 {
+    let windows = 2 * (shape.block * shape.batch * shape.threads) as u64;
+    let allocates = |k: &Kind| !matches!(k, Kind::Memcpy(_)) || own.len() < shape.threads;
+    if kinds.iter().any(allocates) {
+        windows
+    } else {
+        0
+    }
+}
+
 /// Measures a baseline; `own`: the path's memory per thread, where the
 /// bench can reach it (memcpy then copies between those pages instead of
 /// windows of its own).
@@ -265,7 +278,7 @@ fn copy_blocks(span: Span<'_>, range: std::ops::Range<usize>, block: usize) -> s
 fn memcpy(op: Op, shape: Shape, own: &[PathWindows]) -> std::io::Result<Sample> {
     let window = shape.block * shape.batch;
     let split = inline_bytes(shape.block, shape.batch);
-    let own = own.get(..shape.threads).filter(|o| !o.is_empty());
+    let own = own.get(..shape.threads);
     let fresh = match own {
         Some(_) => Vec::new(),
         None => (0..shape.threads)
@@ -771,6 +784,31 @@ mod tests {
         )
         .unwrap();
         assert!(fresh.name.contains("windows of its own"), "{fresh:?}");
+    }
+
+    #[test]
+    fn only_baselines_with_windows_of_their_own_need_memory() {
+        let shape = Shape {
+            threads: 1,
+            ..shape()
+        };
+        let windows = 2 * (shape.block * shape.batch) as u64;
+        let m = HostMemory::alloc(4096).unwrap();
+        let own = [PathWindows {
+            local: m.clone(),
+            remote: m,
+            remote_base: 0,
+        }];
+        let memcpy = [Kind::Memcpy(Op::Write)];
+        assert_eq!(bytes_needed(&memcpy, shape, &own), 0);
+        assert_eq!(bytes_needed(&memcpy, shape, &[]), windows);
+        let two = Shape {
+            threads: 2,
+            ..shape
+        };
+        assert_eq!(bytes_needed(&memcpy, two, &own), 2 * windows);
+        let tcp = kinds(PathKind::Tcp, Op::Read, false);
+        assert_eq!(bytes_needed(&tcp, shape, &own), windows);
     }
 
     #[test]

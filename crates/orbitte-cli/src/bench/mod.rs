@@ -301,6 +301,9 @@ fn bench_with(
     } else {
         baseline::kinds(backend.path(), engine_op(args.op), args.sim)
     };
+    // memcpy copies between the path's own pages where the bench holds
+    // them (loopback).
+    let own = backend.path_windows(args);
     for &block in &sizes {
         let shape = baseline::Shape {
             block: usize::try_from(block).map_err(|_| Failure::usage("block size too large"))?,
@@ -309,11 +312,10 @@ fn bench_with(
             connections: backend.rails(),
             duration: baseline::duration(args.duration),
         };
-        // The baselines allocate their own windows (two per thread) while
-        // the path's stay allocated: skipped when they would not fit.
-        let need = 2 * (shape.block * shape.batch * shape.threads) as u64;
+        // The baselines' own windows come on top of the path's, which stay
+        // allocated: skipped when they would not fit.
         let kinds = match crate::memory::check(
-            need,
+            baseline::bytes_needed(&kinds, shape, &own),
             "the baselines' buffers",
             "lower --block-size, --batch-size or --threads, or pass --no-baseline",
         ) {
@@ -323,9 +325,6 @@ fn bench_with(
                 Vec::new()
             }
         };
-        // memcpy copies between the path's own pages where the bench
-        // holds them (loopback).
-        let own = backend.path_windows(args);
         // Path and baselines alternate, round by round.
         let mut path_rounds = Vec::new();
         let mut samples = vec![Vec::new(); kinds.len()];
