@@ -50,10 +50,14 @@ struct Half {
 }
 
 fn half(p: &dyn Provider, dev: &str) -> Half {
+    half_with(p, dev, QpCaps::default())
+}
+
+fn half_with(p: &dyn Provider, dev: &str, caps: QpCaps) -> Half {
     let ctx = p.open(dev).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64).unwrap();
-    let qp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+    let qp = pd.create_qp(&cq, &cq, caps).unwrap();
     let mem = HostMemory::alloc(4096).unwrap();
     let mr = pd
         .register(mem.clone(), 0..4096, Access::remote_read_write())
@@ -1542,4 +1546,146 @@ fn huge_timeouts_do_not_overflow() {
         a.ctx.next_async_event(Duration::MAX).unwrap(),
         Some(AsyncEvent::PortError { port: 1 })
     );
+}
+
+/// A fabric whose thread delivers in real time with no jitter: posts to a
+/// QP in RTS skip the fabric lock. `latency` holds what is posted in the
+/// send queues for that long.
+fn lock_free_fabric(seed: u64, latency: Duration) -> SimFabric {
+    SimFabric::new(
+        SimDescription::new(vec![
+            SimDeviceDesc::roce("sim0", [10, 0, 0, 1]),
+            SimDeviceDesc::roce("sim1", [10, 0, 0, 2]),
+        ])
+        .with_delivery(Delivery::Background)
+        .with_timing(orbitte_verbs::sim::SimTiming {
+            base_latency: latency,
+            bytes_per_sec: 0,
+            jitter: Duration::ZERO,
+        }),
+        seed,
+    )
+}
+
+/// A connected pair whose first side has a send queue of 48 (and, as
+/// every side, a completion queue of 64).
+fn pair_of_48(f: &SimFabric) -> (Side, Side) {
+    let p = f.provider();
+    let caps = QpCaps {
+        max_send_wr: 48,
+        ..QpCaps::default()
+    };
+    let (a, b) = (half_with(&*p, "sim0", caps), half(&*p, "sim1"));
+    let (ea, eb) = (endpoint(&a, 100), endpoint(&b, 200));
+    let a = finish(a, eb, 100, RtsAttrs::new(100));
+    let b = finish(b, ea, 200, RtsAttrs::new(200));
+    (a, b)
+}
+
+#[test]
+fn posts_without_the_fabric_lock_are_seen_at_once_bounded_and_flushed_in_order() {
+    let f = lock_free_fabric(35, Duration::from_secs(3600));
+    let (mut a, b) = pair_of_48(&f);
+    let qa = a.qp.qp_num();
+    let src = [a.mr.sge(0, 8).unwrap()];
+    let r = b.mr.remote(0).unwrap();
+    // The 49th of a batch is refused by index, the ones before it are
+    // posted.
+    let wrs: Vec<SendWr<'_>> = (0..60).map(|i| SendWr::write(i, &src, r)).collect();
+    let e = a.qp.post_send(&wrs).unwrap_err();
+    assert_eq!(e.index, 48);
+    assert!(matches!(e.kind, PostErrorKind::QueueFull { depth: 48 }));
+    // Every accepted post is in the fabric's send queue when `post_send`
+    // returns, in posting order.
+    let held: Vec<u64> = f.outstanding_sends().iter().map(|s| s.wr_id).collect();
+    assert_eq!(held, (0..48).collect::<Vec<_>>());
+    assert!(a.cq.poll(&mut [Completion::default()]).unwrap() == 0);
+    // Moving the QP to the error state flushes them all, in order (the
+    // queue of 64 completions is polled as they come).
+    let mut qp = a.qp.into_error().unwrap();
+    let mut got = Vec::new();
+    while got.len() < 48 {
+        assert!(a.cq.wait(Duration::from_secs(30)).unwrap());
+        got.extend(poll_all(&a.cq));
+    }
+    let ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, (0..48).collect::<Vec<_>>());
+    assert!(
+        got.iter()
+            .all(|c| c.status == WcStatus::WrFlush && c.qp_num == qa)
+    );
+    // A later post takes the locked path of a QP in error: flushed too.
+    qp.post_send(&[SendWr::write(999, &src, r)]).unwrap();
+    assert!(a.cq.wait(Duration::from_secs(30)).unwrap());
+    let last = poll_all(&a.cq);
+    assert_eq!(last.len(), 1);
+    assert_eq!((last[0].wr_id, last[0].status), (999, WcStatus::WrFlush));
+    assert!(f.outstanding_sends().is_empty());
+}
+
+#[test]
+fn posts_without_the_fabric_lock_run_in_order_and_refill_freed_slots() {
+    let f = lock_free_fabric(36, Duration::ZERO);
+    const PER_QP: u64 = 2000;
+    let threads: Vec<_> = (0..3u64)
+        .map(|t| {
+            // Batches of up to 20 stop at a full queue and go on once
+            // slots are polled.
+            let (mut a, b) = pair_of_48(&f);
+            std::thread::spawn(move || {
+                let r = b.mr.remote(8 * t as usize).unwrap();
+                let mut got = Vec::new();
+                let mut next = 0;
+                let mut full = 0;
+                while got.len() < PER_QP as usize {
+                    if next < PER_QP {
+                        let wrs: Vec<(u64, Sge)> = (next..(next + 20).min(PER_QP))
+                            .map(|i| {
+                                let at = (i % 512 * 8) as usize;
+                                a.mem.write_at(at, &i.to_le_bytes()).unwrap();
+                                (i, a.mr.sge(at, 8).unwrap())
+                            })
+                            .collect();
+                        let sges: Vec<[Sge; 1]> = wrs.iter().map(|(_, s)| [*s]).collect();
+                        let wrs: Vec<SendWr<'_>> = wrs
+                            .iter()
+                            .zip(&sges)
+                            .map(|((i, _), s)| SendWr::write(*i, s, r))
+                            .collect();
+                        match a.qp.post_send(&wrs) {
+                            Ok(()) => next += wrs.len() as u64,
+                            Err(PostError {
+                                index,
+                                kind: PostErrorKind::QueueFull { depth: 48 },
+                                ..
+                            }) => {
+                                next += index as u64;
+                                full += 1;
+                            }
+                            Err(e) => panic!("post: {e}"),
+                        }
+                    }
+                    if a.cq.wait(Duration::from_secs(30)).unwrap() {
+                        got.extend(poll_all(&a.cq).into_iter().map(|c| (c.wr_id, c.status)));
+                    } else {
+                        break;
+                    }
+                }
+                (got, b, full)
+            })
+        })
+        .collect();
+    for (t, h) in threads.into_iter().enumerate() {
+        let (got, b, full) = h.join().unwrap();
+        assert!(
+            full > 0,
+            "no post met a full queue: the test does not test that"
+        );
+        let want: Vec<(u64, WcStatus)> = (0..PER_QP).map(|i| (i, WcStatus::Success)).collect();
+        assert_eq!(got, want);
+        // The last WRITE to the thread's 8 bytes carried the last id.
+        let mut last = [0u8; 8];
+        b.mem.read_at(8 * t, &mut last).unwrap();
+        assert_eq!(u64::from_le_bytes(last), PER_QP - 1);
+    }
 }

@@ -78,11 +78,19 @@ pub(crate) fn spawn_background(weak: Weak<Shared>) {
                 let wait = wait.max(Duration::from_micros(50));
                 // Posts and faults ring `work`: completion waiters are not
                 // woken by new work, nor the fabric by deliveries.
+                // A lock-free post that counted itself after this look
+                // sees `sleeping` and takes the lock to wake the thread.
+                shared.sleeping.store(true, Ordering::SeqCst);
+                if shared.rung.load(Ordering::SeqCst) != 0 {
+                    shared.sleeping.store(false, Ordering::SeqCst);
+                    continue;
+                }
                 let guard = shared
                     .work
                     .wait_timeout(st, wait)
                     .map(|(g, _)| g)
                     .unwrap_or_else(|e| e.into_inner().0);
+                shared.sleeping.store(false, Ordering::SeqCst);
                 drop(guard);
             }
         });

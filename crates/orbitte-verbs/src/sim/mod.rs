@@ -67,7 +67,7 @@ mod exec;
 mod objects;
 mod state;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -295,6 +295,17 @@ pub(crate) struct Shared {
     /// Bumped with every ring of `work` (`wake_work`), so that the fabric
     /// thread can watch for new work without the lock.
     pub(crate) posts: AtomicU64,
+    /// Send WRs posted on the lock-free path and not yet moved to their
+    /// send queues ([`State::absorb`]).
+    pub(crate) rung: AtomicU64,
+    /// The fabric thread is about to sleep, or sleeps, on `work`: a
+    /// lock-free post must take the fabric lock once to wake it.
+    pub(crate) sleeping: AtomicBool,
+    /// Posts take the fabric lock: send faults were installed or sends are
+    /// recorded, which the lock-free path does not see.
+    pub(crate) locked_posts: AtomicBool,
+    /// Posting order over the whole fabric (ties of due time).
+    pub(crate) seq: AtomicU64,
     pub(crate) desc: SimDescription,
     pub(crate) start: Instant,
 }
@@ -308,8 +319,36 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
+    /// The fabric lock. Whoever takes it first moves the send WRs posted
+    /// without it into their queues, so every look at the state sees every
+    /// post that returned before it.
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if self.rung.load(Ordering::Acquire) != 0 {
+            self.rung.store(0, Ordering::SeqCst);
+            st.absorb();
+        }
+        st
+    }
+
+    /// Whether a post may skip the fabric lock (see [`state::Doorbell`]).
+    pub(crate) fn lock_free_posts(&self) -> bool {
+        self.desc.delivery == Delivery::Background
+            && self.desc.timing.jitter.is_zero()
+            && !self.locked_posts.load(Ordering::Acquire)
+    }
+
+    /// After `n` lock-free posts: counts them for the next taker of the
+    /// lock and wakes the fabric thread. If it is going to sleep, taking
+    /// the lock once (it holds it until it waits) makes sure it hears the
+    /// notification.
+    pub(crate) fn rang(&self, n: u64) {
+        self.rung.fetch_add(n, Ordering::SeqCst);
+        self.posts.fetch_add(1, Ordering::AcqRel);
+        if self.sleeping.load(Ordering::SeqCst) {
+            drop(self.lock());
+            self.work.notify_all();
+        }
     }
 
     /// Current fabric time: virtual (manual) or elapsed real time.
@@ -364,6 +403,10 @@ impl SimFabric {
             cond: Condvar::new(),
             work: Condvar::new(),
             posts: AtomicU64::new(0),
+            rung: AtomicU64::new(0),
+            sleeping: AtomicBool::new(false),
+            locked_posts: AtomicBool::new(false),
+            seq: AtomicU64::new(0),
             desc,
             start: Instant::now(),
         });
@@ -462,6 +505,7 @@ impl SimFabric {
     pub fn record_sends(&self, on: bool) {
         let mut st = self.shared.lock();
         if on {
+            self.shared.locked_posts.store(true, Ordering::Release);
             st.sent.get_or_insert_with(Vec::new);
         } else {
             st.sent = None;
@@ -667,6 +711,7 @@ impl Faults {
     /// request on its QP wait until the QP is moved to the error state
     /// (then they flush) or destroyed.
     pub fn stall_send(&self, m: WrMatch) {
+        self.shared.locked_posts.store(true, Ordering::Release);
         self.shared.lock().faults.sends.push(state::SendFault {
             m,
             seen: 0,
@@ -678,6 +723,7 @@ impl Faults {
     /// `Success`); with `apply_data` its bytes are moved first (a WRITE
     /// whose remote effect happened). The QP then moves to the error state.
     pub fn fail_send(&self, m: WrMatch, status: WcStatus, apply_data: bool) {
+        self.shared.locked_posts.store(true, Ordering::Release);
         self.shared.lock().faults.sends.push(state::SendFault {
             m,
             seen: 0,
@@ -696,6 +742,7 @@ impl Faults {
     /// not posted. The QP's state does not change. Requests are counted in
     /// posting order, as for the other send faults.
     pub fn fail_post(&self, m: WrMatch, errno: i32) {
+        self.shared.locked_posts.store(true, Ordering::Release);
         self.shared.lock().faults.sends.push(state::SendFault {
             m,
             seen: 0,

@@ -10,7 +10,8 @@ use orbitte_memory::DmaBuffer;
 
 use super::Shared;
 use super::state::{
-    CqRec, CqRing, FaultState, MrRec, PendingRecv, PendingSend, QpKey, QpRec, SendFaultKind, Sges,
+    CqRec, CqRing, Doorbell, FaultState, MrRec, PendingRecv, PendingSend, QpKey, QpRec, Retired,
+    SendFaultKind, Sges,
 };
 use crate::backend::{ContextOps, CqOps, Destroy, MrOps, PdOps, QpOps, Transition};
 use crate::error::{
@@ -320,6 +321,8 @@ impl PdOps for SimPd {
         rt.qps += 1;
         let qpn = rt.next_qpn & 0x00ff_ffff;
         rt.next_qpn += 1;
+        let doorbell = Arc::new(Mutex::new(Doorbell::default()));
+        let retired = Arc::new(Retired::default());
         st.qps.insert(
             (self.device, qpn),
             QpRec {
@@ -335,16 +338,18 @@ impl PdOps for SimPd {
                 rts: None,
                 sq: VecDeque::new(),
                 rq: VecDeque::new(),
-                sq_posted: 0,
+                doorbell: doorbell.clone(),
                 rq_posted: 0,
-                retired: Arc::default(),
+                retired: retired.clone(),
                 unsignaled: 0,
-                last_due: Duration::ZERO,
             },
         );
         Ok(Box::new(SimQp {
             shared: self.shared.clone(),
             key: (self.device, qpn),
+            caps: *caps,
+            doorbell,
+            retired,
         }))
     }
 }
@@ -463,9 +468,60 @@ impl CqOps for SimCq {
 struct SimQp {
     shared: Arc<Shared>,
     key: QpKey,
+    caps: QpCaps,
+    doorbell: Arc<Mutex<Doorbell>>,
+    retired: Arc<Retired>,
 }
 
 impl SimQp {
+    /// Posts on the lock-free path ([`Doorbell`]), or returns `None` when
+    /// the QP is not in RTS and the post must take the fabric lock. Checks
+    /// and results are those of the locked path for a QP in RTS.
+    fn post_send_unlocked(&self, wrs: &[SendWr<'_>]) -> Option<Result<(), PostError>> {
+        let qpn = self.key.1;
+        let timing = self.shared.desc.timing;
+        let mut db = self.doorbell.lock().unwrap_or_else(|e| e.into_inner());
+        if !db.ready {
+            return None;
+        }
+        let now = self.shared.start.elapsed();
+        let before = db.rung.len();
+        let mut result = Ok(());
+        for (index, wr) in wrs.iter().enumerate() {
+            if wr.sges.len() > self.caps.max_send_sge as usize {
+                let kind = PostErrorKind::TooManySges {
+                    sges: wr.sges.len(),
+                    max: self.caps.max_send_sge,
+                };
+                result = Err(PostError { qpn, index, kind });
+                break;
+            }
+            if db.outstanding(&self.retired) >= self.caps.max_send_wr {
+                let kind = PostErrorKind::QueueFull {
+                    depth: self.caps.max_send_wr,
+                };
+                result = Err(PostError { qpn, index, kind });
+                break;
+            }
+            let xfer = wr
+                .byte_len()
+                .saturating_mul(1_000_000_000)
+                .checked_div(timing.bytes_per_sec)
+                .unwrap_or(0);
+            let due = (now + timing.base_latency + Duration::from_nanos(xfer)).max(db.last_due);
+            db.last_due = due;
+            db.posted = db.posted.wrapping_add(1);
+            let seq = self.shared.seq.fetch_add(1, Ordering::Relaxed) + 1;
+            db.rung.push(PendingSend::of(wr, due, seq, None));
+        }
+        let rung = db.rung.len() - before;
+        drop(db);
+        if rung > 0 {
+            self.shared.rang(rung as u64);
+        }
+        Some(result)
+    }
+
     fn invalid(&self, to: QpState, reason: impl Into<String>) -> ModifyError {
         ModifyError::InvalidAttr {
             to,
@@ -483,7 +539,8 @@ impl Destroy for SimQp {
             "ibv_destroy_qp",
         )?;
         let mut st = self.shared.lock();
-        if st.qps.remove(&self.key).is_some() {
+        if let Some(qp) = st.qps.remove(&self.key) {
+            qp.doorbell().ready = false;
             st.devs[self.key.0].qps -= 1;
         }
         Ok(())
@@ -520,7 +577,7 @@ impl QpOps for SimQp {
                 }
                 qp.port = a.port;
                 qp.access = a.access;
-                qp.state = QpState::Init;
+                qp.set_state(QpState::Init);
             }
             Transition::Rtr(a) => {
                 if qp.state != QpState::Init {
@@ -564,14 +621,14 @@ impl QpOps for SimQp {
                     a.remote.route,
                 )
                 .map(|(d, p, _)| (d, p));
-                qp.state = QpState::Rtr;
+                qp.set_state(QpState::Rtr);
             }
             Transition::Rts(a) => {
                 if qp.state != QpState::Rtr {
                     return Err(native(EINVAL));
                 }
                 qp.rts = Some(a);
-                qp.state = QpState::Rts;
+                qp.set_state(QpState::Rts);
             }
             Transition::Error => {
                 st.qp_to_error(&self.shared, self.key, None);
@@ -590,6 +647,11 @@ impl QpOps for SimQp {
     }
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        if self.shared.lock_free_posts()
+            && let Some(r) = self.post_send_unlocked(wrs)
+        {
+            return r;
+        }
         let qpn = self.key.1;
         let err = |index, kind| PostError { qpn, index, kind };
         let name = &self.shared.desc.devices[self.key.0].name;
@@ -612,7 +674,7 @@ impl QpOps for SimQp {
                     },
                 ));
             }
-            if qp.sq_outstanding() >= qp.caps.max_send_wr {
+            if qp.doorbell().outstanding(&qp.retired) >= qp.caps.max_send_wr {
                 return Err(err(
                     i,
                     PostErrorKind::QueueFull {
@@ -648,8 +710,7 @@ impl QpOps for SimQp {
                 .saturating_mul(1_000_000_000)
                 .checked_div(timing.bytes_per_sec)
                 .unwrap_or(0);
-            st.seq += 1;
-            let seq = st.seq;
+            let seq = self.shared.seq.fetch_add(1, Ordering::Relaxed) + 1;
             if let Some(sent) = st.sent.as_mut() {
                 sent.push(super::SentWr {
                     device: name.clone(),
@@ -662,19 +723,15 @@ impl QpOps for SimQp {
             let Some(qp) = st.qps.get_mut(&self.key) else {
                 continue;
             };
-            let due =
-                (now + timing.base_latency + Duration::from_nanos(xfer + jitter)).max(qp.last_due);
-            qp.last_due = due;
-            qp.sq_posted = qp.sq_posted.wrapping_add(1);
-            let pending = PendingSend {
-                wr_id: wr.wr_id,
-                op: wr.op,
-                sges: Sges::from_slice(wr.sges),
-                signaled: wr.signaled,
-                due,
-                seq,
-                fault,
+            let due = {
+                let mut db = qp.doorbell();
+                let due = (now + timing.base_latency + Duration::from_nanos(xfer + jitter))
+                    .max(db.last_due);
+                db.last_due = due;
+                db.posted = db.posted.wrapping_add(1);
+                due
             };
+            let pending = PendingSend::of(wr, due, seq, fault);
             if errored {
                 st.complete_send(self.key, &pending, crate::wr::WcStatus::WrFlush, 0);
             } else {

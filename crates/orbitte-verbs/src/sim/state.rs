@@ -318,6 +318,26 @@ pub(crate) struct PendingSend {
     pub(crate) fault: Option<SendFaultKind>,
 }
 
+impl PendingSend {
+    /// The fabric's copy of a posted work request.
+    pub(crate) fn of(
+        wr: &crate::wr::SendWr<'_>,
+        due: Duration,
+        seq: u64,
+        fault: Option<SendFaultKind>,
+    ) -> Self {
+        Self {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            sges: Sges::from_slice(wr.sges),
+            signaled: wr.signaled,
+            due,
+            seq,
+            fault,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct PendingRecv {
     pub(crate) wr_id: u64,
@@ -340,22 +360,54 @@ pub(crate) struct QpRec {
     pub(crate) rts: Option<RtsAttrs>,
     pub(crate) sq: VecDeque<PendingSend>,
     pub(crate) rq: VecDeque<PendingRecv>,
-    /// Send and receive WRs ever posted (wrapping); those whose slot a
-    /// polled completion has not freed are these less `retired`'s.
-    pub(crate) sq_posted: u32,
+    /// The send queue's posting side, shared with the QP's handle.
+    pub(crate) doorbell: Arc<Mutex<Doorbell>>,
+    /// Receive WRs ever posted (wrapping); those whose slot a polled
+    /// completion has not freed are these less `retired`'s.
     pub(crate) rq_posted: u32,
     pub(crate) retired: Arc<Retired>,
     /// Unsignaled successes since the last send completion.
     pub(crate) unsignaled: u32,
+}
+
+/// The posting side of a QP's send queue. A post to a QP in RTS on a fabric
+/// with its own delivery thread, no send faults and no recording takes only
+/// this lock, not the fabric's: it appends to `rung`, which the fabric
+/// moves to the send queue the next time anyone takes the fabric lock
+/// ([`Shared::lock`](super::Shared::lock)). So a poster never waits for
+/// the fabric's execution, as a NIC's doorbell does not. Lock order: the
+/// fabric lock, then this one.
+#[derive(Debug, Default)]
+pub(crate) struct Doorbell {
+    /// The QP is in RTS (kept by whoever changes its state, under both
+    /// locks): posts may take the lock-free path.
+    pub(crate) ready: bool,
+    /// Send WRs ever posted (wrapping); those whose slot a polled
+    /// completion has not freed are these less `retired`'s.
+    pub(crate) posted: u32,
+    /// Due time of the last posted send WR (a QP executes in order).
     pub(crate) last_due: Duration,
+    /// Posted on the lock-free path, not yet in the send queue.
+    pub(crate) rung: Vec<PendingSend>,
+}
+
+impl Doorbell {
+    /// Send WRs posted whose slot has not been freed by a polled
+    /// completion.
+    pub(crate) fn outstanding(&self, retired: &Retired) -> u32 {
+        self.posted.wrapping_sub(retired.sq.load(Ordering::Acquire))
+    }
 }
 
 impl QpRec {
-    /// Send WRs posted whose slot has not been freed by a polled
-    /// completion.
-    pub(crate) fn sq_outstanding(&self) -> u32 {
-        self.sq_posted
-            .wrapping_sub(self.retired.sq.load(Ordering::Acquire))
+    pub(crate) fn doorbell(&self) -> MutexGuard<'_, Doorbell> {
+        self.doorbell.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the QP's state and whether posts may skip the fabric lock.
+    pub(crate) fn set_state(&mut self, state: QpState) {
+        self.state = state;
+        self.doorbell().ready = state == QpState::Rts;
     }
 
     /// Receive WRs posted and not yet polled.
@@ -369,7 +421,6 @@ impl QpRec {
 pub(crate) struct State {
     pub(crate) now: Duration,
     pub(crate) rng: Rng,
-    pub(crate) seq: u64,
     pub(crate) next_id: u64,
     pub(crate) devs: Vec<DevRt>,
     /// Open contexts: id -> (device, pending async events).
@@ -408,7 +459,6 @@ impl State {
         Self {
             now: Duration::ZERO,
             rng,
-            seq: 0,
             next_id: 1,
             devs,
             contexts: BTreeMap::new(),
@@ -432,6 +482,27 @@ impl State {
     /// ([`ring`](ring)) once the fabric lock is released.
     pub(crate) fn take_bells(&mut self) -> Vec<Arc<CqRing>> {
         std::mem::take(&mut self.bells)
+    }
+
+    /// Moves the send WRs posted on the lock-free path into their send
+    /// queues, in posting order; those of a QP that went to the error state
+    /// since are flushed, as a post to it would be.
+    pub(crate) fn absorb(&mut self) {
+        let mut flushed = Vec::new();
+        for (&key, qp) in &mut self.qps {
+            let mut db = qp.doorbell.lock().unwrap_or_else(|e| e.into_inner());
+            if db.rung.is_empty() {
+                continue;
+            }
+            if qp.state == QpState::Error {
+                flushed.extend(db.rung.drain(..).map(|wr| (key, wr)));
+            } else {
+                qp.sq.extend(db.rung.drain(..));
+            }
+        }
+        for (key, wr) in flushed {
+            self.complete_send(key, &wr, WcStatus::WrFlush, 0);
+        }
     }
 
     pub(crate) fn pending(&self) -> usize {
@@ -567,7 +638,7 @@ impl State {
         let Some(qp) = self.qps.get_mut(&key) else {
             return;
         };
-        qp.state = QpState::Error;
+        qp.set_state(QpState::Error);
         let sq = std::mem::take(&mut qp.sq);
         let rq = std::mem::take(&mut qp.rq);
         for wr in &sq {
