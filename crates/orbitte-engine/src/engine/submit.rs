@@ -2,6 +2,7 @@
 
 use std::time::Instant;
 
+use super::wait::OwnCq;
 use super::{TransferEngine, TransferRequest};
 use crate::outcome::{RequestId, SubmitError};
 
@@ -41,16 +42,32 @@ impl TransferEngine {
         st.engine.core.check(&reqs)?;
         let mut ids = Vec::with_capacity(reqs.len());
         let mut rest = reqs.into_iter();
-        if notification.is_none() && rest.len() > 2 * FIRST_PIECE {
-            // The whole batch is admitted (checked): its first requests
-            // are posted while the rest are taken in, so the transports
-            // start at once.
-            st.engine
-                .core
-                .insert(now, rest.by_ref().take(FIRST_PIECE), &mut ids);
-            st.pump(now);
-            drop(guard);
-            guard = self.lock();
+        if notification.is_none() && rest.len() > PIECE + PIECE / 2 {
+            // The whole batch is admitted (checked): it is taken in and
+            // posted a piece at a time, so the transports start at once
+            // and work while the rest is taken in. Between pieces this
+            // thread takes the completions of the earlier ones from the
+            // first request's queue (as `wait` does), rather than waking
+            // the poller thread for them.
+            let mut own = None;
+            let mut events = Vec::new();
+            while rest.len() > PIECE + PIECE / 2 {
+                let st = &mut *guard;
+                st.engine
+                    .core
+                    .insert(now, rest.by_ref().take(PIECE), &mut ids);
+                if own.is_none()
+                    && let Some(&first) = ids.first()
+                {
+                    own = Some(OwnCq::of(st, first));
+                }
+                st.pump(now);
+                drop(guard);
+                guard = self.lock();
+                if let Some(Some(cq)) = &own {
+                    cq.take(&mut guard, &self.shared, &mut events);
+                }
+            }
         }
         let st = &mut *guard;
         st.engine.core.insert(now, rest, &mut ids);
@@ -62,5 +79,5 @@ impl TransferEngine {
     }
 }
 
-/// Requests of a large batch posted before the rest is taken in.
-const FIRST_PIECE: usize = 32;
+/// Requests of a large batch taken in and posted at a time.
+const PIECE: usize = 32;

@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use orbitte_verbs::{Completion, CompletionQueue};
 
-use super::{Owner, State, TransferEngine};
+use super::{Owner, Shared, State, TransferEngine};
 use crate::error::{DrainTimeout, WaitError};
 use crate::outcome::{DrainStatus, Outcome, RequestId};
+use crate::transport::TransportEvent;
 
 impl TransferEngine {
     /// The outcome, if the request has one (taken: a second call says
@@ -88,14 +89,8 @@ impl TransferEngine {
             if let Some(cq) = &own {
                 // Completions go to the core from this thread, not through
                 // the poller thread and a wakeup.
-                let mut buf = [Completion::default(); 32];
                 let st = &mut *st;
-                while super::poll::poll_cq(st, &self.shared, cq.nic, &cq.cq, &mut buf, &mut events)
-                    == buf.len()
-                {}
-                if !events.is_empty() {
-                    st.handle_events(Instant::now(), &mut events);
-                }
+                cq.take(st, &self.shared, &mut events);
                 if let Some(o) = st.engine.outcomes.remove(&id) {
                     return Ok(then(o, st));
                 }
@@ -224,7 +219,7 @@ const OWN_CQ_LOOK: Duration = Duration::from_millis(1);
 /// The completion queue of the NIC a waited-for rdma request runs on,
 /// polled by the waiting thread itself while it waits; the context's
 /// poller thread leaves it alone meanwhile (`cq_waiters`).
-struct OwnCq {
+pub(super) struct OwnCq {
     nic: u32,
     cq: CompletionQueue,
     waiters: Arc<AtomicUsize>,
@@ -234,7 +229,7 @@ impl OwnCq {
     /// The queue of `id`'s NIC when every rail of the request is an rdma
     /// rail on that one NIC (then every completion that decides its
     /// outcome arrives there); `None` otherwise.
-    fn of(st: &State, id: RequestId) -> Option<Self> {
+    pub(super) fn of(st: &State, id: RequestId) -> Option<Self> {
         let rails = st.engine.core.pending_rails(id)?;
         let mut nic = None;
         for rail in rails {
@@ -259,6 +254,17 @@ impl OwnCq {
             cq: ctx.cq.clone(),
             waiters: ctx.cq_waiters.clone(),
         })
+    }
+}
+
+impl OwnCq {
+    /// Polls the queue empty and hands its completions to the core.
+    pub(super) fn take(&self, st: &mut State, shared: &Shared, events: &mut Vec<TransportEvent>) {
+        let mut buf = [Completion::default(); 32];
+        while super::poll::poll_cq(st, shared, self.nic, &self.cq, &mut buf, events) == buf.len() {}
+        if !events.is_empty() {
+            st.handle_events(Instant::now(), events);
+        }
     }
 }
 
