@@ -492,19 +492,18 @@ impl Backend {
         self.a.outstanding_slices()
     }
 
-    /// Submits `reqs` as one batch (on thread `t`'s scratch memory if
-    /// `scratch`), waits for every outcome, and returns each with its
-    /// latency from submission.
-    pub(crate) fn batch(
+    /// The engine requests of `reqs` on thread `t`'s local (or scratch)
+    /// registration, labelled by position: built once, submitted every
+    /// batch.
+    pub(crate) fn transfer_requests(
         &self,
         t: usize,
         reqs: &[Req],
         scratch: bool,
-    ) -> Result<Vec<(Outcome, Duration)>, Failure> {
+    ) -> Vec<TransferRequest> {
         let mem = &self.threads[t];
         let reg = if scratch { mem.scratch.0 } else { mem.local.0 };
-        let batch: Vec<TransferRequest> = reqs
-            .iter()
+        reqs.iter()
             .enumerate()
             .map(|(i, r)| {
                 let f = match r.op {
@@ -521,27 +520,38 @@ impl Backend {
                 )
                 .label(i as u64)
             })
-            .collect();
+            .collect()
+    }
+
+    /// Submits one batch and waits for all of it, handing each outcome to
+    /// `seen` with when the caller got it (the outcomes already there are
+    /// taken together). `got` is scratch space, kept between batches.
+    pub(crate) fn run(
+        &self,
+        batch: &[TransferRequest],
+        got: &mut Vec<Outcome>,
+        mut seen: impl FnMut(&Outcome, Duration),
+    ) -> Result<(), Failure> {
         let t0 = Instant::now();
         let ids = self
             .a
-            .submit(&batch)
+            .submit(batch)
             .map_err(|e| Failure::failed(format!("submit refused: {e}")))?;
-        // Each outcome's latency is when the caller got it: the outcomes
-        // already there are taken together.
-        let mut out = Vec::with_capacity(ids.len());
-        let mut got = Vec::with_capacity(ids.len());
         let mut rest = &ids[..];
         while let Some(first) = rest.first() {
+            got.clear();
             let taken = self
                 .a
-                .wait_ready(rest, WAIT_BOUND, &mut got)
+                .wait_ready(rest, WAIT_BOUND, got)
                 .map_err(|e| Failure::failed(format!("waiting for request {first}: {e}")))?;
             let at = t0.elapsed();
-            out.extend(got.drain(..).map(|o| (o, at)));
+            for o in got.iter() {
+                seen(o, at);
+            }
             rest = &rest[taken..];
         }
-        Ok(out)
+        got.clear();
+        Ok(())
     }
 }
 

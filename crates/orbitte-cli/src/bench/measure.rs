@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
 use orbitte::transport::Op;
-use orbitte::{Outcome, Status};
+use orbitte::{Outcome, Status, TransferRequest};
 
 use super::backend::{Backend, Req};
 use super::report::Point;
@@ -34,9 +34,26 @@ fn describe(o: &Outcome) -> String {
     )
 }
 
-fn check_complete(results: &[(Outcome, Duration)]) -> Result<(), Failure> {
-    match results.iter().find(|(o, _)| o.status != Status::Complete) {
-        Some((o, _)) => Err(Failure::failed(describe(o))),
+/// Runs one batch, recording each outcome's latency in `lat` if given;
+/// fails on the first request that did not complete (after the whole
+/// batch ended).
+fn run_complete(
+    backend: &Backend,
+    batch: &[TransferRequest],
+    got: &mut Vec<Outcome>,
+    mut lat: Option<&mut Latencies>,
+) -> Result<(), Failure> {
+    let mut failed = None;
+    backend.run(batch, got, |o, d| {
+        if o.status != Status::Complete && failed.is_none() {
+            failed = Some(describe(o));
+        }
+        if let Some(lat) = lat.as_deref_mut() {
+            lat.record(d);
+        }
+    })?;
+    match failed {
+        Some(e) => Err(Failure::failed(e)),
         None => Ok(()),
     }
 }
@@ -76,7 +93,8 @@ pub(crate) fn run(
     // One untimed batch per thread: the local windows are faulted in and
     // the sessions are warm before the clock starts.
     for t in 0..threads {
-        check_complete(&backend.batch(t, &requests(backend, args, t, block), false)?)?;
+        let batch = backend.transfer_requests(t, &requests(backend, args, t, block), false);
+        run_complete(backend, &batch, &mut Vec::new(), None)?;
     }
     let ticks = CpuTicks::now();
     let start = Instant::now();
@@ -204,6 +222,14 @@ fn thread_loop(
     let op = engine_op(args.op);
     let base = thread_base(backend, args, t);
     let reqs = requests(backend, args, t, block);
+    let batch = backend.transfer_requests(t, &reqs, false);
+    let back = if args.check && op == Op::Write {
+        let back: Vec<Req> = reqs.iter().map(|r| Req { op: Op::Read, ..*r }).collect();
+        backend.transfer_requests(t, &back, true)
+    } else {
+        Vec::new()
+    };
+    let mut got = Vec::with_capacity(batch.len());
     let local = backend.local(t);
     let win = usize::try_from(window).map_err(|_| Failure::usage("window too large"))?;
     let mut buf = vec![0u8; if args.check { win } else { 0 }];
@@ -220,17 +246,11 @@ fn thread_loop(
                 .write_at(0, &buf)
                 .map_err(|e| Failure::failed(e.to_string()))?;
         }
-        let results = backend.batch(t, &reqs, false)?;
-        check_complete(&results)?;
-        for (_, d) in &results {
-            lat.record(*d);
-        }
+        run_complete(backend, &batch, &mut got, Some(lat))?;
         shared.bytes.fetch_add(window, Ordering::Relaxed);
-        shared
-            .ops
-            .fetch_add(results.len() as u64, Ordering::Relaxed);
+        shared.ops.fetch_add(batch.len() as u64, Ordering::Relaxed);
         if args.check {
-            verify(backend, t, &reqs, op, seq, base, &mut buf)?;
+            verify(backend, t, &back, &mut got, op, seq, base, &mut buf)?;
             shared.checked.fetch_add(window, Ordering::Relaxed);
         }
     }
@@ -240,19 +260,19 @@ fn thread_loop(
 /// READ: the local bytes are the target's initial pattern at the remote
 /// offsets. WRITE: the remote bytes, read back into scratch memory, are
 /// the bytes sent.
+#[allow(clippy::too_many_arguments)]
 fn verify(
     backend: &Backend,
     t: usize,
-    reqs: &[Req],
+    back: &[TransferRequest],
+    got: &mut Vec<Outcome>,
     op: Op,
     seq: u64,
     base: u64,
     buf: &mut [u8],
 ) -> Result<(), Failure> {
     let mem = if op == Op::Write {
-        let back: Vec<Req> = reqs.iter().map(|r| Req { op: Op::Read, ..*r }).collect();
-        let results = backend.batch(t, &back, true)?;
-        check_complete(&results)?;
+        run_complete(backend, back, got, None)?;
         backend.scratch(t)
     } else {
         backend.local(t)
