@@ -78,6 +78,8 @@ impl TransferEngine {
         // The completion queue this thread polls itself, once it waits.
         let mut own: Option<OwnCq> = None;
         let mut events = Vec::new();
+        // Since when the own queue has given nothing.
+        let mut idle_since: Option<Instant> = None;
         loop {
             let mut st = self.lock();
             if let Some(o) = st.engine.outcomes.remove(&id) {
@@ -90,7 +92,9 @@ impl TransferEngine {
                 // Completions go to the core from this thread, not through
                 // the poller thread and a wakeup.
                 let st = &mut *st;
-                cq.take(st, &self.shared, &mut events);
+                if cq.take(st, &self.shared, &mut events) {
+                    idle_since = None;
+                }
                 if let Some(o) = st.engine.outcomes.remove(&id) {
                     return Ok(then(o, st));
                 }
@@ -121,6 +125,14 @@ impl TransferEngine {
                 .filter(|t| *t > now)
                 .map_or(deadline, |t| t.min(deadline));
             if let Some(cq) = &own {
+                if idle_since.is_none_or(|t| now.duration_since(t) < OWN_CQ_SPIN) {
+                    idle_since.get_or_insert(now);
+                    drop(st);
+                    for _ in 0..32 {
+                        std::hint::spin_loop();
+                    }
+                    continue;
+                }
                 // Woken by the queue; what ends a request without a
                 // completion (a timeout, a cancel, a rail down) is seen at
                 // the next look, within `OWN_CQ_LOOK`.
@@ -216,6 +228,10 @@ impl TransferEngine {
 /// most before it looks at its request again.
 const OWN_CQ_LOOK: Duration = Duration::from_millis(1);
 
+/// How long a thread polls its own completion queue before it sleeps on
+/// it, once the queue gave nothing.
+const OWN_CQ_SPIN: Duration = Duration::from_micros(20);
+
 /// The completion queue of the NIC a waited-for rdma request runs on,
 /// polled by the waiting thread itself while it waits; the context's
 /// poller thread leaves it alone meanwhile (`cq_waiters`).
@@ -258,13 +274,27 @@ impl OwnCq {
 }
 
 impl OwnCq {
-    /// Polls the queue empty and hands its completions to the core.
-    pub(super) fn take(&self, st: &mut State, shared: &Shared, events: &mut Vec<TransportEvent>) {
+    /// Polls the queue empty and hands its completions to the core;
+    /// returns whether there were any.
+    pub(super) fn take(
+        &self,
+        st: &mut State,
+        shared: &Shared,
+        events: &mut Vec<TransportEvent>,
+    ) -> bool {
         let mut buf = [Completion::default(); 32];
-        while super::poll::poll_cq(st, shared, self.nic, &self.cq, &mut buf, events) == buf.len() {}
+        let mut any = false;
+        loop {
+            let n = super::poll::poll_cq(st, shared, self.nic, &self.cq, &mut buf, events);
+            any |= n > 0;
+            if n < buf.len() {
+                break;
+            }
+        }
         if !events.is_empty() {
             st.handle_events(Instant::now(), events);
         }
+        any
     }
 }
 
