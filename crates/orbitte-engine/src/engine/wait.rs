@@ -26,7 +26,8 @@ impl TransferEngine {
     /// arrives (not at every other request's), or when a deadline of the
     /// core is due, which it then expires itself. A request on rdma rails
     /// of one NIC is waited for on that NIC's completion queue instead:
-    /// the thread polls it and hands its completions to the core itself.
+    /// the thread polls it and hands its completions to the core itself,
+    /// and sleeps on it once it gave nothing for 20 µs.
     pub fn wait(&self, id: RequestId, timeout: Duration) -> Result<Outcome, WaitError> {
         self.wait_then(id, timeout, |o, _| o)
     }
