@@ -85,6 +85,14 @@ pub(super) fn poll_loop(
         } else {
             0
         };
+        // An event raised before the completions just polled (a QP's
+        // fatal error before its flushes) is taken with them, so the rail
+        // is down by the time their outcome can be seen.
+        if n > 0 {
+            while let Ok(Some(ev)) = ctx.next_async_event(Duration::ZERO) {
+                asyncs.push(ev);
+            }
+        }
         more = n == buf.len();
         if n == 0 && asyncs.is_empty() {
             continue;
