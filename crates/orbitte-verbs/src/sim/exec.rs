@@ -26,8 +26,12 @@ pub(crate) fn spawn_background(weak: Weak<Shared>) {
             let mut polled = false;
             loop {
                 let Some(shared) = weak.upgrade() else { return };
+                // Read before the lock: a post that counted itself after
+                // this read ends the watch below at once, and one that
+                // counted itself before it is in the send queues once the
+                // lock is taken.
+                let seen = shared.posts.load(Ordering::SeqCst);
                 let mut st = shared.lock();
-                let seen = shared.posts.load(Ordering::Acquire);
                 // Execute everything due, releasing the lock every
                 // `STEPS_PER_HOLD` requests and waking the completion
                 // waiters when something was delivered.
