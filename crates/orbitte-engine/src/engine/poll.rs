@@ -70,12 +70,17 @@ pub(super) fn poll_loop(
             let _ = cq.wait(Duration::from_millis(2));
         }
         let mut asyncs = Vec::new();
-        while let Ok(Some(ev)) = ctx.next_async_event(Duration::ZERO) {
-            asyncs.push(ev);
-        }
-        if !polling && asyncs.is_empty() {
-            more = false;
-            continue;
+        let take_asyncs = |asyncs: &mut Vec<verbs::AsyncEvent>| {
+            while let Ok(Some(ev)) = ctx.next_async_event(Duration::ZERO) {
+                asyncs.push(ev);
+            }
+        };
+        if !polling {
+            take_asyncs(&mut asyncs);
+            if asyncs.is_empty() {
+                more = false;
+                continue;
+            }
         }
         let mut st = shared.lock();
         // Looked at again under the lock: a waiter that came meanwhile
@@ -85,13 +90,11 @@ pub(super) fn poll_loop(
         } else {
             0
         };
-        // An event raised before the completions just polled (a QP's
-        // fatal error before its flushes) is taken with them, so the rail
-        // is down by the time their outcome can be seen.
-        if n > 0 {
-            while let Ok(Some(ev)) = ctx.next_async_event(Duration::ZERO) {
-                asyncs.push(ev);
-            }
+        if polling {
+            // After the poll: an event raised before the completions just
+            // taken (a QP's fatal error before its flushes) comes with
+            // them, so the rail is down by the time their outcome is seen.
+            take_asyncs(&mut asyncs);
         }
         more = n == buf.len();
         if n == 0 && asyncs.is_empty() {

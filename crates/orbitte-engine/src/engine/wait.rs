@@ -272,9 +272,7 @@ impl OwnCq {
             waiters: ctx.cq_waiters.clone(),
         })
     }
-}
 
-impl OwnCq {
     /// Polls the queue empty and hands its completions to the core;
     /// returns whether there were any.
     pub(super) fn take(

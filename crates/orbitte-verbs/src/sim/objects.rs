@@ -488,29 +488,11 @@ impl SimQp {
         let before = db.rung.len();
         let mut result = Ok(());
         for (index, wr) in wrs.iter().enumerate() {
-            if wr.sges.len() > self.caps.max_send_sge as usize {
-                let kind = PostErrorKind::TooManySges {
-                    sges: wr.sges.len(),
-                    max: self.caps.max_send_sge,
-                };
+            if let Err(kind) = db.check(wr, &self.caps, &self.retired) {
                 result = Err(PostError { qpn, index, kind });
                 break;
             }
-            if db.outstanding(&self.retired) >= self.caps.max_send_wr {
-                let kind = PostErrorKind::QueueFull {
-                    depth: self.caps.max_send_wr,
-                };
-                result = Err(PostError { qpn, index, kind });
-                break;
-            }
-            let xfer = wr
-                .byte_len()
-                .saturating_mul(1_000_000_000)
-                .checked_div(timing.bytes_per_sec)
-                .unwrap_or(0);
-            let due = (now + timing.base_latency + Duration::from_nanos(xfer)).max(db.last_due);
-            db.last_due = due;
-            db.posted = db.posted.wrapping_add(1);
+            let due = db.accept(wr, now, &timing, 0);
             let seq = self.shared.seq.fetch_add(1, Ordering::Relaxed) + 1;
             db.rung.push(PendingSend::of(wr, due, seq, None));
         }
@@ -665,22 +647,8 @@ impl QpOps for SimQp {
             if !matches!(qp.state, QpState::Rts | QpState::Error) {
                 return Err(err(i, PostErrorKind::InvalidState(qp.state)));
             }
-            if wr.sges.len() > qp.caps.max_send_sge as usize {
-                return Err(err(
-                    i,
-                    PostErrorKind::TooManySges {
-                        sges: wr.sges.len(),
-                        max: qp.caps.max_send_sge,
-                    },
-                ));
-            }
-            if qp.doorbell().outstanding(&qp.retired) >= qp.caps.max_send_wr {
-                return Err(err(
-                    i,
-                    PostErrorKind::QueueFull {
-                        depth: qp.caps.max_send_wr,
-                    },
-                ));
+            if let Err(kind) = qp.doorbell().check(wr, &qp.caps, &qp.retired) {
+                return Err(err(i, kind));
             }
             let errored = qp.state == QpState::Error;
             let (depth, state) = (qp.caps.max_send_wr, qp.state);
@@ -705,11 +673,6 @@ impl QpOps for SimQp {
             } else {
                 st.rng.next() % (timing.jitter.as_nanos() as u64 + 1)
             };
-            let bytes = wr.byte_len();
-            let xfer = bytes
-                .saturating_mul(1_000_000_000)
-                .checked_div(timing.bytes_per_sec)
-                .unwrap_or(0);
             let seq = self.shared.seq.fetch_add(1, Ordering::Relaxed) + 1;
             if let Some(sent) = st.sent.as_mut() {
                 sent.push(super::SentWr {
@@ -723,14 +686,7 @@ impl QpOps for SimQp {
             let Some(qp) = st.qps.get_mut(&self.key) else {
                 continue;
             };
-            let due = {
-                let mut db = qp.doorbell();
-                let due = (now + timing.base_latency + Duration::from_nanos(xfer + jitter))
-                    .max(db.last_due);
-                db.last_due = due;
-                db.posted = db.posted.wrapping_add(1);
-                due
-            };
+            let due = qp.doorbell().accept(wr, now, &timing, jitter);
             let pending = PendingSend::of(wr, due, seq, fault);
             if errored {
                 st.complete_send(self.key, &pending, crate::wr::WcStatus::WrFlush, 0);

@@ -9,7 +9,7 @@ use std::time::Duration;
 use orbitte_memory::DmaBuffer;
 
 use super::{Shared, SimDescription, WrMatch};
-use crate::error::ObjectKind;
+use crate::error::{ObjectKind, PostErrorKind};
 use crate::types::{Access, AsyncEvent, PortState, QpCaps, QpState, RtrAttrs, RtsAttrs};
 use crate::wr::{Completion, SendOp, Sge, WcOpcode, WcStatus};
 
@@ -392,10 +392,50 @@ pub(crate) struct Doorbell {
 }
 
 impl Doorbell {
-    /// Send WRs posted whose slot has not been freed by a polled
-    /// completion.
-    pub(crate) fn outstanding(&self, retired: &Retired) -> u32 {
-        self.posted.wrapping_sub(retired.sq.load(Ordering::Acquire))
+    /// Checks a send work request against the QP's bounds, as
+    /// `ibv_post_send` does: its SGE count, and a slot that no polled
+    /// completion has yet to free.
+    pub(crate) fn check(
+        &self,
+        wr: &crate::wr::SendWr<'_>,
+        caps: &QpCaps,
+        retired: &Retired,
+    ) -> Result<(), PostErrorKind> {
+        if wr.sges.len() > caps.max_send_sge as usize {
+            return Err(PostErrorKind::TooManySges {
+                sges: wr.sges.len(),
+                max: caps.max_send_sge,
+            });
+        }
+        let outstanding = self.posted.wrapping_sub(retired.sq.load(Ordering::Acquire));
+        if outstanding >= caps.max_send_wr {
+            return Err(PostErrorKind::QueueFull {
+                depth: caps.max_send_wr,
+            });
+        }
+        Ok(())
+    }
+
+    /// Counts a checked send work request as posted at `now` and returns
+    /// when it is due: after the base latency, its transfer time and
+    /// `jitter_ns`, and never before the QP's previous request.
+    pub(crate) fn accept(
+        &mut self,
+        wr: &crate::wr::SendWr<'_>,
+        now: Duration,
+        timing: &super::SimTiming,
+        jitter_ns: u64,
+    ) -> Duration {
+        let xfer = wr
+            .byte_len()
+            .saturating_mul(1_000_000_000)
+            .checked_div(timing.bytes_per_sec)
+            .unwrap_or(0);
+        let due =
+            (now + timing.base_latency + Duration::from_nanos(xfer + jitter_ns)).max(self.last_due);
+        self.last_due = due;
+        self.posted = self.posted.wrapping_add(1);
+        due
     }
 }
 
