@@ -311,6 +311,34 @@ impl Core {
         u64::from(size.max(1))
     }
 
+    /// The ends (offset + length) of a request's local and remote extents,
+    /// or why it cannot be taken: zero length, or an end past u64.
+    pub(crate) fn extent_ends(
+        local_offset: u64,
+        remote_offset: u64,
+        len: u64,
+    ) -> Result<(u64, u64), RequestError> {
+        if len == 0 {
+            return Err(RequestError::ZeroLength);
+        }
+        match (
+            local_offset.checked_add(len),
+            remote_offset.checked_add(len),
+        ) {
+            (Some(lend), Some(rend)) => Ok((lend, rend)),
+            _ => Err(RequestError::Overflow {
+                offset: local_offset.max(remote_offset),
+                len,
+            }),
+        }
+    }
+
+    /// The longest request on `rails` whose slices the core can count
+    /// (more is refused as an overflow).
+    pub(crate) fn max_request_len(&self, rails: &[RailId]) -> u64 {
+        self.slice_for(rails).saturating_mul(u64::from(u32::MAX))
+    }
+
     /// Admits a batch: all or nothing. The engine validated ranges and
     /// peers; the core checks lengths, rails and the fence.
     pub fn submit(
@@ -344,18 +372,12 @@ impl Core {
                 label: r.label,
                 error,
             };
-            if r.len == 0 {
-                return Err(bad(RequestError::ZeroLength));
-            }
-            let overflow = RequestError::Overflow {
-                offset: r.local_offset,
-                len: r.len,
-            };
-            if r.local_offset.checked_add(r.len).is_none()
-                || r.remote_offset.checked_add(r.len).is_none()
-                || r.len.div_ceil(slice) > u64::from(u32::MAX)
-            {
-                return Err(bad(overflow));
+            Self::extent_ends(r.local_offset, r.remote_offset, r.len).map_err(bad)?;
+            if r.len.div_ceil(slice) > u64::from(u32::MAX) {
+                return Err(bad(RequestError::Overflow {
+                    offset: r.local_offset,
+                    len: r.len,
+                }));
             }
             if r.rails.is_empty() {
                 return Err(bad(RequestError::NoRail {
@@ -382,8 +404,9 @@ impl Core {
         Ok(())
     }
 
-    /// Takes in requests that passed [`check`](Self::check) (the fence
-    /// raised since does not turn them away), appending their ids to
+    /// Takes in requests that passed [`check`](Self::check), or the
+    /// engine's admission, which checks the same (the fence raised since
+    /// does not turn them away), appending their ids to
     /// `ids`. A request with a rail that went down since its check fails
     /// at once, as one waiting for that rail would: nothing of it is
     /// posted.

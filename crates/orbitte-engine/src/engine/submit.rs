@@ -37,25 +37,32 @@ impl TransferEngine {
         let mut guard = self.lock();
         let st = &mut *guard;
         let now = Instant::now();
-        let reqs = st.engine.admit(batch, self.shared.settings.dispatch_mask)?;
-        let notification = notification.map(|a| a.on_rails(&reqs));
-        st.engine.core.check(&reqs)?;
-        let mut ids = Vec::with_capacity(reqs.len());
-        let mut rest = reqs.into_iter();
-        if notification.is_none() && rest.len() > PIECE + PIECE / 2 {
-            // The whole batch is admitted (checked): it is taken in and
-            // posted a piece at a time, so the transports start at once
-            // and work while the rest is taken in. Between pieces this
-            // thread takes the completions of the earlier ones from the
-            // first request's queue (as `wait` does), rather than waking
-            // the poller thread for them.
+        let mut admission = st
+            .engine
+            .validate(batch, self.shared.settings.dispatch_mask)?;
+        let mut ids = Vec::with_capacity(batch.len());
+        if let Some(armed) = notification {
+            let reqs: Vec<_> = admission.collect();
+            let armed = armed.on_rails(&reqs);
+            st.engine.core.insert(now, reqs, &mut ids);
+            crate::notify::track(st, &ids, armed);
+            st.pump(now);
+            return Ok(ids);
+        }
+        if admission.len() > PIECE + PIECE / 2 {
+            // The whole batch is validated: its requests are built, taken
+            // in and posted a piece at a time, so the transports start at
+            // once and work while the rest is taken in. Between pieces
+            // this thread takes the completions of the earlier ones from
+            // the first request's queue (as `wait` does), rather than
+            // waking the poller thread for them.
             let mut own = None;
             let mut events = Vec::new();
-            while rest.len() > PIECE + PIECE / 2 {
+            while admission.len() > PIECE + PIECE / 2 {
                 let st = &mut *guard;
                 st.engine
                     .core
-                    .insert(now, rest.by_ref().take(PIECE), &mut ids);
+                    .insert(now, admission.by_ref().take(PIECE), &mut ids);
                 if own.is_none()
                     && let Some(&first) = ids.first()
                 {
@@ -70,10 +77,7 @@ impl TransferEngine {
             }
         }
         let st = &mut *guard;
-        st.engine.core.insert(now, rest, &mut ids);
-        if let Some(armed) = notification {
-            crate::notify::track(st, &ids, armed);
-        }
+        st.engine.core.insert(now, admission, &mut ids);
         st.pump(now);
         Ok(ids)
     }

@@ -30,6 +30,7 @@
 //! Tests drive it with a scripted transport on virtual time
 //! (`state/tests.rs`, and the fault fuzz in `state/fuzz.rs`).
 
+mod admit;
 #[cfg(test)]
 mod fuzz;
 mod notify;
@@ -49,17 +50,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use orbitte_memory::HostMemory;
-use orbitte_topology::{DeviceMask, NicId};
+use orbitte_topology::DeviceMask;
 use orbitte_wire::{self as wire, Epoch, SourceId};
 
-use crate::core::{Core, CoreConfig, CoreRequest, RailList};
+use crate::core::{Core, CoreConfig};
 use crate::engine::TransferRequest;
 use crate::error::{RegisterError, Unquiesced, UnregisterError};
-use crate::outcome::{RailRefusal, RequestError, RequestId, SubmitError};
-use crate::registration::{
-    Access, Budgets, Charges, Ledger, MemoryPath, RegEntry, RegState, Registration,
-};
-use crate::transport::{PathKind, PeerId, RailId, RailSpec, RangeId, RegistrationId};
+use crate::outcome::{RequestId, SubmitError};
+use crate::registration::{Access, Budgets, Charges, Ledger, MemoryPath, RegEntry, Registration};
+use crate::transport::{PeerId, RailId, RailSpec, RangeId, RegistrationId};
 
 /// The tables, the ledger and the core, with the rules of admission.
 /// See the module docs for how a driver calls it.
@@ -105,180 +104,6 @@ impl EngineState {
             unquiesced: Vec::new(),
             reap: Vec::new(),
         }
-    }
-
-    /// Validates a batch and chooses each request's rails: all admitted or
-    /// none (the error names the first bad request). Nothing is submitted:
-    /// the caller hands the result to [`Core::submit`] (or calls
-    /// [`submit`](Self::submit)).
-    pub(crate) fn admit(
-        &mut self,
-        batch: &[TransferRequest],
-        mask: DeviceMask,
-    ) -> Result<Vec<CoreRequest>, SubmitError> {
-        let Some(first) = batch.first() else {
-            return Err(SubmitError::Empty);
-        };
-        if let Some(reason) = self.core.fenced() {
-            return Err(SubmitError::Fenced {
-                index: 0,
-                label: first.label,
-                reason: reason.clone(),
-            });
-        }
-        let mut reqs = Vec::with_capacity(batch.len());
-        // Requests of a batch usually name the same registration, peer,
-        // range and operation: what depends on those alone (lookups, access,
-        // rail choice) is decided once per run of them, the offsets and
-        // lengths once per request.
-        let mut last: Option<Admitted> = None;
-        for (index, r) in batch.iter().enumerate() {
-            let bad = |error| SubmitError::Invalid {
-                index,
-                label: r.label,
-                error,
-            };
-            if r.len == 0 {
-                return Err(bad(RequestError::ZeroLength));
-            }
-            let (Some(lend), Some(rend)) = (
-                r.local_offset.checked_add(r.len),
-                r.remote_offset.checked_add(r.len),
-            ) else {
-                return Err(bad(RequestError::Overflow {
-                    offset: r.local_offset.max(r.remote_offset),
-                    len: r.len,
-                }));
-            };
-            let a = match last.take() {
-                Some(a) if a.serves(r) => {
-                    // The checks `choose` makes on the offsets.
-                    if lend > a.local_size {
-                        return Err(bad(local_out_of_range(r, a.local_size)));
-                    }
-                    if rend > a.remote_size {
-                        return Err(bad(RequestError::OutOfRange {
-                            side: "remote",
-                            offset: r.remote_offset,
-                            len: r.len,
-                            size: a.remote_size,
-                        }));
-                    }
-                    a
-                }
-                _ => self.choose(r, lend, rend, mask).map_err(bad)?,
-            };
-            let a = last.insert(a);
-            let mut rails = a.rails.clone();
-            let k = rails.len();
-            if k > 1 {
-                rails.rotate_left(self.rotor % k);
-                self.rotor = self.rotor.wrapping_add(1);
-            }
-            reqs.push(CoreRequest {
-                label: r.label,
-                op: r.op,
-                registration: r.registration,
-                local_offset: r.local_offset,
-                peer: r.peer,
-                range: r.range,
-                remote_offset: r.remote_offset,
-                len: r.len,
-                rails,
-                keepalive: Some(a.pin.clone()),
-            });
-        }
-        Ok(reqs)
-    }
-
-    /// What admission decides from a request's registration, peer, range
-    /// and operation (`lend`, `rend`: its ends in the local registration and
-    /// the remote range): the checks of
-    /// the tables, and the allowed rails in their best affinity class.
-    fn choose(
-        &self,
-        r: &TransferRequest,
-        lend: u64,
-        rend: u64,
-        mask: DeviceMask,
-    ) -> Result<Admitted, RequestError> {
-        let Some(reg) = self
-            .tables
-            .regs
-            .get(&r.registration.0)
-            .filter(|e| e.state == RegState::Published)
-        else {
-            return Err(RequestError::UnpublishedLocal(r.registration));
-        };
-        let local_size = reg.memory.len() as u64;
-        if lend > local_size {
-            return Err(local_out_of_range(r, local_size));
-        }
-        let (peer, desc) = published_remote(&self.tables, r, rend)?;
-        let mut why = Vec::new();
-        let mut rails = RailList::new();
-        for &rail in &peer.rails {
-            let spec = self.core.rail_spec(rail);
-            let nic = spec.and_then(|s| s.nic);
-            if let Some(n) = nic
-                && !mask.contains(NicId(n))
-            {
-                why.push(RailRefusal::OutsideMask {
-                    rail,
-                    nic: NicId(n),
-                    mask,
-                });
-                continue;
-            }
-            if !self.core.rail_is_up(rail) {
-                why.push(match self.core.rail_down_reason(rail) {
-                    Some(reason) => RailRefusal::Down { rail, reason },
-                    None => RailRefusal::Unknown { rail },
-                });
-                continue;
-            }
-            if let Some(n) = nic
-                && spec.is_some_and(|s| s.path == PathKind::Rdma)
-            {
-                let remote_nic = spec.and_then(|s| s.remote_nic).unwrap_or(u32::MAX);
-                if reg.copies_on(n).is_none()
-                    || !desc
-                        .rkeys
-                        .iter()
-                        .any(|k| u32::from(k.nic_id.0) == remote_nic)
-                {
-                    why.push(RailRefusal::NoKeys { rail });
-                    continue;
-                }
-            }
-            rails.push(rail);
-        }
-        if rails.is_empty() {
-            if why.is_empty() {
-                why.push(RailRefusal::NoRails);
-            }
-            return Err(RequestError::NoRail { peer: r.peer, why });
-        }
-        // Affinity allows the rails whose NIC is in the best class for
-        // this memory among the usable ones (all of them when the
-        // memory's location is unknown); requests rotate among those.
-        let class = |rail: &RailId| {
-            let nic = self.core.rail_spec(*rail).and_then(|s| s.nic);
-            nic.map_or(0, |n| reg.affinity_class(n))
-        };
-        if let Some(best) = rails.iter().map(class).min() {
-            rails.retain(|r| class(r) == best);
-        }
-        Ok(Admitted {
-            registration: r.registration,
-            peer: r.peer,
-            range: r.range,
-            op: r.op,
-            local_size,
-            remote_size: desc.length,
-            rails,
-            pin: reg.pin.clone(),
-        })
     }
 
     /// [`admit`](Self::admit)s a batch and submits it to the core at `now`.
@@ -450,40 +275,5 @@ impl EngineState {
             }
             !drained
         });
-    }
-}
-
-fn local_out_of_range(r: &TransferRequest, size: u64) -> RequestError {
-    RequestError::OutOfRange {
-        side: "local",
-        offset: r.local_offset,
-        len: r.len,
-        size,
-    }
-}
-
-/// What [`EngineState::admit`] decided for a run of requests with the same
-/// registration, peer, range and operation.
-struct Admitted {
-    registration: RegistrationId,
-    peer: PeerId,
-    range: RangeId,
-    op: crate::transport::Op,
-    /// Bytes of the local registration.
-    local_size: u64,
-    /// Bytes of the remote range.
-    remote_size: u64,
-    /// Invariant: not empty.
-    rails: RailList,
-    pin: Arc<dyn std::any::Any + Send + Sync>,
-}
-
-impl Admitted {
-    /// Whether `r` names the same registration, peer, range and operation.
-    fn serves(&self, r: &TransferRequest) -> bool {
-        self.registration == r.registration
-            && self.peer == r.peer
-            && self.range == r.range
-            && self.op == r.op
     }
 }

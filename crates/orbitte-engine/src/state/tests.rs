@@ -517,6 +517,107 @@ fn rail_choice_skips_masked_and_down_rails_and_names_each() {
 }
 
 #[test]
+fn an_admission_taken_in_pieces_builds_what_the_whole_batch_does_rails_rotating() {
+    let batch = |sim: &Sim| -> Vec<TransferRequest> {
+        (0..9u64)
+            .map(|i| {
+                let op = if i < 4 { Op::Read } else { Op::Write };
+                sim.request(op, i * 64, i * 64, 64)
+            })
+            .collect()
+    };
+    let (mut whole, mut pieces) = (Sim::new(&[(4, 1); 3]), Sim::new(&[(4, 1); 3]));
+    let (a, b) = (batch(&whole), batch(&pieces));
+    let all = whole.st.admit(&a, DeviceMask::ALL).unwrap();
+    let mut admission = pieces.st.validate(&b, DeviceMask::ALL).unwrap();
+    assert_eq!(admission.len(), 9);
+    let mut built: Vec<_> = admission.by_ref().take(2).collect();
+    assert_eq!(admission.len(), 7);
+    built.extend(admission.by_ref().take(3));
+    built.extend(admission);
+    let seen = |reqs: &[crate::core::CoreRequest]| -> Vec<(u64, Op, u64, Vec<RailId>)> {
+        reqs.iter()
+            .map(|r| (r.label, r.op, r.remote_offset, r.rails.to_vec()))
+            .collect()
+    };
+    assert_eq!(seen(&built), seen(&all));
+    // Each request's first rail rotates over the three, across the run
+    // boundary (READs, then WRITEs) and into the next batch.
+    let rails = &whole.rails;
+    for (i, r) in all.iter().enumerate() {
+        assert_eq!(r.rails[0], rails[i % 3], "request {i}");
+        assert_eq!(r.rails.len(), 3);
+    }
+    let next = pieces.st.admit(&b[..1], DeviceMask::ALL).unwrap();
+    assert_eq!(next[0].rails[0], rails[9 % 3]);
+    // Every request holds the registration until it is drained.
+    drop(built);
+    assert_eq!(pieces.st.tables.regs[&pieces.reg.0].undrained(), 1);
+}
+
+#[test]
+fn admission_refuses_more_slices_than_the_core_counts() {
+    // One-byte slices: a request of more than u32::MAX bytes has more
+    // slices than the core numbers. The memory is sparse (never touched).
+    let big: usize = 5 << 30;
+    let mut st = EngineState::new(
+        CoreConfig {
+            slice_size: 1,
+            ..config()
+        },
+        Budgets::default(),
+    );
+    let local = HostMemory::alloc(big).expect("sparse test memory");
+    let reg = st
+        .register_unpinned(local, Access::REMOTE_READ_WRITE)
+        .expect("not fenced")
+        .id;
+    let desc = wire::RangeDescriptor {
+        length: big as u64,
+        ..descriptor(7)
+    };
+    let peer = st.open_peer(
+        SourceId::new("peer").expect("valid"),
+        Epoch::MIN,
+        std::slice::from_ref(&desc),
+    );
+    st.add_rail(tcp_rail(peer));
+    let most = u64::from(u32::MAX);
+    let read = |len: u64| TransferRequest::read(reg, 0, peer, RangeId(7), 0, len).label(len);
+    let fits = st
+        .admit(&[read(most)], DeviceMask::ALL)
+        .expect("u32::MAX slices");
+    st.core.check(&fits).expect("the core agrees");
+    let err = st
+        .validate(&[read(most), read(most + 1)], DeviceMask::ALL)
+        .map(|a| a.len())
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SubmitError::Invalid {
+                index: 1,
+                label,
+                error: RequestError::Overflow { len, .. },
+            } if label == most + 1 && len == most + 1
+        ),
+        "{err:?}"
+    );
+    let mut over = fits;
+    over[0].len = most + 1;
+    assert!(
+        matches!(
+            st.core.check(&over),
+            Err(SubmitError::Invalid {
+                error: RequestError::Overflow { .. },
+                ..
+            })
+        ),
+        "the core refuses it as well"
+    );
+}
+
+#[test]
 fn a_fenced_state_admits_nothing() {
     let mut sim = Sim::new(&[(4, 1)]);
     sim.st
