@@ -7,7 +7,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use orbitte_engine::{Access, DrainStatus, RangeId, RemoteEffect, Status, TransferRequest};
+use orbitte_engine::{
+    Access, DrainStatus, RangeId, RemoteEffect, Status, SubmitError, TransferRequest,
+};
 use orbitte_verbs::sim::Delivery;
 
 #[test]
@@ -87,6 +89,72 @@ fn a_mixed_batch_stripes_over_eight_rails_and_every_byte_arrives() {
     // was only written from is untouched.
     assert_eq!(rb_mem.to_vec(half, half).unwrap(), pattern(len, 4)[half..]);
     assert_eq!(la.to_vec(0, half).unwrap(), pattern(len, 3)[..half]);
+    assert_eq!(a.outstanding_slices(), 0);
+}
+
+#[test]
+fn a_batch_of_hundreds_is_taken_in_piece_by_piece_and_every_byte_lands() {
+    let fabric = fabric(2, Delivery::Background, 4);
+    let a = builder(&fabric, "a", 2).build().unwrap();
+    let b = builder(&fabric, "b", 2).build().unwrap();
+    const N: u64 = 300;
+    const CHUNK: u64 = 512;
+    let len = (N * CHUNK) as usize;
+    let la = region(len, 7);
+    let rb_mem = region(len, 8);
+    let ra = register(&a, &la, Access::LocalOnly);
+    let rb = register(&b, &rb_mem, Access::REMOTE_READ_WRITE);
+    let (peer, _) = connect(&a, &b);
+    let range = RangeId(rb.id.0);
+    // Runs of 20 WRITEs and 20 READs by turns: the runs change inside the
+    // pieces a large batch is taken in by.
+    let write = |i: u64| (i / 20).is_multiple_of(2);
+    let batch: Vec<_> = (0..N)
+        .map(|i| {
+            let op = if write(i) {
+                TransferRequest::write
+            } else {
+                TransferRequest::read
+            };
+            op(ra.id, i * CHUNK, peer.id, range, i * CHUNK, CHUNK).label(i)
+        })
+        .collect();
+    // One bad request near the end refuses the whole batch: nothing moves.
+    let mut bad = batch.clone();
+    bad[280] = TransferRequest::write(ra.id, 0, peer.id, range, len as u64, 1).label(280);
+    let err = a.submit(&bad).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SubmitError::Invalid {
+                index: 280,
+                label: 280,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(a.outstanding_slices(), 0);
+    assert_eq!(rb_mem.to_vec(0, len).unwrap(), pattern(len, 8));
+    assert_eq!(la.to_vec(0, len).unwrap(), pattern(len, 7));
+    let ids = a.submit(&batch).unwrap();
+    assert_eq!(ids.len(), N as usize);
+    let outcomes = a.wait_all(&ids, Duration::from_secs(10)).unwrap();
+    let labels: Vec<u64> = outcomes.iter().map(|o| o.label).collect();
+    assert_eq!(labels, (0..N).collect::<Vec<_>>());
+    assert!(outcomes.iter().all(|o| o.is_complete()), "{outcomes:?}");
+    let (src, dst) = (pattern(len, 7), pattern(len, 8));
+    let (local, remote) = (la.to_vec(0, len).unwrap(), rb_mem.to_vec(0, len).unwrap());
+    for i in 0..N {
+        let r = (i * CHUNK) as usize..((i + 1) * CHUNK) as usize;
+        if write(i) {
+            assert_eq!(remote[r.clone()], src[r.clone()], "WRITE {i} arrived");
+            assert_eq!(local[r.clone()], src[r], "WRITE {i} source kept");
+        } else {
+            assert_eq!(local[r.clone()], dst[r.clone()], "READ {i} arrived");
+            assert_eq!(remote[r.clone()], dst[r], "READ {i} source kept");
+        }
+    }
     assert_eq!(a.outstanding_slices(), 0);
 }
 
