@@ -20,7 +20,10 @@
 //!
 //! 1. [`EngineState::submit`] a batch (or [`EngineState::admit`] it and hand
 //!    the requests to [`Core::submit`], then
-//!    [`EngineState::track_notification`] if it carries one);
+//!    [`EngineState::track_notification`] if it carries one; or, as the
+//!    driver does, [`EngineState::validate`] it and take the requests the
+//!    returned `Admission` builds into the core with `Core::insert`, a
+//!    piece at a time);
 //! 2. `core.poll_work` and post each rail's run; feed completions and rail
 //!    events to `core.handle_event`, deadlines to `core.handle_timeout`;
 //! 3. [`EngineState::collect_outcomes`], hand each
