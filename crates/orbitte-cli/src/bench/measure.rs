@@ -250,7 +250,11 @@ fn thread_loop(
         shared.bytes.fetch_add(window, Ordering::Relaxed);
         shared.ops.fetch_add(batch.len() as u64, Ordering::Relaxed);
         if args.check {
-            verify(backend, t, &back, &mut got, op, seq, base, &mut buf)?;
+            if op == Op::Write {
+                // The remote bytes, read back into scratch memory.
+                run_complete(backend, &back, &mut got, None)?;
+            }
+            verify(backend, t, op, seq, base, &mut buf)?;
             shared.checked.fetch_add(window, Ordering::Relaxed);
         }
     }
@@ -258,21 +262,17 @@ fn thread_loop(
 }
 
 /// READ: the local bytes are the target's initial pattern at the remote
-/// offsets. WRITE: the remote bytes, read back into scratch memory, are
-/// the bytes sent.
-#[allow(clippy::too_many_arguments)]
+/// offsets. WRITE: the remote bytes, which the caller read back into
+/// scratch memory, are the bytes sent.
 fn verify(
     backend: &Backend,
     t: usize,
-    back: &[TransferRequest],
-    got: &mut Vec<Outcome>,
     op: Op,
     seq: u64,
     base: u64,
     buf: &mut [u8],
 ) -> Result<(), Failure> {
     let mem = if op == Op::Write {
-        run_complete(backend, back, got, None)?;
         backend.scratch(t)
     } else {
         backend.local(t)

@@ -518,16 +518,25 @@ fn rail_choice_skips_masked_and_down_rails_and_names_each() {
 
 #[test]
 fn an_admission_taken_in_pieces_builds_what_the_whole_batch_does_rails_rotating() {
-    let batch = |sim: &Sim| -> Vec<TransferRequest> {
+    // Three runs: READs on the registration, WRITEs on a second one, READs
+    // on the first again.
+    let batch = |sim: &mut Sim| -> Vec<TransferRequest> {
+        let other = sim
+            .st
+            .register_unpinned(HostMemory::alloc(SIZE).unwrap(), Access::REMOTE_READ_WRITE)
+            .unwrap()
+            .id;
         (0..9u64)
-            .map(|i| {
-                let op = if i < 4 { Op::Read } else { Op::Write };
-                sim.request(op, i * 64, i * 64, 64)
+            .map(|i| match i {
+                4..7 => {
+                    TransferRequest::write(other, i * 64, sim.peer, sim.range, i * 64, 64).label(i)
+                }
+                _ => sim.request(Op::Read, i * 64, i * 64, 64),
             })
             .collect()
     };
     let (mut whole, mut pieces) = (Sim::new(&[(4, 1); 3]), Sim::new(&[(4, 1); 3]));
-    let (a, b) = (batch(&whole), batch(&pieces));
+    let (a, b) = (batch(&mut whole), batch(&mut pieces));
     let all = whole.st.admit(&a, DeviceMask::ALL).unwrap();
     let mut admission = pieces.st.validate(&b, DeviceMask::ALL).unwrap();
     assert_eq!(admission.len(), 9);
@@ -535,14 +544,23 @@ fn an_admission_taken_in_pieces_builds_what_the_whole_batch_does_rails_rotating(
     assert_eq!(admission.len(), 7);
     built.extend(admission.by_ref().take(3));
     built.extend(admission);
-    let seen = |reqs: &[crate::core::CoreRequest]| -> Vec<(u64, Op, u64, Vec<RailId>)> {
+    let seen = |reqs: &[crate::core::CoreRequest]| {
         reqs.iter()
-            .map(|r| (r.label, r.op, r.remote_offset, r.rails.to_vec()))
-            .collect()
+            .map(|r| {
+                let reg = r.registration;
+                (r.label, r.op, reg, r.remote_offset, r.rails.to_vec())
+            })
+            .collect::<Vec<_>>()
     };
     assert_eq!(seen(&built), seen(&all));
+    // Each request holds its own registration, the run's decision it was
+    // built from: six on the first, three on the second.
+    let other = b[4].registration;
+    let held = |sim: &Sim, reg: RegistrationId| sim.st.tables.regs[&reg.0].undrained();
+    assert_eq!(held(&pieces, pieces.reg), 6);
+    assert_eq!(held(&pieces, other), 3);
     // Each request's first rail rotates over the three, across the run
-    // boundary (READs, then WRITEs) and into the next batch.
+    // boundaries and into the next batch.
     let rails = &whole.rails;
     for (i, r) in all.iter().enumerate() {
         assert_eq!(r.rails[0], rails[i % 3], "request {i}");
@@ -550,9 +568,9 @@ fn an_admission_taken_in_pieces_builds_what_the_whole_batch_does_rails_rotating(
     }
     let next = pieces.st.admit(&b[..1], DeviceMask::ALL).unwrap();
     assert_eq!(next[0].rails[0], rails[9 % 3]);
-    // Every request holds the registration until it is drained.
-    drop(built);
-    assert_eq!(pieces.st.tables.regs[&pieces.reg.0].undrained(), 1);
+    drop((built, next));
+    assert_eq!(held(&pieces, pieces.reg), 0);
+    assert_eq!(held(&pieces, other), 0);
 }
 
 #[test]

@@ -301,8 +301,9 @@ pub(crate) struct Shared {
     /// The fabric thread is about to sleep, or sleeps, on `work`: a
     /// lock-free post must take the fabric lock once to wake it.
     pub(crate) sleeping: AtomicBool,
-    /// Posts take the fabric lock: send faults were installed or sends are
-    /// recorded, which the lock-free path does not see.
+    /// Posts take the fabric lock from now on: send faults were installed
+    /// or sends recorded at some point (the lock-free path sees neither;
+    /// clearing them does not set this back).
     pub(crate) locked_posts: AtomicBool,
     /// Posting order over the whole fabric (ties of due time).
     pub(crate) seq: AtomicU64,
