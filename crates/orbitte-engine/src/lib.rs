@@ -130,7 +130,7 @@ pub use outcome::{
 };
 pub use recovery::{RecoveryPolicy, RecoveryState};
 pub use registration::{Access, Budgets, Charges, Memory, MemoryPath, Registration};
-pub use request::{LocalRead, LocalWrite, RemoteRange, RemoteTarget, Request};
+pub use request::{LocalRead, LocalWrite, PeerRef, RemoteRange, RemoteTarget, Request};
 pub use session::{ConnectError, ConnectOptions, ListenError, PathPreference, Peer};
 pub use transport::{Op, PathKind, PeerId, RailId, RangeId, RegistrationId};
 

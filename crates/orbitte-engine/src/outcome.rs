@@ -12,6 +12,8 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
+use orbitte_wire::Epoch;
+
 use crate::notify::{NotificationError, NotificationStatus};
 use crate::transport::{Op, PathKind, PeerId, RailId, RangeId, RegistrationId, SliceFailure};
 
@@ -195,6 +197,22 @@ pub enum RequestError {
     /// The peer is not open (or was replaced by a newer epoch).
     #[error("unknown peer {}: open the peer first (or reopen it after a restart)", .0.0)]
     UnknownPeer(PeerId),
+    /// The request was made from a handle of an older incarnation of the
+    /// peer: the peer restarted (same address, a new epoch) since the
+    /// handle was made, and its memory is not the memory the handle named.
+    #[error(
+        "peer {} restarted: the request was made for its epoch {}, it now runs epoch {}; \
+         connect again and build requests from the new handle's ranges",
+        .peer.0, .handle.value(), .current.value()
+    )]
+    PeerRestarted {
+        /// Peer.
+        peer: PeerId,
+        /// The epoch of the handle the request was made from.
+        handle: Epoch,
+        /// The epoch of the incarnation open now.
+        current: Epoch,
+    },
     /// The local registration is not published (never was, retired, or
     /// unregistered).
     #[error("local registration {} is not published: register it (or stop using a retired range)", .0.0)]

@@ -22,11 +22,12 @@
 
 use std::ops::Range;
 
-use orbitte_wire::{AccessFlags, RangeDescriptor};
+use orbitte_wire::{AccessFlags, Epoch, RangeDescriptor};
 
 use crate::engine::{State, TransferEngine, TransferRequest};
 use crate::outcome::{RequestError, SubmitError};
 use crate::registration::Registration;
+use crate::session::Peer;
 use crate::transport::{Op, PeerId, RangeId, RegistrationId};
 
 /// One range a peer published, as this engine learned it (p2p: from the
@@ -35,6 +36,10 @@ use crate::transport::{Op, PeerId, RangeId, RegistrationId};
 pub struct RemoteRange {
     /// The peer that published it.
     pub peer: PeerId,
+    /// The peer's epoch it was published in: a request naming it is
+    /// refused once the peer restarted
+    /// ([`RequestError::PeerRestarted`]).
+    pub epoch: Epoch,
     /// Its id within the peer's epoch.
     pub range: RangeId,
     /// Its virtual address in the peer's process.
@@ -70,9 +75,70 @@ pub enum RemoteTarget {
     Address {
         /// The peer.
         peer: PeerId,
+        /// The peer's epoch the address was learned in (`None`: whichever
+        /// incarnation is open at submit).
+        epoch: Option<Epoch>,
         /// The address.
         address: u64,
     },
+    /// A range named by the peer's ids alone (the positional
+    /// [`TransferRequest`] form).
+    Ids {
+        /// The peer.
+        peer: PeerId,
+        /// The peer's epoch the ids were learned in (`None`: whichever
+        /// incarnation is open at submit).
+        epoch: Option<Epoch>,
+        /// The range.
+        range: RangeId,
+        /// Offset in it.
+        offset: u64,
+    },
+}
+
+/// A peer as a request names it by address: its id and, from a handle,
+/// the incarnation the handle was made for. From a [`Peer`] (or its
+/// [`PeerInfo`](crate::PeerInfo)) the request is refused once the peer
+/// restarted; from a bare [`PeerId`] it runs against whichever incarnation
+/// is open at submit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerRef {
+    /// The peer.
+    pub id: PeerId,
+    /// The epoch the handle was made for.
+    pub epoch: Option<Epoch>,
+}
+
+impl PeerRef {
+    /// The peer's memory at virtual address `address`.
+    fn at(self, address: u64) -> RemoteTarget {
+        RemoteTarget::Address {
+            peer: self.id,
+            epoch: self.epoch,
+            address,
+        }
+    }
+}
+
+impl From<PeerId> for PeerRef {
+    fn from(id: PeerId) -> Self {
+        Self { id, epoch: None }
+    }
+}
+
+impl From<&Peer> for PeerRef {
+    fn from(p: &Peer) -> Self {
+        (&p.info).into()
+    }
+}
+
+impl From<&crate::PeerInfo> for PeerRef {
+    fn from(p: &crate::PeerInfo) -> Self {
+        Self {
+            id: p.id,
+            epoch: Some(p.epoch),
+        }
+    }
 }
 
 /// One READ or WRITE, built with [`Request::write`] or [`Request::read`].
@@ -156,9 +222,10 @@ impl LocalWrite {
     }
 
     /// Into the peer's memory at virtual address `address` (inside one of
-    /// its published ranges).
-    pub fn to_address(self, peer: PeerId, address: u64) -> Request {
-        self.finish(RemoteTarget::Address { peer, address })
+    /// its published ranges). Name the peer by its [`Peer`] handle to have
+    /// the request refused after the peer restarted ([`PeerRef`]).
+    pub fn to_address(self, peer: impl Into<PeerRef>, address: u64) -> Request {
+        self.finish(peer.into().at(address))
     }
 
     fn finish(self, remote: RemoteTarget) -> Request {
@@ -183,9 +250,10 @@ impl LocalRead {
     }
 
     /// From the peer's memory at virtual address `address` (inside one of
-    /// its published ranges).
-    pub fn from_address(self, peer: PeerId, address: u64) -> Request {
-        self.finish(RemoteTarget::Address { peer, address })
+    /// its published ranges). Name the peer by its [`Peer`] handle to have
+    /// the request refused after the peer restarted ([`PeerRef`]).
+    pub fn from_address(self, peer: impl Into<PeerRef>, address: u64) -> Request {
+        self.finish(peer.into().at(address))
     }
 
     fn finish(self, remote: RemoteTarget) -> Request {
@@ -207,14 +275,10 @@ impl From<TransferRequest> for Request {
             local: r.registration,
             local_offset: r.local_offset,
             len: r.len,
-            remote: RemoteTarget::Range {
-                range: RemoteRange {
-                    peer: r.peer,
-                    range: r.range,
-                    address: 0,
-                    len: 0,
-                    access: AccessFlags(0),
-                },
+            remote: RemoteTarget::Ids {
+                peer: r.peer,
+                epoch: r.epoch,
+                range: r.range,
                 offset: r.remote_offset,
             },
             label: r.label,
@@ -223,9 +287,12 @@ impl From<TransferRequest> for Request {
 }
 
 /// Finds the published range of `peer` holding `address..address + len`.
+/// An address learned from an older incarnation of the peer is refused as
+/// such, not as an address in no range.
 fn resolve_address(
     st: &State,
     peer: PeerId,
+    epoch: Option<Epoch>,
     address: u64,
     len: u64,
 ) -> Result<(RangeId, u64), RequestError> {
@@ -234,7 +301,8 @@ fn resolve_address(
         .tables
         .peers
         .get(&peer.0)
-        .ok_or(RequestError::UnknownPeer(peer))?;
+        .ok_or_else(|| st.engine.tables.missing_peer(peer))?;
+    crate::state::check_epoch(p, peer, epoch)?;
     find_range(p.ranges.values(), peer, address, len)
 }
 
@@ -286,19 +354,29 @@ impl TransferEngine {
         let mut st = None;
         for (index, r) in batch.iter().enumerate() {
             let r: Request = (*r).into();
-            let (peer, range, remote_offset) = match r.remote {
-                RemoteTarget::Range { range, offset } => (range.peer, range.range, offset),
-                RemoteTarget::Address { peer, address } => {
+            let (peer, epoch, range, remote_offset) = match r.remote {
+                RemoteTarget::Range { range, offset } => {
+                    (range.peer, Some(range.epoch), range.range, offset)
+                }
+                RemoteTarget::Ids {
+                    peer,
+                    epoch,
+                    range,
+                    offset,
+                } => (peer, epoch, range, offset),
+                RemoteTarget::Address {
+                    peer,
+                    epoch,
+                    address,
+                } => {
                     let st = st.get_or_insert_with(|| self.lock());
-                    let (range, offset) =
-                        resolve_address(st, peer, address, r.len).map_err(|error| {
-                            SubmitError::Invalid {
-                                index,
-                                label: r.label,
-                                error,
-                            }
+                    let (range, offset) = resolve_address(st, peer, epoch, address, r.len)
+                        .map_err(|error| SubmitError::Invalid {
+                            index,
+                            label: r.label,
+                            error,
                         })?;
-                    (peer, range, offset)
+                    (peer, epoch, range, offset)
                 }
             };
             out.push(TransferRequest {
@@ -310,6 +388,7 @@ impl TransferEngine {
                 remote_offset,
                 len: r.len,
                 label: r.label,
+                epoch,
             });
         }
         Ok(out)

@@ -54,7 +54,7 @@ fn listen_connect_register_write_read_by_range_and_by_address() {
             .submit(&[
                 Request::write(&local, 0..half).to(&remote, 0).label(1),
                 Request::write(&local, half..2 * half)
-                    .to_address(peer.id(), remote.address + half)
+                    .to_address(&peer, remote.address + half)
                     .label(2),
             ])
             .unwrap();
@@ -67,9 +67,7 @@ fn listen_connect_register_write_read_by_range_and_by_address() {
         // READ a window back by address into the start of the buffer.
         src.fill(0, LEN, 0).unwrap();
         let ids = prefill
-            .submit(
-                &[Request::read(&local, 0..4096).from_address(peer.id(), remote.address + 8192)],
-            )
+            .submit(&[Request::read(&local, 0..4096).from_address(&peer, remote.address + 8192)])
             .unwrap();
         let o = prefill.wait(ids[0], BOUND).unwrap();
         assert_eq!(o.status, Status::Complete, "{o:?}");
@@ -85,14 +83,14 @@ fn listen_connect_register_write_read_by_range_and_by_address() {
             other => panic!("expected a refusal, got {other:?}"),
         };
         assert_eq!(
-            refused(Request::write(&local, 0..16).to_address(peer.id(), end)),
+            refused(Request::write(&local, 0..16).to_address(&peer, end)),
             RequestError::UnknownAddress {
                 peer: peer.id(),
                 address: end
             }
         );
         assert_eq!(
-            refused(Request::read(&local, 0..16).from_address(peer.id(), end - 8)),
+            refused(Request::read(&local, 0..16).from_address(&peer, end - 8)),
             RequestError::PastEnd {
                 peer: peer.id(),
                 address: end - 8,
@@ -144,4 +142,83 @@ fn one_listener_per_engine_and_clear_connect_errors() {
         Err(ConnectError::NoMetadata)
     ));
     let _ = client.shutdown(Duration::from_secs(5));
+}
+
+fn incarnation(epoch: u64, at: std::net::SocketAddr) -> TransferEngine {
+    EngineBuilder::new("api-restarting")
+        .host_memory_without_rdma()
+        .epoch(epoch)
+        .listen(at)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_handle_made_before_the_peer_restarted_is_refused_naming_both_epochs() {
+    let first = incarnation(10, "127.0.0.1:0".parse().unwrap());
+    let addr = first.listen_addr().expect("listening");
+    let old_memory = HostMemory::alloc(4096).unwrap();
+    first
+        .register(&old_memory, Access::RemoteReadWrite)
+        .unwrap();
+    let initiator = engine("api-restart-initiator", false);
+    let src = HostMemory::alloc(4096).unwrap();
+    src.fill(0, 4096, 0xab).unwrap();
+    let local = initiator.register(&src, Access::LocalOnly).unwrap();
+    let opts = ConnectOptions::new().path(PathKind::Tcp);
+    let old = initiator.connect_with(addr, opts).unwrap();
+    let old_range = old.ranges()[0];
+    assert_eq!(old_range.epoch.value(), 10);
+    first.shutdown(BOUND).unwrap();
+    drop(first);
+
+    // The same source restarts at the same address with a newer epoch and
+    // a range at the same place in its id space.
+    let second = incarnation(11, addr);
+    let new_memory = HostMemory::alloc(4096).unwrap();
+    second
+        .register(&new_memory, Access::RemoteReadWrite)
+        .unwrap();
+    let new = initiator.connect_with(addr, opts).unwrap();
+    assert_eq!(new.epoch().value(), 11);
+    assert_eq!(
+        new.ranges()[0].range,
+        old_range.range,
+        "range ids repeat across epochs"
+    );
+
+    let restarted = |r: Request| match initiator.submit(&[r]).unwrap_err() {
+        SubmitError::Invalid {
+            error: RequestError::PeerRestarted {
+                handle, current, ..
+            },
+            ..
+        } => {
+            assert_eq!((handle.value(), current.value()), (10, 11));
+        }
+        other => panic!("expected a refusal naming the restart, got {other}"),
+    };
+    // By the old handle's range, and by an address through the old handle
+    // (an address the new incarnation may well hold too).
+    restarted(Request::write(&local, 0..16).to(&old_range, 0));
+    restarted(Request::write(&local, 0..16).to_address(&old, old_range.address));
+    let text = initiator
+        .submit(&[Request::read(&local, 0..16).from(&old_range, 0)])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("restarted") && text.contains("epoch 10") && text.contains("epoch 11"),
+        "{text}"
+    );
+    // Nothing reached the new incarnation's memory.
+    assert_eq!(new_memory.to_vec(0, 4096).unwrap(), vec![0; 4096]);
+    // The new handle works.
+    let ids = initiator
+        .submit(&[Request::write(&local, 0..4096).to(&new.ranges()[0], 0)])
+        .unwrap();
+    assert_eq!(
+        initiator.wait(ids[0], BOUND).unwrap().status,
+        Status::Complete
+    );
+    assert_eq!(new_memory.to_vec(0, 4096).unwrap(), vec![0xab; 4096]);
 }

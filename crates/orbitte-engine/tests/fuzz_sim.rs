@@ -602,6 +602,7 @@ fn make_batch(
             remote_offset,
             len,
             label: batch * 100 + i,
+            epoch: None,
         });
         at += len + rng.below(300);
     }

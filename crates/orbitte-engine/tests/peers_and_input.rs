@@ -47,7 +47,8 @@ fn use_the_source_owners_current_authoritative_epoch_a_newer_epoch_replaces_the_
         }),
         "old rail's qp destroyed"
     );
-    // Everything cached from the old one is invalid.
+    // Everything cached from the old one is invalid, refused as made for
+    // the incarnation that restarted.
     let err = a
         .submit(&[TransferRequest::write(ra.id, 0, old.id, RangeId(1), 0, 8)])
         .unwrap_err();
@@ -55,9 +56,9 @@ fn use_the_source_owners_current_authoritative_epoch_a_newer_epoch_replaces_the_
         matches!(
             err,
             SubmitError::Invalid {
-                error: RequestError::UnknownPeer(_),
+                error: RequestError::PeerRestarted { handle, current, .. },
                 ..
-            }
+            } if handle.value() == 10 && current.value() == 20
         ),
         "{err}"
     );
@@ -481,11 +482,11 @@ fn a_peer_adopted_from_an_outside_session_needs_no_nic_and_follows_the_epoch_rul
     let err = a.submit(&[req]).unwrap_err();
     assert!(
         matches!(
-            err,
+            &err,
             SubmitError::Invalid {
-                error: RequestError::UnknownPeer(_),
+                error: RequestError::PeerRestarted { peer, handle, current },
                 ..
-            }
+            } if *peer == old.id && handle.value() == 10 && current.value() == 11
         ),
         "{err}"
     );

@@ -232,13 +232,14 @@ impl NativeEngine {
         })
     }
 
-    /// Opens the peer at `session` ("host:port") now (it is also opened
-    /// on first use) and describes it.
+    /// Opens the peer at `session` ("host:port") now, with a handshake
+    /// (also when it is open already: a dead target is an error, not a
+    /// cached handle), and describes it.
     fn connect<'py>(&self, py: Python<'py>, session: &str) -> PyResult<Bound<'py, PyDict>> {
         let node = self.node.clone();
         let s = session.to_owned();
         let p = py
-            .detach(move || node.peer(&s))
+            .detach(move || node.reconnect(&s))
             .map_err(|f| f.into_py(py))?;
         peer_dict(py, session, &p)
     }
@@ -253,35 +254,41 @@ impl NativeEngine {
     /// `(write, local_address, remote_address, length, label)`. All are
     /// admitted or none. With `notify`, the peer receives those bytes once,
     /// after every byte of the batch is placed (and only if every request
-    /// completes). Returns the request ids.
-    #[pyo3(signature = (session, ops, notify=None))]
+    /// completes). With `epoch` (the peer handle's), the batch is refused
+    /// with PeerRestartedError once the peer runs a newer epoch. Returns
+    /// the request ids.
+    #[pyo3(signature = (session, ops, notify=None, epoch=None))]
     fn submit(
         &self,
         py: Python<'_>,
         session: &str,
         ops: Vec<(bool, u64, u64, u64, u64)>,
         notify: Option<Vec<u8>>,
+        epoch: Option<u64>,
     ) -> PyResult<Vec<u64>> {
         let node = self.node.clone();
         let s = session.to_owned();
-        py.detach(move || node.submit(&s, &ops, notify.as_deref()))
+        let epoch = handle_epoch(epoch).map_err(|f| f.into_py(py))?;
+        py.detach(move || node.submit(&s, epoch, &ops, notify.as_deref()))
             .map(|(_, ids)| ids.into_iter().map(|i| i.0).collect())
             .map_err(|f| f.into_py(py))
     }
 
     /// Submits and waits for every outcome and for drain (GIL released).
     /// Raises TransferError (with `outcomes`) unless every byte arrived.
-    #[pyo3(signature = (session, ops, notify=None))]
+    #[pyo3(signature = (session, ops, notify=None, epoch=None))]
     fn transfer(
         &self,
         py: Python<'_>,
         session: &str,
         ops: Vec<(bool, u64, u64, u64, u64)>,
         notify: Option<Vec<u8>>,
+        epoch: Option<u64>,
     ) -> PyResult<()> {
         let node = self.node.clone();
         let s = session.to_owned();
-        py.detach(move || node.transfer(&s, &ops, notify.as_deref()))
+        let epoch = handle_epoch(epoch).map_err(|f| f.into_py(py))?;
+        py.detach(move || node.transfer(&s, epoch, &ops, notify.as_deref()))
             .map_err(|f| f.into_py(py))
     }
 
@@ -315,7 +322,7 @@ impl NativeEngine {
             .enumerate()
             .map(|(i, ((l, r), n))| (write, l, r, n, i as u64))
             .collect();
-        self.transfer(py, session, ops, notify)
+        self.transfer(py, session, ops, notify, None)
     }
 
     /// Repeats one batch (as `transfer_batch`) for `seconds` in a Rust
@@ -345,7 +352,7 @@ impl NativeEngine {
             let start = std::time::Instant::now();
             let mut done = 0u64;
             while start.elapsed() < span {
-                node.transfer(&s, &ops, None)?;
+                node.transfer(&s, None, &ops, None)?;
                 done += 1;
             }
             Ok((done, start.elapsed().as_secs_f64()))
@@ -469,4 +476,14 @@ fn peer_dict<'py>(py: Python<'py>, session: &str, p: &RemotePeer) -> PyResult<Bo
     let ranges: Vec<(u64, u64)> = p.ranges.iter().map(|r| (r.address, r.length)).collect();
     d.set_item("ranges", ranges)?;
     Ok(d)
+}
+
+/// A peer handle's epoch as Python passes it (`None`: not bound to one).
+fn handle_epoch(epoch: Option<u64>) -> Result<Option<orbitte::Epoch>, Failure> {
+    epoch
+        .map(|e| {
+            orbitte::Epoch::new(e)
+                .map_err(|err| Failure::Argument(format!("peer epoch {e}: {err}")))
+        })
+        .transpose()
 }

@@ -43,6 +43,13 @@ create_exception!(
 );
 create_exception!(
     orbitte,
+    PeerRestartedError,
+    SubmitError,
+    "The peer restarted since its handle was made (same address, a new epoch): \
+     `handle_epoch` and `current_epoch` name both; connect again and use the new Peer."
+);
+create_exception!(
+    orbitte,
     TransferError,
     Error,
     "A request ended without every byte done; `outcomes` holds each request's Outcome."
@@ -69,6 +76,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("UnregisterError", py.get_type::<UnregisterError>())?;
     m.add("ConnectError", py.get_type::<ConnectError>())?;
     m.add("SubmitError", py.get_type::<SubmitError>())?;
+    m.add("PeerRestartedError", py.get_type::<PeerRestartedError>())?;
     m.add("TransferError", py.get_type::<TransferError>())?;
     m.add("WaitTimeout", py.get_type::<WaitTimeout>())?;
     m.add("DrainTimeout", py.get_type::<DrainTimeout>())?;

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use orbitte::session::PathPreference;
 use orbitte::{
-    Access, ConnectError, ConnectOptions, DrainStatus, MemoryPath, Notification, Op, Outcome,
-    RemoteTarget, Request, RequestError, RequestId, SubmitError, TransferEngine, WaitError,
+    Access, ConnectError, ConnectOptions, DrainStatus, Epoch, MemoryPath, Notification, Op,
+    Outcome, RemoteTarget, Request, RequestError, RequestId, SubmitError, TransferEngine,
+    WaitError,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -81,6 +82,21 @@ impl Failure {
                 None,
             ),
             Self::Connect { code, message } => (errors::ConnectError::new_err(message), code, None),
+            Self::Submit(
+                e @ SubmitError::Invalid {
+                    error:
+                        RequestError::PeerRestarted {
+                            handle, current, ..
+                        },
+                    ..
+                },
+            ) => {
+                let err = errors::PeerRestartedError::new_err(e.to_string());
+                let v = err.value(py);
+                let _ = v.setattr("handle_epoch", handle.value());
+                let _ = v.setattr("current_epoch", current.value());
+                (err, ERR_ADDRESS_NOT_REGISTERED, None)
+            }
             Self::Submit(e) => {
                 let code = if remote_miss(&e) {
                     ERR_ADDRESS_NOT_REGISTERED
@@ -137,14 +153,31 @@ fn remote_miss(e: &SubmitError) -> bool {
 impl Node {
     /// The peer behind `session`, opened on first use and cached.
     pub(crate) fn peer(&self, session: &str) -> Result<Arc<RemotePeer>, Failure> {
-        let slot = lock(&self.peers)
-            .entry(session.to_owned())
-            .or_default()
-            .clone();
+        let slot = self.slot(session);
         let mut g = lock(&slot);
         if let Some(p) = &*g {
             return Ok(p.clone());
         }
+        let p = Arc::new(self.open(session)?);
+        *g = Some(p.clone());
+        Ok(p)
+    }
+
+    /// The cache slot of `session`.
+    fn slot(&self, session: &str) -> PeerSlot {
+        lock(&self.peers)
+            .entry(session.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// Opens the peer behind `session` now, with a handshake, whether or
+    /// not one is cached, and caches the result (a dead target is an
+    /// error here, not a cached handle).
+    pub(crate) fn reconnect(&self, session: &str) -> Result<Arc<RemotePeer>, Failure> {
+        let slot = self.slot(session);
+        let mut g = lock(&slot);
+        *g = None;
         let p = Arc::new(self.open(session)?);
         *g = Some(p.clone());
         Ok(p)
@@ -199,9 +232,12 @@ impl Node {
     /// The batch as engine requests: each local address resolved to its
     /// registration here, each remote one left to the engine, which
     /// resolves it against the peer's publications at submit.
+    /// With `epoch` (the handle's), the engine refuses the batch once the
+    /// peer runs another incarnation.
     pub(crate) fn requests(
         &self,
         peer: &RemotePeer,
+        epoch: Option<Epoch>,
         ops: &[(bool, u64, u64, u64, u64)],
     ) -> Result<Vec<Request>, Failure> {
         let locals = self.locals.read().unwrap_or_else(PoisonError::into_inner);
@@ -221,6 +257,7 @@ impl Node {
                     len,
                     remote: RemoteTarget::Address {
                         peer: peer.id,
+                        epoch,
                         address: remote,
                     },
                     label,
@@ -231,10 +268,13 @@ impl Node {
 
     /// Submits a batch to `session`; when the peer's publications known
     /// here do not hold a remote address (the target registered it after
-    /// the session opened), opens the session again once and retries.
+    /// the session opened), opens the session again once and retries. With
+    /// `epoch` (a handle's), a batch for a peer that restarted since is
+    /// refused (`PeerRestarted`), before and after the reopen alike.
     pub(crate) fn submit(
         &self,
         session: &str,
+        epoch: Option<Epoch>,
         ops: &[(bool, u64, u64, u64, u64)],
         notify: Option<&[u8]>,
     ) -> Result<(Arc<RemotePeer>, Vec<RequestId>), Failure> {
@@ -247,7 +287,7 @@ impl Node {
         let mut refreshed = false;
         loop {
             let stale = |f: &Failure| matches!(f, Failure::Submit(e) if remote_miss(e));
-            let attempt = self.requests(&peer, ops).and_then(|reqs| {
+            let attempt = self.requests(&peer, epoch, ops).and_then(|reqs| {
                 match notify {
                     None => self.engine.submit(&reqs),
                     Some(b) => self
@@ -278,10 +318,11 @@ impl Node {
     pub(crate) fn transfer(
         &self,
         session: &str,
+        epoch: Option<Epoch>,
         ops: &[(bool, u64, u64, u64, u64)],
         notify: Option<&[u8]>,
     ) -> Result<(), Failure> {
-        let (peer, ids) = self.submit(session, ops, notify)?;
+        let (peer, ids) = self.submit(session, epoch, ops, notify)?;
         let mut outcomes = Vec::with_capacity(ids.len());
         // Every outcome already arrived is taken in one hold of the
         // engine's lock; a request that outlives the wait is cancelled and

@@ -52,7 +52,7 @@ fn main() -> Result<(), Box<dyn Error>> {
 
     // 5. READ it back, naming decode's memory by address this time.
     src.fill(0, LEN, 0)?;
-    let back = Request::read(&local, 0..LEN as u64).from_address(peer.id(), remote.address);
+    let back = Request::read(&local, 0..LEN as u64).from_address(&peer, remote.address);
     let ids = prefill.submit(&[back])?;
     let read = prefill.wait(ids[0], WAIT)?;
     prefill.wait_drain(ids[0], WAIT)?; // the buffer is ours again once drained

@@ -156,7 +156,7 @@ fn quickstart_example_flow_over_loopback_sockets() {
     );
 
     src.fill(0, LEN, 0).unwrap();
-    let back = Request::read(&local, 0..LEN as u64).from_address(peer.id(), remote.address);
+    let back = Request::read(&local, 0..LEN as u64).from_address(&peer, remote.address);
     let ids = prefill.submit(&[back]).unwrap();
     assert!(prefill.wait(ids[0], wait).unwrap().is_complete());
     prefill.wait_drain(ids[0], wait).unwrap();

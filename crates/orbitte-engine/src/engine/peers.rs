@@ -68,6 +68,7 @@ pub(crate) fn peer_info(st: &State, id: PeerId) -> PeerInfo {
         .values()
         .map(|d| crate::RemoteRange {
             peer: id,
+            epoch: p.epoch,
             range: RangeId(d.range_id.0),
             address: d.address,
             len: d.length,

@@ -1,5 +1,7 @@
 //! The positional request form.
 
+use orbitte_wire::Epoch;
+
 use crate::transport::{Op, PeerId, RangeId, RegistrationId};
 
 /// One READ or WRITE of a batch.
@@ -21,6 +23,11 @@ pub struct TransferRequest {
     pub len: u64,
     /// Caller's label, echoed in the outcome and in errors.
     pub label: u64,
+    /// The peer's epoch the request was made for (from the handle that
+    /// named the range); `None` runs against whatever incarnation of the
+    /// peer is open at submit. A request for an older epoch than the one
+    /// open is refused with [`RequestError::PeerRestarted`](crate::RequestError::PeerRestarted).
+    pub epoch: Option<Epoch>,
 }
 
 impl TransferRequest {
@@ -43,6 +50,7 @@ impl TransferRequest {
             remote_offset,
             len,
             label: 0,
+            epoch: None,
         }
     }
 
@@ -65,12 +73,20 @@ impl TransferRequest {
             remote_offset,
             len,
             label: 0,
+            epoch: None,
         }
     }
 
     /// Same request with a label.
     pub fn label(mut self, label: u64) -> Self {
         self.label = label;
+        self
+    }
+
+    /// Same request, bound to the peer's incarnation `epoch` (the epoch of
+    /// the handle its range came from).
+    pub fn for_epoch(mut self, epoch: Epoch) -> Self {
+        self.epoch = Some(epoch);
         self
     }
 }

@@ -257,6 +257,7 @@ impl EngineState {
             peer: r.peer,
             range: r.range,
             op: r.op,
+            epoch: r.epoch,
             local_size,
             remote_size: desc.length,
             rails,
@@ -281,6 +282,8 @@ struct Admitted {
     peer: PeerId,
     range: RangeId,
     op: crate::transport::Op,
+    /// The peer's epoch the requests were made for, checked once.
+    epoch: Option<orbitte_wire::Epoch>,
     /// Bytes of the local registration.
     local_size: u64,
     /// Bytes of the remote range.
@@ -293,10 +296,12 @@ struct Admitted {
 }
 
 impl Admitted {
-    /// Whether `r` names the same registration, peer, range and operation.
+    /// Whether `r` names the same registration, peer (and epoch), range
+    /// and operation.
     fn serves(&self, r: &TransferRequest) -> bool {
         self.registration == r.registration
             && self.peer == r.peer
+            && self.epoch == r.epoch
             && self.range == r.range
             && self.op == r.op
     }

@@ -47,7 +47,7 @@ mod tests;
 pub(crate) use notify::{Notifications, Transmit};
 pub(crate) use outcomes::Outcomes;
 pub(crate) use register::retained;
-pub(crate) use tables::{PeerState, Tables, published_remote};
+pub(crate) use tables::{PeerState, Tables, check_epoch, published_remote};
 
 use std::sync::Arc;
 use std::time::Instant;

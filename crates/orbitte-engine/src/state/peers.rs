@@ -62,8 +62,11 @@ impl EngineState {
                     descriptors = invalidated.descriptors.len(),
                     "source restarted: old incarnation invalidated"
                 );
+                let epoch = self.tables.peers.get(&old.0).map_or(*previous, |p| p.epoch);
                 let rails = self.forget_peer(old).unwrap_or_default();
-                (self.fresh_peer_id(), Some(old), rails)
+                let successor = self.fresh_peer_id();
+                self.tables.record_restart(old, epoch, successor);
+                (successor, Some(old), rails)
             }
             _ => (self.fresh_peer_id(), None, Vec::new()),
         };

@@ -29,6 +29,57 @@ pub(crate) struct PeerState {
 pub(crate) struct Tables {
     pub(crate) regs: Tracked<crate::Map<u64, RegEntry>>,
     pub(crate) peers: Tracked<crate::Map<u32, PeerState>>,
+    /// Ids of incarnations a newer epoch replaced, so that a request made
+    /// from an old handle is refused as the peer's restart, naming both
+    /// epochs. The oldest are forgotten beyond [`RESTARTED_KEPT`] (then
+    /// refused as an unknown peer).
+    pub(crate) restarted: std::collections::BTreeMap<u32, Restarted>,
+}
+
+/// Replaced incarnations remembered (a few dozen bytes each).
+pub(crate) const RESTARTED_KEPT: usize = 4096;
+
+/// An incarnation of a peer that a newer epoch replaced.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Restarted {
+    /// Its epoch.
+    pub(crate) epoch: Epoch,
+    /// The id of the incarnation that replaced it.
+    pub(crate) successor: PeerId,
+}
+
+impl Tables {
+    /// Records that `successor` replaced `old` (of epoch `epoch`).
+    pub(crate) fn record_restart(&mut self, old: PeerId, epoch: Epoch, successor: PeerId) {
+        self.restarted.insert(old.0, Restarted { epoch, successor });
+        while self.restarted.len() > RESTARTED_KEPT {
+            self.restarted.pop_first();
+        }
+    }
+
+    /// Why no open peer has id `peer`: it restarted (the refusal names the
+    /// epoch of the handle and the epoch open now), or it is unknown.
+    pub(crate) fn missing_peer(&self, peer: PeerId) -> RequestError {
+        let Some(old) = self.restarted.get(&peer.0) else {
+            return RequestError::UnknownPeer(peer);
+        };
+        // Follow the replacements to the incarnation open now.
+        let mut next = old.successor;
+        for _ in 0..=self.restarted.len() {
+            if let Some(p) = self.peers.get(&next.0) {
+                return RequestError::PeerRestarted {
+                    peer,
+                    handle: old.epoch,
+                    current: p.epoch,
+                };
+            }
+            match self.restarted.get(&next.0) {
+                Some(r) => next = r.successor,
+                None => break,
+            }
+        }
+        RequestError::UnknownPeer(peer)
+    }
 }
 
 impl Tables {
@@ -81,6 +132,23 @@ impl PostContext for Tables {
 /// The peer and the published range a request names, checked: the peer
 /// is open, the range published, `rend` (the request's end in it) inside
 /// it, and the range allows the operation.
+/// Refuses a request made for another incarnation of `peer` than the one
+/// open (`epoch` `None`: made for whichever is open).
+pub(crate) fn check_epoch(
+    peer: &PeerState,
+    id: PeerId,
+    epoch: Option<Epoch>,
+) -> Result<(), RequestError> {
+    match epoch {
+        Some(handle) if handle != peer.epoch => Err(RequestError::PeerRestarted {
+            peer: id,
+            handle,
+            current: peer.epoch,
+        }),
+        _ => Ok(()),
+    }
+}
+
 pub(crate) fn published_remote<'t>(
     tables: &'t Tables,
     r: &TransferRequest,
@@ -89,7 +157,8 @@ pub(crate) fn published_remote<'t>(
     let peer = tables
         .peers
         .get(&r.peer.0)
-        .ok_or(RequestError::UnknownPeer(r.peer))?;
+        .ok_or_else(|| tables.missing_peer(r.peer))?;
+    check_epoch(peer, r.peer, r.epoch)?;
     let desc = peer
         .ranges
         .get(&r.range)

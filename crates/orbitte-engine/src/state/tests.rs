@@ -1146,9 +1146,41 @@ fn a_newer_epoch_forgets_the_old_incarnation_and_hands_back_its_rails() {
     assert_eq!(a.retire, sim.rails);
     assert!(!sim.st.tables.peers.contains_key(&old.0));
     assert_eq!(sim.st.forget_peer(old), None, "gone already");
-    // Requests naming the old incarnation are refused.
+    // Requests naming the old incarnation are refused as made for the
+    // incarnation that restarted, naming both epochs.
     let w = sim.request(Op::Write, 0, 0, 100);
-    assert_eq!(refused(sim.submit(&[w])), RequestError::UnknownPeer(old));
+    assert_eq!(
+        refused(sim.submit(&[w])),
+        RequestError::PeerRestarted {
+            peer: old,
+            handle: Epoch::MIN,
+            current: Epoch::new(5).unwrap(),
+        }
+    );
+    // So are requests for the new incarnation's id made from a handle of
+    // the old epoch (an address resolved against a reopened session).
+    let w = TransferRequest {
+        peer: a.peer,
+        ..sim.request(Op::Write, 0, 0, 100)
+    }
+    .for_epoch(Epoch::MIN);
+    assert_eq!(
+        refused(sim.submit(&[w])),
+        RequestError::PeerRestarted {
+            peer: a.peer,
+            handle: Epoch::MIN,
+            current: Epoch::new(5).unwrap(),
+        }
+    );
+    // An id never seen is still an unknown peer.
+    let w = TransferRequest {
+        peer: PeerId(4242),
+        ..sim.request(Op::Write, 0, 0, 100)
+    };
+    assert_eq!(
+        refused(sim.submit(&[w])),
+        RequestError::UnknownPeer(PeerId(4242))
+    );
     // The driver retires the rails; the flush drains the hung request.
     for rail in &a.retire {
         assert!(sim.st.close_rail(*rail, sim.now, false), "busy");

@@ -32,6 +32,7 @@ from ._orbitte import (
     Error,
     NativeEngine as _NativeEngine,
     Outcome,
+    PeerRestartedError,
     RegisterError,
     SubmitError,
     TransferError,
@@ -53,6 +54,7 @@ __all__ = [
     "Notification",
     "Outcome",
     "Peer",
+    "PeerRestartedError",
     "RegisterError",
     "Registration",
     "RemoteRange",
@@ -278,6 +280,28 @@ class Peer:
             ) from None
 
 
+def _bound(peer: Union[Peer, str], requests: Sequence["Request"]) -> tuple[str, Optional[int]]:
+    """The session and the peer epoch a batch is bound to: the epoch of the
+    handle its ranges came from. The engine refuses the batch with
+    :class:`PeerRestartedError` once the peer runs a newer epoch; ranges of
+    two incarnations in one batch are refused here."""
+    session = peer.session if isinstance(peer, Peer) else peer
+    epoch = peer.epoch if isinstance(peer, Peer) else None
+    for r in requests:
+        owner = r.remote.peer
+        if epoch is None:
+            epoch = owner.epoch
+        if owner.epoch != epoch:
+            older, newer = sorted((owner.epoch, epoch))
+            err = PeerRestartedError(
+                f"peer {owner.source_id} restarted: a request names a range of its epoch {older} "
+                f"and the batch is for epoch {newer}; connect again and use the new Peer's ranges"
+            )
+            err.handle_epoch, err.current_epoch = older, newer
+            raise err
+    return session, epoch
+
+
 @dataclass(frozen=True)
 class Request:
     """One READ or WRITE, built with :func:`write` or :func:`read`."""
@@ -495,18 +519,21 @@ class Engine:
         ``notify`` (at most 4 KiB) the peer receives those bytes once, after
         every byte of the batch is placed, and only if every request
         completes; each outcome's ``notification`` says whether it went."""
-        session = peer.session if isinstance(peer, Peer) else peer
+        requests = list(requests)
+        session, epoch = _bound(peer, requests)
         ops = [r._native() for r in requests]
-        ids = self._native.submit(session, ops, None if notify is None else bytes(notify))
+        ids = self._native.submit(session, ops, None if notify is None else bytes(notify),
+                                  epoch=epoch)
         return Batch(Handle(self, i) for i in ids)
 
     def transfer(self, peer: Union[Peer, str], requests: Iterable[Request], *,
                  notify: Optional[bytes] = None) -> None:
         """Submits and waits for every outcome and drain (GIL released);
         raises :class:`TransferError` (``.outcomes``) unless all complete."""
-        session = peer.session if isinstance(peer, Peer) else peer
+        requests = list(requests)
+        session, epoch = _bound(peer, requests)
         self._native.transfer(session, [r._native() for r in requests],
-                              None if notify is None else bytes(notify))
+                              None if notify is None else bytes(notify), epoch=epoch)
 
     def notifications(self) -> list[Notification]:
         """Every notification received so far, oldest first (never blocks)."""
