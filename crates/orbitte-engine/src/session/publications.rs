@@ -27,11 +27,26 @@ pub struct Published {
 }
 
 impl Published {
-    /// Whether a same-host peer may map it: memfd-backed and readable by
-    /// peers (a mapping always allows reads, so a write-only range is never
-    /// mapped; it goes over tcp).
+    /// Whether a same-host peer may map it. A mapping of the memfd gives a
+    /// peer the whole file, and always allows reading: so only a range that
+    /// is the whole of its memfd-backed memory and readable by peers is
+    /// mapped (a view inside a memory, or a write-only range, goes over
+    /// tcp), and a writable one only while its memfd allows new writable
+    /// mappings (the same memory published read-only seals it: see the
+    /// local server's handout).
     pub fn is_mappable(&self) -> bool {
-        self.memory.is_shareable() && self.access.contains(AccessFlags::REMOTE_READ)
+        let Some(fd) = self.memory.memfd() else {
+            return false;
+        };
+        if !self.access.contains(AccessFlags::REMOTE_READ)
+            || self.offset != 0
+            || self.length != self.memory.len() as u64
+        {
+            return false;
+        }
+        !self.access.contains(AccessFlags::REMOTE_WRITE)
+            || rustix::fs::fcntl_get_seals(fd)
+                .is_ok_and(|seals| !seals.contains(rustix::fs::SealFlags::FUTURE_WRITE))
     }
 }
 

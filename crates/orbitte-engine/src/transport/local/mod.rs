@@ -207,35 +207,9 @@ impl LocalTransport {
         peer: PeerId,
         identity: &PeerIdentity,
     ) -> Result<LocalAttach, LocalError> {
-        let name = socket_name(&identity.source_id, identity.epoch);
-        let unreachable = |error| LocalError::Unreachable {
-            source: identity.source_id.clone(),
-            epoch: identity.epoch,
-            error,
-        };
-        let addr = UnixAddr::from_abstract_name(name.as_bytes()).map_err(unreachable)?;
-        let mut s = UnixStream::connect_addr(&addr).map_err(unreachable)?;
+        let (s, received) = fetch(cfg, peers, identity)?;
         // Copies check the session is still up (see `liveness`).
         let target = Arc::new(TargetSession::watch(&s));
-        let hs = handshake::connect(&mut s, cfg, peers, None)?;
-        let close = |peers: &SharedPeerTable| {
-            peers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .session_closed(hs.session);
-        };
-        if hs.peer.source_id != identity.source_id || hs.peer.epoch != identity.epoch {
-            close(peers);
-            return Err(LocalError::WrongPeer {
-                expected: identity.source_id.clone(),
-                expected_epoch: identity.epoch,
-                found: hs.peer.source_id,
-                found_epoch: hs.peer.epoch,
-            });
-        }
-        let received = receive_ranges(&mut s, cfg, identity.epoch);
-        close(peers);
-        let received = received?;
         let mut mapped = crate::Map::default();
         let mut out = LocalAttach {
             ranges: Vec::new(),
@@ -399,6 +373,55 @@ impl<'a> Lookups<'a> {
             }
         }
     }
+}
+
+/// Connects to `identity`'s local server, runs the handshake and receives
+/// every range it hands out with its fd; the session stays open (returned)
+/// for notifications.
+fn fetch(
+    cfg: &SessionConfig,
+    peers: &SharedPeerTable,
+    identity: &PeerIdentity,
+) -> Result<(UnixStream, Vec<(orbitte_wire::RangeDescriptor, OwnedFd)>), LocalError> {
+    let name = socket_name(&identity.source_id, identity.epoch);
+    let unreachable = |error| LocalError::Unreachable {
+        source: identity.source_id.clone(),
+        epoch: identity.epoch,
+        error,
+    };
+    let addr = UnixAddr::from_abstract_name(name.as_bytes()).map_err(unreachable)?;
+    let mut s = UnixStream::connect_addr(&addr).map_err(unreachable)?;
+    let hs = handshake::connect(&mut s, cfg, peers, None)?;
+    let close = |peers: &SharedPeerTable| {
+        peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .session_closed(hs.session);
+    };
+    if hs.peer.source_id != identity.source_id || hs.peer.epoch != identity.epoch {
+        close(peers);
+        return Err(LocalError::WrongPeer {
+            expected: identity.source_id.clone(),
+            expected_epoch: identity.epoch,
+            found: hs.peer.source_id,
+            found_epoch: hs.peer.epoch,
+        });
+    }
+    let received = receive_ranges(&mut s, cfg, identity.epoch);
+    close(peers);
+    Ok((s, received?))
+}
+
+/// The ranges `identity`'s local server hands out, each with the fd it
+/// sends: what a same-host peer gets to map (tests probe what the fd
+/// allows).
+#[cfg(any(test, feature = "testing"))]
+pub fn fetch_handout(
+    cfg: &SessionConfig,
+    peers: &SharedPeerTable,
+    identity: &PeerIdentity,
+) -> Result<Vec<(orbitte_wire::RangeDescriptor, OwnedFd)>, LocalError> {
+    fetch(cfg, peers, identity).map(|(_, ranges)| ranges)
 }
 
 /// Most ranges one local session may hand out (each holds an fd here).

@@ -86,23 +86,68 @@ impl LocalServer {
     }
 }
 
-/// An fd a peer may map: the memfd itself for writable ranges, a read-only
-/// reopen otherwise.
-fn handout_fd(mem: &HostMemory, writable: bool) -> std::io::Result<OwnedFd> {
+/// An fd a peer may map, allowing at most what the range allows.
+///
+/// A writable range: the memfd itself. A read-only range: first the memfd
+/// is sealed against every new writable mapping and every write
+/// (`F_SEAL_FUTURE_WRITE`: the owner's own mapping stays writable, but no
+/// process can make a writable shared mapping of the file again, not even
+/// through a read-write reopen of `/proc/PID/fd/N`, and the seal cannot be
+/// removed), its mode becomes owner-read-only (another uid cannot reopen
+/// it at all), then a read-only reopen is handed out. A writable range
+/// whose memfd carries the seal (the same memory also published
+/// read-only) is not mappable ([`Published::is_mappable`](crate::session::publications::Published::is_mappable)).
+pub(crate) fn handout_fd(mem: &HostMemory, writable: bool) -> std::io::Result<OwnedFd> {
     let fd = mem
         .memfd()
         .ok_or_else(|| std::io::Error::other("memory has no memfd"))?;
     if writable {
         return fd.try_clone_to_owned();
     }
+    rustix::fs::fcntl_add_seals(fd, rustix::fs::SealFlags::FUTURE_WRITE)?;
+    rustix::fs::fchmod(fd, rustix::fs::Mode::RUSR)?;
     let f = std::fs::OpenOptions::new()
         .read(true)
         .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
     Ok(f.into())
 }
 
+/// Why a process at the other end of a local session may not map this
+/// engine's memory: without a cluster secret only processes of this
+/// engine's uid may (with one, the handshake's proof decides).
+fn mapping_refusal(s: &UnixStream, with_secret: bool) -> Option<String> {
+    if with_secret {
+        return None;
+    }
+    let ours = rustix::process::geteuid().as_raw();
+    match rustix::net::sockopt::socket_peercred(s) {
+        Ok(c) if c.uid.as_raw() == ours => None,
+        Ok(c) => Some(format!(
+            "local mapping refused: the peer process {} runs as uid {}, this engine as uid {ours}, \
+             and no cluster secret is set; run both as the same user or set the cluster secret on both",
+            c.pid.as_raw_pid(),
+            c.uid.as_raw()
+        )),
+        Err(e) => Some(format!(
+            "local mapping refused: the peer's credentials are unknown ({e})"
+        )),
+    }
+}
+
 fn serve_local(mut s: UnixStream, shared: &crate::session::listener::Shared) {
     let cfg = &shared.cfg;
+    if let Some(why) = mapping_refusal(&s, cfg.cluster_secret.is_some()) {
+        send_error(
+            &mut s,
+            ErrorCode::AUTH_REQUIRED,
+            orbitte_wire::FrameType::HELLO,
+            &why,
+        );
+        if let Some(left_out) = shared.refusal_to_log() {
+            tracing::warn!(left_out, "{why}");
+        }
+        return;
+    }
     let hs = match handshake::accept(&mut s, cfg, &shared.peers, None) {
         Ok(h) => h,
         Err(e) => {
