@@ -159,7 +159,10 @@ impl TransferEngine {
                         message: wire::Message::truncating(e.to_string()),
                     }));
                 }
-                tracing::warn!(error = %e, "control link refused a frame");
+                // The error goes back to the caller (for the engine's
+                // listener: the session's close reason, logged within its
+                // budget), so a peer sending bad frames adds no line here.
+                tracing::debug!(error = %e, "control link refused a frame");
                 Err(e.into())
             }
         }
@@ -330,7 +333,8 @@ impl TransferEngine {
                 if let Some(frame) = e.error_frame() {
                     let _ = link.send(&Frame::Error(frame));
                 }
-                tracing::warn!(error = %e, "peer rejected");
+                // Returned to the caller, as a refused frame is.
+                tracing::debug!(error = %e, "peer rejected");
                 return Err(e.into());
             }
         };
@@ -402,7 +406,9 @@ impl TransferEngine {
             rails: endpoints,
         }))?;
         self.install_rails(&mut st, peer, session, request.connect_id, made);
-        tracing::info!(
+        // At debug: every peer that connects gets here; the engine's
+        // listener logs the accepted ones within its budget.
+        tracing::debug!(
             peer = peer.0,
             source = established.peer.source_id.as_str(),
             "peer accepted"

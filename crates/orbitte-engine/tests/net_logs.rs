@@ -100,12 +100,17 @@ fn a_source_id_with_newlines_and_escapes_cannot_forge_log_lines() {
     assert!(log.contains("evil-7\\\\nWARN forged") || log.contains("evil-7\\nWARN forged"));
 }
 
+/// A target that logs 5 lines a second of each kind.
+fn target_with_budget(source: &str) -> Target {
+    log();
+    let mut c = cfg(source, 1);
+    c.refusal_logs_per_second = 5;
+    Target::start(c)
+}
+
 #[test]
 fn refusals_are_logged_within_a_budget_and_the_rest_counted() {
-    log();
-    let mut c = cfg("budget-target", 1);
-    c.refusal_logs_per_second = 5;
-    let t = Target::start(c);
+    let t = target_with_budget("budget-target");
     let started = Instant::now();
     const REFUSED: u64 = 200;
     for _ in 0..REFUSED {
@@ -136,4 +141,75 @@ fn refusals_are_logged_within_a_budget_and_the_rest_counted() {
         stats.refused,
         "{stats:?}"
     );
+}
+
+/// The count a budgeted line carries (`left_out=N`).
+fn left_out(line: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix("left_out="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no left_out in {line:?}"))
+}
+
+/// One authenticated session that says goodbye: a normal close.
+fn polite_session(t: &Target, source: &str) {
+    let (mut s, _) = raw::handshake(t.addr(), source, 1, None);
+    raw::send(
+        &mut s,
+        &Frame::Goodbye(orbitte_wire::Goodbye {
+            reason: orbitte_wire::GoodbyeReason::NORMAL,
+            message: orbitte_wire::Message::truncating("done"),
+        }),
+    );
+    let _ = raw::read_until_closed(&mut s);
+}
+
+#[test]
+fn sessions_that_close_normally_are_logged_within_a_budget_and_the_rest_counted() {
+    let t = target_with_budget("polite-target");
+    let closed = |t: &Target| {
+        t.listener
+            .closed_sessions()
+            .iter()
+            .filter(|c| {
+                !c.abnormal
+                    && c.source_id
+                        .as_ref()
+                        .is_some_and(|s| s.as_str() == "polite-peer")
+            })
+            .count() as u64
+    };
+    let lines = || {
+        text()
+            .lines()
+            .filter(|l| l.contains("session closed") && l.contains("polite-peer"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    const SESSIONS: u64 = 300;
+    let started = Instant::now();
+    for _ in 0..SESSIONS {
+        polite_session(&t, "polite-peer");
+    }
+    net_support::eventually("every session closed", || closed(&t) == SESSIONS);
+    let elapsed = started.elapsed();
+    let flood = lines();
+    let budget = 5 * (elapsed.as_secs() + 2);
+    assert!(
+        (flood.len() as u64) <= budget,
+        "{} lines for {SESSIONS} sessions in {elapsed:?} (budget {budget})",
+        flood.len()
+    );
+    // Once the budget has a token again (one each 200 ms), the next
+    // session's line carries the count of those left out.
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    polite_session(&t, "polite-peer");
+    net_support::eventually("the later session closed", || closed(&t) == SESSIONS + 1);
+    let all = lines();
+    assert_eq!(all.len(), flood.len() + 1, "{all:#?}");
+    let counted: u64 = all.iter().map(|l| left_out(l)).sum();
+    assert_eq!(counted + all.len() as u64, SESSIONS + 1, "{all:#?}");
+    if (flood.len() as u64) < SESSIONS {
+        assert!(left_out(&all[all.len() - 1]) > 0, "{all:#?}");
+    }
 }

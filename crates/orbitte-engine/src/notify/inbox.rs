@@ -2,7 +2,8 @@
 //!
 //! Bounded: when it holds [`INBOX_CAPACITY`] notifications, a new one is
 //! refused (dropped, counted in [`NotificationStats::refused_full`], logged
-//! as a warning) and the queued ones are kept. Refusing instead of waiting
+//! as a warning within [`REFUSAL_LOGS_PER_SECOND`], the rest counted and
+//! the count logged with the next one) and the queued ones are kept. Refusing instead of waiting
 //! keeps a slow reader from stalling the sender's rails (an rdma receive
 //! not reposted would stall the queue pair; a tcp session not read would
 //! stall its data requests).
@@ -13,9 +14,15 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{NotificationStats, ReceivedNotification};
+use crate::session::log_budget::LogBudget;
 
 /// Notifications a target keeps before it refuses new ones.
 pub const INBOX_CAPACITY: usize = 1024;
+
+/// Lines a target logs per second about notifications it refused (queue
+/// full, malformed): a peer sending them as fast as it can makes a few
+/// lines a second, each with the count left out since the last.
+pub(crate) const REFUSAL_LOGS_PER_SECOND: u32 = 10;
 
 #[derive(Debug)]
 pub(crate) struct Inbox {
@@ -25,6 +32,7 @@ pub(crate) struct Inbox {
     received: AtomicU64,
     refused_full: AtomicU64,
     malformed: AtomicU64,
+    refusal_log: LogBudget,
 }
 
 impl Default for Inbox {
@@ -42,21 +50,26 @@ impl Inbox {
             received: AtomicU64::new(0),
             refused_full: AtomicU64::new(0),
             malformed: AtomicU64::new(0),
+            refusal_log: LogBudget::new(REFUSAL_LOGS_PER_SECOND),
         }
     }
 
-    /// Queues a notification; `false` when the queue is full (it is
-    /// dropped and counted).
-    pub(crate) fn push(&self, n: ReceivedNotification) -> bool {
+    /// Queues a notification received at `now`; `false` when the queue is
+    /// full (it is dropped and counted).
+    pub(crate) fn push(&self, n: ReceivedNotification, now: Instant) -> bool {
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         if q.len() >= self.capacity {
             drop(q);
             self.refused_full.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                source = %n.source_id,
-                capacity = self.capacity,
-                "notification refused: the queue is full (read it with notifications())"
-            );
+            if let Some(left_out) = self.refusal_to_log(now) {
+                // Source ids are checked wire text; `?` escapes them.
+                tracing::warn!(
+                    source = ?n.source_id,
+                    capacity = self.capacity,
+                    left_out,
+                    "notification refused: the queue is full (read it with notifications())"
+                );
+            }
             return false;
         }
         q.push_back(n);
@@ -69,6 +82,13 @@ impl Inbox {
     /// Counts a notification frame from a peer that did not decode.
     pub(crate) fn count_malformed(&self) {
         self.malformed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether a line about a refused or malformed notification may be
+    /// logged at `now` (within [`REFUSAL_LOGS_PER_SECOND`]), with the count
+    /// of those left out since the last one; `None`: log nothing.
+    pub(crate) fn refusal_to_log(&self, now: Instant) -> Option<u64> {
+        self.refusal_log.admit(now)
     }
 
     /// Everything queued, oldest first.
@@ -126,16 +146,67 @@ mod tests {
     #[test]
     fn a_full_queue_keeps_the_oldest_and_counts_the_refused() {
         let inbox = Inbox::with_capacity(2);
-        assert!(inbox.push(note(1)));
-        assert!(inbox.push(note(2)));
-        assert!(!inbox.push(note(3)));
+        let t0 = Instant::now();
+        assert!(inbox.push(note(1), t0));
+        assert!(inbox.push(note(2), t0));
+        assert!(!inbox.push(note(3), t0));
         let s = inbox.stats();
         assert_eq!((s.queued, s.received, s.refused_full), (2, 2, 1));
         let got: Vec<u8> = inbox.drain().iter().map(|n| n.payload[0]).collect();
         assert_eq!(got, [1, 2]);
-        assert!(inbox.push(note(4)));
+        assert!(inbox.push(note(4), t0));
         assert_eq!(inbox.wait(Duration::ZERO).map(|n| n.payload), Some(vec![4]));
         assert_eq!(inbox.wait(Duration::from_millis(5)), None);
+    }
+
+    /// The count a refusal line carries (`left_out=N`).
+    fn left_out(line: &str) -> u64 {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix("left_out="))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no left_out in {line:?}"))
+    }
+
+    #[test]
+    fn a_flood_to_a_full_queue_logs_a_few_lines_that_count_the_rest() {
+        const FLOOD: u64 = 50_000;
+        let inbox = Inbox::with_capacity(1);
+        let t0 = Instant::now();
+        let ((), log) = crate::session::log_budget::captured(|| {
+            assert!(inbox.push(note(0), t0));
+            // One virtual second of refusals, one every 20 us.
+            for i in 0..FLOOD {
+                assert!(!inbox.push(note(1), t0 + Duration::from_micros(20 * i)));
+            }
+            // One more, after a quiet second.
+            assert!(!inbox.push(note(2), t0 + Duration::from_secs(2)));
+        });
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("notification refused"))
+            .collect();
+        assert_eq!(log.lines().count(), lines.len(), "{log}");
+        // The burst, one line per 100 ms for the rest of the second, and the
+        // later one.
+        let burst = REFUSAL_LOGS_PER_SECOND as usize;
+        assert_eq!(lines.len(), burst + (burst - 1) + 1, "{log}");
+        assert!(lines.iter().all(|l| l.contains("WARN")), "{log}");
+        // Every refusal is a line or counted in a later one.
+        let counted: u64 = lines.iter().map(|l| left_out(l)).sum();
+        assert_eq!(counted + lines.len() as u64, FLOOD + 1);
+        assert!(left_out(lines[lines.len() - 1]) > 0, "{log}");
+        assert_eq!(inbox.stats().refused_full, FLOOD + 1);
+    }
+
+    #[test]
+    fn a_source_id_with_a_newline_stays_on_its_line() {
+        let inbox = Inbox::with_capacity(0);
+        let mut n = note(1);
+        n.source_id = "evil\nWARN forged".into();
+        let (refused, log) =
+            crate::session::log_budget::captured(|| !inbox.push(n, Instant::now()));
+        assert!(refused);
+        assert_eq!(log.lines().count(), 1, "{log}");
     }
 
     #[test]
@@ -144,7 +215,7 @@ mod tests {
         let i2 = inbox.clone();
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));
-            i2.push(note(9));
+            i2.push(note(9), Instant::now());
         });
         assert_eq!(
             inbox.wait(Duration::from_secs(5)).map(|n| n.payload),

@@ -293,12 +293,15 @@ pub(crate) fn deliver(
     path: PathKind,
     note: wire::Notification,
 ) {
-    inbox.push(ReceivedNotification {
-        source_id: from.source_id.as_str().to_owned(),
-        epoch: from.epoch,
-        path,
-        payload: note.payload,
-    });
+    inbox.push(
+        ReceivedNotification {
+            source_id: from.source_id.as_str().to_owned(),
+            epoch: from.epoch,
+            path,
+            payload: note.payload,
+        },
+        std::time::Instant::now(),
+    );
 }
 
 #[cfg(test)]

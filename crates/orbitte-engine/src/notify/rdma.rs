@@ -18,6 +18,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
 use orbitte_memory::{DmaBuffer, HostMemory};
 use orbitte_verbs::qp_state::Rts;
@@ -260,25 +261,34 @@ fn receive(st: &mut State, inbox: &Inbox, rail: RailId, slot: usize, len: usize)
         return;
     };
     let bytes = n.memory.to_vec(slot * SLOT, len.min(SLOT));
+    let now = Instant::now();
     match (bytes.as_deref().map(wire::decode_exact), from) {
         (Ok(Ok((wire::Frame::Notification(note), _))), Some((source_id, epoch))) => {
-            inbox.push(ReceivedNotification {
-                source_id,
-                epoch,
-                path: PathKind::Rdma,
-                payload: note.payload,
-            });
+            inbox.push(
+                ReceivedNotification {
+                    source_id,
+                    epoch,
+                    path: PathKind::Rdma,
+                    payload: note.payload,
+                },
+                now,
+            );
         }
         (Ok(Ok((_, _))), Some(_)) => {
             inbox.count_malformed();
-            tracing::warn!(
-                rail = rail.0,
-                "a peer sent something other than a notification frame into a notification receive; dropped"
-            );
+            if let Some(left_out) = inbox.refusal_to_log(now) {
+                tracing::warn!(
+                    rail = rail.0,
+                    left_out,
+                    "a peer sent something other than a notification frame into a notification receive; dropped"
+                );
+            }
         }
         (Ok(Err(e)), _) => {
             inbox.count_malformed();
-            tracing::warn!(rail = rail.0, error = %e, "malformed notification from a peer dropped");
+            if let Some(left_out) = inbox.refusal_to_log(now) {
+                tracing::warn!(rail = rail.0, error = %e, left_out, "malformed notification from a peer dropped");
+            }
         }
         (Err(e), _) => {
             tracing::error!(rail = rail.0, error = %e, "reading a notification receive slot failed")

@@ -20,12 +20,13 @@
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use orbitte_wire::SessionPurpose;
 
 use super::handshake::{self, Handshake};
 use super::listener::ControlAcceptor;
+use super::log_budget::LogBudget;
 use super::path::{NoPath, PathInputs, choose_path};
 use super::{Listener, SessionConfig, SessionError, TcpControlLink};
 use crate::control::ControlLink;
@@ -132,8 +133,10 @@ impl TransferEngine {
         if let Some(l) = slot.as_ref() {
             return Err(ListenError::AlreadyListening { at: l.local_addr() });
         }
-        let control: Arc<dyn ControlAcceptor> =
-            Arc::new(EngineControl(Arc::downgrade(&self.shared)));
+        let control: Arc<dyn ControlAcceptor> = Arc::new(EngineControl {
+            engine: Arc::downgrade(&self.shared),
+            accepted_log: LogBudget::new(self.shared.sessions.refusal_logs_per_second),
+        });
         let listener = Listener::bind_serving(
             self.shared.sessions.clone(),
             self.shared.peer_table.clone(),
@@ -237,7 +240,12 @@ impl TransferEngine {
 }
 
 /// Serves rdma control links for the engine's listener.
-struct EngineControl(Weak<Shared>);
+struct EngineControl {
+    engine: Weak<Shared>,
+    /// Lines about rdma peers accepted (refusals and closes are the
+    /// listener's lines, within its budgets).
+    accepted_log: LogBudget,
+}
 
 impl std::fmt::Debug for EngineControl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -247,7 +255,7 @@ impl std::fmt::Debug for EngineControl {
 
 impl ControlAcceptor for EngineControl {
     fn serve(&self, stream: TcpStream, hs: &Handshake, stop: &AtomicBool) -> CloseReason {
-        let Some(shared) = self.0.upgrade() else {
+        let Some(shared) = self.engine.upgrade() else {
             return CloseReason {
                 abnormal: false,
                 text: "the engine stopped".into(),
@@ -274,7 +282,9 @@ impl ControlAcceptor for EngineControl {
                 };
             }
         };
-        tracing::info!(peer = %peer.source_id, rails = peer.rails.len(), "rdma peer accepted");
+        if let Some(left_out) = self.accepted_log.admit(Instant::now()) {
+            tracing::info!(peer = %hs.peer.source_id, rails = peer.rails.len(), left_out, "rdma peer accepted");
+        }
         drop(engine);
         let session = hs.session;
         // The link stays open while the rails live; the peer closes it (or
@@ -297,7 +307,7 @@ impl ControlAcceptor for EngineControl {
                 }
                 Ok(orbitte_wire::Frame::ConnectRequest(r)) => {
                     // The peer re-establishes one of the rails.
-                    let Some(shared) = self.0.upgrade() else {
+                    let Some(shared) = self.engine.upgrade() else {
                         return CloseReason {
                             abnormal: false,
                             text: "the engine stopped".into(),

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use orbitte_wire::{Admission, ErrorCode, Frame, FrameType, SessionId, SessionPurpose, SourceId};
 
 use super::io::{close_after_refusal, send_error, write_frame};
+use super::log_budget::LogBudget;
 use super::publications::publication_frames;
-use super::refusal_log::{RefusalLog, Verdict};
 use super::{RangeLookup, SessionConfig, SessionError, SharedPeerTable, handshake};
 use crate::transport::tcp::serve::{CloseReason, ServeCtx, serve};
 
@@ -87,8 +87,12 @@ pub(crate) struct Shared {
     refused: AtomicU64,
     pub(crate) data_requests: AtomicU64,
     pub(crate) data_bytes: AtomicU64,
-    refusal_log: RefusalLog,
-    refusals_not_logged: AtomicU64,
+    /// Refused and abnormally closed sessions.
+    refusal_log: LogBudget,
+    /// Sessions closed normally, newer epochs adopted, local handouts.
+    session_log: LogBudget,
+    /// Accept and thread failures a flood of connections can cause.
+    resource_log: LogBudget,
 }
 
 /// Keeps the last records only, so a flood of connections cannot grow it.
@@ -99,13 +103,21 @@ impl Shared {
     /// `refusal_logs_per_second`), with the count of those left out since
     /// the last one logged; `None`: count it and log nothing.
     pub(crate) fn refusal_to_log(&self) -> Option<u64> {
-        match self.refusal_log.judge(Instant::now()) {
-            Verdict::Log { left_out } => Some(left_out),
-            Verdict::LeaveOut => {
-                self.refusals_not_logged.fetch_add(1, Ordering::Relaxed);
-                None
-            }
-        }
+        self.refusal_log.admit(Instant::now())
+    }
+
+    /// Whether a line about a session that went as it should (closed
+    /// normally, a newer epoch adopted, a local handout) may be logged now,
+    /// within the same per-second budget as refusals but counted apart;
+    /// `Some(left_out)` as [`refusal_to_log`](Self::refusal_to_log).
+    pub(crate) fn session_line_to_log(&self) -> Option<u64> {
+        self.session_log.admit(Instant::now())
+    }
+
+    /// Whether a line about a local failure that connections can cause
+    /// (accept failed, no thread for a session) may be logged now.
+    pub(crate) fn resource_line_to_log(&self) -> Option<u64> {
+        self.resource_log.admit(Instant::now())
     }
 
     fn record_close(
@@ -122,8 +134,8 @@ impl Shared {
             if let Some(left_out) = self.refusal_to_log() {
                 tracing::warn!(%from, source = ?source_id.as_ref().map(|s| s.as_str()), ?reason, left_out, "session closed");
             }
-        } else {
-            tracing::info!(%from, source = ?source_id.as_ref().map(|s| s.as_str()), ?reason, "session closed");
+        } else if let Some(left_out) = self.session_line_to_log() {
+            tracing::info!(%from, source = ?source_id.as_ref().map(|s| s.as_str()), ?reason, left_out, "session closed");
         }
         let mut c = self.closed.lock().unwrap_or_else(|p| p.into_inner());
         if c.len() >= CLOSED_KEPT {
@@ -172,7 +184,7 @@ impl Listener {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
-        let cfg_refusals = cfg.refusal_logs_per_second;
+        let lines_per_second = cfg.refusal_logs_per_second;
         let shared = Arc::new(Shared {
             cfg,
             peers,
@@ -187,8 +199,9 @@ impl Listener {
             refused: AtomicU64::new(0),
             data_requests: AtomicU64::new(0),
             data_bytes: AtomicU64::new(0),
-            refusal_log: RefusalLog::new(cfg_refusals),
-            refusals_not_logged: AtomicU64::new(0),
+            refusal_log: LogBudget::new(lines_per_second),
+            session_log: LogBudget::new(lines_per_second),
+            resource_log: LogBudget::new(lines_per_second),
         });
         let local = match crate::transport::local::LocalServer::start(shared.clone()) {
             Ok(l) => Some(l),
@@ -243,7 +256,7 @@ impl Listener {
                 .len() as u64,
             data_requests: self.shared.data_requests.load(Ordering::Relaxed),
             data_bytes: self.shared.data_bytes.load(Ordering::Relaxed),
-            refusals_not_logged: self.shared.refusals_not_logged.load(Ordering::Relaxed),
+            refusals_not_logged: self.shared.refusal_log.not_logged(),
         }
     }
 
@@ -288,7 +301,9 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 continue;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
+                if let Some(left_out) = shared.resource_line_to_log() {
+                    tracing::warn!(error = %e, left_out, "accept failed");
+                }
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
             }
@@ -331,7 +346,9 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             .name(format!("orbitte-session-{conn}"))
             .spawn(move || serve_conn(stream, from, conn, s));
         if let Err(e) = spawned {
-            tracing::warn!(error = %e, "cannot spawn a session thread");
+            if let Some(left_out) = shared.resource_line_to_log() {
+                tracing::warn!(error = %e, left_out, "cannot spawn a session thread");
+            }
             shared
                 .live
                 .lock()
@@ -414,10 +431,12 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
                     dropped += 1;
                 }
             }
-            tracing::info!(
-                source = %source, old_epoch = %previous, new_epoch = %hs.peer.epoch, dropped,
-                "newer epoch adopted: sessions of the old epoch closed"
-            );
+            if let Some(left_out) = shared.session_line_to_log() {
+                tracing::info!(
+                    source = %source, old_epoch = %previous, new_epoch = %hs.peer.epoch, dropped,
+                    left_out, "newer epoch adopted: sessions of the old epoch closed"
+                );
+            }
         }
         let same = live
             .values()

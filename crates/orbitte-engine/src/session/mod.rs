@@ -27,8 +27,11 @@
 //! window, and each whole answer must move within `io_timeout`; an
 //! authenticated session without requests is closed after `idle_timeout`;
 //! at most `max_connections_per_source` connections per source. Every close
-//! is logged with its reason (`tracing` warn, peer text escaped, at most
-//! `refusal_logs_per_second`) and kept in [`ClosedSession`] records.
+//! is logged with its reason (`tracing` warn when abnormal, info when not,
+//! peer text escaped) and kept in [`ClosedSession`] records. Every line a
+//! peer can cause is logged within a per-second budget for its kind
+//! (`refusal_logs_per_second`, module `log_budget`); the lines left out
+//! are counted, and the next one logged carries the count.
 //!
 //! On a [`TransferEngine`](crate::TransferEngine): the engine's own
 //! [`Listener`] (`EngineBuilder::listen`, serving data sessions, same-host
@@ -43,10 +46,10 @@ pub(crate) mod handshake;
 pub(crate) mod io;
 mod link;
 pub(crate) mod listener;
+pub(crate) mod log_budget;
 pub mod path;
 pub mod probe;
 pub(crate) mod publications;
-mod refusal_log;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -104,8 +107,11 @@ pub struct SessionConfig {
     pub max_unauthenticated: usize,
     /// Of those, how many may come from one IP address; more are refused.
     pub max_unauthenticated_per_address: usize,
-    /// Refused and abnormally closed sessions a target logs per second;
-    /// the rest are counted and the count is logged with the next one.
+    /// Lines a target logs per second of each kind a peer can cause:
+    /// refused and abnormally closed sessions; sessions closed normally,
+    /// newer epochs adopted and local handouts; rdma peers accepted;
+    /// accept failures. The rest are counted and the count is logged (as
+    /// `left_out`) with the next line of that kind.
     pub refusal_logs_per_second: u32,
     /// Authenticated sessions a target serves at once.
     pub max_sessions: usize,

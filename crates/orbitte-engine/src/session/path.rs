@@ -177,29 +177,10 @@ mod tests {
         );
     }
 
-    /// A writer the test reads back.
-    #[derive(Clone, Default)]
-    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
     fn warnings(range: Option<u64>, i: &PathInputs) -> String {
-        let out = Captured::default();
-        let w = out.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || w.clone())
-            .with_ansi(false)
-            .finish();
-        tracing::subscriber::with_default(subscriber, || choose_path("p", range, i)).unwrap();
-        String::from_utf8(out.0.lock().unwrap().clone()).unwrap()
+        let (choice, log) = crate::session::log_budget::captured(|| choose_path("p", range, i));
+        choice.unwrap();
+        log
     }
 
     /// A choice made for a whole peer names no range (not `range=0`); the

@@ -55,7 +55,10 @@ impl EngineState {
                 },
                 Some(old),
             ) => {
-                tracing::info!(
+                // At debug: a peer causes this once per session, and the
+                // listener that admitted the session logs the newer epoch
+                // within its budget.
+                tracing::debug!(
                     source = source.as_str(),
                     previous = previous.value(),
                     new = est.peer.epoch.value(),
