@@ -233,6 +233,24 @@ pub enum RequestError {
         /// The address asked for.
         address: u64,
     },
+    /// No range the peer publishes now contains the address, and the peer
+    /// restarted since it was first opened: the address is likely one of
+    /// the previous incarnation's.
+    #[error(
+        "address {address:#x} is in no range peer {} publishes: it restarted (epoch {} then {}) and \
+         its ranges are new; look the address up again in the new incarnation's ranges",
+        .peer.0, .previous.value(), .current.value()
+    )]
+    AddressAfterRestart {
+        /// Peer.
+        peer: PeerId,
+        /// The address asked for.
+        address: u64,
+        /// The epoch of the incarnation it replaced.
+        previous: Epoch,
+        /// The epoch open now.
+        current: Epoch,
+    },
     /// The request starts in one published range and runs into the next.
     #[error("{len} bytes at address {address:#x} cross from one range of peer {} into the next at {boundary:#x}: split the request", .peer.0)]
     CrossesRanges {

@@ -303,7 +303,20 @@ fn resolve_address(
         .get(&peer.0)
         .ok_or_else(|| st.engine.tables.missing_peer(peer))?;
     crate::state::check_epoch(p, peer, epoch)?;
-    find_range(p.ranges.values(), peer, address, len)
+    find_range(p.ranges.values(), peer, address, len).map_err(|e| match e {
+        RequestError::UnknownAddress { peer, address } => {
+            match st.engine.tables.predecessor_epoch(peer) {
+                Some(previous) => RequestError::AddressAfterRestart {
+                    peer,
+                    address,
+                    previous,
+                    current: p.epoch,
+                },
+                None => e,
+            }
+        }
+        e => e,
+    })
 }
 
 /// The range among `ranges` holding `address..address + len`, and the

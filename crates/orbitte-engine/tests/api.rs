@@ -210,6 +210,26 @@ fn a_handle_made_before_the_peer_restarted_is_refused_naming_both_epochs() {
         text.contains("restarted") && text.contains("epoch 10") && text.contains("epoch 11"),
         "{text}"
     );
+    // An address of the old incarnation named by the bare id (not bound
+    // to an epoch) is in no range now: the refusal says the peer restarted.
+    assert_ne!(
+        new.ranges()[0].address,
+        old_range.address,
+        "old memory still alive"
+    );
+    match initiator
+        .submit(&[Request::write(&local, 0..16).to_address(new.id(), old_range.address)])
+        .unwrap_err()
+    {
+        SubmitError::Invalid {
+            error:
+                RequestError::AddressAfterRestart {
+                    previous, current, ..
+                },
+            ..
+        } => assert_eq!((previous.value(), current.value()), (10, 11)),
+        other => panic!("expected a refusal naming the restart, got {other}"),
+    }
     // Nothing reached the new incarnation's memory.
     assert_eq!(new_memory.to_vec(0, 4096).unwrap(), vec![0; 4096]);
     // The new handle works.

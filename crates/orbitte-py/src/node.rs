@@ -140,6 +140,7 @@ fn remote_miss(e: &SubmitError) -> bool {
         e,
         SubmitError::Invalid {
             error: RequestError::UnknownAddress { .. }
+                | RequestError::AddressAfterRestart { .. }
                 | RequestError::PastEnd { .. }
                 | RequestError::CrossesRanges { .. }
                 | RequestError::UnpublishedRemote { .. }

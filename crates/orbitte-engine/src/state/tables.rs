@@ -57,6 +57,15 @@ impl Tables {
         }
     }
 
+    /// The epoch of the incarnation `peer` replaced, if it replaced one.
+    pub(crate) fn predecessor_epoch(&self, peer: PeerId) -> Option<Epoch> {
+        self.restarted
+            .values()
+            .rev()
+            .find(|r| r.successor == peer)
+            .map(|r| r.epoch)
+    }
+
     /// Why no open peer has id `peer`: it restarted (the refusal names the
     /// epoch of the handle and the epoch open now), or it is unknown.
     pub(crate) fn missing_peer(&self, peer: PeerId) -> RequestError {
