@@ -169,7 +169,8 @@ pub(crate) struct BenchArgs {
     #[arg(long)]
     pub(crate) sim: bool,
     /// This engine's source id (default: orbitte-bench-ROLE-PID). In
-    /// loopback it names the initiator, and the target is ID-target.
+    /// loopback it names the initiator, and the target is ID-target (so
+    /// ID has at most 248 bytes there).
     #[arg(long, value_name = "ID", value_parser = parse_source_id)]
     pub(crate) source_id: Option<String>,
     /// A file holding the cluster secret (at least 16 random bytes): the
@@ -199,11 +200,14 @@ pub(crate) struct ServeArgs {
     pub(crate) metadata: Option<crate::metadata::Metadata>,
 }
 
+/// The longest source id the wire carries, in bytes.
+pub(crate) const MAX_SOURCE_ID_LEN: usize = 255;
+
 /// A source id: 1..=255 bytes, no control characters (newlines included).
 pub(crate) fn parse_source_id(s: &str) -> Result<String, String> {
-    if s.is_empty() || s.len() > 255 {
+    if s.is_empty() || s.len() > MAX_SOURCE_ID_LEN {
         return Err(format!(
-            "a source id has 1 to 255 bytes, this one {}",
+            "a source id has 1 to {MAX_SOURCE_ID_LEN} bytes, this one {}",
             s.len()
         ));
     }

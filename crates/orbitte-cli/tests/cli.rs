@@ -922,6 +922,101 @@ fn bench_source_id_names_two_distinct_engines_and_refuses_control_characters() {
     }
 }
 
+/// In loopback the target's id is the initiator's with `-target`: an id
+/// too long for that is refused up front with the most it may have, and
+/// the longest one that fits runs.
+#[test]
+fn bench_loopback_refuses_a_source_id_the_target_suffix_would_push_over_255_bytes() {
+    for len in [249, 255] {
+        let id = "k".repeat(len);
+        let r = run(&["bench", "--source-id", &id, "--duration", "0.2"]);
+        assert_usage_error(
+            &r,
+            &["--source-id", "at most 248 bytes", &format!("has {len}")],
+        );
+    }
+    let id = "k".repeat(248);
+    let v = bench_json(&["--source-id", &id, "--duration", "0.2"]);
+    assert_peer(&v, &format!("{id}-target "));
+}
+
+/// A stand-in target that answers every connection with an `error` frame
+/// carrying `code` instead of the handshake's challenge.
+fn refusing_target(code: orbitte::wire::ErrorCode) -> String {
+    use std::io::{Read as _, Write as _};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let mut frame = Vec::new();
+    orbitte::wire::Frame::Error(orbitte::wire::ErrorFrame {
+        code,
+        frame_type: orbitte::wire::FrameType(0),
+        request_id: orbitte::wire::RequestId(0),
+        message: orbitte::wire::Message::truncating("refused by the stand-in"),
+    })
+    .encode(&mut frame)
+    .unwrap();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            let _ = s.write_all(&frame);
+            let _ = s.shutdown(std::net::Shutdown::Write);
+            let _ = s.read_to_end(&mut Vec::new());
+        }
+    });
+    addr
+}
+
+/// "Check that the target runs" is the fix only when no target answered:
+/// a running target that refuses with resource-exhausted or stale-epoch
+/// gets its own fix, and nothing running there gets the hint.
+#[test]
+fn a_target_that_refuses_is_not_told_to_check_that_it_runs() {
+    use orbitte::wire::ErrorCode;
+    for (code, name, fix) in [
+        (
+            ErrorCode::RESOURCE_EXHAUSTED,
+            "resource-exhausted",
+            "retry once",
+        ),
+        (ErrorCode::STALE_EPOCH, "stale-epoch", "--source-id"),
+    ] {
+        let addr = refusing_target(code);
+        let last = tcp_initiator_failure(&addr);
+        assert!(
+            last.starts_with(&format!(
+                "orbitte: the target at {addr} refused the session: {name}"
+            )),
+            "{last}"
+        );
+        assert!(last.contains("refused by the stand-in"), "{last}");
+        assert!(last.contains(fix), "{last}");
+        assert!(!last.contains("runs there"), "{last}");
+    }
+    // Nothing listens: the hint stays.
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let last = tcp_initiator_failure(&free.to_string());
+    assert!(last.contains("runs there"), "{last}");
+}
+
+/// A tcp bench initiator to `addr` that fails: its one-line error.
+fn tcp_initiator_failure(addr: &str) -> String {
+    let r = run(&[
+        "bench",
+        "--role",
+        "initiator",
+        "--peer",
+        addr,
+        "--path",
+        "tcp",
+        "--duration",
+        "0.2",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    r.stderr.lines().last().unwrap_or_default().to_owned()
+}
+
 fn secret_file(dir: &Path) -> PathBuf {
     let f = dir.join("secret");
     std::fs::write(&f, b"0123456789abcdef0123456789abcdef").unwrap();
@@ -943,19 +1038,7 @@ fn bench_passes_a_cluster_secret_and_says_when_one_is_needed() {
         &["serve", "--config", f.path().to_str().unwrap()],
         "serving as",
     );
-    let r = run(&[
-        "bench",
-        "--role",
-        "initiator",
-        "--peer",
-        &addr,
-        "--path",
-        "tcp",
-        "--duration",
-        "0.2",
-    ]);
-    assert_eq!(r.code, 1, "{}", r.stderr);
-    let last = r.stderr.lines().last().unwrap_or_default();
+    let last = tcp_initiator_failure(&addr);
     assert!(last.contains("requires the cluster secret"), "{last}");
     assert!(last.contains("--secret-file"), "{last}");
     assert!(!last.contains("check that"), "{last}");

@@ -336,8 +336,12 @@ impl Backend {
                 Failure::failed(format!(
                     "authentication with the target at {addr} failed: {text}; give --secret-file the same secret as the target's"
                 ))
-            } else if matches!(e, ConnectError::Session(_)) {
-                unreachable(&text)
+            } else if let ConnectError::Session(session) = &e {
+                if target_may_be_down(session) {
+                    unreachable(&text)
+                } else {
+                    session_refused(addr, session)
+                }
             } else if rdma {
                 Failure::failed(format!(
                     "rdma path: cannot open the peer at {addr}: {text}; run `orbitte doctor --path rdma` on both hosts"
@@ -561,4 +565,39 @@ impl Drop for Backend {
         // Then the loopback target (its Drop stops its engine).
         self.target.take();
     }
+}
+
+/// Whether a failed session says nothing about the target but that it did
+/// not answer as one: nothing listens (connection refused), it timed out,
+/// closed mid-handshake, or spoke something else than the protocol. Only
+/// then is "check that the target runs there" the fix.
+fn target_may_be_down(e: &orbitte::session::SessionError) -> bool {
+    use orbitte::session::SessionError as E;
+    matches!(
+        e,
+        E::Io(_) | E::Timeout { .. } | E::Closed { .. } | E::Malformed(_) | E::Protocol(_)
+    )
+}
+
+/// A session a running target answered and refused (or that failed here
+/// after it answered): what it said, and the fix for the codes that have
+/// one.
+fn session_refused(addr: SocketAddr, e: &orbitte::session::SessionError) -> Failure {
+    use orbitte::session::SessionError as E;
+    use orbitte::wire::ErrorCode;
+    let E::Refused { code, message } = e else {
+        return Failure::failed(format!("the session with the target at {addr} failed: {e}"));
+    };
+    let fix = match *code {
+        ErrorCode::RESOURCE_EXHAUSTED => {
+            "; the target is at one of its limits (sessions, connections from one source): retry once some of its sessions have closed"
+        }
+        ErrorCode::STALE_EPOCH => {
+            "; the target knows this source id with a newer epoch: give --source-id an id no other engine uses"
+        }
+        _ => "",
+    };
+    Failure::failed(format!(
+        "the target at {addr} refused the session: {code}: {message}{fix}"
+    ))
 }

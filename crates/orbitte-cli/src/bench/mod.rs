@@ -73,12 +73,20 @@ fn range_len(args: &BenchArgs) -> u64 {
     block * u64::from(args.batch_size) * u64::from(args.threads)
 }
 
+/// What the loopback target's source id adds to `--source-id`.
+const LOOPBACK_TARGET_SUFFIX: &str = "-target";
+
+/// The longest `--source-id` loopback takes: the target's id, with
+/// [`LOOPBACK_TARGET_SUFFIX`], must fit too.
+const MAX_LOOPBACK_SOURCE_ID_LEN: usize =
+    crate::cli::MAX_SOURCE_ID_LEN - LOOPBACK_TARGET_SUFFIX.len();
+
 /// The source id of the engine playing `role`: `--source-id` (in
 /// loopback the target's is `ID-target`, so that the two engines differ),
 /// else `orbitte-bench-ROLE-PID`.
 fn source_id(args: &BenchArgs, role: &str) -> String {
     match (&args.source_id, args.role) {
-        (Some(id), Role::Loopback) if role == "target" => format!("{id}-target"),
+        (Some(id), Role::Loopback) if role == "target" => format!("{id}{LOOPBACK_TARGET_SUFFIX}"),
         (Some(id), _) => id.clone(),
         (None, _) => format!("orbitte-bench-{role}-{}", std::process::id()),
     }
@@ -126,6 +134,14 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
         return Err(Failure::usage(
             "--sim runs in one process: use it with --role loopback",
         ));
+    }
+    if let (Some(id), Role::Loopback) = (&args.source_id, args.role)
+        && id.len() > MAX_LOOPBACK_SOURCE_ID_LEN
+    {
+        return Err(Failure::usage(format!(
+            "--source-id: in loopback the target's id is ID{LOOPBACK_TARGET_SUFFIX}, so ID has at most {MAX_LOOPBACK_SOURCE_ID_LEN} bytes; this one has {}: pick a shorter one",
+            id.len()
+        )));
     }
     let len = range_len(args);
     if len > 64 << 30 {
