@@ -43,10 +43,13 @@ impl LocalServer {
                             // Same bound as tcp sessions: a local flood of
                             // connections cannot make unbounded threads.
                             if live.load(Ordering::Acquire) >= shared.cfg.max_sessions {
-                                tracing::warn!(
-                                    max = shared.cfg.max_sessions,
-                                    "local session refused: too many open"
-                                );
+                                if let Some(left_out) = shared.refusal_to_log() {
+                                    tracing::warn!(
+                                        max = shared.cfg.max_sessions,
+                                        left_out,
+                                        "local session refused: too many open"
+                                    );
+                                }
                                 continue;
                             }
                             live.fetch_add(1, Ordering::AcqRel);
@@ -65,7 +68,9 @@ impl LocalServer {
                             std::thread::sleep(Duration::from_millis(20));
                         }
                         Err(e) => {
-                            tracing::warn!(error = %e, "local accept failed");
+                            if let Some(left_out) = shared.resource_line_to_log() {
+                                tracing::warn!(error = %e, left_out, "local accept failed");
+                            }
                             std::thread::sleep(Duration::from_millis(50));
                         }
                     }
@@ -200,8 +205,16 @@ fn serve_local(mut s: UnixStream, shared: &crate::session::listener::Shared) {
         .unwrap_or_else(|p| p.into_inner())
         .session_closed(hs.session);
     match result {
-        Ok(()) => tracing::info!(peer = %hs.peer.source_id, handed, "local mappings handed out"),
-        Err(e) => tracing::warn!(peer = %hs.peer.source_id, error = %e, "local session failed"),
+        Ok(()) => {
+            if let Some(left_out) = shared.session_line_to_log() {
+                tracing::info!(peer = %hs.peer.source_id, handed, left_out, "local mappings handed out");
+            }
+        }
+        Err(e) => {
+            if let Some(left_out) = shared.refusal_to_log() {
+                tracing::warn!(peer = %hs.peer.source_id, error = %e, left_out, "local session failed");
+            }
+        }
     }
 }
 
@@ -247,7 +260,9 @@ fn receive_notifications(
                     other.frame_type()
                 );
                 send_error(s, ErrorCode::UNEXPECTED_FRAME, other.frame_type(), &msg);
-                tracing::warn!(peer = %peer.source_id, "{msg}");
+                if let Some(left_out) = shared.refusal_to_log() {
+                    tracing::warn!(peer = %peer.source_id, left_out, "{msg}");
+                }
                 return;
             }
             Err(SessionError::Idle) => {
@@ -257,7 +272,9 @@ fn receive_notifications(
             }
             Err(SessionError::Malformed(e)) => {
                 send_error(s, e.error_code(), e.frame, &e.to_string());
-                tracing::warn!(peer = %peer.source_id, error = %e, "malformed frame on a local session");
+                if let Some(left_out) = shared.refusal_to_log() {
+                    tracing::warn!(peer = %peer.source_id, error = %e, left_out, "malformed frame on a local session");
+                }
                 return;
             }
             Err(e) => {
