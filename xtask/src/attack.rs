@@ -7,7 +7,9 @@
 //! never authenticate, headers announcing huge bodies (before and after the
 //! handshake), source ids carrying newlines and terminal escapes, a flood
 //! of refused connections, peers that never read a 16 MiB READ answer, a
-//! flood of new source ids, and random mutations of valid frames aimed at
+//! flood of new source ids, 50,000 notifications to a queue nobody reads
+//! (the log must stay within its budget and under 1/50 of the bytes sent),
+//! and random mutations of valid frames aimed at
 //! the scratch range (for `--seconds`, default 20). Attackers connect from
 //! other loopback addresses (127.0.0.2 and up) than the legitimate bench.
 //! After each attack it checks that the server still runs, that its
@@ -83,7 +85,7 @@ fn attacks(server: &mut Server, seconds: u64) -> Result<(), String> {
         base.fds
     );
     type Attack = fn(&Server, &Measure) -> Result<(), String>;
-    let list: [(&str, Attack); 7] = [
+    let list: [(&str, Attack); 8] = [
         ("silent connections", silent_connections),
         ("announced hello", announced_hello),
         ("announced publication", announced_publication),
@@ -91,6 +93,7 @@ fn attacks(server: &mut Server, seconds: u64) -> Result<(), String> {
         ("refusal flood", refusal_flood),
         ("slow readers", slow_readers),
         ("source id flood", source_id_flood),
+        ("notification flood", notification_flood),
     ];
     for (name, attack) in list {
         let started = Instant::now();
@@ -533,6 +536,79 @@ fn source_id_flood(server: &Server, _: &Measure) -> Result<(), String> {
         let (s, _) = handshake(server.addr, &format!("flood-{i}"))?;
         drop(s);
     }
+    Ok(())
+}
+
+/// Notifications sent by [`notification_flood`]: far more than the
+/// server's queue holds (1024), which it never reads.
+const FLOOD_NOTIFICATIONS: u64 = 50_000;
+/// Lines the server may log per second about refused notifications (the
+/// inbox's budget).
+const NOTIFICATION_LOGS_PER_SECOND: u64 = 10;
+/// The most log the server may write for the notifications it refused,
+/// as a fraction of the bytes they took on the wire.
+const NOTIFICATION_LOG_FRACTION: u64 = 50;
+
+/// 50,000 small notifications on one session to a server whose queue
+/// fills at 1024: it refuses the rest, logs within its budget, and its log
+/// grows by at most 1/50 of the bytes sent.
+fn notification_flood(server: &Server, _: &Measure) -> Result<(), String> {
+    let log = || std::fs::read(&server.log).map_err(|e| format!("cannot read the log: {e}"));
+    let refused = |log: &[u8]| {
+        String::from_utf8_lossy(log)
+            .lines()
+            .filter(|l| l.contains("notification refused"))
+            .count() as u64
+    };
+    let before = log()?;
+    let (mut s, _) = handshake(server.addr, "notification-flood")?;
+    let mut wire = Vec::new();
+    for i in 0..FLOOD_NOTIFICATIONS {
+        Frame::Notification(orbitte_wire::Notification {
+            notification_id: i,
+            payload: i.to_le_bytes().to_vec(),
+        })
+        .encode(&mut wire)
+        .map_err(|e| e.to_string())?;
+    }
+    let started = Instant::now();
+    s.set_write_timeout(Some(Duration::from_secs(60)))
+        .map_err(|e| e.to_string())?;
+    s.write_all(&wire)
+        .map_err(|e| format!("the server stopped reading notifications: {e}"))?;
+    // The server reads frames in order: once it closes after the goodbye,
+    // it has taken every notification.
+    send(
+        &mut s,
+        &Frame::Goodbye(orbitte_wire::Goodbye {
+            reason: orbitte_wire::GoodbyeReason::NORMAL,
+            message: orbitte_wire::Message::truncating("flood sent"),
+        }),
+    )
+    .map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(|e| e.to_string())?;
+    let _ = s.read_to_end(&mut Vec::new());
+    std::thread::sleep(Duration::from_millis(500));
+    let elapsed = started.elapsed().as_secs();
+    let after = log()?;
+    let grown = after.len().saturating_sub(before.len()) as u64;
+    let lines = refused(&after).saturating_sub(refused(&before));
+    let budget = NOTIFICATION_LOGS_PER_SECOND * (elapsed + 2);
+    if lines > budget {
+        return Err(format!(
+            "{lines} lines about refused notifications in {elapsed} s, more than the budget of {budget}"
+        ));
+    }
+    let sent = wire.len() as u64;
+    if grown * NOTIFICATION_LOG_FRACTION > sent {
+        return Err(format!(
+            "the log grew by {grown} bytes for {sent} bytes of notifications, more than 1/{NOTIFICATION_LOG_FRACTION}"
+        ));
+    }
+    println!(
+        "xtask attack: notification flood: {sent} bytes sent, {grown} bytes logged ({lines} lines)"
+    );
     Ok(())
 }
 
