@@ -213,3 +213,77 @@ fn sessions_that_close_normally_are_logged_within_a_budget_and_the_rest_counted(
         assert!(left_out(&all[all.len() - 1]) > 0, "{all:#?}");
     }
 }
+
+/// An rdma peer that connects again and again (each a control session
+/// the target accepts) is logged within the target's budget; the lines
+/// left out are counted in the next one.
+#[test]
+fn rdma_peers_accepted_over_and_over_are_logged_within_a_budget() {
+    use orbitte_engine::transport::PathKind;
+    use orbitte_engine::{Access, ConnectOptions, EngineBuilder};
+    use orbitte_memory::HostMemory;
+    use orbitte_verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric};
+    log();
+    let fabric = SimFabric::new(
+        SimDescription::new(vec![
+            SimDeviceDesc::roce("a0", [10, 1, 0, 1]),
+            SimDeviceDesc::roce("b0", [10, 2, 0, 1]),
+        ])
+        .with_delivery(Delivery::Background),
+        5,
+    );
+    let target = EngineBuilder::new("logs-rdma-target")
+        .provider(fabric.provider_for(&["a0"]))
+        .session_settings(|c| c.refusal_logs_per_second = 1)
+        .listen("127.0.0.1:0".parse().unwrap())
+        .build()
+        .unwrap();
+    let client = EngineBuilder::new("logs-rdma-client")
+        .provider(fabric.provider_for(&["b0"]))
+        .session_settings(|c| {
+            c.host_id = orbitte_wire::HostId::new("another-host").unwrap();
+        })
+        .build()
+        .unwrap();
+    let remote = HostMemory::alloc(1 << 20).unwrap();
+    target.register(&remote, Access::REMOTE_READ_WRITE).unwrap();
+    let addr = target.listen_addr().unwrap();
+    let lines = || {
+        text()
+            .lines()
+            .filter(|l| l.contains("rdma peer accepted") && l.contains("logs-rdma-client"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    const CONNECTS: u64 = 12;
+    let started = Instant::now();
+    for _ in 0..CONNECTS {
+        let peer = client
+            .connect_with(addr, ConnectOptions::new().path(PathKind::Rdma).rails(1))
+            .unwrap();
+        assert_eq!(peer.path, PathKind::Rdma);
+    }
+    let elapsed = started.elapsed();
+    let flood = lines();
+    // One a second (plus the first), whatever the machine's speed.
+    let budget = elapsed.as_secs() + 2;
+    assert!(
+        (flood.len() as u64) <= budget,
+        "{} lines for {CONNECTS} accepted peers in {elapsed:?} (budget {budget})",
+        flood.len()
+    );
+    // A second later the budget has a line again: the next accepted peer
+    // is logged with the count of those left out.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    client
+        .connect_with(addr, ConnectOptions::new().path(PathKind::Rdma).rails(1))
+        .unwrap();
+    net_support::eventually("the later peer is logged", || {
+        lines().len() == flood.len() + 1
+    });
+    let all = lines();
+    let counted: u64 = all.iter().map(|l| left_out(l)).sum();
+    assert_eq!(counted + all.len() as u64, CONNECTS + 1, "{all:#?}");
+    let _ = client.shutdown(std::time::Duration::from_secs(5));
+    let _ = target.shutdown(std::time::Duration::from_secs(5));
+}
