@@ -151,6 +151,15 @@ fn left_out(line: &str) -> u64 {
         .unwrap_or_else(|| panic!("no left_out in {line:?}"))
 }
 
+/// The lines of the log that hold both `what` and `who`.
+fn lines_with(what: &str, who: &str) -> Vec<String> {
+    text()
+        .lines()
+        .filter(|l| l.contains(what) && l.contains(who))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// One authenticated session that says goodbye: a normal close.
 fn polite_session(t: &Target, source: &str) {
     let (mut s, _) = raw::handshake(t.addr(), source, 1, None);
@@ -179,13 +188,7 @@ fn sessions_that_close_normally_are_logged_within_a_budget_and_the_rest_counted(
             })
             .count() as u64
     };
-    let lines = || {
-        text()
-            .lines()
-            .filter(|l| l.contains("session closed") && l.contains("polite-peer"))
-            .map(str::to_owned)
-            .collect::<Vec<_>>()
-    };
+    let lines = || lines_with("session closed", "polite-peer");
     const SESSIONS: u64 = 300;
     let started = Instant::now();
     for _ in 0..SESSIONS {
@@ -248,13 +251,7 @@ fn rdma_peers_accepted_over_and_over_are_logged_within_a_budget() {
     let remote = HostMemory::alloc(1 << 20).unwrap();
     target.register(&remote, Access::REMOTE_READ_WRITE).unwrap();
     let addr = target.listen_addr().unwrap();
-    let lines = || {
-        text()
-            .lines()
-            .filter(|l| l.contains("rdma peer accepted") && l.contains("logs-rdma-client"))
-            .map(str::to_owned)
-            .collect::<Vec<_>>()
-    };
+    let lines = || lines_with("rdma peer accepted", "logs-rdma-client");
     const CONNECTS: u64 = 12;
     let started = Instant::now();
     for _ in 0..CONNECTS {
