@@ -87,7 +87,7 @@ impl LogBudget {
                 }
             }
             None => {
-                b.left_out += 1;
+                b.left_out = b.left_out.saturating_add(1);
                 self.not_logged.fetch_add(1, Ordering::Relaxed);
                 Verdict::LeaveOut
             }
