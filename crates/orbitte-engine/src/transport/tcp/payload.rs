@@ -161,13 +161,19 @@ impl PayloadIo {
     /// them by `deadline` when one is given; bytes that follow them and
     /// arrive in the same system calls go on into `frames` (up to the next
     /// request's header: one `recvmsg` per payload, not one more `recv`).
+    ///
+    /// `answers` holds encoded answers not sent yet: the receive never
+    /// waits for the peer while it holds them. When no byte is there, it
+    /// sends them (by `deadline`) and empties it first, so the peer learns
+    /// of the requests served before this one even if this payload never
+    /// arrives.
     pub(crate) fn recv(
         &mut self,
         sock: &TcpStream,
         frames: &mut FrameBuffer,
         mem: &HostMemory,
-        offset: u64,
-        len: usize,
+        (offset, len): (u64, usize),
+        answers: &mut Vec<u8>,
         deadline: Option<Instant>,
     ) -> io::Result<()> {
         let (mut off, end) = {
@@ -175,12 +181,13 @@ impl PayloadIo {
             (o, o + len)
         };
         while off < end {
+            let holding = !answers.is_empty();
             match mem.recv_from_then(
                 sock.as_fd(),
                 off,
                 end - off,
                 frames.spare(NEXT_REQUEST),
-                false,
+                holding,
             ) {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => {
@@ -190,6 +197,10 @@ impl PayloadIo {
                     if off < end {
                         past(deadline)?;
                     }
+                }
+                Err(e) if holding && e.kind() == io::ErrorKind::WouldBlock => {
+                    send_all(sock, answers, false, deadline)?;
+                    answers.clear();
                 }
                 Err(e) => retry(e, deadline)?,
             }
@@ -338,8 +349,15 @@ mod tests {
         io::Read::read_exact(&mut &b, &mut head).unwrap();
         assert_eq!(&head, b"HDR");
         let mut io = PayloadIo::new(zero_copy);
-        io.recv(&b, &mut FrameBuffer::new(), &dst, 5, len, None)
-            .unwrap();
+        io.recv(
+            &b,
+            &mut FrameBuffer::new(),
+            &dst,
+            (5, len),
+            &mut Vec::new(),
+            None,
+        )
+        .unwrap();
         let src = t.join().unwrap();
         assert_eq!(src.to_vec(17, len).unwrap(), dst.to_vec(5, len).unwrap());
         assert_eq!(dst.to_vec(0, 5).unwrap(), vec![0; 5]);
@@ -384,7 +402,7 @@ mod tests {
         let dst = HostMemory::alloc(CHUNK).unwrap();
         let mut frames = FrameBuffer::new();
         PayloadIo::new(true)
-            .recv(&b, &mut frames, &dst, 0, CHUNK, None)
+            .recv(&b, &mut frames, &dst, (0, CHUNK), &mut Vec::new(), None)
             .unwrap();
         let got = loop {
             if let Some(f) = frames.next().unwrap() {
@@ -405,10 +423,19 @@ mod tests {
             .unwrap();
         let m = HostMemory::alloc(4096).unwrap();
         let mut io = PayloadIo::new(true);
+        // Ten bytes into `m`, holding no answers.
+        let mut ten = |deadline| {
+            io.recv(
+                &b,
+                &mut FrameBuffer::new(),
+                &m,
+                (0, 10),
+                &mut Vec::new(),
+                deadline,
+            )
+        };
         // Without a deadline, the socket's timeout ends it.
-        let e = io
-            .recv(&b, &mut FrameBuffer::new(), &m, 0, 10, None)
-            .unwrap_err();
+        let e = ten(None).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         // With one, bytes that come after several socket timeouts count.
         let t = std::thread::spawn(move || {
@@ -417,15 +444,53 @@ mod tests {
             a
         });
         let deadline = Instant::now() + std::time::Duration::from_secs(60);
-        io.recv(&b, &mut FrameBuffer::new(), &m, 0, 10, Some(deadline))
-            .unwrap();
+        ten(Some(deadline)).unwrap();
+        // Past the deadline, a socket timeout ends it as TimedOut.
+        let e = ten(Some(Instant::now())).unwrap_err();
         assert_eq!(m.to_vec(0, 10).unwrap(), b"0123456789");
         let _a = t.join().unwrap();
-        // Past the deadline, a socket timeout ends it as TimedOut.
-        let e = io
-            .recv(&b, &mut FrameBuffer::new(), &m, 0, 10, Some(Instant::now()))
-            .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+    }
+
+    /// A receive that holds answers sends them before it waits: a peer
+    /// that sends half a payload and then waits for the answers of the
+    /// requests before it gets them, and the rest of the payload follows.
+    #[test]
+    fn a_receive_sends_the_answers_it_holds_before_it_waits() {
+        let (a, b) = pair();
+        b.set_read_timeout(Some(std::time::Duration::from_millis(20)))
+            .unwrap();
+        // A peer that never gets the answers fails the test, not hangs it.
+        a.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .unwrap();
+        let answers = b"answers of earlier requests".to_vec();
+        let want = answers.clone();
+        let t = std::thread::spawn(move || {
+            io::Write::write_all(&mut &a, &[1u8; 4096]).unwrap();
+            let mut got = vec![0u8; want.len()];
+            io::Read::read_exact(&mut &a, &mut got)
+                .expect("the answers came before the rest of the payload");
+            assert_eq!(got, want);
+            io::Write::write_all(&mut &a, &[2u8; 4096]).unwrap();
+            a
+        });
+        let m = HostMemory::alloc(8192).unwrap();
+        let mut held = answers;
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        PayloadIo::new(true)
+            .recv(
+                &b,
+                &mut FrameBuffer::new(),
+                &m,
+                (0, 8192),
+                &mut held,
+                Some(deadline),
+            )
+            .unwrap();
+        let _a = t.join().unwrap();
+        assert!(held.is_empty(), "the answers sent are taken out");
+        assert_eq!(m.to_vec(0, 4096).unwrap(), vec![1u8; 4096]);
+        assert_eq!(m.to_vec(4096, 4096).unwrap(), vec![2u8; 4096]);
     }
 
     #[test]
@@ -465,8 +530,15 @@ mod tests {
         let mut io = PayloadIo::new(true);
         assert!(io.send(&a, b"h", &m, 4000, 100, None).is_err());
         assert!(
-            io.recv(&a, &mut FrameBuffer::new(), &m, u64::MAX, 1, None)
-                .is_err()
+            io.recv(
+                &a,
+                &mut FrameBuffer::new(),
+                &m,
+                (u64::MAX, 1),
+                &mut Vec::new(),
+                None
+            )
+            .is_err()
         );
     }
 }

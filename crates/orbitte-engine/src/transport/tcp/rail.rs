@@ -15,7 +15,11 @@
 //! The reader receives through a small buffer ([`FrameBuffer`]), so one
 //! `recv` brings every answer that waits, and it hands every answer of such
 //! a burst to the engine in one delivery, just before it would wait for
-//! more. A READ's payload goes from the socket straight into the local
+//! more (for the next frame, or inside a READ payload), and in a stream
+//! that never pauses once the answers cover [`ANSWER_BATCH`] bytes: a
+//! completion never waits on the socket, so a request that times out
+//! while its rail is stalled counts every slice answered before the
+//! stall. A READ's payload goes from the socket straight into the local
 //! range, and the next answer's header comes in the same `recvmsg`: one
 //! system call per answer in a stream of READ answers. Socket timeouts are
 //! set once per connection.
@@ -44,6 +48,7 @@ use std::time::{Duration, Instant};
 use orbitte_memory::HostMemory;
 use orbitte_wire::{AccessToken, Frame, RangeId, ReadRequest, RequestId, Status, WriteRequest};
 
+use super::ANSWER_BATCH;
 use super::payload::{PayloadIo, send_all, send_ready};
 use crate::session::SessionConfig;
 use crate::session::io::FrameBuffer;
@@ -392,19 +397,49 @@ fn completion(status: Status) -> SliceStatus {
 /// into its own destination).
 const NEXT_ANSWER: usize = orbitte_wire::HEADER_LEN + orbitte_wire::READ_RESPONSE_FIXED_LEN;
 
+/// Completions the reader has not handed to the engine yet, and the
+/// bytes of the slices answered since it last did.
+struct Held {
+    sink: Arc<dyn EventSink>,
+    events: Vec<TransportEvent>,
+    bytes: u64,
+}
+
+impl Held {
+    /// Records that a slice of `len` bytes was answered; hands the
+    /// completions over once they cover [`ANSWER_BATCH`] bytes.
+    fn answered(&mut self, len: u32) {
+        self.bytes += u64::from(len);
+        if self.bytes >= ANSWER_BATCH {
+            self.hand_over();
+        }
+    }
+
+    /// Hands every held completion to the engine.
+    fn hand_over(&mut self) {
+        if !self.events.is_empty() {
+            self.sink.deliver(&mut self.events);
+            self.events.clear();
+        }
+        self.bytes = 0;
+    }
+}
+
 /// Receives `len` bytes into `mem` at `offset` straight from the socket,
 /// and in the same system calls what follows them into `frames` (up to
 /// the next answer's header), from the socket whose receive timeout is the reader's poll
 /// interval: it gives up when no byte came for `io_timeout` or the rail
-/// went down meanwhile.
+/// went down meanwhile. While completions are `held` it never waits: when
+/// no byte is there, it hands them over first (a connection that dies
+/// inside this payload keeps the slices answered before it).
 fn recv_payload(
     rail: &Rail,
     stream: &TcpStream,
     frames: &mut FrameBuffer,
     mem: &HostMemory,
-    offset: usize,
-    len: usize,
+    (offset, len): (usize, usize),
     io_timeout: Duration,
+    held: &mut Held,
 ) -> Result<(), String> {
     use std::io::ErrorKind;
     use std::os::fd::AsFd;
@@ -412,12 +447,13 @@ fn recv_payload(
     let mut moved = false;
     let mut last = Instant::now();
     while at < end {
+        let holding = !held.events.is_empty();
         match mem.recv_from_then(
             stream.as_fd(),
             at,
             end - at,
             frames.spare(NEXT_ANSWER),
-            false,
+            holding,
         ) {
             Ok(0) => return Err("peer closed the connection inside a payload".into()),
             Ok(n) => {
@@ -427,6 +463,7 @@ fn recv_payload(
                 moved = true;
             }
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if holding && e.kind() == ErrorKind::WouldBlock => held.hand_over(),
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
                 if let Some(why) = &rail.state.lock().unwrap_or_else(|p| p.into_inner()).down {
                     return Err(why.to_string());
@@ -487,7 +524,11 @@ fn reader(
 ) {
     use std::io::ErrorKind;
     let mut frames = FrameBuffer::new();
-    let mut events = Vec::with_capacity(32);
+    let mut held = Held {
+        sink,
+        events: Vec::with_capacity(32),
+        bytes: 0,
+    };
     let poll = io_timeout.min(Duration::from_millis(250));
     let why: String = 'read: {
         if let Err(e) = stream.set_read_timeout(Some(poll.max(Duration::from_millis(1)))) {
@@ -499,10 +540,9 @@ fn reader(
                 Ok(None) => {
                     // Nothing complete is buffered: hand the answers of this
                     // burst over before waiting for more.
-                    let got = match frames.fill(&stream, !events.is_empty()) {
-                        Err(e) if e.kind() == ErrorKind::WouldBlock && !events.is_empty() => {
-                            sink.deliver(&mut events);
-                            events.clear();
+                    let got = match frames.fill(&stream, !held.events.is_empty()) {
+                        Err(e) if e.kind() == ErrorKind::WouldBlock && !held.events.is_empty() => {
+                            held.hand_over();
                             frames.fill(&stream, false)
                         }
                         r => r,
@@ -590,7 +630,7 @@ fn reader(
                             status: msg.clone().into(),
                             code: 0,
                         }),
-                        &mut events,
+                        &mut held.events,
                     );
                     break 'read msg;
                 }
@@ -609,9 +649,9 @@ fn reader(
                             &stream,
                             &mut frames,
                             &job.local,
-                            offset + n,
-                            len - n,
+                            (offset + n, len - n),
                             io_timeout,
+                            &mut held,
                         )
                     });
                 if let Err(e) = received {
@@ -622,7 +662,7 @@ fn reader(
                         &rail,
                         &job,
                         SliceStatus::Failed(SliceFailure::RailDown(msg.clone().into())),
-                        &mut events,
+                        &mut held.events,
                     );
                     break 'read msg;
                 }
@@ -636,7 +676,8 @@ fn reader(
                     code: 0,
                 });
             }
-            answer(&rail, &job, st_status, &mut events);
+            answer(&rail, &job, st_status, &mut held.events);
+            held.answered(job.item.len);
         }
     };
     rail.fail(&why, false);
@@ -658,6 +699,7 @@ fn reader(
             reason,
         )
     };
+    let events = &mut held.events;
     events.push(TransportEvent::RailDown {
         rail: rail.id,
         reason: reason.clone(),
@@ -682,7 +724,7 @@ fn reader(
             released: true,
         });
     }
-    sink.deliver(&mut events);
+    held.hand_over();
 }
 
 #[cfg(test)]
@@ -723,6 +765,127 @@ mod tests {
             token: AccessToken(99),
             answered: None,
         }
+    }
+
+    /// Each delivery, as it came.
+    struct Record(mpsc::Sender<Vec<TransportEvent>>);
+
+    impl EventSink for Record {
+        fn deliver(&self, events: &mut Vec<TransportEvent>) {
+            let _ = self.0.send(std::mem::take(events));
+        }
+    }
+
+    /// The READ answer to request `token` with `payload`.
+    fn read_answer(token: u64, payload: &[u8], out: &mut Vec<u8>) {
+        Frame::ReadResponse(orbitte_wire::ReadResponse {
+            request_id: RequestId(token),
+            range_id: RangeId(7),
+            offset: token * 16,
+            status: Status::OK,
+            length: payload.len() as u32,
+        })
+        .encode(out)
+        .unwrap();
+        out.extend_from_slice(payload);
+    }
+
+    /// Completions reach the engine before the reader waits, also inside
+    /// a payload: a peer answers a READ of 1 MiB and one of 1 KiB whole
+    /// and then half of a third answer, and stalls. Both whole answers
+    /// are delivered while the rail is up (the 1 MiB one at once, as it
+    /// covers `ANSWER_BATCH`), the third fails when the rail gives up.
+    #[test]
+    fn answers_that_arrived_are_delivered_before_the_reader_waits_in_a_payload() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut peer, _) = l.accept().unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut cfg = SessionConfig::new(
+            SourceId::new("initiator").unwrap(),
+            orbitte_wire::Epoch::new(1).unwrap(),
+        );
+        cfg.io_timeout = Duration::from_secs(2);
+        let (tx, deliveries) = mpsc::channel();
+        let rail = Rail::start(
+            RailId(0),
+            orbitte_wire::SessionId(1),
+            ours,
+            &cfg,
+            Arc::new(Record(tx)),
+            Arc::new(|_| {}),
+        )
+        .unwrap();
+        let big = ANSWER_BATCH as u32;
+        let local = HostMemory::alloc(big as usize + 4096).unwrap();
+        let mut jobs = vec![
+            job(0, Op::Read, big, &local),
+            job(1, Op::Read, 1024, &local),
+            job(2, Op::Read, 1024, &local),
+        ];
+        jobs[1].item.local_offset = u64::from(big);
+        jobs[2].item.local_offset = u64::from(big) + 2048;
+        rail.push(jobs.into_iter()).unwrap();
+        for want in 0..3u64 {
+            match next_request(&mut peer).0 {
+                Frame::ReadRequest(r) => assert_eq!(r.request_id.0, want),
+                other => panic!("request {want}: unexpected {}", other.frame_type()),
+            }
+        }
+        let mut out = Vec::new();
+        read_answer(0, &vec![0x11; big as usize], &mut out);
+        read_answer(1, &[0x22; 1024], &mut out);
+        read_answer(2, &[0x33; 1024], &mut out);
+        out.truncate(out.len() - 512);
+        std::io::Write::write_all(&mut peer, &out).unwrap();
+
+        let completed = |d: &[TransportEvent]| -> Vec<(u64, SliceStatus)> {
+            d.iter()
+                .filter_map(|e| match e {
+                    TransportEvent::Completed { token, status, .. } => {
+                        Some((token.0, status.clone()))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut before = Vec::new();
+        let down = loop {
+            let d = deliveries
+                .recv_timeout(Duration::from_secs(20))
+                .expect("the rail reports within its io_timeout");
+            if d.iter()
+                .any(|e| matches!(e, TransportEvent::RailDown { .. }))
+            {
+                break d;
+            }
+            before.push(completed(&d));
+        };
+        assert_eq!(
+            before.concat(),
+            vec![(0, SliceStatus::Success), (1, SliceStatus::Success)],
+            "whole answers are delivered while the rail is up"
+        );
+        assert_eq!(
+            before[0],
+            vec![(0, SliceStatus::Success)],
+            "an answer of ANSWER_BATCH bytes is delivered at once"
+        );
+        let rest = completed(&down);
+        assert!(
+            matches!(
+                rest.as_slice(),
+                [(2, SliceStatus::Failed(SliceFailure::RailDown(_)))]
+            ),
+            "{rest:?}"
+        );
+        assert_eq!(
+            local.to_vec(0, big as usize).unwrap(),
+            vec![0x11; big as usize]
+        );
+        assert_eq!(local.to_vec(big as usize, 1024).unwrap(), vec![0x22; 1024]);
+        drop(peer);
     }
 
     /// Reads one request frame (and a WRITE's payload) from the peer's end.

@@ -15,8 +15,12 @@
 //! in one `sendmsg` from the range (or, up to 256 KiB, `sendfile` from its
 //! memfd), and the
 //! small answers (WRITE answers, refusals) are gathered and sent together
-//! when no further request is waiting. The socket's timeouts are set once
-//! to the poll interval; deadlines are checked between system calls.
+//! when no further request is waiting, before a WRITE payload's receive
+//! would wait for the peer, and in a stream that never pauses once they
+//! acknowledge [`ANSWER_BATCH`] bytes: a WRITE the target applied is
+//! acknowledged even if the connection dies before the stream pauses. The
+//! socket's timeouts are set once to the poll interval; deadlines are
+//! checked between system calls.
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -28,6 +32,7 @@ use orbitte_wire::{
     SessionId, Status, WriteResponse,
 };
 
+use super::ANSWER_BATCH;
 use super::payload::{PayloadIo, send_all};
 use crate::session::io::{FrameBuffer, send_error, write_frame};
 use crate::session::{
@@ -127,8 +132,10 @@ fn stalled(cfg: &SessionConfig, e: &std::io::Error) -> CloseReason {
 pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
     let cfg = ctx.cfg;
     let mut frames = FrameBuffer::new();
-    // Encoded answers not sent yet (see the module docs).
+    // Encoded answers not sent yet (see the module docs), and the bytes of
+    // the WRITEs they answer.
     let mut out = Vec::with_capacity(1024);
+    let mut acknowledged = 0u64;
     let mut io = PayloadIo::for_answers(cfg.zero_copy);
     let mut last_request = Instant::now();
     super::size_socket_buffers(stream, cfg.socket_buffer);
@@ -320,8 +327,8 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                                     stream,
                                     &mut frames,
                                     &p.memory,
-                                    at + n as u64,
-                                    len - n,
+                                    (at + n as u64, len - n),
+                                    &mut out,
                                     deadline,
                                 )
                             })
@@ -339,6 +346,9 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                     }
                 };
                 status.and_then(|status| {
+                    if out.is_empty() {
+                        acknowledged = 0;
+                    }
                     Frame::WriteResponse(WriteResponse {
                         request_id: w.request_id,
                         range_id: w.range_id,
@@ -347,7 +357,13 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                         length: if status.is_ok() { w.length } else { 0 },
                     })
                     .encode(&mut out)
-                    .map_err(std::io::Error::other)
+                    .map_err(std::io::Error::other)?;
+                    acknowledged += u64::from(w.length);
+                    if acknowledged >= ANSWER_BATCH {
+                        send_all(stream, &out, false, deadline)?;
+                        out.clear();
+                    }
+                    Ok(())
                 })
             }
             // Either side publishes after the handshake (docs/protocol.md,
