@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use orbitte_wire::{Admission, ErrorCode, Frame, FrameType, SessionId, SessionPurpose, SourceId};
 
+use super::accept::{self, StopSignal};
 use super::io::{close_after_refusal, send_error, write_frame};
 use super::log_budget::LogBudget;
 use super::publications::publication_frames;
@@ -79,6 +80,11 @@ pub(crate) struct Shared {
     /// Who serves rdma control links; `None`: such sessions are refused.
     control: Option<Arc<dyn ControlAcceptor>>,
     pub(crate) stop: AtomicBool,
+    /// Raised with `stop`: wakes the accept threads parked in `poll`.
+    pub(crate) stopping: StopSignal,
+    /// `accept` calls made (each connection taken costs one, and each
+    /// wake-up one more that finds the backlog empty).
+    accept_calls: AtomicU64,
     live: Mutex<HashMap<u64, LiveConn>>,
     closed: Mutex<Vec<ClosedSession>>,
     next_conn: AtomicU64,
@@ -191,6 +197,8 @@ impl Listener {
             ranges,
             control,
             stop: AtomicBool::new(false),
+            stopping: StopSignal::new()?,
+            accept_calls: AtomicU64::new(0),
             live: Mutex::new(HashMap::new()),
             closed: Mutex::new(Vec::new()),
             next_conn: AtomicU64::new(1),
@@ -268,6 +276,7 @@ impl Listener {
 
     fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
+        self.shared.stopping.raise();
         for c in self
             .shared
             .live
@@ -292,69 +301,71 @@ impl Drop for Listener {
     }
 }
 
+/// Parks until a connection waits (or the listener stops), then takes
+/// every connection that waits: a connection is accepted the moment it
+/// arrives, and the thread does not run while none does.
 fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    while !shared.stop.load(Ordering::Acquire) {
-        let (stream, from) = match listener.accept() {
-            Ok(x) => x,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
-                continue;
+    accept::serve(
+        "tcp",
+        &listener,
+        &[&shared.stopping],
+        &shared,
+        || {
+            shared.accept_calls.fetch_add(1, Ordering::Relaxed);
+            listener.accept()
+        },
+        |(stream, from)| take(stream, from, &shared),
+    );
+}
+
+/// Gives an accepted connection a pre-auth slot and a session thread.
+fn take(stream: TcpStream, from: SocketAddr, shared: &Arc<Shared>) {
+    shared.accepted.fetch_add(1, Ordering::Relaxed);
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_nodelay(true);
+    let conn = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+    {
+        let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(why) = preauth_slot(&shared.cfg, &mut live, from.ip()) {
+            drop(live);
+            let mut s = stream;
+            send_error(&mut s, ErrorCode::RESOURCE_EXHAUSTED, FrameType(0), why);
+            shared.record_close(from, None, true, format!("refused: {why}"));
+            return;
+        }
+        match stream.try_clone() {
+            Ok(clone) => {
+                live.insert(
+                    conn,
+                    LiveConn {
+                        source: None,
+                        session: None,
+                        ip: from.ip(),
+                        since: Instant::now(),
+                        stream: clone,
+                        evicted: false,
+                    },
+                );
             }
             Err(e) => {
-                if let Some(left_out) = shared.resource_line_to_log() {
-                    tracing::warn!(error = %e, left_out, "accept failed");
-                }
-                std::thread::sleep(Duration::from_millis(50));
-                continue;
-            }
-        };
-        shared.accepted.fetch_add(1, Ordering::Relaxed);
-        let _ = stream.set_nonblocking(false);
-        let _ = stream.set_nodelay(true);
-        let conn = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-        {
-            let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
-            if let Err(why) = preauth_slot(&shared.cfg, &mut live, from.ip()) {
-                drop(live);
-                let mut s = stream;
-                send_error(&mut s, ErrorCode::RESOURCE_EXHAUSTED, FrameType(0), why);
-                shared.record_close(from, None, true, format!("refused: {why}"));
-                continue;
-            }
-            match stream.try_clone() {
-                Ok(clone) => {
-                    live.insert(
-                        conn,
-                        LiveConn {
-                            source: None,
-                            session: None,
-                            ip: from.ip(),
-                            since: Instant::now(),
-                            stream: clone,
-                            evicted: false,
-                        },
-                    );
-                }
-                Err(e) => {
-                    shared.record_close(from, None, true, format!("cannot clone the socket: {e}"));
-                    continue;
-                }
+                shared.record_close(from, None, true, format!("cannot clone the socket: {e}"));
+                return;
             }
         }
-        let s = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("orbitte-session-{conn}"))
-            .spawn(move || serve_conn(stream, from, conn, s));
-        if let Err(e) = spawned {
-            if let Some(left_out) = shared.resource_line_to_log() {
-                tracing::warn!(error = %e, left_out, "cannot spawn a session thread");
-            }
-            shared
-                .live
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&conn);
+    }
+    let s = shared.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("orbitte-session-{conn}"))
+        .spawn(move || serve_conn(stream, from, conn, s));
+    if let Err(e) = spawned {
+        if let Some(left_out) = shared.resource_line_to_log() {
+            tracing::warn!(error = %e, left_out, "cannot spawn a session thread");
         }
+        shared
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&conn);
     }
 }
 
@@ -549,4 +560,72 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
         .unwrap_or_else(|p| p.into_inner())
         .remove(&conn);
     shared.record_close(from, Some(source), reason.abnormal, reason.text);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::PublicationTable;
+    use crate::session::io::FrameReader;
+    use orbitte_wire::{Epoch, PeerTable};
+
+    fn listener() -> Listener {
+        let cfg = SessionConfig::new(
+            SourceId::new("accept-target").unwrap(),
+            Epoch::new(1).unwrap(),
+        );
+        let peers = Arc::new(Mutex::new(PeerTable::new(cfg.source_id.clone())));
+        Listener::bind(
+            cfg,
+            peers,
+            PublicationTable::new(),
+            "127.0.0.1:0".parse().unwrap(),
+        )
+        .unwrap()
+    }
+
+    fn accept_calls(l: &Listener) -> u64 {
+        l.shared.accept_calls.load(Ordering::Relaxed)
+    }
+
+    /// The accept thread parks until a connection waits: no timer wakes it
+    /// in between (a loop that sleeps and retries `accept` on an empty
+    /// backlog would have made a call every few milliseconds), and each
+    /// connection costs one wake-up, the `accept` that takes it and at most
+    /// one more that finds the backlog empty. Nothing here depends on how
+    /// fast the machine is: a parked thread makes no call however long the
+    /// quiet lasts.
+    #[test]
+    fn the_accept_thread_runs_only_when_a_connection_waits() {
+        let l = listener();
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            accept_calls(&l),
+            0,
+            "accept called with no connection waiting"
+        );
+        const CONNECTIONS: u64 = 3;
+        for _ in 0..CONNECTIONS {
+            let mut s = TcpStream::connect(l.local_addr()).unwrap();
+            let bound = Duration::from_secs(20);
+            let first = FrameReader::new().read(&mut s, Some(bound), bound).unwrap();
+            assert!(matches!(first, Frame::Challenge(_)), "{first:?}");
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let calls = accept_calls(&l);
+        assert!(
+            (CONNECTIONS..=2 * CONNECTIONS).contains(&calls),
+            "{calls} accept calls for {CONNECTIONS} connections"
+        );
+        assert_eq!(l.stats().accepted, CONNECTIONS);
+    }
+
+    /// Stopping wakes the parked accept thread: `shutdown` returns
+    /// without any connection arriving.
+    #[test]
+    fn shutdown_wakes_a_parked_accept_thread() {
+        let l = listener();
+        std::thread::sleep(Duration::from_millis(50));
+        l.shutdown();
+    }
 }

@@ -41,6 +41,7 @@
 //! [`probe`] for the capability rows. The path policy and the limits are
 //! in `docs/paths.md`.
 
+pub(crate) mod accept;
 mod engine_net;
 pub(crate) mod handshake;
 pub(crate) mod io;

@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use orbitte_memory::HostMemory;
 use orbitte_wire::{AccessFlags, ErrorCode, Frame, GoodbyeReason, SegmentPublication};
 
 use super::{fdpass, socket_name};
+use crate::session::accept::{self, StopSignal};
 use crate::session::io::{FrameReader, send_error, write_frame};
 use crate::session::{PeerIdentity, SessionError, handshake};
 use crate::transport::PathKind;
@@ -21,7 +22,7 @@ use crate::transport::PathKind;
 /// Target side: hands mappable ranges to authenticated same-host peers.
 #[derive(Debug)]
 pub(crate) struct LocalServer {
-    stop: Arc<AtomicBool>,
+    stop: Arc<StopSignal>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -31,50 +32,44 @@ impl LocalServer {
         let addr = UnixAddr::from_abstract_name(name.as_bytes())?;
         let listener = UnixListener::bind_addr(&addr)?;
         listener.set_nonblocking(true)?;
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(StopSignal::new()?);
         let st = stop.clone();
         let thread = std::thread::Builder::new()
             .name("orbitte-local-accept".into())
             .spawn(move || {
                 let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-                while !st.load(Ordering::Acquire) && !shared.stop.load(Ordering::Acquire) {
-                    match listener.accept() {
-                        Ok((s, _)) => {
-                            // Same bound as tcp sessions: a local flood of
-                            // connections cannot make unbounded threads.
-                            if live.load(Ordering::Acquire) >= shared.cfg.max_sessions {
-                                if let Some(left_out) = shared.refusal_to_log() {
-                                    tracing::warn!(
-                                        max = shared.cfg.max_sessions,
-                                        left_out,
-                                        "local session refused: too many open"
-                                    );
-                                }
-                                continue;
+                accept::serve(
+                    "local",
+                    &listener,
+                    &[&st, &shared.stopping],
+                    &shared,
+                    || listener.accept(),
+                    |(s, _)| {
+                        // Same bound as tcp sessions: a local flood of
+                        // connections cannot make unbounded threads.
+                        if live.load(Ordering::Acquire) >= shared.cfg.max_sessions {
+                            if let Some(left_out) = shared.refusal_to_log() {
+                                tracing::warn!(
+                                    max = shared.cfg.max_sessions,
+                                    left_out,
+                                    "local session refused: too many open"
+                                );
                             }
-                            live.fetch_add(1, Ordering::AcqRel);
-                            let (sh, lv) = (shared.clone(), live.clone());
-                            let spawned = std::thread::Builder::new()
-                                .name("orbitte-local-session".into())
-                                .spawn(move || {
-                                    serve_local(s, &sh);
-                                    lv.fetch_sub(1, Ordering::AcqRel);
-                                });
-                            if spawned.is_err() {
-                                live.fetch_sub(1, Ordering::AcqRel);
-                            }
+                            return;
                         }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(20));
+                        live.fetch_add(1, Ordering::AcqRel);
+                        let (sh, lv) = (shared.clone(), live.clone());
+                        let spawned = std::thread::Builder::new()
+                            .name("orbitte-local-session".into())
+                            .spawn(move || {
+                                serve_local(s, &sh);
+                                lv.fetch_sub(1, Ordering::AcqRel);
+                            });
+                        if spawned.is_err() {
+                            live.fetch_sub(1, Ordering::AcqRel);
                         }
-                        Err(e) => {
-                            if let Some(left_out) = shared.resource_line_to_log() {
-                                tracing::warn!(error = %e, left_out, "local accept failed");
-                            }
-                            std::thread::sleep(Duration::from_millis(50));
-                        }
-                    }
-                }
+                    },
+                );
             })?;
         tracing::debug!(%name, "local path serving");
         Ok(Self {
@@ -84,7 +79,7 @@ impl LocalServer {
     }
 
     pub(crate) fn stop(mut self) {
-        self.stop.store(true, Ordering::Release);
+        self.stop.raise();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
