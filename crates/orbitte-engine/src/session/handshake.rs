@@ -176,6 +176,20 @@ pub(crate) fn accept<C: Conn>(
     peers: &SharedPeerTable,
     from: Option<SocketAddr>,
 ) -> Result<Handshake, SessionError> {
+    accept_within(c, cfg, peers, from, |_, _| Ok(()))
+}
+
+/// [`accept`], asking `room` for a session slot once the hello proved
+/// itself and before the peer is admitted: a refusal (its text names the
+/// limit) reaches the peer as `resource-exhausted` in reply to its hello,
+/// and nothing was admitted or acknowledged.
+pub(crate) fn accept_within<C: Conn>(
+    c: &mut C,
+    cfg: &SessionConfig,
+    peers: &SharedPeerTable,
+    from: Option<SocketAddr>,
+    room: impl FnOnce(&Identity, SessionPurpose) -> Result<(), String>,
+) -> Result<Handshake, SessionError> {
     // Nothing is known about the peer yet: the shorter bound applies.
     let bound = cfg.handshake_timeout.min(cfg.preauth_timeout);
     let deadline = Instant::now() + bound;
@@ -219,6 +233,10 @@ pub(crate) fn accept<C: Conn>(
         );
         send_error(c, e.error_code(), FrameType::HELLO, &e.to_string());
         return Err(e.into());
+    }
+    if let Err(why) = room(&hello.identity, hello.purpose) {
+        send_error(c, ErrorCode::RESOURCE_EXHAUSTED, FrameType::HELLO, &why);
+        return Err(SessionError::Limit(why));
     }
     let session = cfg.session_ids.next();
     let admission = {

@@ -59,8 +59,68 @@ struct LiveConn {
     since: Instant,
     stream: TcpStream,
     /// Closed to make room for a newcomer: it no longer holds a pre-auth
-    /// slot, though its thread may not have recorded the close yet.
+    /// slot or a session slot, though its thread may not have recorded the
+    /// close yet.
     evicted: bool,
+    /// What a tcp data session did last; `None` for every other session
+    /// (never closed to make room).
+    activity: Option<Arc<SessionActivity>>,
+}
+
+/// What one tcp data session did last, kept by the thread serving it and
+/// read by newcomers looking for a slot when `max_sessions` are taken.
+#[derive(Debug)]
+pub(crate) struct SessionActivity {
+    start: Instant,
+    /// Milliseconds from `start` to the last request taken in or answered.
+    last: AtomicU64,
+    /// A request is being served now.
+    busy: AtomicBool,
+    /// A newcomer took this session's slot: it says goodbye when it is
+    /// next idle.
+    evict: AtomicBool,
+}
+
+impl SessionActivity {
+    fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            last: AtomicU64::new(0),
+            busy: AtomicBool::new(false),
+            evict: AtomicBool::new(false),
+        }
+    }
+
+    fn stamp(&self) {
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.store(ms, Ordering::Release);
+    }
+
+    /// A request (or any frame) was taken in.
+    pub(crate) fn began(&self) {
+        self.busy.store(true, Ordering::Release);
+        self.stamp();
+    }
+
+    /// Its answer is done.
+    pub(crate) fn ended(&self) {
+        self.stamp();
+        self.busy.store(false, Ordering::Release);
+    }
+
+    /// Whether a newcomer took this session's slot.
+    pub(crate) fn evicted(&self) -> bool {
+        self.evict.load(Ordering::Acquire)
+    }
+
+    /// How long it has been idle; `None` while it serves a request.
+    fn idle(&self) -> Option<Duration> {
+        if self.busy.load(Ordering::Acquire) {
+            return None;
+        }
+        let last = Duration::from_millis(self.last.load(Ordering::Acquire));
+        Some(self.start.elapsed().saturating_sub(last))
+    }
 }
 
 /// Serves sessions opened for [`SessionPurpose::RDMA_CONTROL`] (the
@@ -344,6 +404,7 @@ fn take(stream: TcpStream, from: SocketAddr, shared: &Arc<Shared>) {
                         since: Instant::now(),
                         stream: clone,
                         evicted: false,
+                        activity: None,
                     },
                 );
             }
@@ -407,9 +468,80 @@ fn preauth_slot(
     Ok(())
 }
 
+/// Finds a session slot for `conn`, now authenticated as `source` for
+/// `purpose`, and takes it; says why not.
+///
+/// At most `max_connections_per_source` per source and `max_sessions` in
+/// all. When all `max_sessions` are taken, the tcp data session idle the
+/// longest (at least `evict_idle_after`, and not serving a request) gives
+/// its slot up at once and says goodbye when its thread next looks;
+/// rdma control links carry no requests and are never chosen. The
+/// refusal names the limit and how to raise it.
+fn session_slot(
+    cfg: &SessionConfig,
+    live: &mut HashMap<u64, LiveConn>,
+    conn: u64,
+    source: &SourceId,
+    activity: Option<Arc<SessionActivity>>,
+) -> Result<(), String> {
+    let holds = |c: &LiveConn| c.source.is_some() && !c.evicted;
+    let same = live
+        .values()
+        .filter(|c| holds(c) && c.source.as_ref() == Some(source))
+        .count();
+    if same >= cfg.max_connections_per_source {
+        return Err(format!(
+            "too many connections from {source}: {same} open (max_connections_per_source {}); \
+             close some, or raise SessionConfig::max_connections_per_source on this target",
+            cfg.max_connections_per_source
+        ));
+    }
+    let open = live.values().filter(|c| holds(c)).count();
+    if open >= cfg.max_sessions {
+        let idlest = cfg.evict_idle_after.and_then(|least| {
+            live.iter_mut()
+                .filter(|(_, c)| holds(c))
+                .filter_map(|(_, c)| {
+                    let idle = c.activity.as_ref()?.idle()?;
+                    (idle >= least).then_some((idle, c))
+                })
+                .max_by_key(|(idle, _)| *idle)
+        });
+        let Some((_, c)) = idlest else {
+            let none_idle = match cfg.evict_idle_after {
+                Some(d) => format!("no tcp data session idle for {d:?} to close for it"),
+                None => "closing idle sessions for newcomers is off (evict_idle_after)".to_owned(),
+            };
+            return Err(format!(
+                "too many sessions: {open} open (max_sessions {}), {none_idle}; try again \
+                 later, or raise max_sessions on this target (SessionConfig::max_sessions; \
+                 key engine.max_sessions of `orbitte serve`)",
+                cfg.max_sessions
+            ));
+        };
+        c.evicted = true;
+        if let Some(a) = &c.activity {
+            a.evict.store(true, Ordering::Release);
+        }
+    }
+    if let Some(c) = live.get_mut(&conn) {
+        c.source = Some(source.clone());
+        c.activity = activity;
+    }
+    Ok(())
+}
+
 fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Shared>) {
     let cfg = &shared.cfg;
-    let hs = match handshake::accept(&mut stream, cfg, &shared.peers, Some(from)) {
+    let activity = Arc::new(SessionActivity::new());
+    let room = |identity: &orbitte_wire::Identity, purpose: SessionPurpose| {
+        let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
+        // Idle from the moment it holds a slot.
+        activity.stamp();
+        let data = (purpose == SessionPurpose::DATA).then(|| activity.clone());
+        session_slot(cfg, &mut live, conn, &identity.source_id, data)
+    };
+    let hs = match handshake::accept_within(&mut stream, cfg, &shared.peers, Some(from), room) {
         Ok(h) => h,
         Err(e) => {
             shared
@@ -419,6 +551,11 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
                 .remove(&conn);
             let what = match e {
                 SessionError::Auth(_) => "initiator failed authentication",
+                SessionError::Limit(_) => {
+                    // The error frame must reach the peer before the close.
+                    close_after_refusal(&mut stream);
+                    "refused before admission"
+                }
                 _ => "handshake failed",
             };
             shared.record_close(from, None, true, format!("{what}: {e}"));
@@ -427,8 +564,8 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
     };
     shared.admitted.fetch_add(1, Ordering::Relaxed);
     let source = hs.peer.source_id.clone();
-    // Connection bound per source, and the epoch rule's "drop old sessions".
-    let over_limit = {
+    // The epoch rule's "drop old sessions".
+    {
         let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
         if let Admission::Replaced {
             previous,
@@ -449,41 +586,11 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
                 );
             }
         }
-        let same = live
-            .values()
-            .filter(|c| c.source.as_ref() == Some(&source))
-            .count();
-        let authenticated = live.values().filter(|c| c.source.is_some()).count();
-        if same >= cfg.max_connections_per_source {
-            Some(format!(
-                "too many connections from {source} (max_connections_per_source {})",
-                cfg.max_connections_per_source
-            ))
-        } else if authenticated >= cfg.max_sessions {
-            Some(format!(
-                "too many sessions: {authenticated} open (max_sessions)"
-            ))
-        } else {
-            if let Some(c) = live.get_mut(&conn) {
-                c.source = Some(source.clone());
-                c.session = Some(hs.session);
-            }
-            None
+        if let Some(c) = live.get_mut(&conn) {
+            c.session = Some(hs.session);
         }
-    };
-    let reason = if let Some(msg) = over_limit {
-        send_error(
-            &mut stream,
-            ErrorCode::RESOURCE_EXHAUSTED,
-            FrameType::HELLO,
-            &msg,
-        );
-        close_after_refusal(&mut stream);
-        CloseReason {
-            abnormal: true,
-            text: msg,
-        }
-    } else if hs.purpose == SessionPurpose::RDMA_CONTROL {
+    }
+    let reason = if hs.purpose == SessionPurpose::RDMA_CONTROL {
         match &shared.control {
             Some(control) => match stream.try_clone() {
                 Ok(s) => control.serve(s, &hs, &shared.stop),
@@ -543,6 +650,7 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
                     stop: &shared.stop,
                     requests: &shared.data_requests,
                     bytes: &shared.data_bytes,
+                    activity: &activity,
                 };
                 serve(&mut stream, &ctx)
             }

@@ -18,7 +18,10 @@
 //! does not authenticate is closed after `preauth_timeout` (or
 //! `handshake_timeout`, if shorter), and such peers hold at most
 //! `max_unauthenticated` connections (`max_unauthenticated_per_address`
-//! from one address), apart from the `max_sessions` of authenticated ones;
+//! from one address), apart from the `max_sessions` of authenticated ones
+//! (a newcomer past `max_sessions` closes the tcp data session idle the
+//! longest, at least `evict_idle_after`, or is refused before its
+//! hello-ack);
 //! before the handshake no frame over 4 KiB is read; a frame that starts
 //! must finish within `frame_timeout` (truncated frames) and its body is
 //! buffered as it arrives; malformed frames close the session at once; a
@@ -114,8 +117,17 @@ pub struct SessionConfig {
     /// accept failures. The rest are counted and the count is logged (as
     /// `left_out`) with the next line of that kind.
     pub refusal_logs_per_second: u32,
-    /// Authenticated sessions a target serves at once.
+    /// Authenticated sessions a target serves at once. A newcomer past it
+    /// takes the slot of the tcp data session idle the longest (see
+    /// `evict_idle_after`); when none can be closed it is refused before
+    /// its hello-ack, with `resource-exhausted` naming this limit.
     pub max_sessions: usize,
+    /// When all `max_sessions` are taken, a newcomer closes (`goodbye`,
+    /// reason `idle`) the tcp data session that has had no request for the
+    /// longest, if that is at least this long and it is not serving one
+    /// now; `None`: no session is closed and the newcomer is refused. rdma
+    /// control links and same-host mapping sessions are never closed so.
+    pub evict_idle_after: Option<Duration>,
     /// Connections a target accepts at once from one source.
     pub max_connections_per_source: usize,
     /// tcp requests an initiator keeps outstanding per connection
@@ -193,6 +205,7 @@ impl SessionConfig {
             max_unauthenticated_per_address: 32,
             refusal_logs_per_second: 10,
             max_sessions: 256,
+            evict_idle_after: Some(Duration::from_secs(1)),
             max_connections_per_source: 32,
             max_in_flight_per_connection: 16,
             socket_buffer: None,

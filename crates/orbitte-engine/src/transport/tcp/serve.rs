@@ -35,6 +35,7 @@ use orbitte_wire::{
 use super::ANSWER_BATCH;
 use super::payload::{PayloadIo, send_all};
 use crate::session::io::{FrameBuffer, send_error, write_frame};
+use crate::session::listener::SessionActivity;
 use crate::session::{
     PeerIdentity, Published, RangeLookup, SessionConfig, SessionError, SharedPeerTable,
 };
@@ -75,6 +76,8 @@ pub(crate) struct ServeCtx<'a> {
     pub(crate) stop: &'a AtomicBool,
     pub(crate) requests: &'a std::sync::atomic::AtomicU64,
     pub(crate) bytes: &'a std::sync::atomic::AtomicU64,
+    /// What this session did last; a newcomer may take its slot when idle.
+    pub(crate) activity: &'a SessionActivity,
 }
 
 fn check(
@@ -184,6 +187,11 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                             let _ = goodbye(stream, GoodbyeReason::IDLE, "idle");
                             return CloseReason::normal(format!("idle for {idle:?}"));
                         }
+                        if frames.is_empty() && ctx.activity.evicted() {
+                            let why = "idle the longest when a new session needed a slot (max_sessions taken)";
+                            let _ = goodbye(stream, GoodbyeReason::IDLE, why);
+                            return CloseReason::normal(format!("closed: {why}"));
+                        }
                     }
                     Err(e) => return CloseReason::abnormal(format!("connection failed: {e}")),
                 }
@@ -225,6 +233,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
             return CloseReason::abnormal(format!("malformed frame: {msg}"));
         }
         last_request = Instant::now();
+        ctx.activity.began();
         // The epoch rule on every request: a newer incarnation of the
         // source may have been admitted since this session opened.
         let current = ctx
@@ -415,6 +424,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
         if let Err(e) = result {
             return stalled(cfg, &e);
         }
+        ctx.activity.ended();
     }
 }
 
