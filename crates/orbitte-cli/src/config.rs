@@ -96,6 +96,13 @@ pub(crate) struct EngineConfig {
     pub(crate) handshake_timeout_ms: u64,
     /// Closes an authenticated session idle this long (`None`: never).
     pub(crate) idle_timeout_ms: Option<u64>,
+    /// Authenticated sessions served at once (`None`: the engine's
+    /// default, `SessionConfig::max_sessions`).
+    pub(crate) max_sessions: Option<u64>,
+    /// With every session slot taken, a newcomer closes the tcp data
+    /// session idle the longest if it is idle this long; 0: never
+    /// (`None`: the engine's default, `SessionConfig::evict_idle_after`).
+    pub(crate) evict_idle_after_ms: Option<u64>,
     pub(crate) max_in_flight: u32,
     pub(crate) signal_interval: u32,
     pub(crate) dispatch_mask: u64,
@@ -121,6 +128,11 @@ impl EngineConfig {
     pub(crate) fn idle_timeout(&self) -> Option<Duration> {
         self.idle_timeout_ms.map(Duration::from_millis)
     }
+    /// `Some(setting)` when the file sets `evict_idle_after_ms`.
+    pub(crate) fn evict_idle_after(&self) -> Option<Option<Duration>> {
+        self.evict_idle_after_ms
+            .map(|ms| (ms > 0).then(|| Duration::from_millis(ms)))
+    }
 }
 
 /// Keys of each table, for "unknown key" messages.
@@ -137,6 +149,8 @@ const ENGINE_KEYS: &[&str] = &[
     "drain_timeout_ms",
     "handshake_timeout_ms",
     "idle_timeout_ms",
+    "max_sessions",
+    "evict_idle_after_ms",
     "max_in_flight",
     "signal_interval",
     "dispatch_mask",
@@ -495,6 +509,8 @@ fn parse_engine(cx: &Ctx<'_>, t: Option<&toml::Table>) -> Result<EngineConfig, C
         drain_timeout_ms: opt_u64("drain_timeout_ms", 1, 86_400_000)?.unwrap_or(5_000),
         handshake_timeout_ms: opt_u64("handshake_timeout_ms", 1, 86_400_000)?.unwrap_or(5_000),
         idle_timeout_ms: opt_u64("idle_timeout_ms", 1, 86_400_000)?,
+        max_sessions: opt_u64("max_sessions", 1, 65_536)?,
+        evict_idle_after_ms: opt_u64("evict_idle_after_ms", 0, 86_400_000)?,
         max_in_flight: opt_u64("max_in_flight", 1, 65_536)?.map_or(128, |n| n as u32),
         signal_interval: opt_u64("signal_interval", 1, 65_536)?.map_or(16, |n| n as u32),
         dispatch_mask,

@@ -92,6 +92,10 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
             })?)
         }
     };
+    let open = open_listener_warning(cfg.engine.listen, secret.is_some());
+    if let Some(w) = &open {
+        tracing::warn!("{w}");
+    }
     let engine = build_engine(&cfg, &rdma, &origin, None)?;
     if args.check {
         let eff = Effective {
@@ -111,6 +115,9 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
                 cfg.range.len(),
                 eff.rdma_effective
             );
+            if let Some(w) = &open {
+                println!("  WARNING: {w}");
+            }
         }
         // Nothing was initialized or registered: dropping the engine
         // stops its timer thread and owns no native object.
@@ -205,6 +212,9 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
     if cfg.rdma_table {
         println!("rdma peers open this engine on the same address");
     }
+    if let Some(w) = &open {
+        println!("WARNING: {w}");
+    }
     tracing::info!(source = engine.source_id(), epoch = engine.epoch().value(), %addr, "serving");
     let stats = || engine.listener_stats().unwrap_or_default();
     let mut last = stats();
@@ -223,6 +233,25 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
             last = s;
         }
     }
+}
+
+/// What `serve` warns about at start and in its banner when it listens
+/// where other hosts can reach it without a cluster secret: any peer that
+/// connects is admitted, and one hello naming another engine's source id
+/// with the largest epoch fences that engine out of this target until it
+/// restarts. `None` with a secret, or on a loopback address.
+fn open_listener_warning(listen: std::net::SocketAddr, secret: bool) -> Option<String> {
+    if secret || listen.ip().is_loopback() {
+        return None;
+    }
+    Some(format!(
+        "no cluster secret and engine.listen {listen} is reachable from other hosts: any peer \
+         that connects is admitted, reads and writes every published range, takes session slots, \
+         and can fence any engine out of this target until it restarts (one hello with that \
+         engine's source id and epoch {}); set engine.cluster_secret_file (the same secret on \
+         every engine), or listen on a loopback address",
+        u64::MAX
+    ))
 }
 
 fn alloc_range(size: u64, name: &str) -> Result<Arc<HostMemory>, Failure> {
@@ -279,6 +308,13 @@ fn build_engine(
         .idle_timeout(e.idle_timeout())
         .max_in_flight(e.max_in_flight)
         .signal_interval(e.signal_interval);
+    if let Some(n) = e.max_sessions {
+        let n = usize::try_from(n).unwrap_or(usize::MAX);
+        b = b.session_settings(move |c| c.max_sessions = n);
+    }
+    if let Some(after) = e.evict_idle_after() {
+        b = b.session_settings(move |c| c.evict_idle_after = after);
+    }
     if let Some(x) = e.epoch {
         b = b.epoch(x);
     }
@@ -305,4 +341,23 @@ fn build_engine(
         };
         Failure::usage(format!("config file {origin}: key {key}: {err}"))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::open_listener_warning;
+
+    #[test]
+    fn without_a_secret_only_a_listener_other_hosts_reach_is_warned_about() {
+        let at = |s: &str| s.parse().unwrap();
+        let w = open_listener_warning(at("0.0.0.0:7400"), false).expect("warned");
+        for names in ["0.0.0.0:7400", "engine.cluster_secret_file", "fence"] {
+            assert!(w.contains(names), "{w}");
+        }
+        assert!(open_listener_warning(at("10.1.2.3:7400"), false).is_some());
+        assert!(open_listener_warning(at("[::]:7400"), false).is_some());
+        assert_eq!(open_listener_warning(at("127.0.0.1:7400"), false), None);
+        assert_eq!(open_listener_warning(at("[::1]:7400"), false), None);
+        assert_eq!(open_listener_warning(at("0.0.0.0:7400"), true), None);
+    }
 }

@@ -1427,3 +1427,29 @@ fn serve_closes_a_session_idle_longer_than_engine_idle_timeout_ms() {
         "every tcp rail closed by the server as idle: {down:?}"
     );
 }
+
+/// Without a cluster secret, `serve` warns (log and printed summary) when
+/// other hosts can reach its listener, and says nothing on loopback.
+#[test]
+fn serve_without_a_secret_warns_only_when_other_hosts_reach_it() {
+    let check = |listen: &str| {
+        let f = config(&format!(
+            "[engine]\nsource_id = \"open\"\nlisten = \"{listen}\"\n"
+        ));
+        let r = run_cmd(
+            orbitte()
+                .args(["serve", "--config", f.path().to_str().unwrap(), "--check"])
+                .env("ORBITTE_LOG", "warn"),
+        );
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        r
+    };
+    let open = check("0.0.0.0:0");
+    for out in [&open.stdout, &open.stderr] {
+        assert!(out.contains("no cluster secret"), "{out}");
+        assert!(out.contains("engine.cluster_secret_file"), "{out}");
+    }
+    let lo = check("127.0.0.1:0");
+    assert!(!lo.stdout.contains("no cluster secret"), "{}", lo.stdout);
+    assert!(!lo.stderr.contains("no cluster secret"), "{}", lo.stderr);
+}
