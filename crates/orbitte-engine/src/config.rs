@@ -205,7 +205,9 @@ impl EngineBuilder {
 
     /// Bytes per slice (default 64 KiB). A request whose rails are all
     /// tcp is cut into slices of this size or 1 MiB, whichever is larger
-    /// (each tcp slice costs a request frame and an answer).
+    /// (each tcp slice costs a request frame and an answer); a request
+    /// with a tcp rail, into slices of at most 16 MiB (the largest payload
+    /// of a tcp frame).
     pub fn slice_size(mut self, bytes: u32) -> Self {
         self.slice_size = bytes;
         self

@@ -127,6 +127,53 @@ fn tcp_without_zero_copy_moves_the_same_bytes() {
     roundtrip(false, 2);
 }
 
+/// A slice size above the largest payload of a tcp frame (16 MiB) still
+/// moves every byte over tcp: the slices of a tcp request are cut down to
+/// it, and its outcome counts them.
+#[test]
+fn a_slice_size_above_the_largest_tcp_payload_moves_every_byte_in_slices_of_it() {
+    net_support::logs();
+    let t = Target::start(cfg("target", 7));
+    let len: u64 = 40 << 20;
+    let remote = HostMemory::alloc(len as usize).unwrap();
+    pattern(&remote, 6);
+    let range = t.ranges.publish(remote.clone(), RW).unwrap();
+    let i = Initiator::new(
+        cfg("initiator", 3),
+        CoreConfig {
+            slice_size: 32 << 20,
+            ..core()
+        },
+    );
+    let (src, dst) = (
+        HostMemory::alloc(len as usize).unwrap(),
+        HostMemory::alloc(len as usize).unwrap(),
+    );
+    pattern(&src, 7);
+    let (src_reg, dst_reg) = (
+        i.driver.register(src.clone()),
+        i.driver.register(dst.clone()),
+    );
+    let peer = PeerId(1);
+    let (r, _) = i.connect_tcp(peer, t.addr(), 2).unwrap();
+    // READ the range into `dst`, then WRITE `src` over it.
+    for (label, op, reg, from, to) in [
+        (1, Op::Read, dst_reg, &remote, &dst),
+        (2, Op::Write, src_reg, &src, &remote),
+    ] {
+        let id = i
+            .driver
+            .submit(vec![request(label, op, reg, 0, peer, range.0, 0, len, &r)])[0];
+        let o = i.driver.wait(id, BOUND);
+        assert_eq!(o.status, Status::Complete, "{o:?}");
+        assert_eq!(o.slices, 3, "16 + 16 + 8 MiB: {o:?}");
+        assert!(
+            to.to_vec(0, len as usize).unwrap() == from.to_vec(0, len as usize).unwrap(),
+            "{op:?}: every byte moved"
+        );
+    }
+}
+
 fn failed_status(o: &orbitte_engine::outcome::Outcome) -> String {
     match &o.failure.as_ref().expect("failure info").status {
         SliceFailure::Completion { status, .. } => status.to_string(),

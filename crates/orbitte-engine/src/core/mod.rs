@@ -43,6 +43,12 @@ pub use rail_list::RailList;
 use request::Req;
 use timers::{Deadline, TimerKind, Timers};
 
+/// The largest slice a tcp rail carries: a slice is one request frame,
+/// whose payload the protocol bounds (`orbitte_wire::MAX_PAYLOAD_LEN`).
+/// A larger configured slice size is cut down to it on tcp, so the
+/// completed prefix of a tcp request grows in steps of at most this.
+pub const TCP_MAX_SLICE: u32 = orbitte_wire::MAX_PAYLOAD_LEN;
+
 /// Settings of the core.
 #[derive(Debug, Clone, Copy)]
 pub struct CoreConfig {
@@ -51,7 +57,8 @@ pub struct CoreConfig {
     /// Bytes per slice of a request whose rails are all tcp, if more than
     /// `slice_size`: a tcp rail sends each slice as a request frame and an
     /// answer (system calls and wakeups on both sides), and it has no
-    /// work-request or MTU bound that small slices serve.
+    /// work-request or MTU bound that small slices serve. Either size is
+    /// cut down to [`TCP_MAX_SLICE`] on a request with a tcp rail.
     pub tcp_slice_size: u32,
     /// From submission to a logical timeout.
     pub request_timeout: Duration,
@@ -295,18 +302,23 @@ impl Core {
     }
 
     /// Bytes per slice of a request on `rails`: the tcp slice size when
-    /// every rail is tcp, the engine's otherwise.
+    /// every rail is tcp, the engine's otherwise; at most
+    /// [`TCP_MAX_SLICE`] when any rail is tcp.
     fn slice_for(&self, rails: &[RailId]) -> u64 {
-        let tcp = !rails.is_empty()
-            && rails.iter().all(|r| {
-                self.rails
-                    .get(r.0 as usize)
-                    .is_some_and(|rl| rl.spec.path == PathKind::Tcp)
-            });
-        let size = if tcp {
+        let is_tcp = |r: &RailId| {
+            self.rails
+                .get(r.0 as usize)
+                .is_some_and(|rl| rl.spec.path == PathKind::Tcp)
+        };
+        let size = if !rails.is_empty() && rails.iter().all(is_tcp) {
             self.config.tcp_slice_size.max(self.config.slice_size)
         } else {
             self.config.slice_size
+        };
+        let size = if rails.iter().any(is_tcp) {
+            size.min(TCP_MAX_SLICE)
+        } else {
+            size
         };
         u64::from(size.max(1))
     }

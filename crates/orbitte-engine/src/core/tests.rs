@@ -890,12 +890,11 @@ fn fuzz_one(seed: u64) {
     }
 }
 
-#[test]
-fn requests_on_tcp_rails_only_are_cut_into_tcp_slices() {
-    let mut core = Core::new(CoreConfig {
-        tcp_slice_size: 4 * SLICE,
-        ..config()
-    });
+/// The work a core with `config`, a tcp rail and an rdma rail hands out
+/// for three requests of `len` bytes: a READ on the tcp rail, a WRITE on
+/// the rdma rail and a WRITE on both; and the two rails.
+fn three_requests(config: CoreConfig, len: u64) -> (Vec<WorkItem>, RailId, RailId) {
+    let mut core = Core::new(config);
     let tcp = core.add_rail(RailSpec {
         path: PathKind::Tcp,
         nic: None,
@@ -904,10 +903,8 @@ fn requests_on_tcp_rails_only_are_cut_into_tcp_slices() {
     });
     let rdma = core.add_rail(spec(1, 64, 1));
     let keep = Arc::new(());
-    let len = 10 * u64::from(SLICE) + 5;
-    let now = Instant::now();
     core.submit(
-        now,
+        Instant::now(),
         vec![
             req(Op::Read, 0, len, &[tcp], &keep),
             req(Op::Write, 0, len, &[rdma], &keep),
@@ -917,22 +914,35 @@ fn requests_on_tcp_rails_only_are_cut_into_tcp_slices() {
     .unwrap();
     let mut work = Vec::new();
     core.poll_work(&mut work);
-    let cut = |op: Op, rail: RailId| {
-        work.iter()
-            .filter(|w| w.op == op && w.rail == rail)
-            .map(|w| (w.local_offset, w.len))
-            .collect::<Vec<_>>()
+    (work, tcp, rdma)
+}
+
+/// (local offset, length) of the items of `op` on `rail`, in order.
+fn cut(work: &[WorkItem], op: Op, rail: RailId) -> Vec<(u64, u32)> {
+    work.iter()
+        .filter(|w| w.op == op && w.rail == rail)
+        .map(|w| (w.local_offset, w.len))
+        .collect()
+}
+
+#[test]
+fn requests_on_tcp_rails_only_are_cut_into_tcp_slices() {
+    let len = 10 * u64::from(SLICE) + 5;
+    let config = CoreConfig {
+        tcp_slice_size: 4 * SLICE,
+        ..config()
     };
+    let (work, tcp, rdma) = three_requests(config, len);
     let (s, t) = (u64::from(SLICE), 4 * SLICE);
     // tcp only: slices of tcp_slice_size, the last one shorter.
     assert_eq!(
-        cut(Op::Read, tcp),
+        cut(&work, Op::Read, tcp),
         vec![(0, t), (4 * s, t), (8 * s, 2 * SLICE + 5)]
     );
     // rdma, and a request that has an rdma rail among its rails: the
     // engine's slice size.
-    let rdma_only = cut(Op::Write, rdma);
-    let mixed = cut(Op::Write, tcp);
+    let rdma_only = cut(&work, Op::Write, rdma);
+    let mixed = cut(&work, Op::Write, tcp);
     assert!(rdma_only.iter().all(|&(_, l)| l <= SLICE));
     assert_eq!(mixed.len(), 6);
     assert!(mixed.iter().all(|&(_, l)| l <= SLICE));
@@ -941,4 +951,28 @@ fn requests_on_tcp_rails_only_are_cut_into_tcp_slices() {
     // second slice of the mixed one (5 whole ones of 11).
     assert_eq!(rdma_only.len(), 11 + 5);
     assert_eq!(written, len + 5 * s);
+}
+
+#[test]
+fn a_slice_on_a_tcp_rail_is_at_most_the_largest_payload_of_the_protocol() {
+    let max = orbitte_wire::MAX_PAYLOAD_LEN;
+    let config = CoreConfig {
+        slice_size: 2 * max,
+        tcp_slice_size: 1 << 20,
+        ..config()
+    };
+    let (work, tcp, rdma) = three_requests(config, 5 * u64::from(max) / 2);
+    let lens = |op, rail| {
+        cut(&work, op, rail)
+            .into_iter()
+            .map(|(_, l)| l)
+            .collect::<Vec<_>>()
+    };
+    // tcp only: slices of the largest payload a tcp frame carries.
+    assert_eq!(lens(Op::Read, tcp), vec![max, max, max / 2]);
+    // A request with a tcp rail among its rails: the same bound on both.
+    assert_eq!(lens(Op::Write, tcp), vec![max, max / 2]);
+    // rdma only: the engine's slice size; then the mixed request's
+    // slice 1 of 3.
+    assert_eq!(lens(Op::Write, rdma), vec![2 * max, max / 2, max]);
 }
