@@ -6,6 +6,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use crate::vm_copy::{self, Stop};
 use crate::{DmaBuffer, dma};
 
 /// Why a host memory operation failed.
@@ -45,6 +46,28 @@ pub enum MemoryError {
     /// A write to a range mapped read-only.
     #[error("range is mapped read-only; the peer published it without remote write access")]
     ReadOnly,
+    /// Caller-owned memory ([`HostMemory::from_raw_parts`]) was unmapped
+    /// or write-protected while wrapped: the copy stopped at a page the
+    /// process can no longer access, with no signal raised.
+    #[error(
+        "caller memory {addr:#x}+{len} is no longer mapped read-write in this process: keep registered memory mapped until it is unregistered and its requests are drained"
+    )]
+    Unmapped {
+        /// First byte of the access.
+        addr: usize,
+        /// Length of the access.
+        len: usize,
+    },
+    /// The kernel refused to copy caller-owned memory for a reason other
+    /// than a missing page.
+    #[error(
+        "copying caller memory with process_vm_writev failed: {source}; a seccomp profile must allow process_vm_readv/process_vm_writev"
+    )]
+    KernelCopy {
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 enum Backing {
@@ -56,16 +79,27 @@ enum Backing {
         map_len: usize,
         writable: bool,
     },
-    /// Caller-owned memory; `keepalive` owns it.
-    Raw {
+    /// Another [`DmaBuffer`]'s memory, which its contract keeps mapped;
+    /// `keepalive` owns it.
+    Buffer {
+        _keepalive: Box<dyn Any + Send + Sync>,
+    },
+    /// Memory a caller named by address ([`HostMemory::from_raw_parts`]):
+    /// it may be unmapped or write-protected under us, so every copy of
+    /// ours goes through the kernel (`vm_copy`, `recvmsg`, `sendmsg`),
+    /// which reports that as an error instead of raising a signal.
+    Caller {
         _keepalive: Box<dyn Any + Send + Sync>,
     },
 }
 
 /// A range of host memory that NICs may register and peers may access.
 ///
-/// Invariant: `ptr..ptr+len` is mapped and valid for the life of the value;
-/// `len > 0`.
+/// Invariant: `len > 0`; `ptr..ptr+len` is mapped and valid for the life of
+/// the value, except with [`Backing::Caller`], whose range is only promised
+/// to stay mapped while a memory region uses the pointer (see
+/// [`HostMemory::from_raw_parts`]): this type's own copies of it never
+/// assume it is mapped.
 pub struct HostMemory {
     ptr: NonNull<u8>,
     len: usize,
@@ -244,21 +278,45 @@ impl HostMemory {
             return Err(MemoryError::ReadOnly);
         }
         let len = buffer.len();
+        if len == 0 {
+            return Err(MemoryError::ZeroLength);
+        }
         let ptr = NonNull::new(buffer.as_ptr()).ok_or(MemoryError::ZeroLength)?;
-        // SAFETY: DmaBuffer promises one mapping of `len` bytes at `ptr`,
-        // valid at the same address while the value lives, writable by other
-        // agents, with no Rust references handed out; the Arc moved into
-        // `keepalive` keeps it alive as long as the HostMemory.
-        unsafe { Self::from_raw_parts(ptr, len, Box::new(buffer)) }
+        // DmaBuffer promises one mapping of `len` bytes at `ptr`, valid at
+        // the same address while the value lives, writable by other agents,
+        // with no Rust references handed out: the type invariant holds, and
+        // the Arc moved into `keepalive` keeps the buffer alive as long as
+        // the HostMemory.
+        Ok(Arc::new(Self {
+            ptr,
+            len,
+            backing: Backing::Buffer {
+                _keepalive: Box::new(buffer),
+            },
+        }))
     }
 
-    /// Wraps memory the caller already owns. It cannot be shared by fd.
+    /// Wraps memory the caller already owns and names by address. It
+    /// cannot be shared by fd.
+    ///
+    /// Every copy this type makes into or out of it goes through the kernel
+    /// (`process_vm_writev(2)` on this process, `recvmsg(2)`, `sendmsg(2)`),
+    /// so memory unmapped or write-protected while wrapped makes those copies
+    /// fail with [`MemoryError::Unmapped`] instead of raising `SIGSEGV`. The
+    /// cost is the kernel's page pinning on each copy: ranges that stay
+    /// mapped by construction ([`alloc`](Self::alloc),
+    /// [`from_dma_buffer`](Self::from_dma_buffer)) are copied with `memcpy`.
     ///
     /// # Safety
-    /// `ptr..ptr+len` must be valid for reads and writes for as long as
-    /// `keepalive` lives, must not move, and must not be accessed through
-    /// Rust references while the returned value (or any clone of the `Arc`,
-    /// memory region or request holding it) is alive.
+    /// `ptr..ptr+len` must not move and must not be accessed through Rust
+    /// references while the returned value (or any clone of the `Arc`,
+    /// memory region or request holding it) is alive. It must stay mapped
+    /// read-write while an agent other than this type's copy methods uses
+    /// the pointer through [`DmaBuffer::as_ptr`] (a memory region made from
+    /// it: a NIC pins the pages when the region is made, so a later unmapping
+    /// does not fault this process, but the simulated provider copies through
+    /// the pointer). A range unmapped and then mapped again by something else
+    /// is written like any memory: the kernel cannot tell.
     pub unsafe fn from_raw_parts(
         ptr: NonNull<u8>,
         len: usize,
@@ -270,7 +328,7 @@ impl HostMemory {
         Ok(Arc::new(Self {
             ptr,
             len,
-            backing: Backing::Raw {
+            backing: Backing::Caller {
                 _keepalive: keepalive,
             },
         }))
@@ -321,23 +379,78 @@ impl HostMemory {
         dma::check(self, offset, len)
     }
 
-    /// Copies bytes out of the range.
+    /// Whether the range was named by a caller ([`from_raw_parts`]): it
+    /// may be unmapped under us, so copies go through the kernel.
+    ///
+    /// [`from_raw_parts`]: Self::from_raw_parts
+    fn is_caller_owned(&self) -> bool {
+        matches!(self.backing, Backing::Caller { .. })
+    }
+
+    /// Address of byte `offset`, as an integer-derived pointer the kernel
+    /// copies through (no dereference here: `wrapping_add` stays valid for
+    /// a range that is no longer mapped).
+    fn at(&self, offset: usize) -> *mut u8 {
+        self.ptr.as_ptr().wrapping_add(offset)
+    }
+
+    /// The error of a kernel copy of this range's `offset..offset+len`.
+    fn stopped(&self, offset: usize, len: usize, stop: Stop) -> MemoryError {
+        match stop {
+            Stop::Fault => MemoryError::Unmapped {
+                addr: self.at(offset) as usize,
+                len,
+            },
+            Stop::Os(source) => MemoryError::KernelCopy { source },
+        }
+    }
+
+    /// Copies bytes out of the range. Caller-owned memory that is no
+    /// longer mapped is [`MemoryError::Unmapped`].
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemoryError> {
-        dma::read_at(self, offset, dst)
+        if !self.is_caller_owned() {
+            return dma::read_at(self, offset, dst);
+        }
+        self.check(offset, dst.len())?;
+        // SAFETY: `dst` is uniquely borrowed, so no other reference aliases
+        // it; it is a Rust buffer, so it does not overlap the wrapped range
+        // (no Rust reference into that exists: from_raw_parts' contract).
+        unsafe { vm_copy::copy(dst.as_mut_ptr(), self.at(offset), dst.len()) }
+            .map_err(|s| self.stopped(offset, dst.len(), s))
     }
 
-    /// Copies bytes into the range.
+    /// Copies bytes into the range. Caller-owned memory that is no longer
+    /// mapped, or no longer writable, is [`MemoryError::Unmapped`].
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<(), MemoryError> {
-        dma::write_at(self, offset, src)
+        if !self.is_caller_owned() {
+            return dma::write_at(self, offset, src);
+        }
+        self.check(offset, src.len())?;
+        // SAFETY: no Rust reference aliases the wrapped range
+        // (from_raw_parts' contract), so none aliases what the kernel
+        // writes; `src` is a Rust slice, so the two do not overlap.
+        unsafe { vm_copy::copy(self.at(offset), src.as_ptr(), src.len()) }
+            .map_err(|s| self.stopped(offset, src.len(), s))
     }
 
-    /// Sets `len` bytes at `offset` to `byte`.
+    /// Sets `len` bytes at `offset` to `byte` (errors as for
+    /// [`write_at`](Self::write_at)).
     pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), MemoryError> {
-        dma::fill(self, offset, len, byte)
+        if !self.is_caller_owned() {
+            return dma::fill(self, offset, len, byte);
+        }
+        self.check(offset, len)?;
+        // SAFETY: no Rust reference aliases the wrapped range
+        // (from_raw_parts' contract).
+        unsafe { vm_copy::fill(self.at(offset), len, byte) }
+            .map_err(|s| self.stopped(offset, len, s))
     }
 
     /// Copies `len` bytes from `src` at `src_offset` into `self` at
     /// `offset` (the local path's one-sided copy). `src` may be `self`.
+    /// When either side is caller-owned memory that is no longer mapped
+    /// (or, for `self`, no longer writable), the copy stops with
+    /// [`MemoryError::Unmapped`] naming that side's range.
     pub fn copy_from(
         &self,
         offset: usize,
@@ -350,15 +463,61 @@ impl HostMemory {
         if !self.is_writable() {
             return Err(MemoryError::ReadOnly);
         }
-        // SAFETY: both ranges bounds-checked; `copy` tolerates overlap
-        // (e.g. the same memfd mapped twice, or `src` being `self`).
-        unsafe {
-            std::ptr::copy(
-                src.ptr.as_ptr().add(src_offset),
-                self.ptr.as_ptr().add(offset),
-                len,
-            )
-        };
+        let (dst_at, src_at) = (self.at(offset) as usize, src.at(src_offset) as usize);
+        match (self.is_caller_owned(), src.is_caller_owned()) {
+            (false, false) => {
+                // SAFETY: both ranges bounds-checked and mapped while their
+                // values live (type invariant); `copy` tolerates overlap
+                // (e.g. the same memfd mapped twice, or `src` being `self`).
+                unsafe { std::ptr::copy(src.at(src_offset), self.at(offset), len) };
+                Ok(())
+            }
+            (true, true) => self.copy_through(offset, (src, src_offset), len),
+            _ if dst_at < src_at.saturating_add(len) && src_at < dst_at.saturating_add(len) => {
+                self.copy_through(offset, (src, src_offset), len)
+            }
+            (dst_caller, _) => {
+                // SAFETY: no Rust reference aliases either range (type
+                // invariant, from_raw_parts' contract); they do not overlap
+                // (the arm above takes ranges that do); the one that is caller-owned
+                // need not be mapped, and the other is (type invariant).
+                let copied = unsafe { vm_copy::copy(self.at(offset), src.at(src_offset), len) };
+                copied.map_err(|s| {
+                    if dst_caller {
+                        self.stopped(offset, len, s)
+                    } else {
+                        src.stopped(src_offset, len, s)
+                    }
+                })
+            }
+        }
+    }
+
+    /// [`copy_from`](Self::copy_from) through a bounce buffer, a piece at
+    /// a time: for ranges that overlap or are both caller-owned (a fault
+    /// is then known to be in the side being copied).
+    fn copy_through(
+        &self,
+        offset: usize,
+        (src, src_offset): (&Self, usize),
+        len: usize,
+    ) -> Result<(), MemoryError> {
+        const PIECE: usize = 1 << 20;
+        let mut bounce = vec![0u8; len.min(PIECE)];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(PIECE);
+            // Overlapping ranges with the destination after the source are
+            // copied from the end, as `memmove` does.
+            let at = if self.at(offset) as usize > src.at(src_offset) as usize {
+                len - done - n
+            } else {
+                done
+            };
+            src.read_at(src_offset + at, &mut bounce[..n])?;
+            self.write_at(offset + at, &bounce[..n])?;
+            done += n;
+        }
         Ok(())
     }
 
@@ -406,9 +565,7 @@ impl HostMemory {
         }
         let mut iov = [
             libc::iovec {
-                // SAFETY: `offset <= self.len` (checked above), so the
-                // pointer stays inside the mapping or one past its end.
-                iov_base: unsafe { self.ptr.as_ptr().add(offset) }.cast(),
+                iov_base: self.at(offset).cast(),
                 iov_len: len,
             },
             libc::iovec {
@@ -421,18 +578,19 @@ impl HostMemory {
         msg.msg_iov = iov.as_mut_ptr();
         msg.msg_iovlen = if tail.is_empty() { 1 } else { 2 };
         let flags = if dont_wait { libc::MSG_DONTWAIT } else { 0 };
-        // SAFETY: the iovecs name `offset..offset + len` of the mapping
-        // (inside it, checked above; mapped while `self` lives, type
-        // invariant; writable, checked above) and `tail` (a live, uniquely
-        // borrowed slice). The kernel writes into them with its user-copy
-        // routine, which reports a fault as EFAULT instead of touching
-        // anything else; no Rust reference into the mapping exists (type
-        // invariant), so the write aliases none. `msg` and `iov` outlive
+        // SAFETY: the iovecs name `offset..offset + len` of the range
+        // (inside it, checked above; writable, checked above; mapped while
+        // `self` lives, type invariant, or for caller-owned memory maybe
+        // not) and `tail` (a live, uniquely borrowed slice). The kernel
+        // writes into them with its user-copy routine, which reports a
+        // missing or read-only page as EFAULT instead of raising a signal;
+        // no Rust reference into the range exists (type invariant), so the
+        // write aliases none. `msg` and `iov` outlive
         // the call; the fd is valid for the call (`BorrowedFd`); a
         // non-socket fd fails with ENOTSOCK.
         let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, flags) };
         if n < 0 {
-            return Err(std::io::Error::last_os_error());
+            return Err(self.socket_error(offset, len));
         }
         Ok(n as usize)
     }
@@ -465,9 +623,7 @@ impl HostMemory {
                 iov_len: head.len(),
             },
             libc::iovec {
-                // SAFETY: `offset <= self.len` (checked above), so the
-                // pointer stays inside the mapping or one past its end.
-                iov_base: unsafe { self.ptr.as_ptr().add(offset) }.cast(),
+                iov_base: self.at(offset).cast(),
                 iov_len: len,
             },
         ];
@@ -481,15 +637,31 @@ impl HostMemory {
             flags |= libc::MSG_MORE;
         }
         // SAFETY: the iovecs name `head` (a live slice) and
-        // `offset..offset + len` of the mapping (bounds checked above,
-        // mapped while `self` lives); the kernel only reads them, with its
-        // user-copy routine (a fault is EFAULT). `msg` and `iov` outlive
+        // `offset..offset + len` of the range (bounds checked above; mapped
+        // while `self` lives, or for caller-owned memory maybe not); the
+        // kernel only reads them, with its user-copy routine (a missing page
+        // is EFAULT, never a signal). `msg` and `iov` outlive
         // the call; the fd is valid for the call (`BorrowedFd`).
         let n = unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, flags) };
         if n < 0 {
-            return Err(std::io::Error::last_os_error());
+            return Err(self.socket_error(offset, len));
         }
         Ok(n as usize)
+    }
+
+    /// The error of a failed `recvmsg`/`sendmsg` on `offset..offset+len`:
+    /// `EFAULT` on caller-owned memory (unmapped, or not writable for a
+    /// receive) is `InvalidInput` with [`MemoryError::Unmapped`] as the
+    /// source; anything else is the OS error.
+    fn socket_error(&self, offset: usize, len: usize) -> std::io::Error {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EFAULT) && self.is_caller_owned() {
+            return std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                self.stopped(offset, len, Stop::Fault),
+            );
+        }
+        e
     }
 
     /// Copies `len` bytes starting at `offset` into a new vector.
@@ -504,7 +676,7 @@ impl Drop for HostMemory {
     fn drop(&mut self) {
         let map_len = match &self.backing {
             Backing::Memfd { map_len, .. } | Backing::Mapped { map_len, .. } => *map_len,
-            Backing::Raw { .. } => return,
+            Backing::Buffer { .. } | Backing::Caller { .. } => return,
         };
         // SAFETY: we created this mapping with this length and nothing
         // refers to it any more (we are being dropped, and every holder of
@@ -528,7 +700,8 @@ impl fmt::Debug for HostMemory {
             Backing::Mapped {
                 writable: false, ..
             } => "peer-mapped-readonly",
-            Backing::Raw { .. } => "caller-owned",
+            Backing::Buffer { .. } => "dma-buffer",
+            Backing::Caller { .. } => "caller-owned",
         };
         f.debug_struct("HostMemory")
             .field("addr", &self.ptr)

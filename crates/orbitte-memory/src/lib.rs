@@ -11,7 +11,10 @@
 //!   mapping. The fd lets the local path hand the range to a peer process on
 //!   the same host, so bytes move without crossing a socket.
 //! - [`HostMemory::from_raw_parts`]: memory the caller already owns (not
-//!   shareable by fd; the local path falls back, and says so).
+//!   shareable by fd; the local path falls back, and says so). The caller
+//!   may unmap it by mistake while it is wrapped, so every copy of it goes
+//!   through the kernel (`process_vm_writev`, `recvmsg`, `sendmsg`), which
+//!   turns a missing page into [`MemoryError::Unmapped`], never a signal.
 //! - [`HostMemory::map_shared`]: a peer's memfd mapped into this process.
 //!
 //! # Concurrency
@@ -25,6 +28,7 @@
 
 pub mod dma;
 mod host;
+mod vm_copy;
 
 pub use host::{HostMemory, MemoryError};
 

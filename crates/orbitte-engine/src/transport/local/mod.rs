@@ -639,6 +639,14 @@ fn execute(it: &WorkItem, local: &HostMemory, remote: Option<&Mapped>) -> SliceS
         Ok(()) => SliceStatus::Success,
         Err(orbitte_memory::MemoryError::ReadOnly) => failed(Status::ACCESS_DENIED),
         Err(orbitte_memory::MemoryError::OutOfBounds { .. }) => failed(Status::OUT_OF_BOUNDS),
+        // Caller memory unmapped while registered: the error names the
+        // range and what the caller must keep.
+        Err(e @ orbitte_memory::MemoryError::Unmapped { .. }) => {
+            SliceStatus::Failed(SliceFailure::Completion {
+                status: e.to_string().into(),
+                code: u32::from(Status::INTERNAL.0),
+            })
+        }
         Err(_) => failed(Status::INTERNAL),
     }
 }
