@@ -10,7 +10,10 @@
 //!   lifetime is the caller's promise, as with Mooncake). The range must be
 //!   mapped readable and writable in this process (checked against
 //!   `/proc/self/maps` before the memory is wrapped), so a wrong pointer is
-//!   an error, never a fault later;
+//!   an error at registration. If the caller unmaps it (or write-protects
+//!   it) while registered anyway, every copy of it goes through the kernel
+//!   (`HostMemory::from_raw_parts`), so the transfer fails with an outcome
+//!   that names the range, and the process gets no signal;
 //! - [`Allocation`]: memfd memory the engine allocates, which same-host
 //!   peers can map (the local path).
 
@@ -202,14 +205,16 @@ pub(crate) fn wrap_raw(
     let ptr = NonNull::new(std::ptr::with_exposed_provenance_mut::<u8>(ptr))
         .ok_or(RawMemoryError::Null)?;
     // SAFETY: `addr..addr+len` was just checked to lie in mappings that are
-    // readable and writable in this process (/proc/self/maps). The caller
-    // of register (the Python program) vouches that the memory stays there
-    // until it unregisters, as Mooncake's register_memory requires; when
-    // the memory came through the buffer protocol, `keepalive` is the
-    // exporter object, which pins the buffer (a bytearray cannot be resized
-    // while exported) and keeps it alive for as long as the HostMemory and
-    // every request holding it. No Rust reference into the range is made:
-    // HostMemory only does raw, bounds-checked copies.
+    // readable and writable in this process (/proc/self/maps), and it does
+    // not move: when the memory came through the buffer protocol,
+    // `keepalive` is the exporter object, which pins the buffer (a bytearray
+    // cannot be resized while exported) and keeps it alive for as long as
+    // the HostMemory and every request holding it; a plain int is the
+    // caller's promise, as with Mooncake's register_memory. If the caller
+    // unmaps it anyway, HostMemory's copies (all this engine makes outside a
+    // NIC, which pins the pages of its memory regions) fail with
+    // MemoryError::Unmapped instead of faulting. No Rust reference into the
+    // range is made: HostMemory only does raw, bounds-checked copies.
     let memory = unsafe { HostMemory::from_raw_parts(ptr, n, Box::new(keepalive)) };
     memory.map_err(|e| RawMemoryError::NotMapped {
         addr,

@@ -168,7 +168,13 @@ def _dlpack_address(obj: Any, length: Optional[int]) -> tuple[int, int, Any]:
                 f"a DLPack tensor on device type {int(kind)} cannot be registered here: OrbitTE registers "
                 "host memory; copy it to host memory or use the cuda-staging path"
             )
-    capsule = obj.__dlpack__()
+    try:
+        capsule = obj.__dlpack__()
+    except BufferError as e:  # numpy: a read-only array has no DLPack export
+        raise RegisterError(
+            f"the {type(obj).__name__} cannot be exported writable ({e}): peers and READs write "
+            "registered memory; pass a writable tensor"
+        ) from None
     get = ctypes.pythonapi.PyCapsule_GetPointer
     get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
     try:

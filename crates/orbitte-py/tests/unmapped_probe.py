@@ -1,0 +1,89 @@
+"""Registers a raw mmap'd range, then unmaps it (or makes it read-only)
+and runs one transfer from or into it; run in its own process, so that a
+SIGSEGV shows as the exit status instead of ending pytest.
+
+    python unmapped_probe.py PATH OP HOW
+
+PATH is "tcp" or "local", OP "read" or "write", HOW "unmap" or "protect"
+(mprotect PROT_READ). Prints one JSON line: the peer's path, the outcome
+(ok, status, failure, drain), whether memory made read-only kept its bytes
+and unmapped memory stayed unmapped, and whether a transfer from a fresh
+registration completes afterwards.
+"""
+
+import ctypes
+import json
+import mmap
+import sys
+
+import orbitte
+
+N = 1 << 20
+
+
+def libc() -> ctypes.CDLL:
+    c = ctypes.CDLL(None, use_errno=True)
+    c.mmap.restype = ctypes.c_void_p
+    c.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+    c.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    c.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return c
+
+
+def mappings() -> list[tuple[int, int]]:
+    """This process's mappings: (start, end)."""
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = line.split()[0].split("-")
+            out.append((int(lo, 16), int(hi, 16)))
+    return out
+
+
+def main() -> None:
+    path, op, how = sys.argv[1:4]
+    c = libc()
+    target = orbitte.Engine(listen="127.0.0.1:0", path=path)
+    dst = target.alloc(N)
+    dst.view[:] = b"\x11" * N
+    target.register(dst)
+    initiator = orbitte.Engine(path=path)
+    addr = c.mmap(None, N, mmap.PROT_READ | mmap.PROT_WRITE,
+                  mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    if addr in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap failed")
+    reg = initiator.register((addr, N), remote=False)
+    peer = initiator.connect(target.address)
+    rc = c.munmap(addr, N) if how == "unmap" else c.mprotect(addr, N, mmap.PROT_READ)
+    if rc != 0:
+        raise OSError(ctypes.get_errno(), how)
+    req = orbitte.read if op == "read" else orbitte.write
+    (handle,) = initiator.submit(peer, [req(reg, peer.range(0))])
+    o = handle.wait(30)
+    handle.wait_drain(30)
+    # Memory made read-only kept its bytes; unmapped memory stayed a hole
+    # (had something been mapped there since, the copy would have gone to
+    # it: no kernel check can tell).
+    kept = how == "unmap" or ctypes.string_at(addr, 64) == bytes(64)
+    hole = how != "unmap" or not any(lo < addr + N and addr < hi for lo, hi in mappings())
+    # The engine goes on: a transfer between live buffers completes.
+    good = initiator.register(bytearray(b"\x22" * 4096), remote=False)
+    fresh = initiator.connect(target.address)
+    (later,) = initiator.submit(fresh, [orbitte.write(good, fresh.range(0))]).wait(30, check=False)
+    print(json.dumps({
+        "path": peer.path,
+        "ok": o.ok,
+        "status": o.status,
+        "failure": o.failure,
+        "drain": "drained" if handle.drained else "pending",
+        "kept": kept,
+        "hole": hole,
+        "after_ok": later.ok,
+    }), flush=True)
+    initiator.close()
+    target.close()
+
+
+if __name__ == "__main__":
+    main()
