@@ -1,7 +1,8 @@
 //! tcp outcomes when the network stops mid-transfer: the completed prefix
 //! is every slice whose answer arrived (a READ's bytes in local memory, a
 //! WRITE's acknowledgement from the target), checked byte by byte, whether
-//! the request timeout or the rail's `io_timeout` ends the request.
+//! the request timeout or the rail's `io_timeout` ends the request, with
+//! the net tests' driver and with two `TransferEngine`s.
 //!
 //! The cut is made by a relay between the initiator and the target that
 //! forwards each direction of each connection up to a byte budget and then
@@ -54,20 +55,24 @@ struct Relay {
 }
 
 impl Relay {
-    /// Relays `connections` connections to `target`.
-    fn start(target: SocketAddr, connections: usize) -> Self {
+    /// Relays every connection it accepts to `target`.
+    fn start(target: SocketAddr) -> Self {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
-        let budgets = Arc::new(Mutex::new(vec![[None, None]; connections]));
+        let budgets = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let sockets = Arc::new(Mutex::new(Vec::new()));
         let (b, s, so) = (budgets.clone(), stop.clone(), sockets.clone());
         let accept = std::thread::spawn(move || {
             let mut pumps = Vec::new();
-            for conn in 0..connections {
+            for conn in 0.. {
                 let Ok((client, _)) = l.accept() else {
                     break;
                 };
+                if s.load(Ordering::Acquire) {
+                    break;
+                }
+                b.lock().unwrap().push([None, None]);
                 let server = TcpStream::connect(target).unwrap();
                 for sock in [&client, &server] {
                     sock.set_nodelay(true).unwrap();
@@ -111,11 +116,20 @@ impl Relay {
     fn cut(&self, conn: usize, dir: Direction, bytes: u64) {
         self.budgets.lock().unwrap()[conn][dir as usize] = Some(bytes);
     }
+
+    /// [`cut`](Self::cut) for every connection accepted so far.
+    fn cut_all(&self, dir: Direction, bytes: u64) {
+        for b in self.budgets.lock().unwrap().iter_mut() {
+            b[dir as usize] = Some(bytes);
+        }
+    }
 }
 
 impl Drop for Relay {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        // Wakes the accept loop, which then sees `stop`.
+        let _ = TcpStream::connect(self.addr);
         for s in self.sockets.lock().unwrap().iter() {
             let _ = s.shutdown(Shutdown::Both);
         }
@@ -205,7 +219,7 @@ fn read_cut(request_timeout: Duration, io_timeout: Duration) -> Outcome {
     let remote = HostMemory::alloc((64 * MIB) as usize).unwrap();
     pattern(&remote, 3);
     let range = t.ranges.publish(remote.clone(), RW).unwrap();
-    let relay = Relay::start(t.addr(), 2);
+    let relay = Relay::start(t.addr());
     let i = initiator(request_timeout, io_timeout);
     let dst = HostMemory::alloc((64 * MIB) as usize).unwrap();
     let reg = i.driver.register(dst.clone());
@@ -274,7 +288,7 @@ fn a_write_batch_cut_mid_way_reports_each_requests_acknowledged_prefix() {
     let t = Target::start(cfg("target", 1));
     let remote = HostMemory::alloc((64 * MIB) as usize).unwrap();
     let range = t.ranges.publish(remote.clone(), RW).unwrap();
-    let relay = Relay::start(t.addr(), 2);
+    let relay = Relay::start(t.addr());
     let i = initiator(Duration::from_secs(2), Duration::from_secs(6));
     let src = HostMemory::alloc((64 * MIB) as usize).unwrap();
     pattern(&src, 4);
@@ -359,4 +373,58 @@ fn a_busy_target_acknowledges_writes_while_the_stream_goes_on() {
         remote.to_vec(0, (64 * MIB) as usize).unwrap()
             == src.to_vec(0, (64 * MIB) as usize).unwrap()
     );
+}
+
+/// The same through the engine's own driver: two `TransferEngine`s on
+/// tcp, a 64 MiB READ whose answers stop after 8 whole ones and half of
+/// the ninth on each rail; the request timeout reports the 16 MiB that
+/// landed in order.
+#[test]
+fn a_transfer_engine_read_cut_mid_way_counts_every_answer_that_arrived() {
+    use orbitte_engine::{Access, ConnectOptions, TransferRequest};
+    net_support::logs();
+    let (target, client) = net_support::engines_without_rdma("cut-target", "cut-client", |b| {
+        b.request_timeout(Duration::from_secs(2))
+            .session_settings(|c| c.io_timeout = Duration::from_secs(6))
+    });
+    let remote = HostMemory::alloc((64 * MIB) as usize).unwrap();
+    pattern(&remote, 8);
+    let range = target.register(&remote, Access::RemoteReadWrite).unwrap();
+    let dst = HostMemory::alloc((64 * MIB) as usize).unwrap();
+    let d = client.register(&dst, Access::LocalOnly).unwrap();
+    let relay = Relay::start(target.listen_addr().expect("the target listens"));
+    let peer = client
+        .connect_with(
+            relay.addr,
+            ConnectOptions::new().path(PathKind::Tcp).rails(2),
+        )
+        .unwrap();
+    assert_eq!((peer.path, peer.rails.len()), (PathKind::Tcp, 2));
+    let half = (HEADER_LEN + READ_RESPONSE_FIXED_LEN) as u64 + MIB / 2;
+    relay.cut_all(Direction::Down, 8 * READ_ANSWER + half);
+    let range_id = orbitte_engine::RangeId(range.id.0);
+    let ids = client
+        .submit(&[TransferRequest::read(
+            d.id,
+            0,
+            peer.info.id,
+            range_id,
+            0,
+            64 * MIB,
+        )])
+        .unwrap();
+    let o = client.wait(ids[0], BOUND).unwrap();
+    assert_eq!(o.status, Status::TimedOut, "{o:?}");
+    assert_eq!(o.completed_prefix, 16 * MIB, "{o:?}");
+    assert_eq!(o.completed_slices, 16, "{o:?}");
+    assert_eq!(o.uncertain.start, 16 * MIB, "{o:?}");
+    assert!(
+        dst.to_vec(0, (16 * MIB) as usize).unwrap()
+            == remote.to_vec(0, (16 * MIB) as usize).unwrap(),
+        "the completed prefix holds the remote bytes"
+    );
+    client
+        .wait_drain(ids[0], BOUND)
+        .expect("drained once the rails give up");
+    drop(relay);
 }

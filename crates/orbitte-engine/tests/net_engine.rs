@@ -195,25 +195,7 @@ fn transfer_engines_run_requests_over_tcp_and_local_with_the_engine_contract() {
         ConnectError, ConnectOptions, DrainStatus, RemoteEffect, TransferRequest,
     };
     net_support::logs();
-    let fabric = SimFabric::new(
-        SimDescription::new(vec![
-            SimDeviceDesc::roce("a0", [10, 1, 0, 1]),
-            SimDeviceDesc::roce("b0", [10, 2, 0, 1]),
-        ])
-        .with_delivery(Delivery::Background),
-        3,
-    );
-    let target = EngineBuilder::new("net-target")
-        .provider(fabric.provider_for(&["a0"]))
-        .host_memory_without_rdma()
-        .listen("127.0.0.1:0".parse().unwrap())
-        .build()
-        .unwrap();
-    let client = EngineBuilder::new("net-client")
-        .provider(fabric.provider_for(&["b0"]))
-        .host_memory_without_rdma()
-        .build()
-        .unwrap();
+    let (target, client) = net_support::engines_without_rdma("net-target", "net-client", |b| b);
     let remote = HostMemory::alloc(4 << 20).unwrap();
     pattern(&remote, 6);
     let range = target.register(&remote, Access::RemoteReadWrite).unwrap();

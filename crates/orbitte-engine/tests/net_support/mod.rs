@@ -408,6 +408,43 @@ pub fn legitimate_read(t: &Target, source: &str, rails: usize, range: u64, mem: 
     );
 }
 
+/// Two engines on a simulated fabric that keep host memory off rdma (so
+/// they talk tcp or local): `target` listening on loopback, and `client`
+/// as `tune` sets it up.
+pub fn engines_without_rdma(
+    target: &str,
+    client: &str,
+    tune: impl FnOnce(orbitte_engine::EngineBuilder) -> orbitte_engine::EngineBuilder,
+) -> (
+    orbitte_engine::TransferEngine,
+    orbitte_engine::TransferEngine,
+) {
+    use orbitte_engine::EngineBuilder;
+    use orbitte_verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric};
+    let fabric = SimFabric::new(
+        SimDescription::new(vec![
+            SimDeviceDesc::roce("a0", [10, 1, 0, 1]),
+            SimDeviceDesc::roce("b0", [10, 2, 0, 1]),
+        ])
+        .with_delivery(Delivery::Background),
+        3,
+    );
+    let target = EngineBuilder::new(target)
+        .provider(fabric.provider_for(&["a0"]))
+        .host_memory_without_rdma()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .build()
+        .unwrap();
+    let client = tune(
+        EngineBuilder::new(client)
+            .provider(fabric.provider_for(&["b0"]))
+            .host_memory_without_rdma(),
+    )
+    .build()
+    .unwrap();
+    (target, client)
+}
+
 /// Asserts that `mem` still holds exactly [`pattern`]`(seed)`: the target
 /// memory a refused request must not have touched.
 pub fn untouched(mem: &HostMemory, seed: u8) {
