@@ -114,8 +114,10 @@ unsafe impl Send for HostMemory {}
 // copies, which are sound under concurrent DMA by design (module docs).
 unsafe impl Sync for HostMemory {}
 
-// SAFETY: the mapping lives as long as the value (type invariant) and no
-// Rust references into it are handed out.
+// SAFETY: the mapping lives as long as the value (type invariant; for
+// caller-owned memory, from_raw_parts' contract makes the caller keep it
+// mapped while an agent uses this pointer) and no Rust references into it
+// are handed out.
 unsafe impl DmaBuffer for HostMemory {
     fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()

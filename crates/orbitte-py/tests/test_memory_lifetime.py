@@ -18,12 +18,12 @@ import orbitte
 HERE = Path(__file__).parent
 
 
-def probe(path: str, op: str, how: str) -> dict:
+def probe(path: str, op: str, how: str, side: str = "initiator") -> dict:
     """Runs unmapped_probe.py; a signal (SIGSEGV) fails the test with it."""
-    r = subprocess.run([sys.executable, str(HERE / "unmapped_probe.py"), path, op, how],
+    r = subprocess.run([sys.executable, str(HERE / "unmapped_probe.py"), path, op, how, side],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, (
-        f"probe {path} {op} {how} exited with {r.returncode}"
+        f"probe {path} {op} {how} {side} exited with {r.returncode}"
         f"{' (killed by signal %d)' % -r.returncode if r.returncode < 0 else ''}\n"
         f"stdout: {r.stdout}\nstderr: {r.stderr[-4000:]}"
     )
@@ -48,6 +48,15 @@ def test_a_read_into_memory_made_read_only_fails_and_changes_nothing(path):
     assert res["path"] == path
     assert not res["ok"] and "no longer mapped read-write" in res["failure"], res
     assert res["kept"], res
+    assert res["after_ok"], res
+
+
+@pytest.mark.parametrize("op,how", [("read", "unmap"), ("write", "unmap"), ("write", "protect")])
+def test_a_target_whose_published_memory_is_gone_fails_the_request_and_serves_on(op, how):
+    res = probe("tcp", op, how, side="target")
+    assert res["path"] == "tcp"
+    assert not res["ok"] and res["status"] == "failed", res
+    assert res["hole"] and res["kept"], res
     assert res["after_ok"], res
 
 

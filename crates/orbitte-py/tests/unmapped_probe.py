@@ -2,10 +2,12 @@
 and runs one transfer from or into it; run in its own process, so that a
 SIGSEGV shows as the exit status instead of ending pytest.
 
-    python unmapped_probe.py PATH OP HOW
+    python unmapped_probe.py PATH OP HOW [SIDE]
 
 PATH is "tcp" or "local", OP "read" or "write", HOW "unmap" or "protect"
-(mprotect PROT_READ). Prints one JSON line: the peer's path, the outcome
+(mprotect PROT_READ), SIDE "initiator" (the default: the range is the
+request's local memory) or "target" (the range is the target's published
+memory, over tcp). Prints one JSON line: the peer's path, the outcome
 (ok, status, failure, drain), whether memory made read-only kept its bytes
 and unmapped memory stayed unmapped, and whether a transfer from a fresh
 registration completes afterwards.
@@ -41,25 +43,38 @@ def mappings() -> list[tuple[int, int]]:
     return out
 
 
+def remote(peer: orbitte.Peer, address: int) -> orbitte.RemoteRange:
+    """The peer's range that starts at `address`."""
+    return next(r for r in peer.ranges if r.address == address)
+
+
 def main() -> None:
     path, op, how = sys.argv[1:4]
+    side = sys.argv[4] if len(sys.argv) > 4 else "initiator"
     c = libc()
-    target = orbitte.Engine(listen="127.0.0.1:0", path=path)
-    dst = target.alloc(N)
-    dst.view[:] = b"\x11" * N
-    target.register(dst)
-    initiator = orbitte.Engine(path=path)
     addr = c.mmap(None, N, mmap.PROT_READ | mmap.PROT_WRITE,
                   mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
     if addr in (None, ctypes.c_void_p(-1).value):
         raise OSError(ctypes.get_errno(), "mmap failed")
-    reg = initiator.register((addr, N), remote=False)
+    target = orbitte.Engine(listen="127.0.0.1:0", path=path)
+    initiator = orbitte.Engine(path=path)
+    spare = target.alloc(4096)
+    target.register(spare)
+    if side == "initiator":
+        dst = target.alloc(N)
+        target.register(dst)
+        remote_at = dst.address
+        reg = initiator.register((addr, N), remote=False)
+    else:
+        target.register((addr, N))
+        remote_at = addr
+        reg = initiator.register(initiator.alloc(N), remote=False)
     peer = initiator.connect(target.address)
     rc = c.munmap(addr, N) if how == "unmap" else c.mprotect(addr, N, mmap.PROT_READ)
     if rc != 0:
         raise OSError(ctypes.get_errno(), how)
     req = orbitte.read if op == "read" else orbitte.write
-    (handle,) = initiator.submit(peer, [req(reg, peer.range(0))])
+    (handle,) = initiator.submit(peer, [req(reg, remote(peer, remote_at))])
     o = handle.wait(30)
     handle.wait_drain(30)
     # Memory made read-only kept its bytes; unmapped memory stayed a hole
@@ -67,10 +82,11 @@ def main() -> None:
     # it: no kernel check can tell).
     kept = how == "unmap" or ctypes.string_at(addr, 64) == bytes(64)
     hole = how != "unmap" or not any(lo < addr + N and addr < hi for lo, hi in mappings())
-    # The engine goes on: a transfer between live buffers completes.
+    # Both engines go on: a transfer between live buffers completes.
     good = initiator.register(bytearray(b"\x22" * 4096), remote=False)
     fresh = initiator.connect(target.address)
-    (later,) = initiator.submit(fresh, [orbitte.write(good, fresh.range(0))]).wait(30, check=False)
+    (later,) = initiator.submit(fresh, [orbitte.write(good, remote(fresh, spare.address))]).wait(
+        30, check=False)
     print(json.dumps({
         "path": peer.path,
         "ok": o.ok,
@@ -79,7 +95,7 @@ def main() -> None:
         "drain": "drained" if handle.drained else "pending",
         "kept": kept,
         "hole": hole,
-        "after_ok": later.ok,
+        "after_ok": later.ok and bytes(spare.view[:4]) == b"\x22" * 4,
     }), flush=True)
     initiator.close()
     target.close()
