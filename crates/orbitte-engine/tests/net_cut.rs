@@ -26,6 +26,13 @@ use orbitte_memory::HostMemory;
 use orbitte_wire::{HEADER_LEN, READ_RESPONSE_FIXED_LEN, WRITE_REQUEST_FIXED_LEN};
 
 const BOUND: Duration = Duration::from_secs(60);
+/// Request timeout of the tests that the request timeout ends: the bytes
+/// before the cut move well within it, even on a loaded machine.
+const TIMEOUT: Duration = Duration::from_secs(3);
+/// The rails' `io_timeout` in those tests: longer, so the request timeout
+/// comes first (as with the defaults, 10 s each, where the request's
+/// clock starts earlier).
+const IO_TIMEOUT: Duration = Duration::from_secs(8);
 const MIB: u64 = 1 << 20;
 /// A READ answer of one 1 MiB slice on the wire.
 const READ_ANSWER: u64 = (HEADER_LEN + READ_RESPONSE_FIXED_LEN) as u64 + MIB;
@@ -264,7 +271,7 @@ fn read_cut(request_timeout: Duration, io_timeout: Duration) -> Outcome {
 
 #[test]
 fn a_read_cut_mid_way_that_times_out_counts_every_answer_that_arrived() {
-    let o = read_cut(Duration::from_secs(2), Duration::from_secs(6));
+    let o = read_cut(TIMEOUT, IO_TIMEOUT);
     assert_eq!(o.status, Status::TimedOut, "{o:?}");
 }
 
@@ -289,7 +296,7 @@ fn a_write_batch_cut_mid_way_reports_each_requests_acknowledged_prefix() {
     let remote = HostMemory::alloc((64 * MIB) as usize).unwrap();
     let range = t.ranges.publish(remote.clone(), RW).unwrap();
     let relay = Relay::start(t.addr());
-    let i = initiator(Duration::from_secs(2), Duration::from_secs(6));
+    let i = initiator(TIMEOUT, IO_TIMEOUT);
     let src = HostMemory::alloc((64 * MIB) as usize).unwrap();
     pattern(&src, 4);
     let reg = i.driver.register(src.clone());
@@ -384,8 +391,8 @@ fn a_transfer_engine_read_cut_mid_way_counts_every_answer_that_arrived() {
     use orbitte_engine::{Access, ConnectOptions, TransferRequest};
     net_support::logs();
     let (target, client) = net_support::engines_without_rdma("cut-target", "cut-client", |b| {
-        b.request_timeout(Duration::from_secs(2))
-            .session_settings(|c| c.io_timeout = Duration::from_secs(6))
+        b.request_timeout(TIMEOUT)
+            .session_settings(|c| c.io_timeout = IO_TIMEOUT)
     });
     let remote = HostMemory::alloc((64 * MIB) as usize).unwrap();
     pattern(&remote, 8);
