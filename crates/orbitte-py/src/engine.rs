@@ -221,6 +221,30 @@ impl NativeEngine {
         })
     }
 
+    /// Copies `data` into registered local memory at `address`. The range
+    /// must lie inside one registration; memory unmapped since it was
+    /// registered raises an `Error` that names it (no crash).
+    fn write_local(&self, py: Python<'_>, address: u64, data: Vec<u8>) -> PyResult<()> {
+        let (memory, offset) = local_memory(&self.node, address, data.len() as u64)?;
+        py.detach(|| memory.write_at(offset, &data))
+            .map_err(|e| coded(errors::Error::new_err(e.to_string()), ERR_INVALID_ARGUMENT))
+    }
+
+    /// Copies `length` bytes of registered local memory at `address` out
+    /// (errors as for `write_local`).
+    fn read_local<'py>(
+        &self,
+        py: Python<'py>,
+        address: u64,
+        length: usize,
+    ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let (memory, offset) = local_memory(&self.node, address, length as u64)?;
+        let bytes = py
+            .detach(|| memory.to_vec(offset, length))
+            .map_err(|e| coded(errors::Error::new_err(e.to_string()), ERR_INVALID_ARGUMENT))?;
+        Ok(pyo3::types::PyBytes::new(py, &bytes))
+    }
+
     /// Every local registration: (address, length).
     fn registrations(&self, py: Python<'_>) -> Vec<(u64, u64)> {
         py.detach(|| {
@@ -459,6 +483,25 @@ fn u64s(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
             .collect());
     }
     obj.extract()
+}
+
+/// The registered memory holding `address..address+len`, and the offset
+/// of `address` in it (a miss is `Error` with Mooncake's -3).
+fn local_memory(
+    node: &Node,
+    address: u64,
+    len: u64,
+) -> PyResult<(Arc<orbitte::HostMemory>, usize)> {
+    let locals = node.locals.read().unwrap_or_else(PoisonError::into_inner);
+    let miss = |m: crate::memory::LocalMiss| {
+        coded(
+            errors::Error::new_err(m.to_string()),
+            ERR_ADDRESS_NOT_REGISTERED,
+        )
+    };
+    let (range, offset) = locals.resolve(address, len).map_err(miss)?;
+    // Lossless: the offset is below the registration's length, a usize.
+    Ok((range.memory.clone(), offset as usize))
 }
 
 fn peer_dict<'py>(py: Python<'py>, session: &str, p: &RemotePeer) -> PyResult<Bound<'py, PyDict>> {

@@ -86,8 +86,9 @@ pub(crate) struct LocalRange {
     pub(crate) id: RegistrationId,
     pub(crate) len: u64,
     /// Keeps the memory (and the Python object behind it) alive for as
-    /// long as the range is registered, whatever the engine holds.
-    pub(crate) _memory: Arc<HostMemory>,
+    /// long as the range is registered, whatever the engine holds; the
+    /// caller's copies (`read_local`, `write_local`) go through it.
+    pub(crate) memory: Arc<HostMemory>,
 }
 
 /// Why a local address does not resolve.

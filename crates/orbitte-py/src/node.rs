@@ -393,7 +393,7 @@ impl Node {
             LocalRange {
                 id: reg.id,
                 len,
-                _memory: memory,
+                memory,
             },
         );
         drop(locals);

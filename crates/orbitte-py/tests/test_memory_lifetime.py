@@ -18,12 +18,12 @@ import orbitte
 HERE = Path(__file__).parent
 
 
-def probe(path: str, op: str, how: str, side: str = "initiator") -> dict:
+def probe(*args: str) -> dict:
     """Runs unmapped_probe.py; a signal (SIGSEGV) fails the test with it."""
-    r = subprocess.run([sys.executable, str(HERE / "unmapped_probe.py"), path, op, how, side],
+    r = subprocess.run([sys.executable, str(HERE / "unmapped_probe.py"), *args],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, (
-        f"probe {path} {op} {how} {side} exited with {r.returncode}"
+        f"probe {' '.join(args)} exited with {r.returncode}"
         f"{' (killed by signal %d)' % -r.returncode if r.returncode < 0 else ''}\n"
         f"stdout: {r.stdout}\nstderr: {r.stderr[-4000:]}"
     )
@@ -53,11 +53,19 @@ def test_a_read_into_memory_made_read_only_fails_and_changes_nothing(path):
 
 @pytest.mark.parametrize("op,how", [("read", "unmap"), ("write", "unmap"), ("write", "protect")])
 def test_a_target_whose_published_memory_is_gone_fails_the_request_and_serves_on(op, how):
-    res = probe("tcp", op, how, side="target")
+    res = probe("tcp", op, how, "target")
     assert res["path"] == "tcp"
     assert not res["ok"] and res["status"] == "failed", res
     assert res["hole"] and res["kept"], res
     assert res["after_ok"], res
+
+
+def test_mooncake_buffer_copies_of_unmapped_memory_fail_with_the_range():
+    res = probe("buffer")
+    assert res["before"] == [0, b"live".hex()], res
+    assert res["write_rc"] == -1 and res["read"] == "", res
+    for err in (res["write_error"], res["read_error"]):
+        assert f"caller memory {res['addr']}+4 is no longer mapped" in err, res
 
 
 def test_read_only_buffers_are_refused():

@@ -3,11 +3,14 @@ and runs one transfer from or into it; run in its own process, so that a
 SIGSEGV shows as the exit status instead of ending pytest.
 
     python unmapped_probe.py PATH OP HOW [SIDE]
+    python unmapped_probe.py buffer
 
 PATH is "tcp" or "local", OP "read" or "write", HOW "unmap" or "protect"
 (mprotect PROT_READ), SIDE "initiator" (the default: the range is the
 request's local memory) or "target" (the range is the target's published
-memory, over tcp). Prints one JSON line: the peer's path, the outcome
+memory, over tcp). "buffer" instead unmaps a range registered with the
+Mooncake API and copies into and out of it with write_bytes_to_buffer and
+read_bytes_from_buffer. Prints one JSON line: the peer's path, the outcome
 (ok, status, failure, drain), whether memory made read-only kept its bytes
 and unmapped memory stayed unmapped, and whether a transfer from a fresh
 registration completes afterwards.
@@ -19,6 +22,7 @@ import mmap
 import sys
 
 import orbitte
+from orbitte.mooncake import TransferEngine
 
 N = 1 << 20
 
@@ -48,7 +52,34 @@ def remote(peer: orbitte.Peer, address: int) -> orbitte.RemoteRange:
     return next(r for r in peer.ranges if r.address == address)
 
 
+def buffer_copies() -> None:
+    """The Mooncake API's copies into and out of an unmapped registration."""
+    c = libc()
+    engine = TransferEngine()
+    assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    addr = c.mmap(None, N, mmap.PROT_READ | mmap.PROT_WRITE,
+                  mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert engine.register_memory(addr, N) == 0, engine.last_error()
+    before = engine.write_bytes_to_buffer(addr + 8, b"live", 4), engine.read_bytes_from_buffer(addr + 8, 4)
+    if c.munmap(addr, N) != 0:
+        raise OSError(ctypes.get_errno(), "munmap")
+    rc = engine.write_bytes_to_buffer(addr + 8, b"gone", 4)
+    write_error = str(engine.last_error())
+    got = engine.read_bytes_from_buffer(addr + 8, 4)
+    read_error = str(engine.last_error())
+    print(json.dumps({
+        "before": [before[0], before[1].hex()],
+        "write_rc": rc,
+        "write_error": write_error,
+        "read": got.hex(),
+        "read_error": read_error,
+        "addr": f"{addr + 8:#x}",
+    }), flush=True)
+
+
 def main() -> None:
+    if sys.argv[1] == "buffer":
+        return buffer_copies()
     path, op, how = sys.argv[1:4]
     side = sys.argv[4] if len(sys.argv) > 4 else "initiator"
     c = libc()

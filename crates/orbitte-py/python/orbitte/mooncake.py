@@ -290,22 +290,14 @@ class TransferEngine:
                 self._managed.pop(buf.address, None)
         return rc
 
-    def _local_range(self, address: int, length: int) -> None:
-        for start, n in self._engine().registrations():
-            if start <= address and address + length <= start + n:
-                return
-        err = Error(f"{address:#x}+{length} is not inside memory registered with this engine")
-        err.code = ERR_ADDRESS_NOT_REGISTERED
-        raise err
-
     def write_bytes_to_buffer(self, dest_address: int, src_ptr: bytes, length: int) -> int:
-        """Copies ``length`` bytes of ``src_ptr`` into registered memory."""
+        """Copies ``length`` bytes of ``src_ptr`` into registered memory
+        (memory unmapped since it was registered is an error, not a crash)."""
         try:
             data = bytes(src_ptr)
             if length < 0 or length > len(data):
                 raise ValueError(f"length {length} is outside the {len(data)} bytes given")
-            self._local_range(int(dest_address), int(length))
-            ctypes.memmove(int(dest_address), data, int(length))
+            self._engine().write_local(int(dest_address), data[:length])
             return 0
         except (Error, TypeError, ValueError, OverflowError) as e:
             return self._fail("write_bytes_to_buffer", e)
@@ -313,8 +305,7 @@ class TransferEngine:
     def read_bytes_from_buffer(self, source_address: int, length: int) -> bytes:
         """Copies ``length`` bytes of registered memory out (b"" on error)."""
         try:
-            self._local_range(int(source_address), int(length))
-            return ctypes.string_at(int(source_address), int(length))
+            return self._engine().read_local(int(source_address), int(length))
         except (Error, TypeError, ValueError, OverflowError) as e:
             self._fail("read_bytes_from_buffer", e)
             return b""
