@@ -96,7 +96,7 @@ enum Backing {
 /// A range of host memory that NICs may register and peers may access.
 ///
 /// Invariant: `len > 0`; `ptr..ptr+len` is mapped and valid for the life of
-/// the value, except with [`Backing::Caller`], whose range is only promised
+/// the value, except for caller-owned memory, whose range is only promised
 /// to stay mapped while a memory region uses the pointer (see
 /// [`HostMemory::from_raw_parts`]): this type's own copies of it never
 /// assume it is mapped.
