@@ -6,11 +6,20 @@
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use orbitte_memory::{HostMemory, MemoryError};
 
 const PAGE: usize = 4096;
+
+/// Held by every test while it maps and unmaps: a hole one test leaves must
+/// not be filled by another test's mapping (the kernel would then copy into
+/// that one, and the test would prove nothing).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// An anonymous read-write mapping of `pages` pages that the test unmaps or
 /// protects by hand (the wrapped memory does not own it).
@@ -97,6 +106,7 @@ fn assert_unmapped(r: Result<(), MemoryError>, addr: usize, len: usize) {
 
 #[test]
 fn copies_of_mapped_caller_memory_work() {
+    let _serial = serial();
     let map = Mapping::new(3);
     let m = map.wrap();
     m.fill(0, 3 * PAGE, 0x5a).unwrap();
@@ -112,6 +122,7 @@ fn copies_of_mapped_caller_memory_work() {
 
 #[test]
 fn every_copy_of_an_unmapped_range_fails_with_its_address() {
+    let _serial = serial();
     let map = Mapping::new(4);
     let m = map.wrap();
     let peer = HostMemory::alloc(4 * PAGE).unwrap();
@@ -133,6 +144,7 @@ fn every_copy_of_an_unmapped_range_fails_with_its_address() {
 
 #[test]
 fn a_copy_stops_at_the_first_missing_page() {
+    let _serial = serial();
     let map = Mapping::new(3);
     let m = map.wrap();
     map.unmap(1, 1);
@@ -147,6 +159,7 @@ fn a_copy_stops_at_the_first_missing_page() {
 
 #[test]
 fn write_protected_caller_memory_refuses_writes_and_allows_reads() {
+    let _serial = serial();
     let map = Mapping::new(2);
     let m = map.wrap();
     m.write_at(0, b"kept").unwrap();
@@ -162,6 +175,7 @@ fn write_protected_caller_memory_refuses_writes_and_allows_reads() {
 
 #[test]
 fn fills_larger_than_one_kernel_call_reach_every_byte() {
+    let _serial = serial();
     let pages = (3 << 20) / PAGE + 1;
     let map = Mapping::new(pages);
     let m = map.wrap();
@@ -174,6 +188,7 @@ fn fills_larger_than_one_kernel_call_reach_every_byte() {
 
 #[test]
 fn overlapping_copies_within_caller_memory_move_like_memmove() {
+    let _serial = serial();
     let map = Mapping::new(4);
     let m = map.wrap();
     let pattern: Vec<u8> = (0..3 * PAGE).map(|i| (i % 251) as u8).collect();
@@ -194,6 +209,7 @@ fn overlapping_copies_within_caller_memory_move_like_memmove() {
 
 #[test]
 fn socket_copies_of_an_unmapped_range_fail_with_its_address() {
+    let _serial = serial();
     use std::io::Write;
     let map = Mapping::new(2);
     let m = map.wrap();
