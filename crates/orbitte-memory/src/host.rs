@@ -91,6 +91,12 @@ enum Backing {
     Caller {
         _keepalive: Box<dyn Any + Send + Sync>,
     },
+    /// Memory a caller named by address whose keepalive keeps it mapped
+    /// ([`HostMemory::from_kept_parts`]: a buffer export, which cannot be
+    /// freed or resized while held): copied with `memcpy`.
+    Kept {
+        _keepalive: Box<dyn Any + Send + Sync>,
+    },
 }
 
 /// A range of host memory that NICs may register and peers may access.
@@ -324,16 +330,49 @@ impl HostMemory {
         len: usize,
         keepalive: Box<dyn Any + Send + Sync>,
     ) -> Result<Arc<Self>, MemoryError> {
+        Self::caller(ptr, len, keepalive, false)
+    }
+
+    /// Wraps memory the caller owns and names by address, which `keepalive`
+    /// keeps mapped for as long as it is held (a Python buffer export: the
+    /// exporter cannot free, resize or unmap its buffer while an export is
+    /// held). Copies of it use `memcpy`, as for [`alloc`](Self::alloc)ated
+    /// memory; use [`from_raw_parts`](Self::from_raw_parts) when nothing
+    /// keeps the range mapped.
+    ///
+    /// # Safety
+    /// As [`from_raw_parts`](Self::from_raw_parts), and moreover
+    /// `ptr..ptr+len` stays mapped readable and writable for as long as
+    /// `keepalive` is alive (which this value holds until it is dropped).
+    pub unsafe fn from_kept_parts(
+        ptr: NonNull<u8>,
+        len: usize,
+        keepalive: Box<dyn Any + Send + Sync>,
+    ) -> Result<Arc<Self>, MemoryError> {
+        Self::caller(ptr, len, keepalive, true)
+    }
+
+    /// Caller memory `ptr..ptr+len`, kept mapped by `keepalive` when
+    /// `kept` (the constructors' contracts apply).
+    fn caller(
+        ptr: NonNull<u8>,
+        len: usize,
+        keepalive: Box<dyn Any + Send + Sync>,
+        kept: bool,
+    ) -> Result<Arc<Self>, MemoryError> {
         if len == 0 {
             return Err(MemoryError::ZeroLength);
         }
-        Ok(Arc::new(Self {
-            ptr,
-            len,
-            backing: Backing::Caller {
+        let backing = if kept {
+            Backing::Kept {
                 _keepalive: keepalive,
-            },
-        }))
+            }
+        } else {
+            Backing::Caller {
+                _keepalive: keepalive,
+            }
+        };
+        Ok(Arc::new(Self { ptr, len, backing }))
     }
 
     /// Length in bytes.
@@ -678,7 +717,7 @@ impl Drop for HostMemory {
     fn drop(&mut self) {
         let map_len = match &self.backing {
             Backing::Memfd { map_len, .. } | Backing::Mapped { map_len, .. } => *map_len,
-            Backing::Buffer { .. } | Backing::Caller { .. } => return,
+            Backing::Buffer { .. } | Backing::Caller { .. } | Backing::Kept { .. } => return,
         };
         // SAFETY: we created this mapping with this length and nothing
         // refers to it any more (we are being dropped, and every holder of
@@ -704,6 +743,7 @@ impl fmt::Debug for HostMemory {
             } => "peer-mapped-readonly",
             Backing::Buffer { .. } => "dma-buffer",
             Backing::Caller { .. } => "caller-owned",
+            Backing::Kept { .. } => "caller-kept",
         };
         f.debug_struct("HostMemory")
             .field("addr", &self.ptr)

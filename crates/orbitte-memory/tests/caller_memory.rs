@@ -234,3 +234,25 @@ fn socket_copies_of_an_unmapped_range_fail_with_its_address() {
     std::io::Read::read_exact(&mut &b, &mut got).unwrap();
     assert_eq!(&got, b"payload");
 }
+
+#[test]
+fn memory_its_keepalive_keeps_mapped_is_copied_like_allocated_memory() {
+    let _g = serial();
+    // The keepalive owns the bytes: they stay mapped while it is held.
+    let owner = vec![7u8; 3 * PAGE].into_boxed_slice();
+    let ptr = NonNull::new(owner.as_ptr().cast_mut()).unwrap();
+    // SAFETY: the boxed slice is moved into the keepalive, so its heap
+    // bytes stay put and mapped for as long as the HostMemory lives; no
+    // Rust reference into them is used afterwards.
+    let kept = unsafe { HostMemory::from_kept_parts(ptr, 3 * PAGE, Box::new(owner)) }.unwrap();
+    assert!(format!("{kept:?}").contains("caller-kept"), "{kept:?}");
+    kept.write_at(PAGE, &[1, 2, 3]).unwrap();
+    assert_eq!(kept.to_vec(PAGE - 1, 5).unwrap(), vec![7, 1, 2, 3, 7]);
+    let other = HostMemory::alloc(PAGE).unwrap();
+    other.copy_from(0, &kept, PAGE, 3).unwrap();
+    assert_eq!(other.to_vec(0, 3).unwrap(), vec![1, 2, 3]);
+    assert!(matches!(
+        kept.write_at(3 * PAGE - 1, &[0, 0]),
+        Err(MemoryError::OutOfBounds { .. })
+    ));
+}

@@ -157,10 +157,13 @@ impl NativeEngine {
     }
 
     /// Registers caller memory `address..address+length`; `keepalive` is
-    /// kept until the registration is removed and drained. Returns the
+    /// kept until the registration is removed and drained. `kept`: the
+    /// keepalive is a buffer export that keeps the range mapped (copied
+    /// with memcpy); otherwise copies go through the kernel, so a range the
+    /// caller unmaps fails its transfers instead of faulting. Returns the
     /// registration id and the path that serves it ("host_direct": rdma,
     /// tcp and local; "host_without_rdma": tcp and local).
-    #[pyo3(signature = (address, length, keepalive, remote=true))]
+    #[pyo3(signature = (address, length, keepalive, remote=true, kept=false))]
     fn register(
         &self,
         py: Python<'_>,
@@ -168,8 +171,9 @@ impl NativeEngine {
         length: u64,
         keepalive: Py<PyAny>,
         remote: bool,
+        kept: bool,
     ) -> PyResult<(u64, &'static str)> {
-        let memory = wrap_raw(address, length, keepalive).map_err(|e| {
+        let memory = wrap_raw(address, length, keepalive, kept).map_err(|e| {
             coded(
                 errors::RegisterError::new_err(e.to_string()),
                 ERR_INVALID_ARGUMENT,

@@ -184,11 +184,15 @@ pub(crate) enum RawMemoryError {
 
 /// Wraps caller memory after checking that every byte of it is mapped
 /// readable and writable here. `keepalive` (a Python reference to the
-/// owner) lives as long as the returned memory.
+/// owner) lives as long as the returned memory. `kept`: the keepalive is a
+/// buffer export (or a DLPack capsule) that keeps the range mapped, so it
+/// is copied with `memcpy`; otherwise (a plain address) every copy goes
+/// through the kernel, which turns an unmapped range into an error.
 pub(crate) fn wrap_raw(
     addr: u64,
     len: u64,
     keepalive: Py<PyAny>,
+    kept: bool,
 ) -> Result<Arc<HostMemory>, RawMemoryError> {
     if addr == 0 {
         return Err(RawMemoryError::Null);
@@ -216,7 +220,18 @@ pub(crate) fn wrap_raw(
     // NIC, which pins the pages of its memory regions) fail with
     // MemoryError::Unmapped instead of faulting. No Rust reference into the
     // range is made: HostMemory only does raw, bounds-checked copies.
-    let memory = unsafe { HostMemory::from_raw_parts(ptr, n, Box::new(keepalive)) };
+    // With `kept`, moreover, the keepalive is the buffer export (or the
+    // DLPack capsule, which owns the producer's reference to its storage)
+    // that Python's `register` made: while it is held the exporter can
+    // neither free nor resize nor close the buffer, so the range stays
+    // mapped as from_kept_parts requires.
+    let memory = unsafe {
+        if kept {
+            HostMemory::from_kept_parts(ptr, n, Box::new(keepalive))
+        } else {
+            HostMemory::from_raw_parts(ptr, n, Box::new(keepalive))
+        }
+    };
     memory.map_err(|e| RawMemoryError::NotMapped {
         addr,
         len,

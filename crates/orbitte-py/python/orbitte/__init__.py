@@ -85,6 +85,15 @@ def doctor() -> list[dict]:
     return list(_capabilities())
 
 
+class _Kept(tuple):
+    """A keepalive that keeps the memory mapped while held: a buffer export
+    (the exporter cannot free, resize or close the buffer while it is
+    exported) or a DLPack capsule (it owns a reference to the storage). Such
+    memory is copied with memcpy; a plain address, whose mapping nothing
+    holds, is copied through the kernel so that unmapping it fails the
+    transfer instead of the process."""
+
+
 def buffer_address(obj: Any, length: Optional[int] = None) -> tuple[int, int, Any]:
     """``(address, length, keepalive)`` of memory handed in by a caller.
 
@@ -130,7 +139,7 @@ def buffer_address(obj: Any, length: Optional[int] = None) -> tuple[int, int, An
     if n == 0:
         raise RegisterError("the buffer is empty: register at least one byte")
     pin = (ctypes.c_char * n).from_buffer(view)
-    return ctypes.addressof(pin), n if length is None else int(length), (obj, view, pin)
+    return ctypes.addressof(pin), n if length is None else int(length), _Kept((obj, view, pin))
 
 
 class _DLDevice(ctypes.Structure):
@@ -197,7 +206,7 @@ def _dlpack_address(obj: Any, length: Optional[int]) -> tuple[int, int, Any]:
         n *= d
     if n == 0:
         raise RegisterError("the DLPack tensor is empty: register at least one byte")
-    return (t.data or 0) + t.byte_offset, n if length is None else int(length), (obj, capsule)
+    return (t.data or 0) + t.byte_offset, n if length is None else int(length), _Kept((obj, capsule))
 
 
 class Buffer:
@@ -496,7 +505,8 @@ class Engine:
             reg = Registration(self, memory.address, memory.length, rid, path, memory)
         else:
             address, n, keep = buffer_address(memory, length)
-            rid, path = self._native.register(address, n, keep, remote=remote)
+            rid, path = self._native.register(address, n, keep, remote=remote,
+                                              kept=isinstance(keep, _Kept))
             reg = Registration(self, address, n, rid, path, keep)
         with self._lock:
             self._regs[reg.address] = reg
