@@ -247,9 +247,8 @@ impl Listener {
         addr: SocketAddr,
         control: Option<Arc<dyn ControlAcceptor>>,
     ) -> Result<Self, SessionError> {
-        let listener = TcpListener::bind(addr)?;
+        let listener = bind_backlogged(addr)?;
         let addr = listener.local_addr()?;
-        listener.set_nonblocking(true)?;
         let lines_per_second = cfg.refusal_logs_per_second;
         let shared = Arc::new(Shared {
             cfg,
@@ -359,6 +358,36 @@ impl Drop for Listener {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Connections the kernel queues for the accept thread (capped by
+/// `net.core.somaxconn`). A connection that finds the queue full loses its
+/// SYN and waits a second for the kernel to send it again, so the queue
+/// holds a burst of unauthenticated connections while the accept thread
+/// takes them.
+const ACCEPT_BACKLOG: i32 = 1024;
+
+/// A non-blocking listening socket on `addr` with [`ACCEPT_BACKLOG`]
+/// (`TcpListener::bind` queues 128).
+fn bind_backlogged(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    let family = if addr.is_ipv4() {
+        AddressFamily::INET
+    } else {
+        AddressFamily::INET6
+    };
+    let fd = rustix::net::socket_with(
+        family,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?;
+    // As `TcpListener::bind` does: a restarted target binds its port again
+    // while connections of the old one linger in TIME_WAIT.
+    rustix::net::sockopt::set_socket_reuseaddr(&fd, true)?;
+    rustix::net::bind(&fd, &addr)?;
+    rustix::net::listen(&fd, ACCEPT_BACKLOG)?;
+    Ok(TcpListener::from(fd))
 }
 
 /// Parks until a connection waits (or the listener stops), then takes
@@ -726,6 +755,39 @@ mod tests {
             "{calls} accept calls for {CONNECTIONS} connections"
         );
         assert_eq!(l.stats().accepted, CONNECTIONS);
+    }
+
+    /// A burst of connections far above `TcpListener::bind`'s queue of 128
+    /// is queued by the kernel while nobody accepts: each connect
+    /// completes at once (a full queue drops the SYN, and the connect
+    /// would wait for its resend a second later, past the 2 s bound).
+    #[test]
+    fn the_kernel_queues_a_burst_of_connections_above_128() {
+        const BURST: usize = 300;
+        let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        if somaxconn < BURST {
+            let why =
+                format!("net.core.somaxconn is {somaxconn}, below the {BURST} this test queues");
+            assert!(std::env::var_os("CI").is_none(), "{why}");
+            println!("skipped: {why}");
+            return;
+        }
+        let l = bind_backlogged("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut held = Vec::with_capacity(BURST);
+        for i in 0..BURST {
+            use rustix::net::{AddressFamily, SocketType, sockopt};
+            let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+            sockopt::set_socket_timeout(&fd, sockopt::Timeout::Send, Some(Duration::from_secs(2)))
+                .unwrap();
+            if let Err(e) = rustix::net::connect(&fd, &addr) {
+                panic!("connection {i} of {BURST} not queued: {e}");
+            }
+            held.push(fd);
+        }
     }
 
     /// Stopping wakes the parked accept thread: `shutdown` returns

@@ -14,6 +14,11 @@
 //! (`segment-publication`: the p2p metadata), then serves tcp data requests
 //! ([`crate::transport::tcp`]) until either side leaves.
 //!
+//! The listener's accept thread parks in `poll(2)` and takes each
+//! connection as it arrives; the kernel queues up to 1024 of them meanwhile
+//! (capped by `net.core.somaxconn`), so a burst of unauthenticated
+//! connections does not drop a legitimate peer's SYN.
+//!
 //! Bounds (each is a [`SessionConfig`] field): a peer that connects and
 //! does not authenticate is closed after `preauth_timeout` (or
 //! `handshake_timeout`, if shorter), and such peers hold at most
