@@ -9,7 +9,10 @@
 //! of refused connections, peers that never read a 16 MiB READ answer, a
 //! flood of new source ids, 50,000 notifications to a queue nobody reads
 //! (the log must stay within its budget and under 1/50 of the bytes sent),
-//! and random mutations of valid frames aimed at
+//! a churn of connections that never authenticate while a legitimate peer
+//! measures its handshakes (p50, p99 and max; the p99 must stay under
+//! 500 ms), every session slot held by idle sessions while a legitimate
+//! peer needs one, and random mutations of valid frames aimed at
 //! the scratch range (for `--seconds`, default 20). Attackers connect from
 //! other loopback addresses (127.0.0.2 and up) than the legitimate bench.
 //! After each attack it checks that the server still runs, that its
@@ -21,10 +24,13 @@
 //! measurement. The server's log is kept (and its path printed) on failure
 //! or with `--keep`.
 
+use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use orbitte_wire::{
@@ -85,7 +91,7 @@ fn attacks(server: &mut Server, seconds: u64) -> Result<(), String> {
         base.fds
     );
     type Attack = fn(&Server, &Measure) -> Result<(), String>;
-    let list: [(&str, Attack); 8] = [
+    let list: [(&str, Attack); 10] = [
         ("silent connections", silent_connections),
         ("announced hello", announced_hello),
         ("announced publication", announced_publication),
@@ -94,6 +100,8 @@ fn attacks(server: &mut Server, seconds: u64) -> Result<(), String> {
         ("slow readers", slow_readers),
         ("source id flood", source_id_flood),
         ("notification flood", notification_flood),
+        ("pre-auth churn", preauth_churn),
+        ("idle sessions", idle_sessions),
     ];
     for (name, attack) in list {
         let started = Instant::now();
@@ -317,6 +325,13 @@ fn connect_from(from: u8, addr: SocketAddr) -> Result<TcpStream, String> {
     use rustix::net::{AddressFamily, SocketType};
     let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None)
         .map_err(|e| format!("no socket: {e}"))?;
+    // A blocking connect waits at most the send timeout.
+    rustix::net::sockopt::set_socket_timeout(
+        &fd,
+        rustix::net::sockopt::Timeout::Send,
+        Some(Duration::from_secs(5)),
+    )
+    .map_err(|e| format!("cannot set a connect timeout: {e}"))?;
     rustix::net::bind(&fd, &SocketAddr::from(([127, 0, 0, from], 0)))
         .map_err(|e| format!("cannot bind 127.0.0.{from}: {e}"))?;
     rustix::net::connect(&fd, &addr).map_err(|e| format!("cannot connect: {e}"))?;
@@ -612,6 +627,168 @@ fn notification_flood(server: &Server, _: &Measure) -> Result<(), String> {
     Ok(())
 }
 
+/// Legitimate handshakes [`preauth_churn`] measures.
+const CHURN_HANDSHAKES: usize = 200;
+/// The pause between two of them, so that the churn lasts seconds.
+const CHURN_PACE: Duration = Duration::from_millis(10);
+/// Threads that churn unauthenticated connections meanwhile.
+const CHURN_ATTACKERS: u8 = 2;
+/// Each starts this many connections at once, then pauses for
+/// [`CHURN_TICK`]: bursts far larger than a listener's default queue of
+/// 128, at an average rate the server takes in.
+const CHURN_BURST: usize = 256;
+/// The pause between two bursts.
+const CHURN_TICK: Duration = Duration::from_millis(100);
+/// Connections each attacker keeps open (silent) across bursts.
+const CHURN_HELD: usize = 64;
+/// The p99 of the legitimate handshakes under the churn must stay under
+/// this. A correctness bound, not a speed claim: a listener that lets its
+/// backlog fill drops the legitimate peer's SYN, which the kernel sends
+/// again only after a second.
+const CHURN_P99_BOUND: Duration = Duration::from_millis(500);
+
+/// A connection from `127.0.0.<from>` started without waiting for it to
+/// be established (a SYN sent; the kernel finishes the handshake).
+fn start_connect(from: u8, addr: SocketAddr) -> Option<rustix::fd::OwnedFd> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    let fd = rustix::net::socket_with(
+        AddressFamily::INET,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )
+    .ok()?;
+    rustix::net::bind(&fd, &SocketAddr::from(([127, 0, 0, from], 0))).ok()?;
+    match rustix::net::connect(&fd, &addr) {
+        Ok(()) | Err(rustix::io::Errno::INPROGRESS) => Some(fd),
+        Err(_) => None,
+    }
+}
+
+/// Attackers start connections that never authenticate in bursts of
+/// [`CHURN_BURST`], without waiting for any (each keeps its last
+/// [`CHURN_HELD`] open, silent, and drops the older), while a legitimate peer does
+/// [`CHURN_HANDSHAKES`] handshakes one after the other, each timed from
+/// connect to the server's first publication.
+fn preauth_churn(server: &Server, _: &Measure) -> Result<(), String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let opened = Arc::new(AtomicU64::new(0));
+    let attackers: Vec<_> = (0..CHURN_ATTACKERS)
+        .map(|t| {
+            let (stop, opened, addr) = (stop.clone(), opened.clone(), server.addr);
+            std::thread::spawn(move || {
+                let mut held = VecDeque::with_capacity(CHURN_HELD);
+                let mut n = 0u8;
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..CHURN_BURST {
+                        n = n.wrapping_add(1);
+                        let Some(s) = start_connect(2 + t * 20 + n % 20, addr) else {
+                            continue;
+                        };
+                        opened.fetch_add(1, Ordering::Relaxed);
+                        if held.len() == CHURN_HELD {
+                            held.pop_front();
+                        }
+                        held.push_back(s);
+                    }
+                    std::thread::sleep(CHURN_TICK);
+                }
+            })
+        })
+        .collect();
+    // The churn runs before the first measurement.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut took = Vec::with_capacity(CHURN_HANDSHAKES);
+    let mut failed = None;
+    for i in 0..CHURN_HANDSHAKES {
+        let started = Instant::now();
+        match handshake(server.addr, &format!("churn-legit-{i}")) {
+            Ok(_) => took.push(started.elapsed()),
+            Err(e) => {
+                failed = Some(format!(
+                    "legitimate handshake {i} under the churn failed: {e}"
+                ));
+                break;
+            }
+        }
+        std::thread::sleep(CHURN_PACE);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for a in attackers {
+        let _ = a.join();
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let q = quantiles(&mut took);
+    println!(
+        "xtask attack:   {} legitimate handshakes among {} unauthenticated connections: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        took.len(),
+        opened.load(Ordering::Relaxed),
+        ms(q.p50),
+        ms(q.p99),
+        ms(q.max)
+    );
+    if q.p99 > CHURN_P99_BOUND {
+        return Err(format!(
+            "the p99 of legitimate handshakes was {:.1} ms (max {:.1} ms), over the {} ms bound: the churn starved the listener's backlog",
+            ms(q.p99),
+            ms(q.max),
+            CHURN_P99_BOUND.as_millis()
+        ));
+    }
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+struct Quantiles {
+    p50: Duration,
+    p99: Duration,
+    max: Duration,
+}
+
+/// The median, 99th percentile (nearest rank) and maximum of a nonempty
+/// sample.
+fn quantiles(sample: &mut [Duration]) -> Quantiles {
+    sample.sort_unstable();
+    let rank = |q: f64| {
+        let r = (sample.len() as f64 * q).ceil() as usize;
+        sample[r.clamp(1, sample.len()) - 1]
+    };
+    Quantiles {
+        p50: rank(0.5),
+        p99: rank(0.99),
+        max: sample.last().copied().unwrap_or_default(),
+    }
+}
+
+/// Sessions the server serves at once by default (`max_sessions`).
+const SERVER_MAX_SESSIONS: usize = 256;
+/// How long a session must be idle before a newcomer may take its slot
+/// (`evict_idle_after`), with a margin.
+const IDLE_ENOUGH: Duration = Duration::from_millis(1500);
+
+/// Idle authenticated sessions, each from its own source, take every one
+/// of the server's session slots; once they are idle long enough, a
+/// legitimate `orbitte bench --check` is still served.
+fn idle_sessions(server: &Server, _: &Measure) -> Result<(), String> {
+    let mut held = Vec::with_capacity(SERVER_MAX_SESSIONS);
+    for i in 0..SERVER_MAX_SESSIONS {
+        let (s, _) = handshake(server.addr, &format!("idler-{i}"))
+            .map_err(|e| format!("idle session {i}: {e}"))?;
+        held.push(s);
+    }
+    std::thread::sleep(IDLE_ENOUGH);
+    let served = server.bench(&format!(
+        "while {SERVER_MAX_SESSIONS} idle sessions held every slot"
+    ));
+    drop(held);
+    served
+}
+
 /// A small xorshift generator: the mutations need variety, not quality.
 struct Rng(u64);
 
@@ -752,4 +929,27 @@ fn mutation(server: &mut Server, bound: Duration) -> Result<u64, String> {
         }
     }
     Ok(sent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_are_nearest_rank() {
+        let mut sample: Vec<Duration> = (1..=100).rev().map(Duration::from_millis).collect();
+        let q = quantiles(&mut sample);
+        assert_eq!(q.p50, Duration::from_millis(50));
+        assert_eq!(q.p99, Duration::from_millis(99));
+        assert_eq!(q.max, Duration::from_millis(100));
+        let q = quantiles(&mut [Duration::from_millis(7)]);
+        assert_eq!(
+            (q.p50, q.p99, q.max),
+            (
+                Duration::from_millis(7),
+                Duration::from_millis(7),
+                Duration::from_millis(7)
+            )
+        );
+    }
 }
