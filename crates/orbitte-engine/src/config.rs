@@ -227,8 +227,10 @@ impl EngineBuilder {
     }
 
     /// Closes a session that authenticated but sends no request for this
-    /// long (`None`, the default: never), so idle peers cannot hold every
-    /// one of the listener's `max_sessions` slots. The same as
+    /// long (`None`, the default: never; the initiator's tcp rails to it go
+    /// down and are not opened again on their own). Without it, a full
+    /// listener still frees the slot of the session idle the longest for
+    /// a newcomer ([`SessionConfig::evict_idle_after`]). The same as
     /// [`session_settings`](Self::session_settings) setting
     /// [`SessionConfig::idle_timeout`].
     pub fn idle_timeout(self, d: Option<Duration>) -> Self {
