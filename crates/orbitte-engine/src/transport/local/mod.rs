@@ -4,12 +4,14 @@
 //! The target's local server listens on an abstract unix socket named
 //! after its source id and epoch ([`socket_name`]). A same-host initiator
 //! connects, runs the normal session handshake over it (epochs and the
-//! cluster secret apply exactly as on tcp), and receives one
-//! `segment-publication` frame per mappable range with the range's memfd
-//! attached (`SCM_RIGHTS`). Ranges published without remote write are
-//! handed out through a read-only reopen of the memfd (`/proc/self/fd/N`,
-//! `O_RDONLY`), so the peer can map them only read-only and cannot grow or
-//! shrink the file. Ranges without remote read are never handed out (a
+//! cluster secret apply exactly as on tcp; without a secret only a process
+//! of the target's uid may map), and receives one `segment-publication`
+//! frame per mappable range with the range's memfd attached
+//! (`SCM_RIGHTS`). A handout gives at most the range's access: a range
+//! published without remote write has its memfd sealed against every new
+//! writable mapping and write first, then goes out as a read-only reopen
+//! (the server's `handout_fd`), so no holder of the fd can write it, grow
+//! it or shrink it. Ranges without remote read are never handed out (a
 //! mapping always allows reading); they go over tcp.
 //!
 //! The initiator maps each range once and executes work items with
