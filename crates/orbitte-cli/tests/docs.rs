@@ -2,7 +2,7 @@
 //! every relative link of the user docs (quick start, capabilities,
 //! configuration, troubleshooting, the index and README.md) points at a
 //! file that exists (anchors aside); troubleshooting keeps a section for
-//! every section of the seed.
+//! every symptom it answers.
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
@@ -123,9 +123,9 @@ fn relative_links_of_the_user_docs_resolve() {
 }
 
 #[test]
-fn troubleshooting_covers_every_section_of_the_seed() {
-    // The seed's sections, by the symptom each starts from (our headings
-    // are our own words; each must still be there).
+fn troubleshooting_covers_every_symptom() {
+    // The symptoms a user starts from, one section each (headings may be
+    // reworded; each symptom must still be there).
     let t = std::fs::read_to_string(root().join("docs/troubleshooting.md")).unwrap();
     for needle in [
         "capability matrix",

@@ -11,7 +11,7 @@ use crate::device::{CudaDevice, DeviceError, devices};
 use crate::driver::{DriverError, driver};
 use crate::pipeline::StagingPipeline;
 
-/// The seed's caveat, carried in every CUDA row.
+/// The scope of CUDA support (docs/cuda.md), carried in every CUDA row.
 pub const COMPUTE_PROBE_CAVEAT: &str = "a successful small CUDA compute probe does not establish \
      any transport path; only a path's own completion and drain checks do";
 

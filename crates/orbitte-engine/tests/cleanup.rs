@@ -1,4 +1,4 @@
-//! The seed's "Native cleanup returns Unquiesced" section, one test per
+//! docs/troubleshooting.md's "Native cleanup returns Unquiesced" section, one test per
 //! sentence (named after it).
 #![forbid(unsafe_code)]
 

@@ -1,5 +1,5 @@
-//! The seed's "A request times out or returns an uncertain WRITE" section,
-//! one test per sentence, and the sim failures: a port paused
+//! docs/troubleshooting.md's "A request times out or returns an uncertain WRITE" section,
+//! one test per sentence, and the simulated failures: a port paused
 //! mid-batch, a QP in error, an error completion, a work request that never
 //! completes. Each gives the documented outcome within its timeout; no
 //! hang, no panic, no replay through another rail.

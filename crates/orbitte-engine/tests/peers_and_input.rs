@@ -1,5 +1,5 @@
-//! The seed's "A peer is rejected after restart or protocol change"
-//! section, and the issue's bad-input list: a typed error at submit time
+//! docs/troubleshooting.md's "A peer is rejected after a restart or a
+//! protocol change" section, and the bad input docs/contract.md lists: a typed error at submit time
 //! naming the request, nothing posted.
 #![forbid(unsafe_code)]
 

@@ -1,6 +1,6 @@
-//! The seed's "Host registration returns a native error or
+//! docs/troubleshooting.md's "Host registration returns a native error or
 //! ResourceExhausted" section, one test per sentence (named after it), plus
-//! the issue's part-way failure rules.
+//! the part-way failure rules (docs/contract.md, "Registration").
 #![forbid(unsafe_code)]
 
 mod common;

@@ -1,4 +1,4 @@
-//! The seed's "No RDMA device or compatible path is selected" section, one
+//! docs/troubleshooting.md's "No RDMA device, or no compatible path is selected" section, one
 //! test per sentence (named after it). The last sentence ("does not replay a
 //! failed transfer through another rail") is in `failures.rs`.
 #![forbid(unsafe_code)]

@@ -86,7 +86,7 @@ impl Context {
             .collect()
     }
 
-    /// Everything the seed's diagnostics need, as plain data: device info,
+    /// Everything the diagnostics of docs/troubleshooting.md need, as plain data: device info,
     /// limits, and per port its attributes and GID table up to its last
     /// valid entry (invalid entries before it are kept, marked). A port
     /// whose query fails is listed in `port_errors` instead of failing the

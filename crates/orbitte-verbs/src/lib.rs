@@ -79,7 +79,7 @@
 //!
 //! See `docs/verbs.md` for the differences between the sim and hardware.
 #![warn(missing_docs)]
-// `Unquiesced` carries the evidence the seed asks for (device identity,
+// `Unquiesced` carries the evidence docs/contract.md asks for (device identity,
 // native error, cleanup tried); it is returned only by `close`, a cold path,
 // so its size does not matter.
 #![allow(clippy::result_large_err)]

@@ -302,7 +302,7 @@ impl fmt::Display for Gid {
     }
 }
 
-/// One GID table entry, with what the seed's diagnostics need.
+/// One GID table entry, with what the diagnostics of docs/troubleshooting.md need.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GidEntry {
     /// Index in the port's table.

@@ -16,7 +16,7 @@
 //! - **drain**: both staged requests drained (pipeline streams idle, no
 //!   engine request outstanding on the bounce buffers) and the pool idle.
 //!
-//! Every row carries the seed's point in its notes: a small CUDA compute
+//! Every row carries the scope docs/cuda.md states in its notes: a small CUDA compute
 //! probe succeeding proves nothing about any transport path.
 
 use std::sync::Arc;
