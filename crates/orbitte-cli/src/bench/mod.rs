@@ -310,7 +310,7 @@ fn bench_with(
     } else {
         vec![args.block_size]
     };
-    let show = !args.quiet && std::io::stderr().is_terminal();
+    let show = shows_progress(args.quiet, args.json, std::io::stderr().is_terminal());
     let mut points = Vec::new();
     let kinds = if args.no_baseline || !same_host {
         Vec::new()
@@ -320,7 +320,7 @@ fn bench_with(
     // memcpy copies between the path's own pages where the bench holds
     // them (loopback).
     let own = backend.path_windows(args);
-    for &block in &sizes {
+    for (k, &block) in sizes.iter().enumerate() {
         let shape = baseline::Shape {
             block: usize::try_from(block).map_err(|_| Failure::usage("block size too large"))?,
             batch: args.batch_size as usize,
@@ -344,8 +344,18 @@ fn bench_with(
         // Path and baselines alternate, round by round.
         let mut path_rounds = Vec::new();
         let mut samples = vec![Vec::new(); kinds.len()];
-        for _ in 0..args.rounds {
+        for r in 0..args.rounds {
             let bar = progress(show, args.duration, block);
+            if sizes.len() > 1 || args.rounds > 1 {
+                bar.set_prefix(format!(
+                    "block {} (point {} of {}, round {} of {})",
+                    crate::chart::human_bytes(block),
+                    k + 1,
+                    sizes.len(),
+                    r + 1,
+                    args.rounds
+                ));
+            }
             let point: Point = measure::run(backend, args, block, &bar)?;
             bar.finish_and_clear();
             path_rounds.push(point);
@@ -370,6 +380,12 @@ fn bench_with(
     report.print(args.json)
 }
 
+/// Whether a run draws progress bars: only on a terminal, and never with
+/// `--quiet` or `--json` (whose reader wants the report alone).
+fn shows_progress(quiet: bool, json: bool, terminal: bool) -> bool {
+    terminal && !quiet && !json
+}
+
 fn progress(show: bool, seconds: f64, block: u64) -> ProgressBar {
     if !show {
         return ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
@@ -388,5 +404,18 @@ pub(crate) fn engine_op(op: Op) -> orbitte::transport::Op {
     match op {
         Op::Read => orbitte::transport::Op::Read,
         Op::Write => orbitte::transport::Op::Write,
+    }
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::shows_progress;
+
+    #[test]
+    fn progress_is_drawn_only_on_a_terminal_and_never_with_quiet_or_json() {
+        assert!(shows_progress(false, false, true));
+        assert!(!shows_progress(false, false, false), "not a terminal");
+        assert!(!shows_progress(true, false, true), "--quiet");
+        assert!(!shows_progress(false, true, true), "--json");
     }
 }
