@@ -99,7 +99,6 @@ impl SessionActivity {
     /// A request (or any frame) was taken in.
     pub(crate) fn began(&self) {
         self.busy.store(true, Ordering::Release);
-        self.stamp();
     }
 
     /// Its answer is done.
@@ -114,7 +113,7 @@ impl SessionActivity {
     }
 
     /// How long it has been idle; `None` while it serves a request.
-    fn idle(&self) -> Option<Duration> {
+    pub(crate) fn idle(&self) -> Option<Duration> {
         if self.busy.load(Ordering::Acquire) {
             return None;
         }

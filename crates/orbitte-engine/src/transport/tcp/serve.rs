@@ -140,7 +140,6 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
     let mut out = Vec::with_capacity(1024);
     let mut acknowledged = 0u64;
     let mut io = PayloadIo::for_answers(cfg.zero_copy);
-    let mut last_request = Instant::now();
     super::size_socket_buffers(stream, cfg.socket_buffer);
     if let Err(e) = stream
         .set_write_timeout(Some(POLL))
@@ -182,7 +181,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                         }
                         if let Some(idle) = cfg.idle_timeout
                             && frames.is_empty()
-                            && last_request.elapsed() >= idle
+                            && ctx.activity.idle().is_some_and(|i| i >= idle)
                         {
                             let _ = goodbye(stream, GoodbyeReason::IDLE, "idle");
                             return CloseReason::normal(format!("idle for {idle:?}"));
@@ -232,7 +231,6 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
             );
             return CloseReason::abnormal(format!("malformed frame: {msg}"));
         }
-        last_request = Instant::now();
         ctx.activity.began();
         // The epoch rule on every request: a newer incarnation of the
         // source may have been admitted since this session opened.
