@@ -7,6 +7,7 @@
 mod attack;
 mod bindgen;
 mod build_and_check;
+mod circles;
 mod perf;
 mod softroce;
 mod tidy;
@@ -18,6 +19,9 @@ usage: cargo xtask <task> [args]
 
 tasks:
   tidy                 check ARCHITECTURE.md's invariants (also runs as a test)
+  circles [CRATE_DIR...]
+                       import circles between a crate's files (every crate under
+                       crates/ by default), then its files in layering order
   attack [--seconds N] [--keep]
                        start `orbitte serve` and attack it (pre-auth floods, huge
                        announced frames, log injection, slow readers, frame
@@ -41,6 +45,7 @@ fn main() -> ExitCode {
     let rest = &args[1..];
     let result = match task.as_str() {
         "tidy" => tidy::run(rest),
+        "circles" => circles::run(rest),
         "attack" => attack::run(rest),
         "perf" => perf::run(rest),
         "softroce" => softroce::run(rest),
