@@ -8,10 +8,10 @@
 //!   `#![forbid(unsafe_code)]`;
 //! - in the crates that may use `unsafe`, every `unsafe` block and
 //!   `unsafe impl` carries a `// SAFETY:` comment (generated bindings aside);
-//! - the engine's sans-IO layers (`src/core/`, `src/state/`) use no
-//!   threads, sockets or clock: time is an argument there (their test
-//!   files and inline test modules, which start virtual time from one
-//!   `Instant`, aside);
+//! - the sans-IO code (the crate orbitte-proto, and the engine's
+//!   `src/state/`) uses no threads, sockets or clock: time is an argument
+//!   there (test files and inline test modules, which start virtual time
+//!   from one `Instant`, aside);
 //! - the code is formatted (`cargo fmt --check`).
 //!
 //! It runs as an ordinary `#[test]` too, so `cargo test --workspace`
@@ -30,8 +30,8 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "orbitte-py",
 ];
 
-/// The engine's sans-IO layers, relative to orbitte-engine's directory.
-const SANS_IO_DIRS: &[&str] = &["src/core", "src/state"];
+/// The sans-IO code: each crate's folders, relative to its directory.
+const SANS_IO_DIRS: &[(&str, &str)] = &[("orbitte-proto", "src"), ("orbitte-engine", "src/state")];
 
 /// Test-only files of those layers (`#[cfg(test)]` modules): they start
 /// virtual time from one `Instant::now()`.
@@ -62,9 +62,12 @@ const ALLOWED_DEPS: &[(&str, &[&str])] = &[
     ("orbitte-topology", &[]),
     ("orbitte-wire", &[]),
     ("orbitte-cuda", &["orbitte-memory"]),
+    // The sans-IO core names NICs (`NicId`, `DeviceMask`) but discovers none.
+    ("orbitte-proto", &["orbitte-wire", "orbitte-topology"]),
     (
         "orbitte-engine",
         &[
+            "orbitte-proto",
             "orbitte-memory",
             "orbitte-verbs",
             "orbitte-topology",
@@ -76,6 +79,7 @@ const ALLOWED_DEPS: &[(&str, &[&str])] = &[
         "orbitte",
         &[
             "orbitte-engine",
+            "orbitte-proto",
             "orbitte-memory",
             "orbitte-topology",
             "orbitte-wire",
@@ -87,6 +91,7 @@ const ALLOWED_DEPS: &[(&str, &[&str])] = &[
         "orbitte-cli",
         &[
             "orbitte",
+            "orbitte-proto",
             "orbitte-engine",
             "orbitte-memory",
             "orbitte-topology",
@@ -99,6 +104,7 @@ const ALLOWED_DEPS: &[(&str, &[&str])] = &[
         "orbitte-py",
         &[
             "orbitte",
+            "orbitte-proto",
             "orbitte-engine",
             "orbitte-memory",
             "orbitte-topology",
@@ -165,22 +171,20 @@ pub(crate) fn check(root: &Path) -> Result<Vec<String>, String> {
                 ));
             }
         }
-        if pkg.name == "orbitte-engine" {
-            for dir in SANS_IO_DIRS {
-                for file in rust_files(&pkg.dir.join(dir)) {
-                    let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
-                    if SANS_IO_TEST_FILES.contains(&name) {
-                        continue;
-                    }
-                    let text = read(&file)?;
-                    problems.extend(io_in_sans_io(&text).into_iter().map(|(line, what)| {
-                        format!(
-                            "{}:{line}: `{what}` in a sans-IO layer (no threads, sockets or \
-                             clock there: take time as an argument, leave I/O to the driver)",
-                            rel(root, &file)
-                        )
-                    }));
+        for (_, dir) in SANS_IO_DIRS.iter().filter(|(name, _)| *name == pkg.name) {
+            for file in rust_files(&pkg.dir.join(dir)) {
+                let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                if SANS_IO_TEST_FILES.contains(&name) {
+                    continue;
                 }
+                let text = read(&file)?;
+                problems.extend(io_in_sans_io(&text).into_iter().map(|(line, what)| {
+                    format!(
+                        "{}:{line}: `{what}` in a sans-IO layer (no threads, sockets or \
+                         clock there: take time as an argument, leave I/O to the driver)",
+                        rel(root, &file)
+                    )
+                }));
             }
         }
         if may_be_unsafe {

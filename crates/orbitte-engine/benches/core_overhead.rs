@@ -16,12 +16,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use orbitte_engine::core::{Core, CoreConfig, CoreRequest};
 use orbitte_engine::transport::{
     Op, PathKind, PeerId, RailId, RailSpec, RangeId, RegistrationId, SliceStatus, TransportEvent,
     WorkItem,
 };
 use orbitte_memory::{DmaBuffer, HostMemory};
+use orbitte_proto::core::{Core, CoreConfig, CoreRequest};
 use orbitte_verbs::sim::{SimDescription, SimDeviceDesc, SimFabric, SimTiming};
 use orbitte_verbs::{
     Access, Completion, InitAttrs, QpCaps, RemoteAddr, RtrAttrs, RtsAttrs, SendOp, SendWr, Sge,

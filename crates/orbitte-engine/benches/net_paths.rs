@@ -21,10 +21,10 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use net_support::{Initiator, RW, Target, cfg, pattern, request};
-use orbitte_engine::core::CoreConfig;
 use orbitte_engine::outcome::Status;
 use orbitte_engine::transport::{Op, PathKind, PeerId, RailId, RegistrationId};
 use orbitte_memory::HostMemory;
+use orbitte_proto::core::CoreConfig;
 
 const TOTAL: usize = 64 << 20;
 const CONNS: usize = 4;

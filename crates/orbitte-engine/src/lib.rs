@@ -49,8 +49,9 @@
 //! ```
 //!
 //! # Shape
-//! - `core`: the sans-IO core (requests in, work items out; completions
-//!   and time in, outcomes out), unit-tested with virtual time.
+//! - `orbitte_proto`: the sans-IO core (requests in, work items out;
+//!   completions and time in, outcomes out) and the vocabulary every
+//!   layer shares, in its own crate, unit-tested with virtual time.
 //! - [`transport`]: the seam where paths plug in, and the paths under it
 //!   (rdma, tcp, local).
 //! - `state`: `EngineState`, the sans-IO state around the core (tables,
@@ -79,19 +80,12 @@
 pub mod capability;
 mod config;
 pub mod control;
-// The sans-IO core is the engine's own business; tests and benches drive
-// it directly through the `testing` feature.
-#[cfg(feature = "testing")]
-pub mod core;
-#[cfg(not(feature = "testing"))]
-#[allow(unreachable_pub)] // its items are public to the crate's own modules only
-pub(crate) mod core;
 mod engine;
 pub mod error;
 mod lookup;
 mod nic;
 pub mod notify;
-pub mod outcome;
+pub use orbitte_proto::outcome;
 mod peer;
 mod recovery;
 mod registration;

@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use net_support::{Initiator, RW, Target, cfg, pattern, raw, request, untouched};
-use orbitte_engine::core::CoreConfig;
 use orbitte_engine::outcome::Status;
 use orbitte_engine::session::SessionError;
 use orbitte_engine::transport::{Op, PeerId};
 use orbitte_memory::HostMemory;
+use orbitte_proto::core::CoreConfig;
 use orbitte_wire::auth::ClusterSecret;
 use orbitte_wire::{AccessToken, ErrorCode, Frame, ReadRequest, RequestId, WriteRequest};
 

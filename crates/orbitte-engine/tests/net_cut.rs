@@ -19,10 +19,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use net_support::{Initiator, RW, Target, cfg, pattern, request};
-use orbitte_engine::core::CoreConfig;
 use orbitte_engine::outcome::{DrainStatus, Outcome, RemoteEffect, RequestId, Status};
 use orbitte_engine::transport::{Op, PathKind, PeerId, RailId, RegistrationId};
 use orbitte_memory::HostMemory;
+use orbitte_proto::core::CoreConfig;
 use orbitte_wire::{HEADER_LEN, READ_RESPONSE_FIXED_LEN, WRITE_REQUEST_FIXED_LEN};
 
 const BOUND: Duration = Duration::from_secs(60);

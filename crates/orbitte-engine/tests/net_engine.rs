@@ -8,11 +8,11 @@ mod net_support;
 use std::time::Duration;
 
 use net_support::{Initiator, cfg, pattern, request};
-use orbitte_engine::core::CoreConfig;
 use orbitte_engine::outcome::Status;
 use orbitte_engine::transport::{Op, PathKind, PeerId, SliceFailure};
 use orbitte_engine::{Access, EngineBuilder};
 use orbitte_memory::HostMemory;
+use orbitte_proto::core::CoreConfig;
 use orbitte_verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric};
 
 const BOUND: Duration = Duration::from_secs(30);

@@ -9,11 +9,11 @@ mod net_support;
 use std::time::Duration;
 
 use net_support::{Initiator, RW, Target, cfg, eventually, pattern, request};
-use orbitte_engine::core::CoreConfig;
 use orbitte_engine::outcome::Status;
 use orbitte_engine::session::SessionError;
 use orbitte_engine::transport::{Op, PeerId};
 use orbitte_memory::HostMemory;
+use orbitte_proto::core::CoreConfig;
 use orbitte_wire::{AdmitError, ErrorCode};
 
 const BOUND: Duration = Duration::from_secs(30);

@@ -8,11 +8,11 @@ mod net_support;
 use std::time::Duration;
 
 use net_support::{Initiator, RW, Target, cfg, pattern, request};
-use orbitte_engine::core::CoreConfig;
 use orbitte_engine::outcome::{RemoteEffect, Status};
 use orbitte_engine::session::path::{PathInputs, choose_path};
 use orbitte_engine::transport::{Op, PathKind, PeerId, SliceFailure};
 use orbitte_memory::HostMemory;
+use orbitte_proto::core::CoreConfig;
 use orbitte_wire::AccessFlags;
 
 const BOUND: Duration = Duration::from_secs(30);

@@ -17,10 +17,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use net_support::{Initiator, RW, Target, cfg, pattern, untouched};
-use orbitte_engine::core::CoreConfig;
 use orbitte_engine::transport::PeerId;
 use orbitte_engine::transport::local::fetch_handout;
 use orbitte_memory::HostMemory;
+use orbitte_proto::core::CoreConfig;
 use orbitte_wire::auth::ClusterSecret;
 use orbitte_wire::{AccessFlags, RangeDescriptor};
 

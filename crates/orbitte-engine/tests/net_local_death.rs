@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use net_support::child::{self, ROLE};
 use net_support::{Initiator, cfg, pattern, request};
-use orbitte_engine::core::CoreConfig;
 use orbitte_engine::outcome::{RemoteEffect, Status};
 use orbitte_engine::transport::local::INLINE_BYTES;
 use orbitte_engine::transport::{Op, PathKind, PeerId, SliceFailure};
 use orbitte_memory::HostMemory;
+use orbitte_proto::core::CoreConfig;
 use orbitte_wire::RangeId;
 
 const BOUND: Duration = Duration::from_secs(60);

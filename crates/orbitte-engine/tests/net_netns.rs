@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use net_support::child::{self, ROLE};
 use net_support::{Initiator, cfg, pattern, request};
-use orbitte_engine::core::CoreConfig;
 use orbitte_engine::outcome::{DrainStatus, RemoteEffect, Status};
 use orbitte_engine::transport::{Op, PeerId};
 use orbitte_memory::HostMemory;
+use orbitte_proto::core::CoreConfig;
 
 const BOUND: Duration = Duration::from_secs(90);
 

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use net_support::child::{self, ROLE};
 use net_support::{Initiator, cfg, pattern, request};
-use orbitte_engine::core::CoreConfig;
 use orbitte_engine::outcome::{DrainStatus, RemoteEffect, Status};
 use orbitte_engine::session::SessionError;
 use orbitte_engine::transport::{Op, PathKind, PeerId, SliceFailure};
 use orbitte_memory::HostMemory;
+use orbitte_proto::core::CoreConfig;
 use orbitte_wire::{AdmitError, RangeId};
 
 const BOUND: Duration = Duration::from_secs(60);

@@ -9,10 +9,10 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use net_support::{Initiator, RW, Target, cfg, pattern, raw, request};
-use orbitte_engine::core::CoreConfig;
 use orbitte_engine::outcome::Status;
 use orbitte_engine::transport::{Op, PeerId};
 use orbitte_memory::HostMemory;
+use orbitte_proto::core::CoreConfig;
 use orbitte_wire::{
     AccessToken, Capabilities, Challenge, Epoch, ErrorCode, Frame, HelloAck, Identity, Nonce,
     RangeDescriptor, RangeId, ReadRequest, ReadResponse, RequestId, SegmentPublication,

@@ -10,10 +10,10 @@ use std::io::Write;
 use std::time::Duration;
 
 use net_support::{Initiator, RW, Target, cfg, pattern, raw, untouched};
-use orbitte_engine::core::CoreConfig;
 use orbitte_engine::session::SessionError;
 use orbitte_engine::transport::PeerId;
 use orbitte_memory::HostMemory;
+use orbitte_proto::core::CoreConfig;
 use orbitte_wire::{AccessToken, ErrorCode, Frame, RangeId, ReadRequest, RequestId, WriteRequest};
 
 fn strict_target() -> (Target, std::sync::Arc<HostMemory>, RangeId) {

@@ -9,9 +9,9 @@ use orbitte_wire::{self as wire, PeerTable};
 use super::timer::timer_loop;
 use super::{Settings, Shared, State, TransferEngine};
 use crate::config::EngineBuilder;
-use crate::core::CoreConfig;
 use crate::error::BuildError;
 use crate::transport::rdma::RdmaTransport;
+use orbitte_proto::core::CoreConfig;
 
 impl EngineBuilder {
     /// Builds the engine. Lists the provider's devices (NIC IDs, in the
@@ -54,7 +54,7 @@ impl EngineBuilder {
             },
             self.budgets,
         );
-        let intake = super::shared::Intake::new();
+        let intake = super::arrivals::Intake::new();
         let state = State {
             engine,
             rdma: RdmaTransport::default(),

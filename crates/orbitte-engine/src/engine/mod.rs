@@ -1,5 +1,5 @@
 //! The transfer engine: the driver around the sans-IO layers
-//! (`crate::core` and [`EngineState`](crate::state::EngineState)).
+//! (`orbitte_proto::core` and [`EngineState`](crate::state::EngineState)).
 //!
 //! One mutex guards the driver's state (the `EngineState`, the transports,
 //! the NIC contexts); one poller thread per NIC context turns completions
@@ -13,9 +13,12 @@
 //! but not the state lock (`post`), with the tables' copy (`snapshot`)
 //! that the tcp/local target also serves from.
 
+mod arrivals;
 mod build;
+mod capability;
 mod contexts;
 mod intake;
+mod notify;
 mod peers;
 mod poll;
 mod post;
@@ -27,17 +30,16 @@ mod snapshot;
 mod state;
 mod submit;
 mod timer;
-mod transfer;
 mod wait;
 mod waiters;
 
 pub(crate) use crate::state::published_remote;
 pub(crate) use intake::TransportId;
+pub use orbitte_proto::TransferRequest;
 pub(crate) use peers::peer_info;
 pub use peers::{PeerInfo, RailInfo};
 pub(crate) use shared::{Settings, Shared, StateGuard};
 pub(crate) use state::{Owner, State};
-pub use transfer::TransferRequest;
 
 use std::sync::Arc;
 

@@ -31,8 +31,16 @@ pub(super) fn poll_cq(
     };
     for c in &buf[..n] {
         match st.qpn_rail.get(&(nic, c.qp_num)) {
-            Some(&rail) if crate::notify::rdma::is_notification_wr(c.wr_id) => {
-                crate::notify::rdma::on_completion(st, &shared.inbox, rail, c, events);
+            Some(&rail) if rdma::notify::is_notification_wr(c.wr_id) => {
+                let engine = &st.engine;
+                let sender = || {
+                    engine
+                        .core
+                        .rail_spec(rail)
+                        .and_then(|s| engine.tables.peers.get(&s.peer.0))
+                        .map(|p| (p.source_id.as_str().to_owned(), p.epoch))
+                };
+                rdma::notify::on_completion(&mut st.rdma, sender, &shared.inbox, rail, c, events);
             }
             Some(&rail) => {
                 if rdma::completion_events(rail, c, events) {

@@ -24,26 +24,10 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::State;
-use super::shared::Intake;
+use super::arrivals::{Arrival, Intake};
 use super::snapshot::TablesSnapshot;
 use crate::transport::rdma::{RailCell, lock_cell};
 use crate::transport::{PostContext, PostError, RailId, Transport, TransportEvent, WorkItem};
-
-/// What the intake carries: transports' events, and the posts that
-/// stopped early without the state lock.
-#[derive(Debug)]
-pub(crate) enum Arrival {
-    /// A transport's event.
-    Event(TransportEvent),
-    /// Several events of one delivery, in order.
-    Events(Vec<TransportEvent>),
-    /// A post stopped early: `items` (the tail of the run) were not posted
-    /// (`error.posted` is 0 for them).
-    PostFailed {
-        error: PostError,
-        items: Vec<WorkItem>,
-    },
-}
 
 /// Who posts to a rail.
 #[derive(Debug, Clone)]

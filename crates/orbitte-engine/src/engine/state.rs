@@ -8,7 +8,8 @@ use std::time::Instant;
 use orbitte_verbs as verbs;
 use orbitte_wire::Epoch;
 
-use super::post::{Arrival, Target, lock_lane};
+use super::arrivals::Arrival;
+use super::post::{Target, lock_lane};
 use crate::error::Unquiesced;
 use crate::nic::Initialized;
 use crate::registration::Charges;
@@ -96,7 +97,7 @@ impl State {
             }
             self.done = done;
         }
-        crate::notify::collect_outcomes(self);
+        super::notify::collect_outcomes(self);
         let outstanding = self.engine.core.outstanding_slices();
         if outstanding != self.last_outstanding {
             self.last_outstanding = outstanding;
@@ -105,7 +106,7 @@ impl State {
     }
 
     /// Handles everything queued on the intake, then pumps once.
-    pub(super) fn intake(&mut self, queue: &super::shared::Intake, now: Instant) {
+    pub(super) fn intake(&mut self, queue: &super::arrivals::Intake, now: Instant) {
         while let Some(arrival) = queue.pop() {
             if let Some(emptied) = self.arrive(now, arrival) {
                 queue.recycle(emptied);

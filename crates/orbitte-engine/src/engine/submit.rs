@@ -45,7 +45,7 @@ impl TransferEngine {
             let reqs: Vec<_> = admission.collect();
             let armed = armed.on_rails(&reqs);
             st.engine.core.insert(now, reqs, &mut ids);
-            crate::notify::track(st, &ids, armed);
+            super::notify::track(st, &ids, armed);
             st.pump(now);
             return Ok(ids);
         }

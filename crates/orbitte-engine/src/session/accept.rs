@@ -8,12 +8,10 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
-
-use super::listener::Shared;
 
 /// How long an accept thread pauses after a failed `poll` or `accept`
 /// before it tries again.
@@ -77,16 +75,18 @@ pub(crate) fn wait(listener: &impl AsFd, stops: &[&StopSignal]) -> std::io::Resu
 
 /// An accept thread's loop: parks in [`wait`] until a connection waits,
 /// then takes every connection that waits (`accept` until it would block,
-/// handing each to `take`), until one of `stops` is raised or the
-/// listener stops. `kind` names the listener in its log lines (`tcp`,
-/// `local`). A failure to wait or to accept (out of descriptors)
-/// is logged within the listener's budget and retried after a pause; the
-/// connection stays in the backlog meanwhile.
+/// handing each to `take`), until one of `stops` is raised or `stop`
+/// (the listener stops). `kind` names the listener in its log lines
+/// (`tcp`, `local`). A failure to wait or to accept (out of descriptors)
+/// is logged when `log_line` gives a line of the listener's budget
+/// (`Some(left_out)`) and retried after a pause; the connection stays in
+/// the backlog meanwhile.
 pub(crate) fn serve<T>(
     kind: &'static str,
     listener: &impl AsFd,
     stops: &[&StopSignal],
-    shared: &Shared,
+    stop: &AtomicBool,
+    log_line: impl Fn() -> Option<u64>,
     mut accept: impl FnMut() -> std::io::Result<T>,
     mut take: impl FnMut(T),
 ) {
@@ -95,19 +95,19 @@ pub(crate) fn serve<T>(
             Ok(Woken::Stop) => return,
             Ok(Woken::Connection) => {}
             Err(e) => {
-                if let Some(left_out) = shared.resource_line_to_log() {
+                if let Some(left_out) = log_line() {
                     tracing::warn!(listener = kind, error = %e, left_out, "cannot wait for connections");
                 }
                 std::thread::sleep(PAUSE);
                 continue;
             }
         }
-        while !shared.stop.load(Ordering::Acquire) {
+        while !stop.load(Ordering::Acquire) {
             match accept() {
                 Ok(c) => take(c),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) => {
-                    if let Some(left_out) = shared.resource_line_to_log() {
+                    if let Some(left_out) = log_line() {
                         tracing::warn!(listener = kind, error = %e, left_out, "accept failed");
                     }
                     std::thread::sleep(PAUSE);

@@ -6,11 +6,12 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use orbitte_wire::{Admission, ErrorCode, Frame, FrameType, SessionId, SessionPurpose, SourceId};
 
 use super::accept::{self, StopSignal};
+use super::activity::SessionActivity;
 use super::io::{close_after_refusal, send_error, write_frame};
 use super::log_budget::LogBudget;
 use super::publications::publication_frames;
@@ -65,61 +66,6 @@ struct LiveConn {
     /// What a tcp data session did last; `None` for every other session
     /// (never closed to make room).
     activity: Option<Arc<SessionActivity>>,
-}
-
-/// What one tcp data session did last, kept by the thread serving it and
-/// read by newcomers looking for a slot when `max_sessions` are taken.
-#[derive(Debug)]
-pub(crate) struct SessionActivity {
-    start: Instant,
-    /// Milliseconds from `start` to the last request taken in or answered.
-    last: AtomicU64,
-    /// A request is being served now.
-    busy: AtomicBool,
-    /// A newcomer took this session's slot: it says goodbye when it is
-    /// next idle.
-    evict: AtomicBool,
-}
-
-impl SessionActivity {
-    fn new() -> Self {
-        Self {
-            start: Instant::now(),
-            last: AtomicU64::new(0),
-            busy: AtomicBool::new(false),
-            evict: AtomicBool::new(false),
-        }
-    }
-
-    fn stamp(&self) {
-        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last.store(ms, Ordering::Release);
-    }
-
-    /// A request (or any frame) was taken in.
-    pub(crate) fn began(&self) {
-        self.busy.store(true, Ordering::Release);
-    }
-
-    /// Its answer is done.
-    pub(crate) fn ended(&self) {
-        self.stamp();
-        self.busy.store(false, Ordering::Release);
-    }
-
-    /// Whether a newcomer took this session's slot.
-    pub(crate) fn evicted(&self) -> bool {
-        self.evict.load(Ordering::Acquire)
-    }
-
-    /// How long it has been idle; `None` while it serves a request.
-    pub(crate) fn idle(&self) -> Option<Duration> {
-        if self.busy.load(Ordering::Acquire) {
-            return None;
-        }
-        let last = Duration::from_millis(self.last.load(Ordering::Acquire));
-        Some(self.start.elapsed().saturating_sub(last))
-    }
 }
 
 /// Serves sessions opened for [`SessionPurpose::RDMA_CONTROL`] (the
@@ -397,7 +343,8 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         "tcp",
         &listener,
         &[&shared.stopping],
-        &shared,
+        &shared.stop,
+        || shared.resource_line_to_log(),
         || {
             shared.accept_calls.fetch_add(1, Ordering::Relaxed);
             listener.accept()
@@ -549,7 +496,7 @@ fn session_slot(
         };
         c.evicted = true;
         if let Some(a) = &c.activity {
-            a.evict.store(true, Ordering::Release);
+            a.evict();
         }
     }
     if let Some(c) = live.get_mut(&conn) {
@@ -700,6 +647,8 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::session::PublicationTable;
     use crate::session::io::FrameReader;

@@ -50,6 +50,7 @@
 //! in `docs/paths.md`.
 
 pub(crate) mod accept;
+pub(crate) mod activity;
 mod engine_net;
 pub(crate) mod handshake;
 pub(crate) mod io;

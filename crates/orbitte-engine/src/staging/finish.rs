@@ -7,7 +7,7 @@ use crate::notify::NotificationStatus;
 use crate::outcome::{
     ChunkFailure, DrainStatus, FailureInfo, Outcome, RemoteEffect, RequestId, Status, SubmitError,
 };
-use crate::transport::{Op, PathKind, SliceFailure};
+use crate::transport::{DeviceError, Op, PathKind, SliceFailure};
 
 /// Per-request state of the chunk handler.
 #[derive(Debug, Default)]
@@ -246,8 +246,10 @@ pub(super) fn outcome(
                 }
             }
         }
-        StagingFailure::Copy(error) => copy_stop(SliceFailure::DeviceCopy(error)),
-        StagingFailure::Unquiesced(error) => copy_stop(SliceFailure::PipelineUnquiesced(error)),
+        StagingFailure::Copy(error) => copy_stop(SliceFailure::DeviceCopy(DeviceError::new(error))),
+        StagingFailure::Unquiesced(error) => {
+            copy_stop(SliceFailure::PipelineUnquiesced(DeviceError::new(error)))
+        }
         other => (
             landed,
             (landed + chunk).min(req.len),

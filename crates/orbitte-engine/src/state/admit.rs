@@ -2,7 +2,7 @@
 //! rails chosen, all or nothing.
 //!
 //! [`EngineState::validate`] checks every request of a batch, everything
-//! [`Core::check`](crate::core::Core::check) would check included
+//! [`Core::check`](orbitte_proto::core::Core::check) would check included
 //! (lengths, slice count, rails up, the fence), deciding once per run of
 //! requests that name the same registration, peer, range and operation.
 //! The [`Admission`] it returns then builds the core's requests one at a
@@ -14,11 +14,11 @@ use std::sync::Arc;
 use orbitte_topology::{DeviceMask, NicId};
 
 use super::{EngineState, published_remote};
-use crate::core::{Core, CoreRequest, RailList};
-use crate::engine::TransferRequest;
 use crate::outcome::{RailRefusal, RequestError, SubmitError};
 use crate::registration::RegState;
 use crate::transport::{PathKind, PeerId, RailId, RangeId, RegistrationId};
+use orbitte_proto::TransferRequest;
+use orbitte_proto::core::{Core, CoreRequest, RailList};
 
 /// A validated batch: every request passed, none is in the core yet.
 /// Iterating yields each request for the core, rails chosen and rotated,
@@ -82,7 +82,7 @@ impl ExactSizeIterator for Admission<'_> {}
 impl EngineState {
     /// Validates a batch and chooses each request's rails: all admitted or
     /// none (the error names the first bad request). Nothing is submitted:
-    /// the caller hands the result to [`Core::submit`](crate::core::Core::submit)
+    /// the caller hands the result to [`Core::submit`](orbitte_proto::core::Core::submit)
     /// (or calls [`submit`](Self::submit)).
     pub(crate) fn admit(
         &mut self,

@@ -16,7 +16,7 @@
 //!
 //! The driver (`crate::engine`) wraps it: it owns the threads, the clock,
 //! the NIC contexts and the transports, and pumps the core in the order
-//! `crate::core` documents:
+//! `orbitte_proto::core` documents:
 //!
 //! 1. [`EngineState::submit`] a batch (or [`EngineState::admit`] it and hand
 //!    the requests to [`Core::submit`], then
@@ -46,7 +46,7 @@ mod tests;
 
 pub(crate) use notify::{Notifications, Transmit};
 pub(crate) use outcomes::Outcomes;
-pub(crate) use register::retained;
+pub(crate) use register::{Ledger, retained};
 pub(crate) use tables::{PeerState, Tables, check_epoch, published_remote};
 
 use std::sync::Arc;
@@ -56,12 +56,12 @@ use orbitte_memory::HostMemory;
 use orbitte_topology::DeviceMask;
 use orbitte_wire::{self as wire, Epoch, SourceId};
 
-use crate::core::{Core, CoreConfig};
-use crate::engine::TransferRequest;
 use crate::error::{RegisterError, Unquiesced, UnregisterError};
 use crate::outcome::{RequestId, SubmitError};
-use crate::registration::{Access, Budgets, Charges, Ledger, MemoryPath, RegEntry, Registration};
+use crate::registration::{Access, Budgets, Charges, MemoryPath, RegEntry, Registration};
 use crate::transport::{PeerId, RailId, RailSpec, RangeId, RegistrationId};
+use orbitte_proto::TransferRequest;
+use orbitte_proto::core::{Core, CoreConfig};
 
 /// The tables, the ledger and the core, with the rules of admission.
 /// See the module docs for how a driver calls it.

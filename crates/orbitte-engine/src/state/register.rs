@@ -17,7 +17,7 @@ use orbitte_verbs as verbs;
 use super::EngineState;
 use crate::error::{RegisterError, UnregisterError};
 use crate::registration::{
-    Access, Charges, MemoryPath, NicCopies, RegEntry, RegState, Registration,
+    Access, Budgets, Charges, MemoryPath, NicCopies, RegEntry, RegState, Registration,
 };
 use crate::transport::RegistrationId;
 
@@ -159,5 +159,80 @@ impl EngineState {
             self.ledger.release(e.charge);
         }
         entries
+    }
+}
+
+/// Budget accounting. Invariant: `in_use` is the sum of the charges of
+/// every entry in the registration table plus the charges of retained
+/// (unquiesced) copies.
+#[derive(Debug, Default)]
+pub(crate) struct Ledger {
+    pub(crate) budgets: Budgets,
+    pub(crate) in_use: Charges,
+}
+
+impl Ledger {
+    /// Checks that `ask` fits; names the first budget it exceeds.
+    pub(crate) fn check(&self, ask: Charges) -> Result<(), RegisterError> {
+        if self.in_use.mrs.saturating_add(ask.mrs) > self.budgets.max_mrs {
+            return Err(RegisterError::ResourceExhausted {
+                resource: "memory regions",
+                asked: ask.mrs,
+                in_use: self.in_use.mrs,
+                limit: self.budgets.max_mrs,
+            });
+        }
+        if self.in_use.bytes.saturating_add(ask.bytes) > self.budgets.max_bytes {
+            return Err(RegisterError::ResourceExhausted {
+                resource: "registered bytes",
+                asked: ask.bytes,
+                in_use: self.in_use.bytes,
+                limit: self.budgets.max_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn charge(&mut self, c: Charges) {
+        self.in_use.mrs += c.mrs;
+        self.in_use.bytes += c.bytes;
+    }
+
+    pub(crate) fn release(&mut self, c: Charges) {
+        self.in_use.mrs = self.in_use.mrs.saturating_sub(c.mrs);
+        self.in_use.bytes = self.in_use.bytes.saturating_sub(c.bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budgets_name_the_first_exceeded_limit() {
+        let l = Ledger {
+            budgets: Budgets {
+                max_mrs: 2,
+                max_bytes: 100,
+            },
+            in_use: Charges { mrs: 1, bytes: 10 },
+        };
+        assert!(l.check(Charges { mrs: 1, bytes: 90 }).is_ok());
+        let e = l
+            .check(Charges { mrs: 2, bytes: 1 })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("memory regions")
+                && e.contains("asked 2")
+                && e.contains("in use 1")
+                && e.contains("limit 2"),
+            "{e}"
+        );
+        let e = l
+            .check(Charges { mrs: 1, bytes: 91 })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("registered bytes"), "{e}");
     }
 }

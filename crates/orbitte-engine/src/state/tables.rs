@@ -5,10 +5,10 @@ use std::sync::Arc;
 use orbitte_memory::HostMemory;
 use orbitte_wire::{self as wire, Epoch, SourceId};
 
-use crate::engine::TransferRequest;
 use crate::outcome::RequestError;
 use crate::registration::RegEntry;
 use crate::transport::{Op, PeerId, PostContext, RailId, RangeId, RegistrationId};
+use orbitte_proto::TransferRequest;
 
 /// An open peer: its source owner and epoch, the sessions it was admitted
 /// on, the ranges it published, its rails.

@@ -12,8 +12,6 @@ use orbitte_wire::handshake::Established;
 use orbitte_wire::{self as wire, Epoch, SourceId};
 
 use super::{EngineState, Transmit};
-use crate::core::CoreConfig;
-use crate::engine::TransferRequest;
 use crate::error::{RegisterError, UnregisterError};
 use crate::notify::{Armed, Notification, NotificationStatus};
 use crate::outcome::{
@@ -24,6 +22,8 @@ use crate::transport::{
     Op, PathKind, PeerId, PostError, RailId, RailSpec, RangeId, RegistrationId, SliceFailure,
     SliceStatus, SliceToken, TransportEvent, WorkItem,
 };
+use orbitte_proto::TransferRequest;
+use orbitte_proto::core::CoreConfig;
 
 pub(super) const SLICE: u32 = 1024;
 /// Bytes of the local registration and of the peer's range.
@@ -544,7 +544,7 @@ fn an_admission_taken_in_pieces_builds_what_the_whole_batch_does_rails_rotating(
     assert_eq!(admission.len(), 7);
     built.extend(admission.by_ref().take(3));
     built.extend(admission);
-    let seen = |reqs: &[crate::core::CoreRequest]| {
+    let seen = |reqs: &[orbitte_proto::core::CoreRequest]| {
         reqs.iter()
             .map(|r| {
                 let reg = r.registration;

@@ -8,7 +8,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use orbitte_engine::core::{Core, CoreConfig, CoreRequest};
 use orbitte_engine::outcome::{DrainStatus, Outcome, RequestId};
 use orbitte_engine::session::{Listener, PublicationTable, SessionConfig, SharedPeerTable};
 use orbitte_engine::transport::local::LocalTransport;
@@ -18,6 +17,7 @@ use orbitte_engine::transport::{
     Transport, TransportEvent, WorkItem,
 };
 use orbitte_memory::HostMemory;
+use orbitte_proto::core::{Core, CoreConfig, CoreRequest};
 use orbitte_wire::{AccessFlags, Epoch, PeerTable, RangeDescriptor, SourceId};
 
 pub const RW: AccessFlags = AccessFlags(AccessFlags::REMOTE_READ.0 | AccessFlags::REMOTE_WRITE.0);

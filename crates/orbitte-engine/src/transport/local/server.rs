@@ -42,7 +42,8 @@ impl LocalServer {
                     "local",
                     &listener,
                     &[&st, &shared.stopping],
-                    &shared,
+                    &shared.stop,
+                    || shared.resource_line_to_log(),
                     || listener.accept(),
                     |(s, _)| {
                         // Same bound as tcp sessions: a local flood of

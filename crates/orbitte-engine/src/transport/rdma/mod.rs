@@ -8,6 +8,8 @@
 //! QP is in the error state, so the rail is reported down and every later
 //! request flushes individually (verbs flush semantics).
 
+pub(crate) mod notify;
+
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use orbitte_verbs::qp_state::{Errored, Rts};
@@ -37,7 +39,7 @@ pub(crate) struct RdmaRail {
     pub(crate) failed: bool,
     /// Notification receive and send slots (`None`: the rail carries no
     /// notifications; preparing them failed).
-    pub(crate) notify: Option<crate::notify::rdma::RailNotify>,
+    pub(crate) notify: Option<notify::RailNotify>,
 }
 
 impl RdmaRail {

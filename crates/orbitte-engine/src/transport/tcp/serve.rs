@@ -34,8 +34,8 @@ use orbitte_wire::{
 
 use super::ANSWER_BATCH;
 use super::payload::{PayloadIo, send_all};
+use crate::session::activity::SessionActivity;
 use crate::session::io::{FrameBuffer, send_error, write_frame};
-use crate::session::listener::SessionActivity;
 use crate::session::{
     PeerIdentity, Published, RangeLookup, SessionConfig, SessionError, SharedPeerTable,
 };

@@ -4,7 +4,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use crate::outcome::FailureInfo;
-use crate::transport::{Op, PeerId, RailId, RangeId, RegistrationId};
+use crate::{Op, PeerId, RailId, RangeId, RegistrationId};
 
 use super::{CoreRequest, RailList};
 

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use orbitte_wire::Epoch;
 
-use crate::notify::{NotificationError, NotificationStatus};
-use crate::transport::{Op, PathKind, PeerId, RailId, RangeId, RegistrationId, SliceFailure};
+use crate::notification::{NotificationError, NotificationStatus};
+use crate::{Op, PathKind, PeerId, RailId, RangeId, RegistrationId, SliceFailure};
 
 /// Names one request of one engine.
 ///

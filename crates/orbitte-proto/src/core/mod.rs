@@ -33,7 +33,7 @@ use crate::outcome::{
     DrainStatus, FailureInfo, Outcome, RailRefusal, RemoteEffect, RequestError, RequestId, Status,
     SubmitError,
 };
-use crate::transport::{
+use crate::{
     Op, PathKind, PeerId, PostError, RailId, RailSpec, RangeId, RegistrationId, SliceFailure,
     SliceStatus, SliceToken, TransportEvent, WorkItem,
 };
@@ -203,7 +203,6 @@ impl Core {
     }
 
     /// The settings.
-    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // tests and benches read it
     pub fn config(&self) -> CoreConfig {
         self.config
     }
@@ -296,7 +295,6 @@ impl Core {
     }
 
     /// Requests not yet drained (with or without an outcome).
-    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // tests and benches read it
     pub fn live_requests(&self) -> usize {
         self.live
     }
@@ -325,7 +323,7 @@ impl Core {
 
     /// The ends (offset + length) of a request's local and remote extents,
     /// or why it cannot be taken: zero length, or an end past u64.
-    pub(crate) fn extent_ends(
+    pub fn extent_ends(
         local_offset: u64,
         remote_offset: u64,
         len: u64,
@@ -347,7 +345,7 @@ impl Core {
 
     /// The longest request on `rails` whose slices the core can count
     /// (more is refused as an overflow).
-    pub(crate) fn max_request_len(&self, rails: &[RailId]) -> u64 {
+    pub fn max_request_len(&self, rails: &[RailId]) -> u64 {
         self.slice_for(rails).saturating_mul(u64::from(u32::MAX))
     }
 
@@ -860,7 +858,7 @@ impl Core {
             uncertain,
             remote_effect,
             drain,
-            notification: crate::notify::NotificationStatus::NotRequested,
+            notification: crate::notification::NotificationStatus::NotRequested,
         };
         tracing::debug!(id = %outcome.request, ?status, prefix, "request finished");
         if req.outstanding > 0 {
@@ -1010,17 +1008,15 @@ impl Core {
     /// rail was closed), with a *marker* token the core appended to the
     /// rail's ring. The rail is marked down: it takes no new work.
     ///
-    /// The driver hands both to [`Transport::flush_marked`]: rdma moves the
+    /// The driver hands both to its transport's `flush_marked`: rdma moves the
     /// queue pair to the error state and then posts the marker as a
     /// signaled work request, which the NIC flushes (it never executes at
     /// the peer), so the marker's completion arrives after every earlier
     /// one and covers work requests that ran unsignaled without a later
-    /// signaled one (a post that failed half way). Then report [`MarkerFate`] back: `Dropped` with
+    /// signaled one (a post that failed half way). Then report the marker's
+    /// fate back: `Dropped` with
     /// [`marker_dropped`](Self::marker_dropped), `Released` with
     /// [`release_rail`](Self::release_rail).
-    ///
-    /// [`Transport::flush_marked`]: crate::transport::Transport::flush_marked
-    /// [`MarkerFate`]: crate::transport::MarkerFate
     pub fn poll_flush(&mut self, now: Instant) -> Option<(RailId, SliceToken)> {
         let rail = self.flush.pop_front()?;
         self.rail_down(

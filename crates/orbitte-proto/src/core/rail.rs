@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use crate::transport::RailSpec;
+use crate::RailSpec;
 
 /// Invariant: `fifo.len() <= capacity()`; `fifo` holds the tokens posted on
 /// the rail and not yet reported, oldest first.

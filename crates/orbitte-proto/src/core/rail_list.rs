@@ -1,6 +1,6 @@
 //! The rails of one request, held without an allocation in the common case.
 
-use crate::transport::RailId;
+use crate::RailId;
 
 /// Rails held inline; more go to the heap.
 const INLINE: usize = 4;

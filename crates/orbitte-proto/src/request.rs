@@ -2,7 +2,7 @@
 
 use orbitte_wire::Epoch;
 
-use crate::transport::{Op, PeerId, RangeId, RegistrationId};
+use crate::{Op, PeerId, RangeId, RegistrationId};
 
 /// One READ or WRITE of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +26,7 @@ pub struct TransferRequest {
     /// The peer's epoch the request was made for (from the handle that
     /// named the range); `None` runs against whatever incarnation of the
     /// peer is open at submit. A request for an older epoch than the one
-    /// open is refused with [`RequestError::PeerRestarted`](crate::RequestError::PeerRestarted).
+    /// open is refused with [`RequestError::PeerRestarted`](crate::outcome::RequestError::PeerRestarted).
     pub epoch: Option<Epoch>,
 }
 

@@ -25,10 +25,9 @@ use orbitte_verbs::qp_state::Rts;
 use orbitte_verbs::{self as verbs, QueuePair, RecvWr, SendOp, SendWr, Sge, WcStatus};
 use orbitte_wire as wire;
 
-use super::ReceivedNotification;
-use super::inbox::Inbox;
-use crate::engine::State;
-use crate::transport::rdma::{RailQp, RdmaRail};
+use super::{RailQp, RdmaRail, RdmaTransport};
+use crate::notify::ReceivedNotification;
+use crate::notify::inbox::Inbox;
 use crate::transport::{NotifyError, PathKind, RailId, TransportEvent};
 
 /// Receive slots posted per rail (the queue pair's receive queue depth).
@@ -181,9 +180,11 @@ pub(crate) fn send(
 
 /// Handles a completion of a notification SEND or receive on `rail` (the
 /// rdma poller calls it for every completion [`is_notification_wr`]
-/// accepts).
+/// accepts); `sender` names the rail's peer (source id and epoch) for a
+/// received notification.
 pub(crate) fn on_completion(
-    st: &mut State,
+    rails: &mut RdmaTransport,
+    sender: impl FnOnce() -> Option<(String, wire::Epoch)>,
     inbox: &Inbox,
     rail: RailId,
     c: &verbs::Completion,
@@ -193,7 +194,7 @@ pub(crate) fn on_completion(
     let recv = c.wr_id & RECV != 0;
     if !c.is_success() {
         if c.status != WcStatus::WrFlush {
-            st.rdma.mark_failed(rail);
+            rails.mark_failed(rail);
             events.push(TransportEvent::RailDown {
                 rail,
                 reason: format!(
@@ -205,7 +206,7 @@ pub(crate) fn on_completion(
                 .into(),
             });
         }
-        if let Some(mut r) = st.rdma.rail_mut(rail)
+        if let Some(mut r) = rails.rail_mut(rail)
             && let Some(n) = r.notify.as_mut()
             && !recv
             && slot < SEND_SLOTS
@@ -216,11 +217,11 @@ pub(crate) fn on_completion(
     }
     if recv {
         if slot < RECV_SLOTS {
-            receive(st, inbox, rail, slot, c.byte_len as usize);
+            receive(rails, sender(), inbox, rail, slot, c.byte_len as usize);
         }
         return;
     }
-    let Some(mut guard) = st.rdma.rail_mut(rail) else {
+    let Some(mut guard) = rails.rail_mut(rail) else {
         return;
     };
     let r = &mut *guard;
@@ -245,15 +246,17 @@ pub(crate) fn on_completion(
     }
 }
 
-/// Queues the frame received in `slot` and posts the slot again.
-fn receive(st: &mut State, inbox: &Inbox, rail: RailId, slot: usize, len: usize) {
-    let from = st
-        .engine
-        .core
-        .rail_spec(rail)
-        .and_then(|s| st.engine.tables.peers.get(&s.peer.0))
-        .map(|p| (p.source_id.as_str().to_owned(), p.epoch));
-    let Some(mut guard) = st.rdma.rail_mut(rail) else {
+/// Queues the frame received in `slot` from `from` and posts the slot
+/// again.
+fn receive(
+    rails: &mut RdmaTransport,
+    from: Option<(String, wire::Epoch)>,
+    inbox: &Inbox,
+    rail: RailId,
+    slot: usize,
+    len: usize,
+) {
+    let Some(mut guard) = rails.rail_mut(rail) else {
         return;
     };
     let r = &mut *guard;

@@ -13,13 +13,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::outcome::{Outcome, RequestId, Status};
-use crate::transport::{PeerId, RailId};
+use crate::{PeerId, RailId};
 
 use super::NotificationStatus;
 
 /// What the batch's resolution asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Verdict {
+pub enum Verdict {
     /// Every request completed: send the notification.
     Send,
     /// A request did not complete: never send it; why.
@@ -28,23 +28,24 @@ pub(crate) enum Verdict {
 
 /// A notifying batch whose requests all have outcomes.
 #[derive(Debug)]
-pub(crate) struct Resolved {
+pub struct Resolved {
     /// The engine's number for the notification (the frame's id).
-    pub(crate) id: u64,
+    pub id: u64,
     /// Where the notification goes.
-    pub(crate) peer: PeerId,
+    pub peer: PeerId,
     /// The rails the batch used, in first-use order.
-    pub(crate) rails: Vec<RailId>,
+    pub rails: Vec<RailId>,
     /// The encoded `notification` frame.
-    pub(crate) frame: Arc<[u8]>,
-    pub(crate) verdict: Verdict,
+    pub frame: Arc<[u8]>,
+    /// Send or withhold the notification.
+    pub verdict: Verdict,
     /// The batch's outcomes, in submission order.
-    pub(crate) outcomes: Vec<Outcome>,
+    pub outcomes: Vec<Outcome>,
 }
 
 impl Resolved {
     /// The outcomes with `status` stamped on each.
-    pub(crate) fn stamp(self, status: &NotificationStatus) -> Vec<Outcome> {
+    pub fn stamp(self, status: &NotificationStatus) -> Vec<Outcome> {
         let mut v = self.outcomes;
         for o in &mut v {
             o.notification = status.clone();
@@ -55,7 +56,7 @@ impl Resolved {
 
 /// What one outcome leads to.
 #[derive(Debug)]
-pub(crate) enum Step {
+pub enum Step {
     /// Not part of a notifying batch: hand it out as it is.
     Release(Outcome),
     /// Held until the rest of its batch has outcomes.
@@ -79,7 +80,7 @@ struct Pending {
 /// Invariant: every id in `by_request` names a batch in `batches` that
 /// lists it and has no outcome for it yet.
 #[derive(Debug, Default)]
-pub(crate) struct Tracker {
+pub struct Tracker {
     by_request: HashMap<RequestId, u64>,
     batches: HashMap<u64, Pending>,
     next: u64,
@@ -87,7 +88,7 @@ pub(crate) struct Tracker {
 
 impl Tracker {
     /// A number for the next notification (its frame's id).
-    pub(crate) fn next_id(&mut self) -> u64 {
+    pub fn next_id(&mut self) -> u64 {
         self.next += 1;
         self.next
     }
@@ -95,7 +96,7 @@ impl Tracker {
     /// Tracks the admitted batch `requests` (in submission order, on
     /// `rails`) that carries notification `id` (encoded as `frame`) to
     /// `peer`.
-    pub(crate) fn track(
+    pub fn track(
         &mut self,
         id: u64,
         requests: &[RequestId],
@@ -119,25 +120,24 @@ impl Tracker {
     }
 
     /// Whether the request's outcome is made and held here.
-    pub(crate) fn holds(&self, request: RequestId) -> bool {
+    pub fn holds(&self, request: RequestId) -> bool {
         self.batches
             .values()
             .any(|b| b.outcomes.contains_key(&request))
     }
 
     /// Notifying batches not yet resolved.
-    #[cfg(test)]
-    pub(crate) fn pending(&self) -> usize {
+    pub fn pending(&self) -> usize {
         self.batches.len()
     }
 
     /// Whether some notifying batch waits for outcomes.
-    pub(crate) fn tracks_any(&self) -> bool {
+    pub fn tracks_any(&self) -> bool {
         !self.by_request.is_empty()
     }
 
     /// Feeds one outcome.
-    pub(crate) fn on_outcome(&mut self, outcome: Outcome) -> Step {
+    pub fn on_outcome(&mut self, outcome: Outcome) -> Step {
         // No notifying batch in flight (the common case): nothing to hash.
         if self.by_request.is_empty() {
             return Step::Release(outcome);
@@ -190,8 +190,8 @@ impl Tracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Op;
     use crate::outcome::{DrainStatus, RemoteEffect};
-    use crate::transport::Op;
 
     fn outcome(id: u64, status: Status) -> Outcome {
         Outcome {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::transport::PathKind;
+use crate::PathKind;
 
 const SLICE: u32 = 1024;
 
