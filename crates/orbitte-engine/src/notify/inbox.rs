@@ -13,8 +13,36 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{NotificationStats, ReceivedNotification};
+use orbitte_wire as wire;
+
 use crate::session::log_budget::LogBudget;
+use crate::transport::PathKind;
+
+/// A notification as the target receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceivedNotification {
+    /// The sender's source id (as its session or queue pair was admitted).
+    pub source_id: String,
+    /// The sender's epoch.
+    pub epoch: wire::Epoch,
+    /// The path it came over.
+    pub path: PathKind,
+    /// The bytes.
+    pub payload: Vec<u8>,
+}
+
+/// Counters of the target's notification queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NotificationStats {
+    /// Waiting to be read.
+    pub queued: usize,
+    /// Queued since the engine was built.
+    pub received: u64,
+    /// Refused because the queue held [`INBOX_CAPACITY`] already.
+    pub refused_full: u64,
+    /// Notification frames from peers that did not decode (dropped).
+    pub malformed: u64,
+}
 
 /// Notifications a target keeps before it refuses new ones.
 pub const INBOX_CAPACITY: usize = 1024;
@@ -132,7 +160,6 @@ impl Inbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::PathKind;
 
     fn note(i: u8) -> ReceivedNotification {
         ReceivedNotification {

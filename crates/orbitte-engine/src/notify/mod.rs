@@ -29,36 +29,10 @@ use orbitte_wire as wire;
 
 use crate::transport::PathKind;
 
-pub use inbox::INBOX_CAPACITY;
+pub use inbox::{INBOX_CAPACITY, NotificationStats, ReceivedNotification};
 pub(crate) use orbitte_proto::notification::{Armed, tracker};
 pub use orbitte_proto::notification::{Notification, NotificationError, NotificationStatus};
 pub use orbitte_wire::MAX_NOTIFICATION_LEN;
-
-/// A notification as the target receives it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReceivedNotification {
-    /// The sender's source id (as its session or queue pair was admitted).
-    pub source_id: String,
-    /// The sender's epoch.
-    pub epoch: wire::Epoch,
-    /// The path it came over.
-    pub path: PathKind,
-    /// The bytes.
-    pub payload: Vec<u8>,
-}
-
-/// Counters of the target's notification queue.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NotificationStats {
-    /// Waiting to be read.
-    pub queued: usize,
-    /// Queued since the engine was built.
-    pub received: u64,
-    /// Refused because the queue held [`INBOX_CAPACITY`] already.
-    pub refused_full: u64,
-    /// Notification frames from peers that did not decode (dropped).
-    pub malformed: u64,
-}
 
 /// Queues a notification received on a tcp or local session admitted as
 /// `from` (the target side of those paths calls it).
