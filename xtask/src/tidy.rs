@@ -8,10 +8,9 @@
 //!   `#![forbid(unsafe_code)]`;
 //! - in the crates that may use `unsafe`, every `unsafe` block and
 //!   `unsafe impl` carries a `// SAFETY:` comment (generated bindings aside);
-//! - the sans-IO code (the crate orbitte-proto, and the engine's
-//!   `src/state/`) uses no threads, sockets or clock: time is an argument
-//!   there (test files and inline test modules, which start virtual time
-//!   from one `Instant`, aside);
+//! - the sans-IO crate orbitte-proto uses no threads, sockets or clock:
+//!   time is an argument there (test files and inline test modules, which
+//!   start virtual time from one `Instant`, aside);
 //! - the code is formatted (`cargo fmt --check`).
 //!
 //! It runs as an ordinary `#[test]` too, so `cargo test --workspace`
@@ -31,7 +30,7 @@ const UNSAFE_ALLOWED: &[&str] = &[
 ];
 
 /// The sans-IO code: each crate's folders, relative to its directory.
-const SANS_IO_DIRS: &[(&str, &str)] = &[("orbitte-proto", "src"), ("orbitte-engine", "src/state")];
+const SANS_IO_DIRS: &[(&str, &str)] = &[("orbitte-proto", "src")];
 
 /// Test-only files of those layers (`#[cfg(test)]` modules): they start
 /// virtual time from one `Instant::now()`.

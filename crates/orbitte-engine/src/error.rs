@@ -34,7 +34,22 @@ pub struct Unquiesced {
     /// cleanup evidence.
     pub failures: Vec<verbs::Unquiesced>,
     /// Charges that stay in the budgets for the retained copies.
-    pub retained: crate::registration::Charges,
+    pub retained: orbitte_proto::registration::Charges,
+}
+
+impl Unquiesced {
+    /// The reason admission is fenced with: what was being cleaned up and
+    /// the first failure.
+    pub(crate) fn fence_reason(&self) -> String {
+        format!(
+            "unquiesced during {}: {}",
+            self.during,
+            self.failures
+                .first()
+                .map(|f| f.to_string())
+                .unwrap_or_default()
+        )
+    }
 }
 
 /// Why [`EngineBuilder::build`](crate::EngineBuilder::build) failed.
@@ -361,4 +376,34 @@ pub enum OpenPeerError {
     /// The engine is fenced.
     #[error("engine is fenced, peer refused: {0}")]
     Fenced(Arc<str>),
+}
+
+impl From<orbitte_proto::error::RegisterRefusal> for RegisterError {
+    fn from(r: orbitte_proto::error::RegisterRefusal) -> Self {
+        use orbitte_proto::error::RegisterRefusal as R;
+        match r {
+            R::ResourceExhausted {
+                resource,
+                asked,
+                in_use,
+                limit,
+            } => Self::ResourceExhausted {
+                resource,
+                asked,
+                in_use,
+                limit,
+            },
+            R::Fenced { reason } => Self::Fenced { reason },
+        }
+    }
+}
+
+impl From<orbitte_proto::error::UnregisterRefusal> for UnregisterError {
+    fn from(r: orbitte_proto::error::UnregisterRefusal) -> Self {
+        use orbitte_proto::error::UnregisterRefusal as R;
+        match r {
+            R::Unknown(id) => Self::Unknown(id),
+            R::Undrained { id, requests } => Self::Undrained { id, requests },
+        }
+    }
 }

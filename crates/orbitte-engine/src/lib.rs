@@ -49,14 +49,13 @@
 //! ```
 //!
 //! # Shape
-//! - `orbitte_proto`: the sans-IO core (requests in, work items out;
-//!   completions and time in, outcomes out) and the vocabulary every
-//!   layer shares, in its own crate, unit-tested with virtual time.
+//! - `orbitte_proto`, its own crate: the sans-IO core (requests in, work
+//!   items out; completions and time in, outcomes out), `EngineState`
+//!   around it (tables, budget ledger, validation, rail choice, fencing)
+//!   and the vocabulary every layer shares, tested on virtual time with a
+//!   fault fuzz.
 //! - [`transport`]: the seam where paths plug in, and the paths under it
 //!   (rdma, tcp, local).
-//! - `state`: `EngineState`, the sans-IO state around the core (tables,
-//!   budget ledger, validation, rail choice, fencing), tested on virtual
-//!   time with a fault fuzz.
 //! - the driver ([`TransferEngine`], `engine/`): one poller thread per NIC
 //!   context, a timer thread, the caller's thread posting; events come in
 //!   through a lock-free intake queue, waiters park per request.
@@ -90,9 +89,6 @@ mod peer;
 mod recovery;
 mod registration;
 mod request;
-mod state;
-#[cfg(test)]
-mod test_rng;
 pub mod transport;
 // Sessions and metadata; the tcp and local transports live under transport/.
 pub mod metadata;

@@ -41,7 +41,7 @@ impl RangeLookup for EngineRanges {
         let st = shared.lock();
         let nics = st.nic_info();
         st.engine
-            .tables
+            .tables()
             .regs
             .get(&range.0)
             .and_then(|e| e.descriptor(RegistrationId(range.0), &nics))

@@ -169,7 +169,7 @@ impl TransferEngine {
     }
 
     fn fenced_peer(&self) -> Result<(), OpenPeerError> {
-        match self.lock().engine.core.fenced() {
+        match self.lock().engine.core().fenced() {
             Some(r) => Err(OpenPeerError::Fenced(r.clone())),
             None => Ok(()),
         }

@@ -298,14 +298,14 @@ fn resolve_address(
 ) -> Result<(RangeId, u64), RequestError> {
     let p = st
         .engine
-        .tables
+        .tables()
         .peers
         .get(&peer.0)
-        .ok_or_else(|| st.engine.tables.missing_peer(peer))?;
-    crate::state::check_epoch(p, peer, epoch)?;
+        .ok_or_else(|| st.engine.tables().missing_peer(peer))?;
+    orbitte_proto::state::check_epoch(p, peer, epoch)?;
     find_range(p.ranges.values(), peer, address, len).map_err(|e| match e {
         RequestError::UnknownAddress { peer, address } => {
-            match st.engine.tables.predecessor_epoch(peer) {
+            match st.engine.tables().predecessor_epoch(peer) {
                 Some(previous) => RequestError::AddressAfterRestart {
                     peer,
                     address,

@@ -45,7 +45,7 @@ impl EngineBuilder {
             }
             Err(e) => (Vec::new(), Some(Arc::new(e))),
         };
-        let engine = crate::state::EngineState::new(
+        let engine = crate::registration::EngineState::new(
             CoreConfig {
                 slice_size: self.slice_size,
                 tcp_slice_size: CoreConfig::default().tcp_slice_size,

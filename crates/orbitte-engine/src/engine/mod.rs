@@ -1,5 +1,5 @@
 //! The transfer engine: the driver around the sans-IO layers
-//! (`orbitte_proto::core` and [`EngineState`](crate::state::EngineState)).
+//! (`orbitte_proto::core` and [`EngineState`](crate::registration::EngineState)).
 //!
 //! One mutex guards the driver's state (the `EngineState`, the transports,
 //! the NIC contexts); one poller thread per NIC context turns completions
@@ -33,9 +33,9 @@ mod timer;
 mod wait;
 mod waiters;
 
-pub(crate) use crate::state::published_remote;
 pub(crate) use intake::TransportId;
 pub use orbitte_proto::TransferRequest;
+pub(crate) use orbitte_proto::state::published_remote;
 pub(crate) use peers::peer_info;
 pub use peers::{PeerInfo, RailInfo};
 pub(crate) use shared::{Settings, Shared, StateGuard};

@@ -10,7 +10,7 @@ use crate::notify::{
     Armed, Notification, NotificationError, NotificationStats, ReceivedNotification,
 };
 use crate::outcome::{RequestId, SubmitError};
-use crate::state::Transmit;
+use orbitte_proto::state::Transmit;
 
 /// Tracks the admitted batch `ids` carrying `armed` (the engine calls it
 /// right after the core admitted the batch, before it pumps).

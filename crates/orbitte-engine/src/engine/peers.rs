@@ -51,7 +51,7 @@ impl TransferEngine {
         let st = self.lock();
         let mut v: Vec<_> = st
             .engine
-            .tables
+            .tables()
             .peers
             .keys()
             .map(|id| peer_info(&st, PeerId(*id)))
@@ -62,7 +62,7 @@ impl TransferEngine {
 }
 
 pub(crate) fn peer_info(st: &State, id: PeerId) -> PeerInfo {
-    let p = &st.engine.tables.peers[&id.0];
+    let p = &st.engine.tables().peers[&id.0];
     let mut ranges: Vec<_> = p
         .ranges
         .values()
@@ -85,7 +85,7 @@ pub(crate) fn peer_info(st: &State, id: PeerId) -> PeerInfo {
             .rails
             .iter()
             .map(|&rail| {
-                let spec = st.engine.core.rail_spec(rail);
+                let spec = st.engine.core().rail_spec(rail);
                 let (qpn, device) = st
                     .rdma
                     .rail(rail)
@@ -96,8 +96,12 @@ pub(crate) fn peer_info(st: &State, id: PeerId) -> PeerInfo {
                     remote_nic: spec.and_then(|s| s.remote_nic).map(NicId),
                     qpn,
                     device,
-                    up: st.engine.core.rail_is_up(rail),
-                    down_reason: st.engine.core.rail_down_reason(rail).map(|r| r.to_string()),
+                    up: st.engine.core().rail_is_up(rail),
+                    down_reason: st
+                        .engine
+                        .core()
+                        .rail_down_reason(rail)
+                        .map(|r| r.to_string()),
                     recovery: st.recovery.state(rail).map(|(s, _)| s),
                     recoveries: st.recovery.state(rail).map_or(0, |(_, n)| n),
                 }

@@ -35,9 +35,9 @@ pub(super) fn poll_cq(
                 let engine = &st.engine;
                 let sender = || {
                     engine
-                        .core
+                        .core()
                         .rail_spec(rail)
-                        .and_then(|s| engine.tables.peers.get(&s.peer.0))
+                        .and_then(|s| engine.tables().peers.get(&s.peer.0))
                         .map(|p| (p.source_id.as_str().to_owned(), p.epoch))
                 };
                 rdma::notify::on_completion(&mut st.rdma, sender, &shared.inbox, rail, c, events);

@@ -50,7 +50,7 @@ impl TransferEngine {
 
     /// Budget charges in use (MRs, bytes), retained copies included.
     pub fn charges(&self) -> Charges {
-        self.lock().engine.ledger.in_use
+        self.lock().engine.in_use()
     }
 
     /// Why the engine admits nothing new, if it is fenced.
@@ -60,11 +60,11 @@ impl TransferEngine {
 
     /// Every `Unquiesced` so far (the evidence is kept).
     pub fn unquiesced(&self) -> Vec<Unquiesced> {
-        self.lock().engine.unquiesced.clone()
+        self.lock().engine.unquiesced().to_vec()
     }
 
     /// Slices posted and not yet drained, over all requests.
     pub fn outstanding_slices(&self) -> u64 {
-        self.lock().engine.core.outstanding_slices()
+        self.lock().engine.core().outstanding_slices()
     }
 }

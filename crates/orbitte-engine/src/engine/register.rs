@@ -65,7 +65,7 @@ impl TransferEngine {
         access: Access,
         location: MemoryLocation,
     ) -> Result<Registration, RegisterError> {
-        if let Some(reason) = self.lock().engine.core.fenced().cloned() {
+        if let Some(reason) = self.lock().engine.core().fenced().cloned() {
             return Err(RegisterError::Fenced { reason });
         }
         self.ensure_contexts()
@@ -109,7 +109,7 @@ impl TransferEngine {
                     break;
                 }
             };
-            let remote = match access.remote_verbs() {
+            let remote = match crate::registration::remote_verbs(access) {
                 None => None,
                 Some(a) => match pd.register(buf.clone(), 0..len, a) {
                     Ok(m) => Some(m),
@@ -157,10 +157,13 @@ impl TransferEngine {
             }
             return Err(err);
         }
-        let reg = self
-            .lock()
-            .engine
-            .publish_host_direct(reservation, memory, copies, nic_order);
+        let reg = self.lock().engine.publish_host_direct(
+            reservation,
+            memory,
+            copies,
+            nic_order,
+            crate::registration::fresh_token(),
+        );
         tracing::debug!(id, copies = reg.copies, "registration published");
         Ok(reg)
     }
@@ -174,7 +177,11 @@ impl TransferEngine {
         memory: Arc<HostMemory>,
         access: Access,
     ) -> Result<Registration, RegisterError> {
-        let reg = self.lock().engine.register_unpinned(memory, access)?;
+        let reg = self.lock().engine.register_unpinned(
+            memory,
+            access,
+            crate::registration::fresh_token(),
+        )?;
         tracing::debug!(
             id = reg.id.0,
             len = reg.len,
@@ -203,7 +210,7 @@ impl TransferEngine {
         if failures.is_empty() {
             return Ok(());
         }
-        let retained = crate::state::retained(failures.len(), len);
+        let retained = orbitte_proto::state::retained(failures.len(), len);
         let u = self.unquiesced_from(
             format!("retire of registration {}", registration.0),
             failures,
@@ -246,7 +253,7 @@ impl TransferEngine {
         let nics = st.nic_info();
         let mut ranges: Vec<_> = st
             .engine
-            .tables
+            .tables()
             .regs
             .iter()
             .filter_map(|(id, e)| e.descriptor(RegistrationId(*id), &nics))

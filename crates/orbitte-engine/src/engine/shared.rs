@@ -200,12 +200,12 @@ fn release<'a>(shared: &'a Shared, mut g: MutexGuard<'a, State>) {
             g.intake(&shared.intake, Instant::now());
         }
         let st = &mut *g;
-        if st.engine.tables.take_changed() {
-            let copy = Arc::new(TablesSnapshot::of(&st.engine.tables));
+        if st.engine.take_tables_changed() {
+            let copy = Arc::new(TablesSnapshot::of(st.engine.tables()));
             st.snapshot = copy.clone();
             *shared.snapshot.write().unwrap_or_else(|e| e.into_inner()) = copy;
         }
-        st.engine.outcomes.take_arrived(&mut st.arrived);
+        st.engine.take_arrived(&mut st.arrived);
         st.waiters.take_woken(&st.arrived, &mut wake);
         st.arrived.clear();
         if !st.work.is_empty() {

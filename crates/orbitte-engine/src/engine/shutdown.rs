@@ -27,7 +27,7 @@ impl TransferEngine {
     }
 
     pub(crate) fn record_unquiesced(&self, st: &mut State, u: &Unquiesced) {
-        st.engine.record_unquiesced(u.clone());
+        st.engine.record_unquiesced(u.fence_reason(), u.clone());
     }
 
     /// Fences the engine, cancels what runs, waits up to `timeout` for
@@ -42,14 +42,14 @@ impl TransferEngine {
             let now = Instant::now();
             // Close every rail: busy ones are flushed by the pump.
             for rail in (0..st.owner.len() as u32).map(RailId) {
-                st.engine.core.close_rail(rail, now);
+                st.engine.close_rail(rail, now, false);
             }
             st.pump(now);
         }
         // Wait for the flushes to drain (pollers still run).
         let undrained = loop {
             let mut st = self.lock();
-            let undrained = st.engine.core.outstanding_slices();
+            let undrained = st.engine.core().outstanding_slices();
             let now = Instant::now();
             if undrained == 0 || now >= deadline {
                 break undrained;

@@ -17,10 +17,10 @@ use std::sync::Arc;
 use orbitte_memory::HostMemory;
 use orbitte_wire::{self as wire, AccessFlags, RangeDescriptor};
 
-use crate::registration::{RegEntry, RegState};
+use crate::registration::{Host, RegEntry, RegState};
 use crate::session::Published;
-use crate::state::Tables;
 use crate::transport::{PeerId, PostContext, RangeId, RegistrationId};
+use orbitte_proto::state::Tables;
 
 /// A copy of what the tables lend to posts ([`PostContext`]) and to the
 /// tcp/local target (its published ranges).
@@ -42,7 +42,7 @@ struct RegCopy {
 
 impl TablesSnapshot {
     /// A copy of `tables`.
-    pub(crate) fn of(tables: &Tables) -> Self {
+    pub(crate) fn of(tables: &Tables<Host>) -> Self {
         let regs = tables
             .regs
             .iter()
@@ -85,6 +85,21 @@ impl TablesSnapshot {
             .collect();
         v.sort_by_key(|(id, _)| id.0);
         v
+    }
+}
+
+impl PostContext for Tables<Host> {
+    fn memory(&self, registration: RegistrationId) -> Option<&Arc<HostMemory>> {
+        self.regs.get(&registration.0).map(|e| &e.memory)
+    }
+
+    fn local_key(&self, registration: RegistrationId, nic: u32) -> Option<(u64, u32)> {
+        let c = self.regs.get(&registration.0)?.copies_on(nic)?;
+        Some((c.local.addr(), c.local.lkey()))
+    }
+
+    fn remote_range(&self, peer: PeerId, range: RangeId) -> Option<&RangeDescriptor> {
+        self.peers.get(&peer.0)?.ranges.get(&range)
     }
 }
 

@@ -13,7 +13,7 @@ use super::post::{Target, lock_lane};
 use crate::error::Unquiesced;
 use crate::nic::Initialized;
 use crate::registration::Charges;
-use crate::state::EngineState;
+use crate::registration::EngineState;
 use crate::transport::rdma::RdmaTransport;
 use crate::transport::{MarkerFate, RailId, RailSpec, Transport, TransportEvent, WorkItem};
 
@@ -73,7 +73,7 @@ pub(crate) struct State {
 impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("State")
-            .field("core", &self.engine.core)
+            .field("core", self.engine.core())
             .finish_non_exhaustive()
     }
 }
@@ -84,7 +84,7 @@ impl State {
     /// outcomes.
     pub(crate) fn pump(&mut self, now: Instant) {
         loop {
-            self.engine.core.poll_work(&mut self.work);
+            self.engine.poll_work(&mut self.work);
             self.flush_and_reap(now);
             if self.done.is_empty() {
                 break;
@@ -93,12 +93,12 @@ impl State {
             // flush); its completions may free rail slots for more work.
             let mut done = std::mem::take(&mut self.done);
             for ev in done.drain(..) {
-                self.engine.core.handle_event(now, ev);
+                self.engine.handle_event(now, ev);
             }
             self.done = done;
         }
         super::notify::collect_outcomes(self);
-        let outstanding = self.engine.core.outstanding_slices();
+        let outstanding = self.engine.core().outstanding_slices();
         if outstanding != self.last_outstanding {
             self.last_outstanding = outstanding;
             self.waiters.slices_released();
@@ -119,16 +119,16 @@ impl State {
     /// events, for reuse.
     fn arrive(&mut self, now: Instant, arrival: Arrival) -> Option<Vec<TransportEvent>> {
         match arrival {
-            Arrival::Event(ev) => self.engine.core.handle_event(now, ev),
+            Arrival::Event(ev) => self.engine.handle_event(now, ev),
             Arrival::Events(mut evs) => {
                 for ev in evs.drain(..) {
-                    self.engine.core.handle_event(now, ev);
+                    self.engine.handle_event(now, ev);
                 }
                 return Some(evs);
             }
             Arrival::PostFailed { error, items } => {
                 tracing::debug!(error = %error, "post failed");
-                self.engine.core.handle_post_error(now, &error, &items);
+                self.engine.handle_post_error(now, &error, &items);
             }
         }
         None
@@ -159,7 +159,7 @@ impl State {
         }
         let mut done = std::mem::take(&mut self.done);
         for ev in done.drain(..) {
-            self.engine.core.handle_event(now, ev);
+            self.engine.handle_event(now, ev);
         }
         self.done = done;
     }
@@ -167,20 +167,20 @@ impl State {
     /// Expires the core's deadlines due at `now`, after settling the posts
     /// (see `settle_posts`).
     pub(crate) fn expire(&mut self, now: Instant) {
-        if self.engine.core.poll_timeout().is_some_and(|t| t <= now) {
+        if self.engine.poll_timeout().is_some_and(|t| t <= now) {
             self.settle_posts(now);
-            self.engine.core.handle_timeout(now);
+            self.engine.handle_timeout(now);
         }
     }
 
     /// Cancels a request (`Core::cancel`) after settling the posts (see
     /// `settle_posts`).
     pub(crate) fn cancel(&mut self, now: Instant, id: crate::outcome::RequestId) -> bool {
-        if !self.engine.core.is_pending(id) {
+        if !self.engine.core().is_pending(id) {
             return false;
         }
         self.settle_posts(now);
-        self.engine.core.cancel(now, id)
+        self.engine.cancel(now, id)
     }
 
     /// Who posts to `rail`.
@@ -221,9 +221,9 @@ impl State {
             }
         });
         let target = self.target(rail);
-        if let Err(e) = target.post(rail, &mine, &self.engine.tables, &mut self.done) {
+        if let Err(e) = target.post(rail, &mine, self.engine.tables(), &mut self.done) {
             tracing::debug!(error = %e, "post failed");
-            self.engine.core.handle_post_error(now, &e, &mine);
+            self.engine.handle_post_error(now, &e, &mine);
         }
     }
 
@@ -232,7 +232,7 @@ impl State {
     /// state lock (its post lock), and posts the rail's items still held
     /// here first: the flush (and its marker) follows every item posted.
     fn flush_and_reap(&mut self, now: Instant) {
-        while let Some((rail, marker)) = self.engine.core.poll_flush(now) {
+        while let Some((rail, marker)) = self.engine.poll_flush(now) {
             let lane = self.lane(rail);
             let _held = lock_lane(&lane);
             self.post_held(now, rail);
@@ -244,7 +244,7 @@ impl State {
                         // destroyed: its slices stay undrained, verbs
                         // retains it, and the engine is Unquiesced.
                         self.record_rail_unquiesced(format!("flushing rail {}", rail.0), *u);
-                        self.engine.core.marker_dropped(rail, marker);
+                        self.engine.marker_dropped(rail, marker);
                         continue;
                     }
                 },
@@ -256,11 +256,11 @@ impl State {
             };
             match res {
                 Ok(MarkerFate::Posted) => {}
-                Ok(MarkerFate::Dropped) => self.engine.core.marker_dropped(rail, marker),
-                Ok(MarkerFate::Released) => self.engine.core.release_rail(now, rail),
+                Ok(MarkerFate::Dropped) => self.engine.marker_dropped(rail, marker),
+                Ok(MarkerFate::Released) => self.engine.release_rail(now, rail),
                 Err(e) => {
                     tracing::error!(error = %e, "flushing a rail failed; its slices stay undrained");
-                    self.engine.core.marker_dropped(rail, marker);
+                    self.engine.marker_dropped(rail, marker);
                 }
             }
         }
@@ -273,7 +273,7 @@ impl State {
 
     pub(crate) fn handle_events(&mut self, now: Instant, events: &mut Vec<TransportEvent>) {
         for ev in events.drain(..) {
-            self.engine.core.handle_event(now, ev);
+            self.engine.handle_event(now, ev);
         }
         self.expire(now);
         self.pump(now);
@@ -320,7 +320,7 @@ impl State {
             failures: vec![failure],
             retained: Charges::default(),
         };
-        self.engine.record_unquiesced(u);
+        self.engine.record_unquiesced(u.fence_reason(), u);
     }
 
     pub(crate) fn fence(&mut self, reason: impl Into<Arc<str>>) {
@@ -341,9 +341,12 @@ impl State {
         rail
     }
 
-    pub(crate) fn nic_info(&self) -> Vec<(u32, u16, verbs::Gid)> {
+    pub(crate) fn nic_info(&self) -> Vec<(u32, u16, orbitte_wire::Gid)> {
         self.init.as_ref().map_or_else(Vec::new, |i| {
-            i.nics.iter().map(|n| (n.id.0, n.lid, n.gid)).collect()
+            i.nics
+                .iter()
+                .map(|n| (n.id.0, n.lid, orbitte_wire::Gid(n.gid.0)))
+                .collect()
         })
     }
 }

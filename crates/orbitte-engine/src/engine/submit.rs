@@ -44,7 +44,7 @@ impl TransferEngine {
         if let Some(armed) = notification {
             let reqs: Vec<_> = admission.collect();
             let armed = armed.on_rails(&reqs);
-            st.engine.core.insert(now, reqs, &mut ids);
+            st.engine.insert(now, reqs, &mut ids);
             super::notify::track(st, &ids, armed);
             st.pump(now);
             return Ok(ids);
@@ -61,7 +61,6 @@ impl TransferEngine {
             while admission.len() > PIECE + PIECE / 2 {
                 let st = &mut *guard;
                 st.engine
-                    .core
                     .insert(now, admission.by_ref().take(PIECE), &mut ids);
                 if own.is_none()
                     && let Some(&first) = ids.first()
@@ -77,7 +76,7 @@ impl TransferEngine {
             }
         }
         let st = &mut *guard;
-        st.engine.core.insert(now, admission, &mut ids);
+        st.engine.insert(now, admission, &mut ids);
         st.pump(now);
         Ok(ids)
     }

@@ -13,7 +13,6 @@ pub(super) fn timer_loop(shared: &Shared) {
         st.pump(now);
         let next = st
             .engine
-            .core
             .poll_timeout()
             .map_or(Duration::from_millis(50), |t| {
                 t.saturating_duration_since(now)

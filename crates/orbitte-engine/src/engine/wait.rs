@@ -16,7 +16,7 @@ impl TransferEngine {
     /// The outcome, if the request has one (taken: a second call says
     /// `None`).
     pub fn poll(&self, id: RequestId) -> Option<Outcome> {
-        self.lock().engine.outcomes.remove(&id)
+        self.lock().engine.take_outcome(&id)
     }
 
     /// Waits for the outcome. Every request gets one by its request
@@ -56,7 +56,7 @@ impl TransferEngine {
             out.push(o);
             let mut taken = 1;
             for id in rest {
-                match st.engine.outcomes.remove(id) {
+                match st.engine.take_outcome(&id) {
                     Some(o) => out.push(o),
                     None => break,
                 }
@@ -83,7 +83,7 @@ impl TransferEngine {
         let mut idle_since: Option<Instant> = None;
         loop {
             let mut st = self.lock();
-            if let Some(o) = st.engine.outcomes.remove(&id) {
+            if let Some(o) = st.engine.take_outcome(&id) {
                 return Ok(then(o, &mut st));
             }
             if own.is_none() {
@@ -96,23 +96,23 @@ impl TransferEngine {
                 if cq.take(st, &self.shared, &mut events) {
                     idle_since = None;
                 }
-                if let Some(o) = st.engine.outcomes.remove(&id) {
+                if let Some(o) = st.engine.take_outcome(&id) {
                     return Ok(then(o, st));
                 }
             }
             let now = Instant::now();
             let deadline = *deadline.get_or_insert_with(|| now + timeout);
-            let next_timer = st.engine.core.poll_timeout();
+            let next_timer = st.engine.poll_timeout();
             if next_timer.is_some_and(|t| t <= now) {
                 st.expire(now);
                 st.pump(now);
-                if let Some(o) = st.engine.outcomes.remove(&id) {
+                if let Some(o) = st.engine.take_outcome(&id) {
                     st.waiters.forget_waiter(id);
                     return Ok(then(o, &mut st));
                 }
             }
-            if !st.engine.core.is_pending(id)
-                && !st.engine.notifications.holds(id)
+            if !st.engine.core().is_pending(id)
+                && !st.engine.holds_notification(id)
                 && !st.staged.is_pending(id)
             {
                 st.waiters.forget_waiter(id);
@@ -184,7 +184,8 @@ impl TransferEngine {
     /// Whether the transports still hold the request's local bytes.
     pub fn drain_status(&self, id: RequestId) -> DrainStatus {
         let mut st = self.lock();
-        crate::staging::drain_status(&mut st, id).unwrap_or_else(|| st.engine.core.drain_status(id))
+        crate::staging::drain_status(&mut st, id)
+            .unwrap_or_else(|| st.engine.core().drain_status(id))
     }
 
     /// Waits until the request is drained (its local buffer is the
@@ -198,7 +199,7 @@ impl TransferEngine {
             st.expire(now);
             st.pump(now);
             let status = crate::staging::drain_status(&mut st, id)
-                .unwrap_or_else(|| st.engine.core.drain_status(id));
+                .unwrap_or_else(|| st.engine.core().drain_status(id));
             match status {
                 DrainStatus::Drained => return Ok(()),
                 DrainStatus::Pending { slices } if now >= deadline => {
@@ -214,7 +215,6 @@ impl TransferEngine {
             st.waiters.await_drain();
             let until = st
                 .engine
-                .core
                 .poll_timeout()
                 .filter(|t| *t > now)
                 .map_or(deadline, |t| t.min(deadline))
@@ -247,7 +247,7 @@ impl OwnCq {
     /// rail on that one NIC (then every completion that decides its
     /// outcome arrives there); `None` otherwise.
     pub(super) fn of(st: &State, id: RequestId) -> Option<Self> {
-        let rails = st.engine.core.pending_rails(id)?;
+        let rails = st.engine.core().pending_rails(id)?;
         let mut nic = None;
         for rail in rails {
             if st.owner.get(rail.0 as usize) != Some(&Owner::Rdma) {

@@ -1,7 +1,7 @@
 //! The threads waiting for outcomes and for drain.
 //!
 //! A thread that waits for a request parks itself under the request's id;
-//! the outcome's arrival ([`Outcomes::take_arrived`](crate::state::Outcomes::take_arrived))
+//! the outcome's arrival ([`Outcomes::take_arrived`](orbitte_proto::state::Outcomes::take_arrived))
 //! wakes that thread only. A thread that waits for drain parks on the
 //! drain list, woken when slices are released. The threads to wake are
 //! collected under the state lock and unparked after it is released (see

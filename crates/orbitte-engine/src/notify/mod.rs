@@ -30,7 +30,7 @@ use orbitte_wire as wire;
 use crate::transport::PathKind;
 
 pub use inbox::{INBOX_CAPACITY, NotificationStats, ReceivedNotification};
-pub(crate) use orbitte_proto::notification::{Armed, tracker};
+pub(crate) use orbitte_proto::notification::Armed;
 pub use orbitte_proto::notification::{Notification, NotificationError, NotificationStatus};
 pub use orbitte_wire::MAX_NOTIFICATION_LEN;
 

@@ -59,7 +59,7 @@ pub(crate) fn recovery_loop(shared: &Arc<Shared>) {
     while !shared.stop.load(Ordering::Acquire) {
         let now = Instant::now();
         observe(&mut st, now);
-        let due = if st.engine.core.fenced().is_some() {
+        let due = if st.engine.core().fenced().is_some() {
             Vec::new()
         } else {
             st.recovery.due(now)
@@ -90,11 +90,11 @@ pub(crate) fn recovery_loop(shared: &Arc<Shared>) {
 /// Feeds the core's view of every tracked rail to the recovery state.
 fn observe(st: &mut State, now: Instant) {
     for rail in st.recovery.rails() {
-        if st.engine.core.rail_is_closed(rail) {
+        if st.engine.core().rail_is_closed(rail) {
             st.recovery.untrack(rail);
             continue;
         }
-        let up = st.engine.core.rail_is_up(rail);
+        let up = st.engine.core().rail_is_up(rail);
         if st.recovery.observe(rail, up, now) {
             tracing::info!(rail = rail.0, "rail recovered: its port is active again");
         }
@@ -111,10 +111,10 @@ fn install_qp(
     mut qp: QueuePair<Rts>,
     now: Instant,
 ) -> Result<(), String> {
-    if st.engine.core.rail_is_closed(rail) {
+    if st.engine.core().rail_is_closed(rail) {
         return Err("the rail was closed meanwhile".into());
     }
-    if st.engine.core.rail_in_flight(rail) > 0 {
+    if st.engine.core().rail_in_flight(rail) > 0 {
         return Err("the old queue pair still holds work".into());
     }
     let Some((nic, old_qpn)) = st.rdma.rail(rail).map(|r| (r.nic, r.qpn())) else {
@@ -144,7 +144,7 @@ fn install_qp(
         r.notify = notify;
     }
     st.qpn_rail.insert((nic, qpn), rail);
-    st.engine.core.restore_rail(rail);
+    st.engine.restore_rail(rail);
     st.pump(now);
     Ok(())
 }
@@ -158,7 +158,7 @@ impl State {
     /// The rdma rails of `peer`.
     pub(crate) fn rdma_rails_of(&self, peer: PeerId) -> Vec<RailId> {
         self.engine
-            .tables
+            .tables()
             .peers
             .get(&peer.0)
             .map(|p| {
@@ -230,14 +230,14 @@ impl TransferEngine {
         let failed = |e: &dyn std::fmt::Display| Attempt::Failed(e.to_string());
         let (peer, half, connect_id, remote_nic, session) = {
             let mut st = self.lock();
-            let Some(peer) = st.engine.core.rail_spec(rail).map(|s| s.peer) else {
+            let Some(peer) = st.engine.core().rail_spec(rail).map(|s| s.peer) else {
                 return Err(Attempt::Failed("unknown rail".into()));
             };
-            if st.engine.core.rail_is_up(rail) {
+            if st.engine.core().rail_is_up(rail) {
                 // The port came back with the queue pair intact.
                 return Err(Attempt::NotYet("the rail is up again".into()));
             }
-            if st.engine.core.rail_in_flight(rail) > 0 {
+            if st.engine.core().rail_in_flight(rail) > 0 {
                 return Err(Attempt::NotYet(
                     "the old queue pair still holds work".into(),
                 ));
@@ -264,7 +264,7 @@ impl TransferEngine {
             st.next_connect += 1;
             let session = st
                 .engine
-                .tables
+                .tables()
                 .peers
                 .get(&peer.0)
                 .and_then(|p| p.sessions.last().copied());
@@ -353,7 +353,7 @@ impl TransferEngine {
         };
         let now = Instant::now();
         let mut st = self.lock();
-        if let Some(reason) = st.engine.core.fenced() {
+        if let Some(reason) = st.engine.core().fenced() {
             return reject(
                 wire::ErrorCode::SHUTTING_DOWN,
                 format!("the engine is fenced: {reason}"),
@@ -362,7 +362,7 @@ impl TransferEngine {
         let target = u32::from(rr.target_nic.0);
         let theirs = rr.endpoint.nic_id.0;
         let rail = st.rdma_rails_of(peer).into_iter().find(|r| {
-            !st.engine.core.rail_is_closed(*r)
+            !st.engine.core().rail_is_closed(*r)
                 && st
                     .rdma
                     .rail(*r)
@@ -374,7 +374,7 @@ impl TransferEngine {
                 format!("no rail from NIC ID {theirs} to NIC ID {target} here"),
             );
         };
-        if st.engine.core.rail_in_flight(rail) > 0 {
+        if st.engine.core().rail_in_flight(rail) > 0 {
             if let Err(e) = st.rdma.flush(rail) {
                 tracing::warn!(error = %e, "moving a rail's queue pair to error failed");
             }

@@ -68,7 +68,7 @@ pub(super) fn publish(shared: &Shared, id: RequestId, done: Finished) {
         .ended(id, done.copies_drained, done.network.clone());
     let mut outcome = done.outcome;
     outcome.drain = super::table::drain_status(&mut st, id).unwrap_or(DrainStatus::Drained);
-    st.engine.outcomes.insert(id, outcome);
+    st.engine.insert_outcome(id, outcome);
 }
 
 struct Runner<'a> {

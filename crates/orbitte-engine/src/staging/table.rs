@@ -116,14 +116,14 @@ pub(crate) fn drain_status(st: &mut State, id: RequestId) -> Option<DrainStatus>
     let e = st.staged.requests.get(&id)?;
     let mut slices = u32::from(e.running || !e.copies_drained);
     for r in e.network.iter().chain(&e.current) {
-        if let DrainStatus::Pending { slices: s } = st.engine.core.drain_status(*r) {
+        if let DrainStatus::Pending { slices: s } = st.engine.core().drain_status(*r) {
             slices = slices.saturating_add(s);
         }
     }
     if slices > 0 {
         return Some(DrainStatus::Pending { slices });
     }
-    if !e.outcome_pending && !st.engine.outcomes.contains_key(&id) {
+    if !e.outcome_pending && !st.engine.has_outcome(&id) {
         st.staged.requests.remove(&id);
     }
     Some(DrainStatus::Drained)
@@ -147,7 +147,7 @@ impl TransferEngine {
                 path: PathKind::GpudirectRdma,
             });
         }
-        if let Some(reason) = self.lock().engine.core.fenced().cloned() {
+        if let Some(reason) = self.lock().engine.core().fenced().cloned() {
             return Err(RegisterError::Fenced { reason });
         }
         let device = buffer.device().index();
@@ -219,7 +219,7 @@ impl TransferEngine {
         let mut jobs = Vec::new();
         {
             let st = self.lock();
-            if let Some(reason) = st.engine.core.fenced() {
+            if let Some(reason) = st.engine.core().fenced() {
                 return Err(SubmitError::Fenced {
                     index: 0,
                     label: batch.first().map_or(0, |r| r.label),
@@ -284,7 +284,7 @@ impl TransferEngine {
                         && !e.running
                         && e.copies_drained
                         && e.network.is_empty()
-                        && !st.engine.outcomes.contains_key(id)
+                        && !st.engine.has_outcome(id)
                 })
                 .map(|(id, _)| *id)
                 .collect();
@@ -377,6 +377,6 @@ fn check(st: &State, e: &CudaEntry, r: &TransferRequest) -> Result<(), RequestEr
         });
     }
     let rend = end(r.remote_offset)?;
-    crate::engine::published_remote(&st.engine.tables, r, rend)?;
+    crate::engine::published_remote(st.engine.tables(), r, rend)?;
     Ok(())
 }

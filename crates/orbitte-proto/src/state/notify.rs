@@ -15,23 +15,24 @@ use std::sync::Arc;
 use orbitte_wire as wire;
 
 use super::EngineState;
-use crate::notify::NotificationStatus;
-use crate::notify::tracker::{Resolved, Step, Tracker, Verdict};
+use crate::RailId;
+use crate::notification::NotificationStatus;
+use crate::notification::tracker::{Resolved, Step, Tracker, Verdict};
 use crate::outcome::RequestId;
-use crate::transport::RailId;
+use crate::registration::Resources;
 
 /// A notification the driver hands to a transport: it tries `rails` in
 /// order until one takes `frame`, then reports to
 /// [`EngineState::notification_sent`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Transmit {
+pub struct Transmit {
     /// The notification's number (the frame's id).
-    pub(crate) id: u64,
+    pub id: u64,
     /// The batch's rails that are still its peer's and up, in first-use
     /// order; never empty.
-    pub(crate) rails: Vec<RailId>,
+    pub rails: Vec<RailId>,
     /// The encoded `notification` frame.
-    pub(crate) frame: Arc<[u8]>,
+    pub frame: Arc<[u8]>,
 }
 
 /// A resolved batch whose notification is with the driver.
@@ -44,7 +45,7 @@ struct Sending {
 
 /// The notifying batches: in flight (`tracker`), resolved and being sent.
 #[derive(Debug, Default)]
-pub(crate) struct Notifications {
+pub struct Notifications {
     tracker: Tracker,
     /// Invariant: every id in `transmits` is a key of `sending`.
     sending: HashMap<u64, Sending>,
@@ -54,7 +55,7 @@ pub(crate) struct Notifications {
 impl Notifications {
     /// Whether the request's outcome is made and held until its batch's
     /// notification is decided.
-    pub(crate) fn holds(&self, request: RequestId) -> bool {
+    pub fn holds(&self, request: RequestId) -> bool {
         self.tracker.holds(request)
             || self
                 .sending
@@ -63,13 +64,13 @@ impl Notifications {
     }
 }
 
-impl EngineState {
+impl<R: Resources> EngineState<R> {
     /// Tracks the admitted batch `requests` (in submission order) that
     /// carries `armed`: their outcomes are held until the last one is made.
-    pub(crate) fn track_notification(
+    pub fn track_notification(
         &mut self,
         requests: &[RequestId],
-        armed: crate::notify::Armed,
+        armed: crate::notification::Armed,
     ) {
         let n = &mut self.notifications.tracker;
         let id = n.next_id();
@@ -95,7 +96,7 @@ impl EngineState {
     /// whose every request completed and that still has a usable rail
     /// becomes a [`Transmit`] ([`poll_transmit`](Self::poll_transmit)); any
     /// other resolved batch comes out at once, `NotSent` with the reason.
-    pub(crate) fn collect_outcomes(&mut self) {
+    pub fn collect_outcomes(&mut self) {
         if !self.notifications.tracker.tracks_any() {
             // No notifying batch in flight (the common case): straight to
             // the table, without moving each outcome through the tracker.
@@ -114,13 +115,13 @@ impl EngineState {
     }
 
     /// The next notification for the driver to send.
-    pub(crate) fn poll_transmit(&mut self) -> Option<Transmit> {
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.notifications.transmits.pop_front()
     }
 
     /// What became of [`Transmit`] `id`: `Ok` when a rail took it, else
     /// why each rail refused. Releases the batch's outcomes, stamped.
-    pub(crate) fn notification_sent(&mut self, id: u64, result: Result<(), Vec<String>>) {
+    pub fn notification_sent(&mut self, id: u64, result: Result<(), Vec<String>>) {
         let Some(s) = self.notifications.sending.remove(&id) else {
             return;
         };

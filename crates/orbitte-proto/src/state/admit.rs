@@ -2,7 +2,7 @@
 //! rails chosen, all or nothing.
 //!
 //! [`EngineState::validate`] checks every request of a batch, everything
-//! [`Core::check`](orbitte_proto::core::Core::check) would check included
+//! [`Core::check`](crate::core::Core::check) would check included
 //! (lengths, slice count, rails up, the fence), deciding once per run of
 //! requests that name the same registration, peer, range and operation.
 //! The [`Admission`] it returns then builds the core's requests one at a
@@ -14,16 +14,18 @@ use std::sync::Arc;
 use orbitte_topology::{DeviceMask, NicId};
 
 use super::{EngineState, published_remote};
+use crate::TransferRequest;
+use crate::core::{Core, CoreRequest, RailList};
 use crate::outcome::{RailRefusal, RequestError, SubmitError};
 use crate::registration::RegState;
-use crate::transport::{PathKind, PeerId, RailId, RangeId, RegistrationId};
-use orbitte_proto::TransferRequest;
-use orbitte_proto::core::{Core, CoreRequest, RailList};
+use crate::registration::Resources;
+use crate::{PathKind, PeerId, RailId, RangeId, RegistrationId};
 
 /// A validated batch: every request passed, none is in the core yet.
 /// Iterating yields each request for the core, rails chosen and rotated,
 /// in the batch's order.
-pub(crate) struct Admission<'b> {
+#[derive(Debug)]
+pub struct Admission<'b> {
     batch: &'b [TransferRequest],
     /// Runs of requests decided together, in order; each ends (exclusive)
     /// at its `end`.
@@ -36,6 +38,7 @@ pub(crate) struct Admission<'b> {
 }
 
 /// Requests up to `end` that share one decision.
+#[derive(Debug)]
 struct Run {
     end: usize,
     admitted: Admitted,
@@ -79,12 +82,12 @@ impl Iterator for Admission<'_> {
 
 impl ExactSizeIterator for Admission<'_> {}
 
-impl EngineState {
+impl<R: Resources> EngineState<R> {
     /// Validates a batch and chooses each request's rails: all admitted or
     /// none (the error names the first bad request). Nothing is submitted:
-    /// the caller hands the result to [`Core::submit`](orbitte_proto::core::Core::submit)
+    /// the caller hands the result to [`Core::submit`](crate::core::Core::submit)
     /// (or calls [`submit`](Self::submit)).
-    pub(crate) fn admit(
+    pub fn admit(
         &mut self,
         batch: &[TransferRequest],
         mask: DeviceMask,
@@ -95,7 +98,7 @@ impl EngineState {
     /// Validates a batch as [`admit`](Self::admit) does, and returns what
     /// builds its requests for the core. The rotation among each request's
     /// rails is taken now, for the whole batch.
-    pub(crate) fn validate<'b>(
+    pub fn validate<'b>(
         &mut self,
         batch: &'b [TransferRequest],
         mask: DeviceMask,
@@ -192,7 +195,7 @@ impl EngineState {
         else {
             return Err(RequestError::UnpublishedLocal(r.registration));
         };
-        let local_size = reg.memory.len() as u64;
+        let local_size = R::len(&reg.memory);
         if lend > local_size {
             return Err(local_out_of_range(r, local_size));
         }
@@ -277,11 +280,12 @@ fn local_out_of_range(r: &TransferRequest, size: u64) -> RequestError {
 
 /// What [`EngineState::validate`] decided for a run of requests with the same
 /// registration, peer, range and operation.
+#[derive(Debug)]
 struct Admitted {
     registration: RegistrationId,
     peer: PeerId,
     range: RangeId,
-    op: crate::transport::Op,
+    op: crate::Op,
     /// The peer's epoch the requests were made for, checked once.
     epoch: Option<orbitte_wire::Epoch>,
     /// Bytes of the local registration.

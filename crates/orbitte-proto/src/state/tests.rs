@@ -6,24 +6,109 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use orbitte_memory::HostMemory;
 use orbitte_topology::DeviceMask;
 use orbitte_wire::handshake::Established;
 use orbitte_wire::{self as wire, Epoch, SourceId};
 
 use super::{EngineState, Transmit};
-use crate::error::{RegisterError, UnregisterError};
-use crate::notify::{Armed, Notification, NotificationStatus};
+use crate::TransferRequest;
+use crate::core::CoreConfig;
+use crate::error::{RegisterRefusal, UnregisterRefusal};
+use crate::notification::{Armed, Notification, NotificationStatus};
 use crate::outcome::{
     DrainStatus, Outcome, RailRefusal, RequestError, RequestId, Status, SubmitError,
 };
-use crate::registration::{Access, Budgets, Charges};
-use crate::transport::{
+use crate::registration::{Access, Budgets, Charges, Resources};
+use crate::{
     Op, PathKind, PeerId, PostError, RailId, RailSpec, RangeId, RegistrationId, SliceFailure,
     SliceStatus, SliceToken, TransportEvent, WorkItem,
 };
-use orbitte_proto::TransferRequest;
-use orbitte_proto::core::CoreConfig;
+
+/// Memory of the tests: bytes grown on demand (a range never written
+/// reads as zeros, so a test can register more than it touches).
+#[derive(Debug)]
+pub(super) struct TestMemory {
+    len: usize,
+    bytes: std::sync::Mutex<Vec<u8>>,
+}
+
+impl TestMemory {
+    pub(super) fn alloc(len: usize) -> Arc<Self> {
+        Arc::new(Self {
+            len,
+            bytes: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    fn check(&self, offset: usize, n: usize) -> Result<(), String> {
+        match offset.checked_add(n) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(format!("{offset}+{n} outside {} bytes", self.len)),
+        }
+    }
+
+    pub(super) fn write_at(&self, offset: usize, data: &[u8]) -> Result<(), String> {
+        self.check(offset, data.len())?;
+        let mut b = self.bytes.lock().unwrap();
+        if b.len() < offset + data.len() {
+            b.resize(offset + data.len(), 0);
+        }
+        b[offset..offset + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
+    pub(super) fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<(), String> {
+        self.check(offset, out.len())?;
+        let b = self.bytes.lock().unwrap();
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = b.get(offset + i).copied().unwrap_or(0);
+        }
+        Ok(())
+    }
+
+    pub(super) fn to_vec(&self, offset: usize, n: usize) -> Result<Vec<u8>, String> {
+        let mut out = vec![0; n];
+        self.read_at(offset, &mut out)?;
+        Ok(out)
+    }
+}
+
+/// A memory region of the tests: its keys only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct TestRegion {
+    pub(super) addr: u64,
+    pub(super) lkey: u32,
+    pub(super) rkey: u32,
+}
+
+/// The resources the tests give the state.
+#[derive(Debug)]
+pub(super) struct Test;
+
+impl Resources for Test {
+    type Memory = Arc<TestMemory>;
+    type Region = TestRegion;
+    type Unquiesced = String;
+
+    fn len(memory: &Arc<TestMemory>) -> u64 {
+        memory.len as u64
+    }
+
+    fn address(_: &Arc<TestMemory>) -> u64 {
+        0x1000
+    }
+
+    fn local_key(region: &TestRegion) -> (u64, u32) {
+        (region.addr, region.lkey)
+    }
+
+    fn rkey(region: &TestRegion) -> u32 {
+        region.rkey
+    }
+}
+
+/// An access token for the tests' registrations.
+pub(super) const TOKEN: wire::AccessToken = wire::AccessToken(0x5eed);
 
 pub(super) const SLICE: u32 = 1024;
 /// Bytes of the local registration and of the peer's range.
@@ -53,10 +138,10 @@ pub(super) enum Fate {
 /// An `EngineState` with one local registration, one peer with one
 /// published range, and rails to it; the "remote" is a second buffer.
 pub(super) struct Sim {
-    pub(super) st: EngineState,
+    pub(super) st: EngineState<Test>,
     pub(super) now: Instant,
-    pub(super) local: Arc<HostMemory>,
-    pub(super) remote: Arc<HostMemory>,
+    pub(super) local: Arc<TestMemory>,
+    pub(super) remote: Arc<TestMemory>,
     pub(super) reg: RegistrationId,
     pub(super) peer: PeerId,
     pub(super) range: RangeId,
@@ -108,13 +193,13 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 impl Sim {
     /// Rails of the given (depth, signal interval), tcp path, no NIC.
     pub(super) fn new(rails: &[(u32, u32)]) -> Self {
-        let mut st = EngineState::new(config(), Budgets::default());
-        let local = HostMemory::alloc(SIZE).expect("test memory");
-        let remote = HostMemory::alloc(SIZE).expect("test memory");
+        let mut st = EngineState::<Test>::new(config(), Budgets::default());
+        let local = TestMemory::alloc(SIZE);
+        let remote = TestMemory::alloc(SIZE);
         local.write_at(0, local_before()).expect("in range");
         remote.write_at(0, remote_before()).expect("in range");
         let reg = st
-            .register_unpinned(local.clone(), Access::REMOTE_READ_WRITE)
+            .register_unpinned(local.clone(), Access::REMOTE_READ_WRITE, TOKEN)
             .expect("not fenced")
             .id;
         let range = RangeId(7);
@@ -523,7 +608,7 @@ fn an_admission_taken_in_pieces_builds_what_the_whole_batch_does_rails_rotating(
     let batch = |sim: &mut Sim| -> Vec<TransferRequest> {
         let other = sim
             .st
-            .register_unpinned(HostMemory::alloc(SIZE).unwrap(), Access::REMOTE_READ_WRITE)
+            .register_unpinned(TestMemory::alloc(SIZE), Access::REMOTE_READ_WRITE, TOKEN)
             .unwrap()
             .id;
         (0..9u64)
@@ -544,7 +629,7 @@ fn an_admission_taken_in_pieces_builds_what_the_whole_batch_does_rails_rotating(
     assert_eq!(admission.len(), 7);
     built.extend(admission.by_ref().take(3));
     built.extend(admission);
-    let seen = |reqs: &[orbitte_proto::core::CoreRequest]| {
+    let seen = |reqs: &[crate::core::CoreRequest]| {
         reqs.iter()
             .map(|r| {
                 let reg = r.registration;
@@ -578,16 +663,16 @@ fn admission_refuses_more_slices_than_the_core_counts() {
     // One-byte slices: a request of more than u32::MAX bytes has more
     // slices than the core numbers. The memory is sparse (never touched).
     let big: usize = 5 << 30;
-    let mut st = EngineState::new(
+    let mut st = EngineState::<Test>::new(
         CoreConfig {
             slice_size: 1,
             ..config()
         },
         Budgets::default(),
     );
-    let local = HostMemory::alloc(big).expect("sparse test memory");
+    let local = TestMemory::alloc(big);
     let reg = st
-        .register_unpinned(local, Access::REMOTE_READ_WRITE)
+        .register_unpinned(local, Access::REMOTE_READ_WRITE, TOKEN)
         .expect("not fenced")
         .id;
     let desc = wire::RangeDescriptor {
@@ -646,12 +731,12 @@ fn a_fenced_state_admits_nothing() {
         matches!(&err, SubmitError::Fenced { index: 0, reason, .. } if reason.contains("MR destroy failed")),
         "{err:?}"
     );
-    let mem = HostMemory::alloc(4096).unwrap();
+    let mem = TestMemory::alloc(4096);
     let err = sim
         .st
-        .register_unpinned(mem, Access::LocalOnly)
+        .register_unpinned(mem, Access::LocalOnly, TOKEN)
         .unwrap_err();
-    assert!(matches!(err, RegisterError::Fenced { .. }), "{err:?}");
+    assert!(matches!(err, RegisterRefusal::Fenced { .. }), "{err:?}");
     sim.pump();
     assert!(sim.accepted.is_empty());
 }
@@ -665,7 +750,7 @@ fn a_registration_stays_until_its_requests_drained_on_virtual_time() {
     assert!(!sim.step(0, Fate::Hang), "the first slice hangs");
     let err = sim.st.take_registration(sim.reg).unwrap_err();
     assert!(
-        matches!(err, UnregisterError::Undrained { requests: 1, .. }),
+        matches!(err, UnregisterRefusal::Undrained { requests: 1, .. }),
         "{err:?}"
     );
     // The request times out logically; its slices stay with the transport.
@@ -682,7 +767,7 @@ fn a_registration_stays_until_its_requests_drained_on_virtual_time() {
     assert_eq!(sim.st.ledger.in_use, Charges::default());
     assert!(matches!(
         sim.st.take_registration(sim.reg),
-        Err(UnregisterError::Unknown(_))
+        Err(UnregisterRefusal::Unknown(_))
     ));
 }
 
@@ -721,14 +806,11 @@ fn a_closed_rail_is_reaped_once_its_work_drained() {
 #[test]
 fn unquiesced_evidence_is_kept_and_fences_admission() {
     let mut sim = Sim::new(&[(4, 1)]);
-    let u = crate::error::Unquiesced {
-        source_id: "a".into(),
-        epoch: Epoch::MIN,
-        during: "unregister of registration 3".into(),
-        failures: Vec::new(),
-        retained: Charges { mrs: 1, bytes: 64 },
-    };
-    sim.st.record_unquiesced(u.clone());
+    let u = "MR lkey 0x12 on s0: EBUSY".to_owned();
+    sim.st.record_unquiesced(
+        "unquiesced during unregister of registration 3: MR lkey 0x12 on s0: EBUSY".into(),
+        u.clone(),
+    );
     assert_eq!(sim.st.unquiesced, [u]);
     let reason = sim.st.fenced().expect("fenced").to_string();
     assert!(
@@ -919,31 +1001,13 @@ fn refused(submitted: Result<Vec<RequestId>, SubmitError>) -> RequestError {
 
 // ---- Host Direct registration ----
 
-fn sim_pd() -> (
-    orbitte_verbs::sim::SimFabric,
-    orbitte_verbs::ProtectionDomain,
-) {
-    use orbitte_verbs::sim::{SimDescription, SimDeviceDesc, SimFabric};
-    let fabric = SimFabric::new(
-        SimDescription::new(vec![SimDeviceDesc::roce("s0", [10, 0, 0, 1])]),
-        1,
-    );
-    let pd = fabric
-        .provider()
-        .open("s0")
-        .expect("sim device")
-        .alloc_pd()
-        .expect("sim pd");
-    (fabric, pd)
-}
-
 #[test]
 fn host_direct_charges_every_copy_up_front_and_refuses_past_either_budget() {
     let budgets = Budgets {
         max_mrs: 5,
         max_bytes: 64 * 1024,
     };
-    let mut st = EngineState::new(config(), budgets);
+    let mut st = EngineState::<Test>::new(config(), budgets);
     let r = st
         .reserve_host_direct(4096, Access::REMOTE_READ_WRITE, 2)
         .unwrap();
@@ -959,7 +1023,7 @@ fn host_direct_charges_every_copy_up_front_and_refuses_past_either_budget() {
     assert!(
         matches!(
             err,
-            RegisterError::ResourceExhausted {
+            RegisterRefusal::ResourceExhausted {
                 resource: "memory regions",
                 asked: 2,
                 in_use: 4,
@@ -974,7 +1038,7 @@ fn host_direct_charges_every_copy_up_front_and_refuses_past_either_budget() {
     assert!(
         matches!(
             err,
-            RegisterError::ResourceExhausted {
+            RegisterRefusal::ResourceExhausted {
                 resource: "registered bytes",
                 ..
             }
@@ -993,28 +1057,30 @@ fn host_direct_charges_every_copy_up_front_and_refuses_past_either_budget() {
     let err = st
         .reserve_host_direct(4096, Access::LocalOnly, 1)
         .unwrap_err();
-    assert!(matches!(err, RegisterError::Fenced { .. }), "{err:?}");
+    assert!(matches!(err, RegisterRefusal::Fenced { .. }), "{err:?}");
     assert_eq!(st.ledger.in_use, one);
 }
 
 #[test]
 fn a_published_host_direct_registration_serves_requests_until_retired() {
     use crate::registration::{MemoryPath, NicCopies};
-    let (_fabric, pd) = sim_pd();
     let mut sim = Sim::new(&[(4, 1)]);
     let before = sim.st.ledger.in_use;
     let access = Access::REMOTE_READ_WRITE;
     let r = sim.st.reserve_host_direct(SIZE as u64, access, 1).unwrap();
     let id = r.id;
-    let memory = HostMemory::alloc(SIZE).unwrap();
-    let buf: Arc<dyn orbitte_memory::DmaBuffer> = memory.clone();
-    let local = pd
-        .register(buf.clone(), 0..SIZE, orbitte_verbs::Access::LOCAL_WRITE)
-        .unwrap();
-    let remote = pd
-        .register(buf, 0..SIZE, access.remote_verbs().expect("remote"))
-        .unwrap();
-    let copies = vec![NicCopies {
+    let memory = TestMemory::alloc(SIZE);
+    let local = TestRegion {
+        addr: 0x1000,
+        lkey: 1,
+        rkey: 0,
+    };
+    let remote = TestRegion {
+        addr: 0x1000,
+        lkey: 2,
+        rkey: 0x22,
+    };
+    let copies = vec![NicCopies::<Test> {
         nic: 0,
         local,
         remote: Some(remote),
@@ -1022,7 +1088,9 @@ fn a_published_host_direct_registration_serves_requests_until_retired() {
     // Not admitted before it is published.
     let w = TransferRequest::write(id, 0, sim.peer, sim.range, 0, 10);
     assert!(sim.submit(&[w]).is_err());
-    let reg = sim.st.publish_host_direct(r, memory, copies, vec![(0, 0)]);
+    let reg = sim
+        .st
+        .publish_host_direct(r, memory, copies, vec![(0, 0)], TOKEN);
     assert_eq!(
         (reg.id, reg.copies, reg.path, reg.len),
         (id, 2, MemoryPath::HostDirect, SIZE as u64)
@@ -1032,14 +1100,17 @@ fn a_published_host_direct_registration_serves_requests_until_retired() {
     assert_eq!(sim.outcomes[&ids[0]].status, Status::Complete);
     // Retire: new requests refused, the remote copy handed to the driver.
     let remote = sim.st.retire_registration(id).unwrap();
-    assert_eq!(remote.len(), 1);
+    assert_eq!(
+        remote,
+        [TestRegion {
+            rkey: 0x22,
+            ..remote[0]
+        }]
+    );
     assert_eq!(
         refused(sim.submit(&[w])),
         RequestError::UnpublishedLocal(id)
     );
-    for mr in remote {
-        mr.close().expect("sim close");
-    }
     sim.st.retired_closed(id, 1);
     let left = Charges {
         mrs: 1,
@@ -1050,10 +1121,18 @@ fn a_published_host_direct_registration_serves_requests_until_retired() {
     assert!(sim.st.retire_registration(id).unwrap().is_empty(), "once");
     let entry = sim.st.take_registration(id).unwrap();
     assert_eq!(sim.st.ledger.in_use, before);
-    assert!(crate::registration::close_copies(entry.copies).is_empty());
+    assert_eq!(
+        entry
+            .copies
+            .iter()
+            .map(|c| (c.local, c.remote))
+            .collect::<Vec<_>>(),
+        [(local, None)],
+        "the local copy stays until the driver closes it"
+    );
     assert!(matches!(
         sim.st.retire_registration(RegistrationId(999)),
-        Err(UnregisterError::Unknown(_))
+        Err(UnregisterRefusal::Unknown(_))
     ));
 }
 
@@ -1091,7 +1170,7 @@ fn tcp_rail(peer: PeerId) -> RailSpec {
 
 #[test]
 fn a_reconnect_keeps_the_peer_and_its_rails_and_replaces_its_ranges() {
-    let mut st = EngineState::new(config(), Budgets::default());
+    let mut st = EngineState::<Test>::new(config(), Budgets::default());
     let s1 = wire::SessionId(1);
     let a = st.adopt_peer(
         s1,

@@ -16,7 +16,7 @@
 //!
 //! The driver (`crate::engine`) wraps it: it owns the threads, the clock,
 //! the NIC contexts and the transports, and pumps the core in the order
-//! `orbitte_proto::core` documents:
+//! `crate::core` documents:
 //!
 //! 1. [`EngineState::submit`] a batch (or [`EngineState::admit`] it and hand
 //!    the requests to [`Core::submit`], then
@@ -34,6 +34,7 @@
 //! (`state/tests.rs`, and the fault fuzz in `state/fuzz.rs`).
 
 mod admit;
+mod drive;
 #[cfg(test)]
 mod fuzz;
 mod notify;
@@ -44,31 +45,38 @@ mod tables;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use notify::{Notifications, Transmit};
-pub(crate) use outcomes::Outcomes;
-pub(crate) use register::{Ledger, retained};
-pub(crate) use tables::{PeerState, Tables, check_epoch, published_remote};
+pub use admit::Admission;
+pub use notify::{Notifications, Transmit};
+pub use outcomes::Outcomes;
+pub use peers::Adoption;
+pub use register::{Ledger, Reservation, retained};
+pub use tables::{
+    PeerState, RESTARTED_KEPT, Restarted, Tables, Tracked, check_epoch, published_remote,
+};
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use orbitte_memory::HostMemory;
 use orbitte_topology::DeviceMask;
 use orbitte_wire::{self as wire, Epoch, SourceId};
 
-use crate::error::{RegisterError, Unquiesced, UnregisterError};
+use crate::TransferRequest;
+use crate::core::{Core, CoreConfig};
+use crate::error::{RegisterRefusal, UnregisterRefusal};
 use crate::outcome::{RequestId, SubmitError};
-use crate::registration::{Access, Budgets, Charges, MemoryPath, RegEntry, Registration};
-use crate::transport::{PeerId, RailId, RailSpec, RangeId, RegistrationId};
-use orbitte_proto::TransferRequest;
-use orbitte_proto::core::{Core, CoreConfig};
+use crate::registration::{
+    Access, Budgets, Charges, MemoryPath, RegEntry, Registration, Resources,
+};
+use crate::{PeerId, RailId, RailSpec, RangeId, RegistrationId};
 
 /// The tables, the ledger and the core, with the rules of admission.
 /// See the module docs for how a driver calls it.
 #[derive(Debug)]
-pub(crate) struct EngineState {
+pub struct EngineState<R: Resources> {
+    /// The transfer core.
     pub(crate) core: Core,
-    pub(crate) tables: Tables,
+    /// The registration and peer tables.
+    pub(crate) tables: Tables<R>,
     /// Invariant: `ledger.in_use` is the sum of the registrations'
     /// charges plus what cleanup failures retain.
     pub(crate) ledger: Ledger,
@@ -83,15 +91,15 @@ pub(crate) struct EngineState {
     /// Notifying batches whose outcomes are held until they resolve.
     pub(crate) notifications: Notifications,
     /// Every `Unquiesced` so far; each one fenced admission.
-    pub(crate) unquiesced: Vec<Unquiesced>,
+    pub(crate) unquiesced: Vec<R::Unquiesced>,
     /// Closed rails whose queue pair the driver destroys once their work
     /// in flight drained.
     reap: Vec<RailId>,
 }
 
-impl EngineState {
+impl<R: Resources> EngineState<R> {
     /// An empty state: no registrations, peers or rails.
-    pub(crate) fn new(core: CoreConfig, budgets: Budgets) -> Self {
+    pub fn new(core: CoreConfig, budgets: Budgets) -> Self {
         Self {
             core: Core::new(core),
             tables: Tables::default(),
@@ -113,7 +121,7 @@ impl EngineState {
     // The driver admits and submits apart (it arms notifications between);
     // tests submit in one step.
     #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) fn submit(
+    pub fn submit(
         &mut self,
         now: Instant,
         batch: &[TransferRequest],
@@ -124,22 +132,25 @@ impl EngineState {
     }
 
     /// Publishes host memory for the tcp and local paths only: no memory
-    /// region on any NIC, nothing charged. Refused while fenced.
-    pub(crate) fn register_unpinned(
+    /// region on any NIC, nothing charged, under the access `token` the
+    /// driver drew. Refused while fenced.
+    pub fn register_unpinned(
         &mut self,
-        memory: Arc<HostMemory>,
+        memory: R::Memory,
         access: Access,
-    ) -> Result<Registration, RegisterError> {
+        token: wire::AccessToken,
+    ) -> Result<Registration, RegisterRefusal> {
         if let Some(reason) = self.core.fenced().cloned() {
-            return Err(RegisterError::Fenced { reason });
+            return Err(RegisterRefusal::Fenced { reason });
         }
-        let len = memory.len() as u64;
+        let len = R::len(&memory);
         let id = self.insert_registration(RegEntry::published(
             memory,
             access,
             Vec::new(),
             Charges::default(),
             Vec::new(),
+            token,
         ));
         Ok(Registration {
             id,
@@ -152,7 +163,7 @@ impl EngineState {
 
     /// Adds a published entry (its charges already in the ledger) under a
     /// fresh id.
-    pub(crate) fn insert_registration(&mut self, entry: RegEntry) -> RegistrationId {
+    pub fn insert_registration(&mut self, entry: RegEntry<R>) -> RegistrationId {
         let id = self.fresh_registration_id();
         self.tables.regs.insert(id.0, entry);
         id
@@ -161,16 +172,16 @@ impl EngineState {
     /// Takes a registration out of the table, releasing its charges from
     /// the ledger; the caller closes its copies (and charges back what a
     /// failed close retains). Refused while requests on it are undrained.
-    pub(crate) fn take_registration(
+    pub fn take_registration(
         &mut self,
         registration: RegistrationId,
-    ) -> Result<RegEntry, UnregisterError> {
+    ) -> Result<RegEntry<R>, UnregisterRefusal> {
         let Some(entry) = self.tables.regs.get(&registration.0) else {
-            return Err(UnregisterError::Unknown(registration));
+            return Err(UnregisterRefusal::Unknown(registration));
         };
         let requests = entry.undrained();
         if requests > 0 {
-            return Err(UnregisterError::Undrained {
+            return Err(UnregisterRefusal::Undrained {
                 id: registration,
                 requests,
             });
@@ -179,7 +190,7 @@ impl EngineState {
             .tables
             .regs
             .remove(&registration.0)
-            .ok_or(UnregisterError::Unknown(registration))?;
+            .ok_or(UnregisterRefusal::Unknown(registration))?;
         self.ledger.release(entry.charge);
         Ok(entry)
     }
@@ -188,7 +199,7 @@ impl EngineState {
     // The driver's sessions record peers through their own admission
     // (reconnect, replacement); tests open them here.
     #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) fn open_peer(
+    pub fn open_peer(
         &mut self,
         source_id: SourceId,
         epoch: Epoch,
@@ -213,7 +224,7 @@ impl EngineState {
 
     /// Adds a rail to the core and to its peer's rails (the driver also
     /// records which transport owns the rail).
-    pub(crate) fn add_rail(&mut self, spec: RailSpec) -> RailId {
+    pub fn add_rail(&mut self, spec: RailSpec) -> RailId {
         let peer = spec.peer;
         let rail = self.core.add_rail(spec);
         if let Some(p) = self.tables.peers.get_mut(&peer.0) {
@@ -223,27 +234,20 @@ impl EngineState {
     }
 
     /// Why new admission is refused, if it is.
-    pub(crate) fn fenced(&self) -> Option<&Arc<str>> {
+    pub fn fenced(&self) -> Option<&Arc<str>> {
         self.core.fenced()
     }
 
     /// Refuses new admission from now on, with the reason.
-    pub(crate) fn fence(&mut self, reason: impl Into<Arc<str>>) {
+    pub fn fence(&mut self, reason: impl Into<Arc<str>>) {
         self.core.fence(reason.into());
     }
 
     /// Keeps the evidence of a cleanup that failed and fences admission
-    /// with its first failure as the reason.
-    pub(crate) fn record_unquiesced(&mut self, u: Unquiesced) {
+    /// with `reason` (what was being cleaned up and the first failure).
+    pub fn record_unquiesced(&mut self, reason: String, u: R::Unquiesced) {
         tracing::error!(error = %u, "unquiesced: fencing new admission");
-        self.fence(format!(
-            "unquiesced during {}: {}",
-            u.during,
-            u.failures
-                .first()
-                .map(|f| f.to_string())
-                .unwrap_or_default()
-        ));
+        self.fence(reason);
         self.unquiesced.push(u);
     }
 
@@ -251,12 +255,7 @@ impl EngineState {
     /// the next pump. Returns whether work was in flight on it; then the
     /// rail waits in the reap list until [`take_reapable`](Self::take_reapable)
     /// hands it back drained (when `reap_when_drained`).
-    pub(crate) fn close_rail(
-        &mut self,
-        rail: RailId,
-        now: Instant,
-        reap_when_drained: bool,
-    ) -> bool {
+    pub fn close_rail(&mut self, rail: RailId, now: Instant, reap_when_drained: bool) -> bool {
         let busy = self.core.close_rail(rail, now);
         if busy && reap_when_drained && !self.reap.contains(&rail) {
             self.reap.push(rail);
@@ -266,7 +265,7 @@ impl EngineState {
 
     /// Moves the closed rails that have no work in flight any more into
     /// `into`, for the driver to destroy.
-    pub(crate) fn take_reapable(&mut self, into: &mut Vec<RailId>) {
+    pub fn take_reapable(&mut self, into: &mut Vec<RailId>) {
         if self.reap.is_empty() {
             return;
         }

@@ -1,56 +1,70 @@
 //! The registration and peer tables, and the check of a request's remote side.
 
-use std::sync::Arc;
-
-use orbitte_memory::HostMemory;
 use orbitte_wire::{self as wire, Epoch, SourceId};
 
+use crate::TransferRequest;
 use crate::outcome::RequestError;
-use crate::registration::RegEntry;
-use crate::transport::{Op, PeerId, PostContext, RailId, RangeId, RegistrationId};
-use orbitte_proto::TransferRequest;
+use crate::registration::{RegEntry, Resources};
+use crate::{Op, PeerId, RailId, RangeId};
 
 /// An open peer: its source owner and epoch, the sessions it was admitted
 /// on, the ranges it published, its rails.
 #[derive(Debug)]
-pub(crate) struct PeerState {
-    pub(crate) source_id: SourceId,
-    pub(crate) epoch: Epoch,
-    pub(crate) sessions: Vec<wire::SessionId>,
-    pub(crate) ranges: crate::Map<RangeId, wire::RangeDescriptor>,
-    pub(crate) rails: Vec<RailId>,
+pub struct PeerState {
+    /// Its source id.
+    pub source_id: SourceId,
+    /// The incarnation open.
+    pub epoch: Epoch,
+    /// The sessions it was admitted on.
+    pub sessions: Vec<wire::SessionId>,
+    /// The ranges it published.
+    pub ranges: crate::Map<RangeId, wire::RangeDescriptor>,
+    /// Its rails.
+    pub rails: Vec<RailId>,
 }
 
 /// The registration and peer tables, lent to transports while they post.
 /// Each table remembers whether it was changed (any `&mut` access counts),
 /// so the driver copies what posting and serving need only after a change
 /// ([`take_changed`](Self::take_changed)).
-#[derive(Debug, Default)]
-pub(crate) struct Tables {
-    pub(crate) regs: Tracked<crate::Map<u64, RegEntry>>,
-    pub(crate) peers: Tracked<crate::Map<u32, PeerState>>,
+#[derive(Debug)]
+pub struct Tables<R: Resources> {
+    /// Registrations by id.
+    pub regs: Tracked<crate::Map<u64, RegEntry<R>>>,
+    /// Open peers by id.
+    pub peers: Tracked<crate::Map<u32, PeerState>>,
     /// Ids of incarnations a newer epoch replaced, so that a request made
     /// from an old handle is refused as the peer's restart, naming both
     /// epochs. The oldest are forgotten beyond [`RESTARTED_KEPT`] (then
     /// refused as an unknown peer).
-    pub(crate) restarted: std::collections::BTreeMap<u32, Restarted>,
+    pub restarted: std::collections::BTreeMap<u32, Restarted>,
+}
+
+impl<R: Resources> Default for Tables<R> {
+    fn default() -> Self {
+        Self {
+            regs: Tracked::default(),
+            peers: Tracked::default(),
+            restarted: std::collections::BTreeMap::new(),
+        }
+    }
 }
 
 /// Replaced incarnations remembered (a few dozen bytes each).
-pub(crate) const RESTARTED_KEPT: usize = 4096;
+pub const RESTARTED_KEPT: usize = 4096;
 
 /// An incarnation of a peer that a newer epoch replaced.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Restarted {
+pub struct Restarted {
     /// Its epoch.
-    pub(crate) epoch: Epoch,
+    pub epoch: Epoch,
     /// The id of the incarnation that replaced it.
-    pub(crate) successor: PeerId,
+    pub successor: PeerId,
 }
 
-impl Tables {
+impl<R: Resources> Tables<R> {
     /// Records that `successor` replaced `old` (of epoch `epoch`).
-    pub(crate) fn record_restart(&mut self, old: PeerId, epoch: Epoch, successor: PeerId) {
+    pub fn record_restart(&mut self, old: PeerId, epoch: Epoch, successor: PeerId) {
         self.restarted.insert(old.0, Restarted { epoch, successor });
         while self.restarted.len() > RESTARTED_KEPT {
             self.restarted.pop_first();
@@ -58,7 +72,7 @@ impl Tables {
     }
 
     /// The epoch of the incarnation `peer` replaced, if it replaced one.
-    pub(crate) fn predecessor_epoch(&self, peer: PeerId) -> Option<Epoch> {
+    pub fn predecessor_epoch(&self, peer: PeerId) -> Option<Epoch> {
         self.restarted
             .values()
             .rev()
@@ -68,7 +82,7 @@ impl Tables {
 
     /// Why no open peer has id `peer`: it restarted (the refusal names the
     /// epoch of the handle and the epoch open now), or it is unknown.
-    pub(crate) fn missing_peer(&self, peer: PeerId) -> RequestError {
+    pub fn missing_peer(&self, peer: PeerId) -> RequestError {
         let Some(old) = self.restarted.get(&peer.0) else {
             return RequestError::UnknownPeer(peer);
         };
@@ -91,9 +105,9 @@ impl Tables {
     }
 }
 
-impl Tables {
+impl<R: Resources> Tables<R> {
     /// Whether a table was changed since the last call.
-    pub(crate) fn take_changed(&mut self) -> bool {
+    pub fn take_changed(&mut self) -> bool {
         let regs = std::mem::take(&mut self.regs.changed);
         let peers = std::mem::take(&mut self.peers.changed);
         regs || peers
@@ -104,7 +118,7 @@ impl Tables {
 /// `Deref`, and any `DerefMut` (insert, remove, `get_mut`, ...) marks it
 /// changed, whether or not the caller then changes anything.
 #[derive(Debug, Default)]
-pub(crate) struct Tracked<T> {
+pub struct Tracked<T> {
     value: T,
     changed: bool,
 }
@@ -123,31 +137,12 @@ impl<T> std::ops::DerefMut for Tracked<T> {
     }
 }
 
-impl PostContext for Tables {
-    fn memory(&self, registration: RegistrationId) -> Option<&Arc<HostMemory>> {
-        self.regs.get(&registration.0).map(|e| &e.memory)
-    }
-
-    fn local_key(&self, registration: RegistrationId, nic: u32) -> Option<(u64, u32)> {
-        let c = self.regs.get(&registration.0)?.copies_on(nic)?;
-        Some((c.local.addr(), c.local.lkey()))
-    }
-
-    fn remote_range(&self, peer: PeerId, range: RangeId) -> Option<&wire::RangeDescriptor> {
-        self.peers.get(&peer.0)?.ranges.get(&range)
-    }
-}
-
 /// The peer and the published range a request names, checked: the peer
 /// is open, the range published, `rend` (the request's end in it) inside
 /// it, and the range allows the operation.
 /// Refuses a request made for another incarnation of `peer` than the one
 /// open (`epoch` `None`: made for whichever is open).
-pub(crate) fn check_epoch(
-    peer: &PeerState,
-    id: PeerId,
-    epoch: Option<Epoch>,
-) -> Result<(), RequestError> {
+pub fn check_epoch(peer: &PeerState, id: PeerId, epoch: Option<Epoch>) -> Result<(), RequestError> {
     match epoch {
         Some(handle) if handle != peer.epoch => Err(RequestError::PeerRestarted {
             peer: id,
@@ -158,8 +153,9 @@ pub(crate) fn check_epoch(
     }
 }
 
-pub(crate) fn published_remote<'t>(
-    tables: &'t Tables,
+/// The peer and published range `r` names, checked (see above).
+pub fn published_remote<'t, R: Resources>(
+    tables: &'t Tables<R>,
     r: &TransferRequest,
     rend: u64,
 ) -> Result<(&'t PeerState, &'t wire::RangeDescriptor), RequestError> {

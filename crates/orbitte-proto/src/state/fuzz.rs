@@ -27,10 +27,10 @@ use std::time::Duration;
 use super::tests::{
     DRAIN_TIMEOUT, Fate, REQUEST_TIMEOUT, SIZE, SLICE, Sim, local_before, remote_before,
 };
+use crate::TransferRequest;
 use crate::outcome::{Outcome, RemoteEffect, Status, SubmitError};
 use crate::registration::Charges;
-use crate::transport::{Op, SliceFailure};
-use orbitte_proto::TransferRequest;
+use crate::{Op, SliceFailure};
 
 use crate::test_rng::Rng;
 

@@ -17,7 +17,7 @@ const SLAB_SLOTS: usize = 1 << 16;
 /// with no hashing on the hot path. A slot the core reused while the older
 /// request's outcome is still untaken sends the newer outcome to `others`.
 #[derive(Debug, Default)]
-pub(crate) struct Outcomes {
+pub struct Outcomes {
     /// Invariant: an entry at index `i` holds an id whose low half is `i`.
     by_slot: Vec<Option<(RequestId, Outcome)>>,
     /// Outcomes whose slot was taken, or is beyond the slab.
@@ -33,7 +33,7 @@ fn slot(id: RequestId) -> Option<usize> {
 
 impl Outcomes {
     /// Adds an outcome (replacing one of the same id not taken yet).
-    pub(crate) fn insert(&mut self, id: RequestId, outcome: Outcome) {
+    pub fn insert(&mut self, id: RequestId, outcome: Outcome) {
         self.arrived.push(id);
         if let Some(s) = slot(id) {
             if self.by_slot.len() <= s {
@@ -52,7 +52,7 @@ impl Outcomes {
     }
 
     /// Takes the outcome.
-    pub(crate) fn remove(&mut self, id: &RequestId) -> Option<Outcome> {
+    pub fn remove(&mut self, id: &RequestId) -> Option<Outcome> {
         if let Some(entry) = slot(*id).and_then(|s| self.by_slot.get_mut(s))
             && entry.as_ref().is_some_and(|(held, _)| held == id)
         {
@@ -65,7 +65,7 @@ impl Outcomes {
     }
 
     /// Whether the request's outcome is here, not taken yet.
-    pub(crate) fn contains_key(&self, id: &RequestId) -> bool {
+    pub fn contains_key(&self, id: &RequestId) -> bool {
         let in_slab = slot(*id)
             .and_then(|s| self.by_slot.get(s))
             .is_some_and(|e| e.as_ref().is_some_and(|(held, _)| held == id));
@@ -74,7 +74,7 @@ impl Outcomes {
 
     /// Moves the ids of the outcomes that arrived since the last call into
     /// `into`.
-    pub(crate) fn take_arrived(&mut self, into: &mut Vec<RequestId>) {
+    pub fn take_arrived(&mut self, into: &mut Vec<RequestId>) {
         into.append(&mut self.arrived);
     }
 }
@@ -82,8 +82,8 @@ impl Outcomes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Op;
     use crate::outcome::{DrainStatus, RemoteEffect, Status};
-    use crate::transport::Op;
 
     fn outcome(id: u64) -> Outcome {
         Outcome {
@@ -99,7 +99,7 @@ mod tests {
             uncertain: 1..1,
             remote_effect: RemoteEffect::None,
             drain: DrainStatus::Drained,
-            notification: crate::notify::NotificationStatus::NotRequested,
+            notification: crate::notification::NotificationStatus::NotRequested,
         }
     }
 

@@ -11,29 +11,30 @@ use orbitte_wire::handshake::Established;
 use orbitte_wire::{self as wire, Admission};
 
 use super::{EngineState, PeerState};
-use crate::transport::{PathKind, PeerId, RailId, RangeId};
+use crate::registration::Resources;
+use crate::{PathKind, PeerId, RailId, RangeId};
 
 /// What adopting a peer asks of the driver.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "the replaced incarnation's rails must be retired"]
-pub(crate) struct Adoption {
+pub struct Adoption {
     /// The peer: the same id on a reconnect, a fresh one otherwise.
-    pub(crate) peer: PeerId,
+    pub peer: PeerId,
     /// The old incarnation a newer epoch replaced: gone from the table,
     /// its id unknown from now on.
-    pub(crate) replaced: Option<PeerId>,
+    pub replaced: Option<PeerId>,
     /// The replaced incarnation's rails, for the driver to retire (closed
     /// for new work, flushed, destroyed once drained).
-    pub(crate) retire: Vec<RailId>,
+    pub retire: Vec<RailId>,
 }
 
-impl EngineState {
+impl<R: Resources> EngineState<R> {
     /// Records a peer admitted on `session` as `est` says, with the ranges
     /// of its `publication`. A reconnect of a source in the table keeps its
     /// id (and rails) and replaces its ranges; a newer epoch forgets the
     /// old incarnation (its descriptors with it) and opens a fresh id; a
     /// source not in the table gets a fresh id.
-    pub(crate) fn adopt_peer(
+    pub fn adopt_peer(
         &mut self,
         session: wire::SessionId,
         est: &Established,
@@ -100,14 +101,14 @@ impl EngineState {
 
     /// Forgets a peer (its descriptors with it); returns its rails for the
     /// driver to retire, or `None` for an unknown peer.
-    pub(crate) fn forget_peer(&mut self, peer: PeerId) -> Option<Vec<RailId>> {
+    pub fn forget_peer(&mut self, peer: PeerId) -> Option<Vec<RailId>> {
         self.tables.peers.remove(&peer.0).map(|p| p.rails)
     }
 
     /// Takes `peer`'s rails of `path` off it and returns them, for the
     /// driver to retire (a reconnect replaces the rdma rails of the same
     /// incarnation; a peer that switched paths loses them).
-    pub(crate) fn detach_rails(&mut self, peer: PeerId, path: PathKind) -> Vec<RailId> {
+    pub fn detach_rails(&mut self, peer: PeerId, path: PathKind) -> Vec<RailId> {
         let Some(p) = self.tables.peers.get_mut(&peer.0) else {
             return Vec::new();
         };
@@ -120,13 +121,13 @@ impl EngineState {
 
     /// The peer's latest session (where frames about its ranges are
     /// recorded); `None` for an unknown peer.
-    pub(crate) fn peer_session(&self, peer: PeerId) -> Option<wire::SessionId> {
+    pub fn peer_session(&self, peer: PeerId) -> Option<wire::SessionId> {
         self.tables.peers.get(&peer.0)?.sessions.last().copied()
     }
 
     /// Adds (or replaces, by range id) the ranges of a publication the
     /// peer sent after it was opened. `false` for an unknown peer.
-    pub(crate) fn apply_publication(
+    pub fn apply_publication(
         &mut self,
         peer: PeerId,
         publication: &wire::SegmentPublication,
@@ -142,7 +143,7 @@ impl EngineState {
 
     /// Drops the ranges a peer retired: requests naming them are refused
     /// from now on. `false` for an unknown peer.
-    pub(crate) fn apply_retire(&mut self, peer: PeerId, retire: &wire::SegmentRetire) -> bool {
+    pub fn apply_retire(&mut self, peer: PeerId, retire: &wire::SegmentRetire) -> bool {
         let Some(p) = self.tables.peers.get_mut(&peer.0) else {
             return false;
         };

@@ -9,33 +9,30 @@
 //! state, then [`EngineState::publish_host_direct`] when all succeeded or
 //! [`EngineState::abandon_host_direct`] when one failed.
 
-use std::sync::Arc;
-
-use orbitte_memory::HostMemory;
-use orbitte_verbs as verbs;
+use orbitte_wire as wire;
 
 use super::EngineState;
-use crate::error::{RegisterError, UnregisterError};
+use crate::RegistrationId;
+use crate::error::{RegisterRefusal, UnregisterRefusal};
 use crate::registration::{
-    Access, Budgets, Charges, MemoryPath, NicCopies, RegEntry, RegState, Registration,
+    Access, Budgets, Charges, MemoryPath, NicCopies, RegEntry, RegState, Registration, Resources,
 };
-use crate::transport::RegistrationId;
 
 /// A Host Direct registration admitted and charged, whose memory regions
 /// the driver is making.
 #[derive(Debug)]
 #[must_use = "publish or abandon the reservation, or its charge stays in the ledger"]
-pub(crate) struct Reservation {
+pub struct Reservation {
     /// The id the registration will have.
-    pub(crate) id: RegistrationId,
+    pub id: RegistrationId,
     /// What it charged: every copy, the full range each.
-    pub(crate) charge: Charges,
+    pub charge: Charges,
     len: u64,
     access: Access,
 }
 
 /// What cleanup failures retain: `failures` copies of `len` bytes each.
-pub(crate) fn retained(failures: usize, len: u64) -> Charges {
+pub fn retained(failures: usize, len: u64) -> Charges {
     let mrs = failures as u64;
     Charges {
         mrs,
@@ -43,19 +40,19 @@ pub(crate) fn retained(failures: usize, len: u64) -> Charges {
     }
 }
 
-impl EngineState {
+impl<R: Resources> EngineState<R> {
     /// Admits a Host Direct registration of `len` bytes with `access` on
     /// `contexts` NIC contexts: one copy per context for a local-only range,
     /// two for a remotely accessible one, each charged for the full range.
     /// Refused while fenced, or when a budget cannot hold every copy.
-    pub(crate) fn reserve_host_direct(
+    pub fn reserve_host_direct(
         &mut self,
         len: u64,
         access: Access,
         contexts: usize,
-    ) -> Result<Reservation, RegisterError> {
+    ) -> Result<Reservation, RegisterRefusal> {
         if let Some(reason) = self.fenced().cloned() {
-            return Err(RegisterError::Fenced { reason });
+            return Err(RegisterRefusal::Fenced { reason });
         }
         let copies = access.copies_per_context() * contexts as u64;
         let charge = Charges {
@@ -73,16 +70,18 @@ impl EngineState {
     }
 
     /// Publishes a reserved registration with the copies the driver made
-    /// (every context's), its memory ranked `nic_order` by affinity.
-    pub(crate) fn publish_host_direct(
+    /// (every context's), its memory ranked `nic_order` by affinity, under
+    /// the access `token` the driver drew.
+    pub fn publish_host_direct(
         &mut self,
         r: Reservation,
-        memory: Arc<HostMemory>,
-        copies: Vec<NicCopies>,
+        memory: R::Memory,
+        copies: Vec<NicCopies<R>>,
         nic_order: Vec<(u32, u32)>,
+        token: wire::AccessToken,
     ) -> Registration {
         let n = copies.len() as u64 * r.access.copies_per_context();
-        let entry = RegEntry::published(memory, r.access, copies, r.charge, nic_order);
+        let entry = RegEntry::published(memory, r.access, copies, r.charge, nic_order, token);
         self.tables.regs.insert(r.id.0, entry);
         Registration {
             id: r.id,
@@ -97,21 +96,21 @@ impl EngineState {
     /// its charge is released, except for the `failed_closes` copies the
     /// driver could not release (verbs retains them); returns what those
     /// keep charged.
-    pub(crate) fn abandon_host_direct(&mut self, r: Reservation, failed_closes: usize) -> Charges {
+    pub fn abandon_host_direct(&mut self, r: Reservation, failed_closes: usize) -> Charges {
         self.ledger.release(r.charge);
         self.retain(failed_closes, r.len)
     }
 
     /// Charges `failures` copies of `len` bytes that a failed release left
     /// retained; returns the charge.
-    pub(crate) fn retain(&mut self, failures: usize, len: u64) -> Charges {
+    pub fn retain(&mut self, failures: usize, len: u64) -> Charges {
         let kept = retained(failures, len);
         self.ledger.charge(kept);
         kept
     }
 
     /// A fresh registration id (ids are never reused).
-    pub(crate) fn fresh_registration_id(&mut self) -> RegistrationId {
+    pub fn fresh_registration_id(&mut self) -> RegistrationId {
         let id = self.next_reg;
         self.next_reg += 1;
         RegistrationId(id)
@@ -120,15 +119,15 @@ impl EngineState {
     /// Unpublishes a registration: new requests on it are refused from now
     /// on. Returns its remote-access regions for the driver to close, then
     /// [`retired_closed`](Self::retired_closed).
-    pub(crate) fn retire_registration(
+    pub fn retire_registration(
         &mut self,
         registration: RegistrationId,
-    ) -> Result<Vec<verbs::MemoryRegion>, UnregisterError> {
+    ) -> Result<Vec<R::Region>, UnregisterRefusal> {
         let entry = self
             .tables
             .regs
             .get_mut(&registration.0)
-            .ok_or(UnregisterError::Unknown(registration))?;
+            .ok_or(UnregisterRefusal::Unknown(registration))?;
         entry.state = RegState::Retired;
         Ok(entry
             .copies
@@ -140,11 +139,11 @@ impl EngineState {
     /// `closed` of a retired registration's remote-access regions were
     /// released: their charge goes back to the budgets (those that failed
     /// stay charged to the entry).
-    pub(crate) fn retired_closed(&mut self, registration: RegistrationId, closed: usize) {
+    pub fn retired_closed(&mut self, registration: RegistrationId, closed: usize) {
         let Some(entry) = self.tables.regs.get_mut(&registration.0) else {
             return;
         };
-        let released = retained(closed, entry.memory.len() as u64);
+        let released = retained(closed, R::len(&entry.memory));
         entry.charge.mrs = entry.charge.mrs.saturating_sub(released.mrs);
         entry.charge.bytes = entry.charge.bytes.saturating_sub(released.bytes);
         self.ledger.release(released);
@@ -153,8 +152,8 @@ impl EngineState {
     /// Takes every registration out of the table (shutdown), releasing
     /// their charges; the driver closes their copies and
     /// [`retain`](Self::retain)s what fails.
-    pub(crate) fn take_all_registrations(&mut self) -> Vec<RegEntry> {
-        let entries: Vec<RegEntry> = self.tables.regs.drain().map(|(_, e)| e).collect();
+    pub fn take_all_registrations(&mut self) -> Vec<RegEntry<R>> {
+        let entries: Vec<RegEntry<R>> = self.tables.regs.drain().map(|(_, e)| e).collect();
         for e in &entries {
             self.ledger.release(e.charge);
         }
@@ -166,16 +165,18 @@ impl EngineState {
 /// every entry in the registration table plus the charges of retained
 /// (unquiesced) copies.
 #[derive(Debug, Default)]
-pub(crate) struct Ledger {
-    pub(crate) budgets: Budgets,
-    pub(crate) in_use: Charges,
+pub struct Ledger {
+    /// The limits.
+    pub budgets: Budgets,
+    /// What is charged now.
+    pub in_use: Charges,
 }
 
 impl Ledger {
     /// Checks that `ask` fits; names the first budget it exceeds.
-    pub(crate) fn check(&self, ask: Charges) -> Result<(), RegisterError> {
+    pub fn check(&self, ask: Charges) -> Result<(), RegisterRefusal> {
         if self.in_use.mrs.saturating_add(ask.mrs) > self.budgets.max_mrs {
-            return Err(RegisterError::ResourceExhausted {
+            return Err(RegisterRefusal::ResourceExhausted {
                 resource: "memory regions",
                 asked: ask.mrs,
                 in_use: self.in_use.mrs,
@@ -183,7 +184,7 @@ impl Ledger {
             });
         }
         if self.in_use.bytes.saturating_add(ask.bytes) > self.budgets.max_bytes {
-            return Err(RegisterError::ResourceExhausted {
+            return Err(RegisterRefusal::ResourceExhausted {
                 resource: "registered bytes",
                 asked: ask.bytes,
                 in_use: self.in_use.bytes,
@@ -193,12 +194,14 @@ impl Ledger {
         Ok(())
     }
 
-    pub(crate) fn charge(&mut self, c: Charges) {
+    /// Adds `c` to what is in use.
+    pub fn charge(&mut self, c: Charges) {
         self.in_use.mrs += c.mrs;
         self.in_use.bytes += c.bytes;
     }
 
-    pub(crate) fn release(&mut self, c: Charges) {
+    /// Takes `c` back from what is in use.
+    pub fn release(&mut self, c: Charges) {
         self.in_use.mrs = self.in_use.mrs.saturating_sub(c.mrs);
         self.in_use.bytes = self.in_use.bytes.saturating_sub(c.bytes);
     }
