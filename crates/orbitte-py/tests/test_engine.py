@@ -126,10 +126,15 @@ def test_typed_errors(pair):
         initiator.unregister(12345)
     with pytest.raises(orbitte.ConfigError):
         orbitte.Engine(path="carrier-pigeon")
+    with pytest.raises(TypeError, match="for a Peer"):
+        initiator.submit(target.address, [orbitte.write(reg, peer.range(0))])
+    with pytest.raises(orbitte.SubmitError, match="negative"):
+        orbitte.write(reg, peer.range(0), 16, local_offset=-1)
     h = initiator.submit(peer, [orbitte.write(reg, peer.range(0))])[0]
-    h.wait(10)
-    with pytest.raises(orbitte.Error, match="unknown request"):
-        initiator._native.wait(h.request, 0.01)  # the outcome was taken
+    o = h.wait(10)
+    # The engine hands the outcome out once (its request is then unknown
+    # there); the handle keeps it, so asking again gives the same Outcome.
+    assert h.wait(0.01) is o and h.poll() is o
 
 
 def test_doctor_returns_the_matrix_as_data():
@@ -198,7 +203,9 @@ def test_rdma_registration_never_falls_back_silently():
             pytest.skip("this host lists RDMA devices: Host Direct registration may succeed here")
         with pytest.raises(orbitte.RegisterError, match="no usable rdma context") as e:
             eng.register(bytearray(4096))
-        assert e.value.code == -6
+        # Mooncake's return code for it (-6) is the Mooncake adapter's,
+        # checked below; orbitte.Engine's errors carry no Mooncake codes.
+        assert not hasattr(e.value, "code")
         assert eng._native.registrations() == []
     finally:
         eng.close()
