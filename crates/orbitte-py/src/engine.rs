@@ -14,7 +14,7 @@ use orbitte::{Notification as Payload, RequestError, SubmitError};
 use pyo3::prelude::*;
 
 use crate::errors;
-use crate::handles::{Handle, Notification, Peer, Registration, Request};
+use crate::handles::{Handle, Notification, Peer, Registration, RemoteRange, Request};
 use crate::memory::{Allocation, wrap_raw};
 use crate::node::{Failure, Local, Node, RegisterFailure, Settings, UnregisterFailure, secs};
 
@@ -55,7 +55,7 @@ impl NativeEngine {
                 }
                 let remote = r.remote.get();
                 if remote.range.peer != peer.peer.id() {
-                    return Err(foreign_range(py, index, peer, &remote.range, remote.source_id()));
+                    return Err(foreign_range(py, (index, r.request.label), peer, remote));
                 }
                 let req = r.request;
                 let past = |offset: u64, size: u64| offset.checked_add(req.len).is_none_or(|end| end > size);
@@ -98,11 +98,11 @@ impl NativeEngine {
 /// epochs) or another peer.
 fn foreign_range(
     py: Python<'_>,
-    index: usize,
+    (index, label): (usize, u64),
     peer: &Peer,
-    range: &orbitte::RemoteRange,
-    source_id: &str,
+    remote: &RemoteRange,
 ) -> PyErr {
+    let (range, source_id) = (&remote.range, remote.source_id());
     let epoch = peer.peer.epoch();
     if source_id == peer.peer.source_id() && range.epoch != epoch {
         let (handle, current) = if range.epoch < epoch {
@@ -112,7 +112,7 @@ fn foreign_range(
         };
         let e = SubmitError::Invalid {
             index,
-            label: 0,
+            label,
             error: RequestError::PeerRestarted {
                 peer: range.peer,
                 handle,
@@ -122,7 +122,7 @@ fn foreign_range(
         return errors::peer_restarted(py, e.to_string(), handle.value(), current.value());
     }
     errors::SubmitError::new_err(format!(
-        "request #{index} names a range of peer {source_id} (epoch {}) and the batch is for peer {} (epoch {}): submit it with the Peer its range came from",
+        "request #{index} (label {label}) names a range of peer {source_id} (epoch {}) and the batch is for peer {} (epoch {}): submit it with the Peer its range came from",
         range.epoch.value(),
         peer.peer.source_id(),
         epoch.value()

@@ -214,3 +214,40 @@ def test_rdma_registration_never_falls_back_silently():
     te = TransferEngine()
     assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == -6
     assert "no RDMA device" in te.last_error().message
+
+
+def test_handles_are_the_engines_native_classes(pair):
+    target, initiator = pair
+    dst = target.alloc(4096)
+    target.register(dst)
+    reg = initiator.register(bytearray(b"h" * 4096), remote=False)
+    peer = initiator.connect(target.address)
+    r = peer.range(0)
+    for obj, cls in ((reg, orbitte.Registration), (peer, orbitte.Peer), (r, orbitte.RemoteRange)):
+        assert type(obj) is cls and cls.__module__ == "orbitte._orbitte"
+    assert not reg.remote and reg.id > 0 and isinstance(reg.keepalive, tuple)
+    assert r.peer.epoch == peer.epoch == r.epoch == target.epoch and r.length == 4096
+    assert peer.session == target.address and peer.source_id == target.source_id
+    req = orbitte.write(reg, r, 16, remote_offset=8, label=3)
+    assert type(req) is orbitte.Request and req.local == reg and req.remote == r
+    assert (req.op, req.length, req.local_offset, req.remote_offset, req.label) == ("write", 16, 0, 8, 3)
+    assert orbitte.read(reg, r, local_offset=96).length == 4000
+    (h,) = initiator.submit(peer, [req])
+    assert type(h) is orbitte.Handle and h.wait(10).ok and h.wait(10).label == 3
+    assert bytes(dst.view[8:24]) == b"h" * 16
+    # A range of another peer, or memory of another engine, is refused.
+    other = orbitte.Engine(listen="127.0.0.1:0", path="tcp")
+    try:
+        other.register(other.alloc(4096))
+        other_peer = initiator.connect(other.address)
+        with pytest.raises(orbitte.SubmitError, match="submit it with the Peer"):
+            initiator.submit(other_peer, [req])
+        foreign = other.register(bytearray(64), remote=False)
+        with pytest.raises(orbitte.SubmitError, match="another engine"):
+            initiator.submit(peer, [orbitte.write(foreign, r)])
+        with pytest.raises(orbitte.UnregisterError, match="another engine"):
+            initiator.unregister(foreign)
+    finally:
+        other.close()
+    reg.unregister()
+    assert initiator.registrations() == []
