@@ -1,7 +1,7 @@
 //! `Node`: what both Python APIs share: the engine with its tcp and local
 //! paths, the path policy for the peers it opens, how a session id becomes
 //! an address ([`Directory`]), and the wait for a batch's outcomes and
-//! drain. Failures are Rust values here; each API turns them into its
+//! drain; [`Local`]: a node with its registrations by address. Failures are Rust values here; each API turns them into its
 //! exceptions (`orbitte.Engine`: [`Failure::into_py`]; the Mooncake
 //! adapter adds its return code, [`crate::mooncake`]).
 
@@ -249,7 +249,7 @@ pub(crate) struct Node {
     prefer: PathPreference,
     rails: usize,
     /// Longer than the request timeout: every request has an outcome by then.
-    pub(crate) wait_timeout: Duration,
+    wait_timeout: Duration,
     drain_timeout: Duration,
     /// Peer-to-peer or etcd: how a session id becomes an address.
     directory: Directory,
