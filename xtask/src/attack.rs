@@ -125,7 +125,7 @@ fn attacks(server: &mut Server, seconds: u64) -> Result<(), String> {
 /// Builds the `orbitte` binary; returns its path.
 fn build() -> Result<PathBuf, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let root = crate::workspace_root();
+    let root = crate::workspace::root();
     let status = Command::new(&cargo)
         .current_dir(&root)
         .args(["build", "--quiet", "-p", "orbitte-cli"])

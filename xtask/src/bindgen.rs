@@ -47,7 +47,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             }
         }
     }
-    let root = crate::workspace_root();
+    let root = crate::workspace::root();
     let libclang = load_libclang()?;
     println!(
         "bindgen: libclang {} ({})",
@@ -584,7 +584,7 @@ mod tests {
             println!("skipped: {e}");
             return;
         }
-        let root = crate::workspace_root();
+        let root = crate::workspace::root();
         for out in generate(&root).expect("bindgen runs on the vendored headers") {
             let committed = std::fs::read_to_string(root.join(out.path)).unwrap_or_default();
             assert!(

@@ -37,7 +37,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             }
         }
     }
-    let root = crate::workspace_root();
+    let root = crate::workspace::root();
     let mut report = Report::default();
 
     section("environment");

@@ -16,8 +16,8 @@
 //! a circle (a strongly connected component of more than one file): none
 //! of them can be read, tested or moved without the others. The task prints
 //! each circle with one example name per edge, then every file in layering
-//! order, bottom first, and fails when a circle exists. [`circles`] and
-//! [`format_circle`] serve a caller that runs this as a check.
+//! order, bottom first, and fails when a circle exists. [`circles`] serves
+//! a caller that runs this as a check (`cargo xtask tidy`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -145,7 +145,7 @@ fn format_layers(layers: &[Component], circles: &[Circle]) -> String {
 
 /// The directories under the workspace's `crates/` that hold a crate root.
 fn workspace_crates() -> Result<Vec<PathBuf>, String> {
-    let crates = crate::workspace_root().join("crates");
+    let crates = crate::workspace::root().join("crates");
     let entries = std::fs::read_dir(&crates).map_err(|e| {
         format!(
             "cannot list {}: {e}; pass crate directories",

@@ -11,6 +11,7 @@ mod circles;
 mod perf;
 mod softroce;
 mod tidy;
+mod workspace;
 
 use std::process::ExitCode;
 
@@ -66,10 +67,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// The workspace root (the parent of this crate's manifest directory).
-pub(crate) fn workspace_root() -> std::path::PathBuf {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    dir.parent().unwrap_or(dir).to_path_buf()
 }

@@ -111,7 +111,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             }
         }
     }
-    let root = crate::workspace_root();
+    let root = crate::workspace::root();
     let target_dir = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));

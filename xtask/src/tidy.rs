@@ -11,6 +11,8 @@
 //! - the sans-IO crate orbitte-proto uses no threads, sockets or clock:
 //!   time is an argument there (test files and inline test modules, which
 //!   start virtual time from one `Instant`, aside);
+//! - the files of the crates in [`NO_IMPORT_CIRCLES`] import in one
+//!   direction: no import circle between them (`cargo xtask circles`);
 //! - the code is formatted (`cargo fmt --check`).
 //!
 //! It runs as an ordinary `#[test]` too, so `cargo test --workspace`
@@ -19,6 +21,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use crate::circles::Circle;
 
 /// The crates allowed to contain `unsafe`.
 const UNSAFE_ALLOWED: &[&str] = &[
@@ -51,6 +55,12 @@ const SANS_IO_FORBIDDEN: &[&str] = &[
     "std::sync::Mutex",
     "Condvar",
 ];
+
+/// The crates, by directory under the workspace root, whose files import
+/// in one direction (ARCHITECTURE.md): an import circle between their
+/// files is a problem. A crate that still has circles is not listed;
+/// `cargo xtask circles` shows them.
+const NO_IMPORT_CIRCLES: &[&str] = &["crates/orbitte-cli", "xtask"];
 
 /// For each orbitte crate, the orbitte crates it may depend on (any kind of
 /// dependency: normal, dev or build). Everything not listed is a violation.
@@ -120,7 +130,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     if let Some(a) = args.first() {
         return Err(format!("unexpected argument `{a}`; tidy takes none"));
     }
-    let problems = check(&crate::workspace_root())?;
+    let problems = check(&crate::workspace::root())?;
     if problems.is_empty() {
         println!("tidy: ok");
         Ok(())
@@ -198,10 +208,38 @@ pub(crate) fn check(root: &Path) -> Result<Vec<String>, String> {
             }
         }
     }
+    for dir in NO_IMPORT_CIRCLES {
+        match crate::circles::circles(&root.join(dir)) {
+            Ok(circles) => problems.extend(circles.iter().map(|c| circle_problem(dir, c))),
+            Err(e) => problems.push(format!("{dir}: cannot look for import circles: {e}")),
+        }
+    }
     if let Some(p) = fmt_problem(root) {
         problems.push(p);
     }
     Ok(problems)
+}
+
+/// An import circle between files of the crate in `dir`, on one line: its
+/// files, one imported name per edge, and the fix.
+fn circle_problem(dir: &str, circle: &Circle) -> String {
+    let edges: Vec<String> = circle
+        .edges
+        .iter()
+        .map(|e| {
+            let more = match e.names {
+                0 | 1 => String::new(),
+                n => format!(" (+{} more)", n - 1),
+            };
+            format!("{} -> {}: {}{more}", e.from, e.to, e.example)
+        })
+        .collect();
+    format!(
+        "{dir}/src: import circle between {} ({}); move what both sides of an edge use into a \
+         file below both (`cargo xtask circles {dir}` shows the layering)",
+        circle.files.join(", "),
+        edges.join("; ")
+    )
 }
 
 struct Package {
@@ -408,12 +446,41 @@ mod tests {
 
     #[test]
     fn workspace_is_tidy() {
-        let problems = check(&crate::workspace_root()).expect("tidy could run");
+        let problems = check(&crate::workspace::root()).expect("tidy could run");
         assert!(
             problems.is_empty(),
             "tidy found problems:\n{}",
             problems.join("\n")
         );
+    }
+
+    #[test]
+    fn an_import_circle_is_named_by_its_files_and_edges_with_the_fix() {
+        let edge = |from: &str, to: &str, example: &str, names| crate::circles::Edge {
+            from: from.into(),
+            to: to.into(),
+            example: example.into(),
+            names,
+        };
+        let circle = Circle {
+            files: vec!["a.rs".into(), "b/mod.rs".into()],
+            edges: vec![
+                edge("a.rs", "b/mod.rs", "Thing", 3),
+                edge("b/mod.rs", "a.rs", "shared", 1),
+            ],
+        };
+        let p = circle_problem("crates/orbitte-x", &circle);
+        assert!(
+            p.starts_with("crates/orbitte-x/src: import circle between a.rs, b/mod.rs ("),
+            "{p}"
+        );
+        assert!(
+            p.contains("a.rs -> b/mod.rs: Thing (+2 more); b/mod.rs -> a.rs: shared)"),
+            "{p}"
+        );
+        assert!(p.contains("into a file below both"), "{p}");
+        assert!(p.contains("`cargo xtask circles crates/orbitte-x`"), "{p}");
+        assert!(!p.contains('\n'), "{p}");
     }
 
     #[test]

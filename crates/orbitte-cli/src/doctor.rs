@@ -19,8 +19,8 @@ use orbitte::transport::{PathKind, RangeId};
 use orbitte::{EngineBuilder, HostMemory};
 use serde::Serialize;
 
-use crate::Failure;
 use crate::cli::{DoctorArgs, PathName};
+use crate::failure::Failure;
 
 /// One check's answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -230,7 +230,7 @@ pub(crate) fn run(args: &DoctorArgs) -> Result<(), Failure> {
         rows.push(row);
     }
     let matrix = Matrix {
-        schema_version: crate::SCHEMA_VERSION,
+        schema_version: crate::schema::SCHEMA_VERSION,
         command: "doctor",
         asked: only.map(|p| p.name().to_owned()),
         rdma_config: rdma.to_string(),

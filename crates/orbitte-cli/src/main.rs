@@ -11,8 +11,11 @@ mod chart;
 mod cli;
 mod config;
 mod doctor;
+mod failure;
 mod memory;
 mod metadata;
+mod pattern;
+mod schema;
 mod serve;
 mod stats;
 mod topology;
@@ -21,33 +24,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-/// The version of the `--json` documents of doctor, topology and bench
-/// (docs/json.md): raised when a field changes meaning or disappears.
-pub(crate) const SCHEMA_VERSION: u32 = 1;
-
-/// An error that ends the command: its one-line message and exit status.
-#[derive(Debug)]
-pub(crate) struct Failure {
-    pub(crate) code: u8,
-    pub(crate) message: String,
-}
-
-impl Failure {
-    /// Bad usage or configuration (exit status 2).
-    pub(crate) fn usage(message: impl Into<String>) -> Self {
-        Self {
-            code: 2,
-            message: message.into(),
-        }
-    }
-    /// The command ran and what it checked does not work (exit status 1).
-    pub(crate) fn failed(message: impl Into<String>) -> Self {
-        Self {
-            code: 1,
-            message: message.into(),
-        }
-    }
-}
+use failure::{EXIT_USAGE, Failure};
 
 fn main() -> ExitCode {
     let cli = match cli::Cli::try_parse() {
@@ -60,7 +37,7 @@ fn main() -> ExitCode {
             }
             if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
                 let _ = e.print();
-                return ExitCode::from(2);
+                return ExitCode::from(EXIT_USAGE);
             }
             // clap's message is several lines; keep the ones before the
             // usage (they name the problem) on one line, and point at
@@ -79,7 +56,7 @@ fn main() -> ExitCode {
                 problem
             };
             eprintln!("orbitte: {problem}; see `orbitte --help`");
-            return ExitCode::from(2);
+            return ExitCode::from(EXIT_USAGE);
         }
     };
     match run(cli) {

@@ -1,7 +1,7 @@
 //! Host memory the command is about to allocate, checked against what
 //! this machine has available before anything is allocated or touched.
 
-use crate::Failure;
+use crate::failure::Failure;
 
 /// `MemAvailable` of /proc/meminfo in bytes (`None` where unreadable).
 pub(crate) fn available() -> Option<u64> {

@@ -12,7 +12,7 @@ use orbitte::metadata::PeerRecord;
 use orbitte::metadata::etcd::EtcdMetadata;
 use serde::Serialize;
 
-use crate::Failure;
+use crate::failure::Failure;
 
 /// The key prefix when the URL names none.
 pub(crate) const DEFAULT_PREFIX: &str = "/orbitte";

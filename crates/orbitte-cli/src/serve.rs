@@ -11,14 +11,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use orbitte::topology::{ConfigOverrides, RdmaConfig, SysfsRoots, discover};
+use orbitte::topology::{ConfigOverrides, RdmaConfig};
 use orbitte::wire::auth::ClusterSecret;
 use orbitte::{Access, Budgets, DeviceMask, EngineBuilder, HostMemory, TransferEngine};
 use serde::Serialize;
 
-use crate::Failure;
 use crate::cli::ServeArgs;
 use crate::config::{self, Fill, RangeAccess, ServeConfig};
+use crate::failure::Failure;
+use crate::topology::check_device;
 
 #[derive(Debug, Serialize)]
 struct Effective<'a> {
@@ -152,7 +153,7 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
             RangeAccess::ReadWrite => Access::REMOTE_READ_WRITE,
         };
         if r.fill == Fill::Pattern {
-            crate::bench::fill_target_pattern(&mem)
+            crate::pattern::fill_target_pattern(&mem)
                 .map_err(|e| Failure::failed(format!("range {}: {e}", r.name)))?;
         }
         let (id, note) = if cfg.rdma_table {
@@ -265,24 +266,6 @@ fn alloc_range(size: u64, name: &str) -> Result<Arc<HostMemory>, Failure> {
             "range {name}: cannot allocate {size} bytes of host memory: {e}; lower range.size"
         ))
     })
-}
-
-/// A pinned device must exist on this machine; `place` says where the pin
-/// was set.
-pub(crate) fn check_device(device: &str, place: &str) -> Result<(), Failure> {
-    let topology = discover(&SysfsRoots::host());
-    if topology.slot_by_name(device).is_some() {
-        return Ok(());
-    }
-    let names: Vec<&str> = topology.slots().iter().map(|s| s.name()).collect();
-    let found = if names.is_empty() {
-        "this machine has no RDMA device".to_owned()
-    } else {
-        format!("devices here: {}", names.join(", "))
-    };
-    Err(Failure::usage(format!(
-        "{place}: no RDMA device named {device} ({found}); name one that `orbitte topology` lists, or remove the pin to discover"
-    )))
 }
 
 /// The serving engine; `serve`: with its listener on `engine.listen` and

@@ -15,8 +15,8 @@ use orbitte::verbs::native::NativeProvider;
 use orbitte::{Access, EngineBuilder, EngineTopology, HostMemory};
 use serde::Serialize;
 
-use crate::Failure;
 use crate::cli::TopologyArgs;
+use crate::failure::Failure;
 
 /// The ranking of NICs for one memory location.
 #[derive(Debug, Serialize)]
@@ -145,7 +145,7 @@ pub(crate) fn run(args: &TopologyArgs) -> Result<(), Failure> {
         }
     };
     let report = Report {
-        schema_version: crate::SCHEMA_VERSION,
+        schema_version: crate::schema::SCHEMA_VERSION,
         command: "topology",
         sysfs_root: root_name,
         discovered: topology,
@@ -163,6 +163,24 @@ pub(crate) fn run(args: &TopologyArgs) -> Result<(), Failure> {
         print!("{}", human(&report));
     }
     Ok(())
+}
+
+/// A pinned device must exist on this machine; `place` says where the pin
+/// was set.
+pub(crate) fn check_device(device: &str, place: &str) -> Result<(), Failure> {
+    let topology = discover(&SysfsRoots::host());
+    if topology.slot_by_name(device).is_some() {
+        return Ok(());
+    }
+    let names: Vec<&str> = topology.slots().iter().map(|s| s.name()).collect();
+    let found = if names.is_empty() {
+        "this machine has no RDMA device".to_owned()
+    } else {
+        format!("devices here: {}", names.join(", "))
+    };
+    Err(Failure::usage(format!(
+        "{place}: no RDMA device named {device} ({found}); name one that `orbitte topology` lists, or remove the pin to discover"
+    )))
 }
 
 /// The device names the native provider (libibverbs) lists, or why the
@@ -412,7 +430,7 @@ mod tests {
         let config = RdmaConfig::default();
         let selection = select(&discovered, &config, DeviceMask::ALL);
         human(&Report {
-            schema_version: crate::SCHEMA_VERSION,
+            schema_version: crate::schema::SCHEMA_VERSION,
             command: "topology",
             sysfs_root: root.display().to_string(),
             affinity: affinity(&discovered),

@@ -67,6 +67,16 @@ create_exception!(
     "The request's local bytes are still in use by the transport after the timeout."
 );
 
+/// A `PeerRestartedError` naming the epoch of the handle and the epoch
+/// the peer runs now (`handle_epoch`, `current_epoch`).
+pub(crate) fn peer_restarted(py: Python<'_>, message: String, handle: u64, current: u64) -> PyErr {
+    let err = PeerRestartedError::new_err(message);
+    let v = err.value(py);
+    let _ = v.setattr("handle_epoch", handle);
+    let _ = v.setattr("current_epoch", current);
+    err
+}
+
 /// Adds the exception classes to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();

@@ -1,20 +1,18 @@
 //! `orbitte._orbitte`: the native module of the `orbitte` Python package.
 //!
 //! The Python package (`python/orbitte`) is the public surface; this module
-//! is a thin layer over the engine that speaks plain values (ints, strings,
-//! tuples) so that both Python APIs, `orbitte.Engine` and the
-//! Mooncake-compatible `orbitte.mooncake.TransferEngine`, share one native
-//! path:
+//! carries both of its APIs over one engine core:
 //!
-//! - [`engine::NativeEngine`]: one OrbitTE engine that serves its
-//!   registrations (tcp, and local to same-host peers) and opens peers;
-//!   memory is named by address on both sides, as Mooncake's callers do;
-//! - [`node::Node`]: the state behind it: peers by session id, local
-//!   ranges, the synchronous transfer;
-//! - [`memory`]: local registrations by address (caller memory kept alive
-//!   by a Python reference, or memfd memory the engine allocates);
-//! - [`remote`]: a peer's published ranges by the owner's address;
-//! - [`directory`]: how a session id becomes an address (p2p or etcd);
+//! - [`engine::NativeEngine`], behind `orbitte.Engine`: the engine's own
+//!   handles as Python classes ([`handles`]: `Registration`, `Peer`,
+//!   `RemoteRange`, `Request`, `Handle`, `Notification`, over their Rust
+//!   types), submitted as Rust's `TransferEngine::submit` does;
+//! - [`mooncake::MooncakeEngine`], behind
+//!   `orbitte.mooncake.TransferEngine`: memory named by address on both
+//!   sides, sessions cached by id, Mooncake's error codes;
+//! - [`node`]: what both share: building the engine, opening peers
+//!   ([`directory`]: p2p or etcd), registrations by address ([`memory`]),
+//!   the wait for a batch's outcomes and drain;
 //! - [`outcome::PyOutcome`]: the request's outcome as a Python object;
 //! - [`errors`]: the exception classes under `orbitte.Error`.
 //!
@@ -25,10 +23,11 @@ mod directory;
 mod doctor;
 mod engine;
 mod errors;
+mod handles;
 mod memory;
+mod mooncake;
 mod node;
 mod outcome;
-mod remote;
 
 use pyo3::prelude::*;
 
@@ -36,6 +35,13 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _orbitte(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::NativeEngine>()?;
+    m.add_class::<mooncake::MooncakeEngine>()?;
+    m.add_class::<handles::Registration>()?;
+    m.add_class::<handles::Peer>()?;
+    m.add_class::<handles::RemoteRange>()?;
+    m.add_class::<handles::Request>()?;
+    m.add_class::<handles::Handle>()?;
+    m.add_class::<handles::Notification>()?;
     m.add_class::<memory::Allocation>()?;
     m.add_class::<outcome::PyOutcome>()?;
     m.add_function(wrap_pyfunction!(doctor::capabilities, m)?)?;

@@ -1,8 +1,9 @@
-//! Local registrations named by address.
+//! Local registrations by address.
 //!
-//! Mooncake's callers name local memory by a plain pointer; so does this
-//! module: each registration is kept by its first byte's address, and a
-//! request's local pointer is resolved to (registration, offset) here.
+//! Each registration is kept by its first byte's address, so one that
+//! overlaps another is refused and one can be removed by its address; the
+//! Mooncake adapter, whose callers name local memory by a plain pointer,
+//! resolves a request's local pointer to (registration, offset) here.
 //!
 //! Two kinds of memory come in:
 //! - caller memory by (address, length) with a Python object that keeps it

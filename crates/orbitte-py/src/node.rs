@@ -1,87 +1,145 @@
-//! `Node`: the state behind one `NativeEngine`: the engine, the cached
-//! peer of every session id (opened on first use, once, however many
-//! threads ask), the local ranges by address, and the synchronous transfer
-//! (submit, every outcome, drain). No Python here but the exceptions a
-//! failure becomes.
+//! `Node`: what both Python APIs share: the engine with its tcp and local
+//! paths, the path policy for the peers it opens, how a session id becomes
+//! an address ([`Directory`]), and the wait for a batch's outcomes and
+//! drain; [`Local`]: a node with its registrations by address. Failures are Rust values here; each API turns them into its
+//! exceptions (`orbitte.Engine`: [`Failure::into_py`]; the Mooncake
+//! adapter adds its return code, [`crate::mooncake`]).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use orbitte::session::PathPreference;
 use orbitte::{
-    Access, ConnectError, ConnectOptions, DrainStatus, Epoch, MemoryPath, Notification, Op,
-    Outcome, RemoteTarget, Request, RequestError, RequestId, SubmitError, TransferEngine,
-    WaitError,
+    Access, ConnectOptions, DrainStatus, EngineBuilder, HostMemory, PathKind, RdmaConfig,
+    Registration, RequestError, RequestId, SubmitError, TransferEngine, WaitError,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::directory::Directory;
 use crate::errors;
-use crate::memory::{LocalMiss, LocalRange, LocalTable};
+use crate::memory::{LocalMiss, LocalRange, LocalTable, RawMemoryError};
 use crate::outcome::PyOutcome;
-use crate::remote::{RemotePeer, ranges_of};
-
-/// Mooncake's return codes (its `error.h`), carried as the `code`
-/// attribute of the exceptions so the Mooncake layer returns the same ints.
-pub(crate) const ERR_INVALID_ARGUMENT: i32 = -1;
-pub(crate) const ERR_ADDRESS_NOT_REGISTERED: i32 = -3;
-pub(crate) const ERR_DEVICE_NOT_FOUND: i32 = -6;
-pub(crate) const ERR_ADDRESS_OVERLAPPED: i32 = -7;
-pub(crate) const ERR_SOCKET_FAIL: i32 = -102;
-pub(crate) const ERR_REJECT_HANDSHAKE: i32 = -104;
-pub(crate) const ERR_METADATA: i32 = -200;
-pub(crate) const ERR_TRANSFER_FAILED: i32 = -1;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// What the engine serves and how it opens peers.
-pub(crate) struct Node {
-    /// Built with `host_memory_without_rdma` unless the caller asked for
-    /// rdma: `register` is then served by tcp and local only.
-    pub(crate) engine: TransferEngine,
-    pub(crate) prefer: PathPreference,
-    pub(crate) rails: usize,
-    /// Longer than the request timeout: every request has an outcome by then.
-    pub(crate) wait_timeout: Duration,
-    pub(crate) drain_timeout: Duration,
-    pub(crate) locals: RwLock<LocalTable>,
-    /// Peer-to-peer or etcd: how a session id becomes an address.
-    pub(crate) directory: Directory,
-    /// This host's id (the local path compares it), for etcd records.
-    pub(crate) host_id: String,
-    /// One slot per session id; a slot's lock is held while it connects,
-    /// so a session connects once however many threads ask.
-    pub(crate) peers: Mutex<HashMap<String, PeerSlot>>,
+pub(crate) fn secs(s: f64, what: &str) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(s).map_err(|_| {
+        PyValueError::new_err(format!(
+            "{what} must be a non-negative number of seconds, got {s}"
+        ))
+    })
 }
 
-/// The cached peer of one session id (None until opened, or after it was
-/// forgotten).
-type PeerSlot = Arc<Mutex<Option<Arc<RemotePeer>>>>;
+/// How an engine is built (the constructor arguments of both APIs).
+#[derive(Debug)]
+pub(crate) struct Settings {
+    pub(crate) source_id: String,
+    pub(crate) rdma: bool,
+    pub(crate) devices: Vec<String>,
+    pub(crate) path: String,
+    pub(crate) rails: usize,
+    pub(crate) request_timeout: Duration,
+    pub(crate) handshake_timeout: Duration,
+    /// None or "p2p": peer-to-peer; else an etcd URL.
+    pub(crate) metadata: Option<String>,
+}
 
-/// Why a transfer did not complete, before it became a Python exception.
+/// Why an engine could not be built.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BuildFailure {
+    #[error("path {0:?}: use \"auto\", \"tcp\", \"local\" or \"rdma\"")]
+    Path(String),
+    /// The metadata server is unsupported or unreachable.
+    #[error("{0}")]
+    Metadata(String),
+    #[error("{0}")]
+    Engine(String),
+}
+
+/// Why `listen` failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ListenFailure {
+    #[error("listen address {0:?} does not resolve: write \"host:port\" (port 0: any)")]
+    Address(String),
+    /// The socket could not be bound, or the record not published.
+    #[error("{0}")]
+    Socket(String),
+}
+
+/// Why a registration was refused.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RegisterFailure {
+    #[error(transparent)]
+    Memory(#[from] RawMemoryError),
+    #[error(
+        "{start:#x}+{len} overlaps the registered range {other:#x}+{other_len}: unregister it first or register a disjoint buffer"
+    )]
+    Overlap {
+        start: u64,
+        len: u64,
+        other: u64,
+        other_len: u64,
+    },
+    #[error(transparent)]
+    Engine(#[from] orbitte::RegisterError),
+}
+
+impl RegisterFailure {
+    pub(crate) fn into_py(self) -> PyErr {
+        errors::RegisterError::new_err(self.to_string())
+    }
+}
+
+/// Why a registration could not be removed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum UnregisterFailure {
+    #[error(
+        "no registration starts at {0:#x}: pass the Registration (or the address) register gave"
+    )]
+    NotRegistered(u64),
+    #[error(transparent)]
+    Engine(#[from] orbitte::UnregisterError),
+}
+
+impl UnregisterFailure {
+    pub(crate) fn into_py(self) -> PyErr {
+        errors::UnregisterError::new_err(self.to_string())
+    }
+}
+
+/// How opening a peer failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The session id names no address.
+    Address,
+    /// Nothing answered at the address.
+    Unreachable,
+    /// The peer answered and refused (handshake, epoch, no path).
+    Rejected,
+}
+
+/// Why a request, a batch or a transfer did not complete, before it
+/// became a Python exception.
 #[derive(Debug)]
 pub(crate) enum Failure {
     Argument(String),
     Local(LocalMiss),
-    Connect { code: i32, message: String },
+    Connect { refusal: Refusal, message: String },
     Submit(SubmitError),
-    Incomplete(Vec<Outcome>),
+    Incomplete(Vec<orbitte::Outcome>),
+    Wait(WaitError),
 }
 
 impl Failure {
     pub(crate) fn into_py(self, py: Python<'_>) -> PyErr {
-        let (err, code, outcomes) = match self {
-            Self::Argument(m) => (errors::SubmitError::new_err(m), ERR_INVALID_ARGUMENT, None),
-            Self::Local(m) => (
-                errors::SubmitError::new_err(m.to_string()),
-                ERR_ADDRESS_NOT_REGISTERED,
-                None,
-            ),
-            Self::Connect { code, message } => (errors::ConnectError::new_err(message), code, None),
+        match self {
+            Self::Argument(m) => errors::SubmitError::new_err(m),
+            Self::Local(m) => errors::SubmitError::new_err(m.to_string()),
+            Self::Connect { message, .. } => errors::ConnectError::new_err(message),
             Self::Submit(
                 e @ SubmitError::Invalid {
                     error:
@@ -90,245 +148,221 @@ impl Failure {
                         },
                     ..
                 },
-            ) => {
-                let err = errors::PeerRestartedError::new_err(e.to_string());
-                let v = err.value(py);
-                let _ = v.setattr("handle_epoch", handle.value());
-                let _ = v.setattr("current_epoch", current.value());
-                (err, ERR_ADDRESS_NOT_REGISTERED, None)
-            }
-            Self::Submit(e) => {
-                let code = if remote_miss(&e) {
-                    ERR_ADDRESS_NOT_REGISTERED
-                } else {
-                    ERR_INVALID_ARGUMENT
-                };
-                (errors::SubmitError::new_err(e.to_string()), code, None)
-            }
+            ) => errors::peer_restarted(py, e.to_string(), handle.value(), current.value()),
+            Self::Submit(e) => errors::SubmitError::new_err(e.to_string()),
             Self::Incomplete(outcomes) => {
-                let failed: Vec<PyOutcome> = outcomes.iter().map(PyOutcome::from).collect();
-                let first = failed
+                let all: Vec<PyOutcome> = outcomes.iter().map(PyOutcome::from).collect();
+                let failed = all.iter().filter(|o| !o.is_complete()).count();
+                let first = all
                     .iter()
                     .find(|o| !o.is_complete())
                     .map(PyOutcome::summary)
                     .unwrap_or_default();
-                let n = failed.iter().filter(|o| !o.is_complete()).count();
-                let msg = format!(
-                    "{n} of {} request(s) did not complete; first: {first}",
-                    failed.len()
-                );
-                (
-                    errors::TransferError::new_err(msg),
-                    ERR_TRANSFER_FAILED,
-                    Some(failed),
-                )
+                let err = errors::TransferError::new_err(format!(
+                    "{failed} of {} request(s) did not complete; first: {first}",
+                    all.len()
+                ));
+                let _ = err.value(py).setattr("outcomes", all);
+                err
             }
-        };
-        let v = err.value(py);
-        let _ = v.setattr("code", code);
-        if let Some(o) = outcomes {
-            let _ = v.setattr("outcomes", o);
+            Self::Wait(e @ WaitError::TimedOut(_)) => errors::WaitTimeout::new_err(e.to_string()),
+            Self::Wait(e) => errors::Error::new_err(e.to_string()),
         }
-        err
     }
 }
 
-/// Whether a refusal is about the peer's side: an address or range it
-/// does not (or no longer) publish, or the peer itself gone.
-fn remote_miss(e: &SubmitError) -> bool {
-    matches!(
-        e,
-        SubmitError::Invalid {
-            error: RequestError::UnknownAddress { .. }
-                | RequestError::AddressAfterRestart { .. }
-                | RequestError::PastEnd { .. }
-                | RequestError::CrossesRanges { .. }
-                | RequestError::UnpublishedRemote { .. }
-                | RequestError::UnknownPeer(_)
-                | RequestError::NoRail { .. },
-            ..
+/// The engine and its registrations by address (one registration per
+/// address range: overlapping ones are refused).
+#[derive(Debug)]
+pub(crate) struct Local {
+    pub(crate) node: Arc<Node>,
+    regs: RwLock<LocalTable>,
+}
+
+impl Local {
+    pub(crate) fn new(node: Node) -> Self {
+        Self {
+            node: Arc::new(node),
+            regs: RwLock::new(LocalTable::default()),
         }
-    )
+    }
+
+    /// The registrations, for reading (what holds an address).
+    pub(crate) fn regs(&self) -> RwLockReadGuard<'_, LocalTable> {
+        self.regs.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Every registration: (address, length).
+    pub(crate) fn ranges(&self) -> Vec<(u64, u64)> {
+        self.regs().ranges()
+    }
+
+    /// Registers `memory`, whose first byte is at `start`, published to
+    /// peers when `remote`; refused if it overlaps a registration.
+    pub(crate) fn register(
+        &self,
+        start: u64,
+        memory: Arc<HostMemory>,
+        remote: bool,
+    ) -> Result<Registration, RegisterFailure> {
+        let len = memory.len() as u64;
+        let mut regs = self.regs.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some((other, other_len)) = regs.overlapping(start, len) {
+            return Err(RegisterFailure::Overlap {
+                start,
+                len,
+                other,
+                other_len,
+            });
+        }
+        let reg = self.node.register(memory.clone(), remote)?;
+        regs.insert(
+            start,
+            LocalRange {
+                id: reg.id,
+                len,
+                memory,
+            },
+        );
+        Ok(reg)
+    }
+
+    /// Removes the registration that starts at `address`.
+    pub(crate) fn unregister(&self, address: u64) -> Result<(), UnregisterFailure> {
+        let mut regs = self.regs.write().unwrap_or_else(PoisonError::into_inner);
+        let id = regs
+            .starting_at(address)
+            .ok_or(UnregisterFailure::NotRegistered(address))?
+            .id;
+        self.node.engine.unregister(id)?;
+        regs.remove(address);
+        Ok(())
+    }
+}
+
+/// The engine both APIs drive, with what opening a peer needs.
+#[derive(Debug)]
+pub(crate) struct Node {
+    /// Built with `host_memory_without_rdma` unless the caller asked for
+    /// rdma: registrations are then served by tcp and local only.
+    pub(crate) engine: TransferEngine,
+    prefer: PathPreference,
+    rails: usize,
+    /// Longer than the request timeout: every request has an outcome by then.
+    wait_timeout: Duration,
+    drain_timeout: Duration,
+    /// Peer-to-peer or etcd: how a session id becomes an address.
+    directory: Directory,
+    /// This host's id (the local path compares it), for etcd records.
+    host_id: String,
 }
 
 impl Node {
-    /// The peer behind `session`, opened on first use and cached.
-    pub(crate) fn peer(&self, session: &str) -> Result<Arc<RemotePeer>, Failure> {
-        let slot = self.slot(session);
-        let mut g = lock(&slot);
-        if let Some(p) = &*g {
-            return Ok(p.clone());
+    /// Builds the engine (blocking: RDMA discovery, etcd).
+    pub(crate) fn build(s: Settings) -> Result<Self, BuildFailure> {
+        let prefer = match s.path.as_str() {
+            "auto" => PathPreference::Auto,
+            "tcp" => PathPreference::Only(PathKind::Tcp),
+            "local" => PathPreference::Only(PathKind::Local),
+            "rdma" => PathPreference::Only(PathKind::Rdma),
+            other => return Err(BuildFailure::Path(other.to_owned())),
+        };
+        let directory = match s.metadata.as_deref() {
+            None | Some("p2p") => Directory::P2p,
+            Some(url) => Directory::etcd(url).map_err(BuildFailure::Metadata)?,
+        };
+        let drain_timeout = Duration::from_secs(5);
+        let b = EngineBuilder::new(s.source_id)
+            .rdma(RdmaConfig {
+                whitelist: s.devices,
+                ..RdmaConfig::default()
+            })
+            .request_timeout(s.request_timeout)
+            .drain_timeout(drain_timeout)
+            .handshake_timeout(s.handshake_timeout);
+        let engine = if s.rdma {
+            b.build()
+        } else {
+            b.host_memory_without_rdma().build()
         }
-        let p = Arc::new(self.open(session)?);
-        *g = Some(p.clone());
-        Ok(p)
+        .map_err(|e| BuildFailure::Engine(e.to_string()))?;
+        Ok(Self {
+            host_id: engine.host_id().to_owned(),
+            engine,
+            prefer,
+            rails: s.rails.max(1),
+            wait_timeout: s.request_timeout + drain_timeout + Duration::from_secs(5),
+            drain_timeout,
+            directory,
+        })
     }
 
-    /// The cache slot of `session`.
-    fn slot(&self, session: &str) -> PeerSlot {
-        lock(&self.peers)
-            .entry(session.to_owned())
-            .or_default()
-            .clone()
+    /// Serves the engine's registrations on `addr`; returns the port.
+    pub(crate) fn listen(&self, addr: &str) -> Result<u16, ListenFailure> {
+        let at = addr
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| ListenFailure::Address(addr.to_owned()))?;
+        let bound = self
+            .engine
+            .listen(at)
+            .map_err(|e| ListenFailure::Socket(e.to_string()))?;
+        self.publish().map_err(ListenFailure::Socket)?;
+        Ok(bound.port())
     }
 
-    /// Opens the peer behind `session` now, with a handshake, whether or
-    /// not one is cached, and caches the result (a dead target is an
-    /// error here, not a cached handle).
-    pub(crate) fn reconnect(&self, session: &str) -> Result<Arc<RemotePeer>, Failure> {
-        let slot = self.slot(session);
-        let mut g = lock(&slot);
-        *g = None;
-        let p = Arc::new(self.open(session)?);
-        *g = Some(p.clone());
-        Ok(p)
+    /// Registers `memory`, published to peers when `remote`.
+    pub(crate) fn register(
+        &self,
+        memory: Arc<HostMemory>,
+        remote: bool,
+    ) -> Result<Registration, RegisterFailure> {
+        let access = if remote {
+            Access::REMOTE_READ_WRITE
+        } else {
+            Access::LocalOnly
+        };
+        let reg = self.engine.register(memory, access)?;
+        // The record's publications are informative (peers read them from
+        // the session): a failed refresh is not a failed registration.
+        let _ = self.publish();
+        Ok(reg)
     }
 
-    /// Forgets the cached peer of `session` if it is still `stale`, so the
-    /// next use opens it again (a restarted target, a dead session).
-    pub(crate) fn forget(&self, session: &str, stale: &Arc<RemotePeer>) {
-        let slot = lock(&self.peers).get(session).cloned();
-        if let Some(slot) = slot {
-            let mut g = lock(&slot);
-            if g.as_ref().is_some_and(|p| Arc::ptr_eq(p, stale)) {
-                *g = None;
-            }
-        }
-    }
-
-    pub(crate) fn open(&self, session: &str) -> Result<RemotePeer, Failure> {
-        let addr = self
-            .directory
-            .address_of(session)
-            .map_err(|message| Failure::Connect {
-                code: ERR_INVALID_ARGUMENT,
-                message,
-            })?;
+    /// Opens the peer named `session` now, with a handshake.
+    pub(crate) fn open(&self, session: &str) -> Result<orbitte::Peer, Failure> {
+        let addr: SocketAddr =
+            self.directory
+                .address_of(session)
+                .map_err(|message| Failure::Connect {
+                    refusal: Refusal::Address,
+                    message,
+                })?;
         let options = ConnectOptions {
             prefer: self.prefer,
             rails: self.rails,
         };
-        let net = self
-            .engine
+        self.engine
             .connect_with(addr, options)
             .map_err(|e| Failure::Connect {
-                code: match e {
-                    ConnectError::Session(_) => ERR_SOCKET_FAIL,
-                    _ => ERR_REJECT_HANDSHAKE,
+                refusal: match e {
+                    orbitte::ConnectError::Session(_) => Refusal::Unreachable,
+                    _ => Refusal::Rejected,
                 },
                 message: format!("cannot open {session}: {e}"),
-            })?;
-        // Each range with its address in its owner (p2p metadata).
-        let ranges = ranges_of(net.ranges());
-        Ok(RemotePeer {
-            id: net.info.id,
-            source_id: net.info.source_id,
-            epoch: net.info.epoch.value(),
-            path: net.path,
-            fell_back: net.fell_back,
-            ranges,
-        })
-    }
-
-    /// The batch as engine requests: each local address resolved to its
-    /// registration here, each remote one left to the engine, which
-    /// resolves it against the peer's publications at submit.
-    /// With `epoch` (the handle's), the engine refuses the batch once the
-    /// peer runs another incarnation.
-    pub(crate) fn requests(
-        &self,
-        peer: &RemotePeer,
-        epoch: Option<Epoch>,
-        ops: &[(bool, u64, u64, u64, u64)],
-    ) -> Result<Vec<Request>, Failure> {
-        let locals = self.locals.read().unwrap_or_else(PoisonError::into_inner);
-        ops.iter()
-            .map(|&(write, local, remote, len, label)| {
-                if len == 0 {
-                    return Err(Failure::Argument(format!(
-                        "zero-length request at local {local:#x}: every length must be at least 1"
-                    )));
-                }
-                let (reg, loff): (&LocalRange, u64) =
-                    locals.resolve(local, len).map_err(Failure::Local)?;
-                Ok(Request {
-                    op: if write { Op::Write } else { Op::Read },
-                    local: reg.id,
-                    local_offset: loff,
-                    len,
-                    remote: RemoteTarget::Address {
-                        peer: peer.id,
-                        epoch,
-                        address: remote,
-                    },
-                    label,
-                })
             })
-            .collect()
     }
 
-    /// Submits a batch to `session`; when the peer's publications known
-    /// here do not hold a remote address (the target registered it after
-    /// the session opened), opens the session again once and retries. With
-    /// `epoch` (a handle's), a batch for a peer that restarted since is
-    /// refused (`PeerRestarted`), before and after the reopen alike.
-    pub(crate) fn submit(
-        &self,
-        session: &str,
-        epoch: Option<Epoch>,
-        ops: &[(bool, u64, u64, u64, u64)],
-        notify: Option<&[u8]>,
-    ) -> Result<(Arc<RemotePeer>, Vec<RequestId>), Failure> {
-        if ops.is_empty() {
-            return Err(Failure::Argument(
-                "empty batch: give at least one request".into(),
-            ));
-        }
-        let mut peer = self.peer(session)?;
-        let mut refreshed = false;
-        loop {
-            let stale = |f: &Failure| matches!(f, Failure::Submit(e) if remote_miss(e));
-            let attempt = self.requests(&peer, epoch, ops).and_then(|reqs| {
-                match notify {
-                    None => self.engine.submit(&reqs),
-                    Some(b) => self
-                        .engine
-                        .submit_with_notification(&reqs, Notification::new(b)),
-                }
-                .map_err(Failure::Submit)
-            });
-            match attempt {
-                Ok(ids) => return Ok((peer, ids)),
-                Err(f) if !refreshed && stale(&f) => {
-                    self.forget(session, &peer);
-                    peer = self.peer(session)?;
-                    refreshed = true;
-                }
-                Err(f) => {
-                    if matches!(f, Failure::Submit(_)) {
-                        self.forget(session, &peer);
-                    }
-                    return Err(f);
-                }
-            }
-        }
-    }
-
-    /// Submits, waits for every outcome and for drain: the call returns when
-    /// the local buffers are the caller's again.
-    pub(crate) fn transfer(
-        &self,
-        session: &str,
-        epoch: Option<Epoch>,
-        ops: &[(bool, u64, u64, u64, u64)],
-        notify: Option<&[u8]>,
-    ) -> Result<(), Failure> {
-        let (peer, ids) = self.submit(session, epoch, ops, notify)?;
+    /// Waits for the outcome of every request of a submitted batch, then
+    /// for its drain: when this returns, the local buffers are the
+    /// caller's again. `Incomplete` unless every byte arrived.
+    pub(crate) fn settle(&self, ids: &[RequestId]) -> Result<(), Failure> {
         let mut outcomes = Vec::with_capacity(ids.len());
         // Every outcome already arrived is taken in one hold of the
         // engine's lock; a request that outlives the wait is cancelled and
         // its (then prompt) outcome taken alone.
-        let mut rest = &ids[..];
+        let mut rest = ids;
         while let Some((&first, after)) = rest.split_first() {
             match self
                 .engine
@@ -337,13 +371,14 @@ impl Node {
                 Ok(taken) => rest = &rest[taken..],
                 Err(WaitError::TimedOut(_)) => {
                     self.engine.cancel(first);
-                    match self.engine.wait(first, self.wait_timeout) {
-                        Ok(o) => outcomes.push(o),
-                        Err(e) => return Err(Failure::Argument(e.to_string())),
-                    }
+                    outcomes.push(
+                        self.engine
+                            .wait(first, self.wait_timeout)
+                            .map_err(Failure::Wait)?,
+                    );
                     rest = after;
                 }
-                Err(e) => return Err(Failure::Argument(e.to_string())),
+                Err(e) => return Err(Failure::Wait(e)),
             }
         }
         let complete = outcomes.iter().all(|o| o.is_complete());
@@ -354,58 +389,10 @@ impl Node {
             }
         }
         if complete {
-            return Ok(());
-        }
-        self.forget(session, &peer);
-        Err(Failure::Incomplete(outcomes))
-    }
-
-    pub(crate) fn register(
-        &self,
-        start: u64,
-        memory: Arc<orbitte::HostMemory>,
-        remote: bool,
-    ) -> PyResult<(u64, &'static str)> {
-        let len = memory.len() as u64;
-        let mut locals = self.locals.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some((s, l)) = locals.overlapping(start, len) {
-            return Err(coded(
-                errors::RegisterError::new_err(format!(
-                    "{start:#x}+{len} overlaps the registered range {s:#x}+{l}: unregister it first or register a disjoint buffer"
-                )),
-                ERR_ADDRESS_OVERLAPPED,
-            ));
-        }
-        let access = if remote {
-            Access::REMOTE_READ_WRITE
+            Ok(())
         } else {
-            Access::LocalOnly
-        };
-        let reg = self.engine.register(memory.clone(), access).map_err(|e| {
-            let code = match e {
-                orbitte::RegisterError::NoUsableNic { .. } => ERR_DEVICE_NOT_FOUND,
-                _ => ERR_INVALID_ARGUMENT,
-            };
-            coded(errors::RegisterError::new_err(e.to_string()), code)
-        })?;
-        locals.insert(
-            start,
-            LocalRange {
-                id: reg.id,
-                len,
-                memory,
-            },
-        );
-        drop(locals);
-        // The record's publications are informative (peers read them from
-        // the session): a failed refresh is not a failed registration.
-        let _ = self.publish();
-        let path = match reg.path {
-            MemoryPath::HostDirect => "host_direct",
-            MemoryPath::HostWithoutRdma => "host_without_rdma",
-            _ => "other",
-        };
-        Ok((reg.id.0, path))
+            Err(Failure::Incomplete(outcomes))
+        }
     }
 
     /// Stores this engine's record in etcd (nothing for p2p or before
@@ -416,20 +403,11 @@ impl Node {
             None => Ok(()),
         }
     }
-}
 
-/// Sets the exception's `code` attribute (Mooncake's return code).
-pub(crate) fn coded(err: PyErr, code: i32) -> PyErr {
-    Python::attach(|py| {
-        let _ = err.value(py).setattr("code", code);
-    });
-    err
-}
-
-pub(crate) fn secs(s: f64, what: &str) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(s).map_err(|_| {
-        PyValueError::new_err(format!(
-            "{what} must be a non-negative number of seconds, got {s}"
-        ))
-    })
+    /// Stops serving, fences the engine, waits for drain.
+    pub(crate) fn close(&self, timeout: Duration) -> PyResult<()> {
+        self.engine
+            .shutdown(timeout)
+            .map_err(|u| errors::Error::new_err(u.to_string()))
+    }
 }

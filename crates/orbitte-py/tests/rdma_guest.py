@@ -253,7 +253,7 @@ def mooncake_api(device: str) -> None:
 
         started = time.monotonic()
         ok("transfer_sync_write", te.transfer_sync_write(session, src_addr, remote, quarter))
-        path = te._native.connect(session)["path"]
+        path = te._native.connect(session).path
         say(f"mooncake: transfer_sync_write of {quarter} bytes: 0, session {session} on path {path}")
         expect(path == "rdma", f"the session is served by {path!r}, not rdma")
         ok("transfer_sync(WRITE, notify)",
@@ -276,7 +276,7 @@ def mooncake_api(device: str) -> None:
                                        [n] * 2 * blocks))
         expect(dst[:3 * quarter] == src[:3 * quarter], "READ back: the written bytes differ")
         expect(dst[3 * quarter:] == bytes([FILL]) * quarter, "READ back: the untouched bytes differ")
-        path = te._native.connect(session)["path"]
+        path = te._native.connect(session).path
         expect(path == "rdma", f"after the transfers the session's path is {path!r}")
         say(f"mooncake: write, write with notify, batch write, read and batch read: every byte "
             f"matches on path {path} ({time.monotonic() - started:.2f} s)")

@@ -126,10 +126,15 @@ def test_typed_errors(pair):
         initiator.unregister(12345)
     with pytest.raises(orbitte.ConfigError):
         orbitte.Engine(path="carrier-pigeon")
+    with pytest.raises(TypeError, match="for a Peer"):
+        initiator.submit(target.address, [orbitte.write(reg, peer.range(0))])
+    with pytest.raises(orbitte.SubmitError, match="negative"):
+        orbitte.write(reg, peer.range(0), 16, local_offset=-1)
     h = initiator.submit(peer, [orbitte.write(reg, peer.range(0))])[0]
-    h.wait(10)
-    with pytest.raises(orbitte.Error, match="unknown request"):
-        initiator._native.wait(h.request, 0.01)  # the outcome was taken
+    o = h.wait(10)
+    # The engine hands the outcome out once (its request is then unknown
+    # there); the handle keeps it, so asking again gives the same Outcome.
+    assert h.wait(0.01) is o and h.poll() is o
 
 
 def test_doctor_returns_the_matrix_as_data():
@@ -198,7 +203,9 @@ def test_rdma_registration_never_falls_back_silently():
             pytest.skip("this host lists RDMA devices: Host Direct registration may succeed here")
         with pytest.raises(orbitte.RegisterError, match="no usable rdma context") as e:
             eng.register(bytearray(4096))
-        assert e.value.code == -6
+        # Mooncake's return code for it (-6) is the Mooncake adapter's,
+        # checked below; orbitte.Engine's errors carry no Mooncake codes.
+        assert not hasattr(e.value, "code")
         assert eng._native.registrations() == []
     finally:
         eng.close()
@@ -207,3 +214,40 @@ def test_rdma_registration_never_falls_back_silently():
     te = TransferEngine()
     assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == -6
     assert "no RDMA device" in te.last_error().message
+
+
+def test_handles_are_the_engines_native_classes(pair):
+    target, initiator = pair
+    dst = target.alloc(4096)
+    target.register(dst)
+    reg = initiator.register(bytearray(b"h" * 4096), remote=False)
+    peer = initiator.connect(target.address)
+    r = peer.range(0)
+    for obj, cls in ((reg, orbitte.Registration), (peer, orbitte.Peer), (r, orbitte.RemoteRange)):
+        assert type(obj) is cls and cls.__module__ == "orbitte._orbitte"
+    assert not reg.remote and reg.id > 0 and isinstance(reg.keepalive, tuple)
+    assert r.peer.epoch == peer.epoch == r.epoch == target.epoch and r.length == 4096
+    assert peer.session == target.address and peer.source_id == target.source_id
+    req = orbitte.write(reg, r, 16, remote_offset=8, label=3)
+    assert type(req) is orbitte.Request and req.local == reg and req.remote == r
+    assert (req.op, req.length, req.local_offset, req.remote_offset, req.label) == ("write", 16, 0, 8, 3)
+    assert orbitte.read(reg, r, local_offset=96).length == 4000
+    (h,) = initiator.submit(peer, [req])
+    assert type(h) is orbitte.Handle and h.wait(10).ok and h.wait(10).label == 3
+    assert bytes(dst.view[8:24]) == b"h" * 16
+    # A range of another peer, or memory of another engine, is refused.
+    other = orbitte.Engine(listen="127.0.0.1:0", path="tcp")
+    try:
+        other.register(other.alloc(4096))
+        other_peer = initiator.connect(other.address)
+        with pytest.raises(orbitte.SubmitError, match="submit it with the Peer"):
+            initiator.submit(other_peer, [req])
+        foreign = other.register(bytearray(64), remote=False)
+        with pytest.raises(orbitte.SubmitError, match="another engine"):
+            initiator.submit(peer, [orbitte.write(foreign, r)])
+        with pytest.raises(orbitte.UnregisterError, match="another engine"):
+            initiator.unregister(foreign)
+    finally:
+        other.close()
+    reg.unregister()
+    assert initiator.registrations() == []

@@ -1,6 +1,8 @@
 """A Peer is bound to the incarnation it was opened on: after the target
-restarts at the same address (a newer epoch), an old Peer's requests are
-refused naming both epochs and never touch the new process's memory."""
+restarts at the same address (a newer epoch), an old Peer's requests never
+touch the new process's memory, and once the engine has opened the new
+incarnation they are refused naming both epochs. Nothing reopens a peer
+behind the caller."""
 
 import pytest
 
@@ -29,6 +31,21 @@ def test_an_old_peer_is_refused_after_the_target_restarts(path):
     assert second.epoch > old.epoch
     new_dst = second.alloc(4096)
     second.register(new_dst)
+    # Until this engine opens the address again it knows the old
+    # incarnation only, and the old Peer's requests go to that one, never
+    # to the new process: over tcp its session is gone (refused), over the
+    # local path its memory is still mapped here.
+    if path == "tcp":
+        for call in (initiator.transfer, initiator.submit):
+            with pytest.raises(orbitte.SubmitError, match="no usable rail"):
+                call(old, [orbitte.write(reg, old.range(0), 16)])
+    else:
+        initiator.submit(old, [orbitte.write(reg, old.range(0), 16)]).wait(10, check=False)
+    assert bytes(new_dst.view[:16]) == bytes(16), "the new incarnation's memory is untouched"
+
+    new = initiator.connect(addr)
+    assert new.epoch == second.epoch
+    # Now the engine knows the peer restarted: the old Peer is refused.
     for call in (initiator.transfer, initiator.submit):
         with pytest.raises(orbitte.PeerRestartedError) as refused:
             call(old, [orbitte.write(reg, old.range(0), 16)])
@@ -38,8 +55,6 @@ def test_an_old_peer_is_refused_after_the_target_restarts(path):
         assert isinstance(refused.value, orbitte.SubmitError)
     assert bytes(new_dst.view[:16]) == bytes(16), "the new incarnation's memory is untouched"
 
-    new = initiator.connect(addr)
-    assert new.epoch == second.epoch
     # A range of the old Peer in a batch for the new one is refused too.
     with pytest.raises(orbitte.PeerRestartedError):
         initiator.transfer(new, [orbitte.write(reg, old.range(0), 16)])

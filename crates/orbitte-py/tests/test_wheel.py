@@ -37,6 +37,8 @@ def test_wheel_needs_no_rdma_cuda_or_python_library(tmp_path):
     with zipfile.ZipFile(w) as z:
         names = z.namelist()
         assert "orbitte/py.typed" in names
+        # The benchmark is a script of the repository (examples/bench.py).
+        assert not any(n.endswith("bench.py") for n in names), names
         assert any(n.startswith("orbitte/") and n.endswith(".pyi") for n in names)
         sos = [n for n in names if n.endswith(".so")]
         assert sos, names

@@ -18,8 +18,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use super::host::{cache_dir, find_tool, secs, verbose};
 use super::image::Image;
-use super::{cache_dir, find_tool, secs, verbose};
 
 const BEGIN: &str = "@@ORBITTE-SOFTROCE-BEGIN@@";
 const END: &str = "@@ORBITTE-SOFTROCE-END rc=";
@@ -56,7 +56,7 @@ pub(crate) fn run(image: &Image, cmd: &str, timeout: Duration) -> Result<i32, St
     let accel = Accel::choose()?;
     let boot_timeout = boot_timeout(accel)?;
     let control = Control::create(cmd, timeout)?;
-    let root = crate::workspace_root();
+    let root = crate::workspace::root();
     let shares = shares(&root);
 
     let kernel = if std::env::var("SOFTROCE_KERNEL").is_ok_and(|k| k == "bzimage") {
@@ -418,7 +418,7 @@ impl Control {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let control = Self { dir };
-        let init = crate::workspace_root().join("ci/softroce/guest-init.sh");
+        let init = crate::workspace::root().join("ci/softroce/guest-init.sh");
         let text = fs::read_to_string(&init)
             .map_err(|e| format!("cannot read {}: {e}", init.display()))?;
         control.write("guest-init.sh", &text)?;

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::{cache_dir, find_tool, secs};
+use super::host::{cache_dir, find_tool, secs, verbose};
 
 /// Debian release of the guest: its glibc (2.36) must match the host that
 /// builds the test binaries (Debian 12).
@@ -92,7 +92,7 @@ pub(crate) enum Prepared {
 /// Finds the cached image, or checks (quickly) that one can be built: root,
 /// the tools, the mirror.
 pub(crate) fn prepare(rebuild: bool) -> Result<Prepared, String> {
-    let scripts = crate::workspace_root().join("ci/softroce");
+    let scripts = crate::workspace::root().join("ci/softroce");
     let mirror = mirror();
     let key = cache_key(&scripts, &mirror)?;
     let dir = cache_dir().join(format!("image-{key}"));
@@ -378,7 +378,7 @@ fn build_script(scripts: &Path, out: &Path, mirror: &str, log: &Path) -> Result<
                         "softroce-build [{:>5.1} s]:{step}",
                         started.elapsed().as_secs_f64()
                     );
-                } else if super::verbose() {
+                } else if verbose() {
                     eprintln!("{line}");
                 }
                 tail.push(line);
@@ -624,7 +624,7 @@ mod tests {
     use super::*;
 
     fn scripts() -> PathBuf {
-        crate::workspace_root().join("ci/softroce")
+        crate::workspace::root().join("ci/softroce")
     }
 
     /// A fresh folder under the system's temporary folder, removed on drop.

@@ -13,6 +13,7 @@
 //! bounded; qemu never outlives the task (see `guest.rs`).
 
 mod guest;
+mod host;
 mod image;
 mod suites;
 
@@ -137,34 +138,6 @@ fn exit_with(rc: i32) -> Result<(), String> {
         // Everything that owned a process or a file has been dropped by now.
         std::process::exit(rc.clamp(1, 255))
     }
-}
-
-/// The folder the image cache and per-run control folders live in.
-fn cache_dir() -> PathBuf {
-    match std::env::var_os("SOFTROCE_CACHE") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => crate::workspace_root().join(".softroce-cache"),
-    }
-}
-
-/// Whether the guest's boot messages should be shown as they arrive.
-fn verbose() -> bool {
-    std::env::var("SOFTROCE_VERBOSE").is_ok_and(|v| v == "1")
-}
-
-/// Finds `name` on PATH (or the sbin folders, which a non-login root shell
-/// may lack).
-fn find_tool(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-}
-
-/// Formats a duration as seconds with one decimal.
-fn secs(d: Duration) -> String {
-    format!("{:.1} s", d.as_secs_f64())
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{guest, image, secs};
+use super::host::{find_tool, secs};
+use super::{guest, image};
 
 /// Which target of a package a suite is.
 #[derive(Debug, Clone, Copy)]
@@ -108,7 +109,7 @@ impl Suite {
                 (format!("BIN={exe} sh -c {}", quote(script)), &[][..])
             }
             Target::Python { script, expect, .. } => {
-                let script = crate::workspace_root().join(script);
+                let script = crate::workspace::root().join(script);
                 (
                     format!(
                         "WHEEL={exe} SCRIPT={} sh -c {}",
@@ -478,7 +479,7 @@ fn build_suites(mut wheel_given: Option<PathBuf>) -> Result<Built, String> {
         let (flags, kind, name, test) = suite.cargo_target();
         let label = suite.label();
         if let Target::Python { script, .. } = suite.target {
-            if !crate::workspace_root().join(script).is_file() {
+            if !crate::workspace::root().join(script).is_file() {
                 built
                     .missing
                     .push(format!("{label}: {script} does not exist yet"));
@@ -532,7 +533,7 @@ fn wheel(given: Option<PathBuf>) -> Result<Option<PathBuf>, String> {
     let dir = guest_visible_dir().join("softroce-py");
     let wheel = match given.or(from_env) {
         Some(w) => w,
-        None => match super::find_tool("maturin") {
+        None => match find_tool("maturin") {
             Some(maturin) => build_wheel(&maturin, &dir.join("built"))?,
             None if std::env::var("CI").is_ok_and(|v| v == "true") => {
                 return Err(format!("no orbitte wheel and no maturin: {NO_WHEEL}"));
@@ -579,7 +580,7 @@ fn fs_same(a: &Path, b: &Path) -> bool {
 fn guest_visible_dir() -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
         Some(t) if !t.is_empty() => PathBuf::from(t),
-        _ => crate::workspace_root().join("target"),
+        _ => crate::workspace::root().join("target"),
     }
 }
 
@@ -600,7 +601,7 @@ fn build_wheel(maturin: &Path, out: &Path) -> Result<PathBuf, String> {
             "-o",
         ])
         .arg(out)
-        .current_dir(crate::workspace_root())
+        .current_dir(crate::workspace::root())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .status()
@@ -642,7 +643,7 @@ fn build_one(
     let mut child = command
         .args(["--message-format=json-render-diagnostics", "-p", package])
         .args(flags)
-        .current_dir(crate::workspace_root())
+        .current_dir(crate::workspace::root())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -701,7 +702,7 @@ fn workspace_targets() -> Result<Vec<(String, Vec<String>, String)>, String> {
             "--no-deps",
             "--offline",
         ])
-        .current_dir(crate::workspace_root())
+        .current_dir(crate::workspace::root())
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("cannot run `{cargo} metadata`: {e}"))?;

@@ -21,9 +21,12 @@ use orbitte::{
     TransferRequest,
 };
 
-use super::fill_target_pattern;
-use crate::Failure;
+use super::baseline::PathWindows;
+use super::settings::{parse_addr, range_len, secret, source_id};
+use super::sim_verbs::SIGNAL_EVERY;
 use crate::cli::BenchArgs;
+use crate::failure::Failure;
+use crate::pattern::fill_target_pattern;
 
 /// Bound on one wait: far beyond the engine's request timeout (10 s), so
 /// it only ends a wait on a stuck engine.
@@ -46,11 +49,16 @@ struct ThreadMem {
 }
 
 fn thread_len(args: &BenchArgs) -> u64 {
-    super::range_len(args) / u64::from(args.threads)
+    range_len(args) / u64::from(args.threads)
 }
 
 fn alloc(len: u64) -> Result<Arc<HostMemory>, Failure> {
-    super::alloc(len)
+    let n = usize::try_from(len).map_err(|_| Failure::usage("range too large for this machine"))?;
+    HostMemory::alloc(n).map_err(|e| {
+        Failure::failed(format!(
+            "cannot allocate {len} bytes of host memory: {e}; lower --block-size, --batch-size or --threads"
+        ))
+    })
 }
 
 fn no_rdma(e: &orbitte::RegisterError) -> Failure {
@@ -75,7 +83,7 @@ fn engine(id: String, fabric: Option<&SimFabric>, device: &str) -> Result<Engine
     // A pinned device must exist here, as `serve` requires (the sim
     // fabric has its own devices).
     if let (None, Some(device)) = (fabric, &rdma.device) {
-        crate::serve::check_device(device, "environment variable ORBITTE_RDMA_DEVICE")?;
+        crate::topology::check_device(device, "environment variable ORBITTE_RDMA_DEVICE")?;
     }
     let mut b = EngineBuilder::new(id).rdma(rdma);
     if let Some(f) = fabric {
@@ -115,7 +123,7 @@ impl Target {
         args: &BenchArgs,
     ) -> Result<Self, Failure> {
         let mut engine = engine.listen(listen);
-        if let Some(secret) = super::secret(args)? {
+        if let Some(secret) = secret(args)? {
             engine = engine.cluster_secret(secret);
         }
         if !rdma {
@@ -172,8 +180,8 @@ impl Drop for Target {
 
 /// The bench's target engine on this host (native provider).
 pub(crate) fn target(args: &BenchArgs, rdma: bool, len: u64) -> Result<Target, Failure> {
-    let listen = super::parse_addr(&args.listen, "--listen")?;
-    let id = super::source_id(args, "target");
+    let listen = parse_addr(&args.listen, "--listen")?;
+    let id = source_id(args, "target");
     Target::start(engine(id, None, "")?, rdma, len, listen, args)
 }
 
@@ -231,12 +239,8 @@ impl Backend {
                 1,
             )
         });
-        let b = engine(
-            super::source_id(args, "target"),
-            fabric.as_ref(),
-            "sim_target",
-        )?;
-        let listen = super::parse_addr(&args.listen, "--listen")?;
+        let b = engine(source_id(args, "target"), fabric.as_ref(), "sim_target")?;
+        let listen = parse_addr(&args.listen, "--listen")?;
         let target = Target::start(b, rdma, len, listen, args)?;
         // With etcd, the initiator finds the target by its source id.
         let (addr, epoch) = match args.metadata.connect("--metadata")? {
@@ -247,7 +251,7 @@ impl Backend {
             }
         };
         let mut a = engine(
-            super::source_id(args, "initiator"),
+            source_id(args, "initiator"),
             fabric.as_ref(),
             "sim_initiator",
         )?;
@@ -255,7 +259,7 @@ impl Backend {
             // The raw-verbs baseline posts a whole batch to a queue pair
             // that deep; the engine's rail gets the same depth (as far as
             // the simulated device allows).
-            let depth = args.batch_size.max(super::sim_verbs::SIGNAL_EVERY as u32);
+            let depth = args.batch_size.max(SIGNAL_EVERY as u32);
             a = a.max_in_flight(depth.min(max_depth));
         }
         let a = build(a)?;
@@ -271,8 +275,8 @@ impl Backend {
         want: Option<PathKind>,
         epoch: Option<u64>,
     ) -> Result<Self, Failure> {
-        let mut b = engine(super::source_id(args, "initiator"), None, "")?;
-        if let Some(secret) = super::secret(args)? {
+        let mut b = engine(source_id(args, "initiator"), None, "")?;
+        if let Some(secret) = secret(args)? {
             b = b.cluster_secret(secret);
         }
         Self::connect(args, build(b)?, addr, want, None, epoch)
@@ -382,7 +386,7 @@ impl Backend {
                 info.source_id, info.epoch
             )));
         }
-        let need = super::range_len(args);
+        let need = range_len(args);
         let rw = |f: orbitte::wire::AccessFlags| {
             f.contains(orbitte::wire::AccessFlags::REMOTE_READ)
                 && f.contains(orbitte::wire::AccessFlags::REMOTE_WRITE)
@@ -466,7 +470,7 @@ impl Backend {
     /// The memory each thread's local-path copies move between, where
     /// this process holds both sides (loopback on the local path): its
     /// local window and its part of the target's range. Empty otherwise.
-    pub(crate) fn path_windows(&self, args: &BenchArgs) -> Vec<super::baseline::PathWindows> {
+    pub(crate) fn path_windows(&self, args: &BenchArgs) -> Vec<PathWindows> {
         let Some(target) = self
             .target
             .as_ref()
@@ -476,11 +480,10 @@ impl Backend {
         };
         (0..self.threads.len())
             .filter_map(|t| {
-                Some(super::baseline::PathWindows {
+                Some(PathWindows {
                     local: self.local(t).clone(),
                     remote: target.memory.clone(),
-                    remote_base: usize::try_from(super::measure::thread_base(self, args, t))
-                        .ok()?,
+                    remote_base: usize::try_from(thread_base(self, args, t)).ok()?,
                 })
             })
             .collect()
@@ -600,4 +603,9 @@ fn session_refused(addr: SocketAddr, e: &orbitte::session::SessionError) -> Fail
     Failure::failed(format!(
         "the target at {addr} refused the session: {code}: {message}{fix}"
     ))
+}
+
+/// Where thread `t`'s window starts in the remote range.
+pub(crate) fn thread_base(backend: &Backend, args: &BenchArgs, t: usize) -> u64 {
+    t as u64 * (backend.remote_len() / u64::from(args.threads))
 }

@@ -10,11 +10,12 @@ use indicatif::ProgressBar;
 use orbitte::transport::Op;
 use orbitte::{Outcome, Status, TransferRequest};
 
-use super::backend::{Backend, Req};
+use super::backend::{Backend, Req, thread_base};
 use super::report::Point;
-use super::{engine_op, target_byte};
-use crate::Failure;
+use super::settings::engine_op;
 use crate::cli::BenchArgs;
+use crate::failure::Failure;
+use crate::pattern::target_byte;
 use crate::stats::{CpuTicks, Latencies, ThreadCpu, gbps, thread_cpu_time};
 
 /// Byte `i` of block `block` of batch number `seq` of thread `t` (what a
@@ -186,11 +187,6 @@ pub(crate) fn run(
         baseline: None,
         limit: None,
     })
-}
-
-/// Where thread `t`'s window starts in the remote range.
-pub(crate) fn thread_base(backend: &Backend, args: &BenchArgs, t: usize) -> u64 {
-    t as u64 * (backend.remote_len() / u64::from(args.threads))
 }
 
 /// Thread `t`'s batch: `--batch-size` requests of `block` bytes over its

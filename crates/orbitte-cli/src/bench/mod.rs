@@ -7,48 +7,24 @@ mod baseline;
 mod measure;
 mod report;
 mod rounds;
+mod settings;
 mod sim_verbs;
+mod timed;
 
 use std::io::IsTerminal as _;
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use orbitte::HostMemory;
 use orbitte::transport::PathKind;
-use orbitte::wire::auth::ClusterSecret;
 
-use crate::Failure;
-use crate::cli::{BenchArgs, Op, PathName, Role};
+use crate::cli::{BenchArgs, PathName, Role};
+use crate::failure::Failure;
 use backend::Backend;
 use report::{Point, Report};
-
-/// Block sizes of `--sweep`.
-const SWEEP: [u64; 6] = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20];
-
-/// Byte `k` of a target's range before anything is written (the pattern a
-/// READ with `--check` expects).
-pub(crate) fn target_byte(k: u64) -> u8 {
-    ((k.wrapping_mul(0x9E37_79B1) >> 13) as u8) ^ (k as u8)
-}
-
-/// Fills `mem` with [`target_byte`].
-pub(crate) fn fill_target_pattern(mem: &HostMemory) -> Result<(), String> {
-    const CHUNK: usize = 1 << 20;
-    let mut buf = vec![0u8; CHUNK];
-    let mut off = 0;
-    while off < mem.len() {
-        let n = CHUNK.min(mem.len() - off);
-        for (i, b) in buf[..n].iter_mut().enumerate() {
-            *b = target_byte((off + i) as u64);
-        }
-        mem.write_at(off, &buf[..n]).map_err(|e| e.to_string())?;
-        off += n;
-    }
-    Ok(())
-}
+use settings::{
+    LOOPBACK_TARGET_SUFFIX, MAX_LOOPBACK_SOURCE_ID_LEN, SWEEP, engine_op, parse_addr, range_len,
+};
 
 fn path_kind(p: PathName) -> Result<PathKind, Failure> {
     match p {
@@ -61,66 +37,6 @@ fn path_kind(p: PathName) -> Result<PathKind, Failure> {
             report::path_name(other)
         ))),
     }
-}
-
-/// The bytes a target publishes for these settings.
-fn range_len(args: &BenchArgs) -> u64 {
-    let block = if args.sweep {
-        SWEEP[SWEEP.len() - 1].max(args.block_size)
-    } else {
-        args.block_size
-    };
-    block * u64::from(args.batch_size) * u64::from(args.threads)
-}
-
-/// What the loopback target's source id adds to `--source-id`.
-const LOOPBACK_TARGET_SUFFIX: &str = "-target";
-
-/// The longest `--source-id` loopback takes: the target's id, with
-/// [`LOOPBACK_TARGET_SUFFIX`], must fit too.
-const MAX_LOOPBACK_SOURCE_ID_LEN: usize =
-    crate::cli::MAX_SOURCE_ID_LEN - LOOPBACK_TARGET_SUFFIX.len();
-
-/// The source id of the engine playing `role`: `--source-id` (in
-/// loopback the target's is `ID-target`, so that the two engines differ),
-/// else `orbitte-bench-ROLE-PID`.
-fn source_id(args: &BenchArgs, role: &str) -> String {
-    match (&args.source_id, args.role) {
-        (Some(id), Role::Loopback) if role == "target" => format!("{id}{LOOPBACK_TARGET_SUFFIX}"),
-        (Some(id), _) => id.clone(),
-        (None, _) => format!("orbitte-bench-{role}-{}", std::process::id()),
-    }
-}
-
-/// The cluster secret of `--secret-file`, if given.
-fn secret(args: &BenchArgs) -> Result<Option<ClusterSecret>, Failure> {
-    let Some(file) = &args.secret_file else {
-        return Ok(None);
-    };
-    let bytes = std::fs::read(file).map_err(|e| {
-        Failure::usage(format!(
-            "--secret-file {}: cannot read it: {e}; point it at a readable file of at least 16 random bytes",
-            file.display()
-        ))
-    })?;
-    ClusterSecret::new(bytes).map(Some).map_err(|e| {
-        Failure::usage(format!(
-            "--secret-file {}: {e}; write at least 16 random bytes (head -c 32 /dev/urandom > FILE)",
-            file.display()
-        ))
-    })
-}
-
-fn parse_addr(s: &str, flag: &str) -> Result<SocketAddr, Failure> {
-    use std::net::ToSocketAddrs as _;
-    s.to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-        .ok_or_else(|| {
-            Failure::usage(format!(
-                "{flag} `{s}` is not an address like 127.0.0.1:7400 or host:7400"
-            ))
-        })
 }
 
 pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
@@ -254,15 +170,6 @@ fn check_memory(args: &BenchArgs, len: u64) -> Result<(), Failure> {
     )
 }
 
-fn alloc(len: u64) -> Result<Arc<HostMemory>, Failure> {
-    let n = usize::try_from(len).map_err(|_| Failure::usage("range too large for this machine"))?;
-    HostMemory::alloc(n).map_err(|e| {
-        Failure::failed(format!(
-            "cannot allocate {len} bytes of host memory: {e}; lower --block-size, --batch-size or --threads"
-        ))
-    })
-}
-
 /// `--role target`: publishes one range and serves initiators until it is
 /// stopped (tcp and local; with `--path rdma`, rdma peers over control
 /// links).
@@ -321,7 +228,7 @@ fn bench_with(
     // them (loopback).
     let own = backend.path_windows(args);
     for (k, &block) in sizes.iter().enumerate() {
-        let shape = baseline::Shape {
+        let shape = timed::Shape {
             block: usize::try_from(block).map_err(|_| Failure::usage("block size too large"))?,
             batch: args.batch_size as usize,
             threads: args.threads as usize,
@@ -397,14 +304,6 @@ fn progress(show: bool, seconds: f64, block: u64) -> ProgressBar {
     }
     bar.set_prefix(format!("block {}", crate::chart::human_bytes(block)));
     bar
-}
-
-/// The op as the engine names it.
-pub(crate) fn engine_op(op: Op) -> orbitte::transport::Op {
-    match op {
-        Op::Read => orbitte::transport::Op::Read,
-        Op::Write => orbitte::transport::Op::Write,
-    }
 }
 
 #[cfg(test)]

@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::backend::Backend;
-use crate::Failure;
 use crate::chart::{self, Series, human_bytes};
 use crate::cli::{BenchArgs, Op, PathName, Role};
+use crate::failure::Failure;
 use crate::stats::{CpuUse, LatencySummary, ThreadCpu};
 
 /// A baseline figure measured in the same run, alternating with the path
@@ -110,7 +110,7 @@ impl Report {
         chart: Option<&PathBuf>,
     ) -> Self {
         Self {
-            schema_version: crate::SCHEMA_VERSION,
+            schema_version: crate::schema::SCHEMA_VERSION,
             command: "bench",
             role: match args.role {
                 Role::Loopback => "loopback",

@@ -3,8 +3,8 @@
 //! path's median, and one that cannot be trusted is flagged as suspect
 //! instead of giving a ratio.
 
-use super::baseline::Sample;
 use super::report::{Baseline, Point};
+use super::timed::Sample;
 
 /// A path faster than its baseline by more than this factor means the
 /// baseline does not measure what the path does.

@@ -16,7 +16,7 @@ use orbitte::verbs::{
     Route, RtrAttrs, RtsAttrs, SendOp, SendWr, Sge,
 };
 
-use super::baseline::{Sample, Shape, timed};
+use super::timed::{Sample, Shape, timed, until_stopped};
 use crate::stats::gbps;
 
 /// Signal every this many requests (and the last of a batch).
@@ -171,7 +171,7 @@ pub(crate) fn measure(op: Op, shape: Shape) -> std::io::Result<Sample> {
                 )
             })
             .collect();
-        super::baseline::until_stopped(stop, ready, || batch(&mut lane, op, shape, &sges))
+        until_stopped(stop, ready, || batch(&mut lane, op, shape, &sges))
     })?;
     Ok(Sample {
         name: format!(

@@ -3,10 +3,16 @@ processes and hosts, over RDMA (Host Direct), TCP or shared memory.
 
 Two APIs over one native engine:
 
-- :class:`Engine`, OrbitTE's own: ``listen``/``connect``, ``register`` any
-  writable buffer (bytearray, memoryview, numpy, CPU torch tensors) or
-  ``(address, length)``, non-blocking ``submit`` returning handles
-  (``poll``, ``wait``, ``wait_drain``) that end in an :class:`Outcome`.
+- :class:`Engine`, OrbitTE's own, with the Rust engine's handles as native
+  classes: ``register`` any writable buffer (bytearray, memoryview, numpy,
+  DLPack or CPU torch tensors) or ``(address, length)`` for a
+  :class:`Registration`, ``connect`` for a :class:`Peer` and its
+  :class:`RemoteRange` objects, :func:`write`/:func:`read` for a
+  :class:`Request`, non-blocking ``submit`` returning a :class:`Handle` per
+  request (``poll``, ``wait``, ``wait_drain``) that ends in an
+  :class:`Outcome`. As in Rust, a batch goes to the peer incarnation its
+  ranges came from or is refused (:class:`PeerRestartedError`); nothing is
+  reopened or retried behind the caller.
 - :mod:`orbitte.mooncake`: ``TransferEngine``, a drop-in for the
   ``mooncake.engine.TransferEngine`` calls that SGLang, vLLM and LMCache make.
 
@@ -19,8 +25,6 @@ import ctypes
 import itertools
 import os
 import socket
-import threading
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence, Union
 
 from ._orbitte import (
@@ -30,10 +34,16 @@ from ._orbitte import (
     ConnectError,
     DrainTimeout,
     Error,
+    Handle,
     NativeEngine as _NativeEngine,
+    Notification,
     Outcome,
+    Peer,
     PeerRestartedError,
     RegisterError,
+    Registration,
+    RemoteRange,
+    Request,
     SubmitError,
     TransferError,
     UnregisterError,
@@ -245,153 +255,20 @@ class Buffer:
         return f"<orbitte.Buffer {self.length} bytes at {self.address:#x}>"
 
 
-@dataclass(frozen=True)
-class Registration:
-    """A local registration: ``address``, ``length``, the ``path`` that
-    serves it; the engine holds the memory's owner until it is unregistered
-    and drained."""
-
-    engine: "Engine" = field(repr=False)
-    address: int
-    length: int
-    id: int
-    #: The path that serves it: "host_direct" (rdma, tcp, local) or
-    #: "host_without_rdma" (tcp, local).
-    path: str = ""
-    keepalive: Any = field(default=None, repr=False, compare=False)
-
-    def unregister(self) -> None:
-        self.engine.unregister(self)
-
-
-@dataclass(frozen=True)
-class RemoteRange:
-    """One range a peer published: its address in the peer and its length."""
-
-    peer: "Peer" = field(repr=False, compare=False)
-    address: int
-    length: int
-
-
-@dataclass(frozen=True)
-class Peer:
-    """An opened peer: where it is, who it is, the path its requests take
-    (and the paths given up on the way, with the reason), its ranges."""
-
-    session: str
-    source_id: str
-    epoch: int
-    path: str
-    fell_back: list
-    ranges: list = field(default_factory=list)
-
-    def range(self, index: int = 0) -> RemoteRange:
-        """The ``index``-th published range, by address order."""
-        try:
-            return self.ranges[index]
-        except IndexError:
-            raise SubmitError(
-                f"peer {self.source_id} published {len(self.ranges)} range(s); there is no range {index}"
-            ) from None
-
-
-def _bound(peer: Union[Peer, str], requests: Sequence["Request"]) -> tuple[str, Optional[int]]:
-    """The session and the peer epoch a batch is bound to: the epoch of the
-    handle its ranges came from. The engine refuses the batch with
-    :class:`PeerRestartedError` once the peer runs a newer epoch; ranges of
-    two incarnations in one batch are refused here."""
-    session = peer.session if isinstance(peer, Peer) else peer
-    epoch = peer.epoch if isinstance(peer, Peer) else None
-    for r in requests:
-        owner = r.remote.peer
-        if epoch is None:
-            epoch = owner.epoch
-        if owner.epoch != epoch:
-            older, newer = sorted((owner.epoch, epoch))
-            err = PeerRestartedError(
-                f"peer {owner.source_id} restarted: a request names a range of its epoch {older} "
-                f"and the batch is for epoch {newer}; connect again and use the new Peer's ranges"
-            )
-            err.handle_epoch, err.current_epoch = older, newer
-            raise err
-    return session, epoch
-
-
-@dataclass(frozen=True)
-class Request:
-    """One READ or WRITE, built with :func:`write` or :func:`read`."""
-
-    op: str
-    local: Registration
-    remote: RemoteRange
-    length: int
-    local_offset: int = 0
-    remote_offset: int = 0
-    label: int = 0
-
-    def _native(self) -> tuple:
-        if self.local_offset < 0 or self.remote_offset < 0:
-            raise SubmitError("offsets must be non-negative")
-        return (
-            self.op == "write",
-            self.local.address + self.local_offset,
-            self.remote.address + self.remote_offset,
-            self.length,
-            self.label,
-        )
-
-
 def write(local: Registration, remote: RemoteRange, length: Optional[int] = None, *,
           local_offset: int = 0, remote_offset: int = 0, label: int = 0) -> Request:
-    """A WRITE of ``length`` bytes (default: the whole local registration)
-    from ``local`` at ``local_offset`` into ``remote`` at ``remote_offset``."""
-    n = local.length - local_offset if length is None else length
-    return Request("write", local, remote, n, local_offset, remote_offset, label)
+    """A WRITE of ``length`` bytes (default: the rest of the local
+    registration from ``local_offset``) from ``local`` at ``local_offset``
+    into ``remote`` at ``remote_offset``."""
+    return Request("write", local, remote, length, local_offset, remote_offset, label)
 
 
 def read(local: Registration, remote: RemoteRange, length: Optional[int] = None, *,
          local_offset: int = 0, remote_offset: int = 0, label: int = 0) -> Request:
-    """A READ of ``length`` bytes (default: the whole local registration)
-    from ``remote`` at ``remote_offset`` into ``local`` at ``local_offset``."""
-    n = local.length - local_offset if length is None else length
-    return Request("read", local, remote, n, local_offset, remote_offset, label)
-
-
-class Handle:
-    """One submitted request. ``poll()`` and ``wait()`` give its
-    :class:`Outcome` (once; it is cached here); ``wait_drain()`` waits until
-    its local bytes are the caller's again."""
-
-    def __init__(self, engine: "Engine", request: int):
-        self._engine = engine
-        self.request = request
-        self._outcome: Optional[Outcome] = None
-
-    def poll(self) -> Optional[Outcome]:
-        if self._outcome is None:
-            self._outcome = self._engine._native.poll(self.request)
-        return self._outcome
-
-    def wait(self, timeout: float = 30.0) -> Outcome:
-        """The outcome; raises :class:`WaitTimeout` if none within ``timeout``."""
-        if self._outcome is None:
-            self._outcome = self._engine._native.wait(self.request, float(timeout))
-        return self._outcome
-
-    def wait_drain(self, timeout: float = 30.0) -> None:
-        """Raises :class:`DrainTimeout` if still undrained after ``timeout``."""
-        self._engine._native.wait_drain(self.request, float(timeout))
-
-    @property
-    def drained(self) -> bool:
-        return self._engine._native.drain_status(self.request)[0] == "drained"
-
-    def cancel(self) -> bool:
-        """Logical cancel (DMA may run until drained)."""
-        return self._engine._native.cancel(self.request)
-
-    def __repr__(self) -> str:
-        return f"<orbitte.Handle request={self.request} outcome={self._outcome!r}>"
+    """A READ of ``length`` bytes (default: the rest of the local
+    registration from ``local_offset``) from ``remote`` at ``remote_offset``
+    into ``local`` at ``local_offset``."""
+    return Request("read", local, remote, length, local_offset, remote_offset, label)
 
 
 class Batch(list):
@@ -410,7 +287,6 @@ class Batch(list):
                 f"{sum(not o.ok for o in outcomes)} of {len(outcomes)} request(s) did not complete; first: {bad!r}"
             )
             err.outcomes = outcomes
-            err.code = -1
             raise err
         return outcomes
 
@@ -418,15 +294,13 @@ class Batch(list):
         return [h.poll() for h in self]
 
 
-@dataclass(frozen=True)
-class Notification:
-    """A notification a peer's batch carried: delivered once, after every
-    byte of that batch was placed in this engine's memory."""
-
-    source_id: str
-    epoch: int
-    path: str
-    payload: bytes
+def _peer(peer: Any) -> Peer:
+    if not isinstance(peer, Peer):
+        raise TypeError(
+            f"a batch is submitted for a Peer, not a {type(peer).__name__}: "
+            "peer = engine.connect(address) and build the requests from peer.ranges"
+        )
+    return peer
 
 
 class Engine:
@@ -456,8 +330,6 @@ class Engine:
             handshake_timeout=float(handshake_timeout),
             metadata=metadata,
         )
-        self._regs: dict[int, Registration] = {}
-        self._lock = threading.Lock()
         self._host = "127.0.0.1"
         if listen is not None:
             self.listen(listen)
@@ -501,65 +373,53 @@ class Engine:
         this engine's requests). The memory's owner is kept alive until
         :meth:`unregister` and drain."""
         if isinstance(memory, Buffer):
-            rid, path = self._native.register_allocation(memory._alloc, remote=remote)
-            reg = Registration(self, memory.address, memory.length, rid, path, memory)
-        else:
-            address, n, keep = buffer_address(memory, length)
-            rid, path = self._native.register(address, n, keep, remote=remote,
-                                              kept=isinstance(keep, _Kept))
-            reg = Registration(self, address, n, rid, path, keep)
-        with self._lock:
-            self._regs[reg.address] = reg
-        return reg
+            return self._native.register_allocation(memory._alloc, memory, remote=remote)
+        address, n, keep = buffer_address(memory, length)
+        return self._native.register(address, n, keep, remote=remote, kept=isinstance(keep, _Kept))
 
     def unregister(self, registration: Union[Registration, int]) -> None:
-        """Removes a registration (refused with :class:`UnregisterError`
-        while requests on it are undrained)."""
-        address = registration.address if isinstance(registration, Registration) else int(registration)
-        self._native.unregister(address)
-        with self._lock:
-            self._regs.pop(address, None)
+        """Removes a registration (or the one that starts at an address);
+        refused with :class:`UnregisterError` while requests on it are
+        undrained."""
+        self._native.unregister(registration)
+
+    def registrations(self) -> list[tuple[int, int]]:
+        """Every registration of this engine: ``(address, length)``."""
+        return self._native.registrations()
 
     def connect(self, addr: str) -> Peer:
-        """Opens the engine at ``addr`` ("host:port"): handshake with epochs,
-        its publications, the path chosen by the policy."""
-        d = self._native.connect(addr)
-        peer = Peer(d["session"], d["source_id"], d["epoch"], d["path"], d["fell_back"], [])
-        object.__setattr__(peer, "ranges", [RemoteRange(peer, a, n) for a, n in d["ranges"]])
-        return peer
+        """Opens the engine at ``addr`` ("host:port", or a source id with
+        etcd metadata): handshake with epochs, its publications, the path
+        chosen by the policy. Always a fresh handshake: a dead target raises
+        :class:`ConnectError`."""
+        return self._native.connect(addr)
 
-    def submit(self, peer: Union[Peer, str], requests: Iterable[Request], *,
+    def submit(self, peer: Peer, requests: Iterable[Request], *,
                notify: Optional[bytes] = None) -> Batch:
-        """Submits a batch without waiting; all requests are admitted or
-        none (:class:`SubmitError` names the first bad one). With
-        ``notify`` (at most 4 KiB) the peer receives those bytes once, after
-        every byte of the batch is placed, and only if every request
-        completes; each outcome's ``notification`` says whether it went."""
-        requests = list(requests)
-        session, epoch = _bound(peer, requests)
-        ops = [r._native() for r in requests]
-        ids = self._native.submit(session, ops, None if notify is None else bytes(notify),
-                                  epoch=epoch)
-        return Batch(Handle(self, i) for i in ids)
+        """Submits a batch for ``peer`` without waiting; all requests are
+        admitted or none (:class:`SubmitError` names the first bad one;
+        :class:`PeerRestartedError` when the peer restarted since its
+        ranges were published). With ``notify`` (at most 4 KiB) the peer
+        receives those bytes once, after every byte of the batch is placed,
+        and only if every request completes; each outcome's
+        ``notification`` says whether it went."""
+        return Batch(self._native.submit(_peer(peer), list(requests),
+                                         None if notify is None else bytes(notify)))
 
-    def transfer(self, peer: Union[Peer, str], requests: Iterable[Request], *,
+    def transfer(self, peer: Peer, requests: Iterable[Request], *,
                  notify: Optional[bytes] = None) -> None:
         """Submits and waits for every outcome and drain (GIL released);
         raises :class:`TransferError` (``.outcomes``) unless all complete."""
-        requests = list(requests)
-        session, epoch = _bound(peer, requests)
-        self._native.transfer(session, [r._native() for r in requests],
-                              None if notify is None else bytes(notify), epoch=epoch)
+        self._native.transfer(_peer(peer), list(requests), None if notify is None else bytes(notify))
 
     def notifications(self) -> list[Notification]:
         """Every notification received so far, oldest first (never blocks)."""
-        return [Notification(*n) for n in self._native.notifications()]
+        return self._native.notifications()
 
     def wait_notification(self, timeout: float = 30.0) -> Optional[Notification]:
         """The oldest notification, waiting up to ``timeout`` seconds (GIL
         released); None when none came."""
-        n = self._native.wait_notification(float(timeout))
-        return None if n is None else Notification(*n)
+        return self._native.wait_notification(float(timeout))
 
     def close(self, timeout: float = 5.0) -> None:
         """Stops serving, fences, waits for drain, releases native objects."""

@@ -12,32 +12,29 @@ port from the target's ``get_rpc_port()``, connected on first use and
 cached. What a failed call's int does not tell, :meth:`TransferEngine.last_error`
 does: the message, and each request's full OrbitTE outcome (completed
 prefix, failure, remote effect, drain).
+
+What only this API needs is this adapter's, with its native side
+``orbitte._orbitte.MooncakeEngine``: memory named by address on both sides,
+the session cache (a failed session is opened again on its next use; a
+remote address registered after the session opened makes it reopen once),
+and Mooncake's error codes (``MooncakeEngine.ERR_*``, carried as the
+``code`` of the errors it raises). :class:`orbitte.Engine` has none of them.
 """
 
 from __future__ import annotations
 
-import ctypes
 import enum
 import json
 import itertools
 import os
-import socket
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from . import Buffer, Error, _NativeEngine
+from . import Buffer, Error
+from ._orbitte import MooncakeEngine as _Native
 
 __all__ = ["LastError", "TransferEngine", "TransferNotify", "TransferOpcode"]
-
-# Mooncake's error codes (its error.h).
-ERR_INVALID_ARGUMENT = -1
-ERR_ADDRESS_NOT_REGISTERED = -3
-ERR_DEVICE_NOT_FOUND = -6
-ERR_ADDRESS_OVERLAPPED = -7
-ERR_SOCKET_FAIL = -102
-ERR_REJECT_HANDSHAKE = -104
-ERR_METADATA = -200
 
 _count = itertools.count()
 
@@ -123,19 +120,18 @@ class TransferEngine:
     """Mooncake's ``TransferEngine`` over OrbitTE."""
 
     def __init__(self) -> None:
-        self._native: Optional[_NativeEngine] = None
+        self._native: Optional[_Native] = None
         self._hostname = ""
         self._tls = threading.local()
         self._managed: dict[int, Buffer] = {}
         self._batches: dict[int, list] = {}
-        self._done: dict[int, dict] = {}
         self._lock = threading.Lock()
 
     # -- errors ---------------------------------------------------------
     def _fail(self, call: str, err: BaseException) -> int:
         code = getattr(err, "code", None)
         if not isinstance(code, int) or code >= 0:
-            code = ERR_INVALID_ARGUMENT
+            code = _Native.ERR_INVALID_ARGUMENT
         outcomes = list(getattr(err, "outcomes", None) or [])
         self._tls.error = LastError(call, code, str(err), outcomes)
         return code
@@ -144,7 +140,7 @@ class TransferEngine:
         """The calling thread's last failure (None after a success)."""
         return getattr(self._tls, "error", None)
 
-    def _engine(self) -> _NativeEngine:
+    def _engine(self) -> _Native:
         if self._native is None:
             raise Error("the engine is not initialized: call initialize() first")
         return self._native
@@ -174,7 +170,7 @@ class TransferEngine:
                     f"metadata type {metadata_type!r}: this package supports P2PHANDSHAKE and etcd "
                     "(metadata_server 'etcd://HOST:PORT' or 'HOST:PORT')"
                 )
-                err.code = ERR_METADATA
+                err.code = _Native.ERR_METADATA
                 raise err
             proto = (protocol or "tcp").strip().lower()
             if proto not in ("tcp", "rdma"):
@@ -185,7 +181,7 @@ class TransferEngine:
             # With etcd, peers name this engine by its local_hostname (its
             # record's key), as Mooncake's segment names; with p2p by address.
             source_id = local_hostname if not p2p else f"{local_hostname}-{os.getpid()}-{next(_count)}"
-            native = _NativeEngine(
+            native = _Native(
                 source_id,
                 metadata=None if p2p else meta,
                 rdma=proto == "rdma",
@@ -194,11 +190,6 @@ class TransferEngine:
                 request_timeout=float(os.environ.get("ORBITTE_REQUEST_TIMEOUT")
                                       or os.environ.get("MC_TRANSFER_TIMEOUT") or "10"),
             )
-            if proto == "rdma" and not native.rdma_devices():
-                err = Error("protocol 'rdma': this host lists no RDMA device; use protocol 'tcp' "
-                            "or install rdma-core and load the RDMA drivers (orbitte.doctor() says more)")
-                err.code = ERR_DEVICE_NOT_FOUND
-                raise err
             try:
                 native.listen(f"{host}:{int(port or 0)}")
             except Error:
@@ -225,7 +216,7 @@ class TransferEngine:
         them to peers. The memory must stay allocated until
         unregister_memory (as with Mooncake)."""
         try:
-            self._engine().register(int(buffer_addr), int(capacity), None, remote=True)
+            self._engine().register(int(buffer_addr), int(capacity), remote=True)
             self._tls.error = None
             return 0
         except (Error, TypeError, ValueError, OverflowError) as e:
@@ -282,7 +273,7 @@ class TransferEngine:
             buf = self._managed.get(int(buffer_addr))
         if buf is None:
             err = Error(f"{int(buffer_addr):#x} is not a managed buffer of this engine")
-            err.code = ERR_ADDRESS_NOT_REGISTERED
+            err.code = _Native.ERR_ADDRESS_NOT_REGISTERED
             return self._fail("free_managed_buffer", err)
         rc = self.unregister_memory(buf.address)
         if rc == 0:
@@ -314,8 +305,8 @@ class TransferEngine:
         """The address of the first range the peer ``segment_name``
         ("host:port") published, or 0."""
         try:
-            ranges = self._engine().connect(str(segment_name))["ranges"]
-            return int(ranges[0][0]) if ranges else 0
+            ranges = self._engine().connect(str(segment_name)).ranges
+            return ranges[0].address if ranges else 0
         except (Error, TypeError, ValueError) as e:
             self._fail("get_first_buffer_address", e)
             return 0
@@ -367,14 +358,12 @@ class TransferEngine:
     def get_notifies(self) -> list:
         """Notifications received so far (each once, after every byte of
         its batch was placed here), as TransferNotify(name, msg)."""
-        return [TransferNotify._decode(src, payload)
-                for src, _epoch, _path, payload in self._engine().notifications()]
+        return [TransferNotify._decode(n.source_id, n.payload) for n in self._engine().notifications()]
 
     def send_probe(self, peer_server_name: str) -> int:
         """0 when the peer ``host:port`` answers a handshake, else a
         negative code."""
         try:
-            self._engine().disconnect(str(peer_server_name))
             self._engine().connect(str(peer_server_name))
             return 0
         except (Error, TypeError, ValueError) as e:
@@ -384,17 +373,14 @@ class TransferEngine:
     def _submit(self, call: str, target_hostname: str, write: bool, buffers: Any,
                 peer_buffer_addresses: Any, lengths: Any) -> int:
         try:
-            b, p, n = _ints(buffers), _ints(peer_buffer_addresses), _ints(lengths)
-            if not (len(b) == len(p) == len(n)):
-                raise ValueError(f"buffers, peer addresses and lengths differ in length ({len(b)}, {len(p)}, {len(n)})")
-            ops = [(write, b[i], p[i], n[i], i) for i in range(len(b))]
-            ids = self._engine().submit(target_hostname, ops)
+            handles = self._engine().submit_batch(target_hostname, write, _packed(buffers),
+                                                  _packed(peer_buffer_addresses), _packed(lengths))
         except (Error, TypeError, ValueError, OverflowError) as e:
             self._fail(call, e)
             return 0
         batch_id = next(_count) + 1
         with self._lock:
-            self._batches[batch_id] = ids
+            self._batches[batch_id] = handles
         return batch_id
 
     def batch_transfer_async_write(self, target_hostname: str, buffers: Any, peer_buffer_addresses: Any,
@@ -418,15 +404,15 @@ class TransferEngine:
         rc = 0
         for b in _ints(batch_ids):
             with self._lock:
-                ids = self._batches.pop(b, None)
-            if ids is None:
-                err = Error(f"unknown batch id {b}")
+                handles = self._batches.pop(b, None)
+            if handles is None:
+                err = Error(f"unknown batch id {b}: pass an id that batch_transfer_async_* returned, once")
                 return self._fail("get_batch_transfer_status", err)
             outcomes = []
-            for i in ids:
+            for h in handles:
                 try:
-                    o = self._engine().wait(i, 60.0)
-                    self._engine().wait_drain(i, 60.0)
+                    o = h.wait(60.0)
+                    h.wait_drain(60.0)
                 except Error as e:
                     return self._fail("get_batch_transfer_status", e)
                 outcomes.append(o)
@@ -439,20 +425,14 @@ class TransferEngine:
     def transfer_check_status(self, batch_id: int) -> int:
         """1 done, 0 in progress, -1 failed, -2 timed out (Mooncake's)."""
         with self._lock:
-            ids = self._batches.get(int(batch_id))
-            if ids is None:
-                return -1
-            outs = self._done.setdefault(int(batch_id), {})
-        for i in ids:
-            if i not in outs:
-                o = self._engine().poll(i)
-                if o is None:
-                    return 0
-                outs[i] = o
+            handles = self._batches.get(int(batch_id))
+        if handles is None:
+            return -1
+        results = [h.poll() for h in handles]
+        if any(o is None for o in results):
+            return 0
         with self._lock:
             self._batches.pop(int(batch_id), None)
-            self._done.pop(int(batch_id), None)
-        results = [outs[i] for i in ids]
         if all(o.ok for o in results):
             return 1
         self._tls.error = LastError("transfer_check_status", -1, "a request did not complete", results)

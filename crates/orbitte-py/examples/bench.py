@@ -1,4 +1,4 @@
-"""``python -m orbitte.bench``: what the Python layer costs.
+"""``python crates/orbitte-py/examples/bench.py``: what the Python layer costs.
 
 Moves the same blocks three ways, in one run, between two engines of this
 process over one path (tcp by default, as ``orbitte bench`` loops back):
@@ -6,7 +6,7 @@ process over one path (tcp by default, as ``orbitte bench`` loops back):
 - **python**: ``orbitte.mooncake.TransferEngine.batch_transfer_sync_write``
   called in a Python loop (what SGLang/vLLM do), 1 and 8 threads;
 - **rust**: the same batch repeated by the engine in a Rust loop
-  (``NativeEngine.repeat_batch``, GIL released), 1 and 8 threads;
+  (``MooncakeEngine.repeat_batch``, GIL released), 1 and 8 threads;
 - **orbitte bench**: the command-line bench with the same block size, batch
   size, threads and path, when the ``orbitte`` binary is found (``--orbitte``,
   ``$ORBITTE_BIN`` or ``PATH``).
@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Optional
 
-from .mooncake import TransferEngine
+from orbitte.mooncake import TransferEngine
 
 CASES = [(1024, 4 << 10), (16, 1 << 20)]
 
@@ -103,7 +103,7 @@ def measure(path: str, batch: int, block: int, threads: int, seconds: float, rou
     for _ in range(rounds):
         py = max(py, rate(python_loop))
         rs = max(rs, rate(rust_loop))
-    path_used = native.connect(session)["path"]
+    path_used = native.connect(session).path
     initiator.close()
     target.close()
     return {"path": path_used, "batch": batch, "block": block, "threads": threads,
@@ -146,17 +146,20 @@ def cli_bench(binary: str, path: str, batch: int, block: int, threads: int, seco
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m orbitte.bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="bench.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--path", default="tcp", choices=["tcp", "local", "auto"])
     ap.add_argument("--duration", type=float, default=2.0, help="seconds per measurement")
     ap.add_argument("--threads", default="1,8", help="comma-separated thread counts")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best of each side counts")
     ap.add_argument("--orbitte", default=os.environ.get("ORBITTE_BIN") or shutil.which("orbitte"),
                     help="the orbitte binary for the command-line figure")
+    ap.add_argument("--cases", default=",".join(f"{b}x{n}" for b, n in CASES),
+                    help="comma-separated BATCHxBLOCK cases (block in bytes)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     rows = []
-    for batch, block in CASES:
+    cases = [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")]
+    for batch, block in cases:
         for threads in [int(t) for t in args.threads.split(",")]:
             r = measure(args.path, batch, block, threads, args.duration, args.rounds)
             if args.orbitte and args.path != "auto":
