@@ -38,7 +38,6 @@ mod work;
 pub type Map<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 pub use ids::{Op, PathKind, PeerId, RailId, RangeId, RegistrationId, SliceToken};
+pub use outcome::{DeviceError, SliceFailure, SliceStatus};
 pub use request::TransferRequest;
-pub use work::{
-    DeviceError, PostError, RailSpec, SliceFailure, SliceStatus, TransportEvent, WorkItem,
-};
+pub use work::{PostError, RailSpec, TransportEvent, WorkItem};

@@ -14,8 +14,7 @@ use std::sync::Arc;
 
 use orbitte_wire::Epoch;
 
-use crate::notification::{NotificationError, NotificationStatus};
-use crate::{Op, PathKind, PeerId, RailId, RangeId, RegistrationId, SliceFailure};
+use crate::{Op, PathKind, PeerId, RailId, RangeId, RegistrationId};
 
 /// Names one request of one engine.
 ///
@@ -427,4 +426,167 @@ pub enum SubmitError {
     /// The batch's notification cannot be carried.
     #[error(transparent)]
     Notification(#[from] NotificationError),
+}
+
+/// Whether a slice finished, and how it failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SliceStatus {
+    /// The slice's bytes arrived where they were going.
+    Success,
+    /// The slice failed; what is known about it.
+    Failed(SliceFailure),
+}
+
+/// Why one slice failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SliceFailure {
+    /// The transport completed the item with an error status (for rdma the
+    /// work completion status; `code` is its numeric value).
+    Completion {
+        /// Status name (`IBV_WC_REM_ACCESS_ERR`, `peer error frame`, ...).
+        status: Arc<str>,
+        /// Numeric status or vendor code.
+        code: u32,
+    },
+    /// Not executed because the rail failed earlier (verbs flush).
+    Flushed,
+    /// The transport refused to post it.
+    PostFailed(Arc<str>),
+    /// The rail went down before the slice could be posted.
+    RailDown(Arc<str>),
+    /// cuda-staging: a device copy between GPU memory and a bounce buffer
+    /// failed, or could not be waited for (the CUDA error).
+    DeviceCopy(DeviceError),
+    /// cuda-staging: the lane's pipeline was unquiesced by an earlier copy
+    /// that did not drain (that copy's error); the lane runs no more.
+    PipelineUnquiesced(DeviceError),
+    /// cuda-staging: the engine refused a chunk's request; nothing of that
+    /// chunk was posted.
+    Refused(Box<SubmitError>),
+    /// cuda-staging: a chunk's request ended with this status and no slice
+    /// failure (its request timeout passed, or it was cancelled).
+    Ended(Status),
+    /// cuda-staging: a chunk could not be handled and whether it was posted
+    /// is unknown (its bytes count as uncertain).
+    Internal(Arc<str>),
+}
+
+impl fmt::Display for SliceFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Completion { status, code } => write!(f, "completion error {status} ({code})"),
+            Self::Flushed => f.write_str("flushed after an earlier error on the rail"),
+            Self::PostFailed(e) => write!(f, "post failed: {e}"),
+            Self::RailDown(e) => write!(f, "rail down: {e}"),
+            Self::DeviceCopy(e) => write!(f, "device copy failed: {e}"),
+            Self::PipelineUnquiesced(e) => write!(f, "staging pipeline unquiesced: {e}"),
+            Self::Refused(e) => write!(f, "chunk request refused: {e}"),
+            Self::Ended(s) => write!(f, "chunk request ended {s:?}"),
+            Self::Internal(e) => f.write_str(e),
+        }
+    }
+}
+
+/// A device's error carried by a slice failure (cuda-staging: the CUDA
+/// copy error), kept whole: [`downcast_ref`](Self::downcast_ref) reaches
+/// the typed error, and its `source` chain is the error's own.
+#[derive(Clone)]
+pub struct DeviceError(Arc<dyn std::error::Error + Send + Sync>);
+
+impl DeviceError {
+    /// Carries `error`.
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(Arc::new(error))
+    }
+
+    /// The error carried, if it is an `E`.
+    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        self.0.downcast_ref()
+    }
+}
+
+impl fmt::Debug for DeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+impl std::error::Error for DeviceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// Two reports of a device error are equal when they are the same error
+/// or say the same.
+impl PartialEq for DeviceError {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for DeviceError {}
+
+/// Whether a request's batch sent a notification.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum NotificationStatus {
+    /// The batch carried none.
+    #[default]
+    NotRequested,
+    /// Every request of the batch completed and the notification was handed
+    /// to the peer's path (a SEND posted behind the WRITEs, a frame queued
+    /// on a live session). The target queues it once; a rail that breaks
+    /// after this point can lose it, never duplicate it.
+    Sent,
+    /// Not sent, and it never will be: a request of the batch did not
+    /// complete, or no rail to the peer took it.
+    NotSent {
+        /// Why.
+        why: Arc<str>,
+    },
+}
+
+/// Why a notifying batch was refused at submit (nothing was posted).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NotificationError {
+    /// The notification is larger than the protocol carries.
+    #[error(
+        "notification of {len} bytes is larger than {max} bytes: send less (put bulk data in registered memory)"
+    )]
+    TooLarge {
+        /// Its length.
+        len: usize,
+        /// [`MAX_NOTIFICATION_LEN`](orbitte_wire::MAX_NOTIFICATION_LEN).
+        max: usize,
+    },
+    /// A notifying batch goes to one peer.
+    #[error(
+        "a notifying batch goes to one peer: request #{index} names peer {found}, the first one peer {first}; submit one batch per peer"
+    )]
+    MixedPeers {
+        /// Position of the first request to another peer.
+        index: usize,
+        /// The first request's peer.
+        first: u32,
+        /// That request's peer.
+        found: u32,
+    },
+    /// A notifying batch cannot carry cuda-staging requests (local memory
+    /// on a GPU): their chunks are separate requests of the engine, and the
+    /// notification would not be held behind them.
+    #[error(
+        "a notifying batch cannot carry cuda-staging requests: request #{index} has GPU memory as \
+         its local side; send the notification with a batch of host memory after it completes"
+    )]
+    Staged {
+        /// Position of the first cuda-staging request.
+        index: usize,
+    },
 }

@@ -135,7 +135,7 @@ pub enum MemoryPath {
     /// local) serve it.
     HostDirect,
     /// Host memory the caller asked to keep off RDMA
-    /// ([`EngineBuilder::host_memory_without_rdma`](crate::EngineBuilder::host_memory_without_rdma)):
+    /// (the engine builder's `host_memory_without_rdma`):
     /// no MR, served by tcp and local only.
     HostWithoutRdma,
     /// CUDA device memory: the GPU's copy engines move it through pinned

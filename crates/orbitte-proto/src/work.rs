@@ -1,13 +1,13 @@
 //! What the core hands a transport and what a transport reports back:
-//! work items bound to rails, slice statuses, rail events, rail specs.
+//! work items bound to rails, rail events, rail specs.
 //!
 //! What each event promises (completion, drain, rail loss) is the
 //! transport seam's contract; the engine's `transport` module states it.
 
-use std::fmt;
 use std::sync::Arc;
 
 use crate::ids::{Op, PathKind, PeerId, RailId, RangeId, RegistrationId, SliceToken};
+use crate::outcome::SliceStatus;
 
 /// One slice of one request, bound to one rail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,111 +34,6 @@ pub struct WorkItem {
     /// module docs for what an unsignaled item implies).
     pub signaled: bool,
 }
-
-/// Whether a slice finished, and how it failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SliceStatus {
-    /// The slice's bytes arrived where they were going.
-    Success,
-    /// The slice failed; what is known about it.
-    Failed(SliceFailure),
-}
-
-/// Why one slice failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SliceFailure {
-    /// The transport completed the item with an error status (for rdma the
-    /// work completion status; `code` is its numeric value).
-    Completion {
-        /// Status name (`IBV_WC_REM_ACCESS_ERR`, `peer error frame`, ...).
-        status: Arc<str>,
-        /// Numeric status or vendor code.
-        code: u32,
-    },
-    /// Not executed because the rail failed earlier (verbs flush).
-    Flushed,
-    /// The transport refused to post it.
-    PostFailed(Arc<str>),
-    /// The rail went down before the slice could be posted.
-    RailDown(Arc<str>),
-    /// cuda-staging: a device copy between GPU memory and a bounce buffer
-    /// failed, or could not be waited for (the CUDA error).
-    DeviceCopy(DeviceError),
-    /// cuda-staging: the lane's pipeline was unquiesced by an earlier copy
-    /// that did not drain (that copy's error); the lane runs no more.
-    PipelineUnquiesced(DeviceError),
-    /// cuda-staging: the engine refused a chunk's request; nothing of that
-    /// chunk was posted.
-    Refused(Box<crate::outcome::SubmitError>),
-    /// cuda-staging: a chunk's request ended with this status and no slice
-    /// failure (its request timeout passed, or it was cancelled).
-    Ended(crate::outcome::Status),
-    /// cuda-staging: a chunk could not be handled and whether it was posted
-    /// is unknown (its bytes count as uncertain).
-    Internal(Arc<str>),
-}
-
-impl fmt::Display for SliceFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Completion { status, code } => write!(f, "completion error {status} ({code})"),
-            Self::Flushed => f.write_str("flushed after an earlier error on the rail"),
-            Self::PostFailed(e) => write!(f, "post failed: {e}"),
-            Self::RailDown(e) => write!(f, "rail down: {e}"),
-            Self::DeviceCopy(e) => write!(f, "device copy failed: {e}"),
-            Self::PipelineUnquiesced(e) => write!(f, "staging pipeline unquiesced: {e}"),
-            Self::Refused(e) => write!(f, "chunk request refused: {e}"),
-            Self::Ended(s) => write!(f, "chunk request ended {s:?}"),
-            Self::Internal(e) => f.write_str(e),
-        }
-    }
-}
-
-/// A device's error carried by a slice failure (cuda-staging: the CUDA
-/// copy error), kept whole: [`downcast_ref`](Self::downcast_ref) reaches
-/// the typed error, and its `source` chain is the error's own.
-#[derive(Clone)]
-pub struct DeviceError(Arc<dyn std::error::Error + Send + Sync>);
-
-impl DeviceError {
-    /// Carries `error`.
-    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
-        Self(Arc::new(error))
-    }
-
-    /// The error carried, if it is an `E`.
-    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
-        self.0.downcast_ref()
-    }
-}
-
-impl fmt::Debug for DeviceError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
-    }
-}
-
-impl fmt::Display for DeviceError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&*self.0, f)
-    }
-}
-
-impl std::error::Error for DeviceError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.0.source()
-    }
-}
-
-/// Two reports of a device error are equal when they are the same error
-/// or say the same.
-impl PartialEq for DeviceError {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
-    }
-}
-
-impl Eq for DeviceError {}
 
 /// What a transport reports about its work items and rails.
 #[derive(Debug, Clone, PartialEq, Eq)]

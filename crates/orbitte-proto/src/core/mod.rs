@@ -24,7 +24,6 @@ mod rail_list;
 mod request;
 mod timers;
 
-use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,12 +33,13 @@ use crate::outcome::{
     SubmitError,
 };
 use crate::{
-    Op, PathKind, PeerId, PostError, RailId, RailSpec, RangeId, RegistrationId, SliceFailure,
-    SliceStatus, SliceToken, TransportEvent, WorkItem,
+    Op, PathKind, PostError, RailId, RailSpec, SliceFailure, SliceStatus, SliceToken,
+    TransportEvent, WorkItem,
 };
 
 use rail::Rail;
 pub use rail_list::RailList;
+pub use request::CoreRequest;
 use request::Req;
 use timers::{Deadline, TimerKind, Timers};
 
@@ -75,42 +75,6 @@ impl Default for CoreConfig {
             request_timeout: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(5),
         }
-    }
-}
-
-/// One request as the core sees it: validated, with its rails chosen.
-pub struct CoreRequest {
-    /// Caller's label, echoed in the outcome.
-    pub label: u64,
-    /// READ or WRITE.
-    pub op: Op,
-    /// Local registration.
-    pub registration: RegistrationId,
-    /// Offset in it.
-    pub local_offset: u64,
-    /// Peer.
-    pub peer: PeerId,
-    /// Peer's range.
-    pub range: RangeId,
-    /// Offset in it.
-    pub remote_offset: u64,
-    /// Bytes.
-    pub len: u64,
-    /// Rails to stripe over, in order (slice `i` goes to `rails[i % n]`).
-    pub rails: RailList,
-    /// Kept alive until the request is drained (the registration, so its
-    /// memory and MRs outlive every slice).
-    pub keepalive: Option<Arc<dyn Any + Send + Sync>>,
-}
-
-impl std::fmt::Debug for CoreRequest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CoreRequest")
-            .field("label", &self.label)
-            .field("op", &self.op)
-            .field("len", &self.len)
-            .field("rails", &self.rails)
-            .finish_non_exhaustive()
     }
 }
 

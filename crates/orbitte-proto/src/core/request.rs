@@ -1,4 +1,5 @@
-//! One request's state inside the core.
+//! A request as the core takes it in ([`CoreRequest`]) and its state
+//! inside the core.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -6,7 +7,43 @@ use std::sync::Arc;
 use crate::outcome::FailureInfo;
 use crate::{Op, PeerId, RailId, RangeId, RegistrationId};
 
-use super::{CoreRequest, RailList};
+use super::RailList;
+
+/// One request as the core sees it: validated, with its rails chosen.
+pub struct CoreRequest {
+    /// Caller's label, echoed in the outcome.
+    pub label: u64,
+    /// READ or WRITE.
+    pub op: Op,
+    /// Local registration.
+    pub registration: RegistrationId,
+    /// Offset in it.
+    pub local_offset: u64,
+    /// Peer.
+    pub peer: PeerId,
+    /// Peer's range.
+    pub range: RangeId,
+    /// Offset in it.
+    pub remote_offset: u64,
+    /// Bytes.
+    pub len: u64,
+    /// Rails to stripe over, in order (slice `i` goes to `rails[i % n]`).
+    pub rails: RailList,
+    /// Kept alive until the request is drained (the registration, so its
+    /// memory and MRs outlive every slice).
+    pub keepalive: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for CoreRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoreRequest")
+            .field("label", &self.label)
+            .field("op", &self.op)
+            .field("len", &self.len)
+            .field("rails", &self.rails)
+            .finish_non_exhaustive()
+    }
+}
 
 /// Invariants: `prefix` leading bits of `done` are set;
 /// `unanswered <= outstanding <= posted`; a request is freed (`live` false,

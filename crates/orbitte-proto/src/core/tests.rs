@@ -1,12 +1,13 @@
 //! Core tests with virtual time and a scripted transport that moves real
 //! bytes between two vectors, so every outcome is checked against data.
 
+use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::PathKind;
+use crate::{PathKind, PeerId, RangeId, RegistrationId};
 
 const SLICE: u32 = 1024;
 

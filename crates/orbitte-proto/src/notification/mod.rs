@@ -9,12 +9,11 @@
 
 pub mod tracker;
 
-use std::sync::Arc;
-
 use orbitte_wire::MAX_NOTIFICATION_LEN;
 
 use crate::core::CoreRequest;
 use crate::ids::{PeerId, RailId};
+pub use crate::outcome::{NotificationError, NotificationStatus};
 use crate::request::TransferRequest;
 
 /// The bytes a batch carries to its peer (at most
@@ -36,64 +35,6 @@ impl Notification {
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
     }
-}
-
-/// Whether a request's batch sent a notification.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum NotificationStatus {
-    /// The batch carried none.
-    #[default]
-    NotRequested,
-    /// Every request of the batch completed and the notification was handed
-    /// to the peer's path (a SEND posted behind the WRITEs, a frame queued
-    /// on a live session). The target queues it once; a rail that breaks
-    /// after this point can lose it, never duplicate it.
-    Sent,
-    /// Not sent, and it never will be: a request of the batch did not
-    /// complete, or no rail to the peer took it.
-    NotSent {
-        /// Why.
-        why: Arc<str>,
-    },
-}
-
-/// Why a notifying batch was refused at submit (nothing was posted).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum NotificationError {
-    /// The notification is larger than the protocol carries.
-    #[error(
-        "notification of {len} bytes is larger than {max} bytes: send less (put bulk data in registered memory)"
-    )]
-    TooLarge {
-        /// Its length.
-        len: usize,
-        /// [`MAX_NOTIFICATION_LEN`].
-        max: usize,
-    },
-    /// A notifying batch goes to one peer.
-    #[error(
-        "a notifying batch goes to one peer: request #{index} names peer {found}, the first one peer {first}; submit one batch per peer"
-    )]
-    MixedPeers {
-        /// Position of the first request to another peer.
-        index: usize,
-        /// The first request's peer.
-        first: u32,
-        /// That request's peer.
-        found: u32,
-    },
-    /// A notifying batch cannot carry cuda-staging requests (local memory
-    /// on a GPU): their chunks are separate requests of the engine, and the
-    /// notification would not be held behind them.
-    #[error(
-        "a notifying batch cannot carry cuda-staging requests: request #{index} has GPU memory as \
-         its local side; send the notification with a batch of host memory after it completes"
-    )]
-    Staged {
-        /// Position of the first cuda-staging request.
-        index: usize,
-    },
 }
 
 /// The notification of a batch being admitted: checked, not yet tracked.

@@ -1,4 +1,4 @@
-//! The engine's state below the line: sans-IO, as [`Core`] is.
+//! The engine's state below the line: sans-IO, as [`Core`](crate::core::Core) is.
 //!
 //! [`EngineState`] owns the core, the registration and peer tables, the
 //! budget ledger and the outcomes not taken yet, and decides admission: it
@@ -19,7 +19,7 @@
 //! `crate::core` documents:
 //!
 //! 1. [`EngineState::submit`] a batch (or [`EngineState::admit`] it and hand
-//!    the requests to [`Core::submit`], then
+//!    the requests to [`Core::submit`](crate::core::Core::submit), then
 //!    [`EngineState::track_notification`] if it carries one; or, as the
 //!    driver does, [`EngineState::validate`] it and take the requests the
 //!    returned `Admission` builds into the core with `Core::insert`, a
@@ -35,8 +35,11 @@
 
 mod admit;
 mod drive;
+mod engine;
 #[cfg(test)]
 mod fuzz;
+mod ledger;
+mod notifications;
 mod notify;
 mod outcomes;
 mod peers;
@@ -46,10 +49,12 @@ mod tables;
 mod tests;
 
 pub use admit::Admission;
-pub use notify::{Notifications, Transmit};
+pub use engine::EngineState;
+pub use ledger::Ledger;
+pub use notifications::{Notifications, Transmit};
 pub use outcomes::Outcomes;
 pub use peers::Adoption;
-pub use register::{Ledger, Reservation, retained};
+pub use register::{Reservation, retained};
 pub use tables::{
     PeerState, RESTARTED_KEPT, Restarted, Tables, Tracked, check_epoch, published_remote,
 };
@@ -61,62 +66,12 @@ use orbitte_topology::DeviceMask;
 use orbitte_wire::{self as wire, Epoch, SourceId};
 
 use crate::TransferRequest;
-use crate::core::{Core, CoreConfig};
 use crate::error::{RegisterRefusal, UnregisterRefusal};
 use crate::outcome::{RequestId, SubmitError};
-use crate::registration::{
-    Access, Budgets, Charges, MemoryPath, RegEntry, Registration, Resources,
-};
+use crate::registration::{Access, Charges, MemoryPath, RegEntry, Registration, Resources};
 use crate::{PeerId, RailId, RailSpec, RangeId, RegistrationId};
 
-/// The tables, the ledger and the core, with the rules of admission.
-/// See the module docs for how a driver calls it.
-#[derive(Debug)]
-pub struct EngineState<R: Resources> {
-    /// The transfer core.
-    pub(crate) core: Core,
-    /// The registration and peer tables.
-    pub(crate) tables: Tables<R>,
-    /// Invariant: `ledger.in_use` is the sum of the registrations'
-    /// charges plus what cleanup failures retain.
-    pub(crate) ledger: Ledger,
-    /// The next registration id (ids are never reused).
-    next_reg: u64,
-    /// The next peer id (ids are never reused).
-    next_peer: u32,
-    /// Rotates each request's first rail among its allowed rails.
-    rotor: usize,
-    /// Outcomes made and not taken yet.
-    pub(crate) outcomes: Outcomes,
-    /// Notifying batches whose outcomes are held until they resolve.
-    pub(crate) notifications: Notifications,
-    /// Every `Unquiesced` so far; each one fenced admission.
-    pub(crate) unquiesced: Vec<R::Unquiesced>,
-    /// Closed rails whose queue pair the driver destroys once their work
-    /// in flight drained.
-    reap: Vec<RailId>,
-}
-
 impl<R: Resources> EngineState<R> {
-    /// An empty state: no registrations, peers or rails.
-    pub fn new(core: CoreConfig, budgets: Budgets) -> Self {
-        Self {
-            core: Core::new(core),
-            tables: Tables::default(),
-            ledger: Ledger {
-                budgets,
-                in_use: Charges::default(),
-            },
-            next_reg: 1,
-            next_peer: 1,
-            rotor: 0,
-            outcomes: Outcomes::default(),
-            notifications: Notifications::default(),
-            unquiesced: Vec::new(),
-            reap: Vec::new(),
-        }
-    }
-
     /// [`admit`](Self::admit)s a batch and submits it to the core at `now`.
     // The driver admits and submits apart (it arms notifications between);
     // tests submit in one step.

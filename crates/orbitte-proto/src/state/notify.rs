@@ -9,60 +9,16 @@
 //! [`EngineState::notification_sent`]. The batch's outcomes come out only
 //! with that answer, stamped with what happened.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use orbitte_wire as wire;
 
 use super::EngineState;
-use crate::RailId;
+use super::notifications::{Sending, Transmit};
 use crate::notification::NotificationStatus;
-use crate::notification::tracker::{Resolved, Step, Tracker, Verdict};
+use crate::notification::tracker::{Resolved, Step, Verdict};
 use crate::outcome::RequestId;
 use crate::registration::Resources;
-
-/// A notification the driver hands to a transport: it tries `rails` in
-/// order until one takes `frame`, then reports to
-/// [`EngineState::notification_sent`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Transmit {
-    /// The notification's number (the frame's id).
-    pub id: u64,
-    /// The batch's rails that are still its peer's and up, in first-use
-    /// order; never empty.
-    pub rails: Vec<RailId>,
-    /// The encoded `notification` frame.
-    pub frame: Arc<[u8]>,
-}
-
-/// A resolved batch whose notification is with the driver.
-#[derive(Debug)]
-struct Sending {
-    /// Why rails of the batch were passed over.
-    skipped: Vec<String>,
-    outcomes: Resolved,
-}
-
-/// The notifying batches: in flight (`tracker`), resolved and being sent.
-#[derive(Debug, Default)]
-pub struct Notifications {
-    tracker: Tracker,
-    /// Invariant: every id in `transmits` is a key of `sending`.
-    sending: HashMap<u64, Sending>,
-    transmits: VecDeque<Transmit>,
-}
-
-impl Notifications {
-    /// Whether the request's outcome is made and held until its batch's
-    /// notification is decided.
-    pub fn holds(&self, request: RequestId) -> bool {
-        self.tracker.holds(request)
-            || self
-                .sending
-                .values()
-                .any(|s| s.outcomes.outcomes.iter().any(|o| o.request == request))
-    }
-}
 
 impl<R: Resources> EngineState<R> {
     /// Tracks the admitted batch `requests` (in submission order) that
@@ -91,7 +47,8 @@ impl<R: Resources> EngineState<R> {
         n.track(id, requests, peer, rails, frame);
     }
 
-    /// Moves the core's outcomes to [`outcomes`](Self::outcomes), holding
+    /// Moves the core's outcomes to those not taken yet
+    /// ([`take_outcome`](Self::take_outcome)), holding
     /// those of notifying batches until their batch resolves. A batch
     /// whose every request completed and that still has a usable rail
     /// becomes a [`Transmit`] ([`poll_transmit`](Self::poll_transmit)); any
@@ -206,13 +163,5 @@ fn not_sent(mut why: Vec<String>) -> NotificationStatus {
     }
     NotificationStatus::NotSent {
         why: why.join("; ").into(),
-    }
-}
-
-/// Notifying batches not yet released (tracked or being sent).
-#[cfg(test)]
-impl Notifications {
-    pub(crate) fn pending(&self) -> usize {
-        self.tracker.pending() + self.sending.len()
     }
 }
