@@ -469,8 +469,8 @@ impl TransferEngine {
         QpCaps {
             // Room for the notification SENDs beside the slices.
             max_send_wr: self.shared.settings.max_in_flight
-                + crate::transport::rdma::notify::SEND_SLOTS as u32,
-            max_recv_wr: crate::transport::rdma::notify::RECV_SLOTS as u32,
+                + crate::transport::rdma::slots::SEND_SLOTS as u32,
+            max_recv_wr: crate::transport::rdma::slots::RECV_SLOTS as u32,
             max_send_sge: 1,
             max_recv_sge: 1,
         }
@@ -608,7 +608,7 @@ impl TransferEngine {
                 .init
                 .as_ref()
                 .and_then(|i| i.nics.iter().find(|n| n.id.0 == nic))
-                .map(|n| crate::transport::rdma::notify::RailNotify::prepare(&n.pd, &mut qp));
+                .map(|n| crate::transport::rdma::slots::RailNotify::prepare(&n.pd, &mut qp));
             let notify = match notify {
                 Some(Ok(n)) => Some(n),
                 Some(Err(e)) => {

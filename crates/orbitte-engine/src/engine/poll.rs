@@ -31,7 +31,7 @@ pub(super) fn poll_cq(
     };
     for c in &buf[..n] {
         match st.qpn_rail.get(&(nic, c.qp_num)) {
-            Some(&rail) if rdma::notify::is_notification_wr(c.wr_id) => {
+            Some(&rail) if rdma::slots::is_notification_wr(c.wr_id) => {
                 let engine = &st.engine;
                 let sender = || {
                     engine

@@ -56,7 +56,7 @@ impl TransferEngine {
             out.push(o);
             let mut taken = 1;
             for id in rest {
-                match st.engine.take_outcome(&id) {
+                match st.engine.take_outcome(id) {
                     Some(o) => out.push(o),
                     None => break,
                 }

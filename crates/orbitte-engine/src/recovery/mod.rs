@@ -128,15 +128,15 @@ fn install_qp(
         st.qpn_rail.remove(&(nic, q));
     }
     let pd = st.nic(nic).map(|n| n.pd.clone());
-    let notify =
-        match pd.map(|pd| crate::transport::rdma::notify::RailNotify::prepare(&pd, &mut qp)) {
-            Some(Ok(n)) => Some(n),
-            Some(Err(e)) => {
-                tracing::warn!(nic, error = %e, "rail carries no notifications");
-                None
-            }
-            None => None,
-        };
+    let notify = match pd.map(|pd| crate::transport::rdma::slots::RailNotify::prepare(&pd, &mut qp))
+    {
+        Some(Ok(n)) => Some(n),
+        Some(Err(e)) => {
+            tracing::warn!(nic, error = %e, "rail carries no notifications");
+            None
+        }
+        None => None,
+    };
     let qpn = qp.qp_num();
     if let Some(mut r) = st.rdma.rail_mut(rail) {
         r.qp = RailQp::Rts(qp);

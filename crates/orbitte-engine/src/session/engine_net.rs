@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 use orbitte_wire::SessionPurpose;
 
 use super::handshake::{self, Handshake};
-use super::listener::ControlAcceptor;
 use super::log_budget::LogBudget;
 use super::path::{NoPath, PathInputs, choose_path};
+use super::serving::ControlAcceptor;
 use super::{Listener, SessionConfig, SessionError, TcpControlLink};
 use crate::control::ControlLink;
 use crate::engine::Shared;

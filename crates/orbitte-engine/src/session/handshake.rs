@@ -1,7 +1,6 @@
 //! The session handshake, both sides, over any blocking stream.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use orbitte_wire::{
@@ -41,16 +40,6 @@ impl Handshake {
             purpose: self.purpose,
         }
     }
-}
-
-/// Session ids of net's handshakes. They share the engine's peer table with
-/// the engine's own sessions (numbered from 1 by `new_session_id`), so they
-/// start far above them and the two never collide.
-static NEXT_SESSION: AtomicU64 = AtomicU64::new(1 << 48);
-
-/// A process-unique session id.
-pub(crate) fn next_session_id() -> SessionId {
-    SessionId(NEXT_SESSION.fetch_add(1, Ordering::Relaxed))
 }
 
 fn identity(cfg: &SessionConfig) -> Identity {

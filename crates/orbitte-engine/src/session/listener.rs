@@ -8,28 +8,16 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use orbitte_wire::{Admission, ErrorCode, Frame, FrameType, SessionId, SessionPurpose, SourceId};
+use orbitte_wire::{Admission, ErrorCode, Frame, FrameType, SessionPurpose, SourceId};
 
 use super::accept::{self, StopSignal};
 use super::activity::SessionActivity;
 use super::io::{close_after_refusal, send_error, write_frame};
 use super::log_budget::LogBudget;
 use super::publications::publication_frames;
+use super::serving::{ClosedSession, ControlAcceptor, LiveConn, Shared};
 use super::{RangeLookup, SessionConfig, SessionError, SharedPeerTable, handshake};
 use crate::transport::tcp::serve::{CloseReason, ServeCtx, serve};
-
-/// One session the listener closed, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClosedSession {
-    /// The peer's address.
-    pub from: SocketAddr,
-    /// The peer's source id, when the handshake got that far.
-    pub source_id: Option<SourceId>,
-    /// Whether the close was abnormal (misbehaving peer or a bound hit).
-    pub abnormal: bool,
-    /// Why it was closed.
-    pub reason: String,
-}
 
 /// Counters of a listener.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -49,116 +37,6 @@ pub struct ListenerStats {
     /// Refusals and abnormal closes counted but not logged (the log takes
     /// `refusal_logs_per_second`).
     pub refusals_not_logged: u64,
-}
-
-#[derive(Debug)]
-struct LiveConn {
-    /// `None` until the peer authenticated (a pre-auth slot).
-    source: Option<SourceId>,
-    session: Option<SessionId>,
-    ip: IpAddr,
-    since: Instant,
-    stream: TcpStream,
-    /// Closed to make room for a newcomer: it no longer holds a pre-auth
-    /// slot or a session slot, though its thread may not have recorded the
-    /// close yet.
-    evicted: bool,
-    /// What a tcp data session did last; `None` for every other session
-    /// (never closed to make room).
-    activity: Option<Arc<SessionActivity>>,
-}
-
-/// Serves sessions opened for [`SessionPurpose::RDMA_CONTROL`] (the
-/// engine's rdma control link) after the handshake admitted them.
-pub(crate) trait ControlAcceptor: Send + Sync + std::fmt::Debug {
-    /// Runs the control link on `stream` for the admitted session `hs`
-    /// until it ends; says why it ended.
-    fn serve(&self, stream: TcpStream, hs: &handshake::Handshake, stop: &AtomicBool)
-    -> CloseReason;
-}
-
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) cfg: SessionConfig,
-    pub(crate) peers: SharedPeerTable,
-    pub(crate) ranges: Arc<dyn RangeLookup>,
-    /// Who serves rdma control links; `None`: such sessions are refused.
-    control: Option<Arc<dyn ControlAcceptor>>,
-    pub(crate) stop: AtomicBool,
-    /// Raised with `stop`: wakes the accept threads parked in `poll`.
-    pub(crate) stopping: StopSignal,
-    /// `accept` calls made (each connection taken costs one, and each
-    /// wake-up one more that finds the backlog empty).
-    accept_calls: AtomicU64,
-    live: Mutex<HashMap<u64, LiveConn>>,
-    closed: Mutex<Vec<ClosedSession>>,
-    next_conn: AtomicU64,
-    accepted: AtomicU64,
-    admitted: AtomicU64,
-    refused: AtomicU64,
-    pub(crate) data_requests: AtomicU64,
-    pub(crate) data_bytes: AtomicU64,
-    /// Refused and abnormally closed sessions.
-    refusal_log: LogBudget,
-    /// Sessions closed normally, newer epochs adopted, local handouts.
-    session_log: LogBudget,
-    /// Accept and thread failures a flood of connections can cause.
-    resource_log: LogBudget,
-}
-
-/// Keeps the last records only, so a flood of connections cannot grow it.
-const CLOSED_KEPT: usize = 1024;
-
-impl Shared {
-    /// Whether a refusal may be logged now (within
-    /// `refusal_logs_per_second`), with the count of those left out since
-    /// the last one logged; `None`: count it and log nothing.
-    pub(crate) fn refusal_to_log(&self) -> Option<u64> {
-        self.refusal_log.admit(Instant::now())
-    }
-
-    /// Whether a line about a session that went as it should (closed
-    /// normally, a newer epoch adopted, a local handout) may be logged now,
-    /// within the same per-second budget as refusals but counted apart;
-    /// `Some(left_out)` as [`refusal_to_log`](Self::refusal_to_log).
-    pub(crate) fn session_line_to_log(&self) -> Option<u64> {
-        self.session_log.admit(Instant::now())
-    }
-
-    /// Whether a line about a local failure that connections can cause
-    /// (accept failed, no thread for a session) may be logged now.
-    pub(crate) fn resource_line_to_log(&self) -> Option<u64> {
-        self.resource_log.admit(Instant::now())
-    }
-
-    fn record_close(
-        &self,
-        from: SocketAddr,
-        source_id: Option<SourceId>,
-        abnormal: bool,
-        reason: String,
-    ) {
-        // Peer text in `reason` is escaped by the wire types' Display, and
-        // `?` quotes and escapes it once more.
-        if abnormal {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            if let Some(left_out) = self.refusal_to_log() {
-                tracing::warn!(%from, source = ?source_id.as_ref().map(|s| s.as_str()), ?reason, left_out, "session closed");
-            }
-        } else if let Some(left_out) = self.session_line_to_log() {
-            tracing::info!(%from, source = ?source_id.as_ref().map(|s| s.as_str()), ?reason, left_out, "session closed");
-        }
-        let mut c = self.closed.lock().unwrap_or_else(|p| p.into_inner());
-        if c.len() >= CLOSED_KEPT {
-            c.remove(0);
-        }
-        c.push(ClosedSession {
-            from,
-            source_id,
-            abnormal,
-            reason,
-        });
-    }
 }
 
 /// Accepts and serves sessions until dropped or [`shut down`](Self::shutdown).

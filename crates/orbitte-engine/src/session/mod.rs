@@ -60,9 +60,11 @@ pub(crate) mod log_budget;
 pub mod path;
 pub mod probe;
 pub(crate) mod publications;
+pub(crate) mod serving;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use orbitte_wire::auth::{AuthError, ClusterSecret};
@@ -74,8 +76,9 @@ pub(crate) use engine_net::NetPaths;
 pub use engine_net::{ConnectError, ConnectOptions, ListenError, PathPreference, Peer};
 pub use handshake::Handshake;
 pub use link::TcpControlLink;
-pub use listener::{ClosedSession, Listener, ListenerStats};
+pub use listener::{Listener, ListenerStats};
 pub use publications::{PublicationTable, Published, RangeLookup};
+pub use serving::ClosedSession;
 
 /// The smallest `SessionConfig::socket_buffer`: the kernel doubles what
 /// is asked for, and a buffer below one segment (64 KiB on loopback)
@@ -165,6 +168,16 @@ pub struct SessionConfig {
     pub session_ids: SessionIds,
 }
 
+/// Session ids of net's handshakes. They share the engine's peer table with
+/// the engine's own sessions (numbered from 1 by `new_session_id`), so they
+/// start far above them and the two never collide.
+static NEXT_SESSION: AtomicU64 = AtomicU64::new(1 << 48);
+
+/// A process-unique session id.
+fn next_session_id() -> orbitte_wire::SessionId {
+    orbitte_wire::SessionId(NEXT_SESSION.fetch_add(1, Ordering::Relaxed))
+}
+
 /// A source of session ids for a peer table.
 #[derive(Clone)]
 pub struct SessionIds(Arc<dyn Fn() -> orbitte_wire::SessionId + Send + Sync>);
@@ -178,7 +191,7 @@ impl SessionIds {
     /// A process-wide counter (for peer tables that only net's sessions
     /// use). It starts at 2^48, far above any engine's own numbering.
     pub fn process() -> Self {
-        Self::new(handshake::next_session_id)
+        Self::new(next_session_id)
     }
 
     /// The next id.

@@ -27,7 +27,7 @@ pub(crate) struct LocalServer {
 }
 
 impl LocalServer {
-    pub(crate) fn start(shared: Arc<crate::session::listener::Shared>) -> std::io::Result<Self> {
+    pub(crate) fn start(shared: Arc<crate::session::serving::Shared>) -> std::io::Result<Self> {
         let name = socket_name(&shared.cfg.source_id, shared.cfg.epoch);
         let addr = UnixAddr::from_abstract_name(name.as_bytes())?;
         let listener = UnixListener::bind_addr(&addr)?;
@@ -135,7 +135,7 @@ fn mapping_refusal(s: &UnixStream, with_secret: bool) -> Option<String> {
     }
 }
 
-fn serve_local(mut s: UnixStream, shared: &crate::session::listener::Shared) {
+fn serve_local(mut s: UnixStream, shared: &crate::session::serving::Shared) {
     let cfg = &shared.cfg;
     if let Some(why) = mapping_refusal(&s, cfg.cluster_secret.is_some()) {
         send_error(
@@ -220,7 +220,7 @@ fn serve_local(mut s: UnixStream, shared: &crate::session::listener::Shared) {
 /// until the initiator closes the session or the listener stops.
 fn receive_notifications(
     s: &mut UnixStream,
-    shared: &crate::session::listener::Shared,
+    shared: &crate::session::serving::Shared,
     peer: &PeerIdentity,
 ) {
     let mut reader = FrameReader::new();

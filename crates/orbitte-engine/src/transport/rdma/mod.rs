@@ -9,6 +9,7 @@
 //! request flushes individually (verbs flush semantics).
 
 pub(crate) mod notify;
+pub(crate) mod slots;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -39,7 +40,7 @@ pub(crate) struct RdmaRail {
     pub(crate) failed: bool,
     /// Notification receive and send slots (`None`: the rail carries no
     /// notifications; preparing them failed).
-    pub(crate) notify: Option<notify::RailNotify>,
+    pub(crate) notify: Option<slots::RailNotify>,
 }
 
 impl RdmaRail {

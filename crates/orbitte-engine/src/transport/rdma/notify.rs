@@ -1,141 +1,25 @@
 //! Notifications on the rdma path: a SEND on the rail's RC queue pair into
-//! a receive the peer posted in advance.
+//! a receive the peer posted in advance, through the rail's slots
+//! ([`RailNotify`](super::slots::RailNotify)).
 //!
-//! Every rdma rail owns one small buffer, registered local-only on its NIC:
-//! [`RECV_SLOTS`] receive slots, each posted as a receive work request, and
-//! [`SEND_SLOTS`] send slots. A slot holds one encoded `notification` frame
-//! (at most [`wire::MAX_NOTIFICATION_FRAME_LEN`] bytes). A received frame is
-//! decoded, queued in the engine's inbox tagged with the rail's peer
-//! (source id and epoch, from the handshake), and its slot is posted again
-//! at once, so a slow reader never stalls the queue pair (the queue
-//! refuses instead; see the inbox). A notification sent while every send
-//! slot is busy waits in the rail's backlog and goes out when a SEND
-//! completes.
-//!
-//! Work request ids of these SENDs and receives carry [`WR_TAG`] in their
-//! upper bits: their slot part is never a slot of the core's slice slab,
-//! so the core can never mistake them for a slice.
+//! A received frame is decoded, queued in the engine's inbox tagged with
+//! the rail's peer (source id and epoch, from the handshake), and its slot
+//! is posted again at once, so a slow reader never stalls the queue pair
+//! (the queue refuses instead; see the inbox). A notification sent while
+//! every send slot is busy waits in the rail's backlog and goes out when a
+//! SEND completes.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use orbitte_memory::{DmaBuffer, HostMemory};
-use orbitte_verbs::qp_state::Rts;
-use orbitte_verbs::{self as verbs, QueuePair, RecvWr, SendOp, SendWr, Sge, WcStatus};
+use orbitte_verbs::{self as verbs, WcStatus};
 use orbitte_wire as wire;
 
+use super::slots::{BACKLOG, RECV, RECV_SLOTS, SEND_SLOTS, SLOT};
 use super::{RailQp, RdmaRail, RdmaTransport};
 use crate::notify::ReceivedNotification;
 use crate::notify::inbox::Inbox;
 use crate::transport::{NotifyError, PathKind, RailId, TransportEvent};
-
-/// Receive slots posted per rail (the queue pair's receive queue depth).
-pub(crate) const RECV_SLOTS: usize = 16;
-/// SENDs in flight per rail (added to the send queue depth).
-pub(crate) const SEND_SLOTS: usize = 4;
-/// Most notifications waiting for a send slot on one rail.
-const BACKLOG: usize = 1024;
-/// Bytes per slot: one encoded frame, rounded up to a cache line.
-const SLOT: usize = wire::MAX_NOTIFICATION_FRAME_LEN.div_ceil(64) * 64;
-
-const WR_TAG: u64 = 0xffff_ffff_ffff_0000;
-const RECV: u64 = 0x100;
-const SEND: u64 = 0x200;
-
-/// Whether a work completion belongs to a notification SEND or receive.
-pub(crate) fn is_notification_wr(wr_id: u64) -> bool {
-    wr_id & WR_TAG == WR_TAG
-}
-
-/// A rail's notification buffer and send state.
-#[derive(Debug)]
-pub(crate) struct RailNotify {
-    memory: Arc<HostMemory>,
-    /// Invariant: `Some` until the rail's queue pair is destroyed.
-    mr: Option<verbs::MemoryRegion>,
-    send_busy: [bool; SEND_SLOTS],
-    backlog: VecDeque<Arc<[u8]>>,
-}
-
-impl RailNotify {
-    /// Registers the buffer on `pd` and posts every receive slot on `qp`.
-    pub(crate) fn prepare(
-        pd: &verbs::ProtectionDomain,
-        qp: &mut QueuePair<Rts>,
-    ) -> Result<Self, String> {
-        let len = SLOT * (RECV_SLOTS + SEND_SLOTS);
-        let memory = HostMemory::alloc(len).map_err(|e| e.to_string())?;
-        let buf: Arc<dyn DmaBuffer> = memory.clone();
-        let mr = pd
-            .register(buf, 0..len, verbs::Access::LOCAL_WRITE)
-            .map_err(|e| e.to_string())?;
-        let mut n = Self {
-            memory,
-            mr: Some(mr),
-            send_busy: [false; SEND_SLOTS],
-            backlog: VecDeque::new(),
-        };
-        for slot in 0..RECV_SLOTS {
-            if let Err(e) = n.post_recv(qp, slot) {
-                // The queue pair keeps what was posted; release the rest
-                // when the rail is destroyed.
-                return Err(format!("posting notification receive {slot} failed: {e}"));
-            }
-        }
-        Ok(n)
-    }
-
-    fn sge(&self, slot: usize, len: usize) -> Option<Sge> {
-        let mr = self.mr.as_ref()?;
-        Some(Sge::new(
-            mr.addr() + (slot * SLOT) as u64,
-            u32::try_from(len).ok()?,
-            mr.lkey(),
-        ))
-    }
-
-    fn post_recv(&mut self, qp: &mut QueuePair<Rts>, slot: usize) -> Result<(), String> {
-        let sge = self.sge(slot, SLOT).ok_or("notification buffer released")?;
-        qp.post_recv(&[RecvWr {
-            wr_id: WR_TAG | RECV | slot as u64,
-            sges: &[sge],
-        }])
-        .map_err(|e| e.to_string())
-    }
-
-    /// Posts `frame` as a SEND in a free slot; `Ok(false)` when none is.
-    fn post_send(&mut self, qp: &mut QueuePair<Rts>, frame: &[u8]) -> Result<bool, String> {
-        let Some(k) = self.send_busy.iter().position(|b| !b) else {
-            return Ok(false);
-        };
-        let slot = RECV_SLOTS + k;
-        self.memory
-            .write_at(slot * SLOT, frame)
-            .map_err(|e| e.to_string())?;
-        let sge = self
-            .sge(slot, frame.len())
-            .ok_or("notification buffer released")?;
-        qp.post_send(&[SendWr {
-            wr_id: WR_TAG | SEND | k as u64,
-            op: SendOp::Send { imm: None },
-            sges: &[sge],
-            signaled: true,
-        }])
-        .map_err(|e| e.to_string())?;
-        self.send_busy[k] = true;
-        Ok(true)
-    }
-
-    /// Deregisters the buffer (after the queue pair was destroyed). A
-    /// failure keeps it retained by verbs and is returned as evidence.
-    pub(crate) fn close(&mut self) -> Result<(), Box<verbs::Unquiesced>> {
-        match self.mr.take() {
-            Some(mr) => mr.close().map_err(Box::new),
-            None => Ok(()),
-        }
-    }
-}
 
 /// Sends `frame` on the rail (or queues it behind the SENDs in flight).
 pub(crate) fn send(
@@ -179,7 +63,7 @@ pub(crate) fn send(
 }
 
 /// Handles a completion of a notification SEND or receive on `rail` (the
-/// rdma poller calls it for every completion [`is_notification_wr`]
+/// rdma poller calls it for every completion [`is_notification_wr`](super::slots::is_notification_wr)
 /// accepts); `sender` names the rail's peer (source id and epoch) for a
 /// received notification.
 pub(crate) fn on_completion(

@@ -48,8 +48,8 @@ use std::time::{Duration, Instant};
 use orbitte_memory::HostMemory;
 use orbitte_wire::{AccessToken, Frame, RangeId, ReadRequest, RequestId, Status, WriteRequest};
 
-use super::ANSWER_BATCH;
 use super::payload::{PayloadIo, send_all, send_ready};
+use super::socket::{ANSWER_BATCH, size_socket_buffers};
 use crate::session::SessionConfig;
 use crate::session::io::FrameBuffer;
 use crate::transport::{
@@ -132,7 +132,7 @@ impl Rail {
             cv: Condvar::new(),
             max_in_flight: cfg.max_in_flight_per_connection.max(1) as usize,
         });
-        super::size_socket_buffers(&stream, cfg.socket_buffer);
+        size_socket_buffers(&stream, cfg.socket_buffer);
         let w_stream = stream.try_clone()?;
         let (r1, r2) = (rail.clone(), rail.clone());
         let zero_copy = cfg.zero_copy;
@@ -918,7 +918,7 @@ mod tests {
         let (mut peer, _) = l.accept().unwrap();
         // Fixed buffers (no autotuning): loopback otherwise takes megabytes
         // that nobody reads.
-        super::super::size_socket_buffers(&peer, Some(MIN_SOCKET_BUFFER));
+        size_socket_buffers(&peer, Some(MIN_SOCKET_BUFFER));
         // A request that never comes fails the test instead of hanging it.
         peer.set_read_timeout(Some(Duration::from_secs(20)))
             .unwrap();

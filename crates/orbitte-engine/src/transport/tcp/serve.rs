@@ -32,8 +32,8 @@ use orbitte_wire::{
     SessionId, Status, WriteResponse,
 };
 
-use super::ANSWER_BATCH;
 use super::payload::{PayloadIo, send_all};
+use super::socket::{ANSWER_BATCH, size_socket_buffers};
 use crate::session::activity::SessionActivity;
 use crate::session::io::{FrameBuffer, send_error, write_frame};
 use crate::session::{
@@ -140,7 +140,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
     let mut out = Vec::with_capacity(1024);
     let mut acknowledged = 0u64;
     let mut io = PayloadIo::for_answers(cfg.zero_copy);
-    super::size_socket_buffers(stream, cfg.socket_buffer);
+    size_socket_buffers(stream, cfg.socket_buffer);
     if let Err(e) = stream
         .set_write_timeout(Some(POLL))
         .and_then(|()| stream.set_read_timeout(Some(POLL)))
