@@ -5,11 +5,10 @@
 //! Ranges are looked up in the tables' snapshot (`engine::snapshot`), not
 //! under the engine's lock.
 
-use std::sync::{Arc, Weak};
+use std::sync::Weak;
 
 use orbitte_wire::{NicRkey, RangeId};
 
-use crate::TransferEngine;
 use crate::engine::Shared;
 use crate::session::{Published, RangeLookup};
 use crate::transport::RegistrationId;
@@ -60,6 +59,11 @@ impl RangeLookup for EngineRanges {
 }
 
 impl EngineRanges {
+    /// The ranges of the engine behind `shared`, while it runs.
+    pub(crate) fn new(shared: Weak<Shared>) -> Self {
+        Self(shared)
+    }
+
     fn deliver(
         &self,
         from: &crate::session::PeerIdentity,
@@ -69,13 +73,5 @@ impl EngineRanges {
         if let Some(shared) = self.0.upgrade() {
             crate::notify::deliver(&shared.inbox, from, path, note);
         }
-    }
-}
-
-impl TransferEngine {
-    /// The published ranges as the tcp/local target looks them up (range id
-    /// = registration id; token = the descriptor's token).
-    pub(crate) fn range_lookup(&self) -> Arc<dyn RangeLookup> {
-        Arc::new(EngineRanges(Arc::downgrade(&self.shared)))
     }
 }

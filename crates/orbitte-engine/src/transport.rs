@@ -223,6 +223,11 @@ pub struct CleanupError {
     pub error: String,
 }
 
+/// A handle for a transport attached with
+/// `TransferEngine::attach_transport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct TransportId(pub(crate) usize);
+
 // The paths.
 pub mod local;
 pub(crate) mod rdma;

@@ -81,3 +81,40 @@ impl TransferEngine {
         }
     }
 }
+
+#[cfg(feature = "testing")]
+impl TransferEngine {
+    /// Registers `memory` on the protection domain of NIC ID `nic` and
+    /// leaks the region on purpose
+    /// ([`ProtectionDomain::leak_registration`](orbitte_verbs::ProtectionDomain::leak_registration)):
+    /// the device then refuses that PD's destroy at
+    /// [`shutdown`](crate::TransferEngine::shutdown), which must end
+    /// `Unquiesced`. Returns the region's lkey.
+    pub fn leak_registration_on(
+        &self,
+        nic: orbitte_topology::NicId,
+        memory: std::sync::Arc<orbitte_memory::HostMemory>,
+    ) -> Result<u32, crate::RegisterError> {
+        self.ensure_contexts()
+            .map_err(|report| crate::RegisterError::NoUsableNic { report })?;
+        let st = self.lock();
+        let Some(n) = st
+            .init
+            .as_ref()
+            .and_then(|i| i.nics.iter().find(|n| n.id == nic))
+        else {
+            return Err(crate::RegisterError::NoUsableNic {
+                report: NicsUnavailable::NoContext { nic },
+            });
+        };
+        let len = memory.len();
+        n.pd.leak_registration(memory, 0..len, orbitte_verbs::Access::LOCAL_WRITE)
+            .map_err(|source| crate::RegisterError::Native {
+                nic,
+                device: Box::new(n.identity.clone()),
+                copy: "leaked",
+                len,
+                source: Box::new(source),
+            })
+    }
+}

@@ -4,12 +4,7 @@
 use std::sync::Arc;
 
 use super::{Owner, Shared, TransferEngine};
-use crate::transport::{EventSink, RailId, RailSpec, Transport, TransportEvent};
-
-/// A handle for a transport attached with
-/// [`TransferEngine::attach_transport`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct TransportId(pub(crate) usize);
+use crate::transport::{EventSink, RailId, RailSpec, Transport, TransportEvent, TransportId};
 
 struct Sink(std::sync::Weak<Shared>);
 

@@ -16,28 +16,33 @@
 mod arrivals;
 mod build;
 mod capability;
+mod connect;
 mod contexts;
 mod intake;
+mod listen;
 mod notify;
+mod peer_info;
 mod peers;
 mod poll;
 mod post;
 mod queries;
 mod register;
+mod resolve;
 mod shared;
 mod shutdown;
 mod snapshot;
+mod staged;
 mod state;
 mod submit;
+mod target;
 mod timer;
 mod wait;
 mod waiters;
 
-pub(crate) use intake::TransportId;
 pub use orbitte_proto::TransferRequest;
 pub(crate) use orbitte_proto::state::published_remote;
+pub use peer_info::{PeerInfo, RailInfo};
 pub(crate) use peers::peer_info;
-pub use peers::{PeerInfo, RailInfo};
 pub(crate) use shared::{Settings, Shared, StateGuard};
 pub(crate) use state::{Owner, State};
 

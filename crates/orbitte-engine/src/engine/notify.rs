@@ -1,63 +1,20 @@
 //! The driver's side of notifications: tracking a notifying batch once
-//! the core admitted it, sending the notifications `EngineState` asks for
-//! on the rails' transports, and the engine's notification calls. The
+//! the core admitted it, and the engine's notification calls (the state's
+//! pump sends the notifications `EngineState` asks for, `State::pump`). The
 //! rules are in the `notify` module's docs.
 
 use std::time::Duration;
 
-use crate::engine::{Owner, State, TransferEngine};
+use crate::engine::{State, TransferEngine};
 use crate::notify::{
     Armed, Notification, NotificationError, NotificationStats, ReceivedNotification,
 };
 use crate::outcome::{RequestId, SubmitError};
-use orbitte_proto::state::Transmit;
 
 /// Tracks the admitted batch `ids` carrying `armed` (the engine calls it
 /// right after the core admitted the batch, before it pumps).
 pub(crate) fn track(st: &mut State, ids: &[RequestId], armed: Armed) {
     st.engine.track_notification(ids, armed);
-}
-
-/// Moves the core's outcomes to the engine's table (`EngineState` holds
-/// those of notifying batches and decides each notification) and sends
-/// the notifications it asks for. The engine's pump calls it.
-pub(crate) fn collect_outcomes(st: &mut State) {
-    st.engine.collect_outcomes();
-    while let Some(t) = st.engine.poll_transmit() {
-        let result = send(st, &t);
-        st.engine.notification_sent(t.id, result);
-    }
-}
-
-/// Hands the frame to the first of the transmit's rails whose transport
-/// takes it; else why each refused.
-fn send(st: &mut State, t: &Transmit) -> Result<(), Vec<String>> {
-    let mut why = Vec::new();
-    for &rail in &t.rails {
-        let res = match st.owner.get(rail.0 as usize) {
-            Some(Owner::Rdma) => crate::transport::rdma::notify::send(
-                st.rdma.rail_mut(rail).as_deref_mut(),
-                rail,
-                &t.frame,
-            ),
-            Some(Owner::Other(i)) => match st.others.get_mut(*i) {
-                Some(tr) => tr.notify(rail, &t.frame),
-                None => {
-                    why.push(format!("rail {} has no transport", rail.0));
-                    continue;
-                }
-            },
-            None => {
-                why.push(format!("rail {} has no transport", rail.0));
-                continue;
-            }
-        };
-        match res {
-            Ok(()) => return Ok(()),
-            Err(e) => why.push(e.to_string()),
-        }
-    }
-    Err(why)
 }
 
 impl TransferEngine {

@@ -1,49 +1,10 @@
-//! Open peers: their table entries and what `peers()` reports.
+//! Open peers: what `peers()` reports, read from their table entries.
 
 use orbitte_topology::NicId;
-use orbitte_wire::Epoch;
 
+use super::peer_info::{PeerInfo, RailInfo};
 use super::{State, TransferEngine};
-use crate::transport::{PeerId, RailId, RangeId};
-
-/// One rail of an open peer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RailInfo {
-    /// The rail.
-    pub rail: RailId,
-    /// Local NIC ID (rdma).
-    pub nic: Option<NicId>,
-    /// Remote NIC ID (rdma).
-    pub remote_nic: Option<NicId>,
-    /// Queue pair number (rdma), for diagnostics.
-    pub qpn: Option<u32>,
-    /// Local device name (rdma).
-    pub device: Option<String>,
-    /// Whether it takes new work now.
-    pub up: bool,
-    /// Why it is down, if it is.
-    pub down_reason: Option<String>,
-    /// Its recovery (rdma rails): up, down since, recovering (attempt n)
-    /// or cooling down until; `None` for tcp and local rails.
-    pub recovery: Option<crate::recovery::RecoveryState>,
-    /// How many times it came back after going down.
-    pub recoveries: u32,
-}
-
-/// An open peer (remote source owner).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerInfo {
-    /// Handle for requests.
-    pub id: PeerId,
-    /// The peer's source id.
-    pub source_id: String,
-    /// Its authoritative epoch.
-    pub epoch: Epoch,
-    /// Ranges it published, in range id order.
-    pub ranges: Vec<crate::RemoteRange>,
-    /// Rails to it.
-    pub rails: Vec<RailInfo>,
-}
+use crate::transport::{PeerId, RangeId};
 
 impl TransferEngine {
     /// Open peers.

@@ -61,7 +61,7 @@ pub(crate) struct Shared {
     /// The session settings of every session this engine opens or serves.
     pub(crate) sessions: crate::session::SessionConfig,
     /// The tcp and local transports (attached at build).
-    pub(crate) net: std::sync::OnceLock<crate::session::NetPaths>,
+    pub(crate) net: std::sync::OnceLock<crate::session::net::NetPaths>,
     /// The listener `EngineBuilder::listen` asked for, serving data
     /// sessions, same-host mapping and rdma control links.
     pub(crate) listener: Mutex<Option<crate::session::Listener>>,

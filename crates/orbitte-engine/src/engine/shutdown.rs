@@ -120,7 +120,7 @@ impl TransferEngine {
             l.shutdown();
         }
         self.shared.stop.store(true, Ordering::Release);
-        crate::staging::cancel_all(&mut self.lock());
+        super::staged::cancel_all(&mut self.lock());
         self.shared.staging.stop_all();
         self.shared.ring_stop();
         let threads = std::mem::take(

@@ -1,6 +1,6 @@
 //! The driver's state behind the engine lock: the core, the transports, the
-//! tables, and the pump that takes the work to post and flushes what the
-//! core asks.
+//! tables, and the pump that takes the work to post, flushes what the core
+//! asks and sends the notifications `EngineState` decides on.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -9,13 +9,14 @@ use orbitte_verbs as verbs;
 use orbitte_wire::Epoch;
 
 use super::arrivals::Arrival;
-use super::post::{Target, lock_lane};
+use super::target::{Target, lock_lane};
 use crate::error::Unquiesced;
 use crate::nic::Initialized;
 use crate::registration::Charges;
 use crate::registration::EngineState;
 use crate::transport::rdma::RdmaTransport;
 use crate::transport::{MarkerFate, RailId, RailSpec, Transport, TransportEvent, WorkItem};
+use orbitte_proto::state::Transmit;
 
 /// Which transport owns a rail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,12 +98,54 @@ impl State {
             }
             self.done = done;
         }
-        super::notify::collect_outcomes(self);
+        self.collect_outcomes();
         let outstanding = self.engine.core().outstanding_slices();
         if outstanding != self.last_outstanding {
             self.last_outstanding = outstanding;
             self.waiters.slices_released();
         }
+    }
+
+    /// Moves the core's outcomes to the engine's table (`EngineState` holds
+    /// those of notifying batches and decides each notification) and sends
+    /// the notifications it asks for. The pump calls it.
+    fn collect_outcomes(&mut self) {
+        self.engine.collect_outcomes();
+        while let Some(t) = self.engine.poll_transmit() {
+            let result = self.transmit(&t);
+            self.engine.notification_sent(t.id, result);
+        }
+    }
+
+    /// Hands the frame to the first of the transmit's rails whose transport
+    /// takes it; else why each refused.
+    fn transmit(&mut self, t: &Transmit) -> Result<(), Vec<String>> {
+        let mut why = Vec::new();
+        for &rail in &t.rails {
+            let res = match self.owner.get(rail.0 as usize) {
+                Some(Owner::Rdma) => crate::transport::rdma::notify::send(
+                    self.rdma.rail_mut(rail).as_deref_mut(),
+                    rail,
+                    &t.frame,
+                ),
+                Some(Owner::Other(i)) => match self.others.get_mut(*i) {
+                    Some(tr) => tr.notify(rail, &t.frame),
+                    None => {
+                        why.push(format!("rail {} has no transport", rail.0));
+                        continue;
+                    }
+                },
+                None => {
+                    why.push(format!("rail {} has no transport", rail.0));
+                    continue;
+                }
+            };
+            match res {
+                Ok(()) => return Ok(()),
+                Err(e) => why.push(e.to_string()),
+            }
+        }
+        Err(why)
     }
 
     /// Handles everything queued on the intake, then pumps once.

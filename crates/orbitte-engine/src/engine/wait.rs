@@ -184,7 +184,9 @@ impl TransferEngine {
     /// Whether the transports still hold the request's local bytes.
     pub fn drain_status(&self, id: RequestId) -> DrainStatus {
         let mut st = self.lock();
-        crate::staging::drain_status(&mut st, id)
+        let st = &mut *st;
+        st.staged
+            .drain_status(&st.engine, id)
             .unwrap_or_else(|| st.engine.core().drain_status(id))
     }
 
@@ -198,8 +200,11 @@ impl TransferEngine {
             let now = Instant::now();
             st.expire(now);
             st.pump(now);
-            let status = crate::staging::drain_status(&mut st, id)
-                .unwrap_or_else(|| st.engine.core().drain_status(id));
+            let s = &mut *st;
+            let status = s
+                .staged
+                .drain_status(&s.engine, id)
+                .unwrap_or_else(|| s.engine.core().drain_status(id));
             match status {
                 DrainStatus::Drained => return Ok(()),
                 DrainStatus::Pending { slices } if now >= deadline => {

@@ -19,6 +19,28 @@ use super::serving::{ClosedSession, ControlAcceptor, LiveConn, Shared};
 use super::{RangeLookup, SessionConfig, SessionError, SharedPeerTable, handshake};
 use crate::transport::tcp::serve::{CloseReason, ServeCtx, serve};
 
+/// Why [`TransferEngine::listen`](crate::TransferEngine::listen) (or `EngineBuilder::listen` at build)
+/// failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ListenError {
+    /// The engine already listens (one listener serves every session).
+    #[error("the engine already listens on {at}")]
+    AlreadyListening {
+        /// Where.
+        at: SocketAddr,
+    },
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: SessionError,
+    },
+}
+
 /// Counters of a listener.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ListenerStats {

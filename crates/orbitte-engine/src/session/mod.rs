@@ -51,12 +51,13 @@
 
 pub(crate) mod accept;
 pub(crate) mod activity;
-mod engine_net;
+mod connect;
 pub(crate) mod handshake;
 pub(crate) mod io;
 mod link;
 pub(crate) mod listener;
 pub(crate) mod log_budget;
+pub(crate) mod net;
 pub mod path;
 pub mod probe;
 pub(crate) mod publications;
@@ -72,11 +73,10 @@ use orbitte_wire::{
     AdmitError, Capabilities, DecodeError, EncodeError, Epoch, ErrorCode, HostId, SourceId,
 };
 
-pub(crate) use engine_net::NetPaths;
-pub use engine_net::{ConnectError, ConnectOptions, ListenError, PathPreference, Peer};
+pub use connect::{ConnectError, ConnectOptions, PathPreference, Peer};
 pub use handshake::Handshake;
 pub use link::TcpControlLink;
-pub use listener::{Listener, ListenerStats};
+pub use listener::{ListenError, Listener, ListenerStats};
 pub use publications::{PublicationTable, Published, RangeLookup};
 pub use serving::ClosedSession;
 

@@ -2,7 +2,7 @@
 
 use orbitte_cuda::{StagingError, StagingFailure};
 
-use super::lanes::Job;
+use super::pools::Job;
 use crate::notify::NotificationStatus;
 use crate::outcome::{
     ChunkFailure, DrainStatus, FailureInfo, Outcome, RemoteEffect, RequestId, Status, SubmitError,

@@ -5,153 +5,22 @@
 //! whose copy did not drain is unquiesced for good (its buffers retained,
 //! its thread gone).
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use orbitte_cuda::{CudaBuffer, CudaDevice, PinnedBuffer, StagingPipeline};
+use orbitte_cuda::{CudaDevice, StagingPipeline};
 use orbitte_memory::{DmaBuffer, HostMemory};
 use orbitte_topology::{MemoryLocation, PciAddress};
 
+use super::pools::{Bounce, Job, Lane, Pool, PoolState, Pools, reasons};
 use super::{StagingConfig, StagingSetupError};
-use crate::engine::{Shared, TransferEngine, TransferRequest};
+use crate::engine::{Shared, TransferEngine};
 use crate::error::RegisterError;
 use crate::outcome::{DrainStatus, RequestId};
 use crate::registration::Access;
-use crate::transport::RegistrationId;
-
-/// One bounce buffer and the engine registration the NIC uses for it (of
-/// the pinned buffer itself, through `HostMemory::from_dma_buffer`).
-#[derive(Debug)]
-pub(super) struct Bounce {
-    pub(super) pinned: Arc<PinnedBuffer>,
-    pub(super) registration: RegistrationId,
-}
-
-/// A pipeline with its registered bounce buffers.
-#[derive(Debug)]
-pub(super) struct Lane {
-    pub(super) index: usize,
-    pub(super) pipeline: StagingPipeline,
-    pub(super) bounces: Vec<Bounce>,
-}
-
-/// A staged request waiting for (or running on) a lane.
-#[derive(Debug)]
-pub(crate) struct Job {
-    pub(crate) id: RequestId,
-    /// The request; `registration` is the CUDA registration and
-    /// `local_offset` the offset in the GPU buffer.
-    pub(crate) req: TransferRequest,
-    pub(crate) buffer: Arc<CudaBuffer>,
-    /// The registration's pin, held until what the request used drained.
-    #[allow(dead_code)] // held for its Drop: the buffer-ownership rule
-    pub(crate) pin: Arc<()>,
-    pub(crate) cancel: Arc<AtomicBool>,
-}
-
-/// Counts of a device's lanes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LaneCounts {
-    /// Lanes made.
-    pub lanes: usize,
-    /// Ready for a request.
-    pub idle: usize,
-    /// Running a request.
-    pub busy: usize,
-    /// Waiting for a chunk request to drain before taking another request.
-    pub fenced_network: usize,
-    /// Unquiesced for good (a copy did not drain).
-    pub unquiesced: usize,
-}
-
-/// The state of a device's staging lanes
-/// ([`TransferEngine::cuda_staging`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StagingStatus {
-    /// The CUDA device.
-    pub device: usize,
-    /// Bytes per chunk.
-    pub chunk_size: usize,
-    /// The lanes.
-    pub lanes: LaneCounts,
-    /// Requests queued for a lane.
-    pub queued: usize,
-    /// The engine registrations of the bounce buffers (two per lane).
-    pub bounce_registrations: Vec<RegistrationId>,
-    /// Why a lane is fenced or unquiesced, one line per lane.
-    pub fenced: Vec<String>,
-    /// Whether every idle lane's copy streams were idle when it last
-    /// finished a request (`cuStreamQuery`), or the driver's error.
-    pub streams_idle: Result<bool, String>,
-}
-
-impl StagingStatus {
-    /// The drain check of the lanes: none busy, fenced or unquiesced,
-    /// nothing queued, and the copy streams idle.
-    pub fn is_drained(&self) -> Result<bool, String> {
-        let l = &self.lanes;
-        if l.busy > 0 || l.fenced_network > 0 || l.unquiesced > 0 || self.queued > 0 {
-            return Ok(false);
-        }
-        self.streams_idle.clone()
-    }
-}
-
-#[derive(Debug, Default)]
-struct PoolState {
-    jobs: VecDeque<Job>,
-    idle: usize,
-    busy: usize,
-    fenced_network: usize,
-    unquiesced: usize,
-    /// Per lane: why it is fenced or unquiesced.
-    reasons: HashMap<usize, String>,
-    /// Per lane: the last stream check.
-    streams: HashMap<usize, Result<bool, String>>,
-    closing: bool,
-}
-
-/// The lanes of one device.
-#[derive(Debug)]
-pub(crate) struct Pool {
-    device: usize,
-    config: StagingConfig,
-    state: Mutex<PoolState>,
-    cond: Condvar,
-    bounces: Vec<RegistrationId>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
-}
-
-/// Every device's lanes, made on the first CUDA registration there. Lock
-/// order: `pools` before the engine state, the engine state before a
-/// pool's state; a lane's thread never holds its pool's state while it
-/// takes the engine state.
-#[derive(Debug, Default)]
-pub(crate) struct Pools {
-    pub(crate) config: StagingConfig,
-    pools: Mutex<HashMap<usize, Arc<Pool>>>,
-}
 
 impl Pools {
-    pub(crate) fn new(config: StagingConfig) -> Self {
-        Self {
-            config,
-            pools: Mutex::default(),
-        }
-    }
-
-    fn map(&self) -> MutexGuard<'_, HashMap<usize, Arc<Pool>>> {
-        self.pools.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The pools now (a copy of the map, so no lock is held after).
-    pub(crate) fn snapshot(&self) -> HashMap<usize, Arc<Pool>> {
-        self.map().clone()
-    }
-
     /// The lanes of `device`, made now if it has none.
     pub(crate) fn pool_for(
         &self,
@@ -193,14 +62,6 @@ impl Pools {
                     tracing::warn!(error = %e, "unregistering a bounce buffer failed; it stays retained");
                 }
             }
-        }
-    }
-
-    /// Stops every lane (the engine stops).
-    pub(crate) fn stop_all(&self) {
-        let pools: Vec<_> = self.map().drain().map(|(_, p)| p).collect();
-        for p in pools {
-            p.stop();
         }
     }
 }
@@ -338,20 +199,6 @@ impl Pool {
         Ok(pool)
     }
 
-    fn lock(&self) -> MutexGuard<'_, PoolState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn workers_lock(&self) -> MutexGuard<'_, Vec<JoinHandle<()>>> {
-        self.workers.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Why a request cannot run here: every lane is unquiesced.
-    pub(crate) fn refusal(&self) -> Option<String> {
-        let st = self.lock();
-        (st.unquiesced >= self.config.depth).then(|| reasons(&st))
-    }
-
     /// Queues a staged request for the next free lane.
     pub(crate) fn enqueue(&self, shared: &Arc<Shared>, job: Job) {
         let mut st = self.lock();
@@ -364,45 +211,6 @@ impl Pool {
         st.jobs.push_back(job);
         drop(st);
         self.cond.notify_one();
-    }
-
-    pub(crate) fn status(&self) -> StagingStatus {
-        let st = self.lock();
-        let streams_idle = st
-            .streams
-            .values()
-            .try_fold(true, |all, s| s.clone().map(|idle| all && idle));
-        StagingStatus {
-            device: self.device,
-            chunk_size: self.config.chunk,
-            lanes: LaneCounts {
-                lanes: self.config.depth,
-                idle: st.idle,
-                busy: st.busy,
-                fenced_network: st.fenced_network,
-                unquiesced: st.unquiesced,
-            },
-            queued: st.jobs.len(),
-            bounce_registrations: self.bounces.clone(),
-            fenced: {
-                let mut v: Vec<_> = st.reasons.iter().collect();
-                v.sort();
-                v.into_iter()
-                    .map(|(lane, why)| format!("pipeline {lane}: {why}"))
-                    .collect()
-            },
-            streams_idle,
-        }
-    }
-
-    /// Stops the lanes' threads and waits for them.
-    fn stop(&self) {
-        self.lock().closing = true;
-        self.cond.notify_all();
-        let workers = std::mem::take(&mut *self.workers_lock());
-        for w in workers {
-            let _ = w.join();
-        }
     }
 
     /// A lane's thread: takes requests until the pool closes or the engine
@@ -513,15 +321,6 @@ impl Pool {
             shared.lock().waiters.slices_released();
         }
     }
-}
-
-fn reasons(st: &PoolState) -> String {
-    let mut v: Vec<_> = st.reasons.iter().collect();
-    v.sort();
-    v.into_iter()
-        .map(|(lane, why)| format!("pipeline {lane}: {why}"))
-        .collect::<Vec<_>>()
-        .join("; ")
 }
 
 /// Waits until every chunk request in `network` drained (the engine's

@@ -75,23 +75,23 @@
 
 mod capability;
 mod finish;
-mod lanes;
+pub(crate) mod lanes;
+pub(crate) mod pools;
 mod run;
-mod setup;
-mod table;
+pub(crate) mod table;
 
 use std::time::Duration;
 
+pub use crate::error::StagingSetupError;
 pub use capability::{
     CudaCapability, LOOPBACK_BYTES, LOOPBACK_CHUNK, LoopbackTarget, contribute_cuda_rows,
     cuda_rows, evaluate_cuda_staging,
 };
-pub use lanes::{LaneCounts, StagingStatus};
 pub use orbitte_cuda::{COMPUTE_PROBE_CAVEAT, CudaBuffer, DEFAULT_CHUNK_SIZE};
-pub use setup::StagingSetupError;
+pub use pools::{LaneCounts, StagingStatus};
 
-pub(crate) use lanes::Pools;
-pub(crate) use table::{Staged, cancel_all, drain_status};
+pub(crate) use pools::Pools;
+pub(crate) use table::Staged;
 
 /// How long a chunk's outcome is waited for before the chunk is cancelled
 /// (a backstop: the engine's own request timeout normally ends it first).

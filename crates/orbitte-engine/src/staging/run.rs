@@ -10,7 +10,7 @@ use orbitte_cuda::StagedChunk;
 
 use super::StagingConfig;
 use super::finish::{ChunkError, Finished, Net};
-use super::lanes::{Bounce, Job, Lane};
+use super::pools::{Bounce, Job, Lane};
 use crate::engine::{Shared, TransferEngine, TransferRequest};
 use crate::error::WaitError;
 use crate::outcome::{DrainStatus, Outcome, RequestId};
@@ -63,11 +63,15 @@ pub(super) fn run(
 /// Puts a staged request's outcome into the engine's outcome table and
 /// records what still holds its memory; wakes the waiters.
 pub(super) fn publish(shared: &Shared, id: RequestId, done: Finished) {
-    let mut st = shared.lock();
+    let mut guard = shared.lock();
+    let st = &mut *guard;
     st.staged
         .ended(id, done.copies_drained, done.network.clone());
     let mut outcome = done.outcome;
-    outcome.drain = super::table::drain_status(&mut st, id).unwrap_or(DrainStatus::Drained);
+    outcome.drain = st
+        .staged
+        .drain_status(&st.engine, id)
+        .unwrap_or(DrainStatus::Drained);
     st.engine.insert_outcome(id, outcome);
 }
 

@@ -1,16 +1,13 @@
-//! The engine's side of the cuda-staging path: CUDA registrations and
-//! staged requests in the engine's tables, and how `register`, `submit`,
-//! `cancel`, `wait` and the drain queries reach them.
+//! The engine's table of the cuda-staging path: CUDA registrations and
+//! staged requests as the engine state keeps them, and a staged request's
+//! drain status.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
-use super::lanes::Job;
-use crate::engine::{State, TransferEngine, TransferRequest};
-use crate::error::{RegisterError, UnregisterError};
-use crate::outcome::{DrainStatus, RequestError, RequestId, SubmitError};
-use crate::registration::{Access, MemoryPath, Registration};
-use crate::transport::{PathKind, RegistrationId};
+use crate::outcome::{DrainStatus, RequestId};
+use crate::registration::EngineState;
+use crate::transport::RegistrationId;
 use orbitte_cuda::CudaBuffer;
 
 /// Invariant: a staged request id has bit 31 set (its slot part); the
@@ -21,38 +18,38 @@ const STAGED_SLOT: u64 = 1 << 31;
 /// CUDA registrations and staged requests, kept in the engine state.
 #[derive(Debug, Default)]
 pub(crate) struct Staged {
-    regs: crate::Map<u64, CudaEntry>,
-    requests: crate::Map<RequestId, StagedEntry>,
-    next: u64,
+    pub(crate) regs: crate::Map<u64, CudaEntry>,
+    pub(crate) requests: crate::Map<RequestId, StagedEntry>,
+    pub(crate) next: u64,
 }
 
 #[derive(Debug)]
-struct CudaEntry {
-    buffer: Arc<CudaBuffer>,
-    device: usize,
+pub(crate) struct CudaEntry {
+    pub(crate) buffer: Arc<CudaBuffer>,
+    pub(crate) device: usize,
     /// Cloned into every job on the registration: a job holds it until
     /// what it used drained (for good when a copy did not drain).
-    pin: Arc<()>,
+    pub(crate) pin: Arc<()>,
 }
 
 /// One staged request as the engine tracks it.
 #[derive(Debug)]
-struct StagedEntry {
+pub(crate) struct StagedEntry {
     /// No outcome yet.
-    outcome_pending: bool,
+    pub(crate) outcome_pending: bool,
     /// Queued or running on a lane.
-    running: bool,
+    pub(crate) running: bool,
     /// The lane's copies drained (false for good once a copy did not).
-    copies_drained: bool,
+    pub(crate) copies_drained: bool,
     /// Chunk requests that had not drained when the request ended.
-    network: Vec<RequestId>,
+    pub(crate) network: Vec<RequestId>,
     /// The chunk request in flight.
-    current: Option<RequestId>,
-    cancel: Arc<AtomicBool>,
+    pub(crate) current: Option<RequestId>,
+    pub(crate) cancel: Arc<AtomicBool>,
 }
 
 impl Staged {
-    fn next_id(&mut self) -> RequestId {
+    pub(crate) fn next_id(&mut self) -> RequestId {
         let n = self.next;
         self.next += 1;
         RequestId(((n >> 31) << 32) | STAGED_SLOT | (n & (STAGED_SLOT - 1)))
@@ -85,298 +82,29 @@ impl Staged {
             e.network = network;
         }
     }
-}
 
-/// Cancels every staged request without an outcome (the engine stops): no
-/// further chunk starts and the chunk requests in flight are cancelled, so
-/// the lanes end soon.
-pub(crate) fn cancel_all(st: &mut State) {
-    let now = std::time::Instant::now();
-    let running: Vec<RequestId> = st
-        .staged
-        .requests
-        .values()
-        .filter(|e| e.outcome_pending)
-        .filter_map(|e| {
-            e.cancel.store(true, Ordering::Release);
-            e.current
-        })
-        .collect();
-    for chunk in running {
-        st.cancel(now, chunk);
-    }
-    st.pump(now);
-}
-
-/// The drain status of a staged request (`None`: not one). Pending
-/// counts one for a lane still working on it or a copy that did not
-/// drain, plus the undrained slices of its chunk requests. A drained
-/// entry whose outcome was taken is forgotten.
-pub(crate) fn drain_status(st: &mut State, id: RequestId) -> Option<DrainStatus> {
-    let e = st.staged.requests.get(&id)?;
-    let mut slices = u32::from(e.running || !e.copies_drained);
-    for r in e.network.iter().chain(&e.current) {
-        if let DrainStatus::Pending { slices: s } = st.engine.core().drain_status(*r) {
-            slices = slices.saturating_add(s);
-        }
-    }
-    if slices > 0 {
-        return Some(DrainStatus::Pending { slices });
-    }
-    if !e.outcome_pending && !st.engine.has_outcome(&id) {
-        st.staged.requests.remove(&id);
-    }
-    Some(DrainStatus::Drained)
-}
-
-impl TransferEngine {
-    /// `register` for GPU memory: makes the device's lanes if it has none,
-    /// then records the buffer (nothing published, no MR for it).
-    pub(crate) fn register_cuda(
-        &self,
-        buffer: Arc<CudaBuffer>,
-        access: Access,
-    ) -> Result<Registration, RegisterError> {
-        if access != Access::LocalOnly {
-            tracing::debug!(
-                len = buffer.len(),
-                ?access,
-                "gpudirect-rdma registration refused"
-            );
-            return Err(RegisterError::NotImplemented {
-                path: PathKind::GpudirectRdma,
-            });
-        }
-        if let Some(reason) = self.lock().engine.core().fenced().cloned() {
-            return Err(RegisterError::Fenced { reason });
-        }
-        let device = buffer.device().index();
-        self.shared.staging.pool_for(self, buffer.device())?;
-        let mut st = self.lock();
-        let id = st.engine.fresh_registration_id().0;
-        let len = buffer.len() as u64;
-        st.staged.regs.insert(
-            id,
-            CudaEntry {
-                buffer,
-                device,
-                pin: Arc::new(()),
-            },
-        );
-        tracing::debug!(id, len, device, "cuda-staging registration");
-        Ok(Registration {
-            id: RegistrationId(id),
-            len,
-            access,
-            copies: 0,
-            path: MemoryPath::CudaStaging,
-        })
-    }
-
-    /// `unregister` for GPU memory (`None`: not a CUDA registration).
-    /// Refused while a request on it is undrained; the last registration
-    /// of a device stops its lanes and unregisters their bounce buffers.
-    pub(crate) fn unregister_cuda(
-        &self,
-        registration: RegistrationId,
-    ) -> Option<Result<(), UnregisterError>> {
-        let device = {
-            let mut st = self.lock();
-            let e = st.staged.regs.get(&registration.0)?;
-            let requests = Arc::strong_count(&e.pin) - 1;
-            if requests > 0 {
-                return Some(Err(UnregisterError::Undrained {
-                    id: registration,
-                    requests,
-                }));
-            }
-            let device = e.device;
-            st.staged.regs.remove(&registration.0);
-            let still_used = st.staged.regs.values().any(|e| e.device == device);
-            (!still_used).then_some(device)
-        };
-        if let Some(device) = device {
-            self.shared.staging.close(self, device);
-        }
-        Some(Ok(()))
-    }
-
-    /// The index of the first request of `batch` whose local memory is on
-    /// a GPU.
-    pub(crate) fn first_staged(&self, batch: &[TransferRequest]) -> Option<usize> {
-        let st = self.lock();
-        batch.iter().position(|r| st.staged.is_cuda(r.registration))
-    }
-
-    /// `submit` for a batch with cuda-staging requests: every request is
-    /// checked (staged ones here, host ones by the core) before any is
-    /// admitted; then the staged ones are queued on their device's lanes.
-    pub(crate) fn submit_with_staged(
-        &self,
-        batch: &[TransferRequest],
-    ) -> Result<Vec<RequestId>, SubmitError> {
-        let pools = self.shared.staging.snapshot();
-        let mut jobs = Vec::new();
-        {
-            let st = self.lock();
-            if let Some(reason) = st.engine.core().fenced() {
-                return Err(SubmitError::Fenced {
-                    index: 0,
-                    label: batch.first().map_or(0, |r| r.label),
-                    reason: reason.clone(),
-                });
-            }
-            for (index, r) in batch.iter().enumerate() {
-                let Some(e) = st.staged.regs.get(&r.registration.0) else {
-                    continue;
-                };
-                let bad = |error| SubmitError::Invalid {
-                    index,
-                    label: r.label,
-                    error,
-                };
-                check(&st, e, r).map_err(bad)?;
-                let lanes = pools.get(&e.device).map(|p| p.refusal());
-                if let Some(Some(reasons)) = lanes {
-                    return Err(bad(RequestError::StagingFenced {
-                        device: e.device,
-                        reasons: reasons.into(),
-                    }));
-                }
-                jobs.push((index, e.device, e.buffer.clone(), e.pin.clone()));
+    /// The drain status of a staged request (`None`: not one). Pending
+    /// counts one for a lane still working on it or a copy that did not
+    /// drain, plus the undrained slices of its chunk requests (`engine`
+    /// holds those). A drained entry whose outcome was taken is forgotten.
+    pub(crate) fn drain_status(
+        &mut self,
+        engine: &EngineState,
+        id: RequestId,
+    ) -> Option<DrainStatus> {
+        let e = self.requests.get(&id)?;
+        let mut slices = u32::from(e.running || !e.copies_drained);
+        for r in e.network.iter().chain(&e.current) {
+            if let DrainStatus::Pending { slices: s } = engine.core().drain_status(*r) {
+                slices = slices.saturating_add(s);
             }
         }
-        // The host requests, admitted all or none by the core.
-        let host: Vec<(usize, TransferRequest)> = batch
-            .iter()
-            .copied()
-            .enumerate()
-            .filter(|(i, _)| !jobs.iter().any(|j| j.0 == *i))
-            .collect();
-        let mut ids = vec![RequestId(0); batch.len()];
-        if !host.is_empty() {
-            let reqs: Vec<TransferRequest> = host.iter().map(|(_, r)| *r).collect();
-            let admitted = self.submit_inner(&reqs, None).map_err(|e| match e {
-                SubmitError::Invalid {
-                    index,
-                    label,
-                    error,
-                } => SubmitError::Invalid {
-                    index: host.get(index).map_or(index, |h| h.0),
-                    label,
-                    error,
-                },
-                other => other,
-            })?;
-            for ((i, _), id) in host.iter().zip(admitted) {
-                ids[*i] = id;
-            }
+        if slices > 0 {
+            return Some(DrainStatus::Pending { slices });
         }
-        let mut queued = Vec::with_capacity(jobs.len());
-        {
-            let mut st = self.lock();
-            let taken: Vec<RequestId> = st
-                .staged
-                .requests
-                .iter()
-                .filter(|(id, e)| {
-                    !e.outcome_pending
-                        && !e.running
-                        && e.copies_drained
-                        && e.network.is_empty()
-                        && !st.engine.has_outcome(id)
-                })
-                .map(|(id, _)| *id)
-                .collect();
-            for id in taken {
-                st.staged.requests.remove(&id);
-            }
-            for (index, device, buffer, pin) in jobs {
-                let id = st.staged.next_id();
-                let cancel = Arc::new(AtomicBool::new(false));
-                st.staged.requests.insert(
-                    id,
-                    StagedEntry {
-                        outcome_pending: true,
-                        running: true,
-                        copies_drained: true,
-                        network: Vec::new(),
-                        current: None,
-                        cancel: cancel.clone(),
-                    },
-                );
-                ids[index] = id;
-                queued.push((
-                    device,
-                    Job {
-                        id,
-                        req: batch[index],
-                        buffer,
-                        pin,
-                        cancel,
-                    },
-                ));
-            }
+        if !e.outcome_pending && !engine.has_outcome(&id) {
+            self.requests.remove(&id);
         }
-        for (device, job) in queued {
-            match pools.get(&device) {
-                Some(pool) => pool.enqueue(&self.shared, job),
-                None => super::lanes::fail_unrun(&self.shared, job, "no cuda-staging lanes"),
-            }
-        }
-        Ok(ids)
+        Some(DrainStatus::Drained)
     }
-
-    /// `cancel` for a staged request (`None`: not one): no further chunk
-    /// starts and the chunk request in flight is cancelled.
-    pub(crate) fn cancel_staged(&self, id: RequestId) -> Option<bool> {
-        let mut st = self.lock();
-        let e = st.staged.requests.get(&id)?;
-        if !e.outcome_pending {
-            return Some(false);
-        }
-        e.cancel.store(true, Ordering::Release);
-        if let Some(chunk) = e.current {
-            let now = std::time::Instant::now();
-            st.cancel(now, chunk);
-            st.pump(now);
-        }
-        Some(true)
-    }
-
-    /// The state of the lanes of CUDA device `device` (`None`: the engine
-    /// has no lanes there; they are made by the first CUDA registration on
-    /// the device).
-    pub fn cuda_staging(&self, device: usize) -> Option<super::StagingStatus> {
-        self.shared
-            .staging
-            .snapshot()
-            .get(&device)
-            .map(|p| p.status())
-    }
-}
-
-/// Checks a staged request against its GPU buffer and the peer's
-/// published range.
-fn check(st: &State, e: &CudaEntry, r: &TransferRequest) -> Result<(), RequestError> {
-    if r.len == 0 {
-        return Err(RequestError::ZeroLength);
-    }
-    let end = |offset: u64| {
-        offset
-            .checked_add(r.len)
-            .ok_or(RequestError::Overflow { offset, len: r.len })
-    };
-    let size = e.buffer.len() as u64;
-    if end(r.local_offset)? > size {
-        return Err(RequestError::OutOfRange {
-            side: "gpu",
-            offset: r.local_offset,
-            len: r.len,
-            size,
-        });
-    }
-    let rend = end(r.remote_offset)?;
-    crate::engine::published_remote(st.engine.tables(), r, rend)?;
-    Ok(())
 }
