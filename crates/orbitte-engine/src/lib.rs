@@ -85,7 +85,6 @@ mod lookup;
 mod nic;
 pub mod notify;
 pub use orbitte_proto::outcome;
-mod peer;
 mod recovery;
 mod registration;
 mod request;

@@ -54,7 +54,7 @@ impl TransferEngine {
                 let shared = self.shared.clone();
                 match std::thread::Builder::new()
                     .name("orbitte-recovery".into())
-                    .spawn(move || crate::recovery::recovery_loop(&shared))
+                    .spawn(move || super::recovery::recovery_loop(&shared))
                 {
                     Ok(h) => threads.push(h),
                     Err(e) => {

@@ -26,6 +26,8 @@ mod peers;
 mod poll;
 mod post;
 mod queries;
+mod rdma_peers;
+mod recovery;
 mod register;
 mod resolve;
 mod shared;
@@ -42,7 +44,6 @@ mod waiters;
 pub use orbitte_proto::TransferRequest;
 pub(crate) use orbitte_proto::state::published_remote;
 pub use peer_info::{PeerInfo, RailInfo};
-pub(crate) use peers::peer_info;
 pub(crate) use shared::{Settings, Shared, StateGuard};
 pub(crate) use state::{Owner, State};
 

@@ -9,6 +9,7 @@
 //! request flushes individually (verbs flush semantics).
 
 pub(crate) mod notify;
+pub(crate) mod qp;
 pub(crate) mod slots;
 
 use std::sync::{Arc, Mutex, MutexGuard};

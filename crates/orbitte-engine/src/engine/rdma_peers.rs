@@ -23,14 +23,17 @@
 
 use std::time::Instant;
 
-use orbitte_verbs::{self as verbs, InitAttrs, QpCaps, RtrAttrs, RtsAttrs};
+use orbitte_verbs::{self as verbs, QpCaps};
 use orbitte_wire::handshake::{Established, Initiator, Responder};
 use orbitte_wire::{self as wire, Frame};
 
+use super::peer_info::PeerInfo;
+use super::peers::peer_info;
+use super::{Owner, State, StateGuard, TransferEngine};
 use crate::control::ControlLink;
-use crate::engine::{Owner, PeerInfo, State, TransferEngine, peer_info};
 use crate::error::{InactivePort, LinkError, NoRdmaRail, OpenPeerError};
 use crate::nic::NicCtx;
+use crate::transport::rdma::qp::{connect_qp, make_qp, min_mtu, to_verbs_mtu, to_wire_mtu};
 use crate::transport::rdma::{RailQp, RdmaRail};
 use crate::transport::{PathKind, PeerId, RailId, RailSpec};
 
@@ -40,93 +43,6 @@ fn nonce() -> wire::Nonce {
         chunk.copy_from_slice(&crate::registration::fresh_token().0.to_le_bytes());
     }
     wire::Nonce(n)
-}
-
-pub(crate) fn to_verbs_mtu(m: wire::Mtu) -> verbs::Mtu {
-    match m.bytes() {
-        256 => verbs::Mtu::Mtu256,
-        512 => verbs::Mtu::Mtu512,
-        1024 => verbs::Mtu::Mtu1024,
-        2048 => verbs::Mtu::Mtu2048,
-        _ => verbs::Mtu::Mtu4096,
-    }
-}
-
-pub(crate) fn to_wire_mtu(m: verbs::Mtu) -> wire::Mtu {
-    wire::Mtu::new(m.bytes() as u16).unwrap_or(wire::Mtu::MTU_1024)
-}
-
-pub(crate) fn min_mtu(a: verbs::Mtu, b: verbs::Mtu) -> verbs::Mtu {
-    if a.bytes() <= b.bytes() { a } else { b }
-}
-
-fn remote_endpoint(e: &wire::RailEndpoint, ll_ib: bool) -> verbs::RemoteEndpoint {
-    let route = if ll_ib && e.lid != 0 {
-        verbs::Route::Lid(e.lid)
-    } else {
-        verbs::Route::Gid(verbs::Gid(e.gid.0))
-    };
-    verbs::RemoteEndpoint {
-        qpn: e.qpn.value(),
-        psn: e.psn.value(),
-        route,
-        mtu: to_verbs_mtu(e.mtu),
-    }
-}
-
-fn verbs_err(n: &NicCtx, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> OpenPeerError {
-    OpenPeerError::Verbs {
-        nic: n.id,
-        device: n.identity.name.clone(),
-        source: e.into(),
-    }
-}
-
-/// A queue pair after INIT, with its endpoint.
-pub(crate) struct HalfRail {
-    pub(crate) nic: u32,
-    qp: verbs::QueuePair<verbs::qp_state::Init>,
-    pub(crate) endpoint: wire::RailEndpoint,
-}
-
-pub(crate) fn make_qp(n: &NicCtx, caps: QpCaps, psn: u32) -> Result<HalfRail, OpenPeerError> {
-    let qp =
-        n.pd.create_qp(&n.cq, &n.cq, caps)
-            .map_err(|e| verbs_err(n, e))?;
-    let qp = qp
-        .init(InitAttrs::new(n.port))
-        .map_err(|e| verbs_err(n, e.error))?;
-    let endpoint = wire::RailEndpoint {
-        nic_id: wire::NicId(u16::try_from(n.id.0).unwrap_or(u16::MAX)),
-        qpn: wire::Qpn::new(qp.qp_num())
-            .ok_or_else(|| verbs_err(n, "queue pair number wider than 24 bits"))?,
-        psn: wire::Psn::new(psn & 0xff_ffff)
-            .ok_or_else(|| verbs_err(n, "psn wider than 24 bits"))?,
-        mtu: to_wire_mtu(n.mtu),
-        lid: n.lid,
-        gid: wire::Gid(n.gid.0),
-    };
-    Ok(HalfRail {
-        nic: n.id.0,
-        qp,
-        endpoint,
-    })
-}
-
-pub(crate) fn connect_qp(
-    n: &NicCtx,
-    half: HalfRail,
-    remote: &wire::RailEndpoint,
-) -> Result<verbs::QueuePair<verbs::qp_state::Rts>, OpenPeerError> {
-    let ib = matches!(n.link_layer, orbitte_topology::LinkLayer::InfiniBand);
-    let remote_ep = remote_endpoint(remote, ib);
-    let mut rtr = RtrAttrs::new(remote_ep, u8::try_from(n.gid_index).unwrap_or(0));
-    rtr.path_mtu = min_mtu(n.mtu, remote_ep.mtu);
-    let qp = half.qp.rtr(rtr).map_err(|e| verbs_err(n, e.error))?;
-    let qp = qp
-        .rts(RtsAttrs::new(half.endpoint.psn.value()))
-        .map_err(|e| verbs_err(n, e.error))?;
-    Ok(qp)
 }
 
 impl TransferEngine {
@@ -416,6 +332,19 @@ impl TransferEngine {
         Ok(peer_info(&st, peer))
     }
 
+    /// The state, locked, and the session `peer` was admitted with.
+    fn locked_session(
+        &self,
+        peer: PeerId,
+    ) -> Result<(StateGuard<'_>, wire::SessionId), OpenPeerError> {
+        let st = self.lock();
+        let session = st
+            .engine
+            .peer_session(peer)
+            .ok_or(OpenPeerError::UnknownPeer(peer))?;
+        Ok((st, session))
+    }
+
     /// Applies a `segment-publication` a peer sent after it was opened (new
     /// ranges; same-id ranges replaced). A publication naming another epoch
     /// than the peer's is refused.
@@ -424,11 +353,7 @@ impl TransferEngine {
         peer: PeerId,
         publication: &wire::SegmentPublication,
     ) -> Result<(), OpenPeerError> {
-        let mut st = self.lock();
-        let session = st
-            .engine
-            .peer_session(peer)
-            .ok_or(OpenPeerError::UnknownPeer(peer))?;
+        let (mut st, session) = self.locked_session(peer)?;
         self.shared
             .peer_table()
             .record_publication(session, publication)?;
@@ -443,11 +368,7 @@ impl TransferEngine {
         peer: PeerId,
         retire: &wire::SegmentRetire,
     ) -> Result<(), OpenPeerError> {
-        let mut st = self.lock();
-        let session = st
-            .engine
-            .peer_session(peer)
-            .ok_or(OpenPeerError::UnknownPeer(peer))?;
+        let (mut st, session) = self.locked_session(peer)?;
         self.shared.peer_table().record_retire(session, retire)?;
         st.engine.apply_retire(peer, retire);
         Ok(())
