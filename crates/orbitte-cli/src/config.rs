@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use orbitte::topology::ConfigOverrides;
+use orbitte_topology::ConfigOverrides;
 use serde::Serialize;
 
 use crate::cli::parse_size;

@@ -8,15 +8,13 @@
 //! rows from the engine's staging module. When rdma works, the doctor opens
 //! a second engine as a loopback peer so that cuda-staging's completion
 //! check (GPU -> peer -> GPU through the engine) runs for real. Rows the
-//! engine leaves unevaluated fall back to [`orbitte::cuda::probe()`] (CUDA)
+//! engine leaves unevaluated fall back to [`orbitte_cuda::probe()`] (CUDA)
 //! or are shown as the engine gives them.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use orbitte::topology::RdmaConfig;
-use orbitte::transport::{PathKind, RangeId};
-use orbitte::{EngineBuilder, HostMemory};
+use orbitte::{EngineBuilder, HostMemory, PathKind, RangeId, RdmaConfig};
 use serde::Serialize;
 
 use crate::cli::{DoctorArgs, PathName};
@@ -83,9 +81,9 @@ impl From<orbitte::Check> for Check {
     }
 }
 
-impl From<orbitte::cuda::probe::Check> for Check {
-    fn from(c: orbitte::cuda::probe::Check) -> Self {
-        use orbitte::cuda::probe::Check as C;
+impl From<orbitte_cuda::probe::Check> for Check {
+    fn from(c: orbitte_cuda::probe::Check) -> Self {
+        use orbitte_cuda::probe::Check as C;
         match c {
             C::Pass { detail } => Self::Pass { detail },
             C::Fail { reason, fix } => Self::Fail { reason, fix },
@@ -182,7 +180,7 @@ pub(crate) fn run(args: &DoctorArgs) -> Result<(), Failure> {
         .iter()
         .any(|r| r.path == PathKind::CudaStaging && evaluated(r));
     let cuda = if cuda_wanted && !engine_has_cuda {
-        orbitte::cuda::probe::probe()
+        orbitte_cuda::probe::probe()
     } else {
         Vec::new()
     };
@@ -305,8 +303,8 @@ fn engine_matrix(only: Option<PathKind>, rdma: &RdmaConfig) -> Vec<orbitte::Path
 fn cuda_through_loopback(
     engine: &orbitte::TransferEngine,
     rdma: &RdmaConfig,
-) -> Option<orbitte::staging::CudaCapability> {
-    use orbitte::staging::{LOOPBACK_BYTES, LoopbackTarget, evaluate_cuda_staging};
+) -> Option<orbitte_engine::staging::CudaCapability> {
+    use orbitte_engine::staging::{LOOPBACK_BYTES, LoopbackTarget, evaluate_cuda_staging};
     let peer_engine = EngineBuilder::new(format!("orbitte-doctor-peer-{}", std::process::id()))
         .rdma(rdma.clone())
         .build()
@@ -316,7 +314,7 @@ fn cuda_through_loopback(
         let reg = peer_engine
             .register_host(scratch, orbitte::Access::REMOTE_READ_WRITE)
             .ok()?;
-        let (mut la, mut lb) = orbitte::InProcessLink::pair();
+        let (mut la, mut lb) = orbitte_engine::InProcessLink::pair();
         let peer = std::thread::scope(|s| {
             let h = s.spawn(|| peer_engine.accept_peer(&mut lb));
             let p = engine.open_peer(&mut la);

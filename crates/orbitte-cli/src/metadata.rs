@@ -8,8 +8,8 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs as _};
 use std::time::Duration;
 
 use orbitte::TransferEngine;
-use orbitte::metadata::PeerRecord;
-use orbitte::metadata::etcd::EtcdMetadata;
+use orbitte_engine::metadata::PeerRecord;
+use orbitte_engine::metadata::etcd::EtcdMetadata;
 use serde::Serialize;
 
 use crate::failure::Failure;

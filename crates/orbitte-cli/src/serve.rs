@@ -11,9 +11,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use orbitte::topology::{ConfigOverrides, RdmaConfig};
-use orbitte::wire::auth::ClusterSecret;
-use orbitte::{Access, Budgets, DeviceMask, EngineBuilder, HostMemory, TransferEngine};
+use orbitte::{
+    Access, Budgets, ClusterSecret, DeviceMask, EngineBuilder, HostMemory, RdmaConfig,
+    TransferEngine,
+};
+use orbitte_topology::ConfigOverrides;
 use serde::Serialize;
 
 use crate::cli::ServeArgs;

@@ -6,13 +6,14 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use orbitte::topology::{
-    DeviceMask, MemoryLocation, NicAffinity, NicReport, RdmaConfig, Selection, SelectionError,
-    SysfsRoots, Topology, discover, select,
+use orbitte::{
+    Access, DeviceMask, EngineBuilder, EngineTopology, HostMemory, MemoryLocation, RdmaConfig,
 };
-use orbitte::verbs::Provider as _;
-use orbitte::verbs::native::NativeProvider;
-use orbitte::{Access, EngineBuilder, EngineTopology, HostMemory};
+use orbitte_topology::{
+    NicAffinity, NicReport, Selection, SelectionError, SysfsRoots, Topology, discover, select,
+};
+use orbitte_verbs::Provider as _;
+use orbitte_verbs::native::NativeProvider;
 use serde::Serialize;
 
 use crate::cli::TopologyArgs;

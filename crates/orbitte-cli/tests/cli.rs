@@ -13,7 +13,7 @@ fn orbitte() -> Command {
     let mut c = Command::cargo_bin("orbitte").expect("the orbitte binary is built");
     // The tests decide the log filter and the RDMA selectors themselves.
     c.env_remove("ORBITTE_LOG").env("ORBITTE_LOG", "error");
-    for v in orbitte::topology::ENV_VARS {
+    for v in orbitte_topology::ENV_VARS {
         c.env_remove(v);
     }
     c
@@ -942,16 +942,16 @@ fn bench_loopback_refuses_a_source_id_the_target_suffix_would_push_over_255_byte
 
 /// A stand-in target that answers every connection with an `error` frame
 /// carrying `code` instead of the handshake's challenge.
-fn refusing_target(code: orbitte::wire::ErrorCode) -> String {
+fn refusing_target(code: orbitte_wire::ErrorCode) -> String {
     use std::io::{Read as _, Write as _};
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let mut frame = Vec::new();
-    orbitte::wire::Frame::Error(orbitte::wire::ErrorFrame {
+    orbitte_wire::Frame::Error(orbitte_wire::ErrorFrame {
         code,
-        frame_type: orbitte::wire::FrameType(0),
-        request_id: orbitte::wire::RequestId(0),
-        message: orbitte::wire::Message::truncating("refused by the stand-in"),
+        frame_type: orbitte_wire::FrameType(0),
+        request_id: orbitte_wire::RequestId(0),
+        message: orbitte_wire::Message::truncating("refused by the stand-in"),
     })
     .encode(&mut frame)
     .unwrap();
@@ -970,7 +970,7 @@ fn refusing_target(code: orbitte::wire::ErrorCode) -> String {
 /// gets its own fix, and nothing running there gets the hint.
 #[test]
 fn a_target_that_refuses_is_not_told_to_check_that_it_runs() {
-    use orbitte::wire::ErrorCode;
+    use orbitte_wire::ErrorCode;
     for (code, name, fix) in [
         (
             ErrorCode::RESOURCE_EXHAUSTED,

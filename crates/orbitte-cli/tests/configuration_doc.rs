@@ -115,7 +115,7 @@ fn every_environment_variable_in_the_code_is_documented_and_vice_versa() {
         unknown.is_empty(),
         "docs/configuration.md names variables no code uses: {unknown:?}"
     );
-    for v in orbitte::topology::ENV_VARS {
+    for v in orbitte_topology::ENV_VARS {
         assert!(
             doc.contains(&format!("`{v}`")),
             "{v} missing from the table"
@@ -224,7 +224,7 @@ fn every_config_key_is_documented_and_the_full_example_is_valid() {
             "--json",
         ])
         .env("ORBITTE_LOG", "error")
-        .envs(orbitte::topology::ENV_VARS.iter().map(|v| (*v, "auto")))
+        .envs(orbitte_topology::ENV_VARS.iter().map(|v| (*v, "auto")))
         .env_remove("ORBITTE_RDMA_WHITELIST")
         .env_remove("ORBITTE_RDMA_BLACKLIST")
         .output()

@@ -128,7 +128,7 @@ fn run_shell(e: &Example) -> Result<Vec<String>, String> {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .process_group(0);
-    for v in orbitte::topology::ENV_VARS {
+    for v in orbitte_topology::ENV_VARS {
         cmd.env_remove(v);
     }
     let mut child = cmd.spawn().unwrap();
@@ -225,7 +225,7 @@ fn check_toml(e: &Example) -> Result<(), String> {
             .arg(tree);
     }
     cmd.env("ORBITTE_LOG", "error");
-    for v in orbitte::topology::ENV_VARS {
+    for v in orbitte_topology::ENV_VARS {
         cmd.env_remove(v);
     }
     let out = cmd.output().unwrap();

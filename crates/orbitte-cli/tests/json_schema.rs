@@ -146,7 +146,7 @@ fn documented() -> (Shapes, usize) {
 fn orbitte_json(args: &[&str]) -> Value {
     let mut c = Command::cargo_bin("orbitte").unwrap();
     c.args(args).env("ORBITTE_LOG", "error");
-    for v in orbitte::topology::ENV_VARS {
+    for v in orbitte_topology::ENV_VARS {
         c.env_remove(v);
     }
     let out = c.output().unwrap();

@@ -12,8 +12,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use orbitte::TransferEngine;
-use orbitte::metadata::PeerRecord;
-use orbitte::metadata::etcd::EtcdMetadata;
+use orbitte_engine::metadata::PeerRecord;
+use orbitte_engine::metadata::etcd::EtcdMetadata;
 
 /// The key prefix when the URL names none (the same as `orbitte serve`).
 const DEFAULT_PREFIX: &str = "/orbitte";

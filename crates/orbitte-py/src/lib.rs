@@ -45,7 +45,7 @@ fn _orbitte(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<memory::Allocation>()?;
     m.add_class::<outcome::PyOutcome>()?;
     m.add_function(wrap_pyfunction!(doctor::capabilities, m)?)?;
-    m.add("PROTOCOL_VERSION", orbitte::wire::PROTOCOL_VERSION)?;
+    m.add("PROTOCOL_VERSION", orbitte_wire::PROTOCOL_VERSION)?;
     errors::register(m)?;
     Ok(())
 }

@@ -9,10 +9,9 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
-use orbitte::session::PathPreference;
 use orbitte::{
-    Access, ConnectOptions, DrainStatus, EngineBuilder, HostMemory, PathKind, RdmaConfig,
-    Registration, RequestError, RequestId, SubmitError, TransferEngine, WaitError,
+    Access, ConnectOptions, DrainStatus, EngineBuilder, HostMemory, PathKind, PathPreference,
+    RdmaConfig, Registration, RequestError, RequestId, SubmitError, TransferEngine, WaitError,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

@@ -27,30 +27,83 @@
 //! Every request ends with an [`Outcome`]: its completed prefix, failure
 //! information, the remote effect of a WRITE and the local drain status. A
 //! timeout or a cancel is logical: wait for drain before reusing the local
-//! buffer. The memory, topology, verbs, wire and CUDA crates are
-//! re-exported as modules, with the types most programs need also at the
-//! top level ([`HostMemory`], [`RdmaConfig`], [`DeviceMask`], [`Topology`]).
+//! buffer.
+//!
+//! ```
+//! use std::time::Duration;
+//! use orbitte::{Access, EngineBuilder, HostMemory, Request};
+//!
+//! let decode = EngineBuilder::new("decode")
+//!     .listen("127.0.0.1:0".parse()?)
+//!     .host_memory_without_rdma() // this example runs on hosts without RDMA
+//!     .build()?;
+//! let prefill = EngineBuilder::new("prefill").host_memory_without_rdma().build()?;
+//!
+//! let dst = HostMemory::alloc(1 << 16)?;
+//! decode.register(&dst, Access::RemoteReadWrite)?;
+//! let src = HostMemory::alloc(1 << 16)?;
+//! src.fill(0, 1 << 16, 0xab)?;
+//! let local = prefill.register(&src, Access::LocalOnly)?;
+//!
+//! let peer = prefill.connect(decode.listen_addr().unwrap())?;
+//! let ids = prefill.submit(&[Request::write(&local, 0..1 << 16).to(&peer.ranges()[0], 0)])?;
+//! assert!(prefill.wait(ids[0], Duration::from_secs(5))?.is_complete());
+//! prefill.wait_drain(ids[0], Duration::from_secs(5))?; // the buffer is ours again
+//! assert_eq!(dst.to_vec(0, 4)?, [0xab; 4]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The facade names that path and little else: the builder and its inputs,
+//! memory and registration, peers and requests, outcomes, notifications,
+//! errors and the capability matrix. The layers under it are used from
+//! their own crates: `orbitte_engine` (transports, sessions, metadata,
+//! control links, cuda-staging evaluation, the positional
+//! `TransferRequest`), `orbitte_wire` (frames, error codes),
+//! `orbitte_verbs` (providers, the simulated fabric), `orbitte_topology`
+//! (discovery, configuration overrides), `orbitte_memory` and
+//! `orbitte_cuda`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub use orbitte_engine::*;
+// Builder and engine.
+pub use orbitte_engine::{
+    ConnectOptions, ContextStatus, EngineBuilder, EngineTopology, PathPreference, PeerInfo,
+    RailInfo, TransferEngine,
+};
+// The builder's inputs, and what the engine reports about its listener and
+// its cuda-staging lanes.
+pub use orbitte_engine::metadata::MetadataMode;
+pub use orbitte_engine::session::{ListenerStats, SessionConfig};
+pub use orbitte_engine::staging::{StagingConfig, StagingStatus};
+pub use orbitte_engine::{Budgets, DeviceMask, MemoryLocation, RdmaConfig, RecoveryPolicy};
+pub use orbitte_wire::auth::ClusterSecret;
 
-/// The engine crate itself (also re-exported at the top level).
-pub use orbitte_engine as engine;
-
-/// Host memory that NICs register and same-host peers share.
-pub use orbitte_memory as memory;
+// Memory and registration.
+pub use orbitte_engine::{Access, Charges, Memory, MemoryPath, Registration};
 pub use orbitte_memory::HostMemory;
 
-/// RDMA topology: NIC IDs, inert slots, ports, GIDs, selection, affinity.
-pub use orbitte_topology as topology;
-pub use orbitte_topology::{NicId, SysfsRoots, Topology, discover};
+// Peer and request.
+pub use orbitte_engine::{
+    Epoch, LocalRead, LocalWrite, Op, PathKind, Peer, PeerId, PeerRef, RailId, RangeId,
+    RegistrationId, RemoteRange, RemoteTarget, Request, RequestId,
+};
 
-/// Safe verbs over the provider trait: `native` (libibverbs) and `sim`.
-pub use orbitte_verbs as verbs;
+// Outcome.
+pub use orbitte_engine::{
+    ChunkFailure, DrainStatus, FailureInfo, Outcome, RailRefusal, RemoteEffect, Status,
+};
 
-/// The wire protocol: frames, handshake, epochs, segment descriptors.
-pub use orbitte_wire as wire;
+// Notification.
+pub use orbitte_engine::{
+    MAX_NOTIFICATION_LEN, Notification, NotificationError, NotificationStats, NotificationStatus,
+    ReceivedNotification,
+};
 
-/// CUDA device allocation and synchronized host staging.
-pub use orbitte_cuda as cuda;
+// Errors.
+pub use orbitte_engine::{
+    BuildError, ConnectError, DrainTimeout, InactivePort, ListenError, NicsUnavailable, NoRdmaRail,
+    RegisterError, RequestError, SubmitError, Unquiesced, UnregisterError, WaitError,
+};
+
+// Capability.
+pub use orbitte_engine::{CapabilityMatrix, Check, PathRow};

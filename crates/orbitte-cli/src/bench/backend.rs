@@ -13,13 +13,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use orbitte::metadata::etcd::EtcdMetadata;
-use orbitte::transport::{Op, PathKind, RangeId, RegistrationId};
-use orbitte::verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric, SimTiming};
 use orbitte::{
-    Access, ConnectOptions, EngineBuilder, HostMemory, Outcome, PeerId, TransferEngine,
-    TransferRequest,
+    Access, ConnectOptions, EngineBuilder, HostMemory, Op, Outcome, PathKind, PeerId, RangeId,
+    RegistrationId, TransferEngine,
 };
+use orbitte_engine::TransferRequest;
+use orbitte_engine::metadata::etcd::EtcdMetadata;
+use orbitte_verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric, SimTiming};
 
 use super::baseline::PathWindows;
 use super::settings::{parse_addr, range_len, secret, source_id};
@@ -78,7 +78,7 @@ fn shutdown(engine: &TransferEngine, what: &str) {
 /// An engine builder on the native provider, or on `fabric`'s `device`.
 fn engine(id: String, fabric: Option<&SimFabric>, device: &str) -> Result<EngineBuilder, Failure> {
     // The CLI, not the library, applies the ORBITTE_RDMA_* variables.
-    let rdma = orbitte::topology::RdmaConfig::resolve(Default::default(), None)
+    let rdma = orbitte::RdmaConfig::resolve(Default::default(), None)
         .map_err(|e| Failure::usage(e.to_string()))?;
     // A pinned device must exist here, as `serve` requires (the sim
     // fabric has its own devices).
@@ -328,10 +328,10 @@ impl Backend {
         };
         let peer = a.connect_with(addr, prefer.rails(rails)).map_err(|e| {
             use orbitte::ConnectError;
-            use orbitte::session::SessionError;
+            use orbitte_engine::session::SessionError;
             let text = e.to_string();
             if let ConnectError::Session(SessionError::Refused { code, .. }) = &e
-                && *code == orbitte::wire::ErrorCode::AUTH_REQUIRED
+                && *code == orbitte_wire::ErrorCode::AUTH_REQUIRED
             {
                 Failure::failed(format!(
                     "the target at {addr} requires the cluster secret: pass --secret-file FILE with the same secret as the target ({text})"
@@ -387,9 +387,9 @@ impl Backend {
             )));
         }
         let need = range_len(args);
-        let rw = |f: orbitte::wire::AccessFlags| {
-            f.contains(orbitte::wire::AccessFlags::REMOTE_READ)
-                && f.contains(orbitte::wire::AccessFlags::REMOTE_WRITE)
+        let rw = |f: orbitte_wire::AccessFlags| {
+            f.contains(orbitte_wire::AccessFlags::REMOTE_READ)
+                && f.contains(orbitte_wire::AccessFlags::REMOTE_WRITE)
         };
         let Some(&orbitte::RemoteRange {
             range,
@@ -574,8 +574,8 @@ impl Drop for Backend {
 /// not answer as one: nothing listens (connection refused), it timed out,
 /// closed mid-handshake, or spoke something else than the protocol. Only
 /// then is "check that the target runs there" the fix.
-fn target_may_be_down(e: &orbitte::session::SessionError) -> bool {
-    use orbitte::session::SessionError as E;
+fn target_may_be_down(e: &orbitte_engine::session::SessionError) -> bool {
+    use orbitte_engine::session::SessionError as E;
     matches!(
         e,
         E::Io(_) | E::Timeout { .. } | E::Closed { .. } | E::Malformed(_) | E::Protocol(_)
@@ -585,9 +585,9 @@ fn target_may_be_down(e: &orbitte::session::SessionError) -> bool {
 /// A session a running target answered and refused (or that failed here
 /// after it answered): what it said, and the fix for the codes that have
 /// one.
-fn session_refused(addr: SocketAddr, e: &orbitte::session::SessionError) -> Failure {
-    use orbitte::session::SessionError as E;
-    use orbitte::wire::ErrorCode;
+fn session_refused(addr: SocketAddr, e: &orbitte_engine::session::SessionError) -> Failure {
+    use orbitte_engine::session::SessionError as E;
+    use orbitte_wire::ErrorCode;
     let E::Refused { code, message } = e else {
         return Failure::failed(format!("the session with the target at {addr} failed: {e}"));
     };

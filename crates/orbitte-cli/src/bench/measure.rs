@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
-use orbitte::transport::Op;
-use orbitte::{Outcome, Status, TransferRequest};
+use orbitte::{Op, Outcome, Status};
+use orbitte_engine::TransferRequest;
 
 use super::backend::{Backend, Req, thread_base};
 use super::report::Point;

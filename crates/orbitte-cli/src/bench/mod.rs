@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use orbitte::transport::PathKind;
+use orbitte::PathKind;
 
 use crate::cli::{BenchArgs, PathName, Role};
 use crate::failure::Failure;

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 
-use orbitte::wire::auth::ClusterSecret;
+use orbitte::ClusterSecret;
 
 use crate::cli::{BenchArgs, Op, Role};
 use crate::failure::Failure;
@@ -74,9 +74,9 @@ pub(crate) fn parse_addr(s: &str, flag: &str) -> Result<SocketAddr, Failure> {
 }
 
 /// The op as the engine names it.
-pub(crate) fn engine_op(op: Op) -> orbitte::transport::Op {
+pub(crate) fn engine_op(op: Op) -> orbitte::Op {
     match op {
-        Op::Read => orbitte::transport::Op::Read,
-        Op::Write => orbitte::transport::Op::Write,
+        Op::Read => orbitte::Op::Read,
+        Op::Write => orbitte::Op::Write,
     }
 }

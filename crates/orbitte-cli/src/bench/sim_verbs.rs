@@ -8,10 +8,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use orbitte::HostMemory;
-use orbitte::transport::Op;
-use orbitte::verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric, SimTiming};
-use orbitte::verbs::{
+use orbitte::{HostMemory, Op};
+use orbitte_verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric, SimTiming};
+use orbitte_verbs::{
     Access, Completion, CompletionQueue, DmaBuffer, InitAttrs, Mtu, QpCaps, QueuePair, RemoteAddr,
     Route, RtrAttrs, RtsAttrs, SendOp, SendWr, Sge,
 };
@@ -30,8 +29,8 @@ fn err(what: &str, e: impl std::fmt::Display) -> std::io::Error {
 struct Lane {
     qp: QueuePair,
     cq: CompletionQueue,
-    local: orbitte::verbs::MemoryRegion,
-    remote: orbitte::verbs::MemoryRegion,
+    local: orbitte_verbs::MemoryRegion,
+    remote: orbitte_verbs::MemoryRegion,
     /// Keeps the loopback peer of `qp` alive.
     _peer: QueuePair,
 }
