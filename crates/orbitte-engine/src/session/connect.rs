@@ -26,7 +26,7 @@ pub enum PathPreference {
     Only(PathKind),
 }
 
-/// How [`TransferEngine::connect_with`] opens a peer.
+/// How [`TransferEngine::connect_with`](crate::TransferEngine::connect_with) opens a peer.
 ///
 /// ```
 /// use orbitte_engine::{ConnectOptions, PathKind};
