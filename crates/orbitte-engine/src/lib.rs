@@ -81,7 +81,6 @@ mod config;
 pub mod control;
 mod engine;
 pub mod error;
-mod lookup;
 mod nic;
 pub mod notify;
 pub use orbitte_proto::outcome;

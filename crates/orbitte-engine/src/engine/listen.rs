@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 #[cfg(doc)]
 use orbitte_wire::SessionPurpose;
 
+use super::ranges::EngineRanges;
 use super::{Shared, TransferEngine};
 use crate::control::ControlLink;
 use crate::error::BuildError;
-use crate::lookup::EngineRanges;
 use crate::session::handshake::Handshake;
 use crate::session::log_budget::LogBudget;
 use crate::session::serving::ControlAcceptor;

@@ -26,6 +26,7 @@ mod peers;
 mod poll;
 mod post;
 mod queries;
+mod ranges;
 mod rdma_peers;
 mod recovery;
 mod register;

@@ -1,17 +1,21 @@
 //! The rail recovery thread and the engine's side of re-establishing an
-//! rdma rail: due attempts made over the peer's rdma control session, and
-//! the answer to a peer's request to re-establish one (the rules are in
-//! `crate::recovery`).
+//! rdma rail: the core's view of the rails fed to the recovery state, due
+//! attempts made over the peer's rdma control session, the answer to a
+//! peer's request to re-establish one, and the new queue pair installed
+//! (the rules are in `crate::recovery`).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use orbitte_verbs::QueuePair;
+use orbitte_verbs::qp_state::Rts;
 use orbitte_wire::{self as wire, Frame};
 
-use super::{Shared, TransferEngine};
+use super::{Owner, Shared, State, TransferEngine};
 use crate::control::ControlLink;
-use crate::recovery::{AfterFailure, install_qp, observe};
+use crate::recovery::AfterFailure;
+use crate::transport::rdma::RailQp;
 use crate::transport::rdma::qp::{connect_qp, make_qp, min_mtu, to_verbs_mtu, to_wire_mtu};
 use crate::transport::{PeerId, RailId, Transport, TransportEvent};
 
@@ -54,6 +58,91 @@ pub(crate) fn recovery_loop(shared: &Arc<Shared>) {
         drop(st);
         shared.sleep(wait);
         st = shared.lock();
+    }
+}
+
+/// Feeds the core's view of every tracked rail to the recovery state.
+fn observe(st: &mut State, now: Instant) {
+    for rail in st.recovery.rails() {
+        if st.engine.core().rail_is_closed(rail) {
+            st.recovery.untrack(rail);
+            continue;
+        }
+        let up = st.engine.core().rail_is_up(rail);
+        if st.recovery.observe(rail, up, now) {
+            tracing::info!(rail = rail.0, "rail recovered: its port is active again");
+        }
+    }
+}
+
+/// Installs `qp` as the rail's queue pair: the old one is destroyed (a
+/// failed destroy is `Unquiesced` and the rail stays down), the rail's
+/// notification slots are prepared on the new one, and the core takes the
+/// rail back. The core must hold no work on the rail.
+fn install_qp(
+    st: &mut State,
+    rail: RailId,
+    mut qp: QueuePair<Rts>,
+    now: Instant,
+) -> Result<(), String> {
+    if st.engine.core().rail_is_closed(rail) {
+        return Err("the rail was closed meanwhile".into());
+    }
+    if st.engine.core().rail_in_flight(rail) > 0 {
+        return Err("the old queue pair still holds work".into());
+    }
+    let Some((nic, old_qpn)) = st.rdma.rail(rail).map(|r| (r.nic, r.qpn())) else {
+        return Err("not an rdma rail".into());
+    };
+    if let Err(u) = st.rdma.destroy(rail) {
+        st.record_rail_unquiesced(format!("replacing the queue pair of rail {}", rail.0), *u);
+        return Err("destroying the old queue pair failed (unquiesced)".into());
+    }
+    if let Some(q) = old_qpn {
+        st.qpn_rail.remove(&(nic, q));
+    }
+    let pd = st.nic(nic).map(|n| n.pd.clone());
+    let notify = match pd.map(|pd| crate::transport::rdma::slots::RailNotify::prepare(&pd, &mut qp))
+    {
+        Some(Ok(n)) => Some(n),
+        Some(Err(e)) => {
+            tracing::warn!(nic, error = %e, "rail carries no notifications");
+            None
+        }
+        None => None,
+    };
+    let qpn = qp.qp_num();
+    if let Some(mut r) = st.rdma.rail_mut(rail) {
+        r.qp = RailQp::Rts(qp);
+        r.failed = false;
+        r.notify = notify;
+    }
+    st.qpn_rail.insert((nic, qpn), rail);
+    st.engine.restore_rail(rail);
+    st.pump(now);
+    Ok(())
+}
+
+impl State {
+    /// The prepared context of NIC ID `nic`.
+    pub(crate) fn nic(&self, nic: u32) -> Option<&crate::nic::NicCtx> {
+        self.init.as_ref()?.nics.iter().find(|n| n.id.0 == nic)
+    }
+
+    /// The rdma rails of `peer`.
+    pub(crate) fn rdma_rails_of(&self, peer: PeerId) -> Vec<RailId> {
+        self.engine
+            .tables()
+            .peers
+            .get(&peer.0)
+            .map(|p| {
+                p.rails
+                    .iter()
+                    .copied()
+                    .filter(|r| matches!(self.owner.get(r.0 as usize), Some(Owner::Rdma)))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 }
 

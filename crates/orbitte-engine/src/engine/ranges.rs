@@ -2,14 +2,14 @@
 //! [`RangeLookup`](crate::session::RangeLookup): what a peer may reach on
 //! the non-rdma paths is exactly what this engine published (remotely
 //! accessible, not retired), with the same token as in its descriptor.
-//! Ranges are looked up in the tables' snapshot (`engine::snapshot`), not
+//! Ranges are looked up in the tables' snapshot (`snapshot`), not
 //! under the engine's lock.
 
 use std::sync::Weak;
 
 use orbitte_wire::{NicRkey, RangeId};
 
-use crate::engine::Shared;
+use super::Shared;
 use crate::session::{Published, RangeLookup};
 use crate::transport::RegistrationId;
 
