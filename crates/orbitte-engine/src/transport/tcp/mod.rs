@@ -18,8 +18,9 @@
 //! every outstanding item: sent ones as `RailDown` (a WRITE may have reached
 //! the peer: remote effect possible), never-sent ones as `Flushed`. Nothing
 //! is retried on another rail. Answers are passed on as they arrive (see
-//! `socket::ANSWER_BATCH`), so a request the request timeout ends while its rail
-//! still waits counts every slice answered by then in its completed prefix.
+//! `socket::ANSWER_BATCH`), so a request the request timeout ends while its
+//! rail still waits counts every slice answered by then in its completed
+//! prefix.
 
 pub(crate) mod payload;
 mod rail;
