@@ -120,7 +120,7 @@ pub use recovery::{RecoveryPolicy, RecoveryState};
 pub use registration::{Access, Budgets, Charges, Memory, MemoryPath, Registration};
 pub use request::{LocalRead, LocalWrite, PeerRef, RemoteRange, RemoteTarget, Request};
 pub use session::{ConnectError, ConnectOptions, ListenError, PathPreference, Peer};
-pub use transport::{Op, PathKind, PeerId, RailId, RangeId, RegistrationId};
+pub use transport::{Op, PathKind, PeerId, RailId, RangeId, RegistrationId, SliceFailure};
 
 pub use orbitte_topology::{DeviceMask, MemoryLocation, RdmaConfig};
 pub use orbitte_wire::Epoch;

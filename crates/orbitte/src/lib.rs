@@ -90,7 +90,8 @@ pub use orbitte_engine::{
 
 // Outcome.
 pub use orbitte_engine::{
-    ChunkFailure, DrainStatus, FailureInfo, Outcome, RailRefusal, RemoteEffect, Status,
+    ChunkFailure, DrainStatus, FailureInfo, Outcome, RailRefusal, RemoteEffect, SliceFailure,
+    Status,
 };
 
 // Notification.

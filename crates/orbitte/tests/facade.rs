@@ -67,6 +67,7 @@ const CURATED: &[&str] = &[
     "FailureInfo",
     "ChunkFailure",
     "RailRefusal",
+    "SliceFailure",
     // notification
     "Notification",
     "NotificationStatus",

@@ -109,33 +109,49 @@ impl LogBudget {
     }
 }
 
-/// What the log lines emitted inside a closure read like.
+/// What the log lines emitted inside a closure read like (on this
+/// thread).
+///
+/// The test binary gets one global subscriber that writes each line to
+/// the capture of the thread that logged it, if that thread is capturing.
+/// A thread-local subscriber would not do: tracing caches each callsite's
+/// interest for the whole process, computed against the subscriber of the
+/// first thread that reaches it, so a test running the same code without
+/// a subscriber could switch the callsite off for the capturing one.
 #[cfg(test)]
 pub(crate) fn captured<R>(f: impl FnOnce() -> R) -> (R, String) {
-    #[derive(Clone, Default)]
-    struct Sink(std::sync::Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Sink {
+    use std::cell::RefCell;
+    thread_local! {
+        static CAPTURE: RefCell<Option<Vec<u8>>> = const { RefCell::new(None) };
+    }
+    struct ThreadSink;
+    impl std::io::Write for ThreadSink {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .extend_from_slice(b);
+            CAPTURE.with(|c| {
+                if let Some(buf) = c.borrow_mut().as_mut() {
+                    buf.extend_from_slice(b);
+                }
+            });
             Ok(b.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
     }
-    let out = Sink::default();
-    let w = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || w.clone())
-        .with_ansi(false)
-        .finish();
-    let r = tracing::subscriber::with_default(subscriber, f);
-    let text =
-        String::from_utf8_lossy(&out.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
-    (r, text)
+    static GLOBAL: std::sync::Once = std::sync::Once::new();
+    GLOBAL.call_once(|| {
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(|| ThreadSink)
+            .with_ansi(false)
+            .finish();
+        // Another global subscriber (none in this crate's tests) would
+        // keep its own; the capture then stays empty and the test says so.
+        let _ = tracing::subscriber::set_global_default(subscriber);
+    });
+    CAPTURE.with(|c| *c.borrow_mut() = Some(Vec::new()));
+    let r = f();
+    let bytes = CAPTURE.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    (r, String::from_utf8_lossy(&bytes).into_owned())
 }
 
 #[cfg(test)]
