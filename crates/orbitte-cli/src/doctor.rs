@@ -298,8 +298,8 @@ fn engine_matrix(only: Option<PathKind>, rdma: &RdmaConfig) -> Vec<orbitte::Path
     m.rows
 }
 
-/// A second engine with a scratch range, opened as a peer of `engine`,
-/// for the staged round trip.
+/// A second engine with a scratch range, listening on loopback and opened
+/// as an rdma peer of `engine`, for the staged round trip.
 fn cuda_through_loopback(
     engine: &orbitte::TransferEngine,
     rdma: &RdmaConfig,
@@ -307,6 +307,7 @@ fn cuda_through_loopback(
     use orbitte_engine::staging::{LOOPBACK_BYTES, LoopbackTarget, evaluate_cuda_staging};
     let peer_engine = EngineBuilder::new(format!("orbitte-doctor-peer-{}", std::process::id()))
         .rdma(rdma.clone())
+        .listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
         .build()
         .ok()?;
     let result = (|| {
@@ -314,18 +315,17 @@ fn cuda_through_loopback(
         let reg = peer_engine
             .register_host(scratch, orbitte::Access::REMOTE_READ_WRITE)
             .ok()?;
-        let (mut la, mut lb) = orbitte_engine::InProcessLink::pair();
-        let peer = std::thread::scope(|s| {
-            let h = s.spawn(|| peer_engine.accept_peer(&mut lb));
-            let p = engine.open_peer(&mut la);
-            let accepted = h.join().ok().and_then(Result::ok);
-            p.ok().filter(|_| accepted.is_some())
-        })?;
+        let peer = engine
+            .connect_with(
+                peer_engine.listen_addr()?,
+                orbitte::ConnectOptions::new().path(PathKind::Rdma),
+            )
+            .ok()?;
         Some(evaluate_cuda_staging(
             engine,
             0,
             Some(LoopbackTarget {
-                peer: peer.id,
+                peer: peer.id(),
                 range: RangeId(reg.id.0),
                 offset: 0,
             }),

@@ -54,16 +54,17 @@
 //!   around it (tables, budget ledger, validation, rail choice, fencing)
 //!   and the vocabulary every layer shares, tested on virtual time with a
 //!   fault fuzz.
-//! - [`transport`]: the seam where paths plug in, and the paths under it
-//!   (rdma, tcp, local).
+//! - `transport`: the seam where paths plug in, and the paths under it
+//!   (rdma, tcp, local); public to tests with the `testing` feature.
 //! - the driver ([`TransferEngine`], `engine/`): one poller thread per NIC
 //!   context, a timer thread, the caller's thread posting; events come in
 //!   through a lock-free intake queue, waiters park per request.
 //! - [`staging`]: the cuda-staging lanes (GPU memory through pinned
 //!   bounce buffers), one thread per lane, outcomes into the same table.
-//! - [`session`]: sessions between engines (handshake, the listener, the
-//!   path policy); [`control`]: the control-link seam (in-process links
-//!   drive two engines on the simulated fabric in tests);
+//! - `session`: sessions between engines (handshake, the listener, the
+//!   path policy); `control`: the control-link seam (in-process links
+//!   drive two engines on the simulated fabric in tests); both public to
+//!   tests with the `testing` feature;
 //!   [`capability`]: the capability matrix as data, rdma evaluated for
 //!   real.
 //!
@@ -78,7 +79,14 @@
 
 pub mod capability;
 mod config;
+// The engine's plumbing (control links, transports, sessions) is public
+// only to the integration tests and benches, through the `testing`
+// feature; applications use the names re-exported below.
+#[cfg(feature = "testing")]
 pub mod control;
+#[cfg(not(feature = "testing"))]
+#[allow(unreachable_pub, dead_code)]
+mod control;
 mod engine;
 pub mod error;
 mod nic;
@@ -87,10 +95,18 @@ pub use orbitte_proto::outcome;
 mod recovery;
 mod registration;
 mod request;
+#[cfg(feature = "testing")]
 pub mod transport;
+#[cfg(not(feature = "testing"))]
+#[allow(unreachable_pub, dead_code)]
+mod transport;
 // Sessions and metadata; the tcp and local transports live under transport/.
 pub mod metadata;
+#[cfg(feature = "testing")]
 pub mod session;
+#[cfg(not(feature = "testing"))]
+#[allow(unreachable_pub, dead_code)]
+mod session;
 // cuda-staging path: GPU memory through pinned bounce buffers (staging lanes).
 pub mod staging;
 
@@ -101,6 +117,7 @@ pub(crate) type Map<K, V> = std::collections::HashMap<K, V, foldhash::fast::Rand
 
 pub use capability::{CapabilityMatrix, Check, PathRow};
 pub use config::EngineBuilder;
+#[cfg(feature = "testing")]
 pub use control::{ControlLink, InProcessLink};
 pub use engine::{PeerInfo, RailInfo, TransferEngine, TransferRequest};
 pub use error::{
@@ -119,7 +136,15 @@ pub use outcome::{
 pub use recovery::{RecoveryPolicy, RecoveryState};
 pub use registration::{Access, Budgets, Charges, Memory, MemoryPath, Registration};
 pub use request::{LocalRead, LocalWrite, PeerRef, RemoteRange, RemoteTarget, Request};
-pub use session::{ConnectError, ConnectOptions, ListenError, PathPreference, Peer};
+/// The smallest socket buffer a session asks for ([`SessionConfig`]).
+pub use session::MIN_SOCKET_BUFFER;
+pub use session::{
+    ConnectError, ConnectOptions, ListenError, ListenerStats, PathPreference, Peer, SessionConfig,
+    SessionError,
+};
+/// The local path's posting thread copies a post of at most this many
+/// bytes itself (no hand-off to the rail's worker).
+pub use transport::local::INLINE_BYTES;
 pub use transport::{Op, PathKind, PeerId, RailId, RangeId, RegistrationId, SliceFailure};
 
 pub use orbitte_topology::{DeviceMask, MemoryLocation, RdmaConfig};

@@ -73,9 +73,9 @@ pub use orbitte_engine::{
 // The builder's inputs, and what the engine reports about its listener and
 // its cuda-staging lanes.
 pub use orbitte_engine::metadata::MetadataMode;
-pub use orbitte_engine::session::{ListenerStats, SessionConfig};
 pub use orbitte_engine::staging::{StagingConfig, StagingStatus};
 pub use orbitte_engine::{Budgets, DeviceMask, MemoryLocation, RdmaConfig, RecoveryPolicy};
+pub use orbitte_engine::{ListenerStats, SessionConfig};
 pub use orbitte_wire::auth::ClusterSecret;
 
 // Memory and registration.

@@ -328,7 +328,7 @@ impl Backend {
         };
         let peer = a.connect_with(addr, prefer.rails(rails)).map_err(|e| {
             use orbitte::ConnectError;
-            use orbitte_engine::session::SessionError;
+            use orbitte_engine::SessionError;
             let text = e.to_string();
             if let ConnectError::Session(SessionError::Refused { code, .. }) = &e
                 && *code == orbitte_wire::ErrorCode::AUTH_REQUIRED
@@ -574,8 +574,8 @@ impl Drop for Backend {
 /// not answer as one: nothing listens (connection refused), it timed out,
 /// closed mid-handshake, or spoke something else than the protocol. Only
 /// then is "check that the target runs there" the fix.
-fn target_may_be_down(e: &orbitte_engine::session::SessionError) -> bool {
-    use orbitte_engine::session::SessionError as E;
+fn target_may_be_down(e: &orbitte_engine::SessionError) -> bool {
+    use orbitte_engine::SessionError as E;
     matches!(
         e,
         E::Io(_) | E::Timeout { .. } | E::Closed { .. } | E::Malformed(_) | E::Protocol(_)
@@ -585,8 +585,8 @@ fn target_may_be_down(e: &orbitte_engine::session::SessionError) -> bool {
 /// A session a running target answered and refused (or that failed here
 /// after it answered): what it said, and the fix for the codes that have
 /// one.
-fn session_refused(addr: SocketAddr, e: &orbitte_engine::session::SessionError) -> Failure {
-    use orbitte_engine::session::SessionError as E;
+fn session_refused(addr: SocketAddr, e: &orbitte_engine::SessionError) -> Failure {
+    use orbitte_engine::SessionError as E;
     use orbitte_wire::ErrorCode;
     let E::Refused { code, message } = e else {
         return Failure::failed(format!("the session with the target at {addr} failed: {e}"));

@@ -124,14 +124,13 @@ fn faulted(len: usize) -> Vec<u8> {
 
 /// Bytes of each batch that the local path copies on the thread that
 /// posts it when its rail is idle: whole blocks up to
-/// [`INLINE_BYTES`](orbitte_engine::transport::local::INLINE_BYTES), or that
+/// [`INLINE_BYTES`](orbitte_engine::INLINE_BYTES), or that
 /// much of a block larger than it (cut into slices). The rest of the batch
 /// goes to the rail's worker thread, which copies at the same time. (The
 /// path counts slices, not blocks: for a block that is not a multiple of
 /// the slice size it may copy up to one slice more here.)
 fn inline_bytes(block: usize, batch: usize) -> usize {
-    let inline =
-        usize::try_from(orbitte_engine::transport::local::INLINE_BYTES).unwrap_or(usize::MAX);
+    let inline = usize::try_from(orbitte_engine::INLINE_BYTES).unwrap_or(usize::MAX);
     let window = block.saturating_mul(batch);
     if window <= inline {
         window
@@ -589,7 +588,7 @@ mod tests {
 
     #[test]
     fn memcpy_splits_a_batch_where_the_local_path_does() {
-        let inline = usize::try_from(orbitte_engine::transport::local::INLINE_BYTES).unwrap();
+        let inline = usize::try_from(orbitte_engine::INLINE_BYTES).unwrap();
         // A batch the posting thread copies whole.
         assert_eq!(inline_bytes(64 << 10, 16), 16 * (64 << 10));
         assert_eq!(inline_bytes(4096, 4), 4 * 4096);

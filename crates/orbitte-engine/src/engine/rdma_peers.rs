@@ -24,12 +24,16 @@
 use std::time::Instant;
 
 use orbitte_verbs::{self as verbs, QpCaps};
-use orbitte_wire::handshake::{Established, Initiator, Responder};
+use orbitte_wire::handshake::Established;
+#[cfg(any(test, feature = "testing"))]
+use orbitte_wire::handshake::{Initiator, Responder};
 use orbitte_wire::{self as wire, Frame};
 
+#[cfg(any(test, feature = "testing"))]
+use super::StateGuard;
 use super::peer_info::PeerInfo;
 use super::peers::peer_info;
-use super::{Owner, State, StateGuard, TransferEngine};
+use super::{Owner, State, TransferEngine};
 use crate::control::ControlLink;
 use crate::error::{InactivePort, LinkError, NoRdmaRail, OpenPeerError};
 use crate::nic::NicCtx;
@@ -37,6 +41,7 @@ use crate::transport::rdma::qp::{connect_qp, make_qp, min_mtu, to_verbs_mtu, to_
 use crate::transport::rdma::{RailQp, RdmaRail};
 use crate::transport::{PathKind, PeerId, RailId, RailSpec};
 
+#[cfg(any(test, feature = "testing"))]
 fn nonce() -> wire::Nonce {
     let mut n = [0u8; 32];
     for chunk in n.chunks_mut(8) {
@@ -46,6 +51,7 @@ fn nonce() -> wire::Nonce {
 }
 
 impl TransferEngine {
+    #[cfg(any(test, feature = "testing"))]
     fn identity(&self) -> wire::Identity {
         wire::Identity::new(
             self.shared.source_id.clone(),
@@ -93,6 +99,7 @@ impl TransferEngine {
 
     /// Opens a peer as the initiator over `link` (the other engine runs
     /// [`accept_peer`](Self::accept_peer)).
+    #[cfg(any(test, feature = "testing"))]
     pub fn open_peer(&self, link: &mut dyn ControlLink) -> Result<PeerInfo, OpenPeerError> {
         self.fenced_peer()?;
         self.ensure_contexts()
@@ -229,6 +236,7 @@ impl TransferEngine {
     }
 
     /// Accepts a peer as the responder over `link`.
+    #[cfg(any(test, feature = "testing"))]
     pub fn accept_peer(&self, link: &mut dyn ControlLink) -> Result<PeerInfo, OpenPeerError> {
         self.fenced_peer()?;
         self.ensure_contexts()
@@ -333,6 +341,7 @@ impl TransferEngine {
     }
 
     /// The state, locked, and the session `peer` was admitted with.
+    #[cfg(any(test, feature = "testing"))]
     fn locked_session(
         &self,
         peer: PeerId,
@@ -348,6 +357,7 @@ impl TransferEngine {
     /// Applies a `segment-publication` a peer sent after it was opened (new
     /// ranges; same-id ranges replaced). A publication naming another epoch
     /// than the peer's is refused.
+    #[cfg(any(test, feature = "testing"))]
     pub fn apply_publication(
         &self,
         peer: PeerId,
@@ -363,6 +373,7 @@ impl TransferEngine {
 
     /// Applies a `segment-retire` a peer sent: requests naming those ranges
     /// are refused at submit from now on (already posted ones run out).
+    #[cfg(any(test, feature = "testing"))]
     pub fn apply_retire(
         &self,
         peer: PeerId,
@@ -376,6 +387,7 @@ impl TransferEngine {
 
     /// The `segment-retire` frame telling peers that these registrations
     /// are no longer published.
+    #[cfg(any(test, feature = "testing"))]
     pub fn segment_retire(
         &self,
         registrations: &[crate::transport::RegistrationId],

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use orbitte_topology::{DeviceMask, RdmaConfig};
 use orbitte_verbs::Provider;
-use orbitte_wire::{self as wire, Epoch, PeerTable, SourceId};
+use orbitte_wire::{Epoch, PeerTable, SourceId};
 
 use super::State;
 use super::arrivals::Intake;
@@ -46,6 +46,7 @@ pub(crate) struct Shared {
     /// The wire's epoch rules, shared with the net sessions. Lock order:
     /// `state` before `peer_table`, never the other way round.
     pub(crate) peer_table: Arc<Mutex<PeerTable>>,
+    #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))]
     pub(crate) next_session: Arc<std::sync::atomic::AtomicU64>,
     /// Where the timer and recovery threads sleep (without the state
     /// lock); rung only at stop. They run on their own schedule and are not
@@ -148,8 +149,9 @@ impl Shared {
     }
 
     /// A fresh session id for the peer table, unique in this engine.
-    pub(crate) fn new_session_id(&self) -> wire::SessionId {
-        wire::SessionId(self.next_session.fetch_add(1, Ordering::Relaxed))
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn new_session_id(&self) -> orbitte_wire::SessionId {
+        orbitte_wire::SessionId(self.next_session.fetch_add(1, Ordering::Relaxed))
     }
 }
 

@@ -78,6 +78,7 @@ pub use handshake::Handshake;
 pub use link::TcpControlLink;
 pub use listener::{ListenError, Listener, ListenerStats};
 pub use publications::{PublicationTable, Published, RangeLookup};
+#[cfg(feature = "testing")]
 pub use serving::ClosedSession;
 
 /// The smallest `SessionConfig::socket_buffer`: the kernel doubles what
@@ -150,7 +151,7 @@ pub struct SessionConfig {
     /// segments and retransmission timeouts stalled READs of 1 MiB blocks
     /// for hundreds of milliseconds (docs/performance.md). The kernel caps
     /// it at `net.core.wmem_max` and `rmem_max`. Never applied before
-    /// authentication. At least [`MIN_SOCKET_BUFFER`] (the engine's
+    /// authentication. At least [`MIN_SOCKET_BUFFER`](crate::MIN_SOCKET_BUFFER) (the engine's
     /// builder refuses less).
     pub socket_buffer: Option<usize>,
     /// Send memfd-backed memory with `sendfile` (see
