@@ -242,3 +242,47 @@ fn a_handle_made_before_the_peer_restarted_is_refused_naming_both_epochs() {
     );
     assert_eq!(new_memory.to_vec(0, 4096).unwrap(), vec![0xab; 4096]);
 }
+
+/// A same-host target that shuts down stops serving its mapping at once:
+/// a WRITE posted right after (its memory still mapped here, still
+/// allocated by its owner) is not reported delivered.
+#[test]
+fn a_write_to_a_local_target_that_shut_down_is_not_reported_delivered() {
+    let target = engine("api-closing-target", true);
+    let initiator = engine("api-closing-initiator", false);
+    let dst = HostMemory::alloc(LEN).unwrap();
+    target.register(&dst, Access::RemoteReadWrite).unwrap();
+    let src = HostMemory::alloc(LEN).unwrap();
+    src.fill(0, LEN, 0xab).unwrap();
+    let local = initiator.register(&src, Access::LocalOnly).unwrap();
+    let peer = initiator
+        .connect_with(
+            target.listen_addr().unwrap(),
+            ConnectOptions::new().path(PathKind::Local),
+        )
+        .unwrap();
+    let remote = peer.ranges()[0];
+    let ids = initiator
+        .submit(&[Request::write(&local, 0..16).to(&remote, 0)])
+        .unwrap();
+    assert_eq!(
+        initiator.wait(ids[0], BOUND).unwrap().status,
+        Status::Complete
+    );
+
+    target.shutdown(BOUND).unwrap();
+    dst.fill(0, 16, 0).unwrap();
+    let late = match initiator.submit(&[Request::write(&local, 0..16).to(&remote, 0)]) {
+        Ok(ids) => Some(initiator.wait(ids[0], BOUND).unwrap()),
+        // Refused at submit (the rail is already down): nothing was posted.
+        Err(SubmitError::Invalid {
+            error: RequestError::NoRail { .. },
+            ..
+        }) => None,
+        Err(e) => panic!("unexpected refusal: {e}"),
+    };
+    if let Some(o) = &late {
+        assert_ne!(o.status, Status::Complete, "{o:?}");
+    }
+    let _ = initiator.shutdown(BOUND);
+}

@@ -24,6 +24,48 @@ use crate::transport::PathKind;
 pub(crate) struct LocalServer {
     stop: Arc<StopSignal>,
     thread: Option<JoinHandle<()>>,
+    /// A duplicate of every open mapping session's socket, by session
+    /// number, shut down when the server stops: the initiator's watch on
+    /// its end then sees the hang-up at once, so no copy into a mapping
+    /// the target no longer serves is reported delivered.
+    sessions: Arc<Sessions>,
+}
+
+/// The open mapping sessions of a local server.
+#[derive(Debug, Default)]
+struct Sessions {
+    next: std::sync::atomic::AtomicU64,
+    open: std::sync::Mutex<crate::Map<u64, UnixStream>>,
+}
+
+impl Sessions {
+    /// Keeps a duplicate of `s` under a fresh number (none if it cannot
+    /// be duplicated: the session still runs, and ends on its own).
+    fn open(&self, s: &UnixStream) -> Option<u64> {
+        let dup = s.try_clone().ok()?;
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, dup);
+        Some(id)
+    }
+
+    fn close(&self, id: Option<u64>) {
+        if let Some(id) = id {
+            self.open
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+        }
+    }
+
+    /// Shuts every open session down, both ways.
+    fn shut_all(&self) {
+        for s in self.open.lock().unwrap_or_else(|p| p.into_inner()).values() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
 }
 
 impl LocalServer {
@@ -34,6 +76,8 @@ impl LocalServer {
         listener.set_nonblocking(true)?;
         let stop = Arc::new(StopSignal::new()?);
         let st = stop.clone();
+        let sessions = Arc::new(Sessions::default());
+        let open = sessions.clone();
         let thread = std::thread::Builder::new()
             .name("orbitte-local-accept".into())
             .spawn(move || {
@@ -59,14 +103,17 @@ impl LocalServer {
                             return;
                         }
                         live.fetch_add(1, Ordering::AcqRel);
-                        let (sh, lv) = (shared.clone(), live.clone());
+                        let (sh, lv, ss) = (shared.clone(), live.clone(), open.clone());
+                        let id = open.open(&s);
                         let spawned = std::thread::Builder::new()
                             .name("orbitte-local-session".into())
                             .spawn(move || {
                                 serve_local(s, &sh);
+                                ss.close(id);
                                 lv.fetch_sub(1, Ordering::AcqRel);
                             });
                         if spawned.is_err() {
+                            open.close(id);
                             live.fetch_sub(1, Ordering::AcqRel);
                         }
                     },
@@ -76,14 +123,17 @@ impl LocalServer {
         Ok(Self {
             stop,
             thread: Some(thread),
+            sessions,
         })
     }
 
+    /// Stops accepting and ends every open mapping session.
     pub(crate) fn stop(mut self) {
         self.stop.raise();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        self.sessions.shut_all();
     }
 }
 
