@@ -58,6 +58,10 @@ impl orbitte_proto::registration::Resources for Host {
     fn rkey(region: &MemoryRegion) -> u32 {
         region.rkey()
     }
+
+    fn fence_reason(cleanup: &crate::error::Unquiesced) -> String {
+        cleanup.fence_reason()
+    }
 }
 
 /// The sans-IO state over the driver's resources.

@@ -29,6 +29,9 @@ pub trait Resources: fmt::Debug + 'static {
     fn local_key(region: &Self::Region) -> (u64, u32);
     /// The rkey of a region.
     fn rkey(region: &Self::Region) -> u32;
+    /// What admission is fenced with after `cleanup` failed (what was
+    /// being cleaned up and the first failure).
+    fn fence_reason(cleanup: &Self::Unquiesced) -> String;
 }
 
 /// Who may touch a registered range. A remotely accessible range allows

@@ -27,7 +27,7 @@ impl TransferEngine {
     }
 
     pub(crate) fn record_unquiesced(&self, st: &mut State, u: &Unquiesced) {
-        st.engine.record_unquiesced(u.fence_reason(), u.clone());
+        st.engine.record_unquiesced(u.clone());
     }
 
     /// Fences the engine, cancels what runs, waits up to `timeout` for

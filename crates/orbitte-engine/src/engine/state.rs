@@ -363,7 +363,7 @@ impl State {
             failures: vec![failure],
             retained: Charges::default(),
         };
-        self.engine.record_unquiesced(u.fence_reason(), u);
+        self.engine.record_unquiesced(u);
     }
 
     pub(crate) fn fence(&mut self, reason: impl Into<Arc<str>>) {

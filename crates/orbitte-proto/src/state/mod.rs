@@ -199,10 +199,10 @@ impl<R: Resources> EngineState<R> {
     }
 
     /// Keeps the evidence of a cleanup that failed and fences admission
-    /// with `reason` (what was being cleaned up and the first failure).
-    pub fn record_unquiesced(&mut self, reason: String, u: R::Unquiesced) {
+    /// with its [`fence_reason`](Resources::fence_reason).
+    pub fn record_unquiesced(&mut self, u: R::Unquiesced) {
         tracing::error!(error = %u, "unquiesced: fencing new admission");
-        self.fence(reason);
+        self.fence(R::fence_reason(&u));
         self.unquiesced.push(u);
     }
 

@@ -105,6 +105,10 @@ impl Resources for Test {
     fn rkey(region: &TestRegion) -> u32 {
         region.rkey
     }
+
+    fn fence_reason(cleanup: &String) -> String {
+        format!("unquiesced {cleanup}")
+    }
 }
 
 /// An access token for the tests' registrations.
@@ -806,11 +810,8 @@ fn a_closed_rail_is_reaped_once_its_work_drained() {
 #[test]
 fn unquiesced_evidence_is_kept_and_fences_admission() {
     let mut sim = Sim::new(&[(4, 1)]);
-    let u = "MR lkey 0x12 on s0: EBUSY".to_owned();
-    sim.st.record_unquiesced(
-        "unquiesced during unregister of registration 3: MR lkey 0x12 on s0: EBUSY".into(),
-        u.clone(),
-    );
+    let u = "during unregister of registration 3: MR lkey 0x12 on s0: EBUSY".to_owned();
+    sim.st.record_unquiesced(u.clone());
     assert_eq!(sim.st.unquiesced, [u]);
     let reason = sim.st.fenced().expect("fenced").to_string();
     assert!(
