@@ -62,12 +62,33 @@ impl Mapping {
         self.ptr.as_ptr() as usize + page * PAGE
     }
 
-    /// Unmaps `count` pages from `page` on.
+    /// Takes `count` pages from `page` on away from the caller: their
+    /// contents are discarded and any access faults, as after `munmap`.
+    /// The range stays reserved (a fresh `PROT_NONE` mapping over it)
+    /// rather than unmapped, because a hole in the address space can be
+    /// filled at any moment by another thread's `mmap` (a malloc arena, a
+    /// thread stack), and a copy would then reach that memory: the
+    /// engine's copies see the same fault either way.
     fn unmap(&self, page: usize, count: usize) {
         // SAFETY: the pages belong to this test's mapping; the wrapped
-        // memory does not assume they stay mapped.
-        let rc = unsafe { libc::munmap(self.addr(page) as *mut libc::c_void, count * PAGE) };
-        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        // memory does not assume they stay accessible, and MAP_FIXED
+        // replaces only them.
+        let p = unsafe {
+            libc::mmap(
+                self.addr(page) as *mut libc::c_void,
+                count * PAGE,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(
+            p as usize,
+            self.addr(page),
+            "{}",
+            std::io::Error::last_os_error()
+        );
     }
 
     /// Makes `count` pages from `page` on read-only.
