@@ -98,6 +98,11 @@ pub(crate) enum Role {
     Target,
     /// Connect to `--peer` and measure.
     Initiator,
+    /// One process of a `--peers` run: builds its share of the initiator
+    /// engines and takes its orders from the coordinating `orbitte bench`
+    /// on stdin (not for direct use).
+    #[value(hide = true)]
+    PeersWorker,
 }
 
 #[derive(Debug, Args)]
@@ -168,6 +173,23 @@ pub(crate) struct BenchArgs {
     /// own overhead per slice, not a NIC.
     #[arg(long)]
     pub(crate) sim: bool,
+    /// Many peers: for each count N of the list (e.g. 1,16,256,1000), N
+    /// initiator engines in `--processes` processes write and read
+    /// `--blocks` blocks to one target in this process over loopback; the
+    /// report gives aggregate GB/s, latency percentiles, the time to
+    /// connect all N, and the target's threads, RSS, descriptors and CPU.
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', num_args = 1..,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub(crate) peers: Vec<u32>,
+    /// With --peers: how many initiator processes share the N engines
+    /// (default: N up to 4).
+    #[arg(long, value_name = "M", requires = "peers",
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) processes: Option<u32>,
+    /// With --peers: the block sizes measured, each for READ and WRITE.
+    #[arg(long, value_name = "SIZE,SIZE,...", value_delimiter = ',', num_args = 1..,
+          default_value = "64K,1M", value_parser = parse_size)]
+    pub(crate) blocks: Vec<u64>,
     /// This engine's source id (default: orbitte-bench-ROLE-PID). In
     /// loopback it names the initiator, and the target is ID-target (so
     /// ID has at most 248 bytes there).

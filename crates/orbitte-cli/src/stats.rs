@@ -31,6 +31,17 @@ impl Latencies {
             .push(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
     }
 
+    /// Samples in nanoseconds, as [`into_nanos`](Self::into_nanos) gives
+    /// them (another process's, say).
+    pub(crate) fn from_nanos(samples: Vec<u64>) -> Self {
+        Self { samples }
+    }
+
+    /// The samples in nanoseconds, in the order recorded.
+    pub(crate) fn into_nanos(self) -> Vec<u64> {
+        self.samples
+    }
+
     pub(crate) fn merge(&mut self, other: Self) {
         self.samples.extend(other.samples);
     }

@@ -619,6 +619,104 @@ impl Drop for KillOnDrop {
 
 /// Starts a long-running `orbitte` and returns it with the address from
 /// its first stdout line matching `marker`.
+#[test]
+fn bench_peers_runs_many_initiator_engines_in_several_processes_against_one_target() {
+    let v = bench_json(&[
+        "--peers",
+        "1,3",
+        "--processes",
+        "2",
+        "--duration",
+        "0.2",
+        "--blocks",
+        "4K,16K",
+        "--batch-size",
+        "2",
+    ]);
+    assert_eq!(v["command"], "bench_peers", "{v}");
+    assert_eq!(v["path"], "tcp", "{v}");
+    let counts = v["counts"].as_array().expect("counts");
+    assert_eq!(counts.len(), 2, "{v}");
+    for (c, (peers, processes)) in counts.iter().zip([(1, 1), (3, 2)]) {
+        assert_eq!(c["peers"], peers, "{c}");
+        assert_eq!(c["processes"], processes, "{c}");
+        assert!(
+            c["connect_seconds"].as_f64().is_some_and(|s| s > 0.0),
+            "{c}"
+        );
+        // Every peer holds at least one socket at the target.
+        let before = c["target_before"]["descriptors"].as_u64().unwrap();
+        let idle = c["target_idle"]["descriptors"].as_u64().unwrap();
+        assert!(idle >= before + peers, "{c}");
+        assert!(
+            c["initiators_idle"]["threads"].as_u64().unwrap() >= processes,
+            "{c}"
+        );
+        let cells = c["cells"].as_array().expect("cells");
+        let shapes: Vec<(String, u64)> = cells
+            .iter()
+            .map(|x| {
+                (
+                    x["op"].as_str().unwrap().to_owned(),
+                    x["block_size"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            shapes,
+            [
+                ("write", 4096),
+                ("write", 16384),
+                ("read", 4096),
+                ("read", 16384)
+            ]
+            .map(|(o, b)| (o.to_owned(), b)),
+            "{c}"
+        );
+        for x in cells {
+            let (bytes, requests) = (
+                x["bytes"].as_u64().unwrap(),
+                x["requests"].as_u64().unwrap(),
+            );
+            assert!(requests > 0, "{x}");
+            assert_eq!(bytes, requests * x["block_size"].as_u64().unwrap(), "{x}");
+            assert!(x["gbps"].as_f64().is_some_and(|g| g > 0.0), "{x}");
+            assert!(
+                x["latency"]["p999_us"].as_f64().is_some_and(|l| l > 0.0),
+                "{x}"
+            );
+            assert!(x["of_one_peer"].as_f64().is_some_and(|r| r > 0.0), "{x}");
+            assert!(
+                x["target_cpu_cores"].as_f64().is_some_and(|r| r > 0.0),
+                "{x}"
+            );
+        }
+    }
+    for x in counts[0]["cells"].as_array().unwrap() {
+        assert_eq!(x["of_one_peer"], 1.0, "{x}");
+    }
+}
+
+#[test]
+fn bench_peers_refuses_what_it_cannot_measure_in_one_line() {
+    let r = run(&["bench", "--peers", "2", "--path", "rdma"]);
+    assert_usage_error(&r, &["--peers", "tcp", "local"]);
+    let r = run(&["bench", "--peers", "2", "--sweep"]);
+    assert_usage_error(&r, &["--peers", "--sweep"]);
+    let r = run(&["bench", "--peers", "2", "--role", "target"]);
+    assert_usage_error(&r, &["--peers", "--role"]);
+    // clap's own errors: exit status 2 and the flag named.
+    for args in [
+        &["bench", "--peers", "0"][..],
+        &["bench", "--peers", "5000"],
+        &["bench", "--processes", "2"],
+    ] {
+        let r = run(args);
+        assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+        assert!(r.stderr.contains("--p"), "{args:?}: {}", r.stderr);
+    }
+}
+
 fn spawn_with_addr(args: &[&str], marker: &str) -> (KillOnDrop, String) {
     let mut child = KillOnDrop(
         orbitte()

@@ -1,4 +1,4 @@
-//! The `--json` output of doctor, topology and bench has the shape that
+//! The `--json` output of doctor, topology and bench (`--peers` too) has the shape that
 //! docs/json.md documents: every object the commands print (each variant
 //! of a tagged object on its own) is shown in the page's examples with
 //! exactly the same keys, and each key holds the same kind of value
@@ -190,6 +190,18 @@ fn real() -> Vec<Value> {
         "--batch-size",
         "1",
         "--no-baseline",
+    ]));
+    docs.push(orbitte_json(&[
+        "bench",
+        "--json",
+        "--peers",
+        "1,2",
+        "--duration",
+        "0.05",
+        "--blocks",
+        "4K",
+        "--batch-size",
+        "1",
     ]));
     let fixtures = root().join("crates/orbitte-topology/tests/fixtures");
     let mut trees: Vec<PathBuf> = std::fs::read_dir(&fixtures)

@@ -52,7 +52,7 @@ fn thread_len(args: &BenchArgs) -> u64 {
     range_len(args) / u64::from(args.threads)
 }
 
-fn alloc(len: u64) -> Result<Arc<HostMemory>, Failure> {
+pub(crate) fn alloc(len: u64) -> Result<Arc<HostMemory>, Failure> {
     let n = usize::try_from(len).map_err(|_| Failure::usage("range too large for this machine"))?;
     HostMemory::alloc(n).map_err(|e| {
         Failure::failed(format!(
@@ -69,14 +69,18 @@ fn no_rdma(e: &orbitte::RegisterError) -> Failure {
     ))
 }
 
-fn shutdown(engine: &TransferEngine, what: &str) {
+pub(crate) fn shutdown(engine: &TransferEngine, what: &str) {
     if let Err(u) = engine.shutdown(Duration::from_secs(5)) {
         tracing::error!(error = %u, "{what} engine shutdown");
     }
 }
 
 /// An engine builder on the native provider, or on `fabric`'s `device`.
-fn engine(id: String, fabric: Option<&SimFabric>, device: &str) -> Result<EngineBuilder, Failure> {
+pub(crate) fn engine(
+    id: String,
+    fabric: Option<&SimFabric>,
+    device: &str,
+) -> Result<EngineBuilder, Failure> {
     // The CLI, not the library, applies the ORBITTE_RDMA_* variables.
     let rdma = orbitte::RdmaConfig::resolve(Default::default(), None)
         .map_err(|e| Failure::usage(e.to_string()))?;
@@ -92,7 +96,7 @@ fn engine(id: String, fabric: Option<&SimFabric>, device: &str) -> Result<Engine
     Ok(b)
 }
 
-fn build(b: EngineBuilder) -> Result<TransferEngine, Failure> {
+pub(crate) fn build(b: EngineBuilder) -> Result<TransferEngine, Failure> {
     b.build()
         .map_err(|e| Failure::failed(format!("cannot build an engine: {e}")))
 }

@@ -5,6 +5,8 @@
 mod backend;
 mod baseline;
 mod measure;
+mod peers;
+mod progress;
 mod report;
 mod rounds;
 mod settings;
@@ -15,31 +17,26 @@ use std::io::IsTerminal as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use orbitte::PathKind;
 
-use crate::cli::{BenchArgs, PathName, Role};
+use crate::cli::{BenchArgs, Role};
 use crate::failure::Failure;
 use backend::Backend;
+use progress::shows_progress;
 use report::{Point, Report};
 use settings::{
-    LOOPBACK_TARGET_SUFFIX, MAX_LOOPBACK_SOURCE_ID_LEN, SWEEP, engine_op, parse_addr, range_len,
+    LOOPBACK_TARGET_SUFFIX, MAX_LOOPBACK_SOURCE_ID_LEN, SWEEP, engine_op, parse_addr, path_kind,
+    range_len,
 };
 
-fn path_kind(p: PathName) -> Result<PathKind, Failure> {
-    match p {
-        PathName::Rdma => Ok(PathKind::Rdma),
-        PathName::Tcp => Ok(PathKind::Tcp),
-        PathName::Local => Ok(PathKind::Local),
-        other => Err(Failure::usage(format!(
-            "bench measures the rdma, tcp and local paths, not {}; run `orbitte doctor --path {}` for its checks",
-            report::path_name(other),
-            report::path_name(other)
-        ))),
-    }
-}
-
 pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
+    if args.role == Role::PeersWorker {
+        return peers::worker(args);
+    }
+    if !args.peers.is_empty() {
+        let show = shows_progress(args.quiet, args.json, std::io::stderr().is_terminal());
+        return peers::run(args, show);
+    }
     let want = args.path.map(path_kind).transpose()?;
     if args.sim && want != Some(PathKind::Rdma) {
         return Err(Failure::usage(
@@ -112,6 +109,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), Failure> {
             let same_host = addr.ip().is_loopback() || backend.path() == PathKind::Local;
             bench_with(args, &backend, &role, same_host, chart)
         }
+        Role::PeersWorker => peers::worker(args),
         Role::Loopback => {
             let backend = Backend::loopback(args, want, len)?;
             let role = if want == Some(PathKind::Rdma) {
@@ -133,7 +131,7 @@ fn check_memory(args: &BenchArgs, len: u64) -> Result<(), Failure> {
             len,
             format!("the target's range of {}", crate::memory::gib(len)),
         ),
-        Role::Initiator => (
+        Role::Initiator | Role::PeersWorker => (
             len.saturating_mul(2),
             format!(
                 "the initiator's buffers of {}",
@@ -252,7 +250,7 @@ fn bench_with(
         let mut path_rounds = Vec::new();
         let mut samples = vec![Vec::new(); kinds.len()];
         for r in 0..args.rounds {
-            let bar = progress(show, args.duration, block);
+            let bar = progress::timed(show, args.duration, block);
             if sizes.len() > 1 || args.rounds > 1 {
                 bar.set_prefix(format!(
                     "block {} (point {} of {}, round {} of {})",
@@ -285,36 +283,4 @@ fn bench_with(
         report.write_chart(&file, handle)?;
     }
     report.print(args.json)
-}
-
-/// Whether a run draws progress bars: only on a terminal, and never with
-/// `--quiet` or `--json` (whose reader wants the report alone).
-fn shows_progress(quiet: bool, json: bool, terminal: bool) -> bool {
-    terminal && !quiet && !json
-}
-
-fn progress(show: bool, seconds: f64, block: u64) -> ProgressBar {
-    if !show {
-        return ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
-    }
-    let ms = (seconds * 1000.0) as u64;
-    let bar = ProgressBar::new(ms);
-    if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:30}] {elapsed_precise} {msg}") {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_prefix(format!("block {}", crate::chart::human_bytes(block)));
-    bar
-}
-
-#[cfg(test)]
-mod progress_tests {
-    use super::shows_progress;
-
-    #[test]
-    fn progress_is_drawn_only_on_a_terminal_and_never_with_quiet_or_json() {
-        assert!(shows_progress(false, false, true));
-        assert!(!shows_progress(false, false, false), "not a terminal");
-        assert!(!shows_progress(true, false, true), "--quiet");
-        assert!(!shows_progress(false, true, true), "--json");
-    }
 }

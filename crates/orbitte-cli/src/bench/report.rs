@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::backend::Backend;
 use crate::chart::{self, Series, human_bytes};
-use crate::cli::{BenchArgs, Op, PathName, Role};
+use crate::cli::{BenchArgs, Op, Role};
 use crate::failure::Failure;
 use crate::stats::{CpuUse, LatencySummary, ThreadCpu};
 
@@ -89,18 +89,6 @@ pub(crate) struct Report {
     chart: Option<String>,
 }
 
-pub(crate) fn path_name(p: PathName) -> &'static str {
-    match p {
-        PathName::Rdma => "rdma",
-        PathName::Tcp => "tcp",
-        PathName::Local => "local",
-        PathName::CudaStaging => "cuda-staging",
-        PathName::GpudirectRdma => "gpudirect-rdma",
-        PathName::CudaIpc => "cuda-ipc",
-        PathName::Nvlink => "nvlink",
-    }
-}
-
 impl Report {
     pub(crate) fn new(
         args: &BenchArgs,
@@ -116,6 +104,7 @@ impl Report {
                 Role::Loopback => "loopback",
                 Role::Target => "target",
                 Role::Initiator => "initiator",
+                Role::PeersWorker => "peers-worker",
             },
             role_note: role.to_owned(),
             op: args.op,

@@ -6,7 +6,9 @@ use std::net::SocketAddr;
 
 use orbitte::ClusterSecret;
 
-use crate::cli::{BenchArgs, Op, Role};
+use orbitte::PathKind;
+
+use crate::cli::{BenchArgs, Op, PathName, Role};
 use crate::failure::Failure;
 
 /// Block sizes of `--sweep`.
@@ -78,5 +80,32 @@ pub(crate) fn engine_op(op: Op) -> orbitte::Op {
     match op {
         Op::Read => orbitte::Op::Read,
         Op::Write => orbitte::Op::Write,
+    }
+}
+
+/// The path `--path` names, for the paths bench measures.
+pub(crate) fn path_kind(p: PathName) -> Result<PathKind, Failure> {
+    match p {
+        PathName::Rdma => Ok(PathKind::Rdma),
+        PathName::Tcp => Ok(PathKind::Tcp),
+        PathName::Local => Ok(PathKind::Local),
+        other => Err(Failure::usage(format!(
+            "bench measures the rdma, tcp and local paths, not {}; run `orbitte doctor --path {}` for its checks",
+            path_name(other),
+            path_name(other)
+        ))),
+    }
+}
+
+/// The name `--path` takes for `p`.
+pub(crate) fn path_name(p: PathName) -> &'static str {
+    match p {
+        PathName::Rdma => "rdma",
+        PathName::Tcp => "tcp",
+        PathName::Local => "local",
+        PathName::CudaStaging => "cuda-staging",
+        PathName::GpudirectRdma => "gpudirect-rdma",
+        PathName::CudaIpc => "cuda-ipc",
+        PathName::Nvlink => "nvlink",
     }
 }
