@@ -334,7 +334,13 @@ pub(crate) fn run(args: &BenchArgs, show: bool) -> Result<(), Failure> {
     )?;
     let listen = super::settings::parse_addr(&args.listen, "--listen")?;
     let id = super::settings::source_id(args, "target");
-    let target = Target::start(backend::engine(id, None, "")?, false, len, listen, args)?;
+    // Every peer holds a session at the target at once: its limit is
+    // raised to the largest count (with room for a session per process).
+    let most = args.peers.iter().copied().max().unwrap_or(1) as usize;
+    let builder = backend::engine(id, None, "")?.session_settings(move |c| {
+        c.max_sessions = c.max_sessions.max(most + 64);
+    });
+    let target = Target::start(builder, false, len, listen, args)?;
     let cells_total = args.peers.len() * 2 * args.blocks.len();
     let bar = super::progress::steps(show, cells_total as u64, "peers");
     let mut counts = Vec::new();
