@@ -30,6 +30,12 @@ impl NativeEngine {
         &self.local.node
     }
 
+    /// The engine and its registrations by address (what `orbitte.nixl`'s
+    /// prepared lists resolve against).
+    pub(crate) fn local(&self) -> &Arc<Local> {
+        &self.local
+    }
+
     /// The engine requests of a batch for `peer`, each checked against
     /// its handles: a range of another peer is refused, one of another
     /// incarnation of the same peer with `PeerRestartedError`.

@@ -13,6 +13,9 @@
 //! - [`node`]: what both share: building the engine, opening peers
 //!   ([`directory`]: p2p or etcd), registrations by address ([`memory`]),
 //!   the wait for a batch's outcomes and drain;
+//! - [`nixl`]: the native side of `orbitte.nixl` (NIXL's agent API):
+//!   descriptor lists resolved once and transfers by index built and
+//!   submitted in one call;
 //! - [`outcome::PyOutcome`]: the request's outcome as a Python object;
 //! - [`errors`]: the exception classes under `orbitte.Error`.
 //!
@@ -26,6 +29,7 @@ mod errors;
 mod handles;
 mod memory;
 mod mooncake;
+mod nixl;
 mod node;
 mod outcome;
 
@@ -47,5 +51,6 @@ fn _orbitte(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(doctor::capabilities, m)?)?;
     m.add("PROTOCOL_VERSION", orbitte_wire::PROTOCOL_VERSION)?;
     errors::register(m)?;
+    nixl::register(m)?;
     Ok(())
 }
