@@ -598,6 +598,11 @@ class nixl_agent:
         registered and raises."""
         self._backends(backends)
         descs = self.get_reg_descs(reg_list, mem_type)
+        if descs._mem == "VRAM" and not _has_vram():
+            raise nixlNotSupportedError(
+                "VRAM descriptors: VRAM without libcuda/this build (no GPU memory registration in this orbitte "
+                "build): keep the memory in host memory (DRAM)"
+            )
         done = []
         try:
             for i in range(len(descs)):
@@ -615,11 +620,6 @@ class nixl_agent:
     def _register(self, mem: str, address: int, length: int, dev: int, keep: Any):
         try:
             if mem == "VRAM":
-                if not _has_vram():
-                    raise nixlNotSupportedError(
-                        f"VRAM descriptor {address:#x}+{length} on device {dev}: VRAM without libcuda/this build "
-                        "(no GPU memory registration in this orbitte build): keep the memory in host memory (DRAM)"
-                    )
                 return self._engine.register_device(address, length, device=dev)
             if isinstance(keep, Buffer) and (keep.address, keep.length) == (address, length):
                 return self._engine.register(keep)
@@ -761,6 +761,11 @@ class nixl_agent:
             "invalidate_local_metadata: the engine's etcd record lives with its lease; remote agents stop "
             "using this agent with remove_remote_agent"
         )
+
+    def peer(self, agent: str) -> Peer:
+        """The :class:`orbitte.Peer` behind a remote agent (its ``path``,
+        ``fell_back``, ``epoch`` and published ranges)."""
+        return self._remote(agent).peer
 
     def _remote(self, agent: Any) -> _Remote:
         name = _name(agent)

@@ -1,0 +1,200 @@
+"""orbitte.nixl in one process: descriptor forms, what this build serves,
+and bad input answered with NIXL's exception classes."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+import orbitte
+from orbitte import nixl
+
+
+def agent(name: str, **kw) -> nixl.nixl_agent:
+    return nixl.nixl_agent(f"{name}-{os.getpid()}-{time.monotonic_ns()}",
+                           nixl.nixl_agent_config(listen="127.0.0.1:0", rdma=False, **kw))
+
+
+@pytest.fixture
+def pair():
+    a, b = agent("a"), agent("b")
+    sa, sb = orbitte.Buffer(1 << 16), orbitte.Buffer(1 << 16)
+    sa.view[:] = os.urandom(1 << 16)
+    a.register_memory(a.get_reg_descs([sa]))
+    b.register_memory(b.get_reg_descs([sb]))
+    a.add_remote_agent(b.get_agent_metadata())
+    yield a, b, sa, sb
+    a.close()
+    b.close()
+
+
+def done(ag, h) -> str:
+    deadline = time.time() + 30
+    s = ag.check_xfer_state(h)
+    while s == "PROC" and time.time() < deadline:
+        s = ag.check_xfer_state(h)
+    return s
+
+
+def test_exceptions_are_nixl_names_under_orbitte_error():
+    for name in ["nixlInvalidParamError", "nixlNotFoundError", "nixlNotSupportedError", "nixlBackendError",
+                 "nixlMismatchError", "nixlNotAllowedError", "nixlNotPostedError", "nixlRepostActiveError",
+                 "nixlRemoteDisconnectError", "nixlCancelledError", "nixlNoTelemetryError", "nixlUnknownError"]:
+        cls = getattr(nixl, name)
+        assert issubclass(cls, nixl.nixlError) and issubclass(cls, orbitte.Error)
+        assert cls.__name__ == name
+
+
+def test_descriptor_forms(pair):
+    a, _, sa, _ = pair
+    base = sa.address
+    tuples = a.get_xfer_descs([(base, 10, 0), (base + 10, 20, 0)], "DRAM")
+    arr = a.get_xfer_descs(np.array([[base, 10, 0], [base + 10, 20, 0]], dtype=np.uint64), "cpu")
+    assert tuples == arr and tuples.descCount() == 2 and tuples[1] == (base + 10, 20, 0)
+    assert tuples.getType() == "DRAM_SEG" and not tuples.isEmpty()
+    reg = a.get_reg_descs([(base, 10, 0, "t0"), (base + 10, 20, 0, b"t1")], "DRAM")
+    assert reg[0] == (base, 10, 0, b"t0") and reg[1][3] == b"t1"
+    reg4 = a.get_reg_descs(np.array([[base, 10, 0, 7]], dtype=np.int64), "DRAM")
+    assert reg4[0] == (base, 10, 0, b"")
+    assert a.get_reg_descs([sa])[0] == (sa.address, sa.length, 0, b"")
+    # Serialization round trip, never pickle.
+    for d in (tuples, reg):
+        s = a.get_serialized_descs(d)
+        assert a.deserialize_descs(s) == d
+    with pytest.raises(nixl.nixlMismatchError):
+        a.deserialize_descs(b"\x80\x04not json")
+
+
+def test_what_this_build_serves():
+    ag = agent("caps")
+    assert ag.get_plugin_list() == ["UCX"]
+    types = ag.get_backend_mem_types("UCX")
+    assert types[0] == "DRAM_SEG"
+    assert ("VRAM_SEG" in types) == hasattr(orbitte.Engine, "register_device")
+    with pytest.raises(nixl.nixlNotSupportedError, match="GDS"):
+        ag.create_backend("GDS")
+    with pytest.raises(nixl.nixlNotSupportedError, match="GPU-side device API"):
+        ag.prep_mem_view(None)
+    with pytest.raises(nixl.nixlNoTelemetryError):
+        ag.get_xfer_telemetry(None)
+    ag.close()
+    for storage in (["UCX", "POSIX"], ["OBJ"], ["GDS_MT"]):
+        with pytest.raises(nixl.nixlNotSupportedError, match="not part of OrbitTE"):
+            nixl.nixl_agent_config(backends=storage)
+    with pytest.raises(nixl.nixlNotFoundError, match="no backend plugin"):
+        nixl.nixl_agent_config(backends=["NOPE"])
+
+
+def test_wrong_tuple_width_and_unknown_mem_type(pair):
+    a, _, sa, _ = pair
+    with pytest.raises(nixl.nixlInvalidParamError, match="4-tuple"):
+        a.get_xfer_descs([(sa.address, 10, 0, "")], "DRAM")
+    with pytest.raises(nixl.nixlInvalidParamError, match="3-tuple"):
+        a.get_reg_descs([(sa.address, 10, 0)], "DRAM")
+    with pytest.raises(nixl.nixlInvalidParamError, match="Nx3"):
+        a.get_xfer_descs(np.zeros((2, 4), dtype=np.uint64), "DRAM")
+    with pytest.raises(nixl.nixlInvalidParamError, match="mem_type"):
+        a.get_xfer_descs([(sa.address, 10, 0)], "HBM")
+    with pytest.raises(nixl.nixlInvalidParamError, match="give mem_type"):
+        a.get_xfer_descs([(sa.address, 10, 0)])
+    with pytest.raises(nixl.nixlNotSupportedError, match="storage"):
+        a.get_reg_descs([(sa.address, 10, 0, "")], "FILE")
+    with pytest.raises(nixl.nixlInvalidParamError, match="non-negative"):
+        a.get_xfer_descs([(-1, 10, 0)], "DRAM")
+
+
+def test_vram_without_device_registration_says_so(pair):
+    a, _, sa, _ = pair
+    if hasattr(orbitte.Engine, "register_device"):
+        pytest.skip("this build registers GPU memory (Engine.register_device)")
+    with pytest.raises(nixl.nixlNotSupportedError, match="VRAM without libcuda/this build"):
+        a.register_memory([(sa.address, 10, 0, "")], "VRAM")
+
+
+def test_unregistered_range_and_unknown_agent(pair):
+    a, b, sa, sb = pair
+    stray = orbitte.Buffer(4096)
+    with pytest.raises(nixl.nixlNotFoundError, match="not inside a registered range"):
+        a.prep_xfer_dlist("NIXL_INIT_AGENT", [(stray.address, 4096, 0)], "DRAM")
+    with pytest.raises(nixl.nixlNotFoundError, match="not inside memory agent"):
+        a.prep_xfer_dlist(b.name, [(sb.address + (1 << 16) - 10, 20, 0)], "DRAM")
+    with pytest.raises(nixl.nixlNotFoundError, match="was not added"):
+        a.prep_xfer_dlist("nobody", [(sb.address, 10, 0)], "DRAM")
+    with pytest.raises(nixl.nixlNotFoundError, match="was not added"):
+        a.send_notif("nobody", b"x")
+    with pytest.raises(nixl.nixlNotFoundError, match="was not added"):
+        a.initialize_xfer("WRITE", a.get_xfer_descs([(sa.address, 10, 0)], "DRAM"),
+                          a.get_xfer_descs([(sb.address, 10, 0)], "DRAM"), "nobody")
+    with pytest.raises(nixl.nixlNotFoundError, match="not registered"):
+        a.deregister_memory(a.get_reg_descs([(stray.address, 4096, 0, "")], "DRAM"))
+    with pytest.raises(nixl.nixlMismatchError):
+        a.add_remote_agent(b"{not metadata")
+    with pytest.raises(nixl.nixlInvalidParamError, match="registered already"):
+        a.register_memory([(sa.address, 16, 0, "")], "DRAM")
+
+
+def test_index_and_length_errors(pair):
+    a, b, sa, sb = pair
+    local = a.prep_xfer_dlist("NIXL_INIT_AGENT", [(sa.address + i * 1024, 1024, 0) for i in range(4)], "DRAM")
+    remote = a.prep_xfer_dlist(b.name, [(sb.address, 1024, 0), (sb.address + 4096, 512, 0)], "DRAM")
+    with pytest.raises(nixl.nixlInvalidParamError, match="local index out of range"):
+        a.make_prepped_xfer("WRITE", local, [9], remote, [0])
+    with pytest.raises(nixl.nixlInvalidParamError, match="remote index out of range"):
+        a.make_prepped_xfer("WRITE", local, np.array([0]), remote, np.array([-1]))
+    with pytest.raises(nixl.nixlInvalidParamError, match="different number of indices"):
+        a.make_prepped_xfer("WRITE", local, [0, 1], remote, [0])
+    with pytest.raises(nixl.nixlInvalidParamError, match="length mismatch"):
+        a.make_prepped_xfer("WRITE", local, [0], remote, [1])
+    with pytest.raises(nixl.nixlInvalidParamError, match="invalid sides"):
+        a.make_prepped_xfer("WRITE", remote, [0], local, [0])
+    with pytest.raises(nixl.nixlInvalidParamError, match="operation"):
+        a.make_prepped_xfer("COPY", local, [0], remote, [0])
+    with pytest.raises(nixl.nixlInvalidParamError, match="empty transfer"):
+        a.make_prepped_xfer("WRITE", local, [], remote, [])
+
+
+def test_released_handles_are_refused(pair):
+    a, b, sa, sb = pair
+    local = a.prep_xfer_dlist("NIXL_INIT_AGENT", [(sa.address, 4096, 0)], "DRAM")
+    remote = a.prep_xfer_dlist(b.name, [(sb.address, 4096, 0)], "DRAM")
+    h = a.make_prepped_xfer("WRITE", local, [0], remote, [0])
+    with pytest.raises(nixl.nixlNotPostedError):
+        a.check_xfer_state(h)
+    a.transfer(h)
+    assert done(a, h) == "DONE", h.error
+    assert bytes(sb.view[:4096]) == bytes(sa.view[:4096])
+    a.release_xfer_handle(h)
+    with pytest.raises(nixl.nixlInvalidParamError, match="released"):
+        a.transfer(h)
+    with pytest.raises(nixl.nixlInvalidParamError, match="released"):
+        a.check_xfer_state(h)
+    with pytest.raises(nixl.nixlInvalidParamError, match="released"):
+        a.release_xfer_handle(h)
+    a.release_dlist_handle(local)
+    with pytest.raises(nixl.nixlInvalidParamError, match="released"):
+        a.make_prepped_xfer("WRITE", local, [0], remote, [0])
+    a.remove_remote_agent(b.name)
+    with pytest.raises(nixl.nixlNotFoundError, match="removed"):
+        a.make_prepped_xfer("WRITE", a.prep_xfer_dlist("", [(sa.address, 4096, 0)], "DRAM"), [0], remote, [0])
+    with pytest.raises(nixl.nixlNotFoundError):
+        a.remove_remote_agent(b.name)
+
+
+def test_notification_too_large_is_refused_and_nothing_sent(pair):
+    a, b, sa, sb = pair
+    b.add_remote_agent(a.get_agent_metadata())
+    local = a.prep_xfer_dlist("NIXL_INIT_AGENT", [(sa.address, 4096, 0)], "DRAM")
+    remote = a.prep_xfer_dlist(b.name, [(sb.address, 4096, 0)], "DRAM")
+    h = a.make_prepped_xfer("WRITE", local, [0], remote, [0], b"x" * (64 << 10))
+    with pytest.raises(nixl.nixlInvalidParamError):
+        a.transfer(h)
+    assert b.get_new_notifs() == {}
+    # A failed transfer never notifies: memory unregistered under a
+    # prepared list refuses the post, and no notification comes.
+    h = a.make_prepped_xfer("WRITE", local, [0], remote, [0], b"must-not-arrive")
+    a.deregister_memory(a.get_reg_descs([sa]))
+    with pytest.raises(nixl.nixlNotFoundError):
+        a.transfer(h)
+    time.sleep(0.2)
+    assert b.get_new_notifs() == {}
