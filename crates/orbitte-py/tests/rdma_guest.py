@@ -7,21 +7,25 @@ wheel unpacked on PYTHONPATH (stdlib only: no numpy, no pytest). A target
 process registers memory with Host Direct on the device and listens; this
 process connects to it and, through orbitte.Engine, WRITEs a batch with a
 notification and READs it back, then through orbitte.mooncake.TransferEngine
-with protocol "rdma" does transfer_sync_write/read and the batch calls.
+with protocol "rdma" does transfer_sync_write/read and the batch calls, then
+through orbitte.nixl's agent API WRITEs by prepared lists and indices with a
+notification, READs back by initialize_xfer and sends a notification alone.
 Every byte, every outcome field and the path are checked: a peer served by
 any path other than rdma (a fall back to tcp) fails the run. Exits 0 only
 when every check passed.
 
-The target role (``--role target --api engine|mooncake``) prints one JSON
-line (session, address, length, registration path) and answers one line per
-command read from stdin:
+The target role (``--role target --api engine|mooncake|nixl``) prints one
+JSON line (session, address, length, registration path; nixl: the agent's
+metadata in base64) and answers one line per command read from stdin:
     sha OFF LEN      sha256 hex of its registered memory at OFF
     notify T         the next notification: "SOURCE PATH PAYLOAD_HEX"
-                     (engine) or "NAME MSG" (mooncake), "none" after T s
+                     (engine), "NAME MSG" (mooncake) or "NAME PAYLOAD_HEX"
+                     (nixl), "none" after T s
     quit
 """
 
 import argparse
+import base64
 import ctypes
 import hashlib
 import json
@@ -31,6 +35,7 @@ import sys
 import time
 
 import orbitte
+from orbitte import nixl
 from orbitte.mooncake import TransferEngine, TransferNotify, TransferOpcode
 
 # Soft-RoCE under emulation moves about 16 MB/s with milliseconds of
@@ -72,6 +77,12 @@ def target(api: str, device: str) -> None:
                              request_timeout=TIMEOUT, handshake_timeout=TIMEOUT)
         reg = eng.register(mem)
         info = {"session": eng.address, "address": reg.address, "registration": reg.path}
+    elif api == "nixl":
+        agent = nixl_agent("guest-nixl-target", device)
+        address, keep = pinned(mem)
+        agent.register_memory([(address, SIZE, 0, "")], "DRAM")
+        info = {"session": agent.engine.address, "address": address, "registration": "register_memory",
+                "metadata": base64.b64encode(agent.get_agent_metadata()).decode()}
     else:
         te = TransferEngine()
         rc = te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", device)
@@ -93,6 +104,18 @@ def target(api: str, device: str) -> None:
         if api == "engine":
             n = eng.wait_notification(float(timeout))
             return "none" if n is None else f"{n.source_id} {n.path} {n.payload.hex()}"
+        if api == "nixl":
+            deadline = time.monotonic() + float(timeout)
+            while time.monotonic() < deadline:
+                for name, msgs in agent.get_new_notifs().items():
+                    if msgs:  # one notification per answer: the rest stays for the next
+                        agent.notifs.setdefault(name, []).extend(msgs[1:])
+                        return f"{name} {msgs[0].hex()}"
+                for name, msgs in agent.notifs.items():
+                    if msgs:
+                        return f"{name} {msgs.pop(0).hex()}"
+                time.sleep(0.05)
+            return "none"
         deadline = time.monotonic() + float(timeout)
         got = te.get_notifies()
         while not got and time.monotonic() < deadline:
@@ -109,7 +132,7 @@ def target(api: str, device: str) -> None:
         if cmd:
             run = commands.get(cmd[0])
             print(run(*cmd[1:]) if run else f"unknown command {cmd[0]}", flush=True)
-    (eng if api == "engine" else te).close()
+    {"engine": lambda: eng, "nixl": lambda: agent, "mooncake": lambda: te}[api]().close()
 
 
 class Target:
@@ -229,6 +252,76 @@ def engine_api(device: str) -> None:
     say("engine: ok")
 
 
+# -- orbitte.nixl -------------------------------------------------------------
+
+def nixl_agent(name: str, device: str) -> "nixl.nixl_agent":
+    conf = nixl.nixl_agent_config(listen="127.0.0.1:0", path="rdma", rdma=True, devices=[device],
+                                  request_timeout=TIMEOUT, handshake_timeout=TIMEOUT)
+    return nixl.nixl_agent(name, conf)
+
+
+def nixl_done(agent, handle, what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    state = agent.check_xfer_state(handle)
+    while state == "PROC" and time.monotonic() < deadline:
+        time.sleep(0.005)
+        state = agent.check_xfer_state(handle)
+    expect(state == "DONE", f"nixl: {what} ended {state}: {handle.error}")
+
+
+def nixl_api(device: str) -> None:
+    t = Target("nixl", device)
+    agent = nixl_agent("guest-nixl-initiator", device)
+    try:
+        src, dst = pattern(SIZE, 3), bytearray(SIZE)
+        src_addr, src_keep = pinned(src)
+        dst_addr, dst_keep = pinned(dst)
+        agent.register_memory([(src_addr, SIZE, 0, ""), (dst_addr, SIZE, 0, "")], "DRAM")
+        name = agent.add_remote_agent(base64.b64decode(t.info["metadata"]))
+        expect(name == b"guest-nixl-target", f"add_remote_agent returned {name!r}")
+        peer = agent.peer("guest-nixl-target")
+        say(f"nixl: added agent {name.decode()} epoch {peer.epoch}: path {peer.path}, "
+            f"fell back from {peer.fell_back}")
+        expect(peer.path == "rdma", f"the agent is served by {peer.path!r}, not rdma (given up: {peer.fell_back})")
+        blocks = 8
+        n = SIZE // 2 // blocks
+        local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", [(src_addr + i * n, n, 0) for i in range(blocks)], "DRAM")
+        remote = agent.prep_xfer_dlist("guest-nixl-target",
+                                       [(t.info["address"] + i * n, n, 0) for i in range(blocks)], "DRAM")
+        order = list(range(blocks))[::-1]
+        started = time.monotonic()
+        h = agent.make_prepped_xfer("WRITE", local, list(range(blocks)), remote, order, b"rdma-guest:nixl")
+        agent.transfer(h)
+        nixl_done(agent, h, "WRITE by prepared lists")
+        agent.release_xfer_handle(h)
+        say(f"nixl: WRITE of {blocks} x {n} bytes by index with a notification: DONE "
+            f"({time.monotonic() - started:.2f} s)")
+        expect(t.ask(f"notify {TIMEOUT}") == f"guest-nixl-initiator {b'rdma-guest:nixl'.hex()}",
+               "the nixl target got no notification from the initiator")
+        want = bytearray(SIZE // 2)
+        for i, j in zip(range(blocks), order):
+            want[j * n:(j + 1) * n] = src[i * n:(i + 1) * n]
+        expect(t.ask(f"sha 0 {SIZE // 2}") == hashlib.sha256(want).hexdigest(),
+               "the nixl target's memory does not hold the blocks written by index")
+        h = agent.initialize_xfer("READ", agent.get_xfer_descs([(dst_addr, SIZE, 0)], "DRAM"),
+                                  agent.get_xfer_descs([(t.info["address"], SIZE, 0)], "DRAM"),
+                                  "guest-nixl-target")
+        agent.transfer(h)
+        nixl_done(agent, h, "READ by initialize_xfer")
+        agent.release_xfer_handle(h)
+        expect(dst[:SIZE // 2] == want and dst[SIZE // 2:] == bytes([FILL]) * (SIZE // 2),
+               "nixl: READ back: the bytes differ")
+        agent.send_notif("guest-nixl-target", b"standalone")
+        expect(t.ask(f"notify {TIMEOUT}") == f"guest-nixl-initiator {b'standalone'.hex()}",
+               "the nixl target did not get send_notif's notification")
+        expect(agent.peer("guest-nixl-target").path == "rdma", "after the transfers the agent is not on rdma")
+        say("nixl: READ back by initialize_xfer matches; send_notif delivered")
+    finally:
+        agent.close()
+        t.close()
+    say("nixl: ok")
+
+
 # -- orbitte.mooncake.TransferEngine ------------------------------------------
 
 def mooncake_api(device: str) -> None:
@@ -291,7 +384,7 @@ def mooncake_api(device: str) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--role", choices=["initiator", "target"], default="initiator")
-    ap.add_argument("--api", choices=["engine", "mooncake"], default="engine")
+    ap.add_argument("--api", choices=["engine", "mooncake", "nixl"], default="engine")
     ap.add_argument("--device", default=os.environ.get("ORBITTE_TEST_DEVICE") or "rxe0")
     args = ap.parse_args()
     if args.role == "target":
@@ -310,10 +403,11 @@ def main() -> int:
         expect(args.device in devices, f"{args.device} is not among the rdma devices {devices}")
         engine_api(args.device)
         mooncake_api(args.device)
+        nixl_api(args.device)
     except Failed as e:
         say(f"FAILED: {e}")
         return 1
-    say("all checks passed (engine and mooncake APIs on path rdma)")
+    say("all checks passed (engine, mooncake and nixl APIs on path rdma)")
     return 0
 
 

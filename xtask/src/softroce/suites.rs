@@ -283,15 +283,19 @@ const NATIVE_SUITES: &[Suite] = &[
     // initiator through orbitte.Engine (WRITE with a notification, READ
     // back, the peer's path must be rdma: a fall back to tcp fails) and
     // through orbitte.mooncake.TransferEngine with protocol "rdma"
-    // (transfer_sync_write/read and the batch calls), every byte checked.
+    // (transfer_sync_write/read and the batch calls) and through
+    // orbitte.nixl's agent API (WRITE by prepared lists with a
+    // notification, READ by initialize_xfer, send_notif), every byte
+    // checked.
     Suite {
         package: "orbitte-py",
         target: Target::Python {
             script: "crates/orbitte-py/tests/rdma_guest.py",
-            label: "the wheel on rxe0: Engine and mooncake.TransferEngine, two processes, path rdma",
+            label: "the wheel on rxe0: Engine, mooncake.TransferEngine and nixl_agent, two processes, path rdma",
             expect: &[
                 "rdma-guest: engine: ok",
                 "rdma-guest: mooncake: ok",
+                "rdma-guest: nixl: ok",
                 "rdma-guest: all checks passed",
             ],
         },

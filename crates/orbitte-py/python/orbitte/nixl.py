@@ -364,7 +364,8 @@ class nixl_agent_config:
     ``$ORBITTE_NIXL_LISTEN`` or "0.0.0.0", the metadata then names this
     host by its hostname), ``path`` ("auto", "tcp", "local", "rdma"),
     ``rdma`` (None: when the host lists RDMA devices), ``devices`` (RDMA
-    device filter), ``rails``, ``request_timeout`` (seconds) and
+    device filter), ``rails``, ``request_timeout`` and
+    ``handshake_timeout`` (seconds) and
     ``metadata`` (None or "etcd://HOST:PORT[/PREFIX]"; default from
     ``NIXL_ETCD_ENDPOINTS``)."""
 
@@ -373,7 +374,7 @@ class nixl_agent_config:
                  num_threads: int = 0, backends: Optional[list] = None, sync_mode: Any = None, *,
                  listen: Optional[str] = None, path: str = "auto", rdma: Optional[bool] = None,
                  devices: Sequence[str] = (), rails: int = 1, request_timeout: float = 10.0,
-                 metadata: Optional[str] = None):
+                 handshake_timeout: float = 5.0, metadata: Optional[str] = None):
         self.backends = list(backends) if backends is not None else [BACKEND]
         for b in self.backends:
             _check_backend(b)
@@ -391,6 +392,7 @@ class nixl_agent_config:
         self.devices = list(devices)
         self.rails = int(rails)
         self.request_timeout = float(request_timeout)
+        self.handshake_timeout = float(handshake_timeout)
         self.metadata = metadata
 
 
@@ -520,6 +522,7 @@ class nixl_agent:
                 path=conf.path,
                 rails=conf.rails,
                 request_timeout=conf.request_timeout,
+                handshake_timeout=conf.handshake_timeout,
                 metadata=metadata,
             )
             listen = conf.listen or os.environ.get("ORBITTE_NIXL_LISTEN") or "0.0.0.0"
