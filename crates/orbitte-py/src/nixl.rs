@@ -22,7 +22,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use orbitte::{
     DrainStatus, NotificationStatus, Op, RegistrationId, RemoteRange, RemoteTarget, Request,
@@ -182,7 +182,7 @@ type Desc = (u64, u64, u64);
 
 /// Packed little-endian u64 triples as descriptors.
 fn descs(packed: &[u8]) -> PyResult<Vec<Desc>> {
-    if packed.len() % 24 != 0 {
+    if !packed.len().is_multiple_of(24) {
         return Err(InvalidParam::new_err(format!(
             "{} bytes are not whole (address, length, device) u64 triples",
             packed.len()
@@ -401,7 +401,7 @@ fn indices(obj: &Bound<'_, PyAny>, width: usize, side: &str) -> PyResult<Vec<i64
         });
     };
     let raw = b.as_bytes();
-    if !matches!(width, 4 | 8) || raw.len() % width != 0 {
+    if !matches!(width, 4 | 8) || !raw.len().is_multiple_of(width) {
         return Err(InvalidParam::new_err(format!(
             "{side} indices: {} bytes are not whole {width}-byte integers",
             raw.len()
@@ -502,6 +502,32 @@ struct Run {
     /// Whether the posted batch carried a notification.
     notified: bool,
     why: Option<String>,
+    /// When the last post began, how long submitting took, and when its
+    /// end (DONE or ERR) was seen: the transfer's telemetry.
+    posted_at: Option<(Instant, SystemTime)>,
+    post_took: Duration,
+    ended_at: Option<Instant>,
+}
+
+impl Run {
+    fn ready() -> Self {
+        Self {
+            phase: Phase::Ready,
+            ids: Vec::new(),
+            taken: 0,
+            undrained: Vec::new(),
+            notified: false,
+            why: None,
+            posted_at: None,
+            post_took: Duration::ZERO,
+            ended_at: None,
+        }
+    }
+
+    fn end(&mut self, phase: Phase) {
+        self.phase = phase;
+        self.ended_at.get_or_insert_with(Instant::now);
+    }
 }
 
 /// A transfer request (`make_prepped_xfer`, `initialize_xfer`): its
@@ -514,6 +540,8 @@ pub(crate) struct Xfer {
     node: Arc<Node>,
     requests: Vec<Request>,
     descriptors: usize,
+    /// Bytes of all requests.
+    bytes: u64,
     agent: String,
     notif: Option<Vec<u8>>,
     run: Mutex<Run>,
@@ -570,18 +598,12 @@ impl Xfer {
         non_empty(&requests)?;
         Ok(Self {
             node: local.owner.node.clone(),
+            bytes: requests.iter().map(|r| r.len).sum(),
             requests,
             descriptors,
             agent: agent.to_owned(),
             notif: notif.filter(|n| !n.is_empty()),
-            run: Mutex::new(Run {
-                phase: Phase::Ready,
-                ids: Vec::new(),
-                taken: 0,
-                undrained: Vec::new(),
-                notified: false,
-                why: None,
-            }),
+            run: Mutex::new(Run::ready()),
         })
     }
 
@@ -594,7 +616,7 @@ impl Xfer {
                 Ok(n) => run.taken += n,
                 Err(WaitError::TimedOut(_)) => break,
                 Err(e) => {
-                    run.phase = Phase::Failed;
+                    run.end(Phase::Failed);
                     run.why = Some(e.to_string());
                 }
             }
@@ -620,6 +642,7 @@ impl Xfer {
             }
         }
         if run.phase == Phase::Failed {
+            run.end(Phase::Failed);
             self.abandon(run);
             return;
         }
@@ -627,7 +650,7 @@ impl Xfer {
             run.undrained
                 .retain(|id| engine.drain_status(*id) != DrainStatus::Drained);
             if run.undrained.is_empty() {
-                run.phase = Phase::Done;
+                run.end(Phase::Done);
             }
         }
     }
@@ -779,6 +802,7 @@ impl Xfer {
                 _ => {}
             }
             let engine = &self.node.engine;
+            let started = (Instant::now(), SystemTime::now());
             let submitted = match &notif {
                 None => engine.submit(&self.requests),
                 Some(n) => engine
@@ -786,11 +810,10 @@ impl Xfer {
             };
             *run = Run {
                 phase: Phase::Posted,
-                ids: Vec::new(),
-                taken: 0,
-                undrained: Vec::new(),
                 notified: notif.is_some(),
-                why: None,
+                posted_at: Some(started),
+                post_took: started.0.elapsed(),
+                ..Run::ready()
             };
             match submitted {
                 Ok(ids) => {
@@ -799,7 +822,7 @@ impl Xfer {
                     Ok(Self::state_name(run.phase))
                 }
                 Err(e) if peer_gone(&e) => {
-                    run.phase = Phase::Failed;
+                    run.end(Phase::Failed);
                     run.why = Some(format!("agent {:?}: {e}", self.agent));
                     Ok("ERR")
                 }
@@ -826,6 +849,11 @@ impl Xfer {
                 )),
                 Phase::Posted => {
                     self.advance(&mut run);
+                    if run.phase == Phase::Posted {
+                        // A caller polling in a loop leaves the core to the
+                        // transport threads that finish the transfer.
+                        std::thread::yield_now();
+                    }
                     Ok(Self::state_name(run.phase))
                 }
                 p => Ok(Self::state_name(p)),
@@ -850,6 +878,25 @@ impl Xfer {
             run.phase = Phase::Released;
             Ok(())
         })
+    }
+
+    /// The last post's telemetry, NIXL's fields: (start time in µs since
+    /// the Unix epoch, µs the submit call took, µs from the start until
+    /// DONE or ERR was seen (until now while in flight), bytes,
+    /// descriptors). None before the first post.
+    fn telemetry(&self) -> Option<(u64, u64, u64, u64, usize)> {
+        let run = lock(&self.run);
+        let (at, wall) = run.posted_at?;
+        let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let start = wall.duration_since(UNIX_EPOCH).map_or(0, us);
+        let took = run.ended_at.map_or_else(|| at.elapsed(), |end| end - at);
+        Some((
+            start,
+            us(run.post_took),
+            us(took),
+            self.bytes,
+            self.descriptors,
+        ))
     }
 
     /// Why the last post ended in "ERR" (None otherwise).

@@ -76,8 +76,6 @@ def test_what_this_build_serves():
         ag.create_backend("GDS")
     with pytest.raises(nixl.nixlNotSupportedError, match="GPU-side device API"):
         ag.prep_mem_view(None)
-    with pytest.raises(nixl.nixlNoTelemetryError):
-        ag.get_xfer_telemetry(None)
     ag.close()
     for storage in (["UCX", "POSIX"], ["OBJ"], ["GDS_MT"]):
         with pytest.raises(nixl.nixlNotSupportedError, match="not part of OrbitTE"):
@@ -198,3 +196,23 @@ def test_notification_too_large_is_refused_and_nothing_sent(pair):
         a.transfer(h)
     time.sleep(0.2)
     assert b.get_new_notifs() == {}
+
+
+def test_telemetry_when_captured(pair):
+    a, b, sa, sb = pair
+    local = a.prep_xfer_dlist("NIXL_INIT_AGENT", [(sa.address + i * 4096, 4096, 0) for i in range(3)], "DRAM")
+    remote = a.prep_xfer_dlist(b.name, [(sb.address + i * 4096, 4096, 0) for i in range(3)], "DRAM")
+    h = a.make_prepped_xfer("WRITE", local, [0, 2], remote, [1, 0])
+    with pytest.raises(nixl.nixlNoTelemetryError, match="capture_telemetry"):
+        a.get_xfer_telemetry(h)
+    a._conf.capture_telemetry = True
+    with pytest.raises(nixl.nixlNotPostedError):
+        a.get_xfer_telemetry(h)
+    before = time.time()
+    a.transfer(h)
+    assert done(a, h) == "DONE", h.error
+    t = a.get_xfer_telemetry(h)
+    assert (t.totalBytes, t.descCount) == (8192, 2)
+    assert before - 1 <= t.startTime / 1e6 <= time.time() + 1
+    assert 0 <= t.postDuration <= t.xferDuration
+    assert a.get_xfer_telemetry(h).xferDuration == t.xferDuration  # ended: fixed

@@ -1,7 +1,7 @@
 """OrbitTE: one-sided READ and WRITE between registered memory on different
 processes and hosts, over RDMA (Host Direct), TCP or shared memory.
 
-Two APIs over one native engine:
+Three APIs over one native engine:
 
 - :class:`Engine`, OrbitTE's own, with the Rust engine's handles as native
   classes: ``register`` any writable buffer (bytearray, memoryview, numpy,
@@ -15,6 +15,9 @@ Two APIs over one native engine:
   reopened or retried behind the caller.
 - :mod:`orbitte.mooncake`: ``TransferEngine``, a drop-in for the
   ``mooncake.engine.TransferEngine`` calls that SGLang, vLLM and LMCache make.
+- :mod:`orbitte.nixl`: ``nixl_agent``, NIXL's agent API (vLLM's
+  ``NixlConnector`` calls) over one :class:`Engine`, with prepared
+  descriptor lists and transfers by index built natively.
 
 Every blocking call releases the GIL. Errors are :class:`Error` subclasses.
 """

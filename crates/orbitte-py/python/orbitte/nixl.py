@@ -70,6 +70,7 @@ __all__ = [
     "nixlRepostActiveError",
     "nixlUnknownError",
     "nixlXferDList",
+    "nixlXferTelemetry",
     "nixl_agent",
     "nixl_agent_config",
     "nixl_prepped_dlist_handle",
@@ -348,14 +349,36 @@ def _descs(descs: Any, mem_type: Optional[str], reg: bool) -> _DList:
     return _objects(descs, reg)
 
 
+class nixlXferTelemetry:
+    """A transfer's telemetry, NIXL's fields: ``startTime`` (µs since the
+    Unix epoch), ``postDuration`` (µs the submit took), ``xferDuration`` (µs
+    from the start until DONE or ERR was seen by ``check_xfer_state``; until
+    now while in flight), ``totalBytes``, ``descCount``."""
+
+    __slots__ = ("startTime", "postDuration", "xferDuration", "totalBytes", "descCount")
+
+    def __init__(self, startTime: int, postDuration: int, xferDuration: int, totalBytes: int,  # noqa: N803
+                 descCount: int):  # noqa: N803
+        self.startTime = startTime
+        self.postDuration = postDuration
+        self.xferDuration = xferDuration
+        self.totalBytes = totalBytes
+        self.descCount = descCount
+
+    def __repr__(self) -> str:
+        return (f"nixlXferTelemetry(startTime={self.startTime}, postDuration={self.postDuration}, "
+                f"xferDuration={self.xferDuration}, totalBytes={self.totalBytes}, descCount={self.descCount})")
+
+
 class nixl_agent_config:
     """NIXL's agent configuration, with OrbitTE's settings after NIXL's.
 
     NIXL's arguments: ``enable_prog_thread`` (the engine always has its own
     threads: accepted, no effect), ``enable_listen_thread`` (listen on
     ``listen_port``; otherwise on any free port: the engine listens either
-    way, the metadata carries the address), ``capture_telemetry`` (refused:
-    no telemetry here), ``num_threads`` (accepted, no effect),
+    way, the metadata carries the address), ``capture_telemetry``
+    (``get_xfer_telemetry`` answers, else it raises nixlNoTelemetryError as
+    NIXL does), ``num_threads`` (accepted, no effect),
     ``backends`` (``["UCX"]``: OrbitTE's own path choice; storage and other
     fabric backends raise nixlNotSupportedError), ``sync_mode`` (accepted:
     every call is thread-safe).
@@ -378,12 +401,10 @@ class nixl_agent_config:
         self.backends = list(backends) if backends is not None else [BACKEND]
         for b in self.backends:
             _check_backend(b)
-        if capture_telemetry:
-            raise nixlNotSupportedError("capture_telemetry: this build records no NIXL telemetry (use orbitte.doctor())")
         self.enable_pthread = bool(enable_prog_thread)
         self.enable_listen = bool(enable_listen_thread)
         self.port = int(listen_port)
-        self.capture_telemetry = False
+        self.capture_telemetry = bool(capture_telemetry)
         self.num_threads = int(num_threads)
         self.sync_mode = sync_mode
         self.listen = listen
@@ -876,8 +897,15 @@ class nixl_agent:
     def estimate_xfer_cost(self, req_handle: nixl_xfer_handle):
         raise nixlNotSupportedError("estimate_xfer_cost: this build has no cost model")
 
-    def get_xfer_telemetry(self, handle: nixl_xfer_handle):
-        raise nixlNoTelemetryError("this build records no NIXL telemetry: measure with orbitte's bench")
+    def get_xfer_telemetry(self, handle: nixl_xfer_handle) -> "nixlXferTelemetry":
+        """The last post's times (µs), bytes and descriptors; needs
+        ``capture_telemetry=True`` in the config."""
+        if not self._conf.capture_telemetry:
+            raise nixlNoTelemetryError("telemetry is off: nixl_agent_config(capture_telemetry=True)")
+        t = handle._native.telemetry()
+        if t is None:
+            raise nixlNotPostedError("the transfer handle was never posted: no telemetry yet")
+        return nixlXferTelemetry(*t)
 
     def prep_mem_view(self, dlist: Any, *, backends: Optional[list] = None) -> int:
         raise nixlNotSupportedError("prep_mem_view is NIXL's GPU-side device API, which OrbitTE does not have")
