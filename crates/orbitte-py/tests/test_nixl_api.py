@@ -216,3 +216,23 @@ def test_telemetry_when_captured(pair):
     assert before - 1 <= t.startTime / 1e6 <= time.time() + 1
     assert 0 <= t.postDuration <= t.xferDuration
     assert a.get_xfer_telemetry(h).xferDuration == t.xferDuration  # ended: fixed
+
+
+def test_strided_rows_and_loopback(pair):
+    a, b, sa, sb = pair
+    # Two strided rows: 3 blocks of 1 KiB every 4 KiB, then 1 block.
+    rows = np.array([[sa.address, 1024, 0, 4096, 3], [sa.address + 512, 256, 0, 0, 1]], dtype=np.uint64)
+    local = a.prep_xfer_dlist("NIXL_INIT_AGENT", rows, "DRAM")
+    assert len(local) == 4
+    remote = a.prep_xfer_dlist(b.name, [(sb.address + i * 1024, 1024, 0) for i in range(3)]
+                               + [(sb.address + 8192, 256, 0)], "DRAM")
+    h = a.make_prepped_xfer("WRITE", local, [0, 1, 2, 3], remote, [0, 1, 2, 3])
+    a.transfer(h)
+    assert done(a, h) == "DONE", h.error
+    for i in range(3):
+        assert bytes(sb.view[i * 1024:(i + 1) * 1024]) == bytes(sa.view[i * 4096:i * 4096 + 1024])
+    assert bytes(sb.view[8192:8192 + 256]) == bytes(sa.view[512:768])
+    with pytest.raises(nixl.nixlInvalidParamError, match="mem_type"):
+        a.prep_xfer_dlist("NIXL_INIT_AGENT", rows)
+    with pytest.raises(nixl.nixlNotSupportedError, match="loopback"):
+        a.prep_xfer_dlist(a.name, [(sa.address, 16, 0)], "DRAM")

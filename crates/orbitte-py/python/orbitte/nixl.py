@@ -558,7 +558,6 @@ class nixl_agent:
         # READs one byte of (a notification rides on a transfer).
         self._anchor_mem = Buffer(64)
         self._anchor = self._engine.register(self._anchor_mem)
-        self._loopback: Optional[_Remote] = None
         for b in conf.backends:
             self.create_backend(b)
 
@@ -797,10 +796,10 @@ class nixl_agent:
         if r is not None:
             return r
         if name == self.name:
-            if self._loopback is None:
-                peer = self._engine.connect(self._engine.address)
-                self._loopback = _Remote(peer, {"name": name})
-            return self._loopback
+            raise nixlNotSupportedError(
+                f"loopback (agent {name!r} naming itself): an engine opens no session to itself; "
+                "use a second agent in this process for same-process transfers"
+            )
         raise nixlNotFoundError(f"agent {name!r} was not added: add_remote_agent(its metadata) first")
 
     # --- descriptor lists and transfers -------------------------------------------
@@ -809,7 +808,7 @@ class nixl_agent:
                         backends: Sequence[str] = ()) -> nixl_prepped_dlist_handle:
         """Resolves a descriptor list once: ``"NIXL_INIT_AGENT"`` (or "") for
         this agent's memory, a remote agent's name for its memory (this
-        agent's own name: loopback). Nx5 numpy arrays are strided rows
+        agent's own name, NIXL's loopback, raises nixlNotSupportedError). Nx5 numpy arrays are strided rows
         (address, length, device, stride, count)."""
         self._backends(backends)
         np = sys.modules.get("numpy")
@@ -853,7 +852,7 @@ class nixl_agent:
         if it finished meanwhile, "PROC" or "ERR" (``handle.error`` says
         why)."""
         x = handle._native
-        if x.agent not in self._remotes and x.agent != self.name:
+        if x.agent not in self._remotes:
             raise nixlNotFoundError(f"agent {x.agent!r} was removed: add it again (add_remote_agent)")
         state = x.post(_notif(notif_msg))
         if state == "ERR":
@@ -881,7 +880,7 @@ class nixl_agent:
 
     def _live_remote(self, remote: _PreparedList) -> None:
         name = remote.agent
-        if name is None or name == self.name:
+        if name is None:
             return
         r = self._remotes.get(name)
         if r is None:
@@ -1004,7 +1003,6 @@ class nixl_agent:
     def close(self, timeout: float = 5.0) -> None:
         """Stops serving, fences the engine and waits for drain."""
         self._remotes.clear()
-        self._loopback = None
         self._engine.close(timeout)
 
     def __enter__(self) -> "nixl_agent":
