@@ -207,10 +207,12 @@ struct LocalEntry {
     len: u64,
 }
 
-/// A remote descriptor, resolved against the peer's publications.
+/// A remote descriptor, resolved against the peer's publications: the
+/// range by its index in the list's range table (entries stay small, so a
+/// transfer by random indices touches little memory).
 #[derive(Debug, Clone, Copy)]
 struct RemoteEntry {
-    range: RemoteRange,
+    range: u32,
     offset: u64,
     len: u64,
 }
@@ -222,6 +224,8 @@ enum Side {
         /// Keeps the session the ranges were published on.
         peer: Py<Peer>,
         agent: String,
+        /// The peer's published ranges, by address.
+        ranges: Vec<RemoteRange>,
         entries: Vec<RemoteEntry>,
     },
 }
@@ -236,6 +240,20 @@ pub(crate) struct PreparedList {
     owner: Arc<Local>,
     side: Side,
     released: AtomicBool,
+    /// Request buffers of dropped transfers made from this (local) list,
+    /// reused by the next ones: memory already mapped, no page faults.
+    spare: Spare,
+}
+
+/// Spare request buffers (at most [`SPARE_BUFFERS`]).
+type Spare = Arc<Mutex<Vec<Vec<Request>>>>;
+const SPARE_BUFFERS: usize = 4;
+
+/// An empty request buffer for `count` requests, a spare one if any.
+fn buffer(spare: &Spare, count: usize) -> Vec<Request> {
+    let mut v = lock(spare).pop().unwrap_or_default();
+    v.reserve(count);
+    v
 }
 
 impl PreparedList {
@@ -293,6 +311,7 @@ impl PreparedList {
             owner,
             side: Side::Local(entries),
             released: AtomicBool::new(false),
+            spare: Spare::default(),
         })
     }
 
@@ -317,18 +336,18 @@ impl PreparedList {
                         return Err(zero_length(i, addr));
                     }
                     let at = ranges.partition_point(|r| r.address <= addr);
-                    let hit = at
-                        .checked_sub(1)
-                        .map(|k| ranges[k])
-                        .filter(|r| addr - r.address < r.len && len <= r.len - (addr - r.address));
-                    let range = hit.ok_or_else(|| {
+                    let hit = at.checked_sub(1).filter(|&k| {
+                        let r = &ranges[k];
+                        addr - r.address < r.len && len <= r.len - (addr - r.address)
+                    });
+                    let (k, range) = hit.and_then(|k| Some((u32::try_from(k).ok()?, ranges[k]))).ok_or_else(|| {
                         NotFound::new_err(format!(
                             "remote descriptor #{i} {addr:#x}+{len} is not inside memory agent {agent:?} registered ({} range(s) published): register it there and add its metadata again",
                             ranges.len()
                         ))
                     })?;
                     Ok(RemoteEntry {
-                        range,
+                        range: k,
                         offset: addr - range.address,
                         len,
                     })
@@ -340,9 +359,11 @@ impl PreparedList {
             side: Side::Remote {
                 peer: peer.unbind(),
                 agent,
+                ranges,
                 entries,
             },
             released: AtomicBool::new(false),
+            spare: Spare::default(),
         })
     }
 
@@ -441,11 +462,10 @@ fn pick<T: Copy>(entries: &[T], index: i64, at: usize, side: &str) -> PyResult<T
 /// ended) merged into one request labelled with its first position.
 fn plan(
     op: Op,
-    local: &[LocalEntry],
-    remote: &[RemoteEntry],
+    ranges: &[RemoteRange],
+    mut out: Vec<Request>,
     pairs: impl Iterator<Item = PyResult<(usize, LocalEntry, RemoteEntry)>>,
 ) -> PyResult<Vec<Request>> {
-    let mut out: Vec<Request> = Vec::with_capacity(local.len().min(remote.len()));
     let mut last: Option<(LocalEntry, RemoteEntry)> = None;
     for pair in pairs {
         let (at, l, r) = pair?;
@@ -471,7 +491,7 @@ fn plan(
             local_offset: l.offset,
             len: l.len,
             remote: RemoteTarget::Range {
-                range: r.range,
+                range: ranges[r.range as usize],
                 offset: r.offset,
             },
             label: at as u64,
@@ -545,6 +565,19 @@ pub(crate) struct Xfer {
     agent: String,
     notif: Option<Vec<u8>>,
     run: Mutex<Run>,
+    /// Where `requests` goes back to when this is dropped.
+    spare: Spare,
+}
+
+impl Drop for Xfer {
+    fn drop(&mut self) {
+        let mut v = std::mem::take(&mut self.requests);
+        v.clear();
+        let mut spare = lock(&self.spare);
+        if spare.len() < SPARE_BUFFERS {
+            spare.push(v);
+        }
+    }
 }
 
 fn op_of(op: &str) -> PyResult<Op> {
@@ -557,15 +590,28 @@ fn op_of(op: &str) -> PyResult<Op> {
     }
 }
 
-/// The two sides of a transfer: a local list and a remote list of the
-/// same engine.
-fn sides<'a>(
-    local: &'a PreparedList,
-    remote: &'a PreparedList,
-) -> PyResult<(&'a [LocalEntry], &'a [RemoteEntry], &'a str)> {
+/// The two sides of a transfer, a local list and a remote list of the
+/// same engine: their entries, the remote range table and agent.
+type Sides<'a> = (
+    &'a [LocalEntry],
+    &'a [RemoteEntry],
+    &'a [RemoteRange],
+    &'a str,
+);
+
+fn sides<'a>(local: &'a PreparedList, remote: &'a PreparedList) -> PyResult<Sides<'a>> {
     local.check_live("local")?;
     remote.check_live("remote")?;
-    let (Side::Local(l), Side::Remote { entries, agent, .. }) = (&local.side, &remote.side) else {
+    let (
+        Side::Local(l),
+        Side::Remote {
+            entries,
+            agent,
+            ranges,
+            ..
+        },
+    ) = (&local.side, &remote.side)
+    else {
         return Err(InvalidParam::new_err(
             "invalid sides: the local handle must come from prep_xfer_dlist(\"NIXL_INIT_AGENT\", ...) and the remote one from prep_xfer_dlist(remote_agent_name, ...)",
         ));
@@ -575,7 +621,7 @@ fn sides<'a>(
             "the two prepared lists belong to different agents: prepare both on the agent that initiates the transfer",
         ));
     }
-    Ok((l, entries, agent))
+    Ok((l, entries, ranges, agent))
 }
 
 fn non_empty(requests: &[Request]) -> PyResult<()> {
@@ -597,6 +643,7 @@ impl Xfer {
     ) -> PyResult<Self> {
         non_empty(&requests)?;
         Ok(Self {
+            spare: local.spare.clone(),
             node: local.owner.node.clone(),
             bytes: requests.iter().map(|r| r.len).sum(),
             requests,
@@ -718,7 +765,7 @@ impl Xfer {
         notif: Option<Vec<u8>>,
     ) -> PyResult<Self> {
         let op = op_of(op)?;
-        let (l, r, agent) = sides(local, remote)?;
+        let (l, r, ranges, agent) = sides(local, remote)?;
         let (li, ri) = (
             indices(local_indices, width, "local")?,
             indices(remote_indices, width, "remote")?,
@@ -733,8 +780,8 @@ impl Xfer {
         let requests = py.detach(|| {
             plan(
                 op,
-                l,
-                r,
+                ranges,
+                buffer(&local.spare, li.len()),
                 li.iter().zip(&ri).enumerate().map(|(at, (&a, &b))| {
                     Ok((at, pick(l, a, at, "local")?, pick(r, b, at, "remote")?))
                 }),
@@ -755,7 +802,7 @@ impl Xfer {
         notif: Option<Vec<u8>>,
     ) -> PyResult<Self> {
         let op = op_of(op)?;
-        let (l, r, agent) = sides(local, remote)?;
+        let (l, r, ranges, agent) = sides(local, remote)?;
         if l.len() != r.len() {
             return Err(InvalidParam::new_err(format!(
                 "different number of descriptors for local ({}) and remote ({})",
@@ -766,8 +813,8 @@ impl Xfer {
         let requests = py.detach(|| {
             plan(
                 op,
-                l,
-                r,
+                ranges,
+                buffer(&local.spare, l.len()),
                 l.iter()
                     .zip(r)
                     .enumerate()
