@@ -131,49 +131,26 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<PreparedList>()?;
     m.add_class::<Xfer>()?;
-    m.add("nixlError", py.get_type::<kinds::nixlError>())?;
-    m.add(
-        "nixlInvalidParamError",
-        py.get_type::<kinds::nixlInvalidParamError>(),
-    )?;
-    m.add(
-        "nixlNotFoundError",
-        py.get_type::<kinds::nixlNotFoundError>(),
-    )?;
-    m.add(
-        "nixlNotSupportedError",
-        py.get_type::<kinds::nixlNotSupportedError>(),
-    )?;
-    m.add("nixlBackendError", py.get_type::<kinds::nixlBackendError>())?;
-    m.add(
-        "nixlMismatchError",
-        py.get_type::<kinds::nixlMismatchError>(),
-    )?;
-    m.add(
-        "nixlNotAllowedError",
-        py.get_type::<kinds::nixlNotAllowedError>(),
-    )?;
-    m.add(
-        "nixlNotPostedError",
-        py.get_type::<kinds::nixlNotPostedError>(),
-    )?;
-    m.add(
-        "nixlRepostActiveError",
-        py.get_type::<kinds::nixlRepostActiveError>(),
-    )?;
-    m.add(
-        "nixlCancelledError",
-        py.get_type::<kinds::nixlCancelledError>(),
-    )?;
-    m.add(
-        "nixlRemoteDisconnectError",
-        py.get_type::<kinds::nixlRemoteDisconnectError>(),
-    )?;
-    m.add(
-        "nixlNoTelemetryError",
-        py.get_type::<kinds::nixlNoTelemetryError>(),
-    )?;
-    m.add("nixlUnknownError", py.get_type::<kinds::nixlUnknownError>())?;
+    macro_rules! add {
+        ($($name:ident),*) => {
+            $(m.add(stringify!($name), py.get_type::<kinds::$name>())?;)*
+        };
+    }
+    add!(
+        nixlError,
+        nixlInvalidParamError,
+        nixlNotFoundError,
+        nixlNotSupportedError,
+        nixlBackendError,
+        nixlMismatchError,
+        nixlNotAllowedError,
+        nixlNotPostedError,
+        nixlRepostActiveError,
+        nixlCancelledError,
+        nixlRemoteDisconnectError,
+        nixlNoTelemetryError,
+        nixlUnknownError
+    );
     Ok(())
 }
 

@@ -9,23 +9,16 @@ import pytest
 HERE = Path(__file__).parent
 
 
-class Target:
-    """A target in a child process (target_process.py)."""
+class Child:
+    """A process of this test suite driven over stdin/stdout: it prints one
+    JSON line (``info``), then answers one line per command."""
 
-    def __init__(self, api: str, size: int, fill: int = 0):
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "target_process.py"), "--api", api, "--size", str(size),
-             "--fill", str(fill)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )
+    def __init__(self, cmd: list):
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"target process exited with {self.proc.wait()}")
-        info = json.loads(line)
-        self.session = info["session"]
-        self.address = info["address"]
-        self.length = info["length"]
-        self.pid = info["pid"]
+            raise RuntimeError(f"{Path(cmd[1]).name} exited with {self.proc.wait()}")
+        self.info = json.loads(line)
 
     def ask(self, line: str) -> str:
         self.proc.stdin.write(line + "\n")
@@ -41,6 +34,19 @@ class Target:
             except (BrokenPipeError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
+
+
+class Target(Child):
+    """A target in a child process (target_process.py)."""
+
+    def __init__(self, api: str, size: int, fill: int = 0):
+        super().__init__([sys.executable, str(HERE / "target_process.py"), "--api", api, "--size", str(size),
+                          "--fill", str(fill)])
+        info = self.info
+        self.session = info["session"]
+        self.address = info["address"]
+        self.length = info["length"]
+        self.pid = info["pid"]
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 import orbitte
 from orbitte import nixl
+from conftest import Child
 from test_etcd import etcd  # noqa: F401 (the fixture)
 
 HERE = Path(__file__).parent
@@ -26,42 +26,21 @@ def sha(b) -> str:
     return hashlib.sha256(bytes(b)).hexdigest()
 
 
-class Agent:
+class Agent(Child):
     """A NIXL agent in a child process (nixl_process.py)."""
 
     def __init__(self, name: str, size: int, fill: int, etcd_url=None):
         cmd = [sys.executable, str(HERE / "nixl_process.py"), "--name", name, "--size", str(size),
                "--fill", str(fill)]
-        if etcd_url:
-            cmd += ["--etcd", etcd_url]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"agent process exited with {self.proc.wait()}")
-        info = json.loads(line)
-        self.name = info["name"]
-        self.metadata = base64.b64decode(info["metadata"])
-        self.address = info["address"]
-        self.length = info["length"]
-
-    def ask(self, line: str) -> str:
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        return self.proc.stdout.readline().strip()
+        super().__init__(cmd + (["--etcd", etcd_url] if etcd_url else []))
+        self.name = self.info["name"]
+        self.metadata = base64.b64decode(self.info["metadata"])
+        self.address = self.info["address"]
+        self.length = self.info["length"]
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write("quit\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=10)
-            except (BrokenPipeError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
 
 
 @pytest.fixture
