@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -240,3 +241,62 @@ def test_without_etcd_metadata_server_calls_say_so():
     with pytest.raises(nixl.nixlNotSupportedError, match="listen thread"):
         agent.send_local_metadata("10.0.0.1", 5555)
     agent.close()
+
+
+def test_a_nixl_import_shim_runs_vllm_shaped_calls_unchanged(spawn_agent, tmp_path):
+    """docs/python.md's switch for vLLM's NixlConnector: a `nixl` package
+    whose `_api` and `_bindings` re-export orbitte.nixl, and a script making
+    the connector's calls with NIXL's imports (the decode side READs blocks
+    by prepared lists, then tells the prefill side with send_notif)."""
+    import textwrap
+
+    prefill = spawn_agent(unique("prefill"), size=64 * 4096, fill=0x42)
+    (tmp_path / "nixl").mkdir()
+    (tmp_path / "nixl" / "__init__.py").write_text("")
+    (tmp_path / "nixl" / "_api.py").write_text(
+        "from orbitte.nixl import *  # noqa: F401,F403\n"
+        "from orbitte.nixl import nixl_agent, nixl_agent_config  # noqa: F401\n")
+    (tmp_path / "nixl" / "_bindings.py").write_text(
+        "from orbitte.nixl import *  # noqa: F401,F403\n"
+        "from orbitte.nixl import nixlXferTelemetry  # noqa: F401\n")
+    script = textwrap.dedent(f"""
+        import base64, time, uuid
+        import numpy as np
+        from nixl._api import nixl_agent as NixlWrapper
+        from nixl._api import nixl_agent_config
+        from nixl._bindings import nixlXferTelemetry
+
+        config = nixl_agent_config(backends=["UCX"], capture_telemetry=True)
+        wrapper = NixlWrapper(str(uuid.uuid4()), config)
+        kv = np.zeros(64 * 4096, dtype=np.uint8)
+        caches_data = [(kv.ctypes.data, kv.nbytes, 0, "")]
+        descs = wrapper.get_reg_descs(caches_data, "DRAM")
+        wrapper.register_memory(descs, backends=["UCX"])
+        blocks_data = [(kv.ctypes.data + i * 4096, 4096, 0) for i in range(64)]
+        src = wrapper.prep_xfer_dlist("NIXL_INIT_AGENT", wrapper.get_xfer_descs(blocks_data, "DRAM"))
+        remote_agent = wrapper.add_remote_agent(base64.b64decode("{base64.b64encode(prefill.metadata).decode()}"))
+        remote_blocks = [({prefill.address} + i * 4096, 4096, 0) for i in range(64)]
+        dst = wrapper.prep_xfer_dlist(remote_agent, wrapper.get_xfer_descs(remote_blocks, "DRAM"))
+        handle = wrapper.make_prepped_xfer("READ", src, np.arange(0, 64, 2), dst, np.arange(1, 64, 2),
+                                           notif_msg=b"req-1")
+        status = wrapper.transfer(handle)
+        deadline = time.time() + 30
+        while status == "PROC" and time.time() < deadline:
+            status = wrapper.check_xfer_state(handle)
+        assert status == "DONE", (status, handle.error)
+        telemetry = wrapper.get_xfer_telemetry(handle)
+        assert isinstance(telemetry, nixlXferTelemetry) and telemetry.totalBytes == 32 * 4096
+        wrapper.release_xfer_handle(handle)
+        assert (kv.reshape(64, 4096)[0::2] == 0x42).all() and (kv.reshape(64, 4096)[1::2] == 0).all()
+        wrapper.send_notif(remote_agent, notif_msg=b"done:req-1")
+        wrapper.remove_remote_agent(remote_agent.decode())
+        print(type(wrapper).__module__, wrapper.name)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tmp_path)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    module, name = out.stdout.split()
+    assert module == "orbitte.nixl"
+    got = json.loads(prefill.ask("notifs 0.5"))
+    assert got == {name: [b"req-1".hex(), b"done:req-1".hex()]}
