@@ -643,7 +643,8 @@ class nixl_agent:
     def _register(self, mem: str, address: int, length: int, dev: int, keep: Any):
         try:
             if mem == "VRAM":
-                return self._engine.register_device(address, length, device=dev)
+                # cuda-staging: staged through pinned host memory, local-only.
+                return self._engine.register_device(address, length, keep)
             if isinstance(keep, Buffer) and (keep.address, keep.length) == (address, length):
                 return self._engine.register(keep)
             if keep is not None:
