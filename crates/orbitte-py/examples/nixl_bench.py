@@ -129,8 +129,8 @@ def main(argv=None) -> None:
     ap.add_argument("--descriptors", type=int, default=16384)
     ap.add_argument("--block", type=int, default=4096, help="bytes per descriptor")
     ap.add_argument("--orders", default="random,sequential", help="comma-separated: random, sequential")
-    ap.add_argument("--duration", type=float, default=1.0, help="seconds per measurement")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best of each side counts")
+    ap.add_argument("--duration", type=float, default=0.5, help="seconds per measurement")
+    ap.add_argument("--rounds", type=int, default=11, help="alternating rounds; the best of each side counts")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     out = []
