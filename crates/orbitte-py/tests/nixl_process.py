@@ -16,6 +16,7 @@ Then reads commands, one per line, answering one line each:
     notifs T                waits T s, then every notification that came, as
                             JSON {name: [hex, ...]}
     send_notif NAME HEX     send_notif: "ok" or the exception's class name
+    deregister              deregister_memory of the registered memory: "ok"
     quit
 """
 
@@ -41,7 +42,7 @@ def main() -> None:
     agent = nixl.nixl_agent(args.name, nixl.nixl_agent_config(listen="127.0.0.1:0", metadata=args.etcd))
     buf = orbitte.Buffer(args.size)
     buf.view[:] = bytes([args.fill]) * args.size
-    agent.register_memory(agent.get_reg_descs([buf]))
+    descs = agent.register_memory(agent.get_reg_descs([buf]))
     print(json.dumps({"name": args.name, "metadata": base64.b64encode(agent.get_agent_metadata()).decode(),
                       "address": buf.address, "length": args.size, "pid": os.getpid()}), flush=True)
     view = buf.view
@@ -77,6 +78,9 @@ def main() -> None:
                 print("ok", flush=True)
             except nixl.nixlError as e:
                 print(type(e).__name__, flush=True)
+        elif cmd[0] == "deregister":
+            agent.deregister_memory(descs)
+            print("ok", flush=True)
         else:
             print(f"unknown command {cmd[0]}", flush=True)
     agent.close()

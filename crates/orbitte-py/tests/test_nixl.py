@@ -178,6 +178,31 @@ def test_notifications_both_ways_without_a_transfer(spawn_agent, path):
     agent.close()
 
 
+def test_a_transfer_that_fails_never_notifies(spawn_agent):
+    """The target deregisters the memory a prepared list names: the
+    transfer is refused or ends ERR, and no notification arrives. (Over
+    tcp: on the local path a mapping cannot be revoked, docs/paths.md.)"""
+    target = spawn_agent(unique("decode"), size=1 << 16)
+    agent = local_agent(unique("prefill"), "tcp")
+    src = orbitte.Buffer(1 << 16)
+    agent.register_memory(agent.get_reg_descs([src]))
+    agent.add_remote_agent(target.metadata)
+    local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", [(src.address, 1 << 16, 0)], "DRAM")
+    remote = agent.prep_xfer_dlist(target.name, [(target.address, 1 << 16, 0)], "DRAM")
+    assert target.ask("deregister") == "ok"
+    h = agent.make_prepped_xfer("WRITE", local, [0], remote, [0], b"must-not-arrive")
+    try:
+        state = agent.transfer(h)
+        if state != "ERR":
+            state = wait_state(agent, h)
+        assert state == "ERR", state
+        assert h.error
+    except nixl.nixlNotFoundError as e:  # the target's retire reached us first
+        assert "refused" in str(e)
+    assert json.loads(target.ask("notifs 0.5")) == {}
+    agent.close()
+
+
 def test_dead_peer_is_err_not_a_hang(spawn_agent):
     target = spawn_agent(unique("decode"), size=1 << 20)
     agent = local_agent(unique("prefill"), "tcp", request_timeout=3.0)

@@ -503,9 +503,11 @@ class _Remote:
     def __init__(self, peer: Peer, meta: dict):
         self.peer = peer
         self.meta = meta
-        # The agent's first registration is its notification anchor.
+        # The notification anchor: named by the metadata, else (an etcd
+        # record) the agent's first registration, which the agent makes itself.
         ranges = peer.ranges
-        self.anchor = min(ranges, key=lambda r: r.id) if ranges else None
+        named = [r for r in ranges if r.address == meta.get("anchor")]
+        self.anchor = named[0] if named else (min(ranges, key=lambda r: r.id) if ranges else None)
 
 
 def _rdma_listed() -> bool:
@@ -681,7 +683,8 @@ class nixl_agent:
         """This agent's metadata: what a remote agent needs to open it (name,
         listen address, source id, epoch, registrations), as versioned JSON
         bytes."""
-        regs = [[a, r.length, 0, "DRAM"] for a, r in sorted(self._regs.items())]
+        regs = [[a, r.length, getattr(r, "device", None) or 0, "VRAM" if getattr(r, "staged", False) else "DRAM"]
+                for a, r in sorted(self._regs.items())]
         doc = {
             "format": METADATA_FORMAT,
             "name": self.name,
@@ -689,6 +692,7 @@ class nixl_agent:
             "source_id": self._engine.source_id,
             "epoch": self._engine.epoch,
             "registrations": regs,
+            "anchor": self._anchor.address,
         }
         return json.dumps(doc, separators=(",", ":")).encode()
 
