@@ -236,3 +236,42 @@ def test_strided_rows_and_loopback(pair):
         a.prep_xfer_dlist("NIXL_INIT_AGENT", rows)
     with pytest.raises(nixl.nixlNotSupportedError, match="loopback"):
         a.prep_xfer_dlist(a.name, [(sa.address, 16, 0)], "DRAM")
+
+
+def test_threads_share_one_agent_and_its_prepared_lists(pair):
+    import threading
+
+    a, b, sa, sb = pair
+    blocks = 16
+    local = a.prep_xfer_dlist("NIXL_INIT_AGENT", [(sa.address + i * 4096, 4096, 0) for i in range(blocks)], "DRAM")
+    remote = a.prep_xfer_dlist(b.name, [(sb.address + i * 4096, 4096, 0) for i in range(blocks)], "DRAM")
+    errors = []
+
+    def run(t: int) -> None:
+        try:
+            mine = list(range(t, blocks, 4))  # disjoint blocks per thread
+            for _ in range(20):
+                h = a.make_prepped_xfer("WRITE", local, mine[::-1], remote, mine, f"t{t}".encode())
+                a.transfer(h)
+                assert done(a, h) == "DONE", h.error
+                a.release_xfer_handle(h)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for t in range(4):
+        mine = list(range(t, blocks, 4))
+        for src, dst in zip(mine[::-1], mine):
+            assert bytes(sb.view[dst * 4096:(dst + 1) * 4096]) == bytes(sa.view[src * 4096:(src + 1) * 4096])
+    deadline = time.time() + 10
+    got: dict = {}
+    while sum(map(len, got.values())) < 80 and time.time() < deadline:
+        for k, v in b.get_new_notifs().items():
+            got.setdefault(k, []).extend(v)
+        time.sleep(0.01)
+    assert sorted(got[a.name]) == sorted([f"t{t}".encode() for t in range(4)] * 20)
