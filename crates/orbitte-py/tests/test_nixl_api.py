@@ -275,3 +275,27 @@ def test_threads_share_one_agent_and_its_prepared_lists(pair):
             got.setdefault(k, []).extend(v)
         time.sleep(0.01)
     assert sorted(got[a.name]) == sorted([f"t{t}".encode() for t in range(4)] * 20)
+
+
+def test_index_forms(pair):
+    a, b, sa, sb = pair
+    local = a.prep_xfer_dlist("NIXL_INIT_AGENT", [(sa.address + i * 256, 256, 0) for i in range(8)], "DRAM")
+    remote = a.prep_xfer_dlist(b.name, [(sb.address + i * 256, 256, 0) for i in range(8)], "DRAM")
+    forms = [
+        (np.array([3, 1], dtype=np.int32), np.array([0, 6], dtype=np.int32)),
+        (np.array([3, 1], dtype=np.uint64), [0, 6]),
+        (np.array([9, 3, 8, 1])[1::2], np.array([0, 6], dtype=">i8")),  # strided view, big-endian
+        ((3, 1), range(0, 7, 6)),
+    ]
+    for li, ri in forms:
+        sb.view[:] = bytes(len(sb.view))
+        h = a.make_prepped_xfer("WRITE", local, li, remote, ri)
+        a.transfer(h)
+        assert done(a, h) == "DONE", h.error
+        assert bytes(sb.view[0:256]) == bytes(sa.view[3 * 256:4 * 256])
+        assert bytes(sb.view[6 * 256:7 * 256]) == bytes(sa.view[256:512])
+        a.release_xfer_handle(h)
+    with pytest.raises(nixl.nixlInvalidParamError, match="1-D integer"):
+        a.make_prepped_xfer("WRITE", local, np.zeros((1, 1), dtype=np.int64), remote, [0])
+    with pytest.raises(nixl.nixlInvalidParamError, match="1-D integer"):
+        a.make_prepped_xfer("WRITE", local, np.array([0.0]), remote, [0])

@@ -1040,6 +1040,9 @@ def _prepped(h: Any) -> _PreparedList:
     return h._native
 
 
+_INDEX_DTYPES: dict = {}
+
+
 def _index_pair(a: Any, b: Any) -> tuple[Any, Any, int]:
     """Both index sequences for the native side: numpy integer arrays as
     packed little-endian bytes (4-byte when both are int32, else 8-byte),
@@ -1047,14 +1050,19 @@ def _index_pair(a: Any, b: Any) -> tuple[Any, Any, int]:
     np = sys.modules.get("numpy")
     if np is None or not (isinstance(a, np.ndarray) or isinstance(b, np.ndarray)):
         return a, b, 8
-    both32 = all(isinstance(x, np.ndarray) and x.dtype == np.dtype("<i4") for x in (a, b))
-    dt = "<i4" if both32 else "<i8"
-    return _packed_indices(np, a, dt), _packed_indices(np, b, dt), 4 if both32 else 8
+    if not _INDEX_DTYPES:
+        _INDEX_DTYPES.update({4: np.dtype("<i4"), 8: np.dtype("<i8")})
+    i4 = _INDEX_DTYPES[4]
+    width = 4 if getattr(a, "dtype", None) == i4 and getattr(b, "dtype", None) == i4 else 8
+    dt = _INDEX_DTYPES[width]
+    return _packed_indices(np, a, dt), _packed_indices(np, b, dt), width
 
 
-def _packed_indices(np: Any, x: Any, dt: str) -> Any:
+def _packed_indices(np: Any, x: Any, dt: Any) -> Any:
     if not isinstance(x, np.ndarray):
         return x
+    if x.ndim == 1 and x.dtype == dt and x.flags.c_contiguous:
+        return x.tobytes()
     if x.dtype.kind not in "iu" or x.ndim != 1:
         raise nixlInvalidParamError(f"indices must be a 1-D integer array, not {x.dtype} of shape {x.shape}")
     return np.ascontiguousarray(x, dtype=dt).tobytes()
