@@ -10,9 +10,12 @@
 //!   index sequences (`make_prepped_xfer`) or from two whole lists
 //!   (`initialize_xfer`): the engine requests are made here, once, with
 //!   runs of descriptors adjacent on both sides merged into one request;
-//!   `post` submits them in one call with the notification attached, and
-//!   `state` takes the outcomes that arrived (one hold of the engine's
-//!   lock per run) and reports NIXL's "DONE", "PROC" or "ERR".
+//!   `post` submits them in one call with the notification attached (on
+//!   the local path, whose copies run while they are posted, a transfer
+//!   of 1 MiB or more is posted by a thread of its own, so `post` returns
+//!   at once), and `state` takes the outcomes that arrived (one hold of
+//!   the engine's lock per run) and reports NIXL's "DONE", "PROC" or
+//!   "ERR".
 //! - NIXL's exception classes (`nixlNotFoundError`, ...), all under
 //!   `orbitte.nixl.nixlError`, itself an `orbitte.Error`.
 //!
@@ -21,12 +24,12 @@
 //! a Python sequence of ints, converted once.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use orbitte::{
-    DrainStatus, NotificationStatus, Op, RegistrationId, RemoteRange, RemoteTarget, Request,
-    RequestError, RequestId, SubmitError, WaitError,
+    DrainStatus, MAX_NOTIFICATION_LEN, NotificationStatus, Op, PathKind, RegistrationId,
+    RemoteRange, RemoteTarget, Request, RequestError, RequestId, SubmitError, WaitError,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -482,6 +485,9 @@ fn plan(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Ready,
+    /// A thread of its own is submitting it (large transfers on the local
+    /// path, whose copies run while they are posted).
+    Submitting,
     Posted,
     Done,
     Failed,
@@ -534,6 +540,31 @@ impl Run {
 #[pyclass(module = "orbitte._orbitte", frozen)]
 #[derive(Debug)]
 pub(crate) struct Xfer {
+    core: Arc<Core>,
+}
+
+impl std::ops::Deref for Xfer {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+/// Transfers on the local path of at least this many bytes are posted by
+/// a thread of their own: the local path copies while it posts, and
+/// `transfer` must not wait for the copy.
+const BACKGROUND_BYTES: u64 = 1 << 20;
+
+/// The longest `state` waits for a background post still running: a
+/// caller polling in a loop then sleeps instead of taking the core the
+/// copies run on.
+const SUBMITTING_WAIT: Duration = Duration::from_millis(1);
+
+/// What a transfer request holds (shared with the thread posting it in
+/// the background).
+#[derive(Debug)]
+pub(crate) struct Core {
     node: Arc<Node>,
     requests: Vec<Request>,
     descriptors: usize,
@@ -542,11 +573,15 @@ pub(crate) struct Xfer {
     agent: String,
     notif: Option<Vec<u8>>,
     run: Mutex<Run>,
+    /// Signalled when a background post has its result.
+    submitted: Condvar,
+    /// Posted by a thread of its own (see [`BACKGROUND_BYTES`]).
+    background: bool,
     /// Where `requests` goes back to when this is dropped.
     spare: Spare,
 }
 
-impl Drop for Xfer {
+impl Drop for Core {
     fn drop(&mut self) {
         let mut v = std::mem::take(&mut self.requests);
         v.clear();
@@ -612,23 +647,93 @@ fn non_empty(requests: &[Request]) -> PyResult<()> {
 
 impl Xfer {
     fn new(
-        local: &PreparedList,
+        (local, remote): (&PreparedList, &PreparedList),
         agent: &str,
         requests: Vec<Request>,
         descriptors: usize,
         notif: Option<Vec<u8>>,
     ) -> PyResult<Self> {
         non_empty(&requests)?;
+        let bytes = requests.iter().map(|r| r.len).sum();
+        let local_path = match &remote.side {
+            Side::Remote { peer, .. } => peer.get().peer.path == PathKind::Local,
+            Side::Local(_) => false,
+        };
         Ok(Self {
-            spare: local.spare.clone(),
-            node: local.owner.node.clone(),
-            bytes: requests.iter().map(|r| r.len).sum(),
-            requests,
-            descriptors,
-            agent: agent.to_owned(),
-            notif: notif.filter(|n| !n.is_empty()),
-            run: Mutex::new(Run::ready()),
+            core: Arc::new(Core {
+                spare: local.spare.clone(),
+                node: local.owner.node.clone(),
+                bytes,
+                requests,
+                descriptors,
+                agent: agent.to_owned(),
+                notif: notif.filter(|n| !n.is_empty()),
+                run: Mutex::new(Run::ready()),
+                submitted: Condvar::new(),
+                background: local_path && bytes >= BACKGROUND_BYTES,
+            }),
         })
+    }
+
+    fn state_name(phase: Phase) -> &'static str {
+        match phase {
+            Phase::Done => "DONE",
+            Phase::Failed => "ERR",
+            _ => "PROC",
+        }
+    }
+
+    fn released() -> PyErr {
+        InvalidParam::new_err(
+            "the transfer handle was released (release_xfer_handle): make a new one",
+        )
+    }
+}
+
+impl Core {
+    fn submit(&self, notif: &Option<Vec<u8>>) -> Result<Vec<RequestId>, SubmitError> {
+        let engine = &self.node.engine;
+        match notif {
+            None => engine.submit(&self.requests),
+            Some(n) => engine
+                .submit_with_notification(&self.requests, orbitte::Notification::new(n.clone())),
+        }
+    }
+
+    /// The background post: submits, then hands the result to the handle.
+    /// A refusal is the transfer's error ("ERR"), as nobody waits here.
+    fn post_in_background(&self, notif: Option<Vec<u8>>) {
+        let submitted = self.submit(&notif);
+        let mut run = lock(&self.run);
+        if let Some((at, _)) = run.posted_at {
+            run.post_took = at.elapsed();
+        }
+        match submitted {
+            Ok(ids) => {
+                run.ids = ids;
+                run.phase = Phase::Posted;
+            }
+            Err(e) => {
+                run.end(Phase::Failed);
+                run.why = Some(format!("agent {:?}: {e}", self.agent));
+            }
+        }
+        drop(run);
+        self.submitted.notify_all();
+    }
+
+    /// Waits until a background post has its result.
+    fn settled<'a>(
+        &self,
+        mut run: std::sync::MutexGuard<'a, Run>,
+    ) -> std::sync::MutexGuard<'a, Run> {
+        while run.phase == Phase::Submitting {
+            run = self
+                .submitted
+                .wait(run)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        run
     }
 
     /// Takes the outcomes that arrived, in order, and settles the phase.
@@ -693,20 +798,6 @@ impl Xfer {
         }
         run.undrained.clear();
     }
-
-    fn state_name(phase: Phase) -> &'static str {
-        match phase {
-            Phase::Done => "DONE",
-            Phase::Failed => "ERR",
-            _ => "PROC",
-        }
-    }
-
-    fn released() -> PyErr {
-        InvalidParam::new_err(
-            "the transfer handle was released (release_xfer_handle): make a new one",
-        )
-    }
 }
 
 /// Whether a refusal at submit says the peer (or its session) is gone:
@@ -764,7 +855,7 @@ impl Xfer {
                 }),
             )
         })?;
-        Self::new(local, agent, requests, li.len(), notif)
+        Self::new((local, remote), agent, requests, li.len(), notif)
     }
 
     /// A transfer of every descriptor of `local` with the one at the same
@@ -798,23 +889,38 @@ impl Xfer {
                     .map(|(at, (&a, &b))| Ok((at, a, b))),
             )
         })?;
-        Self::new(local, agent, requests, l.len(), notif)
+        Self::new((local, remote), agent, requests, l.len(), notif)
     }
 
     /// Submits every request in one call, with the notification (this
-    /// call's `notif`, else the one given at creation; empty: none).
-    /// Returns the state right after ("DONE" if it finished meanwhile).
-    /// Refused while a previous post is in flight.
+    /// call's `notif`, else the one given at creation; empty: none), here
+    /// or, for a background transfer, on a thread of its own (a refusal is
+    /// then its "ERR"). Returns the state right after ("DONE" if it
+    /// finished meanwhile). Refused while a previous post is in flight.
     #[pyo3(signature = (notif=None))]
     fn post(&self, py: Python<'_>, notif: Option<Vec<u8>>) -> PyResult<&'static str> {
         let notif = match notif {
             Some(n) if !n.is_empty() => Some(n),
             _ => self.notif.clone(),
         };
+        if notif
+            .as_ref()
+            .is_some_and(|n| n.len() > MAX_NOTIFICATION_LEN)
+        {
+            return Err(InvalidParam::new_err(format!(
+                "the notification has {} bytes; at most {MAX_NOTIFICATION_LEN} travel with a transfer",
+                notif.as_ref().map_or(0, Vec::len)
+            )));
+        }
         py.detach(|| {
             let mut run = lock(&self.run);
             match run.phase {
                 Phase::Released => return Err(Self::released()),
+                Phase::Submitting => {
+                    return Err(RepostActive::new_err(
+                        "the transfer is still being posted: wait for check_xfer_state to say DONE or ERR before posting it again",
+                    ));
+                }
                 Phase::Posted => {
                     self.advance(&mut run);
                     if run.phase == Phase::Posted {
@@ -825,13 +931,31 @@ impl Xfer {
                 }
                 _ => {}
             }
-            let engine = &self.node.engine;
             let started = (Instant::now(), SystemTime::now());
-            let submitted = match &notif {
-                None => engine.submit(&self.requests),
-                Some(n) => engine
-                    .submit_with_notification(&self.requests, orbitte::Notification::new(n.clone())),
-            };
+            if self.background {
+                *run = Run {
+                    phase: Phase::Submitting,
+                    notified: notif.is_some(),
+                    posted_at: Some(started),
+                    ..Run::ready()
+                };
+                drop(run);
+                let core = self.core.clone();
+                let posting = notif.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("orbitte-nixl-post".into())
+                    .spawn(move || core.post_in_background(posting));
+                if spawned.is_err() {
+                    // No thread to spare: post here instead.
+                    self.post_in_background(notif);
+                }
+                let mut run = lock(&self.run);
+                if run.phase == Phase::Posted {
+                    self.advance(&mut run);
+                }
+                return Ok(Self::state_name(run.phase));
+            }
+            let submitted = self.submit(&notif);
             *run = Run {
                 phase: Phase::Posted,
                 notified: notif.is_some(),
@@ -862,7 +986,9 @@ impl Xfer {
         })
     }
 
-    /// "DONE", "PROC" or "ERR" (never blocks on the network).
+    /// "DONE", "PROC" or "ERR". Never waits on the network; while a
+    /// background post is still copying, waits for it up to
+    /// [`SUBMITTING_WAIT`] (never longer than `post` would have taken).
     fn state(&self, py: Python<'_>) -> PyResult<&'static str> {
         py.detach(|| {
             let mut run = lock(&self.run);
@@ -871,11 +997,23 @@ impl Xfer {
                 Phase::Ready => Err(NotPosted::new_err(
                     "the transfer handle was never posted: call transfer(handle) first",
                 )),
-                Phase::Posted => {
-                    self.advance(&mut run);
+                Phase::Posted | Phase::Submitting => {
+                    if run.phase == Phase::Submitting {
+                        // Its copies are running on the posting thread: a
+                        // short wait for them leaves that thread the core
+                        // a polling caller would take.
+                        run = self
+                            .submitted
+                            .wait_timeout(run, SUBMITTING_WAIT)
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .0;
+                    }
                     if run.phase == Phase::Posted {
+                        self.advance(&mut run);
+                    }
+                    if matches!(run.phase, Phase::Posted | Phase::Submitting) {
                         // A caller polling in a loop leaves the core to the
-                        // transport threads that finish the transfer.
+                        // threads that finish the transfer.
                         std::thread::yield_now();
                     }
                     Ok(Self::state_name(run.phase))
@@ -889,7 +1027,7 @@ impl Xfer {
     /// outcomes taken and its buffers drained). Later use is refused.
     fn release(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| {
-            let mut run = lock(&self.run);
+            let mut run = self.settled(lock(&self.run));
             if run.phase == Phase::Released {
                 return Err(Self::released());
             }

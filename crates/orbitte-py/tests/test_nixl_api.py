@@ -299,3 +299,44 @@ def test_index_forms(pair):
         a.make_prepped_xfer("WRITE", local, np.zeros((1, 1), dtype=np.int64), remote, [0])
     with pytest.raises(nixl.nixlInvalidParamError, match="1-D integer"):
         a.make_prepped_xfer("WRITE", local, np.array([0.0]), remote, [0])
+
+
+def test_large_local_transfers_post_in_the_background(pair):
+    """On the local path a transfer of 1 MiB or more is posted by a thread
+    of its own: transfer() does not wait for the copy, a refusal shows as
+    ERR with the reason, release right after transfer() waits for the post."""
+    a, b, _, _ = pair
+    src, dst = orbitte.Buffer(2 << 20), orbitte.Buffer(2 << 20)
+    src.view[:] = os.urandom(2 << 20)
+    a.register_memory(a.get_reg_descs([src]))
+    b.register_memory(b.get_reg_descs([dst]))
+    a.add_remote_agent(b.get_agent_metadata())
+    assert a.peer(b.name).path == "local"
+    rows = lambda base: [(base + i * 4096, 4096, 0) for i in range(512)]  # noqa: E731
+    local = a.prep_xfer_dlist("NIXL_INIT_AGENT", rows(src.address), "DRAM")
+    remote = a.prep_xfer_dlist(b.name, rows(dst.address), "DRAM")
+    order = np.random.default_rng(5).permutation(512)
+    h = a.make_prepped_xfer("WRITE", local, order, remote, np.arange(512), b"big")
+    assert a.transfer(h) in ("PROC", "DONE")
+    assert done(a, h) == "DONE", h.error
+    got = np.frombuffer(bytes(dst.view[:512 * 4096]), np.uint8).reshape(512, 4096)
+    want = np.frombuffer(bytes(src.view[:512 * 4096]), np.uint8).reshape(512, 4096)
+    assert (got == want[order]).all()
+    deadline = time.time() + 10
+    notes: dict = {}
+    while not notes and time.time() < deadline:
+        notes = b.get_new_notifs()
+    assert notes == {a.name: [b"big"]}
+    # Released at once: the release waits for the posting thread.
+    h2 = a.make_prepped_xfer("WRITE", local, np.arange(512), remote, np.arange(512))
+    a.transfer(h2)
+    a.release_xfer_handle(h2)
+    # Refused in the background: ERR, with the reason.
+    h3 = a.make_prepped_xfer("WRITE", local, np.arange(512), remote, np.arange(512), b"never")
+    a.deregister_memory(a.get_reg_descs([src]))
+    state = a.transfer(h3)
+    if state != "ERR":
+        state = done(a, h3)
+    assert state == "ERR" and "refused" in h3.error
+    time.sleep(0.2)
+    assert b.get_new_notifs() == {}
