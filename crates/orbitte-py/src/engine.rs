@@ -14,6 +14,7 @@ use orbitte::{Notification as Payload, RequestError, SubmitError};
 use pyo3::prelude::*;
 
 use crate::errors;
+use crate::gpu::device_memory;
 use crate::handles::{Handle, Notification, Peer, Registration, RemoteRange, Request};
 use crate::memory::{Allocation, wrap_raw};
 use crate::node::{Failure, Local, Node, RegisterFailure, Settings, UnregisterFailure, secs};
@@ -219,6 +220,38 @@ impl NativeEngine {
             .detach(|| local.register(address, memory, remote))
             .map_err(RegisterFailure::into_py)?;
         Ok(Registration::new(reg, address, keepalive, local))
+    }
+
+    /// Registers CUDA device memory `address..address+length` (a device
+    /// pointer: `cudaMalloc`, a CUDA tensor's `data_ptr()`) on the
+    /// cuda-staging path: its transfers are staged through pinned host
+    /// memory, never handed to a NIC, and it is local-only (peers cannot
+    /// address it). The driver must say it is device memory inside one
+    /// allocation (`cuPointerGetAttribute`); without libcuda, without a
+    /// device or for any other address it is refused with the reason.
+    /// `keepalive` (the tensor) is kept until the registration is removed
+    /// and drained; with None the memory's lifetime is the caller's
+    /// promise. Returns a `Registration` with `staged` true, `path`
+    /// "cuda_staging" and `device` the driver's device ordinal.
+    #[pyo3(signature = (address, length, keepalive=None))]
+    fn register_device(
+        &self,
+        py: Python<'_>,
+        address: u64,
+        length: u64,
+        keepalive: Option<Py<PyAny>>,
+    ) -> PyResult<Registration> {
+        let keepalive = keepalive.unwrap_or_else(|| py.None());
+        let keep = keepalive.clone_ref(py);
+        let local = self.local.clone();
+        let (reg, device) = py
+            .detach(move || {
+                let buffer = device_memory(address, length, keep)?;
+                let device = buffer.device().index();
+                local.register_device(address, buffer).map(|r| (r, device))
+            })
+            .map_err(RegisterFailure::into_py)?;
+        Ok(Registration::new(reg, address, keepalive, self.local.clone()).on_device(device))
     }
 
     /// Registers an [`Allocation`] (memfd memory: same-host peers can map
