@@ -9,7 +9,7 @@
  * ORBITTE_STUB_MODE selects the behaviour:
  *   no-device     cuInit returns CUDA_ERROR_NO_DEVICE (100)
  *   zero-devices  cuInit succeeds, cuDeviceGetCount reports 0
- *   fake-gpu      one fake device; "device memory" is host memory (default)
+ *   fake-gpu      one fake device (default); see below for its memory
  *
  * Asynchronous copies (cuMemcpy*Async) are queued and done later by a
  * worker thread, in order per stream. A stream's copies are held until

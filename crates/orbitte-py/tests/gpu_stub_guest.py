@@ -1,9 +1,12 @@
 """One scenario of test_gpu_mooncake.py, run in a child process whose
 LD_LIBRARY_PATH starts with the fake libcuda (orbitte-cuda's
 testing/stub_libcuda.c, built by the test): the engine loads it as the CUDA
-driver, and this script reaches the same library through ctypes to allocate
-"device memory" (an address range the process cannot touch; its bytes are
-reached only by the stub's copies), fill it and read it back.
+driver, and this script reaches the same library through ctypes
+(ORBITTE_STUB_LIBCUDA names it) to allocate "device memory" (an address
+range the process cannot touch; its bytes are reached only by the stub's
+copies), fill it and read it back. With ORBITTE_STUB_LIBCUDA=libcuda.so.1
+and no stub on the path, the round trip and engine API scenarios run on the
+host's real driver and device 0 the same way.
 
     python gpu_stub_guest.py SCENARIO
 
@@ -41,7 +44,6 @@ class Stub:
         lib.cuMemcpyDtoHAsync_v2.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_size_t,
                                              ctypes.c_void_p]
         lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
-        lib.orbitte_stub_fail_syncs.argtypes = [ctypes.c_int]
         assert lib.cuInit(0) == 0
         ctx = ctypes.c_void_p()
         assert lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
@@ -65,7 +67,10 @@ class Stub:
         return out
 
     def fail_syncs(self, on: bool) -> None:
-        self.lib.orbitte_stub_fail_syncs(1 if on else 0)
+        """The stub's test control (no real driver has it)."""
+        control = self.lib.orbitte_stub_fail_syncs
+        control.argtypes = [ctypes.c_int]
+        control(1 if on else 0)
 
 
 def pattern(n: int, seed: int) -> np.ndarray:

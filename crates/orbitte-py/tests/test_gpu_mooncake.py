@@ -12,7 +12,9 @@ bytes with the stub's own ``cuMemcpyDtoHAsync``.
 
 Without ``cc`` the stub tests skip, except under CI=true. The refusal of an
 address that is neither host nor device memory runs in this process, with
-whatever driver this host has (none on CI).
+whatever driver this host has (none on CI). On a host with an NVIDIA driver
+and a device, the round trip and the engine API scenarios also run against
+the real driver (``ORBITTE_REQUIRE_GPU=1`` turns their skip into a failure).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -51,11 +54,16 @@ def stub_dir(tmp_path_factory) -> Path:
     return d
 
 
-def run_guest(stub_dir: Path, scenario: str, **env: str) -> str:
+def run_guest(stub_dir: Optional[Path], scenario: str, **env: str) -> str:
+    """Runs `scenario` of gpu_stub_guest.py on the stub in `stub_dir`, or
+    with None on this host's own driver."""
     child_env = dict(os.environ)
-    child_env["LD_LIBRARY_PATH"] = os.pathsep.join(
-        [str(stub_dir)] + [p for p in [os.environ.get("LD_LIBRARY_PATH")] if p])
-    child_env["ORBITTE_STUB_LIBCUDA"] = str(stub_dir / "libcuda.so.1")
+    if stub_dir is not None:
+        child_env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [str(stub_dir)] + [p for p in [os.environ.get("LD_LIBRARY_PATH")] if p])
+        child_env["ORBITTE_STUB_LIBCUDA"] = str(stub_dir / "libcuda.so.1")
+    else:
+        child_env["ORBITTE_STUB_LIBCUDA"] = "libcuda.so.1"
     child_env["ORBITTE_STUB_MODE"] = "fake-gpu"
     child_env.pop("ORBITTE_STUB_FAIL_SYNC_AFTER", None)
     child_env.pop("ORBITTE_STUB_COPY_DELAY_US", None)
@@ -99,6 +107,31 @@ def libcuda_loads() -> bool:
         return True
     except OSError:
         return False
+
+
+def gpu_or_skip() -> None:
+    """Returns when this host's driver loads and reports a device; else
+    skips (fails with ORBITTE_REQUIRE_GPU=1)."""
+    why = None
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        count = ctypes.c_int(0)
+        if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1:
+            why = "no CUDA device"
+    except OSError:
+        why = "no CUDA driver (libcuda.so.1 not found)"
+    if why is None:
+        return
+    if os.environ.get("ORBITTE_REQUIRE_GPU") == "1":
+        pytest.fail(f"ORBITTE_REQUIRE_GPU=1 but {why}")
+    pytest.skip(why)
+
+
+@pytest.mark.parametrize("scenario", ["round_trip", "engine_api"])
+def test_real_gpu_device_pointers_or_skip(scenario):
+    """The same scenarios on device 0 of this host's own driver."""
+    gpu_or_skip()
+    run_guest(None, scenario)
 
 
 def test_an_address_neither_host_nor_device_is_refused_with_the_reason():
