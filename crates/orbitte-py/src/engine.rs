@@ -90,8 +90,21 @@ impl NativeEngine {
             None => node.engine.submit(&reqs),
             Some(b) => node.engine.submit_with_notification(&reqs, Payload::new(b)),
         })
-        .map_err(|e| Failure::Submit(e).into_py(py))
+        .map_err(|e| staged_note(py, Failure::Submit(e).into_py(py), batch))
     }
+}
+
+/// `err` with its message saying which request of `batch` has CUDA device
+/// memory (staged through host memory), if one has.
+fn staged_note(py: Python<'_>, err: PyErr, batch: &[PyRef<'_, Request>]) -> PyErr {
+    let staged = batch
+        .iter()
+        .enumerate()
+        .find_map(|(i, r)| r.local.get().device().map(|d| (i, d)));
+    if let Some((index, device)) = staged {
+        crate::gpu::note_staged(py, &err, index, device);
+    }
+    err
 }
 
 /// The refusal of a request whose range is not of `peer`: another
@@ -341,7 +354,7 @@ impl NativeEngine {
         let ids = self.submit_ids(py, &peer, &requests, notify)?;
         let node = self.node().clone();
         py.detach(move || node.settle(&ids))
-            .map_err(|f| f.into_py(py))
+            .map_err(|f| staged_note(py, f.into_py(py), &requests))
     }
 
     /// Every notification received so far, oldest first (never blocks).

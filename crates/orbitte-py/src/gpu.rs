@@ -170,6 +170,19 @@ pub(crate) fn recognise(
     }
 }
 
+/// Appends to the message of `err` (an exception about a batch) that
+/// request `index` has local memory on CUDA device `device`, staged.
+pub(crate) fn note_staged(py: Python<'_>, err: &PyErr, index: usize, device: usize) {
+    let value = err.value(py);
+    let message = value.str().map(|s| s.to_string()).unwrap_or_default();
+    let noted = format!(
+        "{message}; the local memory of request #{index} is CUDA device memory on device {device}, {STAGED}"
+    );
+    // Setting `args` changes what `str(err)` says; the type and the other
+    // attributes (`outcomes`) stay.
+    let _ = value.setattr("args", (noted,));
+}
+
 /// A device registration in words, for reports.
 pub(crate) fn describe(buffer: &CudaBuffer) -> String {
     format!(

@@ -107,7 +107,7 @@ impl Registration {
 
     /// The CUDA device holding the memory, or None for host memory.
     #[getter]
-    fn device(&self) -> Option<usize> {
+    pub(crate) fn device(&self) -> Option<usize> {
         self.device
     }
 

@@ -210,6 +210,28 @@ def staging_copy_fails(stub: Stub) -> None:
     initiator.close()
     target.close()
 
+    # The same through the engine API: TransferError says it is staged.
+    target = orbitte.Engine("fault-target", listen="127.0.0.1:0")
+    eng = orbitte.Engine("fault-initiator")
+    remote[:] = 0x22
+    target.register(remote)
+    reg = eng.register_device(dev, LEN)
+    peer = eng.connect(target.address)
+    stub.fail_syncs(True)
+    try:
+        eng.transfer(peer, [orbitte.write(reg, peer.range(0))])
+        raise AssertionError("a failed staging copy reported success")
+    except orbitte.TransferError as err:
+        text = str(err)
+        assert STAGED in text and "request #0" in text and "device copy failed" in text, text
+        assert "gpudirect" not in text.lower(), text
+        assert err.outcomes[0].failure_path == "cuda-staging", err.outcomes
+    finally:
+        stub.fail_syncs(False)
+    assert (remote == 0x22).all()
+    eng.close()
+    target.close()
+
 
 def engine_api(stub: Stub) -> None:
     """orbitte.Engine.register_device: the entry NIXL's "VRAM" uses."""
@@ -232,6 +254,13 @@ def engine_api(stub: Stub) -> None:
     initiator.transfer(peer, [orbitte.read(reg, peer.range(0))])
     assert np.array_equal(stub.download(dev, LEN), remote)
 
+    # A notifying batch cannot carry staged requests: refused, and says why.
+    try:
+        initiator.transfer(peer, [orbitte.write(reg, peer.range(0))], notify=b"done")
+        raise AssertionError("a notifying batch carried a staged request")
+    except orbitte.SubmitError as e:
+        assert "cuda-staging" in str(e) and STAGED in str(e), e
+
     host = np.zeros(4096, dtype=np.uint8)
     try:
         initiator.register_device(host.ctypes.data, host.nbytes)
@@ -246,10 +275,29 @@ def engine_api(stub: Stub) -> None:
     target.close()
 
 
+def driver_without_device(_: None) -> None:
+    """ORBITTE_STUB_MODE=no-device: libcuda loads, cuInit says no device."""
+    e = TransferEngine()
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0, e.last_error()
+    assert e.register_memory(0x2000, 4096) == -1
+    msg = e.last_error().message
+    assert "neither mapped host memory nor a CUDA device pointer" in msg, msg
+    assert "is loaded but reports no CUDA device" in msg and "CUDA_ERROR_NO_DEVICE" in msg, msg
+    eng = orbitte.Engine("no-device")
+    try:
+        eng.register_device(0x2000, 4096)
+        raise AssertionError("registered without a device")
+    except orbitte.RegisterError as err:
+        assert "reports no CUDA device" in str(err), err
+    eng.close()
+    e.close()
+
+
 SCENARIOS = {"round_trip": round_trip, "staging_copy_fails": staging_copy_fails,
-             "engine_api": engine_api}
+             "engine_api": engine_api, "driver_without_device": driver_without_device}
 
 if __name__ == "__main__":
     name = sys.argv[1]
-    SCENARIOS[name](Stub(os.environ["ORBITTE_STUB_LIBCUDA"]))
+    stub = None if name == "driver_without_device" else Stub(os.environ["ORBITTE_STUB_LIBCUDA"])
+    SCENARIOS[name](stub)
     print(f"ok {name}", flush=True)

@@ -109,6 +109,11 @@ def libcuda_loads() -> bool:
         return False
 
 
+def test_a_driver_without_a_device_is_named_in_the_refusal(stub_dir):
+    """libcuda loads but has no device: the refusal says so."""
+    run_guest(stub_dir, "driver_without_device", ORBITTE_STUB_MODE="no-device")
+
+
 def gpu_or_skip() -> None:
     """Returns when this host's driver loads and reports a device; else
     skips (fails with ORBITTE_REQUIRE_GPU=1)."""
