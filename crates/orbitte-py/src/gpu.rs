@@ -21,13 +21,13 @@
 use std::sync::Arc;
 
 use orbitte::HostMemory;
-use orbitte_cuda::{CudaBuffer, PointerError};
+use orbitte_cuda::{CudaBuffer, DeviceError, PointerError};
 use pyo3::prelude::*;
 
 use crate::memory::{RawMemoryError, wrap_raw};
 
-/// What the caller's words say when their memory is staged (reports and
-/// error messages carry it; none claims a direct GPU path).
+/// How every report and error message about device memory says how it
+/// moves (none claims a direct GPU path).
 pub(crate) const STAGED: &str = "staged through host memory (cuda-staging path)";
 
 /// Why an address cannot be registered as CUDA device memory.
@@ -39,11 +39,15 @@ pub(crate) enum DeviceMemoryError {
     ZeroLength,
     #[error("{addr:#x}+{len} wraps around the address space")]
     Overflow { addr: u64, len: u64 },
-    /// There is no usable driver, or no device.
-    #[error(
-        "{addr:#x}+{len} cannot be registered as CUDA device memory: {reason}: install the NVIDIA driver (libcuda.so.1 on the loader's path), or register host memory instead"
-    )]
-    NoDriver { addr: u64, len: u64, reason: String },
+    /// There is no usable driver, or no device (the error says which,
+    /// and the fix).
+    #[error("{addr:#x}+{len} cannot be registered as CUDA device memory: {source}")]
+    Unusable {
+        addr: u64,
+        len: u64,
+        #[source]
+        source: DeviceError,
+    },
     /// The driver answered, and not with device memory this range fits.
     #[error("{addr:#x}+{len} cannot be registered as CUDA device memory: {source}")]
     Pointer {
@@ -59,7 +63,11 @@ impl DeviceMemoryError {
     /// tried host memory first).
     fn clause(&self) -> String {
         match self {
-            Self::NoDriver { reason, .. } => reason.clone(),
+            Self::Unusable {
+                source: DeviceError::NoDevice { library, reason },
+                ..
+            } => format!("{library} is loaded but reports no CUDA device ({reason})"),
+            Self::Unusable { source, .. } => source.reason(),
             Self::Pointer {
                 source: PointerError::NotDeviceMemory { kind, .. },
                 ..
@@ -94,14 +102,13 @@ pub(crate) fn device_memory(
         return Err(overflow);
     }
     let n = usize::try_from(len).map_err(|_| overflow)?;
-    let no_driver = |reason: String| DeviceMemoryError::NoDriver { addr, len, reason };
-    let info = orbitte_cuda::driver().map_err(|e| no_driver(e.reason()))?;
+    let unusable = |source: DeviceError| DeviceMemoryError::Unusable { addr, len, source };
+    let info = orbitte_cuda::driver().map_err(|e| unusable(e.into()))?;
     if info.device_count == 0 {
-        let why = info.no_device.clone().unwrap_or_default();
-        return Err(no_driver(format!(
-            "{} is loaded but reports no CUDA device ({why})",
-            info.library
-        )));
+        return Err(unusable(DeviceError::NoDevice {
+            library: info.library.clone(),
+            reason: info.no_device.clone().unwrap_or_default(),
+        }));
     }
     // SAFETY: `from_raw_parts` first asks the driver that
     // `addr..addr+len` is device memory inside one live allocation, so a
@@ -114,7 +121,7 @@ pub(crate) fn device_memory(
     // error instead of faulting this process.
     let buffer = unsafe { CudaBuffer::from_raw_parts(addr, n, Box::new(keepalive)) };
     buffer.map_err(|source| match source {
-        PointerError::Device(e) => no_driver(e.reason()),
+        PointerError::Device(e) => unusable(e),
         source => DeviceMemoryError::Pointer { addr, len, source },
     })
 }
