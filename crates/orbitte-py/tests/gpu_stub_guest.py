@@ -165,6 +165,7 @@ def round_trip(stub: Stub) -> None:
     assert target.register_memory(tdev, 65536) == 0, target.last_error()
     host_src = np.ones(4096, dtype=np.uint8)
     assert initiator.register_memory(host_src.ctypes.data, host_src.nbytes) == 0
+    assert initiator.describe_memory(host_src.ctypes.data) == "host memory"
     assert initiator.transfer_sync_write(session, host_src.ctypes.data, tdev, 4096) == -3
     assert f"{tdev:#x}" in initiator.last_error().message, initiator.last_error()
 
