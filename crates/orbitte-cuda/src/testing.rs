@@ -2,8 +2,11 @@
 //! so the driver paths run without a GPU.
 //!
 //! The stub ([`STUB_SOURCE`], `testing/stub_libcuda.c`) exports exactly the
-//! driver functions this crate may call. Its "device memory" is host
-//! memory and its copies really move bytes, asynchronously: a worker thread
+//! driver functions this crate may call (and one test control,
+//! `orbitte_stub_fail_syncs`, for processes that load it themselves). Its
+//! "device memory" is an address range reserved without access, as a GPU's
+//! is to the host, whose bytes only the stub's copies reach; its copies
+//! really move bytes, asynchronously: a worker thread
 //! does each stream's copies in order, only once something waits for them
 //! (`cuStreamSynchronize`, `cuStreamQuery`, `cuCtxSynchronize`, a free), so
 //! a missing wait reads stale bytes. `ORBITTE_STUB_MODE` picks the

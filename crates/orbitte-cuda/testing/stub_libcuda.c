@@ -9,7 +9,7 @@
  * ORBITTE_STUB_MODE selects the behaviour:
  *   no-device     cuInit returns CUDA_ERROR_NO_DEVICE (100)
  *   zero-devices  cuInit succeeds, cuDeviceGetCount reports 0
- *   fake-gpu      one fake device; "device memory" is host memory (default)
+ *   fake-gpu      one fake device (default); see below for its memory
  *
  * Asynchronous copies (cuMemcpy*Async) are queued and done later by a
  * worker thread, in order per stream. A stream's copies are held until
@@ -24,7 +24,17 @@
  * caller's work, as on a GPU).
  * ORBITTE_STUB_FAIL_SYNC_AFTER=N makes every cuStreamSynchronize after the
  * first N return CUDA_ERROR_ILLEGAL_ADDRESS (700) at once, sticky, as a real
- * fault: the copies it would have waited for still run later.
+ * fault: the copies it would have waited for still run later. A process
+ * that loaded the stub itself (a Python test through ctypes) can turn the
+ * same failure on and off with orbitte_stub_fail_syncs(1 / 0), which is not
+ * a driver function.
+ *
+ * Device memory is not host memory, as on a GPU: cuMemAlloc hands out an
+ * address range reserved without access (PROT_NONE, so /proc/self/maps shows
+ * it mapped but neither readable nor writable, and dereferencing it faults),
+ * and the bytes live in a separate host block the driver functions reach by
+ * translating the address. Pinned host memory (cuMemHostAlloc) is ordinary
+ * readable and writable host memory.
  * Compiling with -DOMIT_HTOD leaves out cuMemcpyHtoDAsync_v2 (a driver that
  * lacks a symbol).
  *
@@ -33,6 +43,7 @@
  */
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -58,12 +69,18 @@ typedef void *CUstream;
 enum kind { FREE_SLOT = 0, HOST = 1, DEVICE = 2 };
 
 static struct alloc {
+    /* The address handed out. */
     uintptr_t base;
     size_t size;
     int kind;
+    /* Where the bytes are: `base` itself for host memory, a separate host
+     * block for device memory (whose `base` is reserved without access). */
+    uintptr_t bytes;
 } allocs[MAX_ALLOCS];
 static size_t device_used;
 static long syncs;
+/* Set by orbitte_stub_fail_syncs: every cuStreamSynchronize fails. */
+static int fail_syncs;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int context_token;
 static __thread CUcontext current;
@@ -79,12 +96,13 @@ static void put_string(char *dst, int len, const char *src) {
     dst[len - 1] = 0;
 }
 
-static int record(void *p, size_t size, int kind) {
+static int record(uintptr_t base, void *bytes, size_t size, int kind) {
     for (int i = 0; i < MAX_ALLOCS; i++) {
         if (allocs[i].kind == FREE_SLOT) {
-            allocs[i].base = (uintptr_t)p;
+            allocs[i].base = base;
             allocs[i].size = size;
             allocs[i].kind = kind;
+            allocs[i].bytes = (uintptr_t)bytes;
             return 1;
         }
     }
@@ -99,15 +117,27 @@ static struct alloc *find(uintptr_t p) {
     return NULL;
 }
 
+/* The host address of the bytes of device address `d` (inside one device
+ * allocation, checked by the caller). */
+static void *device_bytes(CUdeviceptr d) {
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find((uintptr_t)d);
+    uintptr_t at = a ? a->bytes + ((uintptr_t)d - a->base) : 0;
+    pthread_mutex_unlock(&lock);
+    return (void *)at;
+}
+
 static void drain_range(uintptr_t base, size_t size);
 
 static CUresult release(uintptr_t p, int kind) {
     pthread_mutex_lock(&lock);
     struct alloc *found = find(p);
     size_t size = found ? found->size : 0;
+    uintptr_t bytes = found ? found->bytes : 0;
     pthread_mutex_unlock(&lock);
-    /* Freeing memory waits for the copies that use it. */
-    if (size) drain_range(p, size);
+    /* Freeing memory waits for the copies that use it (queued copies name
+     * the bytes, not the device address). */
+    if (size) drain_range(bytes, size);
     pthread_mutex_lock(&lock);
     struct alloc *a = find(p);
     if (!a || a->base != p || a->kind != kind) {
@@ -116,8 +146,11 @@ static CUresult release(uintptr_t p, int kind) {
     }
     if (kind == DEVICE) device_used -= a->size;
     a->kind = FREE_SLOT;
+    size = a->size;
+    bytes = a->bytes;
     pthread_mutex_unlock(&lock);
-    free((void *)p);
+    if (kind == DEVICE) munmap((void *)p, size);
+    free((void *)bytes);
     return OK;
 }
 
@@ -369,7 +402,7 @@ CUresult cuStreamSynchronize(CUstream st) {
     pthread_mutex_unlock(&lock);
     struct stream *s = st;
     pthread_mutex_lock(&qlock);
-    if (after && n > atol(after)) {
+    if ((after && n > atol(after)) || __atomic_load_n(&fail_syncs, __ATOMIC_SEQ_CST)) {
         /* A fault: nothing is known about the copies, which still run. */
         s->released = s->enqueued;
         pthread_cond_broadcast(&qcond);
@@ -409,14 +442,16 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
         return n == 0 ? INVALID_VALUE : OUT_OF_MEMORY;
     }
     void *m = malloc(n);
-    if (!m || !record(m, n, DEVICE)) {
+    void *at = mmap(NULL, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (!m || at == MAP_FAILED || !record((uintptr_t)at, m, n, DEVICE)) {
         pthread_mutex_unlock(&lock);
         free(m);
+        if (at != MAP_FAILED) munmap(at, n);
         return OUT_OF_MEMORY;
     }
     device_used += n;
     pthread_mutex_unlock(&lock);
-    *p = (CUdeviceptr)(uintptr_t)m;
+    *p = (CUdeviceptr)(uintptr_t)at;
     return OK;
 }
 
@@ -426,7 +461,7 @@ CUresult cuMemHostAlloc(void **p, size_t n, unsigned int flags) {
     (void)flags;
     void *m = malloc(n);
     pthread_mutex_lock(&lock);
-    int ok = m && record(m, n, HOST);
+    int ok = m && record((uintptr_t)m, m, n, HOST);
     pthread_mutex_unlock(&lock);
     if (!ok) {
         free(m);
@@ -450,19 +485,19 @@ static int device_range_ok(CUdeviceptr d, size_t n) {
 
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
     if (!device_range_ok(src, n)) return INVALID_VALUE;
-    return enqueue_copy(dst, (const void *)(uintptr_t)src, n, s);
+    return enqueue_copy(dst, device_bytes(src), n, s);
 }
 
 #ifndef OMIT_HTOD
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
     if (!device_range_ok(dst, n)) return INVALID_VALUE;
-    return enqueue_copy((void *)(uintptr_t)dst, src, n, s);
+    return enqueue_copy(device_bytes(dst), src, n, s);
 }
 #endif
 
 CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) {
     if (!device_range_ok(d, n)) return INVALID_VALUE;
-    memset((void *)(uintptr_t)d, v, n);
+    memset(device_bytes(d), v, n);
     return OK;
 }
 
@@ -499,3 +534,7 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
     pthread_mutex_unlock(&lock);
     return a ? OK : INVALID_VALUE;
 }
+
+/* Test control, not a driver function: while `on`, every
+ * cuStreamSynchronize fails as with ORBITTE_STUB_FAIL_SYNC_AFTER. */
+void orbitte_stub_fail_syncs(int on) { __atomic_store_n(&fail_syncs, on, __ATOMIC_SEQ_CST); }

@@ -1,7 +1,7 @@
 //! The cuda-staging path through the engine, without a GPU: each test
 //! builds orbitte-cuda's stub driver (`orbitte_cuda::testing`,
-//! `testing/stub_libcuda.c`: a fake GPU whose "device memory" is host memory
-//! and whose copies really move bytes) with `cc`, then re-runs this test
+//! `testing/stub_libcuda.c`: a fake GPU whose "device memory" the process
+//! cannot touch and whose copies really move bytes) with `cc`, then re-runs this test
 //! binary as a child process with the stub first on LD_LIBRARY_PATH and one
 //! `#[ignore]`d `child_*` entry selected. The child registers GPU memory
 //! with `engine.register`, submits WRITEs and READs on it with the same

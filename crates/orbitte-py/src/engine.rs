@@ -14,6 +14,7 @@ use orbitte::{Notification as Payload, RequestError, SubmitError};
 use pyo3::prelude::*;
 
 use crate::errors;
+use crate::gpu::device_memory;
 use crate::handles::{Handle, Notification, Peer, Registration, RemoteRange, Request};
 use crate::memory::{Allocation, wrap_raw};
 use crate::node::{Failure, Local, Node, RegisterFailure, Settings, UnregisterFailure, secs};
@@ -95,8 +96,21 @@ impl NativeEngine {
             None => node.engine.submit(&reqs),
             Some(b) => node.engine.submit_with_notification(&reqs, Payload::new(b)),
         })
-        .map_err(|e| Failure::Submit(e).into_py(py))
+        .map_err(|e| staged_note(py, Failure::Submit(e).into_py(py), batch))
     }
+}
+
+/// `err` with its message saying which request of `batch` has CUDA device
+/// memory (staged through host memory), if one has.
+fn staged_note(py: Python<'_>, err: PyErr, batch: &[PyRef<'_, Request>]) -> PyErr {
+    let staged = batch
+        .iter()
+        .enumerate()
+        .find_map(|(i, r)| r.local.get().device().map(|d| (i, d)));
+    if let Some((index, device)) = staged {
+        crate::gpu::note_staged(py, &err, index, device);
+    }
+    err
 }
 
 /// The refusal of a request whose range is not of `peer`: another
@@ -227,6 +241,38 @@ impl NativeEngine {
         Ok(Registration::new(reg, address, keepalive, local))
     }
 
+    /// Registers CUDA device memory `address..address+length` (a device
+    /// pointer: `cudaMalloc`, a CUDA tensor's `data_ptr()`) on the
+    /// cuda-staging path: its transfers are staged through pinned host
+    /// memory, never handed to a NIC, and it is local-only (peers cannot
+    /// address it). The driver must say it is device memory inside one
+    /// allocation (`cuPointerGetAttribute`); without libcuda, without a
+    /// device or for any other address it is refused with the reason.
+    /// `keepalive` (the tensor) is kept until the registration is removed
+    /// and drained; with None the memory's lifetime is the caller's
+    /// promise. Returns a `Registration` with `staged` true, `path`
+    /// "cuda_staging" and `device` the driver's device ordinal.
+    #[pyo3(signature = (address, length, keepalive=None))]
+    fn register_device(
+        &self,
+        py: Python<'_>,
+        address: u64,
+        length: u64,
+        keepalive: Option<Py<PyAny>>,
+    ) -> PyResult<Registration> {
+        let keepalive = keepalive.unwrap_or_else(|| py.None());
+        let keep = keepalive.clone_ref(py);
+        let local = self.local.clone();
+        let (reg, device) = py
+            .detach(move || {
+                let buffer = device_memory(address, length, keep)?;
+                let device = buffer.device().index();
+                local.register_device(address, buffer).map(|r| (r, device))
+            })
+            .map_err(RegisterFailure::into_py)?;
+        Ok(Registration::new(reg, address, keepalive, self.local.clone()).on_device(device))
+    }
+
     /// Registers an [`Allocation`] (memfd memory: same-host peers can map
     /// it, so the local path applies); `keepalive` is its owner.
     #[pyo3(signature = (allocation, keepalive, remote=true))]
@@ -314,7 +360,7 @@ impl NativeEngine {
         let ids = self.submit_ids(py, &peer, &requests, notify)?;
         let node = self.node().clone();
         py.detach(move || node.settle(&ids))
-            .map_err(|f| f.into_py(py))
+            .map_err(|f| staged_note(py, f.into_py(py), &requests))
     }
 
     /// Every notification received so far, oldest first (never blocks).

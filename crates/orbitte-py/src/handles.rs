@@ -20,15 +20,19 @@ use crate::errors;
 use crate::node::{Failure, Local, Node, lock, secs};
 use crate::outcome::PyOutcome;
 
-/// A local registration: `address`, `length`, the `path` that serves it;
-/// the engine holds the memory (and `keepalive`, its owner) until it is
-/// unregistered and drained.
+/// A local registration: `address`, `length`, the `path` that serves it
+/// (`staged` and `device` for CUDA device memory); the engine holds the
+/// memory (and `keepalive`, its owner) until it is unregistered and
+/// drained.
 #[pyclass(module = "orbitte._orbitte", frozen)]
 #[derive(Debug)]
 pub(crate) struct Registration {
     pub(crate) reg: orbitte::Registration,
-    /// The first byte's address in this process.
+    /// The first byte's address in this process (a device address for
+    /// CUDA memory).
     pub(crate) address: u64,
+    /// The CUDA device holding the memory (device memory only).
+    device: Option<usize>,
     keepalive: Py<PyAny>,
     engine: Arc<Local>,
 }
@@ -43,8 +47,17 @@ impl Registration {
         Self {
             reg,
             address,
+            device: None,
             keepalive,
             engine,
+        }
+    }
+
+    /// The registration of memory on CUDA device `device`.
+    pub(crate) fn on_device(self, device: usize) -> Self {
+        Self {
+            device: Some(device),
+            ..self
         }
     }
 
@@ -72,14 +85,48 @@ impl Registration {
         self.reg.id.0
     }
 
-    /// "host_direct" (rdma, tcp and local serve it) or
-    /// "host_without_rdma" (tcp and local).
+    /// "host_direct" (rdma, tcp and local serve it), "host_without_rdma"
+    /// (tcp and local) or "cuda_staging" (CUDA device memory, staged
+    /// through host bounce buffers).
     #[getter]
     fn path(&self) -> &'static str {
         match self.reg.path {
             orbitte::MemoryPath::HostDirect => "host_direct",
             orbitte::MemoryPath::HostWithoutRdma => "host_without_rdma",
+            orbitte::MemoryPath::CudaStaging => "cuda_staging",
             _ => "other",
+        }
+    }
+
+    /// Whether its transfers are staged through host memory (CUDA device
+    /// memory on the cuda-staging path; no GPU memory goes to a NIC).
+    #[getter]
+    fn staged(&self) -> bool {
+        self.reg.path == orbitte::MemoryPath::CudaStaging
+    }
+
+    /// The CUDA device holding the memory, or None for host memory.
+    #[getter]
+    pub(crate) fn device(&self) -> Option<usize> {
+        self.device
+    }
+
+    /// How the memory is served, in words.
+    #[getter]
+    fn report(&self) -> String {
+        match self.device {
+            Some(device) => format!(
+                "{} bytes of CUDA device memory on device {device} at {:#x}, {}",
+                self.reg.len,
+                self.address,
+                crate::gpu::STAGED
+            ),
+            None => format!(
+                "{} bytes of host memory at {:#x}, path {}",
+                self.reg.len,
+                self.address,
+                self.path()
+            ),
         }
     }
 

@@ -26,6 +26,7 @@ mod directory;
 mod doctor;
 mod engine;
 mod errors;
+mod gpu;
 mod handles;
 mod memory;
 mod mooncake;

@@ -16,13 +16,17 @@
 //!   (`HostMemory::from_raw_parts`), so the transfer fails with an outcome
 //!   that names the range, and the process gets no signal;
 //! - [`Allocation`]: memfd memory the engine allocates, which same-host
-//!   peers can map (the local path).
+//!   peers can map (the local path);
+//! - CUDA device memory ([`crate::gpu`]), registered on the cuda-staging
+//!   path: kept here by its device address like host memory, so a
+//!   Mooncake request's local pointer resolves the same way.
 
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
 use orbitte::{HostMemory, RegistrationId};
+use orbitte_cuda::CudaBuffer;
 use pyo3::prelude::*;
 
 /// Host memory the engine allocated (memfd-backed, page-aligned, zeroed):
@@ -81,15 +85,25 @@ impl Allocation {
     }
 }
 
+/// The memory of one local registration.
+#[derive(Debug, Clone)]
+pub(crate) enum RangeMemory {
+    /// Host memory: the caller's copies (`read_local`, `write_local`) go
+    /// through it.
+    Host(Arc<HostMemory>),
+    /// CUDA device memory on the cuda-staging path (no host copy reaches
+    /// it: the driver's copies do).
+    Device(Arc<CudaBuffer>),
+}
+
 /// One local registration.
 #[derive(Debug, Clone)]
 pub(crate) struct LocalRange {
     pub(crate) id: RegistrationId,
     pub(crate) len: u64,
     /// Keeps the memory (and the Python object behind it) alive for as
-    /// long as the range is registered, whatever the engine holds; the
-    /// caller's copies (`read_local`, `write_local`) go through it.
-    pub(crate) memory: Arc<HostMemory>,
+    /// long as the range is registered, whatever the engine holds.
+    pub(crate) memory: RangeMemory,
 }
 
 /// Why a local address does not resolve.

@@ -23,8 +23,9 @@ use orbitte::{Notification as Payload, Op, RemoteTarget, RequestError, RequestId
 use pyo3::prelude::*;
 
 use crate::errors;
+use crate::gpu::{Recognised, recognise};
 use crate::handles::{Handle, Notification, Peer};
-use crate::memory::{Allocation, LocalMiss, wrap_raw};
+use crate::memory::{Allocation, LocalMiss, RangeMemory};
 use crate::node::{
     BuildFailure, Failure, ListenFailure, Local, Node, Refusal, RegisterFailure, Settings,
     UnregisterFailure, lock, secs,
@@ -96,9 +97,10 @@ fn register_failed(f: RegisterFailure) -> PyErr {
         RegisterFailure::Engine(orbitte::RegisterError::NoUsableNic { .. }) => {
             MooncakeEngine::ERR_DEVICE_NOT_FOUND
         }
-        RegisterFailure::Memory(_) | RegisterFailure::Engine(_) => {
-            MooncakeEngine::ERR_INVALID_ARGUMENT
-        }
+        RegisterFailure::Memory(_)
+        | RegisterFailure::Device(_)
+        | RegisterFailure::Unrecognised(_)
+        | RegisterFailure::Engine(_) => MooncakeEngine::ERR_INVALID_ARGUMENT,
     };
     coded(f.into_py(), code)
 }
@@ -398,15 +400,35 @@ impl MooncakeEngine {
     }
 
     /// Registers `length` bytes at `address`, which must stay allocated
-    /// until `unregister` (as with Mooncake): copies of it go through the
-    /// kernel, so memory unmapped before then fails its transfers.
+    /// until `unregister` (as with Mooncake). Host memory mapped
+    /// read-write here is registered as host memory (copies of it go
+    /// through the kernel, so memory unmapped before then fails its
+    /// transfers) and published when `remote`; otherwise a CUDA device
+    /// pointer is registered on the cuda-staging path, local-only (its
+    /// transfers are staged through host memory; peers cannot address it).
+    /// Anything else is refused with both reasons. Returns None for host
+    /// memory, the report of the staged registration for device memory.
     #[pyo3(signature = (address, length, remote=true))]
-    fn register(&self, py: Python<'_>, address: u64, length: u64, remote: bool) -> PyResult<()> {
-        let memory = wrap_raw(address, length, py.None(), false)
+    fn register(
+        &self,
+        py: Python<'_>,
+        address: u64,
+        length: u64,
+        remote: bool,
+    ) -> PyResult<Option<String>> {
+        let memory = recognise(py, address, length)
             .map_err(|e| register_failed(RegisterFailure::from(e)))?;
-        py.detach(|| self.local.register(address, memory, remote))
-            .map(drop)
-            .map_err(register_failed)
+        match memory {
+            Recognised::Host(memory) => py
+                .detach(|| self.local.register(address, memory, remote))
+                .map(|_| None),
+            Recognised::Device(buffer) => {
+                let report = crate::gpu::describe(&buffer);
+                py.detach(|| self.local.register_device(address, buffer))
+                    .map(|_| Some(report))
+            }
+        }
+        .map_err(register_failed)
     }
 
     /// Registers an [`Allocation`] (memfd memory: same-host peers can map
@@ -423,6 +445,11 @@ impl MooncakeEngine {
         py.detach(|| self.local.register(start, memory, remote))
             .map(drop)
             .map_err(register_failed)
+    }
+
+    /// Every local registration: (address, length).
+    fn registrations(&self, py: Python<'_>) -> Vec<(u64, u64)> {
+        py.detach(|| self.local.ranges())
     }
 
     /// Removes the registration that starts at `address`. Refused while
@@ -573,7 +600,17 @@ impl MooncakeEngine {
             )
         };
         let (range, offset) = regs.resolve(address, len).map_err(miss)?;
-        // Lossless: the offset is below the registration's length, a usize.
-        Ok((range.memory.clone(), offset as usize))
+        match &range.memory {
+            // Lossless: the offset is below the registration's length, a usize.
+            RangeMemory::Host(memory) => Ok((memory.clone(), offset as usize)),
+            RangeMemory::Device(buffer) => Err(coded(
+                errors::Error::new_err(format!(
+                    "local address {address:#x} is in CUDA device memory (device {}), which is {}: copy it with CUDA (cudaMemcpy, a tensor's copy_) instead",
+                    buffer.device().index(),
+                    crate::gpu::STAGED
+                )),
+                Self::ERR_INVALID_ARGUMENT,
+            )),
+        }
     }
 }

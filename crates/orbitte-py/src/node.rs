@@ -13,12 +13,14 @@ use orbitte::{
     Access, ConnectOptions, DrainStatus, EngineBuilder, HostMemory, PathKind, PathPreference,
     RdmaConfig, Registration, RequestError, RequestId, SubmitError, TransferEngine, WaitError,
 };
+use orbitte_cuda::CudaBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::directory::Directory;
 use crate::errors;
-use crate::memory::{LocalMiss, LocalRange, LocalTable, RawMemoryError};
+use crate::gpu::{DeviceMemoryError, UnrecognisedMemory};
+use crate::memory::{LocalMiss, LocalRange, LocalTable, RangeMemory, RawMemoryError};
 use crate::outcome::PyOutcome;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -74,6 +76,12 @@ pub(crate) enum ListenFailure {
 pub(crate) enum RegisterFailure {
     #[error(transparent)]
     Memory(#[from] RawMemoryError),
+    /// Not usable as CUDA device memory (`register_device`).
+    #[error(transparent)]
+    Device(#[from] DeviceMemoryError),
+    /// Neither host memory nor device memory (Mooncake's register).
+    #[error(transparent)]
+    Unrecognised(#[from] UnrecognisedMemory),
     #[error(
         "{start:#x}+{len} overlaps the registered range {other:#x}+{other_len}: unregister it first or register a disjoint buffer"
     )]
@@ -205,6 +213,34 @@ impl Local {
         remote: bool,
     ) -> Result<Registration, RegisterFailure> {
         let len = memory.len() as u64;
+        self.insert(start, len, RangeMemory::Host(memory.clone()), || {
+            self.node.register(memory, remote)
+        })
+    }
+
+    /// Registers CUDA device memory whose first byte is at `start` on the
+    /// cuda-staging path (local-only: peers cannot address it); refused if
+    /// it overlaps a registration.
+    pub(crate) fn register_device(
+        &self,
+        start: u64,
+        buffer: Arc<CudaBuffer>,
+    ) -> Result<Registration, RegisterFailure> {
+        let len = buffer.len() as u64;
+        self.insert(start, len, RangeMemory::Device(buffer.clone()), || {
+            Ok(self.node.engine.register(buffer, Access::LocalOnly)?)
+        })
+    }
+
+    /// Registers with `register` unless `start..start+len` overlaps a
+    /// registration, and keeps `memory` by `start`.
+    fn insert(
+        &self,
+        start: u64,
+        len: u64,
+        memory: RangeMemory,
+        register: impl FnOnce() -> Result<Registration, RegisterFailure>,
+    ) -> Result<Registration, RegisterFailure> {
         let mut regs = self.regs.write().unwrap_or_else(PoisonError::into_inner);
         if let Some((other, other_len)) = regs.overlapping(start, len) {
             return Err(RegisterFailure::Overlap {
@@ -214,7 +250,7 @@ impl Local {
                 other_len,
             });
         }
-        let reg = self.node.register(memory.clone(), remote)?;
+        let reg = register()?;
         regs.insert(
             start,
             LocalRange {

@@ -23,9 +23,11 @@ and Mooncake's error codes (``MooncakeEngine.ERR_*``, carried as the
 
 from __future__ import annotations
 
+import bisect
 import enum
 import json
 import itertools
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -37,6 +39,7 @@ from ._orbitte import MooncakeEngine as _Native
 __all__ = ["LastError", "TransferEngine", "TransferNotify", "TransferOpcode"]
 
 _count = itertools.count()
+_log = logging.getLogger("orbitte.mooncake")
 
 
 class TransferOpcode(enum.IntEnum):
@@ -125,16 +128,39 @@ class TransferEngine:
         self._tls = threading.local()
         self._managed: dict[int, Buffer] = {}
         self._batches: dict[int, list] = {}
+        # Registrations of CUDA device memory: address -> (length, report).
+        self._staged: dict[int, tuple[int, str]] = {}
+        # Batch id -> the staging note of its failure message.
+        self._batch_notes: dict[int, str] = {}
         self._lock = threading.Lock()
 
     # -- errors ---------------------------------------------------------
-    def _fail(self, call: str, err: BaseException) -> int:
+    def _fail(self, call: str, err: BaseException, note: Optional[str] = None) -> int:
         code = getattr(err, "code", None)
         if not isinstance(code, int) or code >= 0:
             code = _Native.ERR_INVALID_ARGUMENT
         outcomes = list(getattr(err, "outcomes", None) or [])
-        self._tls.error = LastError(call, code, str(err), outcomes)
+        message = str(err) if not note else f"{err}; {note}"
+        self._tls.error = LastError(call, code, message, outcomes)
         return code
+
+    def _staging_note(self, buffers: Any) -> Optional[str]:
+        """Says which local buffers of a batch are CUDA device memory (their
+        transfers are staged through host memory), or None."""
+        with self._lock:
+            if not self._staged:
+                return None
+            staged = sorted(self._staged.items())
+        starts = [a for a, _ in staged]
+        try:
+            addrs = [int(buffers)] if isinstance(buffers, int) else _ints(buffers)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        for a in addrs:
+            i = bisect.bisect_right(starts, int(a)) - 1
+            if i >= 0 and int(a) < starts[i] + staged[i][1][0]:
+                return f"local buffer {int(a):#x} is {staged[i][1][1]}"
+        return None
 
     def last_error(self) -> Optional[LastError]:
         """The calling thread's last failure (None after a success)."""
@@ -212,19 +238,45 @@ class TransferEngine:
 
     # -- memory ---------------------------------------------------------
     def register_memory(self, buffer_addr: int, capacity: int) -> int:
-        """Registers ``capacity`` bytes at ``buffer_addr`` and publishes
-        them to peers. The memory must stay allocated until
-        unregister_memory (as with Mooncake)."""
+        """Registers ``capacity`` bytes at ``buffer_addr``. The memory must
+        stay allocated until unregister_memory (as with Mooncake).
+
+        Host memory (mapped readable and writable in this process) is
+        published to peers. Otherwise, when libcuda is present and says the
+        address is CUDA device memory (a GPU KV-cache tensor's
+        ``data_ptr()``), it is registered on the cuda-staging path: its
+        transfers are staged through host memory (never GPUDirect), it is
+        local-only (a peer cannot address it), and
+        :meth:`describe_memory` says so. Anything else is refused (-1) with
+        both reasons in :meth:`last_error`."""
         try:
-            self._engine().register(int(buffer_addr), int(capacity), remote=True)
+            report = self._engine().register(int(buffer_addr), int(capacity), remote=True)
+            if report is not None:
+                with self._lock:
+                    self._staged[int(buffer_addr)] = (int(capacity), report)
+                _log.info("register_memory(%#x, %d): %s", int(buffer_addr), int(capacity), report)
             self._tls.error = None
             return 0
         except (Error, TypeError, ValueError, OverflowError) as e:
             return self._fail("register_memory", e)
 
+    def describe_memory(self, buffer_addr: int) -> str:
+        """How the registration starting at ``buffer_addr`` is served, in
+        words (not in Mooncake's API): "host memory", or for CUDA device
+        memory the device and "staged through host memory (cuda-staging
+        path)"; "" when nothing is registered there."""
+        with self._lock:
+            staged = self._staged.get(int(buffer_addr))
+        if staged is not None:
+            return staged[1]
+        ranges = self._engine().registrations()
+        return "host memory" if any(a == int(buffer_addr) for a, _ in ranges) else ""
+
     def unregister_memory(self, buffer_addr: int) -> int:
         try:
             self._engine().unregister(int(buffer_addr))
+            with self._lock:
+                self._staged.pop(int(buffer_addr), None)
             self._tls.error = None
             return 0
         except (Error, TypeError, ValueError, OverflowError) as e:
@@ -321,7 +373,7 @@ class TransferEngine:
             self._tls.error = None
             return 0
         except (Error, TypeError, ValueError, OverflowError) as e:
-            return self._fail(call, e)
+            return self._fail(call, e, self._staging_note(buffers))
 
     def transfer_sync_write(self, target_hostname: str, buffer: int, peer_buffer_address: int,
                             length: int, transport_hint: str = "") -> int:
@@ -376,11 +428,14 @@ class TransferEngine:
             handles = self._engine().submit_batch(target_hostname, write, _packed(buffers),
                                                   _packed(peer_buffer_addresses), _packed(lengths))
         except (Error, TypeError, ValueError, OverflowError) as e:
-            self._fail(call, e)
+            self._fail(call, e, self._staging_note(buffers))
             return 0
         batch_id = next(_count) + 1
+        note = self._staging_note(buffers)
         with self._lock:
             self._batches[batch_id] = handles
+            if note:
+                self._batch_notes[batch_id] = note
         return batch_id
 
     def batch_transfer_async_write(self, target_hostname: str, buffers: Any, peer_buffer_addresses: Any,
@@ -405,6 +460,7 @@ class TransferEngine:
         for b in _ints(batch_ids):
             with self._lock:
                 handles = self._batches.pop(b, None)
+                note = self._batch_notes.pop(b, None)
             if handles is None:
                 err = Error(f"unknown batch id {b}: pass an id that batch_transfer_async_* returned, once")
                 return self._fail("get_batch_transfer_status", err)
@@ -417,8 +473,9 @@ class TransferEngine:
                     return self._fail("get_batch_transfer_status", e)
                 outcomes.append(o)
             if not all(o.ok for o in outcomes):
+                message = f"batch {b}: a request did not complete"
                 self._tls.error = LastError("get_batch_transfer_status", -1,
-                                            f"batch {b}: a request did not complete", outcomes)
+                                            f"{message}; {note}" if note else message, outcomes)
                 rc = -1
         return rc
 
@@ -433,9 +490,12 @@ class TransferEngine:
             return 0
         with self._lock:
             self._batches.pop(int(batch_id), None)
+            note = self._batch_notes.pop(int(batch_id), None)
         if all(o.ok for o in results):
             return 1
-        self._tls.error = LastError("transfer_check_status", -1, "a request did not complete", results)
+        message = "a request did not complete"
+        self._tls.error = LastError("transfer_check_status", -1,
+                                    f"{message}; {note}" if note else message, results)
         return -2 if any(o.status == "timed_out" for o in results) else -1
 
     def close(self) -> None:
