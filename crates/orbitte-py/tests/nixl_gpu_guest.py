@@ -1,0 +1,95 @@
+"""orbitte.nixl with "VRAM" descriptors, run by test_nixl_gpu.py in a child
+process whose LD_LIBRARY_PATH starts with orbitte-cuda's fake libcuda (as
+gpu_stub_guest.py is; its Stub class allocates and reads the "device"
+memory). With ORBITTE_STUB_LIBCUDA=libcuda.so.1 and no stub on the path it
+runs on the host's real driver and device 0.
+
+    python nixl_gpu_guest.py
+
+Exits 0 and prints "ok nixl_vram" when every check held.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from gpu_stub_guest import Stub, pattern
+from orbitte import nixl
+
+BLOCK, BLOCKS = 64 << 10, 8
+
+
+def agent(name: str) -> nixl.nixl_agent:
+    return nixl.nixl_agent(f"{name}-{os.getpid()}", nixl.nixl_agent_config(listen="127.0.0.1:0", rdma=False))
+
+
+def main() -> None:
+    stub = Stub(os.environ["ORBITTE_STUB_LIBCUDA"])
+    target, initiator = agent("host-side"), agent("gpu-side")
+    assert initiator.get_backend_mem_types("UCX") == ["DRAM_SEG", "VRAM_SEG"]
+    host = np.zeros(BLOCK * BLOCKS, dtype=np.uint8)
+    target.register_memory([(host.ctypes.data, host.nbytes, 0, "")], "DRAM")
+    dev = stub.alloc(BLOCK * BLOCKS)
+    src = pattern(BLOCK * BLOCKS, 3)
+    stub.upload(dev, src)
+    vram = initiator.register_memory([(dev, BLOCK * BLOCKS, 0, "kv")], "VRAM")
+    assert vram.getType() == "VRAM_SEG"
+    initiator.add_remote_agent(target.get_agent_metadata())
+    target.add_remote_agent(initiator.get_agent_metadata())
+    local = initiator.prep_xfer_dlist("NIXL_INIT_AGENT", [(dev + i * BLOCK, BLOCK, 0) for i in range(BLOCKS)], "cuda")
+    remote = initiator.prep_xfer_dlist(target.name, [(host.ctypes.data + i * BLOCK, BLOCK, 0) for i in range(BLOCKS)],
+                                       "DRAM")
+    order = np.arange(BLOCKS)[::-1].copy()
+
+    def done(h) -> None:
+        deadline = time.time() + 30
+        state = initiator.check_xfer_state(h)
+        while state == "PROC" and time.time() < deadline:
+            state = initiator.check_xfer_state(h)
+        assert state == "DONE", (state, h.error)
+
+    # WRITE device blocks into host memory by index.
+    h = initiator.make_prepped_xfer("WRITE", local, np.arange(BLOCKS), remote, order)
+    initiator.transfer(h)
+    done(h)
+    initiator.release_xfer_handle(h)
+    got = host.reshape(BLOCKS, BLOCK)
+    assert (got[order] == src.reshape(BLOCKS, BLOCK)).all()
+
+    # READ them back into the device, shifted by one block.
+    host[:] = pattern(host.nbytes, 9)
+    h = initiator.make_prepped_xfer("READ", local, [1, 2, 3], remote, [0, 1, 2])
+    initiator.transfer(h)
+    done(h)
+    back = stub.download(dev, BLOCK * BLOCKS)
+    assert (back[BLOCK:4 * BLOCK] == host[:3 * BLOCK]).all() and (back[:BLOCK] == src[:BLOCK]).all()
+
+    # A staged transfer carries no notification: refused, then send_notif.
+    h = initiator.make_prepped_xfer("WRITE", local, [0], remote, [0], b"kv-ready")
+    try:
+        initiator.transfer(h)
+        raise AssertionError("a staged transfer carried a notification")
+    except nixl.nixlInvalidParamError as e:
+        assert "cuda-staging" in str(e), e
+    initiator.send_notif(target.name, b"kv-ready")
+    deadline = time.time() + 10
+    while not target.check_remote_xfer_done(initiator.name, b"kv-ready"):
+        assert time.time() < deadline, "no notification"
+        time.sleep(0.005)
+    # A remote agent cannot name device memory: it is local-only.
+    try:
+        target.prep_xfer_dlist(initiator.name, [(dev, BLOCK, 0)], "VRAM")
+        raise AssertionError("a remote agent resolved local-only device memory")
+    except nixl.nixlNotFoundError:
+        pass
+    initiator.deregister_memory(vram)
+    initiator.close()
+    target.close()
+    print("ok nixl_vram", flush=True)
+
+
+if __name__ == "__main__":
+    main()
