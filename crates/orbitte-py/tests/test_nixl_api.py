@@ -102,12 +102,19 @@ def test_wrong_tuple_width_and_unknown_mem_type(pair):
         a.get_xfer_descs([(-1, 10, 0)], "DRAM")
 
 
-def test_vram_without_device_registration_says_so(pair):
+def test_vram_that_is_not_device_memory_says_so(pair):
     a, _, sa, _ = pair
-    if hasattr(orbitte.Engine, "register_device"):
-        pytest.skip("this build registers GPU memory (Engine.register_device)")
-    with pytest.raises(nixl.nixlNotSupportedError, match="VRAM without libcuda/this build"):
-        a.register_memory([(sa.address, 10, 0, "")], "VRAM")
+    stray = np.zeros(4096, dtype=np.uint8)
+    if not hasattr(orbitte.Engine, "register_device"):
+        with pytest.raises(nixl.nixlNotSupportedError, match="VRAM without libcuda/this build"):
+            a.register_memory([(stray.ctypes.data, 4096, 0, "")], "VRAM")
+        return
+    # Host memory named as VRAM: the driver (or its absence) is named, and
+    # nothing is registered.
+    before = a.engine.registrations()
+    with pytest.raises(nixl.nixlBackendError, match="cannot be registered as CUDA device memory"):
+        a.register_memory([(stray.ctypes.data, 4096, 0, "")], "VRAM")
+    assert a.engine.registrations() == before
 
 
 def test_unregistered_range_and_unknown_agent(pair):
