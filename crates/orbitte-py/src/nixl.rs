@@ -703,19 +703,29 @@ impl Core {
     /// The background post: submits, then hands the result to the handle.
     /// A refusal is the transfer's error ("ERR"), as nobody waits here.
     fn post_in_background(&self, notif: Option<Vec<u8>>) {
-        let submitted = self.submit(&notif);
+        // Whatever happens, the handle leaves `Submitting` (a release waits
+        // for that).
+        let submitted =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.submit(&notif)));
         let mut run = lock(&self.run);
         if let Some((at, _)) = run.posted_at {
             run.post_took = at.elapsed();
         }
         match submitted {
-            Ok(ids) => {
+            Ok(Ok(ids)) => {
                 run.ids = ids;
                 run.phase = Phase::Posted;
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 run.end(Phase::Failed);
                 run.why = Some(format!("agent {:?}: {e}", self.agent));
+            }
+            Err(_) => {
+                run.end(Phase::Failed);
+                run.why = Some(format!(
+                    "agent {:?}: the engine panicked while posting this transfer",
+                    self.agent
+                ));
             }
         }
         drop(run);
