@@ -12,8 +12,8 @@ from orbitte import nixl
 
 
 def agent(name: str, **kw) -> nixl.nixl_agent:
-    return nixl.nixl_agent(f"{name}-{os.getpid()}-{time.monotonic_ns()}",
-                           nixl.nixl_agent_config(listen="127.0.0.1:0", rdma=False, **kw))
+    kw.setdefault("listen", "127.0.0.1:0")
+    return nixl.nixl_agent(f"{name}-{os.getpid()}-{time.monotonic_ns()}", nixl.nixl_agent_config(rdma=False, **kw))
 
 
 @pytest.fixture
@@ -347,3 +347,22 @@ def test_large_local_transfers_post_in_the_background(pair):
     assert state == "ERR" and "refused" in h3.error
     time.sleep(0.2)
     assert b.get_new_notifs() == {}
+
+
+def test_ipv6_listen_addresses_travel_in_the_metadata():
+    import json
+
+    try:
+        a, b = agent("v6a", listen="::1"), agent("v6b", listen="[::1]:0")
+    except nixl.nixlBackendError as e:
+        pytest.skip(f"no IPv6 loopback here: {e}")
+    meta = json.loads(b.get_agent_metadata())
+    assert meta["address"].startswith("[::1]:")
+    a.add_remote_agent(b.get_agent_metadata())
+    a.send_notif(b.name, b"over v6")
+    deadline = time.time() + 10
+    while not b.check_remote_xfer_done(a.name, b"over v6"):
+        assert time.time() < deadline
+        time.sleep(0.005)
+    a.close()
+    b.close()

@@ -549,10 +549,13 @@ class nixl_agent:
                 metadata=metadata,
             )
             listen = conf.listen or os.environ.get("ORBITTE_NIXL_LISTEN") or "0.0.0.0"
-            if listen.rsplit(":", 1)[-1].isdigit() and ":" in listen:
-                addr = listen
-            else:
-                addr = f"{listen}:{conf.port if conf.enable_listen else 0}"
+            host, sep, port = listen.rpartition(":")
+            if sep and port.isdigit() and (host.endswith("]") or ":" not in host):
+                addr = listen  # "host:port" or "[v6]:port"
+            else:  # a host alone
+                bare = listen.strip("[]")
+                host = f"[{bare}]" if ":" in bare else bare
+                addr = f"{host}:{conf.port if conf.enable_listen else 0}"
             self._engine.listen(addr)
         except Error as e:
             raise nixlBackendError(f"agent {agent_name!r}: {e}") from None
@@ -688,13 +691,18 @@ class nixl_agent:
         doc = {
             "format": METADATA_FORMAT,
             "name": self.name,
-            "address": self._engine.address,
+            "address": self._address(),
             "source_id": self._engine.source_id,
             "epoch": self._engine.epoch,
             "registrations": regs,
             "anchor": self._anchor.address,
         }
         return json.dumps(doc, separators=(",", ":")).encode()
+
+    def _address(self) -> str:
+        """``host:port`` remote agents connect to (``[v6]:port`` for IPv6)."""
+        host, port = self._engine._host, self._engine.port
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def get_partial_agent_metadata(self, descs: Any, inc_conn_info: bool = False,
                                    backends: Sequence[str] = ()) -> bytes:
@@ -1017,7 +1025,7 @@ class nixl_agent:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<orbitte.nixl.nixl_agent {self.name!r} at {self._engine.address} remotes={sorted(self._remotes)}>"
+        return f"<orbitte.nixl.nixl_agent {self.name!r} at {self._address()} remotes={sorted(self._remotes)}>"
 
 
 def _name(agent: Any) -> str:
