@@ -89,6 +89,7 @@ pub mod control;
 mod control;
 mod engine;
 pub mod error;
+mod io_pool;
 mod nic;
 pub mod notify;
 pub use orbitte_proto::outcome;
@@ -136,12 +137,12 @@ pub use outcome::{
 pub use recovery::{RecoveryPolicy, RecoveryState};
 pub use registration::{Access, Budgets, Charges, Memory, MemoryPath, Registration};
 pub use request::{LocalRead, LocalWrite, PeerRef, RemoteRange, RemoteTarget, Request};
-/// The smallest socket buffer a session asks for ([`SessionConfig`]).
-pub use session::MIN_SOCKET_BUFFER;
 pub use session::{
     ConnectError, ConnectOptions, ListenError, ListenerStats, PathPreference, Peer, SessionConfig,
     SessionError,
 };
+/// The smallest socket buffer a session asks for ([`SessionConfig`]).
+pub use session::{DEFAULT_IO_THREADS, MIN_SOCKET_BUFFER};
 /// The local path's posting thread copies a post of at most this many
 /// bytes itself (no hand-off to the rail's worker).
 pub use transport::local::INLINE_BYTES;

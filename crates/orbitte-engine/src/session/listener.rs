@@ -1,23 +1,32 @@
 //! The target side: accepts sessions on TCP (and same-host mapping
-//! requests on a unix socket) and serves them, one thread per connection.
+//! requests on a unix socket) and serves them.
+//!
+//! The accept loop runs on the listener's I/O pool ([`IoPool`], sized by
+//! `SessionConfig::io_threads`): the listening socket waits on epoll with
+//! the idle sessions. A connection gets a thread for its handshake, and a
+//! tcp data session keeps one while it serves requests; once quiet it
+//! parks on the pool (module `data`), so idle sessions hold no thread.
+//! rdma control links and same-host mapping sessions keep a thread each.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use orbitte_wire::{Admission, ErrorCode, Frame, FrameType, SessionPurpose, SourceId};
 
-use super::accept::{self, StopSignal};
+use super::accept::StopSignal;
 use super::activity::SessionActivity;
+use super::data::DataSession;
 use super::io::{close_after_refusal, send_error, write_frame};
 use super::log_budget::LogBudget;
 use super::publications::publication_frames;
 use super::serving::{ClosedSession, ControlAcceptor, LiveConn, Shared};
 use super::{RangeLookup, SessionConfig, SessionError, SharedPeerTable, handshake};
-use crate::transport::tcp::serve::{CloseReason, ServeCtx, serve};
+use crate::io_pool::{IoPool, Next, WatchKey, Watched};
+use crate::transport::tcp::serve::CloseReason;
 
 /// Why [`TransferEngine::listen`](crate::TransferEngine::listen) (or `EngineBuilder::listen` at build)
 /// failed.
@@ -66,8 +75,11 @@ pub struct ListenerStats {
 pub struct Listener {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    accept: Option<JoinHandle<()>>,
+    /// The accept loop's place on the pool.
+    accept: Option<WatchKey>,
     local: Option<crate::transport::local::LocalServer>,
+    /// Owns the I/O threads (the sessions only hold a `Weak`).
+    pool: Arc<IoPool>,
 }
 
 impl Listener {
@@ -95,6 +107,7 @@ impl Listener {
         let listener = bind_backlogged(addr)?;
         let addr = listener.local_addr()?;
         let lines_per_second = cfg.refusal_logs_per_second;
+        let pool = IoPool::new(cfg.io_threads, &addr.port().to_string())?;
         let shared = Arc::new(Shared {
             cfg,
             peers,
@@ -102,6 +115,7 @@ impl Listener {
             control,
             stop: AtomicBool::new(false),
             stopping: StopSignal::new()?,
+            pool: Arc::downgrade(&pool),
             accept_calls: AtomicU64::new(0),
             live: Mutex::new(HashMap::new()),
             closed: Mutex::new(Vec::new()),
@@ -122,16 +136,20 @@ impl Listener {
                 None
             }
         };
-        let s = shared.clone();
-        let accept = std::thread::Builder::new()
-            .name(format!("orbitte-accept-{}", addr.port()))
-            .spawn(move || accept_loop(listener, s))?;
+        let accept = pool.watch(
+            Box::new(Acceptor {
+                listener,
+                shared: shared.clone(),
+            }),
+            None,
+        );
         tracing::info!(%addr, source = %shared.cfg.source_id, epoch = %shared.cfg.epoch, "listening");
         Ok(Self {
             shared,
             addr,
             accept: Some(accept),
             local,
+            pool,
         })
     }
 
@@ -172,8 +190,8 @@ impl Listener {
         }
     }
 
-    /// Stops accepting, closes every session and waits for the accept
-    /// thread.
+    /// Stops accepting (the listening socket is closed when this returns)
+    /// and closes every session.
     pub fn shutdown(mut self) {
         self.stop();
     }
@@ -190,8 +208,8 @@ impl Listener {
         {
             let _ = c.stream.shutdown(Shutdown::Both);
         }
-        if let Some(h) = self.accept.take() {
-            let _ = h.join();
+        if let Some(key) = self.accept.take() {
+            self.pool.forget(key);
         }
         if let Some(l) = self.local.take() {
             l.stop();
@@ -205,10 +223,10 @@ impl Drop for Listener {
     }
 }
 
-/// Connections the kernel queues for the accept thread (capped by
+/// Connections the kernel queues for the accept loop (capped by
 /// `net.core.somaxconn`). A connection that finds the queue full loses its
 /// SYN and waits a second for the kernel to send it again, so the queue
-/// holds a burst of unauthenticated connections while the accept thread
+/// holds a burst of unauthenticated connections while the accept loop
 /// takes them.
 const ACCEPT_BACKLOG: i32 = 1024;
 
@@ -235,22 +253,59 @@ fn bind_backlogged(addr: SocketAddr) -> std::io::Result<TcpListener> {
     Ok(TcpListener::from(fd))
 }
 
-/// Parks until a connection waits (or the listener stops), then takes
-/// every connection that waits: a connection is accepted the moment it
-/// arrives, and the thread does not run while none does.
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    accept::serve(
-        "tcp",
-        &listener,
-        &[&shared.stopping],
-        &shared.stop,
-        || shared.resource_line_to_log(),
-        || {
-            shared.accept_calls.fetch_add(1, Ordering::Relaxed);
-            listener.accept()
-        },
-        |(stream, from)| take(stream, from, &shared),
-    );
+/// How long the accept loop pauses after a failed `accept` (out of
+/// descriptors) before it tries again; the connection stays in the
+/// backlog meanwhile.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(50);
+
+/// The listening socket on its I/O loop: woken when connections wait, it
+/// takes every one that waits (a connection is accepted the moment it
+/// arrives, and nothing runs while none does).
+struct Acceptor {
+    listener: TcpListener,
+    shared: Arc<Shared>,
+}
+
+impl Acceptor {
+    /// Accepts until the backlog is empty; after a failure, tries again
+    /// after a pause.
+    fn take_all(self: Box<Self>, now: Instant) -> Next {
+        while !self.shared.stop.load(Ordering::Acquire) {
+            self.shared.accept_calls.fetch_add(1, Ordering::Relaxed);
+            match self.listener.accept() {
+                Ok((stream, from)) => take(stream, from, &self.shared),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    if let Some(left_out) = self.shared.resource_line_to_log() {
+                        tracing::warn!(listener = "tcp", error = %e, left_out, "accept failed");
+                    }
+                    return Next::Wait(self, Some(now + ACCEPT_PAUSE));
+                }
+            }
+        }
+        Next::Wait(self, None)
+    }
+}
+
+impl Watched for Acceptor {
+    fn fd(&self) -> RawFd {
+        self.listener.as_raw_fd()
+    }
+
+    fn ready(self: Box<Self>, now: Instant) -> Next {
+        self.take_all(now)
+    }
+
+    fn expired(self: Box<Self>, now: Instant) -> Next {
+        self.take_all(now)
+    }
+
+    fn abandoned(self: Box<Self>, why: &str) {
+        if !self.shared.stop.load(Ordering::Acquire) {
+            tracing::error!(addr = ?self.listener.local_addr().ok(), why, "the listener stopped accepting");
+        }
+    }
 }
 
 /// Gives an accepted connection a pre-auth slot and a session thread.
@@ -516,18 +571,17 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
                 text: format!("cannot send publications: {e}"),
             },
             Ok(()) => {
-                let ctx = ServeCtx {
-                    cfg,
-                    peers: &shared.peers,
-                    ranges: shared.ranges.as_ref(),
-                    peer: &hs.peer,
+                DataSession {
+                    stream,
+                    from,
+                    conn,
+                    shared: shared.clone(),
+                    peer: hs.peer,
                     session: hs.session,
-                    stop: &shared.stop,
-                    requests: &shared.data_requests,
-                    bytes: &shared.data_bytes,
-                    activity: &activity,
-                };
-                serve(&mut stream, &ctx)
+                    activity,
+                }
+                .start();
+                return;
             }
         }
     };
@@ -573,15 +627,15 @@ mod tests {
         l.shared.accept_calls.load(Ordering::Relaxed)
     }
 
-    /// The accept thread parks until a connection waits: no timer wakes it
-    /// in between (a loop that sleeps and retries `accept` on an empty
+    /// The accept loop waits on epoll until a connection waits: no timer
+    /// wakes it in between (a loop that sleeps and retries `accept` on an empty
     /// backlog would have made a call every few milliseconds), and each
     /// connection costs one wake-up, the `accept` that takes it and at most
     /// one more that finds the backlog empty. Nothing here depends on how
-    /// fast the machine is: a parked thread makes no call however long the
+    /// fast the machine is: a waiting loop makes no call however long the
     /// quiet lasts.
     #[test]
-    fn the_accept_thread_runs_only_when_a_connection_waits() {
+    fn the_accept_loop_runs_only_when_a_connection_waits() {
         let l = listener();
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(
@@ -638,12 +692,14 @@ mod tests {
         }
     }
 
-    /// Stopping wakes the parked accept thread: `shutdown` returns
-    /// without any connection arriving.
+    /// Stopping takes the listening socket off its loop and closes it
+    /// before `shutdown` returns: a new connection is refused at once.
     #[test]
-    fn shutdown_wakes_a_parked_accept_thread() {
+    fn shutdown_closes_the_listening_socket() {
         let l = listener();
-        std::thread::sleep(Duration::from_millis(50));
+        let addr = l.local_addr();
         l.shutdown();
+        let e = TcpStream::connect(addr).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
     }
 }

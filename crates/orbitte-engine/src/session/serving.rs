@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use orbitte_wire::{SessionId, SourceId};
@@ -15,6 +15,7 @@ use super::accept::StopSignal;
 use super::activity::SessionActivity;
 use super::log_budget::LogBudget;
 use super::{RangeLookup, SessionConfig, SharedPeerTable, handshake};
+use crate::io_pool::IoPool;
 use crate::transport::tcp::serve::CloseReason;
 
 /// One session the listener closed, and why.
@@ -64,8 +65,12 @@ pub(crate) struct Shared {
     /// Who serves rdma control links; `None`: such sessions are refused.
     pub(crate) control: Option<Arc<dyn ControlAcceptor>>,
     pub(crate) stop: AtomicBool,
-    /// Raised with `stop`: wakes the accept threads parked in `poll`.
+    /// Raised with `stop`: wakes the local path's accept thread.
     pub(crate) stopping: StopSignal,
+    /// The listener's I/O threads: its accept loop and its idle tcp data
+    /// sessions wait there. The listener owns the pool; a session that
+    /// finds it gone closes.
+    pub(crate) pool: Weak<IoPool>,
     /// `accept` calls made (each connection taken costs one, and each
     /// wake-up one more that finds the backlog empty).
     pub(crate) accept_calls: AtomicU64,
