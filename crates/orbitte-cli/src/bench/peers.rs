@@ -398,8 +398,10 @@ fn measure_count(
     }
     let connect_seconds = start.elapsed().as_secs_f64();
     // The sessions settle on the target's side after the initiators have
-    // their peers open.
-    std::thread::sleep(Duration::from_millis(200));
+    // their peers open: a tcp data session parks on the target's I/O pool
+    // (and gives its thread up) once quiet for its poll interval of 200 ms,
+    // which the read it waits in can stretch to twice that.
+    std::thread::sleep(Duration::from_millis(600));
     let target_idle = Usage::now();
     let mut cells = Vec::new();
     for op in [Op::Write, Op::Read] {
