@@ -190,6 +190,35 @@ impl Drop for IoPool {
     }
 }
 
+/// An engine's I/O pool, started on first use and shared by its listener
+/// and its tcp rails.
+#[derive(Debug, Clone)]
+pub(crate) struct IoThreads {
+    threads: usize,
+    pool: Arc<Mutex<Option<Arc<IoPool>>>>,
+}
+
+impl IoThreads {
+    /// A pool of `threads` loops, not started yet.
+    pub(crate) fn new(threads: usize) -> Self {
+        Self {
+            threads,
+            pool: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// The pool, started now if it was not yet.
+    pub(crate) fn pool(&self) -> std::io::Result<Arc<IoPool>> {
+        let mut slot = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = slot.as_ref() {
+            return Ok(p.clone());
+        }
+        let p = IoPool::new(self.threads, "net")?;
+        *slot = Some(p.clone());
+        Ok(p)
+    }
+}
+
 /// One watched descriptor on its loop.
 struct Entry {
     watched: Box<dyn Watched>,

@@ -56,6 +56,7 @@ impl TransferEngine {
             self.range_lookup(),
             addr,
             Some(control),
+            &self.net().tcp.io_threads(),
         )
         .map_err(|source| ListenError::Bind { addr, source })?;
         let at = listener.local_addr();

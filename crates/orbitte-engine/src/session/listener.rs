@@ -25,7 +25,7 @@ use super::log_budget::LogBudget;
 use super::publications::publication_frames;
 use super::serving::{ClosedSession, ControlAcceptor, LiveConn, Shared};
 use super::{RangeLookup, SessionConfig, SessionError, SharedPeerTable, handshake};
-use crate::io_pool::{IoPool, Next, WatchKey, Watched};
+use crate::io_pool::{IoPool, IoThreads, Next, WatchKey, Watched};
 use crate::transport::tcp::serve::CloseReason;
 
 /// Why [`TransferEngine::listen`](crate::TransferEngine::listen) (or `EngineBuilder::listen` at build)
@@ -92,22 +92,25 @@ impl Listener {
         ranges: Arc<dyn RangeLookup>,
         addr: SocketAddr,
     ) -> Result<Self, SessionError> {
-        Self::bind_serving(cfg, peers, ranges, addr, None)
+        let io = IoThreads::new(cfg.io_threads);
+        Self::bind_serving(cfg, peers, ranges, addr, None, &io)
     }
 
     /// [`bind`](Self::bind), also serving rdma control links with
-    /// `control`.
+    /// `control`, on the I/O threads `io` (an engine's, shared with its
+    /// rails).
     pub(crate) fn bind_serving(
         cfg: SessionConfig,
         peers: SharedPeerTable,
         ranges: Arc<dyn RangeLookup>,
         addr: SocketAddr,
         control: Option<Arc<dyn ControlAcceptor>>,
+        io: &IoThreads,
     ) -> Result<Self, SessionError> {
         let listener = bind_backlogged(addr)?;
         let addr = listener.local_addr()?;
         let lines_per_second = cfg.refusal_logs_per_second;
-        let pool = IoPool::new(cfg.io_threads, &addr.port().to_string())?;
+        let pool = io.pool()?;
         let shared = Arc::new(Shared {
             cfg,
             peers,
