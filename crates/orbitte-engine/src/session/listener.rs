@@ -13,11 +13,11 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use orbitte_wire::{Admission, ErrorCode, Frame, FrameType, SessionPurpose, SourceId};
 
-use super::accept::StopSignal;
+use super::accept::{Accepting, Acceptor};
 use super::activity::SessionActivity;
 use super::data::DataSession;
 use super::io::{close_after_refusal, send_error, write_frame};
@@ -25,7 +25,7 @@ use super::log_budget::LogBudget;
 use super::publications::publication_frames;
 use super::serving::{ClosedSession, ControlAcceptor, LiveConn, Shared};
 use super::{RangeLookup, SessionConfig, SessionError, SharedPeerTable, handshake};
-use crate::io_pool::{IoPool, IoThreads, Next, WatchKey, Watched};
+use crate::io_pool::{IoPool, IoThreads, WatchKey};
 use crate::transport::tcp::serve::CloseReason;
 
 /// Why [`TransferEngine::listen`](crate::TransferEngine::listen) (or `EngineBuilder::listen` at build)
@@ -117,7 +117,6 @@ impl Listener {
             ranges,
             control,
             stop: AtomicBool::new(false),
-            stopping: StopSignal::new()?,
             pool: Arc::downgrade(&pool),
             accept_calls: AtomicU64::new(0),
             live: Mutex::new(HashMap::new()),
@@ -140,10 +139,10 @@ impl Listener {
             }
         };
         let accept = pool.watch(
-            Box::new(Acceptor {
+            Box::new(Acceptor(TcpAccepting {
                 listener,
                 shared: shared.clone(),
-            }),
+            })),
             None,
         );
         tracing::info!(%addr, source = %shared.cfg.source_id, epoch = %shared.cfg.epoch, "listening");
@@ -201,7 +200,6 @@ impl Listener {
 
     fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        self.shared.stopping.raise();
         for c in self
             .shared
             .live
@@ -256,58 +254,35 @@ fn bind_backlogged(addr: SocketAddr) -> std::io::Result<TcpListener> {
     Ok(TcpListener::from(fd))
 }
 
-/// How long the accept loop pauses after a failed `accept` (out of
-/// descriptors) before it tries again; the connection stays in the
-/// backlog meanwhile.
-const ACCEPT_PAUSE: Duration = Duration::from_millis(50);
-
-/// The listening socket on its I/O loop: woken when connections wait, it
-/// takes every one that waits (a connection is accepted the moment it
-/// arrives, and nothing runs while none does).
-struct Acceptor {
+/// The tcp listening socket's side of its [`Acceptor`].
+struct TcpAccepting {
     listener: TcpListener,
     shared: Arc<Shared>,
 }
 
-impl Acceptor {
-    /// Accepts until the backlog is empty; after a failure, tries again
-    /// after a pause.
-    fn take_all(self: Box<Self>, now: Instant) -> Next {
-        while !self.shared.stop.load(Ordering::Acquire) {
-            self.shared.accept_calls.fetch_add(1, Ordering::Relaxed);
-            match self.listener.accept() {
-                Ok((stream, from)) => take(stream, from, &self.shared),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    if let Some(left_out) = self.shared.resource_line_to_log() {
-                        tracing::warn!(listener = "tcp", error = %e, left_out, "accept failed");
-                    }
-                    return Next::Wait(self, Some(now + ACCEPT_PAUSE));
-                }
-            }
-        }
-        Next::Wait(self, None)
-    }
-}
+impl Accepting for TcpAccepting {
+    type Conn = (TcpStream, SocketAddr);
+    const KIND: &'static str = "tcp";
 
-impl Watched for Acceptor {
     fn fd(&self) -> RawFd {
         self.listener.as_raw_fd()
     }
 
-    fn ready(self: Box<Self>, now: Instant) -> Next {
-        self.take_all(now)
+    fn accept(&mut self) -> std::io::Result<Self::Conn> {
+        self.shared.accept_calls.fetch_add(1, Ordering::Relaxed);
+        self.listener.accept()
     }
 
-    fn expired(self: Box<Self>, now: Instant) -> Next {
-        self.take_all(now)
+    fn take(&mut self, (stream, from): Self::Conn) {
+        take(stream, from, &self.shared);
     }
 
-    fn abandoned(self: Box<Self>, why: &str) {
-        if !self.shared.stop.load(Ordering::Acquire) {
-            tracing::error!(addr = ?self.listener.local_addr().ok(), why, "the listener stopped accepting");
-        }
+    fn stopped(&self) -> bool {
+        self.shared.stop.load(Ordering::Acquire)
+    }
+
+    fn log_line(&self) -> Option<u64> {
+        self.shared.resource_line_to_log()
     }
 }
 

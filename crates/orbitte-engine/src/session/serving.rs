@@ -11,7 +11,6 @@ use std::time::Instant;
 
 use orbitte_wire::{SessionId, SourceId};
 
-use super::accept::StopSignal;
 use super::activity::SessionActivity;
 use super::log_budget::LogBudget;
 use super::{RangeLookup, SessionConfig, SharedPeerTable, handshake};
@@ -65,8 +64,6 @@ pub(crate) struct Shared {
     /// Who serves rdma control links; `None`: such sessions are refused.
     pub(crate) control: Option<Arc<dyn ControlAcceptor>>,
     pub(crate) stop: AtomicBool,
-    /// Raised with `stop`: wakes the local path's accept thread.
-    pub(crate) stopping: StopSignal,
     /// The listener's I/O threads: its accept loop and its idle tcp data
     /// sessions wait there. The listener owns the pool; a session that
     /// finds it gone closes.
