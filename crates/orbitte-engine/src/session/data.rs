@@ -1,7 +1,8 @@
 //! An admitted tcp data session between its requests: served by a thread
 //! of its own while requests come, parked on an I/O loop of the
 //! listener's pool ([`crate::io_pool`]) once it has been quiet for the
-//! poll interval, so an idle session holds no thread.
+//! poll interval, so an idle session holds no thread. An rdma control
+//! link ([`ControlConn`]) parks the same way between its frames.
 //!
 //! While parked, the loop watches the socket and, every [`CHECK`], the
 //! checks a quiet session makes (listener stopping, `idle_timeout`, its
@@ -13,34 +14,57 @@
 //! waits while it is parked, so serving it again starts from a clean
 //! frame boundary.
 
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use orbitte_wire::SessionId;
+use orbitte_wire::{SessionId, SourceId};
 
 use super::PeerIdentity;
 use super::activity::SessionActivity;
-use super::serving::Shared;
-use crate::io_pool::{Next, Watched};
+use super::serving::{ControlServed, ControlSession, Shared};
+use crate::io_pool::{Next, Watched, spawn_with};
 use crate::transport::tcp::serve::{CloseReason, ServeCtx, Served, prepare, quiet, serve};
 
 /// How often a parked session makes a quiet session's checks (as often as
 /// a thread serving it would, between its reads).
 pub(crate) const CHECK: Duration = Duration::from_millis(200);
 
-/// An admitted tcp data session, with what closing it takes.
+/// An admitted connection of a listener, with what closing it takes.
 #[derive(Debug)]
-pub(crate) struct DataSession {
+pub(crate) struct Admitted {
+    /// The listener's handle of the socket.
     pub(crate) stream: TcpStream,
     pub(crate) from: SocketAddr,
     /// Its key in the listener's live connections.
     pub(crate) conn: u64,
     pub(crate) shared: Arc<Shared>,
-    pub(crate) peer: PeerIdentity,
+    /// Its session in the peer table.
     pub(crate) session: SessionId,
+    pub(crate) source: SourceId,
+}
+
+impl Admitted {
+    /// Closes it and records why.
+    fn close(self, reason: CloseReason) {
+        self.shared.close_admitted(
+            &self.stream,
+            self.conn,
+            self.from,
+            self.session,
+            self.source,
+            reason,
+        );
+    }
+}
+
+/// An admitted tcp data session.
+#[derive(Debug)]
+pub(crate) struct DataSession {
+    pub(crate) conn: Admitted,
+    pub(crate) peer: PeerIdentity,
     pub(crate) activity: Arc<SessionActivity>,
 }
 
@@ -48,7 +72,7 @@ impl DataSession {
     /// Serves it on this thread (after the handshake and the
     /// publications) until it ends or parks.
     pub(crate) fn start(self) {
-        match prepare(&self.stream, &self.shared.cfg) {
+        match prepare(&self.conn.stream, &self.conn.shared.cfg) {
             Ok(()) => self.run(),
             Err(reason) => self.finish(reason),
         }
@@ -56,17 +80,22 @@ impl DataSession {
 
     /// Serves requests until the session ends or is quiet, then parks it.
     fn run(mut self) {
-        let ctx = ctx(&self.shared, &self.peer, self.session, &self.activity);
-        let served = serve(&mut self.stream, &ctx);
+        let ctx = ctx(
+            &self.conn.shared,
+            &self.peer,
+            self.conn.session,
+            &self.activity,
+        );
+        let served = serve(&mut self.conn.stream, &ctx);
         match served {
             Served::Closed(reason) => self.finish(reason),
             Served::Idle => {
-                let Some(pool) = self.shared.pool.upgrade() else {
+                let Some(pool) = self.conn.shared.pool.upgrade() else {
                     return self.finish(CloseReason::normal("listener shut down"));
                 };
                 // Parked, the socket never blocks a loop: a goodbye that
                 // finds the send buffer full is left out.
-                if let Err(e) = self.stream.set_nonblocking(true) {
+                if let Err(e) = self.conn.stream.set_nonblocking(true) {
                     return self.finish(CloseReason::abnormal(format!(
                         "cannot park the session: {e}"
                     )));
@@ -79,29 +108,18 @@ impl DataSession {
     /// Closes the session: the socket, its peer table entry, its live
     /// connection, and the record of why.
     fn finish(self, reason: CloseReason) {
-        let _ = self.stream.shutdown(Shutdown::Both);
-        self.shared
-            .peers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .session_closed(self.session);
-        self.shared
-            .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.conn);
-        self.shared.record_close(
-            self.from,
-            Some(self.peer.source_id.clone()),
-            reason.abnormal,
-            reason.text,
-        );
+        self.conn.close(reason);
     }
 
     /// A quiet session's checks, on the loop; `Some`: it closed.
     fn check(&mut self) -> Option<CloseReason> {
-        let ctx = ctx(&self.shared, &self.peer, self.session, &self.activity);
-        quiet(&mut self.stream, &ctx)
+        let ctx = ctx(
+            &self.conn.shared,
+            &self.peer,
+            self.conn.session,
+            &self.activity,
+        );
+        quiet(&mut self.conn.stream, &ctx)
     }
 }
 
@@ -127,42 +145,28 @@ fn ctx<'a>(
 
 impl Watched for DataSession {
     fn fd(&self) -> RawFd {
-        self.stream.as_raw_fd()
+        self.conn.stream.as_raw_fd()
     }
 
     fn ready(self: Box<Self>, _now: Instant) -> Next {
-        if self.shared.stop.load(Ordering::Acquire) {
+        if self.conn.shared.stop.load(Ordering::Acquire) {
             self.finish(CloseReason::normal("listener shut down"));
             return Next::Done;
         }
-        if let Err(e) = self.stream.set_nonblocking(false) {
+        if let Err(e) = self.conn.stream.set_nonblocking(false) {
             self.finish(CloseReason::abnormal(format!(
                 "cannot serve the session again: {e}"
             )));
             return Next::Done;
         }
-        // Kept where a failed spawn can take it back.
-        let conn = self.conn;
-        let slot = Arc::new(Mutex::new(Some(*self)));
-        let theirs = slot.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("orbitte-session-{conn}"))
-            .spawn(move || {
-                let s = theirs.lock().unwrap_or_else(|p| p.into_inner()).take();
-                if let Some(s) = s {
-                    s.run();
-                }
-            });
-        if let Err(e) = spawned {
-            let s = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(s) = s {
-                if let Some(left_out) = s.shared.resource_line_to_log() {
-                    tracing::warn!(error = %e, left_out, "cannot spawn a session thread");
-                }
-                s.finish(CloseReason::abnormal(format!(
-                    "no thread to serve the session: {e}"
-                )));
+        let name = format!("orbitte-session-{}", self.conn.conn);
+        if let Err((s, e)) = spawn_with(name, *self, Self::run) {
+            if let Some(left_out) = s.conn.shared.resource_line_to_log() {
+                tracing::warn!(error = %e, left_out, "cannot spawn a session thread");
             }
+            s.finish(CloseReason::abnormal(format!(
+                "no thread to serve the session: {e}"
+            )));
         }
         Next::Done
     }
@@ -175,6 +179,80 @@ impl Watched for DataSession {
             }
             None => Next::Wait(self, Some(now + CHECK)),
         }
+    }
+
+    fn abandoned(self: Box<Self>, why: &str) {
+        self.finish(CloseReason::normal(format!("session closed: {why}")));
+    }
+}
+
+/// An admitted rdma control link, parked on the pool between its frames
+/// (the engine's [`ControlSession`] serves them).
+#[derive(Debug)]
+pub(crate) struct ControlConn {
+    /// The link has its own handle of the socket.
+    pub(crate) conn: Admitted,
+    /// `Some` except while a thread serves it.
+    pub(crate) link: Option<Box<dyn ControlSession>>,
+}
+
+impl ControlConn {
+    /// Parks it on the listener's pool (closes it when the pool is gone).
+    pub(crate) fn park(self) {
+        match self.conn.shared.pool.upgrade() {
+            Some(pool) => {
+                pool.watch(Box::new(self), Some(Instant::now() + CHECK));
+            }
+            None => self.finish(CloseReason::normal("listener shut down")),
+        }
+    }
+
+    /// Serves the link on this thread until it ends or is quiet again.
+    fn run(mut self) {
+        let Some(link) = self.link.take() else {
+            return self.finish(CloseReason::abnormal("the control link was lost"));
+        };
+        match link.resume(&self.conn.shared.stop) {
+            ControlServed::Closed(reason) => self.finish(reason),
+            ControlServed::Quiet(link) => {
+                self.link = Some(link);
+                self.park();
+            }
+        }
+    }
+
+    fn finish(self, reason: CloseReason) {
+        self.conn.close(reason);
+    }
+}
+
+impl Watched for ControlConn {
+    fn fd(&self) -> RawFd {
+        self.link
+            .as_ref()
+            .map_or_else(|| self.conn.stream.as_raw_fd(), |l| l.fd())
+    }
+
+    fn ready(self: Box<Self>, _now: Instant) -> Next {
+        if self.conn.shared.stop.load(Ordering::Acquire) {
+            self.finish(CloseReason::normal("listener stopped"));
+            return Next::Done;
+        }
+        let name = format!("orbitte-session-{}", self.conn.conn);
+        if let Err((c, e)) = spawn_with(name, *self, Self::run) {
+            c.finish(CloseReason::abnormal(format!(
+                "no thread to serve the rdma control link: {e}"
+            )));
+        }
+        Next::Done
+    }
+
+    fn expired(self: Box<Self>, now: Instant) -> Next {
+        if self.conn.shared.stop.load(Ordering::Acquire) {
+            self.finish(CloseReason::normal("listener stopped"));
+            return Next::Done;
+        }
+        Next::Wait(self, Some(now + CHECK))
     }
 
     fn abandoned(self: Box<Self>, why: &str) {

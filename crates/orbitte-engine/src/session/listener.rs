@@ -6,7 +6,9 @@
 //! the idle sessions. A connection gets a thread for its handshake, and a
 //! tcp data session keeps one while it serves requests; once quiet it
 //! parks on the pool (module `data`), so idle sessions hold no thread.
-//! rdma control links and same-host mapping sessions keep a thread each.
+//! rdma control links park the same way between their frames, and
+//! same-host mapping sessions after their handout
+//! (`transport::local::server`).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -19,11 +21,11 @@ use orbitte_wire::{Admission, ErrorCode, Frame, FrameType, SessionPurpose, Sourc
 
 use super::accept::{Accepting, Acceptor};
 use super::activity::SessionActivity;
-use super::data::DataSession;
+use super::data::{Admitted, ControlConn, DataSession};
 use super::io::{close_after_refusal, send_error, write_frame};
 use super::log_budget::LogBudget;
 use super::publications::publication_frames;
-use super::serving::{ClosedSession, ControlAcceptor, LiveConn, Shared};
+use super::serving::{ClosedSession, ControlAcceptor, ControlServed, LiveConn, Shared};
 use super::{RangeLookup, SessionConfig, SessionError, SharedPeerTable, handshake};
 use crate::io_pool::{IoPool, IoThreads, WatchKey};
 use crate::transport::tcp::serve::CloseReason;
@@ -498,10 +500,29 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
             c.session = Some(hs.session);
         }
     }
+    // What a session that outlives this thread closes with.
+    let admitted = |stream: TcpStream| Admitted {
+        stream,
+        from,
+        conn,
+        shared: shared.clone(),
+        session: hs.session,
+        source: source.clone(),
+    };
     let reason = if hs.purpose == SessionPurpose::RDMA_CONTROL {
         match &shared.control {
             Some(control) => match stream.try_clone() {
-                Ok(s) => control.serve(s, &hs, &shared.stop),
+                Ok(s) => match control.serve(s, &hs, &shared.stop) {
+                    ControlServed::Closed(reason) => reason,
+                    ControlServed::Quiet(link) => {
+                        ControlConn {
+                            conn: admitted(stream),
+                            link: Some(link),
+                        }
+                        .park();
+                        return;
+                    }
+                },
                 Err(e) => CloseReason {
                     abnormal: true,
                     text: format!("cannot clone the socket: {e}"),
@@ -550,12 +571,8 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
             },
             Ok(()) => {
                 DataSession {
-                    stream,
-                    from,
-                    conn,
-                    shared: shared.clone(),
+                    conn: admitted(stream),
                     peer: hs.peer,
-                    session: hs.session,
                     activity,
                 }
                 .start();
@@ -563,18 +580,7 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
             }
         }
     };
-    let _ = stream.shutdown(Shutdown::Both);
-    shared
-        .peers
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .session_closed(hs.session);
-    shared
-        .live
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&conn);
-    shared.record_close(from, Some(source), reason.abnormal, reason.text);
+    shared.close_admitted(&stream, conn, from, hs.session, source, reason);
 }
 
 #[cfg(test)]

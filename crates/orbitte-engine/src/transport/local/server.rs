@@ -19,7 +19,7 @@ use orbitte_memory::HostMemory;
 use orbitte_wire::{AccessFlags, ErrorCode, Frame, GoodbyeReason, SegmentPublication};
 
 use super::{fdpass, socket_name};
-use crate::io_pool::{IoPool, Next, WatchKey, Watched};
+use crate::io_pool::{IoPool, Next, WatchKey, Watched, spawn_with};
 use crate::session::accept::{Accepting, Acceptor};
 use crate::session::io::{FrameReader, send_error, write_frame};
 use crate::session::serving::Shared;
@@ -378,22 +378,8 @@ impl Watched for MappingSession {
             self.finish(Ok(()));
             return Next::Done;
         }
-        // Kept where a failed spawn can take it back.
-        let slot = Arc::new(std::sync::Mutex::new(Some(*self)));
-        let theirs = slot.clone();
-        let spawned = std::thread::Builder::new()
-            .name("orbitte-local-session".into())
-            .spawn(move || {
-                let m = theirs.lock().unwrap_or_else(|p| p.into_inner()).take();
-                if let Some(m) = m {
-                    m.run();
-                }
-            });
-        if let Err(e) = spawned {
-            let m = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(m) = m {
-                m.finish(Err(SessionError::Io(e)));
-            }
+        if let Err((m, e)) = spawn_with("orbitte-local-session".into(), *self, Self::run) {
+            m.finish(Err(SessionError::Io(e)));
         }
         Next::Done
     }

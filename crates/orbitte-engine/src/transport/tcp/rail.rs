@@ -62,7 +62,7 @@ use orbitte_wire::{AccessToken, Frame, RangeId, ReadRequest, RequestId, Status, 
 
 use super::payload::{PayloadIo, send_all, send_ready};
 use super::socket::{ANSWER_BATCH, size_socket_buffers};
-use crate::io_pool::{IoPool, Next, Watched};
+use crate::io_pool::{IoPool, Next, Watched, spawn_with};
 use crate::session::SessionConfig;
 use crate::session::io::FrameBuffer;
 use crate::transport::{
@@ -635,28 +635,11 @@ impl Reader {
     /// Starts a reader thread for the parked rail; if none can start, the
     /// rail goes down here.
     fn resume(self) {
-        let id = self.rail.id;
-        // Kept where a failed spawn can take it back.
-        let slot = Arc::new(Mutex::new(Some(self)));
-        let theirs = slot.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("orbitte-tcp-r{}", id.0))
-            .spawn(move || {
-                let r = theirs.lock().unwrap_or_else(|p| p.into_inner()).take();
-                if let Some(r) = r {
-                    reader(r);
-                }
-            });
-        if let Err(e) = spawned {
-            let r = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(r) = r {
-                r.rail.fail(
-                    &format!("cannot start the rail's reader thread: {e}"),
-                    false,
-                );
-                let why = format!("cannot start the rail's reader thread: {e}");
-                take_down(&r.rail, why, &mut r.held());
-            }
+        let name = format!("orbitte-tcp-r{}", self.rail.id.0);
+        if let Err((r, e)) = spawn_with(name, self, reader) {
+            let why = format!("cannot start the rail's reader thread: {e}");
+            r.rail.fail(&why, false);
+            take_down(&r.rail, why, &mut r.held());
         }
     }
 
