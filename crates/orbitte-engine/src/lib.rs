@@ -59,6 +59,10 @@
 //! - the driver ([`TransferEngine`], `engine/`): one poller thread per NIC
 //!   context, a timer thread, the caller's thread posting; events come in
 //!   through a lock-free intake queue, waiters park per request.
+//! - `io_pool`: the engine's I/O threads, a fixed pool of event loops
+//!   (`SessionConfig::io_threads`) on which every idle connection (tcp
+//!   rails and sessions, mapping sessions, rdma control links) and the
+//!   listeners wait, so threads do not grow with idle peers.
 //! - [`staging`]: the cuda-staging lanes (GPU memory through pinned
 //!   bounce buffers), one thread per lane, outcomes into the same table.
 //! - `session`: sessions between engines (handshake, the listener, the
