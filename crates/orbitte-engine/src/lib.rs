@@ -59,6 +59,10 @@
 //! - the driver ([`TransferEngine`], `engine/`): one poller thread per NIC
 //!   context, a timer thread, the caller's thread posting; events come in
 //!   through a lock-free intake queue, waiters park per request.
+//! - `io_pool`: the engine's I/O threads, a fixed pool of event loops
+//!   (`SessionConfig::io_threads`) on which every idle connection (tcp
+//!   rails and sessions, mapping sessions, rdma control links) and the
+//!   listeners wait, so threads do not grow with idle peers.
 //! - [`staging`]: the cuda-staging lanes (GPU memory through pinned
 //!   bounce buffers), one thread per lane, outcomes into the same table.
 //! - `session`: sessions between engines (handshake, the listener, the
@@ -89,6 +93,7 @@ pub mod control;
 mod control;
 mod engine;
 pub mod error;
+mod io_pool;
 mod nic;
 pub mod notify;
 pub use orbitte_proto::outcome;
@@ -136,12 +141,12 @@ pub use outcome::{
 pub use recovery::{RecoveryPolicy, RecoveryState};
 pub use registration::{Access, Budgets, Charges, Memory, MemoryPath, Registration};
 pub use request::{LocalRead, LocalWrite, PeerRef, RemoteRange, RemoteTarget, Request};
-/// The smallest socket buffer a session asks for ([`SessionConfig`]).
-pub use session::MIN_SOCKET_BUFFER;
 pub use session::{
     ConnectError, ConnectOptions, ListenError, ListenerStats, PathPreference, Peer, SessionConfig,
     SessionError,
 };
+/// The smallest socket buffer a session asks for ([`SessionConfig`]).
+pub use session::{DEFAULT_IO_THREADS, MIN_SOCKET_BUFFER};
 /// The local path's posting thread copies a post of at most this many
 /// bytes itself (no hand-off to the rail's worker).
 pub use transport::local::INLINE_BYTES;

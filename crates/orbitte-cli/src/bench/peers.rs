@@ -26,6 +26,12 @@ use crate::cli::{BenchArgs, Op};
 use crate::failure::Failure;
 use crate::stats::{Latencies, LatencySummary, gbps};
 
+/// How long after connecting the idle usage is read: a tcp data session
+/// or rail parks on its engine's I/O pool (and gives its thread up) once
+/// quiet for its poll interval of 200 ms, which the read it waits in can
+/// stretch to twice that.
+const IDLE_SETTLE: Duration = Duration::from_millis(600);
+
 /// An order from the coordinator to a worker.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "order", rename_all = "kebab-case")]
@@ -152,7 +158,8 @@ pub(crate) struct Cell {
 pub(crate) struct Count {
     pub(crate) peers: u32,
     pub(crate) processes: u32,
-    /// From the order to connect until every engine had its peer open.
+    /// Until every engine had its peer open: the longest any worker took
+    /// to connect its engines (they all start at the same order).
     pub(crate) connect_seconds: f64,
     /// The target process with no peer, and with every peer connected and
     /// idle.
@@ -380,14 +387,19 @@ fn measure_count(
         .enumerate()
         .map(|(i, k)| Worker::spawn(i, args, target.addr, k, path))
         .collect::<Result<Vec<_>, _>>()?;
-    let start = Instant::now();
     for w in &mut workers {
         w.send(&Order::Connect)?;
     }
     let mut initiators_idle = Usage::default();
+    // The workers connect at once; each says how long its engines took
+    // (before it let them settle).
+    let mut connect_seconds = 0f64;
     for w in &mut workers {
         match w.answer()? {
-            Answer::Connected { usage, .. } => initiators_idle = initiators_idle.add(usage),
+            Answer::Connected { usage, seconds } => {
+                initiators_idle = initiators_idle.add(usage);
+                connect_seconds = connect_seconds.max(seconds);
+            }
             other => {
                 return Err(bad_answer(
                     w.index,
@@ -396,10 +408,9 @@ fn measure_count(
             }
         }
     }
-    let connect_seconds = start.elapsed().as_secs_f64();
     // The sessions settle on the target's side after the initiators have
     // their peers open.
-    std::thread::sleep(Duration::from_millis(200));
+    std::thread::sleep(IDLE_SETTLE);
     let target_idle = Usage::now();
     let mut cells = Vec::new();
     for op in [Op::Write, Op::Read] {
@@ -586,8 +597,13 @@ pub(crate) fn worker(args: &BenchArgs) -> Result<(), Failure> {
                 match connect_all(args, addr, path, k, &local) {
                     Ok(c) => {
                         conns = c;
+                        let seconds = t0.elapsed().as_secs_f64();
+                        // Idle as the target's side is read: a rail's
+                        // reader parks on the engine's I/O pool once quiet
+                        // for its poll interval.
+                        std::thread::sleep(IDLE_SETTLE);
                         Answer::Connected {
-                            seconds: t0.elapsed().as_secs_f64(),
+                            seconds,
                             usage: Usage::now(),
                         }
                     }

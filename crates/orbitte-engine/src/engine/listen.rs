@@ -12,6 +12,7 @@
 //! live).
 
 use std::net::{SocketAddr, TcpStream};
+use std::os::fd::RawFd;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -25,7 +26,7 @@ use crate::control::ControlLink;
 use crate::error::BuildError;
 use crate::session::handshake::Handshake;
 use crate::session::log_budget::LogBudget;
-use crate::session::serving::ControlAcceptor;
+use crate::session::serving::{ControlAcceptor, ControlServed, ControlSession};
 use crate::session::{ListenError, Listener, RangeLookup, TcpControlLink};
 #[cfg(any(test, feature = "testing"))]
 use crate::session::{SessionConfig, SessionError};
@@ -56,6 +57,7 @@ impl TransferEngine {
             self.range_lookup(),
             addr,
             Some(control),
+            &self.net().tcp.io_threads(),
         )
         .map_err(|source| ListenError::Bind { addr, source })?;
         let at = listener.local_addr();
@@ -172,88 +174,101 @@ impl std::fmt::Debug for EngineControl {
 }
 
 impl ControlAcceptor for EngineControl {
-    fn serve(&self, stream: TcpStream, hs: &Handshake, stop: &AtomicBool) -> CloseReason {
+    fn serve(&self, stream: TcpStream, hs: &Handshake, stop: &AtomicBool) -> ControlServed {
         let Some(shared) = self.engine.upgrade() else {
-            return CloseReason {
+            return ControlServed::Closed(CloseReason {
                 abnormal: false,
                 text: "the engine stopped".into(),
-            };
+            });
         };
         let frame_timeout = shared.sessions.frame_timeout;
         let engine = TransferEngine::view(shared);
         let mut link = match TcpControlLink::new(stream, frame_timeout) {
             Ok(l) => l,
             Err(e) => {
-                return CloseReason {
+                return ControlServed::Closed(CloseReason {
                     abnormal: true,
                     text: format!("cannot set up the rdma control link: {e}"),
-                };
+                });
             }
         };
         let established = hs.established();
         let peer = match engine.accept_rdma_rails(&mut link, hs.session, &established) {
             Ok(p) => p,
             Err(e) => {
-                return CloseReason {
+                return ControlServed::Closed(CloseReason {
                     abnormal: true,
                     text: format!("rdma peer refused: {e}"),
-                };
+                });
             }
         };
         if let Some(left_out) = self.accepted_log.admit(Instant::now()) {
             tracing::info!(peer = %hs.peer.source_id, rails = peer.rails.len(), left_out, "rdma peer accepted");
         }
         drop(engine);
-        let session = hs.session;
-        // The link stays open while the rails live; the peer closes it (or
-        // says goodbye) when it is done.
+        Box::new(EngineControlLink {
+            link,
+            engine: self.engine.clone(),
+            peer: peer.id,
+            session: hs.session,
+        })
+        .resume(stop)
+    }
+}
+
+/// An open rdma control link of an accepted rdma peer: it stays open while
+/// the peer's rails live, and carries the peer's requests to re-establish
+/// one of them.
+#[derive(Debug)]
+struct EngineControlLink {
+    link: TcpControlLink,
+    engine: Weak<Shared>,
+    peer: crate::transport::PeerId,
+    session: orbitte_wire::SessionId,
+}
+
+impl ControlSession for EngineControlLink {
+    fn fd(&self) -> RawFd {
+        self.link.raw_fd()
+    }
+
+    fn resume(mut self: Box<Self>, stop: &AtomicBool) -> ControlServed {
+        let (peer, session) = (self.peer, self.session);
+        let link = &mut self.link;
+        let closed =
+            |abnormal: bool, text: String| ControlServed::Closed(CloseReason { abnormal, text });
+        // The peer closes the link (or says goodbye) when it is done.
         loop {
             match link.recv(Duration::from_millis(200)) {
                 Err(crate::error::LinkError::TimedOut(_)) => {
                     if stop.load(std::sync::atomic::Ordering::Acquire) {
-                        return CloseReason {
-                            abnormal: false,
-                            text: "listener stopped".into(),
-                        };
+                        return closed(false, "listener stopped".into());
                     }
+                    // Quiet, nothing buffered: parked until its next byte.
+                    return ControlServed::Quiet(self);
                 }
                 Ok(orbitte_wire::Frame::Goodbye(g)) => {
-                    return CloseReason {
-                        abnormal: false,
-                        text: format!("rdma control link: goodbye ({})", g.reason),
-                    };
+                    return closed(false, format!("rdma control link: goodbye ({})", g.reason));
                 }
                 Ok(orbitte_wire::Frame::ConnectRequest(r)) => {
                     // The peer re-establishes one of the rails.
                     let Some(shared) = self.engine.upgrade() else {
-                        return CloseReason {
-                            abnormal: false,
-                            text: "the engine stopped".into(),
-                        };
+                        return closed(false, "the engine stopped".into());
                     };
                     let answer =
-                        TransferEngine::view(shared).answer_rail_request(peer.id, session, &r);
+                        TransferEngine::view(shared).answer_rail_request(peer, session, &r);
                     if let Err(e) = link.send(&answer) {
-                        return CloseReason {
-                            abnormal: true,
-                            text: format!("rdma control link failed: {e}"),
-                        };
+                        return closed(true, format!("rdma control link failed: {e}"));
                     }
                 }
                 Ok(other) => {
                     tracing::debug!(frame = %other.frame_type(), "rdma control link: frame ignored");
                 }
                 Err(crate::error::LinkError::Closed) => {
-                    return CloseReason {
-                        abnormal: false,
-                        text: "rdma control link closed by the peer".into(),
-                    };
+                    return closed(false, "rdma control link closed by the peer".into());
                 }
                 Err(e) => {
-                    return CloseReason {
-                        abnormal: true,
-                        text: format!("rdma control link failed: {e}"),
-                    };
+                    return closed(true, format!("rdma control link failed: {e}"));
                 }
             }
         }

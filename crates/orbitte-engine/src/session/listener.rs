@@ -1,23 +1,34 @@
 //! The target side: accepts sessions on TCP (and same-host mapping
-//! requests on a unix socket) and serves them, one thread per connection.
+//! requests on a unix socket) and serves them.
+//!
+//! The accept loop runs on the listener's I/O pool ([`IoPool`], sized by
+//! `SessionConfig::io_threads`): the listening socket waits on epoll with
+//! the idle sessions. A connection gets a thread for its handshake, and a
+//! tcp data session keeps one while it serves requests; once quiet it
+//! parks on the pool (module `data`), so idle sessions hold no thread.
+//! rdma control links park the same way between their frames, and
+//! same-host mapping sessions after their handout
+//! (`transport::local::server`).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use orbitte_wire::{Admission, ErrorCode, Frame, FrameType, SessionPurpose, SourceId};
 
-use super::accept::{self, StopSignal};
+use super::accept::{Accepting, Acceptor};
 use super::activity::SessionActivity;
+use super::data::{Admitted, ControlConn, DataSession};
 use super::io::{close_after_refusal, send_error, write_frame};
 use super::log_budget::LogBudget;
 use super::publications::publication_frames;
-use super::serving::{ClosedSession, ControlAcceptor, LiveConn, Shared};
+use super::serving::{ClosedSession, ControlAcceptor, ControlServed, LiveConn, Shared};
 use super::{RangeLookup, SessionConfig, SessionError, SharedPeerTable, handshake};
-use crate::transport::tcp::serve::{CloseReason, ServeCtx, serve};
+use crate::io_pool::{IoPool, IoThreads, WatchKey};
+use crate::transport::tcp::serve::CloseReason;
 
 /// Why [`TransferEngine::listen`](crate::TransferEngine::listen) (or `EngineBuilder::listen` at build)
 /// failed.
@@ -66,8 +77,11 @@ pub struct ListenerStats {
 pub struct Listener {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    accept: Option<JoinHandle<()>>,
+    /// The accept loop's place on the pool.
+    accept: Option<WatchKey>,
     local: Option<crate::transport::local::LocalServer>,
+    /// Owns the I/O threads (the sessions only hold a `Weak`).
+    pool: Arc<IoPool>,
 }
 
 impl Listener {
@@ -80,28 +94,32 @@ impl Listener {
         ranges: Arc<dyn RangeLookup>,
         addr: SocketAddr,
     ) -> Result<Self, SessionError> {
-        Self::bind_serving(cfg, peers, ranges, addr, None)
+        let io = IoThreads::new(cfg.io_threads);
+        Self::bind_serving(cfg, peers, ranges, addr, None, &io)
     }
 
     /// [`bind`](Self::bind), also serving rdma control links with
-    /// `control`.
+    /// `control`, on the I/O threads `io` (an engine's, shared with its
+    /// rails).
     pub(crate) fn bind_serving(
         cfg: SessionConfig,
         peers: SharedPeerTable,
         ranges: Arc<dyn RangeLookup>,
         addr: SocketAddr,
         control: Option<Arc<dyn ControlAcceptor>>,
+        io: &IoThreads,
     ) -> Result<Self, SessionError> {
         let listener = bind_backlogged(addr)?;
         let addr = listener.local_addr()?;
         let lines_per_second = cfg.refusal_logs_per_second;
+        let pool = io.pool()?;
         let shared = Arc::new(Shared {
             cfg,
             peers,
             ranges,
             control,
             stop: AtomicBool::new(false),
-            stopping: StopSignal::new()?,
+            pool: Arc::downgrade(&pool),
             accept_calls: AtomicU64::new(0),
             live: Mutex::new(HashMap::new()),
             closed: Mutex::new(Vec::new()),
@@ -122,16 +140,20 @@ impl Listener {
                 None
             }
         };
-        let s = shared.clone();
-        let accept = std::thread::Builder::new()
-            .name(format!("orbitte-accept-{}", addr.port()))
-            .spawn(move || accept_loop(listener, s))?;
+        let accept = pool.watch(
+            Box::new(Acceptor(TcpAccepting {
+                listener,
+                shared: shared.clone(),
+            })),
+            None,
+        );
         tracing::info!(%addr, source = %shared.cfg.source_id, epoch = %shared.cfg.epoch, "listening");
         Ok(Self {
             shared,
             addr,
             accept: Some(accept),
             local,
+            pool,
         })
     }
 
@@ -172,15 +194,14 @@ impl Listener {
         }
     }
 
-    /// Stops accepting, closes every session and waits for the accept
-    /// thread.
+    /// Stops accepting (the listening socket is closed when this returns)
+    /// and closes every session.
     pub fn shutdown(mut self) {
         self.stop();
     }
 
     fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        self.shared.stopping.raise();
         for c in self
             .shared
             .live
@@ -190,8 +211,8 @@ impl Listener {
         {
             let _ = c.stream.shutdown(Shutdown::Both);
         }
-        if let Some(h) = self.accept.take() {
-            let _ = h.join();
+        if let Some(key) = self.accept.take() {
+            self.pool.forget(key);
         }
         if let Some(l) = self.local.take() {
             l.stop();
@@ -205,10 +226,10 @@ impl Drop for Listener {
     }
 }
 
-/// Connections the kernel queues for the accept thread (capped by
+/// Connections the kernel queues for the accept loop (capped by
 /// `net.core.somaxconn`). A connection that finds the queue full loses its
 /// SYN and waits a second for the kernel to send it again, so the queue
-/// holds a burst of unauthenticated connections while the accept thread
+/// holds a burst of unauthenticated connections while the accept loop
 /// takes them.
 const ACCEPT_BACKLOG: i32 = 1024;
 
@@ -235,22 +256,36 @@ fn bind_backlogged(addr: SocketAddr) -> std::io::Result<TcpListener> {
     Ok(TcpListener::from(fd))
 }
 
-/// Parks until a connection waits (or the listener stops), then takes
-/// every connection that waits: a connection is accepted the moment it
-/// arrives, and the thread does not run while none does.
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    accept::serve(
-        "tcp",
-        &listener,
-        &[&shared.stopping],
-        &shared.stop,
-        || shared.resource_line_to_log(),
-        || {
-            shared.accept_calls.fetch_add(1, Ordering::Relaxed);
-            listener.accept()
-        },
-        |(stream, from)| take(stream, from, &shared),
-    );
+/// The tcp listening socket's side of its [`Acceptor`].
+struct TcpAccepting {
+    listener: TcpListener,
+    shared: Arc<Shared>,
+}
+
+impl Accepting for TcpAccepting {
+    type Conn = (TcpStream, SocketAddr);
+    const KIND: &'static str = "tcp";
+
+    fn fd(&self) -> RawFd {
+        self.listener.as_raw_fd()
+    }
+
+    fn accept(&mut self) -> std::io::Result<Self::Conn> {
+        self.shared.accept_calls.fetch_add(1, Ordering::Relaxed);
+        self.listener.accept()
+    }
+
+    fn take(&mut self, (stream, from): Self::Conn) {
+        take(stream, from, &self.shared);
+    }
+
+    fn stopped(&self) -> bool {
+        self.shared.stop.load(Ordering::Acquire)
+    }
+
+    fn log_line(&self) -> Option<u64> {
+        self.shared.resource_line_to_log()
+    }
 }
 
 /// Gives an accepted connection a pre-auth slot and a session thread.
@@ -465,10 +500,29 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
             c.session = Some(hs.session);
         }
     }
+    // What a session that outlives this thread closes with.
+    let admitted = |stream: TcpStream| Admitted {
+        stream,
+        from,
+        conn,
+        shared: shared.clone(),
+        session: hs.session,
+        source: source.clone(),
+    };
     let reason = if hs.purpose == SessionPurpose::RDMA_CONTROL {
         match &shared.control {
             Some(control) => match stream.try_clone() {
-                Ok(s) => control.serve(s, &hs, &shared.stop),
+                Ok(s) => match control.serve(s, &hs, &shared.stop) {
+                    ControlServed::Closed(reason) => reason,
+                    ControlServed::Quiet(link) => {
+                        ControlConn {
+                            conn: admitted(stream),
+                            link: Some(link),
+                        }
+                        .park();
+                        return;
+                    }
+                },
                 Err(e) => CloseReason {
                     abnormal: true,
                     text: format!("cannot clone the socket: {e}"),
@@ -516,33 +570,17 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
                 text: format!("cannot send publications: {e}"),
             },
             Ok(()) => {
-                let ctx = ServeCtx {
-                    cfg,
-                    peers: &shared.peers,
-                    ranges: shared.ranges.as_ref(),
-                    peer: &hs.peer,
-                    session: hs.session,
-                    stop: &shared.stop,
-                    requests: &shared.data_requests,
-                    bytes: &shared.data_bytes,
-                    activity: &activity,
-                };
-                serve(&mut stream, &ctx)
+                DataSession {
+                    conn: admitted(stream),
+                    peer: hs.peer,
+                    activity,
+                }
+                .start();
+                return;
             }
         }
     };
-    let _ = stream.shutdown(Shutdown::Both);
-    shared
-        .peers
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .session_closed(hs.session);
-    shared
-        .live
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&conn);
-    shared.record_close(from, Some(source), reason.abnormal, reason.text);
+    shared.close_admitted(&stream, conn, from, hs.session, source, reason);
 }
 
 #[cfg(test)]
@@ -573,15 +611,15 @@ mod tests {
         l.shared.accept_calls.load(Ordering::Relaxed)
     }
 
-    /// The accept thread parks until a connection waits: no timer wakes it
-    /// in between (a loop that sleeps and retries `accept` on an empty
+    /// The accept loop waits on epoll until a connection waits: no timer
+    /// wakes it in between (a loop that sleeps and retries `accept` on an empty
     /// backlog would have made a call every few milliseconds), and each
     /// connection costs one wake-up, the `accept` that takes it and at most
     /// one more that finds the backlog empty. Nothing here depends on how
-    /// fast the machine is: a parked thread makes no call however long the
+    /// fast the machine is: a waiting loop makes no call however long the
     /// quiet lasts.
     #[test]
-    fn the_accept_thread_runs_only_when_a_connection_waits() {
+    fn the_accept_loop_runs_only_when_a_connection_waits() {
         let l = listener();
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(
@@ -638,12 +676,14 @@ mod tests {
         }
     }
 
-    /// Stopping wakes the parked accept thread: `shutdown` returns
-    /// without any connection arriving.
+    /// Stopping takes the listening socket off its loop and closes it
+    /// before `shutdown` returns: a new connection is refused at once.
     #[test]
-    fn shutdown_wakes_a_parked_accept_thread() {
+    fn shutdown_closes_the_listening_socket() {
         let l = listener();
-        std::thread::sleep(Duration::from_millis(50));
+        let addr = l.local_addr();
         l.shutdown();
+        let e = TcpStream::connect(addr).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
     }
 }

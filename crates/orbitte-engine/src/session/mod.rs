@@ -14,10 +14,11 @@
 //! (`segment-publication`: the p2p metadata), then serves tcp data requests
 //! ([`crate::transport::tcp`]) until either side leaves.
 //!
-//! The listener's accept thread parks in `poll(2)` and takes each
-//! connection as it arrives; the kernel queues up to 1024 of them meanwhile
-//! (capped by `net.core.somaxconn`), so a burst of unauthenticated
-//! connections does not drop a legitimate peer's SYN.
+//! The listener's accept loop waits on epoll on one of its I/O threads
+//! (`io_threads` of them, event loops that also hold every idle tcp data
+//! session) and takes each connection as it arrives; the kernel queues up
+//! to 1024 of them meanwhile (capped by `net.core.somaxconn`), so a burst
+//! of unauthenticated connections does not drop a legitimate peer's SYN.
 //!
 //! Bounds (each is a [`SessionConfig`] field): a peer that connects and
 //! does not authenticate is closed after `preauth_timeout` (or
@@ -52,6 +53,7 @@
 pub(crate) mod accept;
 pub(crate) mod activity;
 mod connect;
+mod data;
 pub(crate) mod handshake;
 pub(crate) mod io;
 mod link;
@@ -85,6 +87,11 @@ pub use serving::ClosedSession;
 /// is asked for, and a buffer below one segment (64 KiB on loopback)
 /// stalls a session on zero-window probes for seconds at a time.
 pub const MIN_SOCKET_BUFFER: usize = 64 << 10;
+
+/// The default [`SessionConfig::io_threads`]: the loops only wait for
+/// readiness and hand busy sessions to threads of their own, so two keep
+/// up with thousands of idle peers.
+pub const DEFAULT_IO_THREADS: usize = 2;
 
 /// Settings shared by both ends of sessions.
 #[derive(Debug, Clone)]
@@ -154,6 +161,10 @@ pub struct SessionConfig {
     /// authentication. At least [`MIN_SOCKET_BUFFER`](crate::MIN_SOCKET_BUFFER) (the engine's
     /// builder refuses less).
     pub socket_buffer: Option<usize>,
+    /// I/O threads of a target's listener: event loops (epoll) that run
+    /// the accept loop and hold every idle tcp data session, however many
+    /// peers are connected. At least 1 (0 is taken as 1).
+    pub io_threads: usize,
     /// Send memfd-backed memory with `sendfile` (see
     /// `transport::tcp::payload`); off: with `sendmsg` straight from the
     /// mapping, as every other memory is sent. Received payloads always go
@@ -229,6 +240,7 @@ impl SessionConfig {
             max_connections_per_source: 32,
             max_in_flight_per_connection: 16,
             socket_buffer: None,
+            io_threads: DEFAULT_IO_THREADS,
             zero_copy: true,
             #[cfg(any(test, feature = "testing"))]
             serve_delay: Duration::ZERO,

@@ -4,17 +4,18 @@
 //! threads and by the local path's server alike.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use orbitte_wire::{SessionId, SourceId};
 
-use super::accept::StopSignal;
 use super::activity::SessionActivity;
 use super::log_budget::LogBudget;
 use super::{RangeLookup, SessionConfig, SharedPeerTable, handshake};
+use crate::io_pool::IoPool;
 use crate::transport::tcp::serve::CloseReason;
 
 /// One session the listener closed, and why.
@@ -51,9 +52,33 @@ pub(crate) struct LiveConn {
 /// engine's rdma control link) after the handshake admitted them.
 pub(crate) trait ControlAcceptor: Send + Sync + std::fmt::Debug {
     /// Runs the control link on `stream` for the admitted session `hs`
-    /// until it ends; says why it ended.
-    fn serve(&self, stream: TcpStream, hs: &handshake::Handshake, stop: &AtomicBool)
-    -> CloseReason;
+    /// until it ends (says why) or is quiet.
+    fn serve(
+        &self,
+        stream: TcpStream,
+        hs: &handshake::Handshake,
+        stop: &AtomicBool,
+    ) -> ControlServed;
+}
+
+/// How serving a control link returned.
+#[derive(Debug)]
+pub(crate) enum ControlServed {
+    /// The link ended, for this reason (the listener closes it).
+    Closed(CloseReason),
+    /// Nothing arrived for the poll interval and nothing is buffered: the
+    /// listener parks the link on its I/O pool and resumes it at its next
+    /// byte.
+    Quiet(Box<dyn ControlSession>),
+}
+
+/// An open control link between its frames.
+pub(crate) trait ControlSession: Send + std::fmt::Debug {
+    /// Its socket, watched while it is parked.
+    fn fd(&self) -> RawFd;
+    /// Serves it again (its socket became readable) until it ends or is
+    /// quiet.
+    fn resume(self: Box<Self>, stop: &AtomicBool) -> ControlServed;
 }
 
 #[derive(Debug)]
@@ -64,8 +89,10 @@ pub(crate) struct Shared {
     /// Who serves rdma control links; `None`: such sessions are refused.
     pub(crate) control: Option<Arc<dyn ControlAcceptor>>,
     pub(crate) stop: AtomicBool,
-    /// Raised with `stop`: wakes the accept threads parked in `poll`.
-    pub(crate) stopping: StopSignal,
+    /// The listener's I/O threads: its accept loop and its idle tcp data
+    /// sessions wait there. The listener owns the pool; a session that
+    /// finds it gone closes.
+    pub(crate) pool: Weak<IoPool>,
     /// `accept` calls made (each connection taken costs one, and each
     /// wake-up one more that finds the backlog empty).
     pub(crate) accept_calls: AtomicU64,
@@ -108,6 +135,29 @@ impl Shared {
     /// (accept failed, no thread for a session) may be logged now.
     pub(crate) fn resource_line_to_log(&self) -> Option<u64> {
         self.resource_log.admit(Instant::now())
+    }
+
+    /// Closes an admitted connection: its socket, its session in the peer
+    /// table, its live entry, and the record of why.
+    pub(crate) fn close_admitted(
+        &self,
+        stream: &TcpStream,
+        conn: u64,
+        from: SocketAddr,
+        session: SessionId,
+        source: SourceId,
+        reason: CloseReason,
+    ) {
+        let _ = stream.shutdown(Shutdown::Both);
+        self.peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .session_closed(session);
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&conn);
+        self.record_close(from, Some(source), reason.abnormal, reason.text);
     }
 
     pub(crate) fn record_close(

@@ -130,6 +130,58 @@ struct RailQueue {
     /// takes them, cleared once it reported them).
     busy: bool,
     closed: bool,
+    /// A worker thread runs (or is being started). It ends, and clears
+    /// it, once the rail closed and drained or nothing was queued for
+    /// [`WORKER_IDLE`]; while jobs, notes or a close wait, one runs.
+    worker: bool,
+}
+
+/// How long a local rail's worker with nothing queued waits for work
+/// before it ends (the next post that queues work starts one again).
+const WORKER_IDLE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Wakes `r`'s worker for what was just queued under `q`, or starts one
+/// when none runs.
+fn wake_worker(
+    rail: RailId,
+    r: &Arc<LocalRail>,
+    mut q: std::sync::MutexGuard<'_, RailQueue>,
+    sink: &Arc<dyn EventSink>,
+) {
+    if q.worker {
+        drop(q);
+        r.cv.notify_all();
+        return;
+    }
+    q.worker = true;
+    drop(q);
+    let (w, sk) = (r.clone(), sink.clone());
+    let spawned = std::thread::Builder::new()
+        .name(format!("orbitte-local-rail-{}", rail.0))
+        .spawn(move || rail_worker(rail, w, sk));
+    if let Err(e) = spawned {
+        // Nothing will copy what is queued: it fails with the rail.
+        let reason: Arc<str> = format!("cannot start the local rail's worker thread: {e}").into();
+        tracing::warn!(rail = rail.0, %reason, "local rail down");
+        let jobs = {
+            let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
+            q.worker = false;
+            q.closed = true;
+            q.notes.clear();
+            std::mem::take(&mut q.jobs)
+        };
+        let mut events = vec![TransportEvent::RailDown {
+            rail,
+            reason: reason.clone(),
+        }];
+        events.extend(jobs.into_iter().map(|j| TransportEvent::Completed {
+            rail,
+            token: j.item.token,
+            status: SliceStatus::Failed(SliceFailure::RailDown(reason.clone())),
+            released: true,
+        }));
+        sink.deliver(&mut events);
+    }
 }
 
 #[derive(Debug)]
@@ -279,8 +331,9 @@ impl LocalTransport {
         Ok(out)
     }
 
-    /// Starts `rails` (one worker thread each) for a peer mapped with
-    /// [`map_peer`](Self::map_peer).
+    /// Starts `rails` for a peer mapped with [`map_peer`](Self::map_peer):
+    /// each has a worker thread while work is queued for it (copies too
+    /// large to make on the posting thread, notifications, its close).
     pub fn start_rails(&self, peer: PeerId, rails: &[RailId]) -> Result<(), LocalError> {
         for &rail in rails {
             let r = Arc::new(LocalRail {
@@ -298,14 +351,8 @@ impl LocalTransport {
             self.rails
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(rail, r.clone());
-            let sink = self.sink.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("orbitte-local-rail-{}", rail.0))
-                .spawn(move || rail_worker(rail, r, sink));
-            if let Err(e) = spawned {
-                return Err(LocalError::Session(SessionError::Io(e)));
-            }
+                .insert(rail, r);
+            // The worker starts with the first work queued for it.
         }
         Ok(())
     }
@@ -501,9 +548,18 @@ fn rail_worker(rail: RailId, r: Arc<LocalRail>, sink: Arc<dyn EventSink>) {
             let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
             q.busy = false;
             while q.jobs.is_empty() && q.notes.is_empty() && !q.closed {
-                q = r.cv.wait(q).unwrap_or_else(|p| p.into_inner());
+                let (g, waited) =
+                    r.cv.wait_timeout(q, WORKER_IDLE)
+                        .unwrap_or_else(|p| p.into_inner());
+                q = g;
+                if waited.timed_out() && q.jobs.is_empty() && q.notes.is_empty() && !q.closed {
+                    // Idle: the next work queued starts a worker again.
+                    q.worker = false;
+                    return;
+                }
             }
             if q.jobs.is_empty() && q.notes.is_empty() && q.closed {
+                q.worker = false;
                 drop(q);
                 // Nothing is outstanding: the engine stops using the rail.
                 events.push(TransportEvent::RailDown {
@@ -757,7 +813,8 @@ impl LocalTransport {
             (here, queued)
         };
         if !queued.is_empty() {
-            r.cv.notify_one();
+            let q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
+            wake_worker(rail, &r, q, &self.sink);
         }
         if !here.is_empty() {
             let mut alive = Alive::default();
@@ -818,7 +875,7 @@ impl LocalTransport {
             return Err(refuse("local rail closed"));
         }
         q.notes.push_back(frame.clone());
-        r.cv.notify_one();
+        wake_worker(rail, &r, q, &self.sink);
         Ok(())
     }
 
@@ -844,22 +901,25 @@ impl LocalTransport {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&rail)
         {
-            r.queue.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
-            r.cv.notify_all();
+            let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
+            q.closed = true;
+            wake_worker(rail, &r, q, &self.sink);
         }
     }
 }
 
 impl Drop for LocalTransport {
     fn drop(&mut self) {
-        for (_, r) in self
+        let sink = self.sink.clone();
+        for (rail, r) in self
             .rails
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
             .drain()
         {
-            r.queue.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
-            r.cv.notify_all();
+            let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
+            q.closed = true;
+            wake_worker(rail, &r, q, &sink);
         }
     }
 }

@@ -35,6 +35,7 @@ use orbitte_wire::{
     AccessToken, Admission, Frame, RangeDescriptor, RangeId, SegmentPublication, SourceId,
 };
 
+use crate::io_pool::IoThreads;
 use crate::session::io::FrameReader;
 use crate::session::{Handshake, SessionConfig, SessionError, SharedPeerTable, handshake};
 use crate::transport::{
@@ -106,6 +107,9 @@ pub struct TcpTransport {
     sink: Arc<dyn EventSink>,
     rails: RwLock<crate::Map<RailId, (PeerId, Arc<Rail>)>>,
     state: Arc<RwLock<crate::Map<PeerId, PeerState>>>,
+    /// Where idle rails park (started with the first rail); an engine
+    /// shares it with its listener.
+    io: IoThreads,
 }
 
 impl std::fmt::Debug for TcpTransport {
@@ -122,12 +126,19 @@ impl TcpTransport {
     /// table `peers`, reporting to `sink`.
     pub fn new(cfg: SessionConfig, peers: SharedPeerTable, sink: Arc<dyn EventSink>) -> Arc<Self> {
         Arc::new(Self {
+            io: IoThreads::new(cfg.io_threads),
             cfg,
             peers,
             sink,
             rails: RwLock::new(crate::Map::default()),
             state: Arc::new(RwLock::new(crate::Map::default())),
         })
+    }
+
+    /// The I/O pool its idle rails park on (an engine's listener shares
+    /// it).
+    pub(crate) fn io_threads(&self) -> IoThreads {
+        self.io.clone()
     }
 
     fn open_connection(
@@ -271,6 +282,7 @@ impl TcpTransport {
                 },
             );
         let mut started = Vec::with_capacity(dialed.len());
+        let pool = self.io.pool().map_err(SessionError::Io)?;
         for (rail, d) in &mut dialed {
             let Some(stream) = d.stream.take() else {
                 continue;
@@ -305,6 +317,7 @@ impl TcpTransport {
                 &self.cfg,
                 self.sink.clone(),
                 on_pub,
+                Arc::downgrade(&pool),
             )
             .map_err(SessionError::Io)?;
             self.rails

@@ -2,6 +2,17 @@
 //! requests (up to the in-flight bound) and a reader thread that matches
 //! answers, moves READ payloads into local memory and reports completions.
 //!
+//! Neither thread outlives a quiet spell: the writer ends once nothing has
+//! been queued for [`WRITER_IDLE`] (the next post that leaves work for it
+//! starts a new one), and the reader, once nothing is in flight and no
+//! byte came for its poll interval, parks the rail's socket on the
+//! transport's I/O pool ([`crate::io_pool`]) and ends; the first byte
+//! from the peer (an answer, a publication, its close, or our own
+//! shutdown of the socket) starts a new reader. While parked, the loop
+//! checks every poll interval whether the rail went down or requests
+//! posted since have had no answer for `io_timeout`, and starts the reader
+//! to take the rail down. So an idle rail holds no thread.
+//!
 //! The writer sends everything queued at once: the requests it takes in one
 //! go share system calls (READ requests and notifications are gathered into
 //! one `send`, a WRITE's header goes out in the `sendmsg` of its payload).
@@ -42,7 +53,8 @@
 
 use std::collections::VecDeque;
 use std::net::{Shutdown, TcpStream};
-use std::sync::{Arc, Condvar, Mutex};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use orbitte_memory::HostMemory;
@@ -50,6 +62,7 @@ use orbitte_wire::{AccessToken, Frame, RangeId, ReadRequest, RequestId, Status, 
 
 use super::payload::{PayloadIo, send_all, send_ready};
 use super::socket::{ANSWER_BATCH, size_socket_buffers};
+use crate::io_pool::{IoPool, Next, Watched, spawn_with};
 use crate::session::SessionConfig;
 use crate::session::io::FrameBuffer;
 use crate::transport::{
@@ -90,9 +103,15 @@ struct State {
     carry: Vec<u8>,
     /// Bytes left to the writer that way, in all.
     carried: u64,
-    writer_done: bool,
+    /// A writer thread runs (or is being started). The writer ends, and
+    /// clears it, once the rail is down or nothing was queued for
+    /// [`WRITER_IDLE`]; while jobs, carried bytes or notes wait, one runs.
+    writer: bool,
     last_progress: Instant,
 }
+
+/// How long a writer with nothing to send waits for work before it ends.
+const WRITER_IDLE: Duration = Duration::from_millis(200);
 
 #[derive(Debug)]
 pub(crate) struct Rail {
@@ -102,10 +121,13 @@ pub(crate) struct Rail {
     state: Mutex<State>,
     cv: Condvar,
     max_in_flight: usize,
+    zero_copy: bool,
 }
 
 impl Rail {
-    /// Starts the threads of a rail over an established session.
+    /// Starts the reader of a rail over an established session (the
+    /// writer starts with the first work for it). Its threads park the
+    /// idle rail on `pool`; with the pool gone they stay up instead.
     pub(crate) fn start(
         id: RailId,
         session: orbitte_wire::SessionId,
@@ -113,6 +135,7 @@ impl Rail {
         cfg: &SessionConfig,
         sink: Arc<dyn EventSink>,
         on_segment: Arc<dyn Fn(SegmentUpdate) + Send + Sync>,
+        pool: Weak<IoPool>,
     ) -> std::io::Result<Arc<Self>> {
         let rail = Arc::new(Self {
             id,
@@ -126,25 +149,65 @@ impl Rail {
                 sending: false,
                 carry: Vec::new(),
                 carried: 0,
-                writer_done: false,
+                writer: false,
                 last_progress: Instant::now(),
             }),
             cv: Condvar::new(),
             max_in_flight: cfg.max_in_flight_per_connection.max(1) as usize,
+            zero_copy: cfg.zero_copy,
         });
         size_socket_buffers(&stream, cfg.socket_buffer);
-        let w_stream = stream.try_clone()?;
-        let (r1, r2) = (rail.clone(), rail.clone());
-        let zero_copy = cfg.zero_copy;
-        let (frame_timeout, io_timeout) = (cfg.frame_timeout, cfg.io_timeout);
-        w_stream.set_write_timeout(Some(io_timeout))?;
-        std::thread::Builder::new()
-            .name(format!("orbitte-tcp-w{}", id.0))
-            .spawn(move || writer(r1, w_stream, zero_copy))?;
+        // The writer sends on the rail's own handle of the socket.
+        stream.set_write_timeout(Some(cfg.io_timeout))?;
+        let r = Reader {
+            rail: rail.clone(),
+            stream,
+            frame_timeout: cfg.frame_timeout,
+            io_timeout: cfg.io_timeout,
+            sink,
+            on_segment,
+            pool,
+        };
         std::thread::Builder::new()
             .name(format!("orbitte-tcp-r{}", id.0))
-            .spawn(move || reader(r2, stream, frame_timeout, io_timeout, sink, on_segment))?;
+            .spawn(move || reader(r))?;
         Ok(rail)
+    }
+
+    /// Wakes the writer for work just queued (`notify`: whether a running
+    /// writer must be woken for it), or, when none runs and jobs, carried
+    /// bytes or notes wait, marks one as started: the caller then calls
+    /// [`start_writer`](Self::start_writer) after dropping the lock.
+    fn wake_writer(&self, st: &mut State, notify: bool) -> bool {
+        if st.writer {
+            if notify {
+                self.cv.notify_all();
+            }
+            return false;
+        }
+        if st.down.is_some() || (st.queue.is_empty() && st.carry.is_empty() && st.notes.is_empty())
+        {
+            return false;
+        }
+        st.writer = true;
+        true
+    }
+
+    /// Starts the writer thread [`wake_writer`](Self::wake_writer) asked
+    /// for; a rail whose writer cannot start goes down.
+    fn start_writer(self: &Arc<Self>) {
+        let r = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("orbitte-tcp-w{}", self.id.0))
+            .spawn(move || writer(r));
+        if let Err(e) = spawned {
+            self.state.lock().unwrap_or_else(|p| p.into_inner()).writer = false;
+            self.cv.notify_all();
+            self.fail(
+                &format!("cannot start the rail's writer thread: {e}"),
+                false,
+            );
+        }
     }
 
     /// Queues jobs; `Err` when the rail is down (nothing queued).
@@ -156,7 +219,7 @@ impl Rail {
     /// waits for the socket: what its buffer does not take at once is left
     /// to the writer. WRITEs, whose payloads may be large, always go
     /// through the writer.
-    pub(crate) fn push(&self, jobs: impl Iterator<Item = Job>) -> Result<(), Arc<str>> {
+    pub(crate) fn push(self: &Arc<Self>, jobs: impl Iterator<Item = Job>) -> Result<(), Arc<str>> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(why) = &st.down {
             return Err(why.clone());
@@ -173,8 +236,10 @@ impl Rail {
         if !here {
             // Above the low-water mark the reader wakes the writer once
             // answers bring the in-flight count down to it.
-            if st.in_flight.len() <= self.low_water() {
-                self.cv.notify_all();
+            let notify = st.in_flight.len() <= self.low_water();
+            if self.wake_writer(&mut st, notify) {
+                drop(st);
+                self.start_writer();
             }
             return Ok(());
         }
@@ -215,15 +280,19 @@ impl Rail {
                 );
                 st.carried += out.len() as u64;
                 st.carry = out;
-                self.cv.notify_all();
+                if self.wake_writer(&mut st, true) {
+                    drop(st);
+                    self.start_writer();
+                }
             }
             Ok(_) => {
                 out.clear();
                 st.carry = out;
-                if !st.notes.is_empty()
-                    || (!st.queue.is_empty() && st.in_flight.len() <= self.low_water())
-                {
-                    self.cv.notify_all();
+                let notify = !st.notes.is_empty()
+                    || (!st.queue.is_empty() && st.in_flight.len() <= self.low_water());
+                if self.wake_writer(&mut st, notify) {
+                    drop(st);
+                    self.start_writer();
                 }
             }
         }
@@ -239,13 +308,16 @@ impl Rail {
     }
 
     /// Queues an encoded `notification` frame; `Err` when the rail is down.
-    pub(crate) fn push_note(&self, frame: Arc<[u8]>) -> Result<(), Arc<str>> {
+    pub(crate) fn push_note(self: &Arc<Self>, frame: Arc<[u8]>) -> Result<(), Arc<str>> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(why) = &st.down {
             return Err(why.clone());
         }
         st.notes.push_back(frame);
-        self.cv.notify_all();
+        if self.wake_writer(&mut st, true) {
+            drop(st);
+            self.start_writer();
+        }
         Ok(())
     }
 
@@ -276,8 +348,9 @@ impl Rail {
     }
 }
 
-fn writer(rail: Arc<Rail>, stream: TcpStream, zero_copy: bool) {
-    let mut io = PayloadIo::new(zero_copy);
+fn writer(rail: Arc<Rail>) {
+    let stream = &rail.stream;
+    let mut io = PayloadIo::new(rail.zero_copy);
     let mut out = Vec::with_capacity(1024);
     let mut jobs = Vec::new();
     let mut sent = false;
@@ -289,7 +362,7 @@ fn writer(rail: Arc<Rail>, stream: TcpStream, zero_copy: bool) {
             }
             loop {
                 if st.down.is_some() {
-                    st.writer_done = true;
+                    st.writer = false;
                     rail.cv.notify_all();
                     return;
                 }
@@ -300,7 +373,22 @@ fn writer(rail: Arc<Rail>, stream: TcpStream, zero_copy: bool) {
                 {
                     break;
                 }
-                st = rail.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+                let (g, waited) = rail
+                    .cv
+                    .wait_timeout(st, WRITER_IDLE)
+                    .unwrap_or_else(|p| p.into_inner());
+                st = g;
+                if waited.timed_out()
+                    && !st.sending
+                    && st.queue.is_empty()
+                    && st.carry.is_empty()
+                    && st.notes.is_empty()
+                {
+                    // Idle: the next work queued starts a writer again.
+                    st.writer = false;
+                    rail.cv.notify_all();
+                    return;
+                }
             }
             st.sending = true;
             out.clear();
@@ -316,13 +404,13 @@ fn writer(rail: Arc<Rail>, stream: TcpStream, zero_copy: bool) {
                 jobs.push(job);
             }
         }
-        let r = send_jobs(&stream, &mut io, &mut out, &mut jobs);
+        let r = send_jobs(stream, &mut io, &mut out, &mut jobs);
         jobs.clear();
         sent = true;
         if let Err(e) = r {
             rail.fail(&format!("sending a request failed: {e}"), false);
             let mut st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
-            st.writer_done = true;
+            st.writer = false;
             rail.cv.notify_all();
             return;
         }
@@ -514,24 +602,126 @@ fn answer(rail: &Rail, job: &Job, status: SliceStatus, events: &mut Vec<Transpor
     }
 }
 
-fn reader(
+/// What a rail's reader owns: the socket it receives on, its bounds and
+/// where answers go. It moves between the reader threads and the pool
+/// (parked).
+struct Reader {
     rail: Arc<Rail>,
     stream: TcpStream,
     frame_timeout: Duration,
     io_timeout: Duration,
     sink: Arc<dyn EventSink>,
     on_segment: Arc<dyn Fn(SegmentUpdate) + Send + Sync>,
-) {
+    pool: Weak<IoPool>,
+}
+
+impl Reader {
+    /// The reader's poll interval: how long one receive waits before it
+    /// looks at the rail's state (and, parked, how often the loop does).
+    fn poll(&self) -> Duration {
+        self.io_timeout
+            .min(Duration::from_millis(250))
+            .max(Duration::from_millis(1))
+    }
+
+    /// Whether the rail needs its reader now though nothing arrived: it
+    /// went down, or requests have had no answer for `io_timeout`.
+    fn due(&self) -> bool {
+        let st = self.rail.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.down.is_some()
+            || (!st.in_flight.is_empty() && st.last_progress.elapsed() >= self.io_timeout)
+    }
+
+    /// Starts a reader thread for the parked rail; if none can start, the
+    /// rail goes down here.
+    fn resume(self) {
+        let name = format!("orbitte-tcp-r{}", self.rail.id.0);
+        if let Err((r, e)) = spawn_with(name, self, reader) {
+            let why = format!("cannot start the rail's reader thread: {e}");
+            r.rail.fail(&why, false);
+            take_down(&r.rail, why, &mut r.held());
+        }
+    }
+
+    fn held(&self) -> Held {
+        Held {
+            sink: self.sink.clone(),
+            events: Vec::with_capacity(32),
+            bytes: 0,
+        }
+    }
+}
+
+impl Watched for Reader {
+    fn fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+
+    fn ready(self: Box<Self>, _now: Instant) -> Next {
+        (*self).resume();
+        Next::Done
+    }
+
+    fn expired(self: Box<Self>, now: Instant) -> Next {
+        if self.due() {
+            (*self).resume();
+            return Next::Done;
+        }
+        let at = now + self.poll();
+        Next::Wait(self, Some(at))
+    }
+
+    fn abandoned(self: Box<Self>, why: &str) {
+        let why = format!("the rail's i/o threads stopped: {why}");
+        self.rail.fail(&why, false);
+        take_down(&self.rail, why, &mut self.held());
+    }
+}
+
+/// How one run of a reader thread ended.
+enum ReadEnd {
+    /// Nothing in flight, nothing buffered, no byte for the poll
+    /// interval: the rail can park.
+    Quiet,
+    /// The rail is down, for this reason.
+    Down(String),
+}
+
+/// A reader thread: receives until the rail goes down (then reports
+/// everything) or is quiet (then parks it on the pool and ends).
+fn reader(r: Reader) {
+    let mut held = r.held();
+    match read_until_quiet(&r, &mut held) {
+        ReadEnd::Down(why) => {
+            r.rail.fail(&why, false);
+            take_down(&r.rail, why, &mut held);
+        }
+        ReadEnd::Quiet => match r.pool.upgrade() {
+            Some(pool) => {
+                let at = Instant::now() + r.poll();
+                pool.watch(Box::new(r), Some(at));
+            }
+            // Checked before it parks; gone since: read on here.
+            None => reader(r),
+        },
+    }
+}
+
+fn read_until_quiet(r: &Reader, held: &mut Held) -> ReadEnd {
     use std::io::ErrorKind;
+    let Reader {
+        rail,
+        stream,
+        frame_timeout,
+        io_timeout,
+        on_segment,
+        ..
+    } = r;
+    let (frame_timeout, io_timeout) = (*frame_timeout, *io_timeout);
     let mut frames = FrameBuffer::new();
-    let mut held = Held {
-        sink,
-        events: Vec::with_capacity(32),
-        bytes: 0,
-    };
-    let poll = io_timeout.min(Duration::from_millis(250));
+    let poll = r.poll();
     let why: String = 'read: {
-        if let Err(e) = stream.set_read_timeout(Some(poll.max(Duration::from_millis(1)))) {
+        if let Err(e) = stream.set_read_timeout(Some(poll)) {
             break 'read format!("cannot set the receive timeout: {e}");
         }
         loop {
@@ -540,10 +730,10 @@ fn reader(
                 Ok(None) => {
                     // Nothing complete is buffered: hand the answers of this
                     // burst over before waiting for more.
-                    let got = match frames.fill(&stream, !held.events.is_empty()) {
+                    let got = match frames.fill(stream, !held.events.is_empty()) {
                         Err(e) if e.kind() == ErrorKind::WouldBlock && !held.events.is_empty() => {
                             held.hand_over();
-                            frames.fill(&stream, false)
+                            frames.fill(stream, false)
                         }
                         r => r,
                     };
@@ -562,6 +752,13 @@ fn reader(
                                 break 'read format!(
                                     "no answer from the peer within {io_timeout:?}"
                                 );
+                            }
+                            if st.in_flight.is_empty()
+                                && frames.is_empty()
+                                && held.events.is_empty()
+                                && r.pool.strong_count() > 0
+                            {
+                                return ReadEnd::Quiet;
                             }
                         }
                         Err(e) => break 'read format!("connection lost: {e}"),
@@ -624,7 +821,7 @@ fn reader(
                         job.item.len
                     );
                     answer(
-                        &rail,
+                        rail,
                         &job,
                         SliceStatus::Failed(SliceFailure::Completion {
                             status: msg.clone().into(),
@@ -645,13 +842,13 @@ fn reader(
                             .map_err(|e| e.to_string())?;
                         frames.payload_received((len - n) as u64);
                         recv_payload(
-                            &rail,
-                            &stream,
+                            rail,
+                            stream,
                             &mut frames,
                             &job.local,
                             (offset + n, len - n),
                             io_timeout,
-                            &mut held,
+                            held,
                         )
                     });
                 if let Err(e) = received {
@@ -659,7 +856,7 @@ fn reader(
                     // The reader is the only thread writing local memory: it
                     // stopped, so the bytes are released (possibly partial).
                     answer(
-                        &rail,
+                        rail,
                         &job,
                         SliceStatus::Failed(SliceFailure::RailDown(msg.clone().into())),
                         &mut held.events,
@@ -676,16 +873,21 @@ fn reader(
                     code: 0,
                 });
             }
-            answer(&rail, &job, st_status, &mut held.events);
+            answer(rail, &job, st_status, &mut held.events);
             held.answered(job.item.len);
         }
     };
-    rail.fail(&why, false);
+    ReadEnd::Down(why)
+}
+
+/// Reports a rail that went down: waits until the writer let go of local
+/// memory, then hands over a `RailDown` and every outstanding item.
+fn take_down(rail: &Rail, why: String, held: &mut Held) {
     // Wait until the writer let go of local memory (the socket is shut, so
     // a blocked send returns at once).
     let (in_flight, queued, reason) = {
         let mut st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
-        while !st.writer_done {
+        while st.writer {
             let (g, _) = rail
                 .cv
                 .wait_timeout(st, Duration::from_millis(100))
@@ -815,6 +1017,7 @@ mod tests {
             &cfg,
             Arc::new(Record(tx)),
             Arc::new(|_| {}),
+            Weak::new(),
         )
         .unwrap();
         let big = ANSWER_BATCH as u32;
@@ -935,6 +1138,7 @@ mod tests {
             &cfg,
             Arc::new(NoSink),
             Arc::new(|_| {}),
+            Weak::new(),
         )
         .unwrap();
         let local = HostMemory::alloc(4096).unwrap();

@@ -53,13 +53,13 @@ pub(crate) struct CloseReason {
 }
 
 impl CloseReason {
-    fn normal(text: impl Into<String>) -> Self {
+    pub(crate) fn normal(text: impl Into<String>) -> Self {
         Self {
             abnormal: false,
             text: text.into(),
         }
     }
-    fn abnormal(text: impl Into<String>) -> Self {
+    pub(crate) fn abnormal(text: impl Into<String>) -> Self {
         Self {
             abnormal: true,
             text: text.into(),
@@ -131,8 +131,30 @@ fn stalled(cfg: &SessionConfig, e: &std::io::Error) -> CloseReason {
     }
 }
 
-/// Serves requests until the session ends; returns why.
-pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
+/// Sets an admitted session's socket up for [`serve`]: its buffer sizes
+/// and the timeouts of its system calls (the poll interval).
+pub(crate) fn prepare(stream: &TcpStream, cfg: &SessionConfig) -> Result<(), CloseReason> {
+    size_socket_buffers(stream, cfg.socket_buffer);
+    stream
+        .set_write_timeout(Some(POLL))
+        .and_then(|()| stream.set_read_timeout(Some(POLL)))
+        .map_err(|e| CloseReason::abnormal(format!("cannot set the socket timeouts: {e}")))
+}
+
+/// How [`serve`] returned.
+#[derive(Debug)]
+pub(crate) enum Served {
+    /// The session ended, for this reason (the caller closes it).
+    Closed(CloseReason),
+    /// Nothing arrived for the poll interval and nothing is buffered or
+    /// waits to be sent: the caller may park the session until its socket
+    /// is readable (checking [`quiet`] meanwhile) and serve it again.
+    Idle,
+}
+
+/// Serves requests on a socket set up by [`prepare`] until the session
+/// ends or has been idle for the poll interval; says which.
+pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Served {
     let cfg = ctx.cfg;
     let mut frames = FrameBuffer::new();
     // Encoded answers not sent yet (see the module docs), and the bytes of
@@ -140,13 +162,6 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
     let mut out = Vec::with_capacity(1024);
     let mut acknowledged = 0u64;
     let mut io = PayloadIo::for_answers(cfg.zero_copy);
-    size_socket_buffers(stream, cfg.socket_buffer);
-    if let Err(e) = stream
-        .set_write_timeout(Some(POLL))
-        .and_then(|()| stream.set_read_timeout(Some(POLL)))
-    {
-        return CloseReason::abnormal(format!("cannot set the socket timeouts: {e}"));
-    }
     loop {
         let frame = match frames.next() {
             Ok(Some(f)) => f,
@@ -158,7 +173,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                         if let Err(e) =
                             send_all(stream, &out, false, Some(Instant::now() + cfg.io_timeout))
                         {
-                            return stalled(cfg, &e);
+                            return Served::Closed(stalled(cfg, &e));
                         }
                         out.clear();
                         frames.fill(stream, false)
@@ -166,7 +181,9 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                     r => r,
                 };
                 match got {
-                    Ok(0) => return CloseReason::normal("peer closed the connection"),
+                    Ok(0) => {
+                        return Served::Closed(CloseReason::normal("peer closed the connection"));
+                    }
                     Ok(_) => {}
                     Err(e)
                         if matches!(
@@ -174,25 +191,19 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                         ) =>
                     {
-                        if frames.is_empty() && ctx.stop.load(Ordering::Acquire) {
-                            let _ =
-                                goodbye(stream, GoodbyeReason::SHUTDOWN, "listener shutting down");
-                            return CloseReason::normal("listener shut down");
-                        }
-                        if let Some(idle) = cfg.idle_timeout
-                            && frames.is_empty()
-                            && ctx.activity.idle().is_some_and(|i| i >= idle)
-                        {
-                            let _ = goodbye(stream, GoodbyeReason::IDLE, "idle");
-                            return CloseReason::normal(format!("idle for {idle:?}"));
-                        }
-                        if frames.is_empty() && ctx.activity.evicted() {
-                            let why = "idle the longest when a new session needed a slot (max_sessions taken)";
-                            let _ = goodbye(stream, GoodbyeReason::IDLE, why);
-                            return CloseReason::normal(format!("closed: {why}"));
+                        if frames.is_empty() {
+                            debug_assert!(out.is_empty(), "answers are sent before waiting");
+                            if let Some(reason) = quiet(stream, ctx) {
+                                return Served::Closed(reason);
+                            }
+                            return Served::Idle;
                         }
                     }
-                    Err(e) => return CloseReason::abnormal(format!("connection failed: {e}")),
+                    Err(e) => {
+                        return Served::Closed(CloseReason::abnormal(format!(
+                            "connection failed: {e}"
+                        )));
+                    }
                 }
                 if frames.overdue(cfg.frame_timeout) {
                     refuse(
@@ -202,18 +213,20 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                         FrameType(0),
                         "frame not completed in time",
                     );
-                    return CloseReason::abnormal(format!(
+                    return Served::Closed(CloseReason::abnormal(format!(
                         "peer did not complete a frame (truncated frame) within {:?}",
                         cfg.frame_timeout
-                    ));
+                    )));
                 }
                 continue;
             }
             Err(SessionError::Malformed(e)) => {
                 refuse(stream, &mut out, e.error_code(), e.frame, &e.to_string());
-                return CloseReason::abnormal(format!("malformed frame: {e}"));
+                return Served::Closed(CloseReason::abnormal(format!("malformed frame: {e}")));
             }
-            Err(e) => return CloseReason::abnormal(format!("connection failed: {e}")),
+            Err(e) => {
+                return Served::Closed(CloseReason::abnormal(format!("connection failed: {e}")));
+            }
         };
         if frames.payload_len() != u64::from(frame.payload_len()) {
             let msg = format!(
@@ -229,7 +242,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                 frame.frame_type(),
                 &msg,
             );
-            return CloseReason::abnormal(format!("malformed frame: {msg}"));
+            return Served::Closed(CloseReason::abnormal(format!("malformed frame: {msg}")));
         }
         ctx.activity.began();
         // The epoch rule on every request: a newer incarnation of the
@@ -246,7 +259,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                 ctx.peer.epoch,
                 current.map(|e| e.value())
             );
-            return stale(stream, &mut out, frame.frame_type(), msg);
+            return Served::Closed(stale(stream, &mut out, frame.frame_type(), msg));
         }
         if let Frame::ReadRequest(_) | Frame::WriteRequest(_) = &frame {
             ctx.requests.fetch_add(1, Ordering::Relaxed);
@@ -384,7 +397,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                         frame.frame_type(),
                         ctx.peer.epoch
                     );
-                    return stale(stream, &mut out, frame.frame_type(), msg);
+                    return Served::Closed(stale(stream, &mut out, frame.frame_type(), msg));
                 }
                 Ok(())
             }
@@ -396,13 +409,16 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                 Ok(())
             }
             Frame::Goodbye(g) => {
-                return CloseReason::normal(format!(
+                return Served::Closed(CloseReason::normal(format!(
                     "peer said goodbye ({}: {})",
                     g.reason, g.message
-                ));
+                )));
             }
             Frame::Error(e) => {
-                return CloseReason::abnormal(format!("peer sent error {}: {}", e.code, e.message));
+                return Served::Closed(CloseReason::abnormal(format!(
+                    "peer sent error {}: {}",
+                    e.code, e.message
+                )));
             }
             other => {
                 let msg = format!(
@@ -416,14 +432,36 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                     other.frame_type(),
                     &msg,
                 );
-                return CloseReason::abnormal(msg);
+                return Served::Closed(CloseReason::abnormal(msg));
             }
         };
         if let Err(e) = result {
-            return stalled(cfg, &e);
+            return Served::Closed(stalled(cfg, &e));
         }
         ctx.activity.ended();
     }
+}
+
+/// What a quiet session (nothing buffered, nothing to send) checks: the
+/// listener stops, `idle_timeout` passed, or a newcomer took its slot.
+/// Says goodbye and why it closes; `None`: it stays open.
+pub(crate) fn quiet(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Option<CloseReason> {
+    if ctx.stop.load(Ordering::Acquire) {
+        let _ = goodbye(stream, GoodbyeReason::SHUTDOWN, "listener shutting down");
+        return Some(CloseReason::normal("listener shut down"));
+    }
+    if let Some(idle) = ctx.cfg.idle_timeout
+        && ctx.activity.idle().is_some_and(|i| i >= idle)
+    {
+        let _ = goodbye(stream, GoodbyeReason::IDLE, "idle");
+        return Some(CloseReason::normal(format!("idle for {idle:?}")));
+    }
+    if ctx.activity.evicted() {
+        let why = "idle the longest when a new session needed a slot (max_sessions taken)";
+        let _ = goodbye(stream, GoodbyeReason::IDLE, why);
+        return Some(CloseReason::normal(format!("closed: {why}")));
+    }
+    None
 }
 
 fn goodbye(stream: &mut TcpStream, reason: GoodbyeReason, text: &str) -> Result<(), SessionError> {

@@ -1,0 +1,475 @@
+//! The engine's I/O threads: a fixed pool of event loops ([`IoPool`]),
+//! each a `mio::Poll` (epoll) with a [`Waker`] and a command channel.
+//!
+//! What waits on a loop is a [`Watched`]: a descriptor to watch for
+//! readability and an optional deadline. A loop owns what it watches; when
+//! the descriptor becomes readable (or hangs up, or fails) the loop takes
+//! it off epoll and calls [`Watched::ready`], when its deadline passes
+//! [`Watched::expired`]; each answers whether to keep waiting (and until
+//! when) or that it is done (closed, or handed to a thread that serves
+//! it). Deadlines are kept in a heap per loop and checked against `now`
+//! after every wake-up; they are rounded up to [`GRAIN`], so that many
+//! watched descriptors share a wake-up. A loop runs only when something it
+//! watches is ready or due: with nothing due it parks in `epoll_wait`
+//! with no timeout.
+//!
+//! The pool's size is fixed when it is made (`SessionConfig::io_threads`)
+//! and does not depend on how many descriptors wait on it: a thousand idle
+//! sessions wait on the same few threads as one. What is watched goes to
+//! the loops round-robin.
+//!
+//! Why epoll through mio and not io_uring: mio is small, well kept and
+//! safe to call (the engine forbids `unsafe`), and epoll works on every
+//! kernel the engine supports and in containers whose seccomp profile
+//! turns io_uring off; the loops only wait for readiness, so io_uring's
+//! batching of the data moves themselves would buy nothing here.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{JoinHandle, ThreadId};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+
+/// Deadlines are rounded up to a multiple of this (counted from the loop's
+/// start), so that the checks of many watched descriptors share one
+/// wake-up of their loop.
+pub(crate) const GRAIN: Duration = Duration::from_millis(25);
+
+/// How long a loop pauses after `epoll_wait` failed before it waits again.
+const PAUSE: Duration = Duration::from_millis(50);
+
+/// The waker's token; watched descriptors take the others.
+const WAKER: Token = Token(usize::MAX);
+
+/// What a loop does with a [`Watched`] after calling it.
+pub(crate) enum Next {
+    /// Watch it again, until this deadline (`None`: readiness only).
+    Wait(Box<dyn Watched>, Option<Instant>),
+    /// Forget it: it closed, or a thread serves it now.
+    Done,
+}
+
+/// Something an I/O loop watches: a descriptor to become readable, and a
+/// deadline. The loop owns it while it waits and takes its descriptor off
+/// epoll before calling it, so a call may hand the descriptor elsewhere.
+pub(crate) trait Watched: Send {
+    /// The descriptor watched for readability (it stays open while the
+    /// loop holds the `Watched`: the `Watched` owns it).
+    fn fd(&self) -> RawFd;
+    /// The descriptor is readable, hung up or failed.
+    fn ready(self: Box<Self>, now: Instant) -> Next;
+    /// The deadline it gave has passed (`now` is at or after it).
+    fn expired(self: Box<Self>, now: Instant) -> Next;
+    /// Its loop could not watch it (epoll refused the descriptor) or
+    /// stops; it is dropped after this.
+    fn abandoned(self: Box<Self>, why: &str);
+}
+
+/// A watched descriptor's place: its loop and its key there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WatchKey {
+    lp: usize,
+    key: u64,
+}
+
+enum Command {
+    Watch(u64, Box<dyn Watched>, Option<Instant>),
+    /// Drop the watched descriptor of this key (if it is still watched),
+    /// then answer.
+    Forget(u64, Sender<()>),
+    Stop,
+}
+
+struct LoopHandle {
+    commands: Sender<Command>,
+    waker: Waker,
+    thread: ThreadId,
+}
+
+/// A fixed set of I/O threads, each an event loop.
+pub(crate) struct IoPool {
+    loops: Vec<LoopHandle>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    next_loop: AtomicUsize,
+    next_key: AtomicU64,
+}
+
+impl std::fmt::Debug for IoPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoPool")
+            .field("threads", &self.loops.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl IoPool {
+    /// Starts `threads` loops (at least one), their threads named
+    /// `orbitte-io-{name}-{i}`.
+    pub(crate) fn new(threads: usize, name: &str) -> std::io::Result<Arc<Self>> {
+        let mut loops = Vec::with_capacity(threads.max(1));
+        let mut handles = Vec::with_capacity(threads.max(1));
+        for i in 0..threads.max(1) {
+            let poll = Poll::new()?;
+            let waker = Waker::new(poll.registry(), WAKER)?;
+            let (tx, rx) = crossbeam_channel::unbounded();
+            let handle = std::thread::Builder::new()
+                .name(format!("orbitte-io-{name}-{i}"))
+                .spawn(move || run(poll, &rx))?;
+            loops.push(LoopHandle {
+                commands: tx,
+                waker,
+                thread: handle.thread().id(),
+            });
+            handles.push(handle);
+        }
+        Ok(Arc::new(Self {
+            loops,
+            threads: Mutex::new(handles),
+            next_loop: AtomicUsize::new(0),
+            next_key: AtomicU64::new(0),
+        }))
+    }
+
+    /// Hands `w` to the next loop, round-robin, to watch until `deadline`.
+    /// When its loop is gone (the pool stops), `w` is abandoned at once.
+    pub(crate) fn watch(&self, w: Box<dyn Watched>, deadline: Option<Instant>) -> WatchKey {
+        let lp = self.next_loop.fetch_add(1, Ordering::Relaxed) % self.loops.len();
+        let key = self.next_key.fetch_add(1, Ordering::Relaxed);
+        let handle = &self.loops[lp];
+        match handle.commands.send(Command::Watch(key, w, deadline)) {
+            Ok(()) => {
+                if let Err(e) = handle.waker.wake() {
+                    tracing::warn!(error = %e, "cannot wake an i/o loop");
+                }
+            }
+            Err(crossbeam_channel::SendError(Command::Watch(_, w, _))) => {
+                w.abandoned("the engine's i/o threads stopped");
+            }
+            Err(_) => {}
+        }
+        WatchKey { lp, key }
+    }
+
+    /// Drops what `key` watches (if its loop still has it) and returns once
+    /// it is dropped, so its descriptor is closed by then (called from one
+    /// of the pool's own threads it does not wait).
+    pub(crate) fn forget(&self, key: WatchKey) {
+        let handle = &self.loops[key.lp];
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        if handle.commands.send(Command::Forget(key.key, tx)).is_err() {
+            return;
+        }
+        let _ = handle.waker.wake();
+        if std::thread::current().id() != handle.thread {
+            // Disconnected: the loop stopped and dropped it.
+            let _ = rx.recv();
+        }
+    }
+}
+
+impl Drop for IoPool {
+    fn drop(&mut self) {
+        for l in &self.loops {
+            let _ = l.commands.send(Command::Stop);
+            let _ = l.waker.wake();
+        }
+        let me = std::thread::current().id();
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in threads {
+            // The last owner may be a loop's own watched descriptor.
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// Runs `work(item)` on a new thread named `name` (how a parked
+/// connection that became readable is served again); when no thread can
+/// start, hands `item` back with the error, so the caller can close it.
+pub(crate) fn spawn_with<T: Send + 'static>(
+    name: String,
+    item: T,
+    work: impl FnOnce(T) + Send + 'static,
+) -> Result<(), (T, std::io::Error)> {
+    let slot = Arc::new(Mutex::new(Some(item)));
+    let theirs = slot.clone();
+    let spawned = std::thread::Builder::new().name(name).spawn(move || {
+        let item = theirs.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(item) = item {
+            work(item);
+        }
+    });
+    match spawned {
+        Ok(_) => Ok(()),
+        Err(e) => match slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(item) => Err((item, e)),
+            // The thread started after all and took it.
+            None => Ok(()),
+        },
+    }
+}
+
+/// An engine's I/O pool, started on first use and shared by its listener
+/// and its tcp rails.
+#[derive(Debug, Clone)]
+pub(crate) struct IoThreads {
+    threads: usize,
+    pool: Arc<Mutex<Option<Arc<IoPool>>>>,
+}
+
+impl IoThreads {
+    /// A pool of `threads` loops, not started yet.
+    pub(crate) fn new(threads: usize) -> Self {
+        Self {
+            threads,
+            pool: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// The pool, started now if it was not yet.
+    pub(crate) fn pool(&self) -> std::io::Result<Arc<IoPool>> {
+        let mut slot = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = slot.as_ref() {
+            return Ok(p.clone());
+        }
+        let p = IoPool::new(self.threads, "net")?;
+        *slot = Some(p.clone());
+        Ok(p)
+    }
+}
+
+/// One watched descriptor on its loop.
+struct Entry {
+    watched: Box<dyn Watched>,
+    deadline: Option<Instant>,
+}
+
+/// One loop's state.
+struct Loop {
+    poll: Poll,
+    start: Instant,
+    entries: HashMap<u64, Entry>,
+    /// (deadline, key); an entry whose deadline changed since leaves a
+    /// stale element behind, skipped when it comes up.
+    deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
+}
+
+fn run(poll: Poll, commands: &Receiver<Command>) {
+    let mut lp = Loop {
+        poll,
+        start: Instant::now(),
+        entries: HashMap::new(),
+        deadlines: BinaryHeap::new(),
+    };
+    let mut events = Events::with_capacity(256);
+    loop {
+        let timeout = lp
+            .deadlines
+            .peek()
+            .map(|Reverse((at, _))| at.saturating_duration_since(Instant::now()));
+        if let Err(e) = lp.poll.poll(&mut events, timeout) {
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                tracing::warn!(error = %e, "an i/o loop cannot wait for its descriptors");
+                std::thread::sleep(PAUSE);
+            }
+            continue;
+        }
+        let now = Instant::now();
+        for event in &events {
+            if event.token() == WAKER {
+                continue;
+            }
+            let key = event.token().0 as u64;
+            if let Some(e) = lp.take(key) {
+                let next = e.watched.ready(now);
+                lp.keep(key, next);
+            }
+        }
+        loop {
+            match commands.try_recv() {
+                Ok(Command::Watch(key, w, deadline)) => lp.keep(key, Next::Wait(w, deadline)),
+                Ok(Command::Forget(key, done)) => {
+                    drop(lp.take(key));
+                    let _ = done.send(());
+                }
+                Ok(Command::Stop) | Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                    for (_, e) in lp.entries.drain() {
+                        e.watched.abandoned("the engine's i/o threads stop");
+                    }
+                    return;
+                }
+                Err(crossbeam_channel::TryRecvError::Empty) => break,
+            }
+        }
+        let now = Instant::now();
+        while let Some(&Reverse((at, key))) = lp.deadlines.peek() {
+            if at > now {
+                break;
+            }
+            lp.deadlines.pop();
+            if lp.entries.get(&key).and_then(|e| e.deadline) != Some(at) {
+                continue;
+            }
+            if let Some(e) = lp.take(key) {
+                let next = e.watched.expired(now);
+                lp.keep(key, next);
+            }
+        }
+    }
+}
+
+impl Loop {
+    /// Takes `key`'s entry off epoll and out of the table.
+    fn take(&mut self, key: u64) -> Option<Entry> {
+        let e = self.entries.remove(&key)?;
+        let fd = e.watched.fd();
+        // It was registered; deregistering can only fail if the
+        // descriptor was closed already, which epoll has handled.
+        let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
+        Some(e)
+    }
+
+    /// Watches `next`'s descriptor again under `key`, or forgets it.
+    fn keep(&mut self, key: u64, next: Next) {
+        let Next::Wait(watched, deadline) = next else {
+            return;
+        };
+        let fd = watched.fd();
+        let token = Token(usize::try_from(key).unwrap_or(usize::MAX - 1));
+        if let Err(e) = self
+            .poll
+            .registry()
+            .register(&mut SourceFd(&fd), token, Interest::READABLE)
+        {
+            watched.abandoned(&format!("cannot watch the socket: {e}"));
+            return;
+        }
+        let deadline = deadline.map(|d| self.rounded(d));
+        if let Some(at) = deadline {
+            self.deadlines.push(Reverse((at, key)));
+        }
+        self.entries.insert(key, Entry { watched, deadline });
+    }
+
+    /// `at` rounded up to the loop's next multiple of [`GRAIN`].
+    fn rounded(&self, at: Instant) -> Instant {
+        let since = at.saturating_duration_since(self.start).as_nanos();
+        let grain = GRAIN.as_nanos();
+        let up = since.div_ceil(grain) * grain;
+        self.start + Duration::from_nanos(u64::try_from(up).unwrap_or(u64::MAX))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+
+    /// Reports each call on a channel and asks to be watched again (until
+    /// `again` runs out).
+    struct Probe {
+        sock: UnixStream,
+        calls: Sender<&'static str>,
+        again: u32,
+        deadline: Option<Duration>,
+    }
+
+    impl Probe {
+        fn next(mut self: Box<Self>, now: Instant) -> Next {
+            if self.again == 0 {
+                return Next::Done;
+            }
+            self.again -= 1;
+            let at = self.deadline.map(|d| now + d);
+            Next::Wait(self, at)
+        }
+    }
+
+    impl Watched for Probe {
+        fn fd(&self) -> RawFd {
+            self.sock.as_raw_fd()
+        }
+        fn ready(self: Box<Self>, now: Instant) -> Next {
+            let mut b = [0u8; 16];
+            let _ = std::io::Read::read(&mut &self.sock, &mut b);
+            let _ = self.calls.send("ready");
+            self.next(now)
+        }
+        fn expired(self: Box<Self>, now: Instant) -> Next {
+            let _ = self.calls.send("expired");
+            self.next(now)
+        }
+        fn abandoned(self: Box<Self>, _why: &str) {
+            let _ = self.calls.send("abandoned");
+        }
+    }
+
+    fn probe(
+        again: u32,
+        deadline: Option<Duration>,
+    ) -> (Box<Probe>, UnixStream, Receiver<&'static str>) {
+        let (a, b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        (
+            Box::new(Probe {
+                sock: a,
+                calls: tx,
+                again,
+                deadline,
+            }),
+            b,
+            rx,
+        )
+    }
+
+    const BOUND: Duration = Duration::from_secs(20);
+
+    #[test]
+    fn a_readable_descriptor_is_handed_back_and_watched_again() {
+        let pool = IoPool::new(2, "test").unwrap();
+        let (p, mut peer, calls) = probe(1, None);
+        pool.watch(p, None);
+        peer.write_all(b"x").unwrap();
+        assert_eq!(calls.recv_timeout(BOUND), Ok("ready"));
+        peer.write_all(b"y").unwrap();
+        assert_eq!(calls.recv_timeout(BOUND), Ok("ready"));
+        // Done after the second call (and dropped, so the write may fail):
+        // a third write calls nothing.
+        let _ = peer.write_all(b"z");
+        drop(pool);
+        assert!(calls.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_deadline_expires_without_readiness() {
+        let pool = IoPool::new(1, "test").unwrap();
+        let (p, _peer, calls) = probe(0, None);
+        pool.watch(p, Some(Instant::now()));
+        assert_eq!(calls.recv_timeout(BOUND), Ok("expired"));
+    }
+
+    #[test]
+    fn forgetting_drops_it_before_returning_and_stopping_abandons_the_rest() {
+        let pool = IoPool::new(1, "test").unwrap();
+        let (p, mut peer, calls) = probe(5, None);
+        let key = pool.watch(p, None);
+        pool.forget(key);
+        // Dropped: its socket is closed, so the peer's write fails.
+        assert!(peer.write_all(b"x").is_err());
+        assert!(calls.try_recv().is_err(), "forgotten, not abandoned");
+        let (p, _peer, calls) = probe(5, None);
+        pool.watch(p, None);
+        drop(pool);
+        assert_eq!(calls.recv_timeout(BOUND), Ok("abandoned"));
+    }
+}
