@@ -89,6 +89,7 @@ pub mod control;
 mod control;
 mod engine;
 pub mod error;
+pub mod metrics;
 mod nic;
 pub mod notify;
 pub use orbitte_proto::outcome;
@@ -124,6 +125,7 @@ pub use error::{
     BuildError, DrainTimeout, InactivePort, LinkError, NicsUnavailable, NoRdmaRail, OpenPeerError,
     RegisterError, Unquiesced, UnregisterError, WaitError,
 };
+pub use metrics::MetricsSnapshot;
 pub use nic::{ContextStatus, EngineTopology};
 pub use notify::{
     MAX_NOTIFICATION_LEN, Notification, NotificationError, NotificationStats, NotificationStatus,

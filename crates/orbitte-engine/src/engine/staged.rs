@@ -197,6 +197,7 @@ impl TransferEngine {
             for id in taken {
                 st.staged.requests.remove(&id);
             }
+            let now = std::time::Instant::now();
             for (index, device, buffer, pin) in jobs {
                 let id = st.staged.next_id();
                 let cancel = Arc::new(AtomicBool::new(false));
@@ -212,6 +213,13 @@ impl TransferEngine {
                     },
                 );
                 ids[index] = id;
+                let cells = st.cells_of(
+                    &self.shared.metrics,
+                    batch[index].peer,
+                    PathKind::CudaStaging,
+                );
+                st.starts
+                    .insert(id, crate::metrics::Started { cells, at: now });
                 queued.push((
                     device,
                     Job {

@@ -11,11 +11,14 @@ use orbitte_wire::Epoch;
 use super::arrivals::Arrival;
 use super::target::{Target, lock_lane};
 use crate::error::Unquiesced;
+use crate::metrics::PeerCells;
 use crate::nic::Initialized;
 use crate::registration::Charges;
 use crate::registration::EngineState;
 use crate::transport::rdma::RdmaTransport;
-use crate::transport::{MarkerFate, RailId, RailSpec, Transport, TransportEvent, WorkItem};
+use crate::transport::{
+    MarkerFate, PathKind, PeerId, RailId, RailSpec, Transport, TransportEvent, WorkItem,
+};
 use orbitte_proto::state::Transmit;
 
 /// Which transport owns a rail.
@@ -69,6 +72,15 @@ pub(crate) struct State {
     /// Undrained slices at the end of the last pump (drain waiters wake
     /// when it changes).
     pub(super) last_outstanding: u64,
+    /// When each request without a counted outcome was submitted, and the
+    /// cells that count it (see `metrics`).
+    pub(crate) starts: crate::metrics::Starts,
+    /// Each peer's cells by path, looked up in the registry once.
+    pub(crate) metric_cells: crate::Map<(PeerId, PathKind), Arc<PeerCells>>,
+    /// Notifications of this engine's batches a rail took.
+    pub(crate) notifications_sent: u64,
+    /// Notifications of this engine's batches no rail took.
+    pub(crate) notifications_not_sent: u64,
 }
 
 impl std::fmt::Debug for State {
@@ -99,6 +111,7 @@ impl State {
             self.done = done;
         }
         self.collect_outcomes();
+        self.count_arrived(Some(now));
         let outstanding = self.engine.core().outstanding_slices();
         if outstanding != self.last_outstanding {
             self.last_outstanding = outstanding;
@@ -113,8 +126,90 @@ impl State {
         self.engine.collect_outcomes();
         while let Some(t) = self.engine.poll_transmit() {
             let result = self.transmit(&t);
+            match result {
+                Ok(()) => self.notifications_sent += 1,
+                Err(_) => self.notifications_not_sent += 1,
+            }
             self.engine.notification_sent(t.id, result);
         }
+    }
+
+    /// Counts the outcomes that arrived (in their request's cells, with
+    /// the time since its submit), before anyone can take them, and moves
+    /// their ids to `arrived`, whose waiters the lock's release wakes.
+    /// `now`: when they arrived (`None`: read the clock if any did).
+    pub(super) fn count_arrived(&mut self, mut now: Option<Instant>) {
+        let from = self.arrived.len();
+        self.engine.take_arrived(&mut self.arrived);
+        for id in &self.arrived[from..] {
+            let Some(start) = self.starts.remove(*id) else {
+                continue;
+            };
+            if let Some(o) = self.engine.outcome(id) {
+                let now = *now.get_or_insert_with(Instant::now);
+                start
+                    .cells
+                    .count(o, Some(now.saturating_duration_since(start.at)));
+            }
+        }
+    }
+
+    /// Records the start of requests just taken in (`ids[i]` made from
+    /// `batch[i]`), before the lock is released and their outcomes can be
+    /// counted. A request is counted on the path of its first rail (a
+    /// request that failed at once: the peer's first rail).
+    pub(crate) fn record_starts(
+        &mut self,
+        registry: &crate::metrics::Registry,
+        now: Instant,
+        batch: &[orbitte_proto::TransferRequest],
+        ids: &[crate::outcome::RequestId],
+    ) {
+        let mut last: Option<(PeerId, PathKind, Arc<PeerCells>)> = None;
+        for (r, &id) in batch.iter().zip(ids) {
+            let core = self.engine.core();
+            let rail = core
+                .pending_rails(id)
+                .and_then(|rails| rails.first().copied())
+                .or_else(|| {
+                    let p = self.engine.tables().peers.get(&r.peer.0)?;
+                    p.rails.first().copied()
+                });
+            let Some(path) = rail.and_then(|rail| core.rail_spec(rail)).map(|s| s.path) else {
+                continue;
+            };
+            let cells = match &last {
+                Some((peer, p, c)) if *peer == r.peer && *p == path => c.clone(),
+                _ => {
+                    let c = self.cells_of(registry, r.peer, path);
+                    last = Some((r.peer, path, c.clone()));
+                    c
+                }
+            };
+            self.starts
+                .insert(id, crate::metrics::Started { cells, at: now });
+        }
+    }
+
+    /// The cells of `peer` on `path`, from the cache or the registry.
+    pub(crate) fn cells_of(
+        &mut self,
+        registry: &crate::metrics::Registry,
+        peer: PeerId,
+        path: PathKind,
+    ) -> Arc<PeerCells> {
+        if let Some(c) = self.metric_cells.get(&(peer, path)) {
+            return c.clone();
+        }
+        let source = self
+            .engine
+            .tables()
+            .peers
+            .get(&peer.0)
+            .map_or_else(String::new, |p| p.source_id.as_str().to_owned());
+        let c = registry.cells(path, &source);
+        self.metric_cells.insert((peer, path), c.clone());
+        c
     }
 
     /// Hands the frame to the first of the transmit's rails whose transport

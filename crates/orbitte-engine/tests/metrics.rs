@@ -1,0 +1,226 @@
+//! The engine's metrics: what `TransferEngine::metrics` counts moves with
+//! the requests, outcomes and refusals the engine saw, and the Prometheus
+//! text says the same.
+#![forbid(unsafe_code)]
+
+use std::io::Read;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use orbitte_engine::metrics::{MetricsSnapshot, OpMetrics};
+use orbitte_engine::outcome::Status;
+use orbitte_engine::{Access, ConnectOptions, EngineBuilder, PathKind, Request, TransferEngine};
+use orbitte_memory::HostMemory;
+
+const BOUND: Duration = Duration::from_secs(20);
+
+fn target(name: &str) -> TransferEngine {
+    EngineBuilder::new(name)
+        .listen("127.0.0.1:0".parse().unwrap())
+        .host_memory_without_rdma()
+        .build()
+        .unwrap()
+}
+
+fn op<'a>(m: &'a MetricsSnapshot, path: &str, peer: &str, op: &str) -> &'a OpMetrics {
+    m.peers
+        .iter()
+        .find(|p| p.path == path && p.peer == peer)
+        .unwrap_or_else(|| panic!("no row for {path}/{peer}: {m:#?}"))
+        .ops
+        .iter()
+        .find(|o| o.op == op)
+        .unwrap()
+}
+
+/// The counts of outcomes the test saw, as the metrics keep them.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Tally {
+    requests: u64,
+    bytes: u64,
+    complete: u64,
+    failed: u64,
+    timed_out: u64,
+    cancelled: u64,
+}
+
+fn tally_of(o: &OpMetrics) -> Tally {
+    Tally {
+        requests: o.requests,
+        bytes: o.bytes,
+        complete: o.outcomes.complete,
+        failed: o.outcomes.failed,
+        timed_out: o.outcomes.timed_out,
+        cancelled: o.outcomes.cancelled,
+    }
+}
+
+fn transfers_are_counted_per_path_and_peer(path: PathKind) {
+    let decode = target("decode");
+    let prefill = EngineBuilder::new("prefill")
+        .host_memory_without_rdma()
+        .build()
+        .unwrap();
+    let dst = HostMemory::alloc(4 << 20).unwrap();
+    decode.register(&dst, Access::REMOTE_READ_WRITE).unwrap();
+    let src = HostMemory::alloc(4 << 20).unwrap();
+    let local = prefill.register(&src, Access::LocalOnly).unwrap();
+    let peer = prefill
+        .connect_with(
+            decode.listen_addr().unwrap(),
+            ConnectOptions::new().path(path),
+        )
+        .unwrap();
+    let range = &peer.ranges()[0];
+    let before = prefill.metrics();
+    assert!(
+        before
+            .peers
+            .iter()
+            .all(|p| p.ops.iter().all(|o| o.requests == 0)),
+        "nothing counted before a request: {before:#?}"
+    );
+
+    let (mut writes, mut reads) = (Tally::default(), Tally::default());
+    let mut record = |o: &orbitte_engine::Outcome| {
+        let t = if o.op == orbitte_engine::Op::Write {
+            &mut writes
+        } else {
+            &mut reads
+        };
+        t.requests += 1;
+        t.bytes += o.completed_prefix;
+        match o.status {
+            Status::Complete => t.complete += 1,
+            Status::Failed => t.failed += 1,
+            Status::TimedOut => t.timed_out += 1,
+            Status::Cancelled => t.cancelled += 1,
+        }
+    };
+    let batch: Vec<Request> = (0..3u64)
+        .map(|i| Request::write(&local, i << 20..(i + 1) << 20).to(range, i << 20))
+        .chain([Request::read(&local, 3 << 20..(3 << 20) + 4096).from(range, 0)])
+        .collect();
+    let ids = prefill.submit(&batch).unwrap();
+    for o in prefill.wait_all(&ids, BOUND).unwrap() {
+        assert!(o.is_complete(), "{o:?}");
+        record(&o);
+    }
+    // A cancel that comes first makes a cancelled outcome; one that comes
+    // late finds the request complete: the metrics say which.
+    let id = prefill
+        .submit(&[Request::write(&local, 0..4 << 20).to(range, 0)])
+        .unwrap()[0];
+    prefill.cancel(id);
+    let o = prefill.wait(id, BOUND).unwrap();
+    record(&o);
+    prefill.wait_drain(id, BOUND).unwrap();
+
+    let m = prefill.metrics();
+    let name = path.name();
+    let (w, r) = (
+        op(&m, name, "decode", "write"),
+        op(&m, name, "decode", "read"),
+    );
+    assert_eq!(tally_of(w), writes, "{m:#?}");
+    assert_eq!(tally_of(r), reads, "{m:#?}");
+    assert_eq!((w.latency.count, r.latency.count), (writes.requests, 1));
+    assert!(w.latency.sum_seconds > 0.0);
+    let uncertain = u64::from(
+        o.status != Status::Complete && o.remote_effect != orbitte_engine::RemoteEffect::None,
+    );
+    assert_eq!(w.outcomes.uncertain, uncertain);
+    let row = m.peers.iter().find(|p| p.path == name).unwrap();
+    assert!(row.rails_up >= 1, "{row:?}");
+    assert_eq!(row.rails_down, 0);
+    assert_eq!(
+        m.registration.bytes_used, 0,
+        "host memory off rdma charges nothing"
+    );
+
+    let text = m.to_prometheus();
+    let labels = format!("path=\"{name}\",peer=\"decode\",op=\"write\"");
+    let want = format!("orbitte_transfer_bytes_total{{{labels}}} {}", writes.bytes);
+    assert!(text.lines().any(|l| l == want), "{want} not in\n{text}");
+    let want = format!(
+        "orbitte_transfer_latency_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
+        writes.requests
+    );
+    assert!(text.lines().any(|l| l == want), "{want} not in\n{text}");
+
+    let served = decode.metrics();
+    let l = served.listener.expect("the target listens");
+    assert!(l.accepted >= 1 && l.admitted >= 1, "{l:?}");
+    assert!(served.registration.max_bytes > 0);
+}
+
+#[test]
+fn transfers_over_tcp_are_counted_per_peer() {
+    transfers_are_counted_per_path_and_peer(PathKind::Tcp);
+}
+
+#[test]
+fn transfers_over_the_local_path_are_counted_per_peer() {
+    transfers_are_counted_per_path_and_peer(PathKind::Local);
+}
+
+/// Polls `engine.metrics()` until `done` says so (bounded by `BOUND`).
+fn until(engine: &TransferEngine, done: impl Fn(&MetricsSnapshot) -> bool) -> MetricsSnapshot {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let m = engine.metrics();
+        if done(&m) || Instant::now() > deadline {
+            return m;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn preauth_refusals_and_evictions_are_counted() {
+    let refusing = EngineBuilder::new("refusing")
+        .listen("127.0.0.1:0".parse().unwrap())
+        .host_memory_without_rdma()
+        .session_settings(|c| c.max_unauthenticated_per_address = 1)
+        .build()
+        .unwrap();
+    let at = refusing.listen_addr().unwrap();
+    let _first = TcpStream::connect(at).unwrap();
+    let mut second = TcpStream::connect(at).unwrap();
+    // The refusal is sent, then the socket closes.
+    second.set_read_timeout(Some(BOUND)).unwrap();
+    let _ = second.read_to_end(&mut Vec::new());
+    let m = until(&refusing, |m| {
+        m.listener.is_some_and(|l| l.preauth_refused >= 1)
+    });
+    let l = m.listener.unwrap();
+    assert_eq!((l.preauth_refused, l.preauth_evicted), (1, 0), "{l:?}");
+    assert!(
+        m.to_prometheus()
+            .lines()
+            .any(|l| l == "orbitte_preauth_refusals_total 1")
+    );
+
+    let evicting = EngineBuilder::new("evicting")
+        .listen("127.0.0.1:0".parse().unwrap())
+        .host_memory_without_rdma()
+        .session_settings(|c| {
+            c.max_unauthenticated = 1;
+            c.max_unauthenticated_per_address = 4;
+        })
+        .build()
+        .unwrap();
+    let at = evicting.listen_addr().unwrap();
+    let mut oldest = TcpStream::connect(at).unwrap();
+    let m = until(&evicting, |m| m.listener.is_some_and(|l| l.accepted >= 1));
+    assert_eq!(m.listener.unwrap().preauth_evicted, 0);
+    let _newcomer = TcpStream::connect(at).unwrap();
+    // The oldest is closed for the newcomer.
+    oldest.set_read_timeout(Some(BOUND)).unwrap();
+    let _ = oldest.read_to_end(&mut Vec::new());
+    let m = until(&evicting, |m| {
+        m.listener.is_some_and(|l| l.preauth_evicted >= 1)
+    });
+    let l = m.listener.unwrap();
+    assert_eq!((l.preauth_evicted, l.preauth_refused), (1, 0), "{l:?}");
+}
