@@ -140,7 +140,10 @@ fn transfers_are_counted_per_path_and_peer(path: PathKind) {
 
     let text = m.to_prometheus();
     let labels = format!("path=\"{name}\",peer=\"decode\",op=\"write\"");
-    let want = format!("orbitte_transfer_bytes_total{{{labels}}} {}", writes.bytes);
+    let want = format!(
+        "orbitte_transfer_bytes_total{{{labels},side=\"initiator\"}} {}",
+        writes.bytes
+    );
     assert!(text.lines().any(|l| l == want), "{want} not in\n{text}");
     let want = format!(
         "orbitte_transfer_latency_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
@@ -149,6 +152,30 @@ fn transfers_are_counted_per_path_and_peer(path: PathKind) {
     assert!(text.lines().any(|l| l == want), "{want} not in\n{text}");
 
     let served = decode.metrics();
+    if path == PathKind::Tcp {
+        let (w, r) = (
+            op(&served, "tcp", "prefill", "write"),
+            op(&served, "tcp", "prefill", "read"),
+        );
+        assert_eq!(
+            (r.served_bytes, r.served_requests),
+            (4096, 1),
+            "{served:#?}"
+        );
+        assert!(w.served_bytes >= writes.bytes, "{served:#?}");
+        assert!(w.served_requests >= 3, "{served:#?}");
+        assert_eq!(
+            (w.requests, r.requests),
+            (0, 0),
+            "the target made no request"
+        );
+    } else {
+        let row = served.peers.iter().find(|p| p.peer == "prefill");
+        assert!(
+            row.is_none_or(|p| p.ops.iter().all(|o| o.served_requests == 0)),
+            "the target does not see local requests: {served:#?}"
+        );
+    }
     let l = served.listener.expect("the target listens");
     assert!(l.accepted >= 1 && l.admitted >= 1, "{l:?}");
     assert!(served.registration.max_bytes > 0);

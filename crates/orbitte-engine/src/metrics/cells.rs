@@ -52,6 +52,36 @@ pub(crate) struct PeerCells {
     peer: String,
     /// Indexed by [`op_index`].
     ops: [OpCells; 2],
+    /// What this engine served to the peer, as a target; indexed by
+    /// [`op_index`].
+    served: [ServedCells; 2],
+}
+
+#[derive(Debug, Default)]
+struct ServedCells {
+    requests: AtomicU64,
+    bytes: AtomicU64,
+}
+
+/// Counts what a target serves one peer on one path: the tcp target
+/// holds one per session and counts each READ and WRITE it served. The
+/// default counts nothing (a target outside an engine).
+#[derive(Debug, Clone, Default)]
+pub struct ServedCounter(Option<Arc<PeerCells>>);
+
+impl ServedCounter {
+    pub(crate) fn new(cells: Arc<PeerCells>) -> Self {
+        Self(Some(cells))
+    }
+
+    /// One request of `op` served, moving `bytes`.
+    pub fn count(&self, op: Op, bytes: u64) {
+        if let Some(c) = &self.0 {
+            let s = &c.served[op_index(op)];
+            s.requests.fetch_add(1, Ordering::Relaxed);
+            s.bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -86,6 +116,7 @@ impl PeerCells {
             path,
             peer: peer.to_owned(),
             ops: Default::default(),
+            served: Default::default(),
         }
     }
 
@@ -122,10 +153,13 @@ impl PeerCells {
                 .iter()
                 .map(|&op| {
                     let c = &self.ops[op_index(op)];
+                    let s = &self.served[op_index(op)];
                     OpMetrics {
                         op: op_name(op).to_owned(),
                         requests: load(&c.requests),
                         bytes: load(&c.bytes),
+                        served_requests: load(&s.requests),
+                        served_bytes: load(&s.bytes),
                         outcomes: OutcomeCounts {
                             complete: load(&c.complete),
                             failed: load(&c.failed),

@@ -18,6 +18,7 @@ mod prometheus;
 mod snapshot;
 mod starts;
 
+pub use cells::ServedCounter;
 pub(crate) use cells::{PeerCells, Registry};
 pub use prometheus::PROMETHEUS_CONTENT_TYPE;
 pub use snapshot::{

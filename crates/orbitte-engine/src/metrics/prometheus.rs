@@ -8,7 +8,7 @@
 
 use std::fmt::Write;
 
-use super::snapshot::{LatencyHistogram, MetricsSnapshot, OpMetrics, PeerMetrics};
+use super::snapshot::{LatencyHistogram, MetricsSnapshot, OpMetrics};
 
 /// The `Content-Type` of [`MetricsSnapshot::to_prometheus`]'s text.
 pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -22,16 +22,14 @@ impl MetricsSnapshot {
         self.per_op(
             &mut w,
             "orbitte_transfer_requests_total",
-            "counter",
-            "Requests that got their outcome, by path, peer and op.",
-            |o| o.requests,
+            "Requests by path, peer and op; side initiator: this engine's requests that got their outcome; side target: the peer's requests this engine served (tcp).",
+            |o| (o.requests, o.served_requests),
         );
         self.per_op(
             &mut w,
             "orbitte_transfer_bytes_total",
-            "counter",
-            "Bytes known done (completed prefixes), by path, peer and op.",
-            |o| o.bytes,
+            "Bytes by path, peer and op; side initiator: completed prefixes of this engine's requests; side target: bytes of the peer's requests this engine served (tcp).",
+            |o| (o.bytes, o.served_bytes),
         );
         w.family(
             "orbitte_transfer_outcomes_total",
@@ -223,26 +221,31 @@ impl MetricsSnapshot {
         w.out
     }
 
-    /// A per-op counter family over every peer.
+    /// A per-op counter family over every peer, with a `side` label:
+    /// `value` gives the initiator's count and the target's.
     fn per_op(
         &self,
         w: &mut Writer,
         name: &str,
-        kind: &str,
         help: &str,
-        value: impl Fn(&OpMetrics) -> u64,
+        value: impl Fn(&OpMetrics) -> (u64, u64),
     ) {
-        w.family(name, kind, help);
+        w.family(name, "counter", help);
         for p in &self.peers {
             for o in &p.ops {
-                w.sample(name, &labels(p, o), value(o));
+                let (initiator, target) = value(o);
+                for (side, v) in [("initiator", initiator), ("target", target)] {
+                    let labels = [
+                        ("path", p.path.as_str()),
+                        ("peer", &p.peer),
+                        ("op", &o.op),
+                        ("side", side),
+                    ];
+                    w.sample(name, &labels, v);
+                }
             }
         }
     }
-}
-
-fn labels<'a>(p: &'a PeerMetrics, o: &'a OpMetrics) -> [(&'static str, &'a str); 3] {
-    [("path", &p.path), ("peer", &p.peer), ("op", &o.op)]
 }
 
 #[derive(Default)]
@@ -323,7 +326,8 @@ fn escape_help(v: &str) -> String {
 mod tests {
     use super::*;
     use crate::metrics::snapshot::{
-        LATENCY_BUCKETS, ListenerMetrics, NotificationMetrics, OutcomeCounts, RegistrationMetrics,
+        LATENCY_BUCKETS, ListenerMetrics, NotificationMetrics, OutcomeCounts, PeerMetrics,
+        RegistrationMetrics,
     };
 
     fn op(name: &str, counts: Vec<u64>) -> OpMetrics {
@@ -331,6 +335,8 @@ mod tests {
             op: name.to_owned(),
             requests: 4,
             bytes: 4096,
+            served_requests: 3,
+            served_bytes: 1024,
             outcomes: OutcomeCounts {
                 complete: 2,
                 failed: 1,
@@ -509,6 +515,9 @@ mod tests {
             "1"
         );
         assert_eq!(sample("orbitte_preauth_evictions_total"), "5");
+        let bytes = "orbitte_transfer_bytes_total{path=\"tcp\",peer=\"decode\",op=\"write\",side=";
+        assert_eq!(sample(&format!("{bytes}\"initiator\"}}")), "4096");
+        assert_eq!(sample(&format!("{bytes}\"target\"}}")), "1024");
         assert_eq!(
             sample("orbitte_notifications_refused_total{reason=\"queue_full\"}"),
             "2"

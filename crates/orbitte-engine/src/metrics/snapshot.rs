@@ -50,6 +50,12 @@ pub struct OpMetrics {
     pub requests: u64,
     /// Bytes known done: the sum of the outcomes' completed prefixes.
     pub bytes: u64,
+    /// tcp requests of this op (one per slice) the peer made to this
+    /// engine and it served as a target. Over the local and rdma paths
+    /// the peer moves the bytes itself, unseen by the target: 0 there.
+    pub served_requests: u64,
+    /// Bytes those served requests moved.
+    pub served_bytes: u64,
     /// The outcomes by kind.
     pub outcomes: OutcomeCounts,
     /// Time from submit to outcome.

@@ -27,6 +27,8 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use orbitte_proto::{Op, PathKind};
+
 use orbitte_wire::{
     AccessFlags, AccessToken, ErrorCode, Frame, FrameType, GoodbyeReason, RangeId, ReadResponse,
     SessionId, Status, WriteResponse,
@@ -134,6 +136,9 @@ fn stalled(cfg: &SessionConfig, e: &std::io::Error) -> CloseReason {
 /// Serves requests until the session ends; returns why.
 pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
     let cfg = ctx.cfg;
+    let served = ctx
+        .ranges
+        .served_counter(PathKind::Tcp, ctx.peer.source_id.as_str());
     let mut frames = FrameBuffer::new();
     // Encoded answers not sent yet (see the module docs), and the bytes of
     // the WRITEs they answer.
@@ -289,6 +294,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                                 .map(|()| {
                                     out.clear();
                                     ctx.bytes.fetch_add(u64::from(r.length), Ordering::Relaxed);
+                                    served.count(Op::Read, u64::from(r.length));
                                 }),
                             Err(e) => Err(std::io::Error::other(e)),
                         }
@@ -341,6 +347,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                             })
                             .map(|()| {
                                 ctx.bytes.fetch_add(u64::from(w.length), Ordering::Relaxed);
+                                served.count(Op::Write, u64::from(w.length));
                                 Status::OK
                             })
                     }
@@ -391,8 +398,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
             // Sent after every WRITE of its batch was answered, and this
             // session answers a WRITE only after its bytes are applied.
             Frame::Notification(n) => {
-                ctx.ranges
-                    .notification(ctx.peer, crate::transport::PathKind::Tcp, n);
+                ctx.ranges.notification(ctx.peer, PathKind::Tcp, n);
                 Ok(())
             }
             Frame::Goodbye(g) => {
