@@ -52,7 +52,9 @@ pub struct OpMetrics {
     pub bytes: u64,
     /// tcp requests of this op (one per slice) the peer made to this
     /// engine and it served as a target. Over the local and rdma paths
-    /// the peer moves the bytes itself, unseen by the target: 0 there.
+    /// the peer moves the bytes itself, unseen by the target: 0 there. A
+    /// READ is counted as its payload starts out, a WRITE once its
+    /// payload is in: before the peer has the outcome.
     pub served_requests: u64,
     /// Bytes those served requests moved.
     pub served_bytes: u64,

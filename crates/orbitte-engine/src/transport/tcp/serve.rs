@@ -281,7 +281,12 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                             status: Status::OK,
                             length: r.length,
                         });
-                        match resp.encode(&mut out) {
+                        // Counted before the payload goes out: the peer
+                        // has its outcome only after.
+                        let encoded = resp
+                            .encode(&mut out)
+                            .map(|()| served.count(Op::Read, u64::from(r.length)));
+                        match encoded {
                             Ok(()) => io
                                 .send(
                                     stream,
@@ -294,7 +299,6 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> CloseReason {
                                 .map(|()| {
                                     out.clear();
                                     ctx.bytes.fetch_add(u64::from(r.length), Ordering::Relaxed);
-                                    served.count(Op::Read, u64::from(r.length));
                                 }),
                             Err(e) => Err(std::io::Error::other(e)),
                         }
