@@ -179,6 +179,87 @@ fn transfers_are_counted_per_path_and_peer(path: PathKind) {
     let l = served.listener.expect("the target listens");
     assert!(l.accepted >= 1 && l.admitted >= 1, "{l:?}");
     assert!(served.registration.max_bytes > 0);
+    if path == PathKind::Tcp {
+        every_metric_is_documented(&served);
+    }
+}
+
+fn doc(name: &str) -> String {
+    let at = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../docs")
+        .join(name);
+    std::fs::read_to_string(&at).unwrap_or_else(|e| panic!("{}: {e}", at.display()))
+}
+
+/// The keys of `v` and of every object in it, by place (an array's
+/// elements share one place), each with the kind of its value.
+fn shape(place: &str, v: &serde_json::Value, out: &mut Vec<String>) {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                let kind = match x {
+                    Value::Null => "null",
+                    Value::Bool(_) => "bool",
+                    Value::Number(_) => "number",
+                    Value::String(_) => "string",
+                    Value::Array(_) => "array",
+                    Value::Object(_) => "object",
+                };
+                out.push(format!("{place}.{k}: {kind}"));
+                shape(&format!("{place}.{k}"), x, out);
+            }
+        }
+        Value::Array(items) => {
+            for i in items {
+                shape(&format!("{place}[]"), i, out);
+            }
+        }
+        _ => {}
+    }
+    out.sort();
+    out.dedup();
+}
+
+/// docs/configuration.md names every metric family the Prometheus text
+/// has (and no other), and docs/json.md's example of the snapshot has
+/// exactly its keys, each holding the same kind of value.
+fn every_metric_is_documented(m: &MetricsSnapshot) {
+    let text = m.to_prometheus();
+    let families: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    let config = doc("configuration.md");
+    for f in &families {
+        assert!(
+            config.contains(&format!("| `{f}` |")),
+            "docs/configuration.md has no table row for {f}"
+        );
+    }
+    let rows: Vec<&str> = config
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `orbitte_"))
+        .filter_map(|l| l.split('`').next())
+        .collect();
+    assert_eq!(rows.len(), families.len(), "one row per family: {rows:?}");
+
+    let json = doc("json.md");
+    let block = json
+        .split_once("<!-- json: metrics snapshot -->\n```json\n")
+        .and_then(|(_, rest)| rest.split_once("\n```"))
+        .map(|(b, _)| b)
+        .expect("docs/json.md has the metrics snapshot example");
+    let documented: serde_json::Value = serde_json::from_str(block).unwrap();
+    let real = serde_json::to_value(m).unwrap();
+    let (mut want, mut got) = (Vec::new(), Vec::new());
+    shape("", &documented, &mut want);
+    shape("", &real, &mut got);
+    assert_eq!(
+        got, want,
+        "docs/json.md's snapshot example and the snapshot differ"
+    );
 }
 
 #[test]
