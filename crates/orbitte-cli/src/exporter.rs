@@ -4,22 +4,26 @@
 //!
 //! The metrics port is reachable by whoever reaches the address, so it is
 //! built for clients that misbehave: each connection has its own thread,
-//! at most [`MAX_CONNECTIONS`] at once (more are closed at once); a
-//! request head is at most [`MAX_HEAD`] bytes and must arrive within
-//! [`HEAD_TIMEOUT`] however slowly it trickles in; one request per
-//! connection. A slow client holds only its own thread.
+//! at most [`MAX_CONNECTIONS`] at once; a request head is at most
+//! [`MAX_HEAD`] bytes and must arrive within [`HEAD_TIMEOUT`] however
+//! slowly it trickles in; one request per connection. When all
+//! connections are taken, the one that has been sending its head the
+//! longest is closed for the newcomer (as the engine's listener does with
+//! unauthenticated connections), so slow clients, however many, cannot
+//! keep a scraper out.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The largest request head read; a longer one gets 431.
 pub(crate) const MAX_HEAD: usize = 8 * 1024;
 /// The whole head must arrive within this; else the connection is closed.
 pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections served at once; more are closed without an answer.
+/// Connections served at once (see the module docs for a newcomer past
+/// it).
 pub(crate) const MAX_CONNECTIONS: usize = 32;
 /// Writing the answer may take this long.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -36,26 +40,27 @@ pub(crate) fn start(
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr)?;
     let bound = listener.local_addr()?;
-    let open = Arc::new(AtomicUsize::new(0));
+    let conns = Arc::new(Conns::default());
     std::thread::Builder::new()
         .name("orbitte-metrics".into())
         .spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { continue };
-                if open.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-                    open.fetch_sub(1, Ordering::AcqRel);
-                    drop(stream);
+                let Some(id) = conns.admit(&stream) else {
                     continue;
-                }
-                let (counted, render) = (open.clone(), render.clone());
+                };
+                let (conns, render) = (conns.clone(), render.clone());
                 let spawned = std::thread::Builder::new()
                     .name("orbitte-metrics-conn".into())
-                    .spawn(move || {
-                        answer(stream, content_type, &*render);
-                        counted.fetch_sub(1, Ordering::AcqRel);
+                    .spawn({
+                        let conns = conns.clone();
+                        move || {
+                            answer(stream, content_type, &*render, || conns.head_read(id));
+                            conns.closed(id);
+                        }
                     });
                 if let Err(e) = spawned {
-                    open.fetch_sub(1, Ordering::AcqRel);
+                    conns.closed(id);
                     tracing::warn!(error = %e, "cannot spawn a thread for a metrics connection");
                 }
             }
@@ -63,11 +68,89 @@ pub(crate) fn start(
     Ok(bound)
 }
 
-/// Reads one request head and answers it; every error closes the
-/// connection.
-fn answer(mut stream: TcpStream, content_type: &str, render: &Render) {
+/// The connections being served.
+#[derive(Debug, Default)]
+struct Conns {
+    table: Mutex<ConnTable>,
+}
+
+#[derive(Debug, Default)]
+struct ConnTable {
+    next: u64,
+    live: HashMap<u64, Conn>,
+}
+
+#[derive(Debug)]
+struct Conn {
+    since: Instant,
+    /// Still sending its request head.
+    reading: bool,
+    /// A handle on the socket, to close it for a newcomer.
+    stream: TcpStream,
+}
+
+impl Conns {
+    /// Takes `stream` on; when all connections are taken, closes the one
+    /// sending its head the longest for it. `None`: no room (every
+    /// connection is being answered, or the socket cannot be shared).
+    fn admit(&self, stream: &TcpStream) -> Option<u64> {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        if t.live.len() >= MAX_CONNECTIONS {
+            let oldest = t
+                .live
+                .iter()
+                .filter(|(_, c)| c.reading)
+                .min_by_key(|(_, c)| c.since)
+                .map(|(id, _)| *id)?;
+            if let Some(c) = t.live.remove(&oldest) {
+                let _ = c.stream.shutdown(Shutdown::Both);
+            }
+        }
+        let handle = stream.try_clone().ok()?;
+        t.next += 1;
+        let id = t.next;
+        t.live.insert(
+            id,
+            Conn {
+                since: Instant::now(),
+                reading: true,
+                stream: handle,
+            },
+        );
+        Some(id)
+    }
+
+    /// Connection `id` sent its whole head: it is answered now, and no
+    /// newcomer closes it.
+    fn head_read(&self, id: u64) {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = t.live.get_mut(&id) {
+            c.reading = false;
+        }
+    }
+
+    fn closed(&self, id: u64) {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        t.live.remove(&id);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .live
+            .len()
+    }
+}
+
+/// Reads one request head (`head_read` once it is in) and answers it;
+/// every error closes the connection.
+fn answer(mut stream: TcpStream, content_type: &str, render: &Render, head_read: impl FnOnce()) {
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
-    let (status, body, kind) = match read_head(&mut stream) {
+    let head = read_head(&mut stream);
+    head_read();
+    let (status, body, kind) = match head {
         Head::Complete(head) => match route(&head) {
             Route::Metrics { head_only } => {
                 let body = render();
@@ -112,7 +195,7 @@ fn respond(stream: &mut TcpStream, status: &str, kind: &str, len: usize, body: &
     let _ = stream.flush();
     // What the client sent beyond the head is read and dropped before the
     // socket closes, so the close does not reset the answer away.
-    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.shutdown(Shutdown::Write);
     let _ = stream.set_read_timeout(Some(LINGER));
     let mut sink = [0u8; 4096];
     let mut left = MAX_HEAD * 8;
@@ -254,6 +337,52 @@ mod tests {
         huge.resize(MAX_HEAD + 100, b'a');
         let r = exchange(at, &huge);
         assert!(r.starts_with("HTTP/1.1 431 "), "{r}");
+    }
+
+    #[test]
+    fn slow_clients_past_the_limit_make_room_for_a_newcomer() {
+        let at = server();
+        // More slow heads than there are connections: the oldest are
+        // closed for the newer ones.
+        let mut slow: Vec<TcpStream> = (0..MAX_CONNECTIONS + 4)
+            .map(|_| {
+                let mut s = TcpStream::connect(at).unwrap();
+                s.write_all(b"GET /metrics HTTP/1.1\r\nX-Slow: ").unwrap();
+                s
+            })
+            .collect();
+        let r = exchange(at, b"GET /metrics HTTP/1.1\r\n\r\n");
+        assert!(r.ends_with("orbitte_test_total 7\n"), "{r}");
+        // The first slow one was closed without an answer.
+        slow[0].set_read_timeout(Some(BOUND)).unwrap();
+        let mut out = Vec::new();
+        let _ = slow[0].read_to_end(&mut out);
+        assert!(out.is_empty(), "{}", String::from_utf8_lossy(&out));
+        drop(slow);
+    }
+
+    #[test]
+    fn a_connection_being_answered_is_never_closed_for_a_newcomer() {
+        let conns = Conns::default();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap();
+        let mut keep = Vec::new();
+        let mut ids = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            keep.push(TcpStream::connect(at).unwrap());
+            let (s, _) = listener.accept().unwrap();
+            ids.push(conns.admit(&s).expect("room"));
+            keep.push(s);
+        }
+        for id in &ids {
+            conns.head_read(*id);
+        }
+        let _c = TcpStream::connect(at).unwrap();
+        let (s, _) = listener.accept().unwrap();
+        assert_eq!(conns.admit(&s), None, "every connection is being answered");
+        conns.closed(ids[0]);
+        assert!(conns.admit(&s).is_some());
+        assert_eq!(conns.len(), MAX_CONNECTIONS);
     }
 
     #[test]
