@@ -39,10 +39,12 @@ impl TransferEngine {
             )
         };
         let registry = &self.shared.metrics;
-        for (path, peer, _) in &rails {
-            // A peer with rails and no request yet still gets its row.
-            drop(registry.cells(*path, peer));
-        }
+        // A peer with rails and no request yet still gets its row (or,
+        // past the registry's limit, the other peers' row).
+        let rails: Vec<(PathKind, String, bool)> = rails
+            .into_iter()
+            .map(|(path, peer, up)| (path, registry.cells(path, &peer).peer().to_owned(), up))
+            .collect();
         let mut peers = registry.snapshot();
         for (path, peer, up) in rails {
             if let Some(row) = peers

@@ -10,23 +10,54 @@ use orbitte_proto::{Op, PathKind};
 
 use super::snapshot::{LATENCY_BUCKETS, LatencyHistogram, OpMetrics, OutcomeCounts, PeerMetrics};
 
+/// Rows (path and peer) a registry keeps apart; the peers past it are
+/// counted together, per path, under the peer [`OTHER_PEERS`].
+pub const MAX_PEER_ROWS: usize = 4096;
+
+/// The peer label of the row that counts the peers past
+/// [`MAX_PEER_ROWS`]: empty, which no source id is.
+pub const OTHER_PEERS: &str = "";
+
 /// Every path and peer the engine counted for, keyed by path and the
 /// peer's source id (a peer that restarts with a new epoch keeps its
-/// counters).
-#[derive(Debug, Default)]
+/// counters). Source ids come from the network, so the rows are bounded:
+/// past `limit`, new peers share one row per path.
+#[derive(Debug)]
 pub(crate) struct Registry {
     cells: Mutex<HashMap<(PathKind, String), Arc<PeerCells>>>,
+    limit: usize,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self::with_limit(MAX_PEER_ROWS)
+    }
 }
 
 impl Registry {
-    /// The cells of `peer` on `path`, made at the first call.
+    fn with_limit(limit: usize) -> Self {
+        Self {
+            cells: Mutex::default(),
+            limit,
+        }
+    }
+
+    /// The cells of `peer` on `path`, made at the first call (past the
+    /// limit: the path's row of [`OTHER_PEERS`]).
     pub(crate) fn cells(&self, path: PathKind, peer: &str) -> Arc<PeerCells> {
         let mut map = self.cells.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = map.get(&(path, peer.to_owned())) {
+        let key = (path, peer.to_owned());
+        if let Some(c) = map.get(&key) {
             return c.clone();
         }
-        map.entry((path, peer.to_owned()))
-            .or_insert_with(|| Arc::new(PeerCells::new(path, peer)))
+        let key = if map.len() < self.limit {
+            key
+        } else {
+            (path, OTHER_PEERS.to_owned())
+        };
+        let peer = key.1.clone();
+        map.entry(key)
+            .or_insert_with(|| Arc::new(PeerCells::new(path, &peer)))
             .clone()
     }
 
@@ -118,6 +149,11 @@ impl PeerCells {
             ops: Default::default(),
             served: Default::default(),
         }
+    }
+
+    /// The peer label of these cells (the source id, or [`OTHER_PEERS`]).
+    pub(crate) fn peer(&self) -> &str {
+        &self.peer
     }
 
     /// Counts one outcome: its request, its completed prefix, its kind
@@ -236,6 +272,36 @@ impl Histogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peers_past_the_limit_share_one_row_per_path() {
+        let r = Registry::with_limit(2);
+        let a = r.cells(PathKind::Tcp, "a");
+        assert!(Arc::ptr_eq(&a, &r.cells(PathKind::Tcp, "a")));
+        let b = r.cells(PathKind::Tcp, "b");
+        let c = r.cells(PathKind::Tcp, "c");
+        let d = r.cells(PathKind::Tcp, "d");
+        assert!(Arc::ptr_eq(&c, &d), "c and d share the other peers' row");
+        assert!(!Arc::ptr_eq(&b, &c));
+        let local = r.cells(PathKind::Local, "e");
+        assert!(!Arc::ptr_eq(&local, &c), "one row per path");
+        assert!(
+            Arc::ptr_eq(&a, &r.cells(PathKind::Tcp, "a")),
+            "a keeps its row"
+        );
+        let rows: Vec<(String, String)> =
+            r.snapshot().into_iter().map(|p| (p.path, p.peer)).collect();
+        let row = |p: &str, q: &str| (p.to_owned(), q.to_owned());
+        assert_eq!(
+            rows,
+            [
+                row("local", ""),
+                row("tcp", ""),
+                row("tcp", "a"),
+                row("tcp", "b")
+            ]
+        );
+    }
 
     #[test]
     fn a_latency_falls_in_the_first_bucket_whose_bound_holds_it() {

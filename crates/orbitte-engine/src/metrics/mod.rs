@@ -18,7 +18,7 @@ mod prometheus;
 mod snapshot;
 mod starts;
 
-pub use cells::ServedCounter;
+pub use cells::{MAX_PEER_ROWS, OTHER_PEERS, ServedCounter};
 pub(crate) use cells::{PeerCells, Registry};
 pub use prometheus::PROMETHEUS_CONTENT_TYPE;
 pub use snapshot::{
