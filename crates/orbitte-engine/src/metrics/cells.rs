@@ -159,19 +159,24 @@ impl PeerCells {
     /// Counts one outcome: its request, its completed prefix, its kind
     /// (and, for a WRITE whose remote effect is not known, uncertain),
     /// and how long it took when that is known.
+    ///
+    /// Invariant: called only under the engine's state lock (the driver
+    /// counts outcomes as they arrive), so it is the outcome counters' one
+    /// writer: a load and a store add without a locked read-modify-write
+    /// on the hot path, and readers (a snapshot) see whole values.
     pub(crate) fn count(&self, o: &Outcome, latency: Option<Duration>) {
         let c = &self.ops[op_index(o.op)];
-        c.requests.fetch_add(1, Ordering::Relaxed);
-        c.bytes.fetch_add(o.completed_prefix, Ordering::Relaxed);
+        add(&c.requests, 1);
+        add(&c.bytes, o.completed_prefix);
         let kind = match o.status {
             Status::Complete => &c.complete,
             Status::Failed => &c.failed,
             Status::TimedOut => &c.timed_out,
             Status::Cancelled => &c.cancelled,
         };
-        kind.fetch_add(1, Ordering::Relaxed);
+        add(kind, 1);
         if o.op == Op::Write && matches!(o.remote_effect, RemoteEffect::Possible { .. }) {
-            c.uncertain.fetch_add(1, Ordering::Relaxed);
+            add(&c.uncertain, 1);
         }
         if let Some(d) = latency {
             c.latency.observe(d);
@@ -209,6 +214,15 @@ impl PeerCells {
                 .collect(),
         }
     }
+}
+
+/// Adds `n` to a counter whose only writer is the caller (see
+/// [`PeerCells::count`]).
+fn add(counter: &AtomicU64, n: u64) {
+    counter.store(
+        counter.load(Ordering::Relaxed).wrapping_add(n),
+        Ordering::Relaxed,
+    );
 }
 
 /// The name an op has in the metrics (`read`, `write`).
@@ -249,10 +263,11 @@ pub(super) fn bucket_of(d: Duration) -> usize {
 }
 
 impl Histogram {
+    /// Only [`PeerCells::count`] observes: one writer (see there).
     fn observe(&self, d: Duration) {
-        self.buckets[bucket_of(d)].fetch_add(1, Ordering::Relaxed);
+        add(&self.buckets[bucket_of(d)], 1);
         let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+        add(&self.sum_nanos, nanos);
     }
 
     fn snapshot(&self) -> LatencyHistogram {
