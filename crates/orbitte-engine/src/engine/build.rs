@@ -77,8 +77,7 @@ impl EngineBuilder {
             done: Vec::new(),
             snapshot: Default::default(),
             last_outstanding: 0,
-            starts: Default::default(),
-            metric_cells: Default::default(),
+            counting: Default::default(),
             notifications_sent: 0,
             notifications_not_sent: 0,
         };

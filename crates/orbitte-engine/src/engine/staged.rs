@@ -213,13 +213,12 @@ impl TransferEngine {
                     },
                 );
                 ids[index] = id;
-                let cells = st.cells_of(
+                let cell = st.cell_of(
                     &self.shared.metrics,
                     batch[index].peer,
                     PathKind::CudaStaging,
                 );
-                st.starts
-                    .insert(id, crate::metrics::Started { cells, at: now });
+                st.counting.start(id, cell, now);
                 queued.push((
                     device,
                     Job {

@@ -11,7 +11,6 @@ use orbitte_wire::Epoch;
 use super::arrivals::Arrival;
 use super::target::{Target, lock_lane};
 use crate::error::Unquiesced;
-use crate::metrics::PeerCells;
 use crate::nic::Initialized;
 use crate::registration::Charges;
 use crate::registration::EngineState;
@@ -72,11 +71,9 @@ pub(crate) struct State {
     /// Undrained slices at the end of the last pump (drain waiters wake
     /// when it changes).
     pub(super) last_outstanding: u64,
-    /// When each request without a counted outcome was submitted, and the
-    /// cells that count it (see `metrics`).
-    pub(crate) starts: crate::metrics::Starts,
-    /// Each peer's cells by path, looked up in the registry once.
-    pub(crate) metric_cells: crate::Map<(PeerId, PathKind), Arc<PeerCells>>,
+    /// Each peer's cells, and the start of each request without a counted
+    /// outcome (see `metrics`).
+    pub(crate) counting: crate::metrics::Counting,
     /// Notifications of this engine's batches a rail took.
     pub(crate) notifications_sent: u64,
     /// Notifications of this engine's batches no rail took.
@@ -141,15 +138,10 @@ impl State {
     pub(super) fn count_arrived(&mut self, mut now: Option<Instant>) {
         let from = self.arrived.len();
         self.engine.take_arrived(&mut self.arrived);
+        let mut clock = || *now.get_or_insert_with(Instant::now);
         for id in &self.arrived[from..] {
-            let Some(start) = self.starts.remove(*id) else {
-                continue;
-            };
             if let Some(o) = self.engine.outcome(id) {
-                let now = *now.get_or_insert_with(Instant::now);
-                start
-                    .cells
-                    .count(o, Some(now.saturating_duration_since(start.at)));
+                self.counting.finish(*id, o, &mut clock);
             }
         }
     }
@@ -165,7 +157,7 @@ impl State {
         batch: &[orbitte_proto::TransferRequest],
         ids: &[crate::outcome::RequestId],
     ) {
-        let mut last: Option<(PeerId, PathKind, Arc<PeerCells>)> = None;
+        let mut last: Option<(PeerId, PathKind, u32)> = None;
         for (r, &id) in batch.iter().zip(ids) {
             let core = self.engine.core();
             let rail = core
@@ -178,38 +170,32 @@ impl State {
             let Some(path) = rail.and_then(|rail| core.rail_spec(rail)).map(|s| s.path) else {
                 continue;
             };
-            let cells = match &last {
-                Some((peer, p, c)) if *peer == r.peer && *p == path => c.clone(),
+            let cell = match last {
+                Some((peer, p, c)) if peer == r.peer && p == path => c,
                 _ => {
-                    let c = self.cells_of(registry, r.peer, path);
-                    last = Some((r.peer, path, c.clone()));
+                    let c = self.cell_of(registry, r.peer, path);
+                    last = Some((r.peer, path, c));
                     c
                 }
             };
-            self.starts
-                .insert(id, crate::metrics::Started { cells, at: now });
+            self.counting.start(id, cell, now);
         }
     }
 
-    /// The cells of `peer` on `path`, from the cache or the registry.
-    pub(crate) fn cells_of(
+    /// The index of `peer`'s cells on `path` in `counting`.
+    pub(crate) fn cell_of(
         &mut self,
         registry: &crate::metrics::Registry,
         peer: PeerId,
         path: PathKind,
-    ) -> Arc<PeerCells> {
-        if let Some(c) = self.metric_cells.get(&(peer, path)) {
-            return c.clone();
-        }
-        let source = self
-            .engine
-            .tables()
-            .peers
-            .get(&peer.0)
-            .map_or_else(String::new, |p| p.source_id.as_str().to_owned());
-        let c = registry.cells(path, &source);
-        self.metric_cells.insert((peer, path), c.clone());
-        c
+    ) -> u32 {
+        let tables = self.engine.tables();
+        self.counting.cell(registry, peer, path, || {
+            tables
+                .peers
+                .get(&peer.0)
+                .map_or_else(String::new, |p| p.source_id.as_str().to_owned())
+        })
     }
 
     /// Hands the frame to the first of the transmit's rails whose transport

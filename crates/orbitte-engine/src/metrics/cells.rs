@@ -137,11 +137,6 @@ fn op_index(op: Op) -> usize {
 const OPS: [Op; 2] = [Op::Read, Op::Write];
 
 impl PeerCells {
-    #[cfg(test)]
-    pub(super) fn new_for_tests(path: PathKind, peer: &str) -> Self {
-        Self::new(path, peer)
-    }
-
     fn new(path: PathKind, peer: &str) -> Self {
         Self {
             path,
@@ -251,22 +246,34 @@ impl Default for Histogram {
     }
 }
 
-/// The bucket of `d`: the smallest `i` with `d <= 2^i µs`, or
-/// [`LATENCY_BUCKETS`] (beyond every bound).
-pub(super) fn bucket_of(d: Duration) -> usize {
-    let us = d.as_nanos().div_ceil(1000);
+/// [`bucket_of_nanos`] of `d`.
+#[cfg(test)]
+fn bucket_of(d: Duration) -> usize {
+    bucket_of_nanos(nanos_of(d))
+}
+
+/// `d` in nanoseconds, saturating (in u64: a division of u128 would cost
+/// more than the rest of counting an outcome).
+fn nanos_of(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The bucket of a latency of `nanos`: the smallest `i` with
+/// `nanos <= 2^i µs`, or [`LATENCY_BUCKETS`] (beyond every bound).
+fn bucket_of_nanos(nanos: u64) -> usize {
+    let us = nanos.div_ceil(1000);
     if us <= 1 {
         return 0;
     }
-    let i = (u128::BITS - (us - 1).leading_zeros()) as usize;
+    let i = (u64::BITS - (us - 1).leading_zeros()) as usize;
     i.min(LATENCY_BUCKETS)
 }
 
 impl Histogram {
     /// Only [`PeerCells::count`] observes: one writer (see there).
     fn observe(&self, d: Duration) {
-        add(&self.buckets[bucket_of(d)], 1);
-        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let nanos = nanos_of(d);
+        add(&self.buckets[bucket_of_nanos(nanos)], 1);
         add(&self.sum_nanos, nanos);
     }
 

@@ -25,4 +25,4 @@ pub use snapshot::{
     LATENCY_BUCKETS, LatencyHistogram, ListenerMetrics, MetricsSnapshot, NotificationMetrics,
     OpMetrics, OutcomeCounts, PeerMetrics, RegistrationMetrics,
 };
-pub(crate) use starts::{Started, Starts};
+pub(crate) use starts::Counting;
