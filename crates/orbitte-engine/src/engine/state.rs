@@ -148,8 +148,9 @@ impl State {
 
     /// Records the start of requests just taken in (`ids[i]` made from
     /// `batch[i]`), before the lock is released and their outcomes can be
-    /// counted. A request is counted on the path of its first rail (a
-    /// request that failed at once: the peer's first rail).
+    /// counted. A request is counted on the path of the first rail of the
+    /// first request of its peer in the batch (one path per peer: its
+    /// rails; a request that failed at once: the peer's first rail).
     pub(crate) fn record_starts(
         &mut self,
         registry: &crate::metrics::Registry,
@@ -157,24 +158,25 @@ impl State {
         batch: &[orbitte_proto::TransferRequest],
         ids: &[crate::outcome::RequestId],
     ) {
-        let mut last: Option<(PeerId, PathKind, u32)> = None;
+        let mut last: Option<(PeerId, u32)> = None;
         for (r, &id) in batch.iter().zip(ids) {
-            let core = self.engine.core();
-            let rail = core
-                .pending_rails(id)
-                .and_then(|rails| rails.first().copied())
-                .or_else(|| {
-                    let p = self.engine.tables().peers.get(&r.peer.0)?;
-                    p.rails.first().copied()
-                });
-            let Some(path) = rail.and_then(|rail| core.rail_spec(rail)).map(|s| s.path) else {
-                continue;
-            };
             let cell = match last {
-                Some((peer, p, c)) if peer == r.peer && p == path => c,
+                Some((peer, c)) if peer == r.peer => c,
                 _ => {
+                    let core = self.engine.core();
+                    let rail = core
+                        .pending_rails(id)
+                        .and_then(|rails| rails.first().copied())
+                        .or_else(|| {
+                            let p = self.engine.tables().peers.get(&r.peer.0)?;
+                            p.rails.first().copied()
+                        });
+                    let Some(path) = rail.and_then(|rail| core.rail_spec(rail)).map(|s| s.path)
+                    else {
+                        continue;
+                    };
                     let c = self.cell_of(registry, r.peer, path);
-                    last = Some((r.peer, path, c));
+                    last = Some((r.peer, c));
                     c
                 }
             };
