@@ -89,7 +89,6 @@ pub mod control;
 mod control;
 mod engine;
 pub mod error;
-pub mod metrics;
 mod nic;
 pub mod notify;
 pub use orbitte_proto::outcome;
@@ -103,6 +102,8 @@ pub mod transport;
 mod transport;
 // Sessions and metadata; the tcp and local transports live under transport/.
 pub mod metadata;
+// What the engine counts, as data (`TransferEngine::metrics`).
+pub mod metrics;
 #[cfg(feature = "testing")]
 pub mod session;
 #[cfg(not(feature = "testing"))]
