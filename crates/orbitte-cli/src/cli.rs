@@ -220,6 +220,21 @@ pub(crate) struct ServeArgs {
     /// (overrides `engine.metadata` of the file).
     #[arg(long, value_name = "URL", value_parser = crate::metadata::Metadata::parse)]
     pub(crate) metadata: Option<crate::metadata::Metadata>,
+    /// Serve the engine's metrics in the Prometheus text format at
+    /// http://ADDR/metrics (ADDR like 127.0.0.1:9464; port 0: any free
+    /// port, printed at start).
+    #[arg(long, value_name = "ADDR", value_parser = parse_metrics_addr)]
+    pub(crate) metrics: Option<std::net::SocketAddr>,
+}
+
+/// `--metrics ADDR`: an IP address and a port.
+fn parse_metrics_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    s.parse().map_err(|_| {
+        format!(
+            "`{s}` is not an address to serve metrics on: give IP:PORT, like 127.0.0.1:9464 \
+             (a loopback address keeps them on this host) or [::]:9464"
+        )
+    })
 }
 
 /// The longest source id the wire carries, in bytes.
@@ -292,6 +307,19 @@ mod tests {
         assert!(parse_size("0").is_err());
         assert!(parse_size("12X").is_err());
         assert!(parse_size("99999999999G").is_err());
+    }
+
+    #[test]
+    fn a_metrics_address_is_ip_and_port() {
+        assert_eq!(
+            parse_metrics_addr("127.0.0.1:9464").map(|a| a.port()),
+            Ok(9464)
+        );
+        assert!(parse_metrics_addr("[::]:9464").is_ok());
+        for bad in ["localhost:9464", "127.0.0.1", ":9464", "127.0.0.1:99999"] {
+            let e = parse_metrics_addr(bad).unwrap_err();
+            assert!(e.contains("127.0.0.1:9464") && e.contains(bad), "{e}");
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod chart;
 mod cli;
 mod config;
 mod doctor;
+mod exporter;
 mod failure;
 mod memory;
 mod metadata;

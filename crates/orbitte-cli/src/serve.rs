@@ -139,7 +139,7 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
     // ranges are Host Direct registrations, also reachable by rdma peers;
     // without it, host memory kept off rdma (an explicit choice, not a
     // fallback).
-    let engine = build_engine(&cfg, &rdma, &origin, Some(secret))?;
+    let engine = Arc::new(build_engine(&cfg, &rdma, &origin, Some(secret))?);
     let host_id = engine.host_id().to_owned();
     for r in &cfg.range {
         let mem = alloc_range(r.size, &r.name)?;
@@ -217,6 +217,21 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
     }
     if let Some(w) = &open {
         println!("WARNING: {w}");
+    }
+    if let Some(at) = args.metrics {
+        let e = engine.clone();
+        let bound = crate::exporter::start(
+            at,
+            orbitte_engine::metrics::PROMETHEUS_CONTENT_TYPE,
+            Arc::new(move || e.metrics().to_prometheus()),
+        )
+        .map_err(|e| {
+            Failure::failed(format!(
+                "--metrics {at}: cannot listen there: {e}; choose a free port on an address of this host (port 0: any free port)"
+            ))
+        })?;
+        println!("metrics at http://{bound}/metrics (Prometheus text format)");
+        tracing::info!(%bound, "serving metrics");
     }
     tracing::info!(source = engine.source_id(), epoch = engine.epoch().value(), %addr, "serving");
     let stats = || engine.listener_stats().unwrap_or_default();

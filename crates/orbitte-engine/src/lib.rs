@@ -107,6 +107,8 @@ pub mod transport;
 mod transport;
 // Sessions and metadata; the tcp and local transports live under transport/.
 pub mod metadata;
+// What the engine counts, as data (`TransferEngine::metrics`).
+pub mod metrics;
 #[cfg(feature = "testing")]
 pub mod session;
 #[cfg(not(feature = "testing"))]
@@ -129,6 +131,7 @@ pub use error::{
     BuildError, DrainTimeout, InactivePort, LinkError, NicsUnavailable, NoRdmaRail, OpenPeerError,
     RegisterError, Unquiesced, UnregisterError, WaitError,
 };
+pub use metrics::MetricsSnapshot;
 pub use nic::{ContextStatus, EngineTopology};
 pub use notify::{
     MAX_NOTIFICATION_LEN, Notification, NotificationError, NotificationStats, NotificationStatus,

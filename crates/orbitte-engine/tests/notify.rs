@@ -124,6 +124,9 @@ fn rdma_notification_arrives_once_after_every_byte_and_tagged_with_the_sender() 
     std::thread::sleep(QUIET);
     assert!(b.notifications().is_empty());
     assert_eq!(b.notification_stats().received, 1);
+    let (ma, mb) = (a.metrics(), b.metrics());
+    assert_eq!((ma.notifications.sent, ma.notifications.not_sent), (1, 0));
+    assert_eq!((mb.notifications.received, mb.notifications.sent), (1, 0));
 
     // A full 4 KiB notification, and one more batch: still once each.
     let big: Vec<u8> = (0..MAX_NOTIFICATION_LEN).map(|i| (i % 251) as u8).collect();

@@ -241,6 +241,13 @@ fn a_port_flap_recovers_after_the_port_returns_and_not_before() {
     });
     assert!(!down.up, "{down:?}");
     assert_eq!(down.recoveries, 0);
+    let m = p.client.metrics();
+    let rdma = m.peers.iter().find(|r| r.path == "rdma").expect("rdma row");
+    assert_eq!(
+        (rdma.rails_up, rdma.rails_down, m.rail_recoveries),
+        (1, 1, 0),
+        "{m:#?}"
+    );
     // Meanwhile the other rail carries the traffic.
     let devices = p.write_counting_devices(0, LEN as u64 / 2);
     assert_eq!(devices, vec![other.to_owned()]);
@@ -250,6 +257,13 @@ fn a_port_flap_recovers_after_the_port_returns_and_not_before() {
     let up = p.until(0, "recovered", |r| r.up);
     assert_eq!(up.recoveries, 1, "{up:?}");
     assert_eq!(up.recovery, Some(RecoveryState::Up));
+    let m = p.client.metrics();
+    let rdma = m.peers.iter().find(|r| r.path == "rdma").expect("rdma row");
+    assert_eq!(
+        (rdma.rails_up, rdma.rails_down, m.rail_recoveries),
+        (2, 0, 1),
+        "{m:#?}"
+    );
     let devices = p.write_counting_devices(LEN as u64 / 2, LEN as u64 / 2);
     assert_eq!(devices, vec!["b0".to_owned(), "b1".to_owned()]);
 }

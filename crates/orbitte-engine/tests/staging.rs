@@ -261,6 +261,27 @@ fn round_trip_scenario() {
     let lanes = status.lanes;
     assert_eq!((lanes.idle, lanes.busy, lanes.fenced_network), (2, 0, 0));
     assert_eq!(status.is_drained(), Ok(true));
+
+    // The staged requests count on cuda-staging, the chunks they ran on
+    // the path of their rails (rdma), both under B's source id.
+    let m = p.a.metrics();
+    let b = p.b.source_id();
+    let row = |path: &str| {
+        m.peers
+            .iter()
+            .find(|r| r.path == path && r.peer == b)
+            .unwrap_or_else(|| panic!("no {path} row for {b}: {m:#?}"))
+    };
+    let staged = row("cuda-staging");
+    let (read, write) = (&staged.ops[0], &staged.ops[1]);
+    assert_eq!((write.requests, write.bytes), (3, 2 * LEN as u64), "{m:#?}");
+    assert_eq!((read.requests, read.bytes), (1, LEN as u64), "{m:#?}");
+    assert_eq!((write.outcomes.complete, write.latency.count), (3, 3));
+    let rdma = row("rdma");
+    assert_eq!(rdma.ops[1].bytes, 2 * LEN as u64, "chunks: {m:#?}");
+    assert_eq!(rdma.ops[0].bytes, LEN as u64, "chunks: {m:#?}");
+    assert!(rdma.ops[1].requests >= 7 + 2 * 4, "one per chunk: {m:#?}");
+    assert_eq!(m.registration.bytes_used, p.a.charges().bytes);
     p.a.unregister(reg.id).unwrap();
     assert_eq!(
         p.a.cuda_staging(0),

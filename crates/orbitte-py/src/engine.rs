@@ -363,6 +363,15 @@ impl NativeEngine {
             .map_err(|f| staged_note(py, f.into_py(py), &requests))
     }
 
+    /// What the engine counted (`TransferEngine::metrics`), as the JSON
+    /// docs/json.md describes; `orbitte.Engine.metrics()` loads it.
+    fn metrics_json(&self, py: Python<'_>) -> PyResult<String> {
+        let snapshot = py.detach(|| self.node().engine.metrics());
+        serde_json::to_string(&snapshot).map_err(|e| {
+            pyo3::exceptions::PyRuntimeError::new_err(format!("cannot encode the metrics: {e}"))
+        })
+    }
+
     /// Every notification received so far, oldest first (never blocks).
     fn notifications(&self, py: Python<'_>) -> Vec<Notification> {
         py.detach(|| self.node().engine.notifications())

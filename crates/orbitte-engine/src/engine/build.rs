@@ -77,6 +77,9 @@ impl EngineBuilder {
             done: Vec::new(),
             snapshot: Default::default(),
             last_outstanding: 0,
+            counting: Default::default(),
+            notifications_sent: 0,
+            notifications_not_sent: 0,
         };
         let shared = Arc::new(Shared {
             peer_table: Arc::new(Mutex::new(PeerTable::new(source_id.clone()))),
@@ -96,6 +99,7 @@ impl EngineBuilder {
                 max_in_flight: self.max_in_flight,
                 signal_interval: self.signal_interval,
                 handshake_timeout: self.handshake_timeout,
+                budgets: self.budgets,
             },
             threads: Mutex::new(Vec::new()),
             sessions,
@@ -106,6 +110,7 @@ impl EngineBuilder {
             etcd: Mutex::new(None),
             inbox: crate::notify::inbox::Inbox::default(),
             staging: crate::staging::Pools::new(self.staging),
+            metrics: Default::default(),
         });
         let timer = {
             let shared = shared.clone();

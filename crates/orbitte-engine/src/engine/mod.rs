@@ -20,6 +20,7 @@ mod connect;
 mod contexts;
 mod intake;
 mod listen;
+mod metrics;
 mod notify;
 mod peer_info;
 mod peers;

@@ -48,6 +48,16 @@ impl RangeLookup for EngineRanges {
             .unwrap_or_default()
     }
 
+    fn served_counter(
+        &self,
+        path: crate::transport::PathKind,
+        peer: &str,
+    ) -> crate::metrics::ServedCounter {
+        self.0.upgrade().map_or_else(Default::default, |shared| {
+            crate::metrics::ServedCounter::new(shared.metrics.cells(path, peer))
+        })
+    }
+
     fn notification(
         &self,
         from: &crate::session::PeerIdentity,

@@ -30,6 +30,7 @@ pub(crate) struct Settings {
     pub(crate) max_in_flight: u32,
     pub(crate) signal_interval: u32,
     pub(crate) handshake_timeout: Duration,
+    pub(crate) budgets: crate::registration::Budgets,
 }
 
 pub(crate) struct Shared {
@@ -77,6 +78,8 @@ pub(crate) struct Shared {
     pub(crate) inbox: crate::notify::inbox::Inbox,
     /// The cuda-staging lanes of each CUDA device.
     pub(crate) staging: crate::staging::Pools,
+    /// Every path and peer's counters (see `metrics`).
+    pub(crate) metrics: crate::metrics::Registry,
 }
 
 impl Shared {
@@ -207,7 +210,7 @@ fn release<'a>(shared: &'a Shared, mut g: MutexGuard<'a, State>) {
             st.snapshot = copy.clone();
             *shared.snapshot.write().unwrap_or_else(|e| e.into_inner()) = copy;
         }
-        st.engine.take_arrived(&mut st.arrived);
+        st.count_arrived(None);
         st.waiters.take_woken(&st.arrived, &mut wake);
         st.arrived.clear();
         if !st.work.is_empty() {

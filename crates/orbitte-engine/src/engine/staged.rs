@@ -197,6 +197,7 @@ impl TransferEngine {
             for id in taken {
                 st.staged.requests.remove(&id);
             }
+            let now = std::time::Instant::now();
             for (index, device, buffer, pin) in jobs {
                 let id = st.staged.next_id();
                 let cancel = Arc::new(AtomicBool::new(false));
@@ -212,6 +213,12 @@ impl TransferEngine {
                     },
                 );
                 ids[index] = id;
+                let cell = st.cell_of(
+                    &self.shared.metrics,
+                    batch[index].peer,
+                    PathKind::CudaStaging,
+                );
+                st.counting.start(id, cell, now);
                 queued.push((
                     device,
                     Job {

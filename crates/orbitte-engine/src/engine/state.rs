@@ -15,7 +15,9 @@ use crate::nic::Initialized;
 use crate::registration::Charges;
 use crate::registration::EngineState;
 use crate::transport::rdma::RdmaTransport;
-use crate::transport::{MarkerFate, RailId, RailSpec, Transport, TransportEvent, WorkItem};
+use crate::transport::{
+    MarkerFate, PathKind, PeerId, RailId, RailSpec, Transport, TransportEvent, WorkItem,
+};
 use orbitte_proto::state::Transmit;
 
 /// Which transport owns a rail.
@@ -69,6 +71,13 @@ pub(crate) struct State {
     /// Undrained slices at the end of the last pump (drain waiters wake
     /// when it changes).
     pub(super) last_outstanding: u64,
+    /// Each peer's cells, and the start of each request without a counted
+    /// outcome (see `metrics`).
+    pub(crate) counting: crate::metrics::Counting,
+    /// Notifications of this engine's batches a rail took.
+    pub(crate) notifications_sent: u64,
+    /// Notifications of this engine's batches no rail took.
+    pub(crate) notifications_not_sent: u64,
 }
 
 impl std::fmt::Debug for State {
@@ -99,6 +108,7 @@ impl State {
             self.done = done;
         }
         self.collect_outcomes();
+        self.count_arrived(Some(now));
         let outstanding = self.engine.core().outstanding_slices();
         if outstanding != self.last_outstanding {
             self.last_outstanding = outstanding;
@@ -113,8 +123,81 @@ impl State {
         self.engine.collect_outcomes();
         while let Some(t) = self.engine.poll_transmit() {
             let result = self.transmit(&t);
+            match result {
+                Ok(()) => self.notifications_sent += 1,
+                Err(_) => self.notifications_not_sent += 1,
+            }
             self.engine.notification_sent(t.id, result);
         }
+    }
+
+    /// Counts the outcomes that arrived (in their request's cells, with
+    /// the time since its submit), before anyone can take them, and moves
+    /// their ids to `arrived`, whose waiters the lock's release wakes.
+    /// `now`: when they arrived (`None`: read the clock if any did).
+    pub(super) fn count_arrived(&mut self, mut now: Option<Instant>) {
+        let from = self.arrived.len();
+        self.engine.take_arrived(&mut self.arrived);
+        let mut clock = || *now.get_or_insert_with(Instant::now);
+        for id in &self.arrived[from..] {
+            if let Some(o) = self.engine.outcome(id) {
+                self.counting.finish(*id, o, &mut clock);
+            }
+        }
+    }
+
+    /// Records the start of requests just taken in (`ids[i]` made from
+    /// `batch[i]`), before the lock is released and their outcomes can be
+    /// counted. A request is counted on the path of the first rail of the
+    /// first request of its peer in the batch (one path per peer: its
+    /// rails; a request that failed at once: the peer's first rail).
+    pub(crate) fn record_starts(
+        &mut self,
+        registry: &crate::metrics::Registry,
+        now: Instant,
+        batch: &[orbitte_proto::TransferRequest],
+        ids: &[crate::outcome::RequestId],
+    ) {
+        let mut last: Option<(PeerId, u32)> = None;
+        for (r, &id) in batch.iter().zip(ids) {
+            let cell = match last {
+                Some((peer, c)) if peer == r.peer => c,
+                _ => {
+                    let core = self.engine.core();
+                    let rail = core
+                        .pending_rails(id)
+                        .and_then(|rails| rails.first().copied())
+                        .or_else(|| {
+                            let p = self.engine.tables().peers.get(&r.peer.0)?;
+                            p.rails.first().copied()
+                        });
+                    let Some(path) = rail.and_then(|rail| core.rail_spec(rail)).map(|s| s.path)
+                    else {
+                        continue;
+                    };
+                    let c = self.cell_of(registry, r.peer, path);
+                    last = Some((r.peer, c));
+                    c
+                }
+            };
+            self.counting.start(id, cell, now);
+        }
+    }
+
+    /// The index of `peer`'s cells on `path` in `counting`.
+    pub(crate) fn cell_of(
+        &mut self,
+        registry: &crate::metrics::Registry,
+        peer: PeerId,
+        path: PathKind,
+    ) -> u32 {
+        let tables = self.engine.tables();
+        self.counting.cell(registry, peer, path, || {
+            tables
+                .peers
+                .get(&peer.0)
+                .map_or_else(String::new, |p| p.source_id.as_str().to_owned())
+        })
     }
 
     /// Hands the frame to the first of the transmit's rails whose transport

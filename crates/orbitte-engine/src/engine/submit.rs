@@ -45,6 +45,7 @@ impl TransferEngine {
             let reqs: Vec<_> = admission.collect();
             let armed = armed.on_rails(&reqs);
             st.engine.insert(now, reqs, &mut ids);
+            st.record_starts(&self.shared.metrics, now, batch, &ids);
             super::notify::track(st, &ids, armed);
             st.pump(now);
             return Ok(ids);
@@ -60,8 +61,10 @@ impl TransferEngine {
             let mut events = Vec::new();
             while admission.len() > PIECE + PIECE / 2 {
                 let st = &mut *guard;
+                let from = ids.len();
                 st.engine
                     .insert(now, admission.by_ref().take(PIECE), &mut ids);
+                st.record_starts(&self.shared.metrics, now, &batch[from..], &ids[from..]);
                 if own.is_none()
                     && let Some(&first) = ids.first()
                 {
@@ -76,7 +79,9 @@ impl TransferEngine {
             }
         }
         let st = &mut *guard;
+        let from = ids.len();
         st.engine.insert(now, admission, &mut ids);
+        st.record_starts(&self.shared.metrics, now, &batch[from..], &ids[from..]);
         st.pump(now);
         Ok(ids)
     }

@@ -124,6 +124,8 @@ pub(crate) enum AfterFailure {
 pub(crate) struct Recoveries {
     policy: RecoveryPolicy,
     rails: HashMap<RailId, Rail>,
+    /// Recoveries of every rail ever tracked (retired ones included).
+    total: u64,
 }
 
 impl Recoveries {
@@ -132,7 +134,13 @@ impl Recoveries {
         Self {
             policy,
             rails: HashMap::new(),
+            total: 0,
         }
+    }
+
+    /// Recoveries of every rail so far, retired rails included.
+    pub(crate) fn total(&self) -> u64 {
+        self.total
     }
 
     /// Follows `rail` (up now). `recoverable`: this side makes attempts.
@@ -199,6 +207,7 @@ impl Recoveries {
             (_, true) => {
                 r.phase = Phase::Up;
                 r.recoveries += 1;
+                self.total += 1;
                 true
             }
             _ => false,
@@ -230,6 +239,7 @@ impl Recoveries {
         {
             r.phase = Phase::Up;
             r.recoveries += 1;
+            self.total += 1;
         }
     }
 
@@ -239,6 +249,7 @@ impl Recoveries {
         if let Some(r) = self.rails.get_mut(&rail) {
             r.phase = Phase::Up;
             r.recoveries += 1;
+            self.total += 1;
         }
     }
 

@@ -70,6 +70,12 @@ pub struct ListenerStats {
     /// Refusals and abnormal closes counted but not logged (the log takes
     /// `refusal_logs_per_second`).
     pub refusals_not_logged: u64,
+    /// Connections refused before authenticating: no pre-auth slot.
+    pub preauth_refused: u64,
+    /// Unauthenticated connections closed to make room for a newcomer.
+    pub preauth_evicted: u64,
+    /// Idle tcp data sessions closed to make room for a newcomer.
+    pub sessions_evicted: u64,
 }
 
 /// Accepts and serves sessions until dropped or [`shut down`](Self::shutdown).
@@ -129,6 +135,9 @@ impl Listener {
             refused: AtomicU64::new(0),
             data_requests: AtomicU64::new(0),
             data_bytes: AtomicU64::new(0),
+            preauth_refused: AtomicU64::new(0),
+            preauth_evicted: AtomicU64::new(0),
+            sessions_evicted: AtomicU64::new(0),
             refusal_log: LogBudget::new(lines_per_second),
             session_log: LogBudget::new(lines_per_second),
             resource_log: LogBudget::new(lines_per_second),
@@ -191,6 +200,9 @@ impl Listener {
             data_requests: self.shared.data_requests.load(Ordering::Relaxed),
             data_bytes: self.shared.data_bytes.load(Ordering::Relaxed),
             refusals_not_logged: self.shared.refusal_log.not_logged(),
+            preauth_refused: self.shared.preauth_refused.load(Ordering::Relaxed),
+            preauth_evicted: self.shared.preauth_evicted.load(Ordering::Relaxed),
+            sessions_evicted: self.shared.sessions_evicted.load(Ordering::Relaxed),
         }
     }
 
@@ -296,7 +308,8 @@ fn take(stream: TcpStream, from: SocketAddr, shared: &Arc<Shared>) {
     let conn = shared.next_conn.fetch_add(1, Ordering::Relaxed);
     {
         let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
-        if let Err(why) = preauth_slot(&shared.cfg, &mut live, from.ip()) {
+        if let Err(why) = preauth_slot(&shared.cfg, &mut live, from.ip(), &shared.preauth_evicted) {
+            shared.preauth_refused.fetch_add(1, Ordering::Relaxed);
             drop(live);
             let mut s = stream;
             send_error(&mut s, ErrorCode::RESOURCE_EXHAUSTED, FrameType(0), why);
@@ -355,6 +368,7 @@ fn preauth_slot(
     cfg: &SessionConfig,
     live: &mut HashMap<u64, LiveConn>,
     ip: IpAddr,
+    evicted: &AtomicU64,
 ) -> Result<(), &'static str> {
     let waiting = |c: &LiveConn| c.source.is_none() && !c.evicted;
     let from_ip = live.values().filter(|c| waiting(c) && c.ip == ip).count();
@@ -373,6 +387,7 @@ fn preauth_slot(
             // Its session thread sees the socket fail and records the close.
             let _ = oldest.stream.shutdown(Shutdown::Both);
             oldest.evicted = true;
+            evicted.fetch_add(1, Ordering::Relaxed);
         }
     }
     Ok(())
@@ -393,6 +408,7 @@ fn session_slot(
     conn: u64,
     source: &SourceId,
     activity: Option<Arc<SessionActivity>>,
+    evicted: &AtomicU64,
 ) -> Result<(), String> {
     let holds = |c: &LiveConn| c.source.is_some() && !c.evicted;
     let same = live
@@ -430,6 +446,7 @@ fn session_slot(
             ));
         };
         c.evicted = true;
+        evicted.fetch_add(1, Ordering::Relaxed);
         if let Some(a) = &c.activity {
             a.evict();
         }
@@ -449,7 +466,14 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
         // Idle from the moment it holds a slot.
         activity.stamp();
         let data = (purpose == SessionPurpose::DATA).then(|| activity.clone());
-        session_slot(cfg, &mut live, conn, &identity.source_id, data)
+        session_slot(
+            cfg,
+            &mut live,
+            conn,
+            &identity.source_id,
+            data,
+            &shared.sessions_evicted,
+        )
     };
     let hs = match handshake::accept_within(&mut stream, cfg, &shared.peers, Some(from), room) {
         Ok(h) => h,

@@ -65,6 +65,15 @@ pub trait RangeLookup: Send + Sync + std::fmt::Debug {
     fn rkeys(&self, _range: RangeId) -> Vec<NicRkey> {
         Vec::new()
     }
+    /// What counts the requests served to `peer` (a source id) over
+    /// `path`. Default: nothing counts them.
+    fn served_counter(
+        &self,
+        _path: crate::transport::PathKind,
+        _peer: &str,
+    ) -> crate::metrics::ServedCounter {
+        crate::metrics::ServedCounter::default()
+    }
     /// Queues a `notification` received over `path` on a session admitted
     /// as `from` (the target side calls it once the session's epoch was
     /// checked). Default: the target keeps no notification queue; the

@@ -104,6 +104,12 @@ pub(crate) struct Shared {
     pub(crate) refused: AtomicU64,
     pub(crate) data_requests: AtomicU64,
     pub(crate) data_bytes: AtomicU64,
+    /// Connections refused a pre-auth slot.
+    pub(crate) preauth_refused: AtomicU64,
+    /// Unauthenticated connections closed for a newcomer.
+    pub(crate) preauth_evicted: AtomicU64,
+    /// Idle tcp data sessions closed for a newcomer.
+    pub(crate) sessions_evicted: AtomicU64,
     /// Refused and abnormally closed sessions.
     pub(crate) refusal_log: LogBudget,
     /// Sessions closed normally, newer epochs adopted, local handouts.

@@ -107,6 +107,11 @@ impl<R: Resources> EngineState<R> {
         self.outcomes.remove(id)
     }
 
+    /// The outcome of `id` if it is made and not taken (left in place).
+    pub fn outcome(&self, id: &RequestId) -> Option<&Outcome> {
+        self.outcomes.get(id)
+    }
+
     /// Whether the outcome of `id` is made and not taken.
     pub fn has_outcome(&self, id: &RequestId) -> bool {
         self.outcomes.contains_key(id)

@@ -64,6 +64,18 @@ impl Outcomes {
         self.others.remove(id)
     }
 
+    /// The outcome, left in place.
+    pub fn get(&self, id: &RequestId) -> Option<&Outcome> {
+        if let Some((held, o)) = slot(*id)
+            .and_then(|s| self.by_slot.get(s))
+            .and_then(Option::as_ref)
+            && held == id
+        {
+            return Some(o);
+        }
+        self.others.get(id)
+    }
+
     /// Whether the request's outcome is here, not taken yet.
     pub fn contains_key(&self, id: &RequestId) -> bool {
         let in_slab = slot(*id)
@@ -112,6 +124,10 @@ mod tests {
         let far = RequestId(1 << 32 | (SLAB_SLOTS as u64 + 5));
         t.insert(far, outcome(far.0));
         assert!(t.contains_key(&old) && t.contains_key(&new) && t.contains_key(&far));
+        assert_eq!(t.get(&old).map(|o| o.label), Some(old.0));
+        assert_eq!(t.get(&new).map(|o| o.label), Some(new.0));
+        assert_eq!(t.get(&far).map(|o| o.label), Some(far.0));
+        assert!(t.get(&RequestId(3 << 32 | 3)).is_none());
         assert!(!t.contains_key(&RequestId(3 << 32 | 3)));
         assert_eq!(t.remove(&new).map(|o| o.label), Some(new.0));
         assert!(t.remove(&new).is_none(), "taken once");

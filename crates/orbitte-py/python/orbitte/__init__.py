@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import json as _json
 import os
 import socket
 from typing import Any, Iterable, Optional, Sequence, Union
@@ -423,6 +424,14 @@ class Engine:
         """Submits and waits for every outcome and drain (GIL released);
         raises :class:`TransferError` (``.outcomes``) unless all complete."""
         self._native.transfer(_peer(peer), list(requests), None if notify is None else bytes(notify))
+
+    def metrics(self) -> dict[str, Any]:
+        """What the engine counted since it was built, as plain data (the
+        shape docs/json.md describes): per path and peer, requests, bytes
+        and outcomes by op with latency histograms, rails up and down;
+        engine-wide, rail recoveries, notifications, listener refusals and
+        evictions, registration budgets used."""
+        return _json.loads(self._native.metrics_json())
 
     def notifications(self) -> list[Notification]:
         """Every notification received so far, oldest first (never blocks)."""

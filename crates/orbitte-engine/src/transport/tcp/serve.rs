@@ -27,6 +27,8 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use orbitte_proto::{Op, PathKind};
+
 use orbitte_wire::{
     AccessFlags, AccessToken, ErrorCode, Frame, FrameType, GoodbyeReason, RangeId, ReadResponse,
     SessionId, Status, WriteResponse,
@@ -156,6 +158,9 @@ pub(crate) enum Served {
 /// ends or has been idle for the poll interval; says which.
 pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Served {
     let cfg = ctx.cfg;
+    let served = ctx
+        .ranges
+        .served_counter(PathKind::Tcp, ctx.peer.source_id.as_str());
     let mut frames = FrameBuffer::new();
     // Encoded answers not sent yet (see the module docs), and the bytes of
     // the WRITEs they answer.
@@ -289,7 +294,12 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Served {
                             status: Status::OK,
                             length: r.length,
                         });
-                        match resp.encode(&mut out) {
+                        // Counted before the payload goes out: the peer
+                        // has its outcome only after.
+                        let encoded = resp
+                            .encode(&mut out)
+                            .map(|()| served.count(Op::Read, u64::from(r.length)));
+                        match encoded {
                             Ok(()) => io
                                 .send(
                                     stream,
@@ -354,6 +364,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Served {
                             })
                             .map(|()| {
                                 ctx.bytes.fetch_add(u64::from(w.length), Ordering::Relaxed);
+                                served.count(Op::Write, u64::from(w.length));
                                 Status::OK
                             })
                     }
@@ -404,8 +415,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Served {
             // Sent after every WRITE of its batch was answered, and this
             // session answers a WRITE only after its bytes are applied.
             Frame::Notification(n) => {
-                ctx.ranges
-                    .notification(ctx.peer, crate::transport::PathKind::Tcp, n);
+                ctx.ranges.notification(ctx.peer, PathKind::Tcp, n);
                 Ok(())
             }
             Frame::Goodbye(g) => {
