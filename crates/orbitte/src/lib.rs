@@ -76,6 +76,9 @@ pub use orbitte_engine::metadata::MetadataMode;
 pub use orbitte_engine::staging::{StagingConfig, StagingStatus};
 pub use orbitte_engine::{Budgets, DeviceMask, MemoryLocation, RdmaConfig, RecoveryPolicy};
 pub use orbitte_engine::{ListenerStats, SessionConfig};
+// What `TransferEngine::metrics()` returns, and its Prometheus text form.
+pub use orbitte_engine::metrics;
+pub use orbitte_engine::MetricsSnapshot;
 pub use orbitte_wire::auth::ClusterSecret;
 
 // Memory and registration.
