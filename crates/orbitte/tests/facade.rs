@@ -36,6 +36,9 @@ const CURATED: &[&str] = &[
     "RecoveryPolicy",
     "ListenerStats",
     "StagingStatus",
+    // metrics
+    "metrics",
+    "MetricsSnapshot",
     // memory and registration
     "HostMemory",
     "Memory",
