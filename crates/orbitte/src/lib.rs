@@ -77,8 +77,8 @@ pub use orbitte_engine::staging::{StagingConfig, StagingStatus};
 pub use orbitte_engine::{Budgets, DeviceMask, MemoryLocation, RdmaConfig, RecoveryPolicy};
 pub use orbitte_engine::{ListenerStats, SessionConfig};
 // What `TransferEngine::metrics()` returns, and its Prometheus text form.
-pub use orbitte_engine::metrics;
 pub use orbitte_engine::MetricsSnapshot;
+pub use orbitte_engine::metrics;
 pub use orbitte_wire::auth::ClusterSecret;
 
 // Memory and registration.
