@@ -25,6 +25,8 @@ pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections served at once (see the module docs for a newcomer past
 /// it).
 pub(crate) const MAX_CONNECTIONS: usize = 32;
+/// How long the accept loop pauses after a failed accept.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(50);
 /// Writing the answer may take this long.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -45,7 +47,12 @@ pub(crate) fn start(
         .name("orbitte-metrics".into())
         .spawn(move || {
             for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
+                let Ok(stream) = stream else {
+                    // Out of descriptors or memory: wait for connections
+                    // to close rather than spin on the failing accept.
+                    std::thread::sleep(ACCEPT_PAUSE);
+                    continue;
+                };
                 let Some(id) = conns.admit(&stream) else {
                     continue;
                 };
