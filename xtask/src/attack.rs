@@ -12,7 +12,9 @@
 //! a churn of connections that never authenticate while a legitimate peer
 //! measures its handshakes (p50, p99 and max; the p99 must stay under
 //! 500 ms), every session slot held by idle sessions while a legitimate
-//! peer needs one, and random mutations of valid frames aimed at
+//! peer needs one, slow, oversized and malformed request heads on the
+//! metrics port (`serve --metrics`) while a scraper must be answered, and
+//! random mutations of valid frames aimed at
 //! the scratch range (for `--seconds`, default 20). Attackers connect from
 //! other loopback addresses (127.0.0.2 and up) than the legitimate bench.
 //! After each attack it checks that the server still runs, that its
@@ -91,7 +93,7 @@ fn attacks(server: &mut Server, seconds: u64) -> Result<(), String> {
         base.fds
     );
     type Attack = fn(&Server, &Measure) -> Result<(), String>;
-    let list: [(&str, Attack); 10] = [
+    let list: [(&str, Attack); 11] = [
         ("silent connections", silent_connections),
         ("announced hello", announced_hello),
         ("announced publication", announced_publication),
@@ -102,6 +104,7 @@ fn attacks(server: &mut Server, seconds: u64) -> Result<(), String> {
         ("notification flood", notification_flood),
         ("pre-auth churn", preauth_churn),
         ("idle sessions", idle_sessions),
+        ("metrics port", metrics_port),
     ];
     for (name, attack) in list {
         let started = Instant::now();
@@ -156,6 +159,8 @@ struct Server {
     child: Child,
     pid: u32,
     addr: SocketAddr,
+    /// Where `orbitte serve --metrics` answers scrapes.
+    metrics: SocketAddr,
     log: PathBuf,
 }
 
@@ -166,6 +171,9 @@ impl Server {
             .map_err(|e| format!("no free port: {e}"))?
             .port();
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let metrics = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("no free port for the metrics: {e}"))?;
         let config = dir.join("serve.toml");
         std::fs::write(
             &config,
@@ -184,6 +192,8 @@ impl Server {
         let child = Command::new(orbitte)
             .args(["serve", "--config"])
             .arg(&config)
+            .arg("--metrics")
+            .arg(metrics.to_string())
             .env("ORBITTE_LOG", "info")
             .stdin(Stdio::null())
             .stdout(out)
@@ -195,6 +205,7 @@ impl Server {
             pid: child.id(),
             child,
             addr,
+            metrics,
             log,
         };
         // It listens first, then publishes its ranges, then says it serves.
@@ -787,6 +798,75 @@ fn idle_sessions(server: &Server, _: &Measure) -> Result<(), String> {
     ));
     drop(held);
     served
+}
+
+/// Slow request heads held on the metrics port, more than it serves at
+/// once.
+const METRICS_SLOW_HEADS: u8 = 100;
+
+/// One scrape of `GET /metrics`; returns the whole answer.
+fn scrape(addr: SocketAddr) -> Result<String, String> {
+    let mut s = connect(addr)?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: attack\r\n\r\n")
+        .map_err(|e| format!("cannot send the scrape: {e}"))?;
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer)
+        .map_err(|e| format!("no answer to the scrape: {e}"))?;
+    Ok(String::from_utf8_lossy(&answer).into_owned())
+}
+
+/// The metrics port under slow and malformed clients: a hundred heads
+/// that never end, one head over the size bound, and bytes that are not
+/// HTTP (with a terminal escape); a scraper must still be answered while
+/// they are held, each bad request must get its status, and the log must
+/// stay clean (the checks after every attack).
+fn metrics_port(server: &Server, _: &Measure) -> Result<(), String> {
+    let at = server.metrics;
+    let mut slow = Vec::with_capacity(usize::from(METRICS_SLOW_HEADS));
+    for i in 0..METRICS_SLOW_HEADS {
+        let mut s = connect_from(2 + i % 50, at).map_err(|e| format!("slow head {i}: {e}"))?;
+        // Every failure counts: a server that closes the connection has
+        // fended the attacker off.
+        let _ = s.write_all(b"GET /metr");
+        slow.push(s);
+    }
+    let mut oversized = connect_from(60, at)?;
+    let _ = oversized.write_all(b"GET /metrics HTTP/1.1\r\nX-Pad: ");
+    let _ = oversized.write_all(&vec![b'a'; 16 * 1024]);
+    let mut answer = Vec::new();
+    let _ = oversized.read_to_end(&mut answer);
+    if !answer.is_empty() && !answer.starts_with(b"HTTP/1.1 431") {
+        return Err(format!(
+            "a 16 KiB request head was answered with `{}`, not 431",
+            String::from_utf8_lossy(&answer)
+                .lines()
+                .next()
+                .unwrap_or("")
+        ));
+    }
+    let mut garbage = connect_from(61, at)?;
+    let _ = garbage.write_all(b"\x1b[31mFORGED\r\n\r\n");
+    let mut answer = Vec::new();
+    let _ = garbage.read_to_end(&mut answer);
+    if !answer.is_empty() && !answer.starts_with(b"HTTP/1.1 400") {
+        return Err(format!(
+            "bytes that are not HTTP were answered with `{}`, not 400",
+            String::from_utf8_lossy(&answer)
+                .lines()
+                .next()
+                .unwrap_or("")
+        ));
+    }
+    let answer =
+        scrape(at).map_err(|e| format!("while {METRICS_SLOW_HEADS} slow heads were held: {e}"))?;
+    if !answer.starts_with("HTTP/1.1 200") || !answer.contains("orbitte_") {
+        return Err(format!(
+            "while {METRICS_SLOW_HEADS} slow heads were held, the scrape got `{}`",
+            answer.lines().next().unwrap_or("")
+        ));
+    }
+    drop(slow);
+    Ok(())
 }
 
 /// A small xorshift generator: the mutations need variety, not quality.
