@@ -815,6 +815,23 @@ fn scrape(addr: SocketAddr) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&answer).into_owned())
 }
 
+/// Sends `bytes` to the metrics port from `127.0.0.<from>`: the answer
+/// must be `status`, or none (the server closed the connection).
+fn refused(from: u8, at: SocketAddr, bytes: &[u8], status: &str, what: &str) -> Result<(), String> {
+    let mut s = connect_from(from, at)?;
+    // A server that closes the connection mid-write has refused it too.
+    let _ = s.write_all(bytes);
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    let line = String::from_utf8_lossy(&answer);
+    let line = line.lines().next().unwrap_or("");
+    if answer.is_empty() || line.starts_with(&format!("HTTP/1.1 {status}")) {
+        Ok(())
+    } else {
+        Err(format!("{what} was answered with `{line}`, not {status}"))
+    }
+}
+
 /// The metrics port under slow and malformed clients: a hundred heads
 /// that never end, one head over the size bound, and bytes that are not
 /// HTTP (with a terminal escape); a scraper must still be answered while
@@ -830,33 +847,16 @@ fn metrics_port(server: &Server, _: &Measure) -> Result<(), String> {
         let _ = s.write_all(b"GET /metr");
         slow.push(s);
     }
-    let mut oversized = connect_from(60, at)?;
-    let _ = oversized.write_all(b"GET /metrics HTTP/1.1\r\nX-Pad: ");
-    let _ = oversized.write_all(&vec![b'a'; 16 * 1024]);
-    let mut answer = Vec::new();
-    let _ = oversized.read_to_end(&mut answer);
-    if !answer.is_empty() && !answer.starts_with(b"HTTP/1.1 431") {
-        return Err(format!(
-            "a 16 KiB request head was answered with `{}`, not 431",
-            String::from_utf8_lossy(&answer)
-                .lines()
-                .next()
-                .unwrap_or("")
-        ));
-    }
-    let mut garbage = connect_from(61, at)?;
-    let _ = garbage.write_all(b"\x1b[31mFORGED\r\n\r\n");
-    let mut answer = Vec::new();
-    let _ = garbage.read_to_end(&mut answer);
-    if !answer.is_empty() && !answer.starts_with(b"HTTP/1.1 400") {
-        return Err(format!(
-            "bytes that are not HTTP were answered with `{}`, not 400",
-            String::from_utf8_lossy(&answer)
-                .lines()
-                .next()
-                .unwrap_or("")
-        ));
-    }
+    let mut head = b"GET /metrics HTTP/1.1\r\nX-Pad: ".to_vec();
+    head.extend(std::iter::repeat_n(b'a', 16 * 1024));
+    refused(60, at, &head, "431", "a 16 KiB request head")?;
+    refused(
+        61,
+        at,
+        b"\x1b[31mFORGED\r\n\r\n",
+        "400",
+        "bytes that are not HTTP",
+    )?;
     let answer =
         scrape(at).map_err(|e| format!("while {METRICS_SLOW_HEADS} slow heads were held: {e}"))?;
     if !answer.starts_with("HTTP/1.1 200") || !answer.contains("orbitte_") {
