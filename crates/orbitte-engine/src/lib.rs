@@ -94,6 +94,7 @@ mod control;
 mod engine;
 pub mod error;
 mod io_pool;
+pub use io_pool::PARK_AFTER;
 mod nic;
 pub mod notify;
 pub use orbitte_proto::outcome;

@@ -28,9 +28,9 @@ use crate::stats::{Latencies, LatencySummary, gbps};
 
 /// How long after connecting the idle usage is read: a tcp data session
 /// or rail parks on its engine's I/O pool (and gives its thread up) once
-/// quiet for its poll interval of 200 ms, which the read it waits in can
-/// stretch to twice that.
-const IDLE_SETTLE: Duration = Duration::from_millis(600);
+/// quiet for [`orbitte_engine::PARK_AFTER`], which the read it waits in
+/// (a poll interval of 200 ms) can stretch by up to twice that interval.
+const IDLE_SETTLE: Duration = orbitte_engine::PARK_AFTER.saturating_add(Duration::from_millis(600));
 
 /// An order from the coordinator to a worker.
 #[derive(Debug, Serialize, Deserialize)]

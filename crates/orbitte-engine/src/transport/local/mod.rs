@@ -138,7 +138,7 @@ struct RailQueue {
 
 /// How long a local rail's worker with nothing queued waits for work
 /// before it ends (the next post that queues work starts one again).
-const WORKER_IDLE: std::time::Duration = std::time::Duration::from_millis(200);
+const WORKER_IDLE: std::time::Duration = crate::io_pool::PARK_AFTER;
 
 /// Wakes `r`'s worker for what was just queued under `q`, or starts one
 /// when none runs.

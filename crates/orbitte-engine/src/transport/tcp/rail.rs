@@ -4,8 +4,8 @@
 //!
 //! Neither thread outlives a quiet spell: the writer ends once nothing has
 //! been queued for [`WRITER_IDLE`] (the next post that leaves work for it
-//! starts a new one), and the reader, once nothing is in flight and no
-//! byte came for its poll interval, parks the rail's socket on the
+//! starts a new one), and the reader, once nothing has been in flight for
+//! [`PARK_AFTER`] and no byte came for its poll interval, parks the rail's socket on the
 //! transport's I/O pool ([`crate::io_pool`]) and ends; the first byte
 //! from the peer (an answer, a publication, its close, or our own
 //! shutdown of the socket) starts a new reader. While parked, the loop
@@ -62,7 +62,7 @@ use orbitte_wire::{AccessToken, Frame, RangeId, ReadRequest, RequestId, Status, 
 
 use super::payload::{PayloadIo, send_all, send_ready};
 use super::socket::{ANSWER_BATCH, size_socket_buffers};
-use crate::io_pool::{IoPool, Next, Watched, spawn_with};
+use crate::io_pool::{IoPool, Next, PARK_AFTER, Watched, spawn_with};
 use crate::session::SessionConfig;
 use crate::session::io::FrameBuffer;
 use crate::transport::{
@@ -111,7 +111,7 @@ struct State {
 }
 
 /// How long a writer with nothing to send waits for work before it ends.
-const WRITER_IDLE: Duration = Duration::from_millis(200);
+const WRITER_IDLE: Duration = PARK_AFTER;
 
 #[derive(Debug)]
 pub(crate) struct Rail {
@@ -754,6 +754,7 @@ fn read_until_quiet(r: &Reader, held: &mut Held) -> ReadEnd {
                                 );
                             }
                             if st.in_flight.is_empty()
+                                && st.last_progress.elapsed() >= PARK_AFTER
                                 && frames.is_empty()
                                 && held.events.is_empty()
                                 && r.pool.strong_count() > 0

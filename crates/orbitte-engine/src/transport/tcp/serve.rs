@@ -36,6 +36,7 @@ use orbitte_wire::{
 
 use super::payload::{PayloadIo, send_all};
 use super::socket::{ANSWER_BATCH, size_socket_buffers};
+use crate::io_pool::PARK_AFTER;
 use crate::session::activity::SessionActivity;
 use crate::session::io::{FrameBuffer, send_error, write_frame};
 use crate::session::{
@@ -148,14 +149,14 @@ pub(crate) fn prepare(stream: &TcpStream, cfg: &SessionConfig) -> Result<(), Clo
 pub(crate) enum Served {
     /// The session ended, for this reason (the caller closes it).
     Closed(CloseReason),
-    /// Nothing arrived for the poll interval and nothing is buffered or
+    /// Nothing arrived for [`PARK_AFTER`] and nothing is buffered or
     /// waits to be sent: the caller may park the session until its socket
     /// is readable (checking [`quiet`] meanwhile) and serve it again.
     Idle,
 }
 
 /// Serves requests on a socket set up by [`prepare`] until the session
-/// ends or has been idle for the poll interval; says which.
+/// ends or has been idle for [`PARK_AFTER`]; says which.
 pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Served {
     let cfg = ctx.cfg;
     let served = ctx
@@ -167,6 +168,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Served {
     let mut out = Vec::with_capacity(1024);
     let mut acknowledged = 0u64;
     let mut io = PayloadIo::for_answers(cfg.zero_copy);
+    let mut last_request = Instant::now();
     loop {
         let frame = match frames.next() {
             Ok(Some(f)) => f,
@@ -201,7 +203,10 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Served {
                             if let Some(reason) = quiet(stream, ctx) {
                                 return Served::Closed(reason);
                             }
-                            return Served::Idle;
+                            if last_request.elapsed() >= PARK_AFTER {
+                                return Served::Idle;
+                            }
+                            continue;
                         }
                     }
                     Err(e) => {
@@ -249,6 +254,7 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Served {
             );
             return Served::Closed(CloseReason::abnormal(format!("malformed frame: {msg}")));
         }
+        last_request = Instant::now();
         ctx.activity.began();
         // The epoch rule on every request: a newer incarnation of the
         // source may have been admitted since this session opened.
