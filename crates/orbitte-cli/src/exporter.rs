@@ -346,18 +346,23 @@ mod tests {
         assert!(r.starts_with("HTTP/1.1 431 "), "{r}");
     }
 
-    #[test]
-    fn slow_clients_past_the_limit_make_room_for_a_newcomer() {
-        let at = server();
-        // More slow heads than there are connections: the oldest are
-        // closed for the newer ones.
-        let mut slow: Vec<TcpStream> = (0..MAX_CONNECTIONS + 4)
+    /// `n` connections whose request heads never end.
+    fn slow_heads(at: SocketAddr, n: usize) -> Vec<TcpStream> {
+        (0..n)
             .map(|_| {
                 let mut s = TcpStream::connect(at).unwrap();
                 s.write_all(b"GET /metrics HTTP/1.1\r\nX-Slow: ").unwrap();
                 s
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn slow_clients_past_the_limit_make_room_for_a_newcomer() {
+        let at = server();
+        // More slow heads than there are connections: the oldest are
+        // closed for the newer ones.
+        let mut slow = slow_heads(at, MAX_CONNECTIONS + 4);
         let r = exchange(at, b"GET /metrics HTTP/1.1\r\n\r\n");
         assert!(r.ends_with("orbitte_test_total 7\n"), "{r}");
         // The first slow one was closed without an answer.
@@ -396,13 +401,7 @@ mod tests {
     fn a_slow_client_does_not_hold_up_the_others() {
         let at = server();
         // Slowloris: a head that never ends, on several connections.
-        let slow: Vec<TcpStream> = (0..4)
-            .map(|_| {
-                let mut s = TcpStream::connect(at).unwrap();
-                s.write_all(b"GET /metrics HTTP/1.1\r\nX-Slow: ").unwrap();
-                s
-            })
-            .collect();
+        let slow = slow_heads(at, 4);
         let r = exchange(at, b"GET /metrics HTTP/1.1\r\n\r\n");
         assert!(r.ends_with("orbitte_test_total 7\n"), "{r}");
         drop(slow);

@@ -9,26 +9,9 @@ mod net_support;
 
 use std::net::TcpStream;
 
-use net_support::{RW, Target, cfg, eventually, pattern, raw};
+use net_support::{RW, Target, cfg, descriptors, eventually, pattern, raw, rss_kib, threads};
 use orbitte_memory::HostMemory;
 use orbitte_wire::{Frame, ReadRequest, RequestId, Status};
-
-fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").unwrap().count()
-}
-
-fn descriptors() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap()
-}
 
 /// Reads `range` through `s` and checks the answer (a session that parked
 /// is served again).
@@ -58,19 +41,10 @@ fn the_targets_threads_are_the_same_with_1_100_and_1000_idle_peers() {
     const MOST: usize = 1000;
     // Three descriptors a peer: the raw peer's socket, and the target's
     // socket and its duplicate kept to close it.
-    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-        .current
-        .unwrap_or(u64::MAX);
-    if soft < (3 * MOST + 256) as u64 {
-        let why = format!(
-            "the descriptor limit is {soft}, below the {} this test holds",
-            3 * MOST + 256
-        );
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI must run this test: {why}"
-        );
-        println!("skipped: {why}");
+    if net_support::skip_unless_ready(
+        "this test",
+        net_support::descriptors_short_of(3 * MOST + 256),
+    ) {
         return;
     }
     let mut c = cfg("threads-target", 1);

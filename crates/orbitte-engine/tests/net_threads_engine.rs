@@ -6,13 +6,9 @@
 
 mod net_support;
 
-use net_support::{engines_without_rdma, eventually};
+use net_support::{engines_without_rdma, eventually, threads};
 use orbitte_engine::{Access, ConnectOptions, PathKind};
 use orbitte_memory::HostMemory;
-
-fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").unwrap().count()
-}
 
 #[test]
 fn dropped_engines_leave_no_io_thread_behind() {

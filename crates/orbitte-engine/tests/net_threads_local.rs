@@ -10,35 +10,18 @@ mod net_support;
 
 use std::time::Duration;
 
-use net_support::{Initiator, RW, Target, cfg, eventually, pattern, request};
+use net_support::{Initiator, RW, Target, cfg, descriptors, eventually, pattern, request, threads};
 use orbitte_engine::outcome::Status;
 use orbitte_engine::transport::{Op, PathKind, PeerId};
 use orbitte_memory::HostMemory;
 use orbitte_proto::core::CoreConfig;
 
-fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").unwrap().count()
-}
-
-fn descriptors() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
 #[test]
 fn the_threads_are_the_same_with_1_100_and_1000_idle_mapping_sessions() {
     net_support::logs();
     const MOST: usize = 1000;
-    let need = (6 * MOST + 256) as u64;
-    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-        .current
-        .unwrap_or(u64::MAX);
-    if soft < need {
-        let why = format!("the descriptor limit is {soft}, below the {need} this test holds");
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI must run this test: {why}"
-        );
-        println!("skipped: {why}");
+    let need = 6 * MOST + 256;
+    if net_support::skip_unless_ready("this test", net_support::descriptors_short_of(need)) {
         return;
     }
     let mut c = cfg("local-target", 1);

@@ -24,7 +24,7 @@ use orbitte::HostMemory;
 use orbitte_cuda::{CudaBuffer, DeviceError, PointerError};
 use pyo3::prelude::*;
 
-use crate::memory::{RawMemoryError, wrap_raw};
+use crate::memory::{RangeError, RawMemoryError, checked_range, wrap_raw};
 
 /// How every report and error message about device memory says how it
 /// moves (none claims a direct GPU path).
@@ -33,12 +33,8 @@ pub(crate) const STAGED: &str = "staged through host memory (cuda-staging path)"
 /// Why an address cannot be registered as CUDA device memory.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DeviceMemoryError {
-    #[error("address 0 (NULL) cannot be registered")]
-    Null,
-    #[error("length 0 cannot be registered: give the buffer's size in bytes")]
-    ZeroLength,
-    #[error("{addr:#x}+{len} wraps around the address space")]
-    Overflow { addr: u64, len: u64 },
+    #[error(transparent)]
+    Range(#[from] RangeError),
     /// There is no usable driver, or no device (the error says which,
     /// and the fix).
     #[error("{addr:#x}+{len} cannot be registered as CUDA device memory: {source}")]
@@ -91,17 +87,7 @@ pub(crate) fn device_memory(
     len: u64,
     keepalive: Py<PyAny>,
 ) -> Result<Arc<CudaBuffer>, DeviceMemoryError> {
-    if addr == 0 {
-        return Err(DeviceMemoryError::Null);
-    }
-    if len == 0 {
-        return Err(DeviceMemoryError::ZeroLength);
-    }
-    let overflow = DeviceMemoryError::Overflow { addr, len };
-    if addr.checked_add(len).is_none() {
-        return Err(overflow);
-    }
-    let n = usize::try_from(len).map_err(|_| overflow)?;
+    let (_, n) = checked_range(addr, len)?;
     let unusable = |source: DeviceError| DeviceMemoryError::Unusable { addr, len, source };
     let info = orbitte_cuda::driver().map_err(|e| unusable(e.into()))?;
     if info.device_count == 0 {

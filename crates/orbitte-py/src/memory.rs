@@ -182,15 +182,41 @@ impl LocalTable {
     }
 }
 
-/// Why caller memory cannot be wrapped.
+/// Why an address and a length cannot name a range of memory at all.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum RawMemoryError {
+pub(crate) enum RangeError {
     #[error("address 0 (NULL) cannot be registered")]
     Null,
     #[error("length 0 cannot be registered: give the buffer's size in bytes")]
     ZeroLength,
     #[error("{addr:#x}+{len} wraps around the address space")]
     Overflow { addr: u64, len: u64 },
+}
+
+/// `addr..addr+len` as a non-null address and a length of this process's
+/// address space, or why it is none.
+pub(crate) fn checked_range(addr: u64, len: u64) -> Result<(NonNull<u8>, usize), RangeError> {
+    if addr == 0 {
+        return Err(RangeError::Null);
+    }
+    if len == 0 {
+        return Err(RangeError::ZeroLength);
+    }
+    addr.checked_add(len)
+        .ok_or(RangeError::Overflow { addr, len })?;
+    let (Ok(ptr), Ok(n)) = (usize::try_from(addr), usize::try_from(len)) else {
+        return Err(RangeError::Overflow { addr, len });
+    };
+    let ptr =
+        NonNull::new(std::ptr::with_exposed_provenance_mut::<u8>(ptr)).ok_or(RangeError::Null)?;
+    Ok((ptr, n))
+}
+
+/// Why caller memory cannot be wrapped.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RawMemoryError {
+    #[error(transparent)]
+    Range(#[from] RangeError),
     #[error(
         "{addr:#x}+{len} is not mapped readable and writable in this process ({why}): pass the address and size of a live, writable buffer"
     )]
@@ -209,21 +235,8 @@ pub(crate) fn wrap_raw(
     keepalive: Py<PyAny>,
     kept: bool,
 ) -> Result<Arc<HostMemory>, RawMemoryError> {
-    if addr == 0 {
-        return Err(RawMemoryError::Null);
-    }
-    if len == 0 {
-        return Err(RawMemoryError::ZeroLength);
-    }
-    let end = addr
-        .checked_add(len)
-        .ok_or(RawMemoryError::Overflow { addr, len })?;
-    mapped_rw(addr, end).map_err(|why| RawMemoryError::NotMapped { addr, len, why })?;
-    let (Ok(ptr), Ok(n)) = (usize::try_from(addr), usize::try_from(len)) else {
-        return Err(RawMemoryError::Overflow { addr, len });
-    };
-    let ptr = NonNull::new(std::ptr::with_exposed_provenance_mut::<u8>(ptr))
-        .ok_or(RawMemoryError::Null)?;
+    let (ptr, n) = checked_range(addr, len)?;
+    mapped_rw(addr, addr + len).map_err(|why| RawMemoryError::NotMapped { addr, len, why })?;
     // SAFETY: `addr..addr+len` was just checked to lie in mappings that are
     // readable and writable in this process (/proc/self/maps), and it does
     // not move: when the memory came through the buffer protocol,

@@ -711,3 +711,35 @@ pub fn skip_unless_ready(test: &str, missing: Option<String>) -> bool {
     println!("skipped: {why}");
     true
 }
+
+/// This process's threads (`/proc/self/task`).
+pub fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+/// This process's open descriptors (`/proc/self/fd`).
+pub fn descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// This process's resident memory, in KiB (`VmRSS`).
+pub fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// Why this process cannot hold `need` descriptors at once (its soft
+/// `RLIMIT_NOFILE` is lower; raise it with `ulimit -n`), for
+/// [`skip_unless_ready`].
+pub fn descriptors_short_of(need: usize) -> Option<String> {
+    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    (soft < need as u64).then(|| {
+        format!("the descriptor limit is {soft}, below the {need} this test holds (raise it with ulimit -n)")
+    })
+}

@@ -874,7 +874,10 @@ class nixl_agent:
 
     def check_xfer_state(self, handle: nixl_xfer_handle) -> str:
         """"DONE" (every byte placed, the buffers free, the notification sent),
-        "PROC" or "ERR" (``handle.error`` says why). Never blocks."""
+        "PROC" or "ERR" (``handle.error`` says why). Never waits on the
+        network; while a transfer of the local path is still being copied by
+        its posting thread it waits for that copy at most 1 ms, so a caller
+        polling in a loop leaves the core to the copy."""
         state = handle._native.state()
         if state == "ERR":
             self._log_err(handle)
