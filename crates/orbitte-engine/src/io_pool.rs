@@ -2,12 +2,17 @@
 //! each a `mio::Poll` (epoll) with a [`Waker`] and a command channel.
 //!
 //! What waits on a loop is a [`Watched`]: a descriptor to watch for
-//! readability and an optional deadline. A loop owns what it watches; when
-//! the descriptor becomes readable (or hangs up, or fails) the loop takes
+//! readiness ([`Watched::interest`]: readable by default, or writable, or
+//! both) and an optional deadline. A loop owns what it watches; when
+//! the descriptor becomes ready (or hangs up, or fails) the loop takes
 //! it off epoll and calls [`Watched::ready`], when its deadline passes
-//! [`Watched::expired`]; each answers whether to keep waiting (and until
-//! when) or that it is done (closed, or handed to a thread that serves
-//! it). Deadlines are kept in a heap per loop and checked against `now`
+//! [`Watched::expired`], and when another thread pokes it
+//! ([`IoPool::poke`]: work was queued for it) [`Watched::poked`]; each
+//! answers whether to keep waiting (and until when) or that it is done
+//! (closed, or handed to a thread that serves it). The registration is
+//! level-triggered: a call that stops before it drained its descriptor
+//! (to give the loop's other descriptors their turn) is called again on
+//! the loop's next round. Deadlines are kept in a heap per loop and checked against `now`
 //! after every wake-up; they are rounded up to [`GRAIN`], so that many
 //! watched descriptors share a wake-up. A loop runs only when something it
 //! watches is ready or due: with nothing due it parks in `epoll_wait`
@@ -64,17 +69,28 @@ pub(crate) enum Next {
     Done,
 }
 
-/// Something an I/O loop watches: a descriptor to become readable, and a
+/// Something an I/O loop watches: a descriptor to become ready, and a
 /// deadline. The loop owns it while it waits and takes its descriptor off
 /// epoll before calling it, so a call may hand the descriptor elsewhere.
 pub(crate) trait Watched: Send {
-    /// The descriptor watched for readability (it stays open while the
-    /// loop holds the `Watched`: the `Watched` owns it).
+    /// The descriptor watched (it stays open while the loop holds the
+    /// `Watched`: the `Watched` owns it).
     fn fd(&self) -> RawFd;
-    /// The descriptor is readable, hung up or failed.
+    /// What readiness to wait for, asked each time it is watched again.
+    fn interest(&self) -> Interest {
+        Interest::READABLE
+    }
+    /// The descriptor is ready as [`Watched::interest`] asked, hung up or
+    /// failed.
     fn ready(self: Box<Self>, now: Instant) -> Next;
     /// The deadline it gave has passed (`now` is at or after it).
     fn expired(self: Box<Self>, now: Instant) -> Next;
+    /// Another thread poked it ([`IoPool::poke`]); by default the same as
+    /// [`Watched::ready`], which must then cope with a descriptor that is
+    /// not ready (a non-blocking call answers `WouldBlock`).
+    fn poked(self: Box<Self>, now: Instant) -> Next {
+        self.ready(now)
+    }
     /// Its loop could not watch it (epoll refused the descriptor) or
     /// stops; it is dropped after this.
     fn abandoned(self: Box<Self>, why: &str);
@@ -92,6 +108,9 @@ enum Command {
     /// Drop the watched descriptor of this key (if it is still watched),
     /// then answer.
     Forget(u64, Sender<()>),
+    /// Call [`Watched::poked`] on this key's watched descriptor (if it is
+    /// still watched).
+    Poke(u64),
     Stop,
 }
 
@@ -148,10 +167,29 @@ impl IoPool {
     /// Hands `w` to the next loop, round-robin, to watch until `deadline`.
     /// When its loop is gone (the pool stops), `w` is abandoned at once.
     pub(crate) fn watch(&self, w: Box<dyn Watched>, deadline: Option<Instant>) -> WatchKey {
-        let lp = self.next_loop.fetch_add(1, Ordering::Relaxed) % self.loops.len();
-        let key = self.next_key.fetch_add(1, Ordering::Relaxed);
-        let handle = &self.loops[lp];
-        match handle.commands.send(Command::Watch(key, w, deadline)) {
+        let key = self.key();
+        self.watch_as(key, w, deadline);
+        key
+    }
+
+    /// A key on the next loop, round-robin, for [`IoPool::watch_as`]: a
+    /// `Watched` that other threads poke can keep its key where they find
+    /// it before it is watched.
+    pub(crate) fn key(&self) -> WatchKey {
+        WatchKey {
+            lp: self.next_loop.fetch_add(1, Ordering::Relaxed) % self.loops.len(),
+            key: self.next_key.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// Hands `w` to the loop of `key` (from [`IoPool::key`], used once) to
+    /// watch until `deadline`. A poke sent before this is lost: whoever
+    /// watches it pokes it once after, if work may have been queued
+    /// meanwhile. When its loop is gone (the pool stops), `w` is abandoned
+    /// at once.
+    pub(crate) fn watch_as(&self, key: WatchKey, w: Box<dyn Watched>, deadline: Option<Instant>) {
+        let handle = &self.loops[key.lp];
+        match handle.commands.send(Command::Watch(key.key, w, deadline)) {
             Ok(()) => {
                 if let Err(e) = handle.waker.wake() {
                     tracing::warn!(error = %e, "cannot wake an i/o loop");
@@ -162,7 +200,18 @@ impl IoPool {
             }
             Err(_) => {}
         }
-        WatchKey { lp, key }
+    }
+
+    /// Has the loop of `key` call [`Watched::poked`] on what it watches
+    /// under `key` (if it still does) on its next round. A poke of a key
+    /// that is being called now is answered after that call.
+    pub(crate) fn poke(&self, key: WatchKey) {
+        let handle = &self.loops[key.lp];
+        if handle.commands.send(Command::Poke(key.key)).is_ok()
+            && let Err(e) = handle.waker.wake()
+        {
+            tracing::warn!(error = %e, "cannot wake an i/o loop");
+        }
     }
 
     /// Drops what `key` watches (if its loop still has it) and returns once
@@ -308,6 +357,12 @@ fn run(poll: Poll, commands: &Receiver<Command>) {
                     drop(lp.take(key));
                     let _ = done.send(());
                 }
+                Ok(Command::Poke(key)) => {
+                    if let Some(e) = lp.take(key) {
+                        let next = e.watched.poked(Instant::now());
+                        lp.keep(key, next);
+                    }
+                }
                 Ok(Command::Stop) | Err(crossbeam_channel::TryRecvError::Disconnected) => {
                     for (_, e) in lp.entries.drain() {
                         e.watched.abandoned("the engine's i/o threads stop");
@@ -355,7 +410,7 @@ impl Loop {
         if let Err(e) = self
             .poll
             .registry()
-            .register(&mut SourceFd(&fd), token, Interest::READABLE)
+            .register(&mut SourceFd(&fd), token, watched.interest())
         {
             watched.abandoned(&format!("cannot watch the socket: {e}"));
             return;
@@ -390,6 +445,7 @@ mod tests {
         calls: Sender<&'static str>,
         again: u32,
         deadline: Option<Duration>,
+        interest: Interest,
     }
 
     impl Probe {
@@ -406,6 +462,9 @@ mod tests {
     impl Watched for Probe {
         fn fd(&self) -> RawFd {
             self.sock.as_raw_fd()
+        }
+        fn interest(&self) -> Interest {
+            self.interest
         }
         fn ready(self: Box<Self>, now: Instant) -> Next {
             let mut b = [0u8; 16];
@@ -435,6 +494,7 @@ mod tests {
                 calls: tx,
                 again,
                 deadline,
+                interest: Interest::READABLE,
             }),
             b,
             rx,
@@ -457,6 +517,25 @@ mod tests {
         let _ = peer.write_all(b"z");
         drop(pool);
         assert!(calls.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_poke_calls_it_without_readiness_and_a_writable_socket_is_ready() {
+        let pool = IoPool::new(2, "test").unwrap();
+        let (p, _peer, calls) = probe(1, None);
+        let key = pool.key();
+        pool.watch_as(key, p, None);
+        assert!(
+            calls.recv_timeout(Duration::from_millis(100)).is_err(),
+            "nothing to read"
+        );
+        pool.poke(key);
+        assert_eq!(calls.recv_timeout(BOUND), Ok("ready"));
+        // An empty socket's send buffer has room: writable at once.
+        let (mut p, _peer, calls) = probe(0, None);
+        p.interest = Interest::WRITABLE;
+        pool.watch(p, None);
+        assert_eq!(calls.recv_timeout(BOUND), Ok("ready"));
     }
 
     #[test]
