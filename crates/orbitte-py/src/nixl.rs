@@ -28,9 +28,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use orbitte::{
-    DrainStatus, MAX_NOTIFICATION_LEN, NotificationStatus, Op, PathKind, Posting, RegistrationId,
-    RemoteRange, RemoteTarget, Request, RequestError, RequestId, SubmitError, SubmitOptions,
-    WaitError,
+    DrainStatus, MAX_NOTIFICATION_LEN, NotificationError, NotificationStatus, Op, PathKind,
+    Posting, RegistrationId, RemoteRange, RemoteTarget, Request, RequestError, RequestId,
+    SubmitError, SubmitOptions, WaitError,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -502,6 +502,10 @@ struct Run {
     undrained: Vec<RequestId>,
     /// Whether the posted batch carried a notification.
     notified: bool,
+    /// A notification that could not ride the batch (it moves CUDA memory
+    /// through host staging): once every request is done, it is sent on
+    /// this one-byte READ of the remote agent's notification anchor.
+    carry: Option<(Vec<u8>, Request)>,
     why: Option<String>,
     /// When the last post began, how long submitting took, and when its
     /// end (DONE or ERR) was seen: the transfer's telemetry.
@@ -518,6 +522,7 @@ impl Run {
             taken: 0,
             undrained: Vec::new(),
             notified: false,
+            carry: None,
             why: None,
             posted_at: None,
             post_took: Duration::ZERO,
@@ -735,8 +740,26 @@ impl Core {
         if run.taken == run.ids.len() {
             run.undrained
                 .retain(|id| engine.drain_status(*id) != DrainStatus::Drained);
-            if run.undrained.is_empty() {
+            if !run.undrained.is_empty() {
+                return;
+            }
+            let Some((msg, carrier)) = run.carry.take() else {
                 run.end(Phase::Done);
+                return;
+            };
+            let note = SubmitOptions::new().notification(orbitte::Notification::new(msg));
+            match engine.submit_with(&[carrier], note) {
+                Ok(ids) => {
+                    run.ids.extend(ids);
+                    run.notified = true;
+                    self.advance(run);
+                }
+                Err(e) => {
+                    run.end(Phase::Failed);
+                    run.why = Some(format!(
+                        "every byte moved, but the notification could not be sent: {e}"
+                    ));
+                }
             }
         }
     }
@@ -861,8 +884,19 @@ impl Xfer {
     /// workers (see [`QUEUED_BYTES`]). Returns the state right after
     /// ("DONE" if it finished meanwhile). Refused while a previous post is
     /// in flight.
-    #[pyo3(signature = (notif=None))]
-    fn post(&self, py: Python<'_>, notif: Option<Vec<u8>>) -> PyResult<&'static str> {
+    ///
+    /// `carrier`, a one-byte READ of the remote agent's notification
+    /// anchor, carries the notification after the transfer when the
+    /// transfer moves CUDA memory (staged through host memory, where a
+    /// notification cannot ride the batch itself).
+    #[pyo3(signature = (notif=None, carrier=None))]
+    fn post(
+        &self,
+        py: Python<'_>,
+        notif: Option<Vec<u8>>,
+        carrier: Option<PyRef<'_, crate::handles::Request>>,
+    ) -> PyResult<&'static str> {
+        let carrier = carrier.map(|c| c.request);
         let notif = match notif {
             Some(n) if !n.is_empty() => Some(n),
             _ => self.notif.clone(),
@@ -891,10 +925,19 @@ impl Xfer {
                 _ => {}
             }
             let started = (Instant::now(), SystemTime::now());
-            let submitted = self.submit(&notif);
+            let mut notif = notif;
+            let mut carry = None;
+            let submitted = match (self.submit(&notif), carrier) {
+                (Err(SubmitError::Notification(NotificationError::Staged { .. })), Some(c)) => {
+                    carry = notif.take().map(|n| (n, c));
+                    self.submit(&None)
+                }
+                (r, _) => r,
+            };
             *run = Run {
                 phase: Phase::Posted,
                 notified: notif.is_some(),
+                carry,
                 posted_at: Some(started),
                 post_took: started.0.elapsed(),
                 ..Run::ready()
@@ -993,6 +1036,12 @@ impl Xfer {
     #[getter]
     fn agent(&self) -> &str {
         &self.agent
+    }
+
+    /// Whether it was made with a notification (`notif_msg`).
+    #[getter]
+    fn notifies(&self) -> bool {
+        self.notif.is_some()
     }
 
     /// Descriptors in the transfer.
