@@ -317,7 +317,7 @@ impl TcpTransport {
                 &self.cfg,
                 self.sink.clone(),
                 on_pub,
-                Arc::downgrade(&pool),
+                &pool,
             )
             .map_err(SessionError::Io)?;
             self.rails
