@@ -43,8 +43,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 /// How long a connection's thread waits with nothing to do before the
 /// connection parks on the pool (a tcp data session with no request, a
-/// rail's reader with nothing in flight, a rail's writer or a local rail's
-/// worker with nothing queued). Long enough that a peer pausing between
+/// local rail's worker with nothing queued). Long enough that a peer pausing between
 /// batches keeps its threads (a fan-in target's peers wait their turn
 /// for hundreds of milliseconds), so a busy connection never pays a thread
 /// start per batch; short enough that idle peers hold no thread.

@@ -501,6 +501,9 @@ impl Conn {
         loop {
             let wrote = self.write()?;
             let read = self.read(&mut budget)?;
+            // What arrived goes to the engine before the next writes (a
+            // WRITE's payload takes a while to copy into the socket).
+            self.held.hand_over();
             if !wrote && !read {
                 break;
             }
@@ -649,7 +652,9 @@ impl Conn {
                     self.out_at = 0;
                     return Ok(Sent::All);
                 }
-                Some(p) => match p.mem.memfd().filter(|_| self.zero_copy) {
+                // `sendfile` only while payload bytes are left: a header
+                // sent with MSG_MORE and nothing after it would wait.
+                Some(p) => match p.mem.memfd().filter(|_| self.zero_copy && p.at < p.end) {
                     Some(_) if !head.is_empty() => rustix::net::send(
                         self.stream.as_fd(),
                         head,
