@@ -271,6 +271,13 @@ impl Driver {
         }
     }
 
+    /// The outcome of `id` if it has one now (never waits).
+    pub fn try_outcome(&self, id: RequestId) -> Option<Outcome> {
+        let mut g = self.inner.lock().unwrap();
+        Self::pump(&mut g);
+        g.outcomes.remove(&id)
+    }
+
     pub fn drain_status(&self, id: RequestId) -> DrainStatus {
         self.inner.lock().unwrap().core.drain_status(id)
     }
@@ -669,6 +676,10 @@ pub fn run_child_target() {
     c.serve_delay = Duration::from_millis(var("NET_DELAY_MS").parse().unwrap_or(0));
     if let Ok(io) = var("NET_IO_TIMEOUT_MS").parse() {
         c.io_timeout = Duration::from_millis(io);
+    }
+    if let Ok(n) = var("NET_MAX_CONNECTIONS").parse() {
+        c.max_connections_per_source = n;
+        c.max_sessions = c.max_sessions.max(n);
     }
     let addr: SocketAddr = var("NET_ADDR").parse().unwrap();
     let t = Target::start_at(c.clone(), addr);
