@@ -60,6 +60,7 @@ mod link;
 pub(crate) mod listener;
 pub(crate) mod log_budget;
 pub(crate) mod net;
+pub(crate) mod nonblocking;
 pub mod path;
 pub mod probe;
 pub(crate) mod publications;
