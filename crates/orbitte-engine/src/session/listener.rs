@@ -3,11 +3,15 @@
 //!
 //! The accept loop runs on the listener's I/O pool ([`IoPool`], sized by
 //! `SessionConfig::io_threads`): the listening socket waits on epoll with
-//! the idle sessions. A connection gets a thread for its handshake, and a
-//! tcp data session keeps one while it serves requests; once quiet it
+//! the idle sessions. A connection's handshake runs there too, on its
+//! non-blocking socket with its pre-auth deadline in the loop's timer
+//! (`Handshaking`, over the responder of module `handshake`), so
+//! connections being accepted hold no thread; a refused one is closed
+//! there once its error frame is out (module `nonblocking`). An admitted
+//! tcp data session gets a thread while it serves requests; once quiet it
 //! parks on the pool (module `data`), so idle sessions hold no thread.
-//! rdma control links park the same way between their frames, and
-//! same-host mapping sessions after their handout
+//! rdma control links are served the same way between their frames, and
+//! same-host mapping sessions live on the pool all along
 //! (`transport::local::server`).
 
 use std::collections::HashMap;

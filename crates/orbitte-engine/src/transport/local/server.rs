@@ -1,11 +1,15 @@
 //! Target side of the local path: hands mappable ranges to authenticated
 //! same-host peers over the owner's abstract unix socket.
 //!
-//! After the handout the session stays open for the initiator's
-//! notifications. A session quiet for [`CHECK`] parks on the listener's
-//! I/O pool ([`crate::io_pool`]) and gives its thread up; the first byte
-//! from the initiator (a notification, its goodbye or close, or the
-//! server's shutdown of the socket) hands it to a new thread.
+//! A mapping session lives on the listener's I/O pool
+//! ([`crate::io_pool`]) from its accept to its close, on a non-blocking
+//! socket, and holds no thread: the peer's credentials, the handshake
+//! (with its pre-auth deadline), the handout (each range's fd with its
+//! publication, then the goodbye, sent as the socket takes them within
+//! the handshake's bound), then the initiator's notifications, read as
+//! they arrive (a frame that starts must finish within `frame_timeout`,
+//! checked every [`CHECK`]) until its goodbye or close, or the server's
+//! shutdown of the socket.
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -30,9 +34,8 @@ use crate::session::serving::Shared;
 use crate::session::{PeerIdentity, SessionError};
 use crate::transport::PathKind;
 
-/// How long a mapping session waits for a notification on its thread
-/// before it parks, and how often a parked one checks whether the
-/// listener stops.
+/// How often a mapping session checks whether the listener stops and
+/// whether a frame that started is overdue.
 pub(crate) const CHECK: Duration = Duration::from_millis(200);
 
 /// Target side: hands mappable ranges to authenticated same-host peers.
@@ -149,7 +152,7 @@ impl Accepting for LocalAccepting {
     fn take(&mut self, s: UnixStream) {
         let shared = &self.shared;
         // Same bound as tcp sessions: a local flood of connections cannot
-        // make unbounded threads.
+        // hold unbounded descriptors.
         if self.live.load(Ordering::Acquire) >= shared.cfg.max_sessions {
             if let Some(left_out) = shared.refusal_to_log() {
                 tracing::warn!(
