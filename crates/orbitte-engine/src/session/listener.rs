@@ -10,9 +10,9 @@
 //! there once its error frame is out (module `nonblocking`). An admitted
 //! tcp data session gets a thread while it serves requests; once quiet it
 //! parks on the pool (module `data`), so idle sessions hold no thread.
-//! rdma control links are served the same way between their frames, and
-//! same-host mapping sessions live on the pool all along
-//! (`transport::local::server`).
+//! An rdma control link gets a thread while its rails are set up, then
+//! lives on the pool (module `control_conn`), and same-host mapping
+//! sessions live on the pool all along (`transport::local::server`).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -27,7 +27,8 @@ use orbitte_wire::{Admission, ErrorCode, Frame, FrameType, SessionPurpose, Sourc
 
 use super::accept::{Accepting, Acceptor};
 use super::activity::SessionActivity;
-use super::data::{Admitted, ControlConn, DataSession};
+use super::control_conn::ControlConn;
+use super::data::{Admitted, DataSession};
 use super::handshake::{Responder, Step};
 use super::io::{send_error, write_frame};
 use super::log_budget::LogBudget;
@@ -615,9 +616,9 @@ impl Watched for Handshaking {
 }
 
 /// An admitted session, on the loop that ran its handshake: the epoch
-/// rule's bookkeeping, then the hand-over by purpose (a tcp data session
-/// and an rdma control link to a thread of their own; other purposes are
-/// refused).
+/// rule's bookkeeping, then the hand-over by purpose (a tcp data session,
+/// and an rdma control link for the setup of its rails, to a thread of
+/// their own; other purposes are refused).
 fn hand_over(
     mut stream: TcpStream,
     from: SocketAddr,
@@ -719,14 +720,10 @@ fn serve_admitted(
         && hs.purpose == SessionPurpose::RDMA_CONTROL
     {
         match stream.try_clone() {
-            Ok(s) => match control.serve(s, &hs, &shared.stop) {
+            Ok(s) => match control.serve(s, &hs) {
                 ControlServed::Closed(reason) => reason,
-                ControlServed::Quiet(link) => {
-                    ControlConn {
-                        conn: admitted(stream),
-                        link: Some(link),
-                    }
-                    .park();
+                ControlServed::Open(link) => {
+                    ControlConn::start(admitted(stream), link);
                     return;
                 }
             },

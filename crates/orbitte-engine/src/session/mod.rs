@@ -54,6 +54,9 @@
 pub(crate) mod accept;
 pub(crate) mod activity;
 mod connect;
+mod control_conn;
+#[cfg(test)]
+mod control_tests;
 mod data;
 pub(crate) mod handshake;
 pub(crate) mod io;
