@@ -1,8 +1,7 @@
 //! An admitted tcp data session between its requests: served by a thread
 //! of its own while requests come, parked on an I/O loop of the
 //! listener's pool ([`crate::io_pool`]) once it has been quiet for the
-//! poll interval, so an idle session holds no thread. An rdma control
-//! link ([`ControlConn`]) parks the same way between its frames.
+//! poll interval, so an idle session holds no thread.
 //!
 //! While parked, the loop watches the socket and, every [`CHECK`], the
 //! checks a quiet session makes (listener stopping, `idle_timeout`, its
@@ -24,7 +23,7 @@ use orbitte_wire::{SessionId, SourceId};
 
 use super::PeerIdentity;
 use super::activity::SessionActivity;
-use super::serving::{ControlServed, ControlSession, Shared};
+use super::serving::Shared;
 use crate::io_pool::{Next, Watched, spawn_with};
 use crate::transport::tcp::serve::{CloseReason, ServeCtx, Served, prepare, quiet, serve};
 
@@ -48,7 +47,7 @@ pub(crate) struct Admitted {
 
 impl Admitted {
     /// Closes it and records why.
-    fn close(self, reason: CloseReason) {
+    pub(crate) fn close(self, reason: CloseReason) {
         self.shared.close_admitted(
             &self.stream,
             self.conn,
@@ -179,80 +178,6 @@ impl Watched for DataSession {
             }
             None => Next::Wait(self, Some(now + CHECK)),
         }
-    }
-
-    fn abandoned(self: Box<Self>, why: &str) {
-        self.finish(CloseReason::normal(format!("session closed: {why}")));
-    }
-}
-
-/// An admitted rdma control link, parked on the pool between its frames
-/// (the engine's [`ControlSession`] serves them).
-#[derive(Debug)]
-pub(crate) struct ControlConn {
-    /// The link has its own handle of the socket.
-    pub(crate) conn: Admitted,
-    /// `Some` except while a thread serves it.
-    pub(crate) link: Option<Box<dyn ControlSession>>,
-}
-
-impl ControlConn {
-    /// Parks it on the listener's pool (closes it when the pool is gone).
-    pub(crate) fn park(self) {
-        match self.conn.shared.pool.upgrade() {
-            Some(pool) => {
-                pool.watch(Box::new(self), Some(Instant::now() + CHECK));
-            }
-            None => self.finish(CloseReason::normal("listener shut down")),
-        }
-    }
-
-    /// Serves the link on this thread until it ends or is quiet again.
-    fn run(mut self) {
-        let Some(link) = self.link.take() else {
-            return self.finish(CloseReason::abnormal("the control link was lost"));
-        };
-        match link.resume(&self.conn.shared.stop) {
-            ControlServed::Closed(reason) => self.finish(reason),
-            ControlServed::Quiet(link) => {
-                self.link = Some(link);
-                self.park();
-            }
-        }
-    }
-
-    fn finish(self, reason: CloseReason) {
-        self.conn.close(reason);
-    }
-}
-
-impl Watched for ControlConn {
-    fn fd(&self) -> RawFd {
-        self.link
-            .as_ref()
-            .map_or_else(|| self.conn.stream.as_raw_fd(), |l| l.fd())
-    }
-
-    fn ready(self: Box<Self>, _now: Instant) -> Next {
-        if self.conn.shared.stop.load(Ordering::Acquire) {
-            self.finish(CloseReason::normal("listener stopped"));
-            return Next::Done;
-        }
-        let name = format!("orbitte-session-{}", self.conn.conn);
-        if let Err((c, e)) = spawn_with(name, *self, Self::run) {
-            c.finish(CloseReason::abnormal(format!(
-                "no thread to serve the rdma control link: {e}"
-            )));
-        }
-        Next::Done
-    }
-
-    fn expired(self: Box<Self>, now: Instant) -> Next {
-        if self.conn.shared.stop.load(Ordering::Acquire) {
-            self.finish(CloseReason::normal("listener stopped"));
-            return Next::Done;
-        }
-        Next::Wait(self, Some(now + CHECK))
     }
 
     fn abandoned(self: Box<Self>, why: &str) {

@@ -494,7 +494,7 @@ pub mod raw {
     }
 
     /// Reads one frame (and drops a data frame's payload).
-    pub fn read_frame(s: &mut TcpStream) -> std::io::Result<Frame> {
+    pub fn read_frame(s: &mut impl Read) -> std::io::Result<Frame> {
         let mut h = [0u8; HEADER_LEN];
         s.read_exact(&mut h)?;
         let h = FrameHeader::decode(&h).map_err(std::io::Error::other)?;
@@ -521,7 +521,7 @@ pub mod raw {
         }
     }
 
-    pub fn send(s: &mut TcpStream, f: &Frame) {
+    pub fn send(s: &mut impl Write, f: &Frame) {
         let mut buf = Vec::new();
         f.encode(&mut buf).unwrap();
         s.write_all(&buf).unwrap();
