@@ -79,6 +79,11 @@ pub(crate) trait Watched: Send {
     fn interest(&self) -> Interest {
         Interest::READABLE
     }
+    /// Whether it waits for its deadline only, its descriptor not watched
+    /// meanwhile (asked each time it is watched again; by default not).
+    fn sleeps(&self) -> bool {
+        false
+    }
     /// The descriptor is ready as [`Watched::interest`] asked, hung up or
     /// failed.
     fn ready(self: Box<Self>, now: Instant) -> Next;
@@ -306,6 +311,8 @@ impl IoThreads {
 struct Entry {
     watched: Box<dyn Watched>,
     deadline: Option<Instant>,
+    /// Whether its descriptor is on epoll (not while it sleeps).
+    registered: bool,
 }
 
 /// One loop's state.
@@ -400,10 +407,12 @@ impl Loop {
     /// Takes `key`'s entry off epoll and out of the table.
     fn take(&mut self, key: u64) -> Option<Entry> {
         let e = self.entries.remove(&key)?;
-        let fd = e.watched.fd();
-        // It was registered; deregistering can only fail if the
-        // descriptor was closed already, which epoll has handled.
-        let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
+        if e.registered {
+            let fd = e.watched.fd();
+            // It was registered; deregistering can only fail if the
+            // descriptor was closed already, which epoll has handled.
+            let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
+        }
         Some(e)
     }
 
@@ -413,15 +422,18 @@ impl Loop {
             self.armed.remove(&key);
             return;
         };
-        let fd = watched.fd();
-        let token = Token(usize::try_from(key).unwrap_or(usize::MAX - 1));
-        if let Err(e) = self
-            .poll
-            .registry()
-            .register(&mut SourceFd(&fd), token, watched.interest())
-        {
-            watched.abandoned(&format!("cannot watch the socket: {e}"));
-            return;
+        let registered = !(watched.sleeps() && deadline.is_some());
+        if registered {
+            let fd = watched.fd();
+            let token = Token(usize::try_from(key).unwrap_or(usize::MAX - 1));
+            if let Err(e) =
+                self.poll
+                    .registry()
+                    .register(&mut SourceFd(&fd), token, watched.interest())
+            {
+                watched.abandoned(&format!("cannot watch the socket: {e}"));
+                return;
+            }
         }
         let deadline = deadline.map(|d| self.rounded(d));
         if let Some(at) = deadline
@@ -429,7 +441,14 @@ impl Loop {
         {
             self.deadlines.push(Reverse((at, key)));
         }
-        self.entries.insert(key, Entry { watched, deadline });
+        self.entries.insert(
+            key,
+            Entry {
+                watched,
+                deadline,
+                registered,
+            },
+        );
     }
 
     /// `at` rounded up to the loop's next multiple of [`GRAIN`].
