@@ -41,10 +41,9 @@ use crossbeam_channel::{Receiver, Sender};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 
-/// How long a connection's thread waits with nothing to do before the
-/// connection parks on the pool (a tcp data session with no request, a
-/// local rail's worker with nothing queued). Long enough that a peer pausing between
-/// batches keeps its threads (a fan-in target's peers wait their turn
+/// How long a local rail's worker waits with nothing queued before it
+/// ends and the rail parks on the pool. Long enough that a peer pausing
+/// between batches keeps its worker (a fan-in target's peers wait their turn
 /// for hundreds of milliseconds), so a busy connection never pays a thread
 /// start per batch; short enough that idle peers hold no thread.
 pub const PARK_AFTER: Duration = Duration::from_secs(2);

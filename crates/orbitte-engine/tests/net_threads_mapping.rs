@@ -13,25 +13,9 @@ use std::time::Duration;
 
 use net_support::{RW, Target, cfg, raw, threads};
 use orbitte_memory::HostMemory;
-use orbitte_wire::{
-    Capabilities, Epoch, Frame, Goodbye, GoodbyeReason, Hello, Identity, Message, Nonce,
-    Notification, SessionPurpose, SourceId,
-};
+use orbitte_wire::{Frame, Goodbye, GoodbyeReason, Message, Notification};
 
 const SESSIONS: usize = 200;
-
-fn hello(i: usize) -> Frame {
-    Frame::Hello(Hello {
-        identity: Identity::new(
-            SourceId::new(format!("mapping-peer-{i}")).unwrap(),
-            Epoch::new(1).unwrap(),
-            Capabilities::TCP,
-        ),
-        nonce: Nonce([9; 32]),
-        purpose: SessionPurpose::DATA,
-        proof: None,
-    })
-}
 
 #[test]
 fn mapping_sessions_opening_at_once_hold_no_thread() {
@@ -68,7 +52,7 @@ fn mapping_sessions_opening_at_once_hold_no_thread() {
     // Every hello, then every handout: a publication (its fd dropped by
     // the plain read) and the goodbye.
     for (i, s) in open.iter_mut().enumerate() {
-        raw::send(s, &hello(i));
+        raw::send(s, &raw::hello(&format!("mapping-peer-{i}")));
     }
     for (i, s) in open.iter_mut().enumerate() {
         let frames: Vec<Frame> = (0..3).map(|_| raw::read_frame(s).unwrap()).collect();

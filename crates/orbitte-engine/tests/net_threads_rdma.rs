@@ -62,7 +62,10 @@ fn idle_rdma_peers_hold_no_session_thread_on_the_target() {
             &format!("no session thread with {n} idle rdma peers"),
             || session_threads() == 0,
         );
-        let live = target.listener_stats().map(|s| s.live);
-        assert_eq!(live, Some(n as u64), "every control link stays open");
+        // The connect's metadata session closes on the loop soon after
+        // the peer leaves it; every control link stays open.
+        eventually(&format!("{n} control links open"), || {
+            target.listener_stats().map(|s| s.live) == Some(n as u64)
+        });
     }
 }

@@ -65,25 +65,35 @@ pub(crate) struct DataSession {
 }
 
 impl DataSession {
-    /// Hands it to the listener's pool (after the handshake and the
-    /// publications), which serves it from then on.
-    pub(crate) fn start(self) {
+    /// Hands it to the listener's pool after the handshake, which sends
+    /// `greeting` (the encoded publications) and serves it from then on.
+    pub(crate) fn start(self, greeting: Vec<u8>) {
         if let Err(reason) = prepare(&self.conn.stream, &self.conn.shared.cfg) {
             return self.finish(reason);
         }
         let Some(pool) = self.conn.shared.pool.upgrade() else {
             return self.finish(CloseReason::normal("listener shut down"));
         };
-        let serving = Serving::new(&ctx(
-            &self.conn.shared,
-            &self.peer,
-            self.conn.session,
-            &self.activity,
-        ));
+        let greeting_len = greeting.len();
+        let serving = Serving::new(
+            &ctx(
+                &self.conn.shared,
+                &self.peer,
+                self.conn.session,
+                &self.activity,
+            ),
+            greeting,
+        );
+        // The first turn comes as soon as the socket takes the greeting.
+        let interest = if greeting_len == 0 {
+            Interest::READABLE
+        } else {
+            Interest::READABLE | Interest::WRITABLE
+        };
         let on_loop = OnLoop {
             session: self,
             serving,
-            interest: Some(Interest::READABLE),
+            interest: Some(interest),
         };
         pool.watch(Box::new(on_loop), Some(Instant::now() + CHECK));
     }

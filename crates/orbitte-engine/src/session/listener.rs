@@ -30,7 +30,7 @@ use super::activity::SessionActivity;
 use super::control_conn::ControlConn;
 use super::data::{Admitted, DataSession};
 use super::handshake::{Responder, Step};
-use super::io::{send_error, write_frame};
+use super::io::send_error;
 use super::log_budget::LogBudget;
 use super::nonblocking::Refusal;
 use super::publications::publication_frames;
@@ -419,7 +419,8 @@ fn preauth_slot(
             .filter(|c| waiting(c))
             .min_by_key(|c| c.since)
         {
-            // Its session thread sees the socket fail and records the close.
+            // Whoever serves it (its loop) sees the socket fail and records
+            // the close.
             let _ = oldest.stream.shutdown(Shutdown::Both);
             oldest.evicted = true;
             evicted.fetch_add(1, Ordering::Relaxed);
@@ -616,11 +617,11 @@ impl Watched for Handshaking {
 }
 
 /// An admitted session, on the loop that ran its handshake: the epoch
-/// rule's bookkeeping, then the hand-over by purpose (a tcp data session,
-/// and an rdma control link for the setup of its rails, to a thread of
-/// their own; other purposes are refused).
+/// rule's bookkeeping, then the hand-over by purpose (a tcp data session
+/// to the loops, with its publications; an rdma control link to a thread
+/// of its own for the setup of its rails; other purposes are refused).
 fn hand_over(
-    mut stream: TcpStream,
+    stream: TcpStream,
     from: SocketAddr,
     conn: u64,
     shared: Arc<Shared>,
@@ -666,99 +667,82 @@ fn hand_over(
             format!("session purpose {other} is not served here"),
         )),
     };
-    let reason = match refusal {
-        // Best effort, as the socket takes it: the close follows.
-        Some((code, msg)) => {
-            send_error(&mut stream, code, FrameType::HELLO, &msg);
-            CloseReason::abnormal(msg)
-        }
-        None => match stream.set_nonblocking(false) {
-            Err(e) => CloseReason::abnormal(format!("cannot serve the session: {e}")),
-            Ok(()) => {
-                let name = format!("orbitte-session-{conn}");
-                let theirs = shared.clone();
-                let spawned = spawn_with(name, (stream, hs, activity), move |(s, hs, a)| {
-                    serve_admitted(s, from, conn, &theirs, hs, a);
-                });
-                let Err(((s, hs, _), e)) = spawned else {
-                    return;
-                };
-                if let Some(left_out) = shared.resource_line_to_log() {
-                    tracing::warn!(error = %e, left_out, "cannot spawn a session thread");
-                }
-                let reason = CloseReason::abnormal(format!("no thread to serve the session: {e}"));
-                shared.close_admitted(&s, conn, from, hs.session, source, reason);
-                return;
-            }
-        },
-    };
-    shared.close_admitted(&stream, conn, from, hs.session, source, reason);
-}
-
-/// Serves an admitted tcp data session or rdma control link on its own
-/// thread (the socket blocks again).
-fn serve_admitted(
-    mut stream: TcpStream,
-    from: SocketAddr,
-    conn: u64,
-    shared: &Arc<Shared>,
-    hs: handshake::Handshake,
-    activity: Arc<SessionActivity>,
-) {
-    let cfg = &shared.cfg;
-    let source = hs.peer.source_id.clone();
-    // What a session that outlives this thread closes with.
-    let admitted = |stream: TcpStream| Admitted {
+    let mut admitted = Admitted {
         stream,
         from,
         conn,
         shared: shared.clone(),
         session: hs.session,
-        source: source.clone(),
+        source,
     };
-    let reason = if let Some(control) = &shared.control
-        && hs.purpose == SessionPurpose::RDMA_CONTROL
-    {
-        match stream.try_clone() {
-            Ok(s) => match control.serve(s, &hs) {
-                ControlServed::Closed(reason) => reason,
-                ControlServed::Open(link) => {
-                    ControlConn::start(admitted(stream), link);
+    let reason = match refusal {
+        // Best effort, as the socket takes it: the close follows.
+        Some((code, msg)) => {
+            send_error(&mut admitted.stream, code, FrameType::HELLO, &msg);
+            CloseReason::abnormal(msg)
+        }
+        None if hs.purpose == SessionPurpose::DATA => {
+            // p2p metadata: our publications go first, as the socket
+            // takes them, then the data phase; all on the loop.
+            let mut greeting = Vec::new();
+            let encoded = publication_frames(
+                shared.ranges.as_ref(),
+                shared.cfg.epoch,
+                &shared.cfg.host_id,
+            )
+            .into_iter()
+            .try_for_each(|p| Frame::SegmentPublication(p).encode(&mut greeting));
+            match encoded {
+                Err(e) => CloseReason::abnormal(format!("cannot encode the publications: {e}")),
+                Ok(()) => {
+                    DataSession {
+                        conn: admitted,
+                        peer: hs.peer,
+                        activity,
+                    }
+                    .start(greeting);
                     return;
                 }
-            },
-            Err(e) => CloseReason {
-                abnormal: true,
-                text: format!("cannot clone the socket: {e}"),
-            },
-        }
-    } else {
-        // p2p metadata: our publications, then the data phase.
-        let mut scratch = Vec::new();
-        let mut sent = Ok(());
-        for p in publication_frames(shared.ranges.as_ref(), cfg.epoch, &cfg.host_id) {
-            sent = write_frame(&mut stream, &Frame::SegmentPublication(p), &mut scratch);
-            if sent.is_err() {
-                break;
             }
         }
-        match sent {
-            Err(e) => CloseReason {
-                abnormal: true,
-                text: format!("cannot send publications: {e}"),
-            },
+        None => match admitted.stream.set_nonblocking(false) {
+            Err(e) => CloseReason::abnormal(format!("cannot serve the session: {e}")),
             Ok(()) => {
-                DataSession {
-                    conn: admitted(stream),
-                    peer: hs.peer,
-                    activity,
+                let name = format!("orbitte-session-{conn}");
+                let Err(((admitted, _), e)) =
+                    spawn_with(name, (admitted, hs), |(a, hs)| set_up_control(a, &hs))
+                else {
+                    return;
+                };
+                if let Some(left_out) = shared.resource_line_to_log() {
+                    tracing::warn!(error = %e, left_out, "cannot spawn a session thread");
                 }
-                .start();
+                admitted.close(CloseReason::abnormal(format!(
+                    "no thread to serve the session: {e}"
+                )));
                 return;
             }
-        }
+        },
     };
-    shared.close_admitted(&stream, conn, from, hs.session, source, reason);
+    admitted.close(reason);
+}
+
+/// Sets an admitted rdma control link's rails up on a thread of its own
+/// (the socket blocks again: the queue pair exchange), then hands the
+/// open link to the loops.
+fn set_up_control(admitted: Admitted, hs: &handshake::Handshake) {
+    let reason = match (&admitted.shared.control, admitted.stream.try_clone()) {
+        (None, _) => CloseReason::abnormal("this listener serves no rdma control links"),
+        (Some(control), Ok(s)) => match control.serve(s, hs) {
+            ControlServed::Closed(reason) => reason,
+            ControlServed::Open(link) => {
+                ControlConn::start(admitted, link);
+                return;
+            }
+        },
+        (Some(_), Err(e)) => CloseReason::abnormal(format!("cannot clone the socket: {e}")),
+    };
+    admitted.close(reason);
 }
 
 #[cfg(test)]

@@ -521,6 +521,21 @@ pub mod raw {
         }
     }
 
+    /// The hello of a tcp-capable data session of `source` at epoch 1,
+    /// without a proof.
+    pub fn hello(source: &str) -> Frame {
+        Frame::Hello(Hello {
+            identity: Identity::new(
+                SourceId::new(source).unwrap(),
+                Epoch::new(1).unwrap(),
+                Capabilities::TCP,
+            ),
+            nonce: Nonce([7; 32]),
+            purpose: orbitte_wire::SessionPurpose::DATA,
+            proof: None,
+        })
+    }
+
     pub fn send(s: &mut impl Write, f: &Frame) {
         let mut buf = Vec::new();
         f.encode(&mut buf).unwrap();

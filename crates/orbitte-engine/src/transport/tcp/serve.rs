@@ -286,11 +286,14 @@ pub(crate) struct Serving {
 
 impl Serving {
     /// The state of a session admitted with `ctx`, before its first
-    /// request.
-    pub(crate) fn new(ctx: &ServeCtx<'_>) -> Self {
+    /// request: `greeting` (encoded frames, the publications) goes out
+    /// first, as the socket takes it, bounded by `io_timeout` like an
+    /// answer.
+    pub(crate) fn new(ctx: &ServeCtx<'_>, mut greeting: Vec<u8>) -> Self {
+        greeting.reserve(1024);
         Self {
             frames: FrameBuffer::new(),
-            out: Vec::with_capacity(1024),
+            out: greeting,
             sent: 0,
             acknowledged: 0,
             io: PayloadIo::for_answers(ctx.cfg.zero_copy),
