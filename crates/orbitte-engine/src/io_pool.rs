@@ -251,32 +251,6 @@ impl Drop for IoPool {
     }
 }
 
-/// Runs `work(item)` on a new thread named `name` (how a parked
-/// connection that became readable is served again); when no thread can
-/// start, hands `item` back with the error, so the caller can close it.
-pub(crate) fn spawn_with<T: Send + 'static>(
-    name: String,
-    item: T,
-    work: impl FnOnce(T) + Send + 'static,
-) -> Result<(), (T, std::io::Error)> {
-    let slot = Arc::new(Mutex::new(Some(item)));
-    let theirs = slot.clone();
-    let spawned = std::thread::Builder::new().name(name).spawn(move || {
-        let item = theirs.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(item) = item {
-            work(item);
-        }
-    });
-    match spawned {
-        Ok(_) => Ok(()),
-        Err(e) => match slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            Some(item) => Err((item, e)),
-            // The thread started after all and took it.
-            None => Ok(()),
-        },
-    }
-}
-
 /// An engine's I/O pool, started on first use and shared by its listener
 /// and its tcp rails.
 #[derive(Debug, Clone)]

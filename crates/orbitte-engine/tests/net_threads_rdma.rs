@@ -1,15 +1,20 @@
-//! rdma control links hold no thread on the target while idle: after the
-//! rails are set up, each accepted rdma peer's control link parks on the
-//! target's I/O pool until its next frame. Counted by thread name: the
-//! target serves each connection on threads named `orbitte-session-N`.
+//! rdma control links hold no thread on the target, idle or while their
+//! rails are set up: each accepted rdma peer's control link lives on the
+//! target's I/O pool, from the peer's publication and connect request to
+//! its requests to re-establish a rail. Counted by thread name while
+//! engines in this process connect (their pollers are threads too), and
+//! exactly while raw peers stall in their setup.
 #![forbid(unsafe_code)]
 
 mod net_support;
 
-use net_support::eventually;
+use std::time::{Duration, Instant};
+
+use net_support::{eventually, raw, threads};
 use orbitte_engine::{Access, ConnectOptions, EngineBuilder, PathKind};
 use orbitte_memory::HostMemory;
 use orbitte_verbs::sim::{Delivery, SimDescription, SimDeviceDesc, SimFabric};
+use orbitte_wire::{Frame, SessionPurpose};
 
 /// Threads of this process serving a listener's connection.
 fn session_threads() -> usize {
@@ -34,6 +39,7 @@ fn idle_rdma_peers_hold_no_session_thread_on_the_target() {
     );
     let target = EngineBuilder::new("rdma-threads-target")
         .provider(fabric.provider_for(&["a0"]))
+        .handshake_timeout(SETUP_BOUND)
         .listen("127.0.0.1:0".parse().unwrap())
         .build()
         .unwrap();
@@ -68,4 +74,44 @@ fn idle_rdma_peers_hold_no_session_thread_on_the_target() {
             target.listener_stats().map(|s| s.live) == Some(n as u64)
         });
     }
+    // Raw peers admitted for rdma control that never send their
+    // publication: no thread waits for them, and each is closed once the
+    // handshake timeout passed without its rails set up.
+    let before = threads();
+    let opened = Instant::now();
+    let mut stalled: Vec<_> = (0..STALLED)
+        .map(|i| {
+            let mut s = raw::connect(addr);
+            let first = raw::read_frame(&mut s).unwrap();
+            assert!(matches!(first, Frame::Challenge(_)), "{i}: {first:?}");
+            let hello = raw::hello_for(&format!("rdma-stalled-{i}"), SessionPurpose::RDMA_CONTROL);
+            raw::send(&mut s, &hello);
+            let ack = raw::read_frame(&mut s).unwrap();
+            assert!(matches!(ack, Frame::HelloAck(_)), "{i}: {ack:?}");
+            s
+        })
+        .collect();
+    let setting_up = threads();
+    assert_eq!(
+        setting_up, before,
+        "threads made for control links in their setup"
+    );
+    for (i, s) in stalled.iter_mut().enumerate() {
+        let frames = raw::read_until_closed(s);
+        assert!(frames.is_empty(), "{i}: {frames:?}");
+    }
+    assert!(
+        opened.elapsed() >= SETUP_BOUND,
+        "closed before the handshake timeout: {:?}",
+        opened.elapsed()
+    );
+    eventually("the stalled links gone", || {
+        target.listener_stats().map(|s| s.live) == Some(MOST as u64)
+    });
 }
+
+/// The handshake timeout of the target, which bounds a control link's
+/// setup.
+const SETUP_BOUND: Duration = Duration::from_millis(600);
+/// Raw control links that stall in their setup.
+const STALLED: usize = 32;

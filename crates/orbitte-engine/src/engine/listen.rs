@@ -11,7 +11,7 @@
 //! pair exchange on that connection and keeps it open while the rails
 //! live).
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
@@ -20,12 +20,13 @@ use orbitte_wire::Frame;
 use orbitte_wire::SessionPurpose;
 
 use super::ranges::EngineRanges;
+use super::rdma_peers::{RailSetup, SetupFailed, SetupStep};
 use super::{Shared, TransferEngine};
 use crate::error::BuildError;
 use crate::session::handshake::Handshake;
 use crate::session::log_budget::LogBudget;
-use crate::session::serving::{ControlAcceptor, ControlServed, ControlSession};
-use crate::session::{ListenError, Listener, RangeLookup, TcpControlLink};
+use crate::session::serving::{ControlAcceptor, ControlEnd, ControlSession};
+use crate::session::{ListenError, Listener, RangeLookup};
 #[cfg(any(test, feature = "testing"))]
 use crate::session::{SessionConfig, SessionError};
 use crate::transport::tcp::serve::CloseReason;
@@ -47,7 +48,7 @@ impl TransferEngine {
         }
         let control: Arc<dyn ControlAcceptor> = Arc::new(EngineControl {
             engine: Arc::downgrade(&self.shared),
-            accepted_log: LogBudget::new(self.shared.sessions.refusal_logs_per_second),
+            accepted_log: Arc::new(LogBudget::new(self.shared.sessions.refusal_logs_per_second)),
         });
         let listener = Listener::bind_serving(
             self.shared.sessions.clone(),
@@ -162,7 +163,7 @@ struct EngineControl {
     engine: Weak<Shared>,
     /// Lines about rdma peers accepted (refusals and closes are the
     /// listener's lines, within its budgets).
-    accepted_log: LogBudget,
+    accepted_log: Arc<LogBudget>,
 }
 
 impl std::fmt::Debug for EngineControl {
@@ -172,80 +173,85 @@ impl std::fmt::Debug for EngineControl {
 }
 
 impl ControlAcceptor for EngineControl {
-    fn serve(&self, stream: TcpStream, hs: &Handshake) -> ControlServed {
-        let Some(shared) = self.engine.upgrade() else {
-            return ControlServed::Closed(CloseReason {
-                abnormal: false,
-                text: "the engine stopped".into(),
-            });
-        };
-        let frame_timeout = shared.sessions.frame_timeout;
-        let engine = TransferEngine::view(shared);
-        let mut link = match TcpControlLink::new(stream, frame_timeout) {
-            Ok(l) => l,
-            Err(e) => {
-                return ControlServed::Closed(CloseReason {
-                    abnormal: true,
-                    text: format!("cannot set up the rdma control link: {e}"),
-                });
-            }
-        };
-        let established = hs.established();
-        let peer = match engine.accept_rdma_rails(&mut link, hs.session, &established) {
-            Ok(p) => p,
-            Err(e) => {
-                return ControlServed::Closed(CloseReason {
-                    abnormal: true,
-                    text: format!("rdma peer refused: {e}"),
-                });
-            }
-        };
-        if let Some(left_out) = self.accepted_log.admit(Instant::now()) {
-            tracing::info!(peer = %hs.peer.source_id, rails = peer.rails.len(), left_out, "rdma peer accepted");
+    fn open(&self, hs: &Handshake) -> Result<Box<dyn ControlSession>, CloseReason> {
+        if self.engine.strong_count() == 0 {
+            return Err(CloseReason::normal("the engine stopped"));
         }
-        drop(engine);
-        ControlServed::Open(Box::new(EngineControlLink {
-            _link: link,
+        Ok(Box::new(EngineControlLink {
             engine: self.engine.clone(),
-            peer: peer.id,
+            accepted_log: self.accepted_log.clone(),
+            source: hs.peer.source_id.clone(),
             session: hs.session,
+            stage: LinkStage::SettingUp(RailSetup::new(hs.session, hs.established())),
         }))
     }
 }
 
-/// An open rdma control link of an accepted rdma peer: it stays open while
-/// the peer's rails live, and carries the peer's requests to re-establish
-/// one of them.
+/// An rdma control link of a peer: it sets the peer's rails up, then
+/// stays open while they live and carries the peer's requests to
+/// re-establish one of them.
 #[derive(Debug)]
 struct EngineControlLink {
-    /// Set up over this link; the listener serves its socket now.
-    _link: TcpControlLink,
     engine: Weak<Shared>,
-    peer: crate::transport::PeerId,
+    accepted_log: Arc<LogBudget>,
+    source: orbitte_wire::SourceId,
     session: orbitte_wire::SessionId,
+    stage: LinkStage,
+}
+
+#[derive(Debug)]
+enum LinkStage {
+    SettingUp(RailSetup),
+    Open(crate::transport::PeerId),
 }
 
 impl ControlSession for EngineControlLink {
-    fn answer(&mut self, frame: Frame) -> Result<Option<Frame>, CloseReason> {
+    fn answer(&mut self, frame: Frame) -> Result<Option<Frame>, ControlEnd> {
+        let Some(shared) = self.engine.upgrade() else {
+            return Err(CloseReason::normal("the engine stopped").into());
+        };
+        let engine = TransferEngine::view(shared);
+        let peer = match &mut self.stage {
+            LinkStage::SettingUp(setup) => {
+                return match engine.rail_setup_step(setup, frame) {
+                    Ok(SetupStep::Answer(f)) => Ok(Some(f)),
+                    Ok(SetupStep::Open(peer, f)) => {
+                        if let Some(left_out) = self.accepted_log.admit(Instant::now()) {
+                            tracing::info!(peer = %self.source, rails = peer.rails.len(), left_out, "rdma peer accepted");
+                        }
+                        self.stage = LinkStage::Open(peer.id);
+                        Ok(Some(f))
+                    }
+                    Err(failed) => {
+                        let SetupFailed { last, error } = *failed;
+                        Err(ControlEnd {
+                            last: last.map(Box::new),
+                            reason: CloseReason::abnormal(format!("rdma peer refused: {error}")),
+                        })
+                    }
+                };
+            }
+            LinkStage::Open(peer) => *peer,
+        };
         match frame {
             // The peer closes the link (or says goodbye) when it is done.
             Frame::Goodbye(g) => Err(CloseReason::normal(format!(
                 "rdma control link: goodbye ({})",
                 g.reason
-            ))),
+            ))
+            .into()),
             Frame::ConnectRequest(r) => {
                 // The peer re-establishes one of the rails.
-                let Some(shared) = self.engine.upgrade() else {
-                    return Err(CloseReason::normal("the engine stopped"));
-                };
-                let answer =
-                    TransferEngine::view(shared).answer_rail_request(self.peer, self.session, &r);
-                Ok(Some(answer))
+                Ok(Some(engine.answer_rail_request(peer, self.session, &r)))
             }
             other => {
                 tracing::debug!(frame = %other.frame_type(), "rdma control link: frame ignored");
                 Ok(None)
             }
         }
+    }
+
+    fn is_set_up(&self) -> bool {
+        matches!(self.stage, LinkStage::Open(_))
     }
 }

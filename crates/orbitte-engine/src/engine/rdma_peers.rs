@@ -267,36 +267,103 @@ impl TransferEngine {
     }
 
     /// The responder's part of the rdma control link after the handshake
-    /// (admitted as `session`): publications both ways, then the RC
-    /// connect request answered.
-    pub(crate) fn accept_rdma_rails(
+    /// (admitted as `session`) over a blocking `link`: the steps of
+    /// [`RailSetup`] one frame at a time.
+    #[cfg(any(test, feature = "testing"))]
+    fn accept_rdma_rails(
         &self,
         link: &mut dyn ControlLink,
         session: wire::SessionId,
         established: &Established,
     ) -> Result<PeerInfo, OpenPeerError> {
-        self.fenced_peer()?;
-        if let Err(why) = self.ensure_contexts() {
-            let _ = link.send(&Frame::Error(wire::ErrorFrame {
-                code: wire::ErrorCode::NO_USABLE_RAIL,
-                frame_type: wire::FrameType::HELLO,
-                request_id: wire::RequestId(0),
-                message: wire::Message::truncating(format!("no rdma context here: {why}")),
-            }));
-            return Err(self.abandon(session, OpenPeerError::NoRail(NoRdmaRail::Contexts(why))));
+        let mut setup = RailSetup::new(session, established.clone());
+        loop {
+            let frame = self.recv(link)?;
+            match self.rail_setup_step(&mut setup, frame) {
+                Ok(SetupStep::Answer(f)) => link.send(&f)?,
+                Ok(SetupStep::Open(peer, f)) => {
+                    link.send(&f)?;
+                    return Ok(peer);
+                }
+                Err(failed) => {
+                    let SetupFailed { last, error } = *failed;
+                    if let Some(f) = last {
+                        let _ = link.send(&f);
+                    }
+                    return Err(error);
+                }
+            }
         }
-        let theirs = match self.recv(link)? {
-            Frame::SegmentPublication(p) => p,
-            other => return Err(self.abandon(session, unexpected("segment-publication", &other))),
-        };
-        link.send(&Frame::SegmentPublication(self.segment_publication()))?;
-        let peer = self
-            .adopt(session, established, &theirs)
-            .map_err(|e| self.abandon(session, e))?;
-        let request = match self.recv(link)? {
-            Frame::ConnectRequest(r) => r,
-            other => return Err(self.abandon(session, unexpected("connect-request", &other))),
-        };
+    }
+
+    /// One step of the responder's part of an rdma control link: the
+    /// peer's `frame` taken, what to answer (never waiting for the
+    /// network: the caller sends it, so an I/O loop can drive the setup).
+    pub(crate) fn rail_setup_step(
+        &self,
+        setup: &mut RailSetup,
+        frame: Frame,
+    ) -> Result<SetupStep, Box<SetupFailed>> {
+        let session = setup.session;
+        match setup.stage {
+            SetupStage::Publication => {
+                self.fenced_peer().map_err(SetupFailed::quiet)?;
+                if let Err(why) = self.ensure_contexts() {
+                    let last = Frame::Error(wire::ErrorFrame {
+                        code: wire::ErrorCode::NO_USABLE_RAIL,
+                        frame_type: wire::FrameType::HELLO,
+                        request_id: wire::RequestId(0),
+                        message: wire::Message::truncating(format!("no rdma context here: {why}")),
+                    });
+                    let error =
+                        self.abandon(session, OpenPeerError::NoRail(NoRdmaRail::Contexts(why)));
+                    return Err(Box::new(SetupFailed {
+                        last: Some(last),
+                        error,
+                    }));
+                }
+                let theirs = match frame {
+                    Frame::SegmentPublication(p) => p,
+                    other => {
+                        let e = unexpected("segment-publication", &other);
+                        return Err(SetupFailed::quiet(self.abandon(session, e)));
+                    }
+                };
+                let peer = self
+                    .adopt(session, &setup.established, &theirs)
+                    .map_err(|e| SetupFailed::quiet(self.abandon(session, e)))?;
+                setup.stage = SetupStage::Connect(peer);
+                Ok(SetupStep::Answer(Frame::SegmentPublication(
+                    self.segment_publication(),
+                )))
+            }
+            SetupStage::Connect(peer) => {
+                let request = match frame {
+                    Frame::ConnectRequest(r) => r,
+                    other => {
+                        let e = unexpected("connect-request", &other);
+                        return Err(SetupFailed::quiet(self.abandon(session, e)));
+                    }
+                };
+                let opened = self.accept_rails(setup, peer, &request)?;
+                setup.stage = SetupStage::Open;
+                Ok(opened)
+            }
+            SetupStage::Open => Err(SetupFailed::quiet(OpenPeerError::Unexpected {
+                expected: "nothing during the setup (the rails are up)",
+                got: frame.frame_type(),
+            })),
+        }
+    }
+
+    /// The rails the peer's connect `request` asks for, made and
+    /// installed; the accept to answer with.
+    fn accept_rails(
+        &self,
+        setup: &RailSetup,
+        peer: PeerId,
+        request: &wire::ConnectRequest,
+    ) -> Result<SetupStep, Box<SetupFailed>> {
         let mut st = self.lock();
         let caps = self.qp_caps();
         let mut made = Vec::new();
@@ -308,36 +375,39 @@ impl TransferEngine {
                 .find(|n| n.id.0 == u32::from(rr.target_nic.0))
                 .or_else(|| nics.get(i % nics.len().max(1)));
             let Some(n) = n else {
-                drop(nics);
-                let _ = link.send(&Frame::ConnectReject(wire::ConnectReject {
-                    connect_id: request.connect_id,
-                    code: wire::ErrorCode::NO_USABLE_RAIL,
-                    message: wire::Message::truncating("no prepared nic context"),
+                return Err(Box::new(SetupFailed {
+                    last: Some(Frame::ConnectReject(wire::ConnectReject {
+                        connect_id: request.connect_id,
+                        code: wire::ErrorCode::NO_USABLE_RAIL,
+                        message: wire::Message::truncating("no prepared nic context"),
+                    })),
+                    error: OpenPeerError::NoRail(NoRdmaRail::NoContext),
                 }));
-                return Err(OpenPeerError::NoRail(NoRdmaRail::NoContext));
             };
             let psn = (crate::registration::fresh_token().0 as u32) & 0xff_ffff;
-            let half = make_qp(n, caps, psn)?;
+            let half = make_qp(n, caps, psn).map_err(SetupFailed::quiet)?;
             let mut ep = half.endpoint;
             ep.mtu = to_wire_mtu(min_mtu(n.mtu, to_verbs_mtu(rr.endpoint.mtu)));
-            let qp = connect_qp(n, half, &rr.endpoint)?;
+            let qp = connect_qp(n, half, &rr.endpoint).map_err(SetupFailed::quiet)?;
             endpoints.push(ep);
             made.push((n.id.0, rr.endpoint.nic_id.0, qp, n.identity.name.clone()));
         }
         drop(nics);
-        link.send(&Frame::ConnectAccept(wire::ConnectAccept {
-            connect_id: request.connect_id,
-            rails: endpoints,
-        }))?;
-        self.install_rails(&mut st, peer, session, request.connect_id, made);
+        self.install_rails(&mut st, peer, setup.session, request.connect_id, made);
         // At debug: every peer that connects gets here; the engine's
         // listener logs the accepted ones within its budget.
         tracing::debug!(
             peer = peer.0,
-            source = established.peer.source_id.as_str(),
+            source = setup.established.peer.source_id.as_str(),
             "peer accepted"
         );
-        Ok(peer_info(&st, peer))
+        Ok(SetupStep::Open(
+            peer_info(&st, peer),
+            Frame::ConnectAccept(wire::ConnectAccept {
+                connect_id: request.connect_id,
+                rails: endpoints,
+            }),
+        ))
     }
 
     /// The state, locked, and the session `peer` was admitted with.
@@ -575,6 +645,60 @@ impl TransferEngine {
             // rdma control session (the side that opened the peer).
             st.recovery.track(rail, false, now);
         }
+    }
+}
+
+/// The responder's part of an rdma control link after the handshake, as
+/// far as it went: the peer's publication is answered with ours, then its
+/// RC connect request with the accept once the rails are made
+/// ([`TransferEngine::rail_setup_step`]).
+#[derive(Debug)]
+pub(crate) struct RailSetup {
+    session: wire::SessionId,
+    established: Established,
+    stage: SetupStage,
+}
+
+impl RailSetup {
+    /// The setup of the control link admitted as `session`.
+    pub(crate) fn new(session: wire::SessionId, established: Established) -> Self {
+        Self {
+            session,
+            established,
+            stage: SetupStage::Publication,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum SetupStage {
+    /// Waiting for the peer's publication.
+    Publication,
+    /// Adopted as this peer; waiting for its connect request.
+    Connect(PeerId),
+    /// The rails are up.
+    Open,
+}
+
+/// What a step of [`RailSetup`] answers.
+#[derive(Debug)]
+pub(crate) enum SetupStep {
+    /// Send this; the setup goes on.
+    Answer(Frame),
+    /// The rails are up: send this (the accept); the link is open.
+    Open(PeerInfo, Frame),
+}
+
+/// A setup that failed: the frame that tells the peer, if any, and why.
+#[derive(Debug)]
+pub(crate) struct SetupFailed {
+    pub(crate) last: Option<Frame>,
+    pub(crate) error: OpenPeerError,
+}
+
+impl SetupFailed {
+    fn quiet(error: OpenPeerError) -> Box<Self> {
+        Box::new(Self { last: None, error })
     }
 }
 

@@ -1,15 +1,19 @@
-//! An admitted rdma control link once its rails are up, on an I/O loop of
-//! the listener's pool ([`crate::io_pool`]) for the rest of its life, idle
-//! or busy: its socket is non-blocking, the frames the peer sends (its
-//! requests to re-establish one of its rails) are read as they arrive and
-//! answered by the engine's [`ControlSession`], and the answers are sent
-//! as the socket takes them. One frame is answered at a time: while an
-//! answer waits for room, nothing more is read, so a peer that does not
-//! read is throttled by its own window.
+//! An admitted rdma control link, on an I/O loop of the listener's pool
+//! ([`crate::io_pool`]) for its whole life, from the setup of its rails
+//! on, idle or busy: its socket is non-blocking, the frames the peer sends
+//! (its publication and its connect request, then its requests to
+//! re-establish one of its rails) are read as they arrive and answered by
+//! the engine's [`ControlSession`], and the answers are sent as the socket
+//! takes them. One frame is answered at a time: while an answer waits for
+//! room, nothing more is read, so a peer that does not read is throttled
+//! by its own window. A link that ends with a last frame for the peer (an
+//! error, a reject, a malformed frame answered) closes through a
+//! [`Refusal`], which sends it and lingers.
 //!
-//! Bounds, checked every [`CHECK`]: a frame that started must finish,
-//! and a waiting answer must leave, within `frame_timeout`; the link
-//! closes when the listener stops.
+//! Bounds, checked every [`CHECK`]: the rails must be set up within
+//! `handshake_timeout` of the admission; a frame that started must
+//! finish, and a waiting answer must leave, within `frame_timeout`; the
+//! link closes when the listener stops.
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -18,11 +22,13 @@ use std::time::Instant;
 
 use mio::Interest;
 
+use orbitte_wire::{ErrorFrame, Frame, Message, RequestId};
+
 use super::SessionError;
 use super::data::{Admitted, CHECK};
 use super::io::FrameBuffer;
-use super::nonblocking::Outbox;
-use super::serving::ControlSession;
+use super::nonblocking::{Outbox, Refusal};
+use super::serving::{ControlEnd, ControlSession};
 use crate::io_pool::{Next, Watched};
 use crate::transport::tcp::serve::CloseReason;
 
@@ -41,11 +47,13 @@ pub(crate) struct ControlConn {
     /// An answer waiting for room, and since when.
     out: Outbox,
     out_since: Option<Instant>,
+    /// When the rails must be up.
+    set_up_by: Instant,
 }
 
 impl ControlConn {
-    /// Puts the link on the listener's pool (closes it when the pool is
-    /// gone or its socket cannot be made non-blocking).
+    /// Puts the link, just admitted, on the listener's pool (closes it
+    /// when the pool is gone or its socket cannot be made non-blocking).
     pub(crate) fn start(conn: Admitted, link: Box<dyn ControlSession>) {
         let Some(pool) = conn.shared.pool.upgrade() else {
             return conn.close(CloseReason::normal("listener shut down"));
@@ -55,12 +63,14 @@ impl ControlConn {
                 "cannot serve the rdma control link: {e}"
             )));
         }
+        let set_up_by = Instant::now() + conn.shared.cfg.handshake_timeout;
         let c = Box::new(Self {
             conn,
             link,
             frames: None,
             out: Outbox::default(),
             out_since: None,
+            set_up_by,
         });
         pool.watch(c, Some(Instant::now() + CHECK));
     }
@@ -69,10 +79,31 @@ impl ControlConn {
         self.conn.close(reason);
     }
 
+    /// Ends the link: its last frame, if any, sent after what waits (and
+    /// the close lingers for the peer to read it), then closed.
+    fn end(self, end: ControlEnd, now: Instant) -> Next {
+        let Some(last) = end.last else {
+            self.finish(end.reason);
+            return Next::Done;
+        };
+        let Self { conn, mut out, .. } = self;
+        let sock = match (out.push(&last), conn.stream.try_clone()) {
+            (Ok(()), Ok(sock)) => sock,
+            _ => {
+                conn.close(end.reason);
+                return Next::Done;
+            }
+        };
+        let reason = end.reason;
+        Refusal::start(sock, out, true, now, Box::new(move || conn.close(reason)))
+    }
+
     /// Sends what waits and answers what arrived; `Err`: the link ends.
-    fn serve(&mut self, now: Instant) -> Result<(), CloseReason> {
+    fn serve(&mut self, now: Instant) -> Result<(), ControlEnd> {
         let failed = |e: &dyn std::fmt::Display| {
-            CloseReason::abnormal(format!("rdma control link failed: {e}"))
+            ControlEnd::from(CloseReason::abnormal(format!(
+                "rdma control link failed: {e}"
+            )))
         };
         let mut frames = self.frames.take().unwrap_or_default();
         'reads: for turn in 0..=READS_PER_TURN {
@@ -99,6 +130,20 @@ impl ControlConn {
                         }
                     }
                     Ok(None) => break,
+                    Err(SessionError::Malformed(e)) => {
+                        let last = Frame::Error(ErrorFrame {
+                            code: e.error_code(),
+                            frame_type: e.frame,
+                            request_id: RequestId(0),
+                            message: Message::truncating(e.to_string()),
+                        });
+                        return Err(ControlEnd {
+                            last: Some(Box::new(last)),
+                            reason: CloseReason::abnormal(format!(
+                                "rdma control link failed: malformed frame: {e}"
+                            )),
+                        });
+                    }
                     Err(e) => return Err(failed(&e)),
                 }
             }
@@ -108,7 +153,7 @@ impl ControlConn {
             }
             match frames.fill(&self.conn.stream, true) {
                 Ok(0) => {
-                    return Err(CloseReason::normal("rdma control link closed by the peer"));
+                    return Err(CloseReason::normal("rdma control link closed by the peer").into());
                 }
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -143,16 +188,21 @@ impl Watched for ControlConn {
         }
         match self.serve(now) {
             Ok(()) => Next::Wait(self, Some(now + CHECK)),
-            Err(reason) => {
-                self.finish(reason);
-                Next::Done
-            }
+            Err(end) => self.end(end, now),
         }
     }
 
     fn expired(self: Box<Self>, now: Instant) -> Next {
         if self.conn.shared.stop.load(Ordering::Acquire) {
             self.finish(CloseReason::normal("listener stopped"));
+            return Next::Done;
+        }
+        if !self.link.is_set_up() && now >= self.set_up_by {
+            let bound = self.conn.shared.cfg.handshake_timeout;
+            self.finish(CloseReason::abnormal(format!(
+                "rdma control link failed: its rails were not set up within the handshake \
+                 timeout ({bound:?})"
+            )));
             return Next::Done;
         }
         let bound = self.conn.shared.cfg.frame_timeout;

@@ -34,9 +34,9 @@ use super::io::send_error;
 use super::log_budget::LogBudget;
 use super::nonblocking::Refusal;
 use super::publications::publication_frames;
-use super::serving::{ClosedSession, ControlAcceptor, ControlServed, LiveConn, Shared};
+use super::serving::{ClosedSession, ControlAcceptor, LiveConn, Shared};
 use super::{RangeLookup, SessionConfig, SessionError, SharedPeerTable, handshake};
-use crate::io_pool::{IoPool, IoThreads, Next, WatchKey, Watched, spawn_with};
+use crate::io_pool::{IoPool, IoThreads, Next, WatchKey, Watched};
 use crate::transport::tcp::serve::CloseReason;
 
 /// Why [`TransferEngine::listen`](crate::TransferEngine::listen) (or `EngineBuilder::listen` at build)
@@ -617,9 +617,9 @@ impl Watched for Handshaking {
 }
 
 /// An admitted session, on the loop that ran its handshake: the epoch
-/// rule's bookkeeping, then the hand-over by purpose (a tcp data session
-/// to the loops, with its publications; an rdma control link to a thread
-/// of its own for the setup of its rails; other purposes are refused).
+/// rule's bookkeeping, then the hand-over by purpose, on the loops: a tcp
+/// data session with its publications, an rdma control link from the
+/// setup of its rails on; other purposes are refused.
 fn hand_over(
     stream: TcpStream,
     from: SocketAddr,
@@ -705,42 +705,14 @@ fn hand_over(
                 }
             }
         }
-        None => match admitted.stream.set_nonblocking(false) {
-            Err(e) => CloseReason::abnormal(format!("cannot serve the session: {e}")),
-            Ok(()) => {
-                let name = format!("orbitte-session-{conn}");
-                let Err(((admitted, _), e)) =
-                    spawn_with(name, (admitted, hs), |(a, hs)| set_up_control(a, &hs))
-                else {
-                    return;
-                };
-                if let Some(left_out) = shared.resource_line_to_log() {
-                    tracing::warn!(error = %e, left_out, "cannot spawn a session thread");
-                }
-                admitted.close(CloseReason::abnormal(format!(
-                    "no thread to serve the session: {e}"
-                )));
-                return;
-            }
-        },
-    };
-    admitted.close(reason);
-}
-
-/// Sets an admitted rdma control link's rails up on a thread of its own
-/// (the socket blocks again: the queue pair exchange), then hands the
-/// open link to the loops.
-fn set_up_control(admitted: Admitted, hs: &handshake::Handshake) {
-    let reason = match (&admitted.shared.control, admitted.stream.try_clone()) {
-        (None, _) => CloseReason::abnormal("this listener serves no rdma control links"),
-        (Some(control), Ok(s)) => match control.serve(s, hs) {
-            ControlServed::Closed(reason) => reason,
-            ControlServed::Open(link) => {
+        None => match shared.control.as_ref().map(|c| c.open(&hs)) {
+            None => CloseReason::abnormal("this listener serves no rdma control links"),
+            Some(Err(reason)) => reason,
+            Some(Ok(link)) => {
                 ControlConn::start(admitted, link);
                 return;
             }
         },
-        (Some(_), Err(e)) => CloseReason::abnormal(format!("cannot clone the socket: {e}")),
     };
     admitted.close(reason);
 }

@@ -50,27 +50,40 @@ pub(crate) struct LiveConn {
 /// Serves sessions opened for [`SessionPurpose::RDMA_CONTROL`] (the
 /// engine's rdma control link) after the handshake admitted them.
 pub(crate) trait ControlAcceptor: Send + Sync + std::fmt::Debug {
-    /// Sets the peer's rdma rails up over `stream` (blocking) for the
-    /// admitted session `hs`; says why not.
-    fn serve(&self, stream: TcpStream, hs: &handshake::Handshake) -> ControlServed;
+    /// What answers the frames of the link admitted as `hs`, from the
+    /// setup of its rails on (`session::control_conn` drives it on an I/O
+    /// loop); `Err`: why the link is closed at once.
+    fn open(&self, hs: &handshake::Handshake) -> Result<Box<dyn ControlSession>, CloseReason>;
 }
 
-/// How setting a control link up returned.
-#[derive(Debug)]
-pub(crate) enum ControlServed {
-    /// The link ended, for this reason (the listener closes it).
-    Closed(CloseReason),
-    /// The peer's rails are up: the listener serves the link on its I/O
-    /// pool from now on (`session::control_conn`).
-    Open(Box<dyn ControlSession>),
-}
-
-/// An open control link: what the peer's frames on it ask, answered.
+/// A control link: what the peer's frames on it ask, answered.
 pub(crate) trait ControlSession: Send + std::fmt::Debug {
-    /// Answers one frame the peer sent (a request to re-establish one of
-    /// its rails): the frame to send back, if any, or why the link ends.
-    /// Called on an I/O loop: it must not wait for the network.
-    fn answer(&mut self, frame: Frame) -> Result<Option<Frame>, CloseReason>;
+    /// Answers one frame the peer sent (while its rails are set up: its
+    /// publication and its connect request; after: a request to
+    /// re-establish one of its rails): the frame to send back, if any, or
+    /// how the link ends. Called on an I/O loop: it must not wait for the
+    /// network.
+    fn answer(&mut self, frame: Frame) -> Result<Option<Frame>, ControlEnd>;
+
+    /// Whether the link's rails are set up; until then the link must get
+    /// there within `handshake_timeout` of its admission.
+    fn is_set_up(&self) -> bool {
+        true
+    }
+}
+
+/// How a control link ends: a last frame that tells the peer why (an
+/// error or a reject, sent before the close), and the reason recorded.
+#[derive(Debug)]
+pub(crate) struct ControlEnd {
+    pub(crate) last: Option<Box<Frame>>,
+    pub(crate) reason: CloseReason,
+}
+
+impl From<CloseReason> for ControlEnd {
+    fn from(reason: CloseReason) -> Self {
+        Self { last: None, reason }
+    }
 }
 
 #[derive(Debug)]

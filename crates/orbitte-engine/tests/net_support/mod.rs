@@ -524,6 +524,12 @@ pub mod raw {
     /// The hello of a tcp-capable data session of `source` at epoch 1,
     /// without a proof.
     pub fn hello(source: &str) -> Frame {
+        hello_for(source, orbitte_wire::SessionPurpose::DATA)
+    }
+
+    /// The hello of a session of `source` at epoch 1 for `purpose`,
+    /// without a proof.
+    pub fn hello_for(source: &str, purpose: orbitte_wire::SessionPurpose) -> Frame {
         Frame::Hello(Hello {
             identity: Identity::new(
                 SourceId::new(source).unwrap(),
@@ -531,7 +537,7 @@ pub mod raw {
                 Capabilities::TCP,
             ),
             nonce: Nonce([7; 32]),
-            purpose: orbitte_wire::SessionPurpose::DATA,
+            purpose,
             proof: None,
         })
     }
