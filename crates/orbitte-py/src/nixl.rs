@@ -24,7 +24,7 @@
 //! a Python sequence of ints, converted once.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use orbitte::{
@@ -554,6 +554,77 @@ impl std::ops::Deref for Xfer {
     }
 }
 
+/// The transfers of an engine whose notification waits to be carried
+/// after them (they move CUDA memory, see `Run::carry`): one thread per
+/// engine, started with the first, moves each on as its requests end, so
+/// the notification goes once every byte moved whether or not the caller
+/// polls `check_xfer_state` (NIXL's progress thread does the same for its
+/// backends). The thread ends with the engine.
+#[derive(Debug, Default)]
+pub(crate) struct Carriers {
+    pending: Mutex<Vec<Weak<Core>>>,
+    wake: Condvar,
+    started: AtomicBool,
+}
+
+/// How often the carrier thread looks at the transfers it watches.
+const CARRIER_TICK: Duration = Duration::from_millis(1);
+
+impl Carriers {
+    /// Watches `core`, posted with a notification to carry.
+    fn watch(self: &Arc<Self>, core: &Arc<Core>) {
+        lock(&self.pending).push(Arc::downgrade(core));
+        self.wake.notify_one();
+        if self.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let carriers = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("orbitte-nixl-notify".into())
+            .spawn(move || Self::run(&carriers));
+        if spawned.is_err() {
+            // The transfers still move on when their state is asked.
+            self.started.store(false, Ordering::Release);
+        }
+    }
+
+    fn run(carriers: &Weak<Self>) {
+        loop {
+            let Some(c) = carriers.upgrade() else {
+                return;
+            };
+            let watched = {
+                let mut pending = lock(&c.pending);
+                if pending.is_empty() {
+                    // Woken by a new transfer, or now and then to see
+                    // whether the engine is gone.
+                    let (p, _) = c
+                        .wake
+                        .wait_timeout(pending, Duration::from_millis(200))
+                        .unwrap_or_else(PoisonError::into_inner);
+                    pending = p;
+                }
+                std::mem::take(&mut *pending)
+            };
+            let mut still = Vec::new();
+            for w in watched {
+                let Some(core) = w.upgrade() else { continue };
+                let mut run = lock(&core.run);
+                if run.phase == Phase::Posted && run.carry.is_some() {
+                    core.advance(&mut run);
+                }
+                if run.phase == Phase::Posted && run.carry.is_some() {
+                    still.push(w);
+                }
+            }
+            if !still.is_empty() {
+                lock(&c.pending).extend(still);
+                std::thread::sleep(CARRIER_TICK);
+            }
+        }
+    }
+}
+
 /// Transfers on the local path of at least this many bytes leave every
 /// copy to the rails' workers ([`Posting::Queued`]): `transfer` returns
 /// once they are posted. Smaller ones are copied by the posting call
@@ -946,6 +1017,9 @@ impl Xfer {
                 Ok(ids) => {
                     run.ids = ids;
                     self.advance(&mut run);
+                    if run.phase == Phase::Posted && run.carry.is_some() {
+                        self.node.carriers.watch(&self.core);
+                    }
                     Ok(Self::state_name(run.phase))
                 }
                 Err(e) if peer_gone(&e) => {

@@ -290,6 +290,8 @@ pub(crate) struct Node {
     directory: Directory,
     /// This host's id (the local path compares it), for etcd records.
     host_id: String,
+    /// orbitte.nixl's transfers whose notification waits to be carried.
+    pub(crate) carriers: Arc<crate::nixl::Carriers>,
 }
 
 impl Node {
@@ -329,6 +331,7 @@ impl Node {
             wait_timeout: s.request_timeout + drain_timeout + Duration::from_secs(5),
             drain_timeout,
             directory,
+            carriers: Arc::default(),
         })
     }
 

@@ -70,7 +70,8 @@ def main() -> None:
     # A staged transfer's notification follows it, once every byte moved:
     # a WRITE's bytes are in the target's memory when it arrives, and a
     # READ's (vLLM's pattern: the decode side READs, the prefill side frees
-    # its blocks on the notification) are on the device.
+    # its blocks on the notification) are on the device. The WRITE's
+    # notification comes while nobody polls its state.
     host[:] = 0
     h = initiator.make_prepped_xfer("WRITE", local, [0, 1], remote, [2, 3], b"kv-ready")
     initiator.transfer(h)
