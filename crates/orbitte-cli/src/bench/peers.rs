@@ -26,10 +26,11 @@ use crate::cli::{BenchArgs, Op};
 use crate::failure::Failure;
 use crate::stats::{Latencies, LatencySummary, gbps};
 
-/// How long after connecting the idle usage is read: a tcp data session
-/// or rail parks on its engine's I/O pool (and gives its thread up) once
-/// quiet for [`orbitte_engine::PARK_AFTER`], which the read it waits in
-/// (a poll interval of 200 ms) can stretch by up to twice that interval.
+/// How long after connecting the idle usage is read: tcp sessions and
+/// rails hold no thread at all, and a local rail's worker ends once quiet
+/// for [`orbitte_engine::PARK_AFTER`] (its wait can stretch that by up to
+/// twice its 200 ms poll interval), so the usage read after this is the
+/// idle one on every path.
 const IDLE_SETTLE: Duration = orbitte_engine::PARK_AFTER.saturating_add(Duration::from_millis(600));
 
 /// An order from the coordinator to a worker.
