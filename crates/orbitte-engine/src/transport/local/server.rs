@@ -273,11 +273,14 @@ fn serve_local(mut s: UnixStream, shared: &Arc<Shared>, release: Release) {
     let mut handed = 0usize;
     let result = (|| -> Result<(), SessionError> {
         for (id, p) in shared.ranges.published() {
+            let crate::session::publications::ServedMemory::Host(memory) = &p.memory else {
+                continue;
+            };
             if !p.is_mappable() {
                 continue;
             }
             let writable = p.access.contains(AccessFlags::REMOTE_WRITE);
-            let fd = handout_fd(&p.memory, writable)?;
+            let fd = handout_fd(memory, writable)?;
             let desc = crate::session::publications::descriptor(
                 id,
                 &p,

@@ -36,6 +36,7 @@ use orbitte_wire::{
 
 use super::payload::{PayloadIo, send_all};
 use super::socket::{ANSWER_BATCH, size_socket_buffers};
+use super::staged;
 use crate::io_pool::PARK_AFTER;
 use crate::session::activity::SessionActivity;
 use crate::session::io::{FrameBuffer, send_error, write_frame};
@@ -284,15 +285,20 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Served {
         let deadline = Some(Instant::now() + cfg.io_timeout);
         let result = match frame {
             Frame::ReadRequest(r) => {
-                match check(
+                let source = check(
                     ctx.ranges,
                     r.range_id,
                     r.token,
                     r.offset,
                     r.length,
                     AccessFlags::REMOTE_READ,
-                ) {
-                    Ok(p) => {
+                );
+                let source = source
+                    .as_ref()
+                    .map_err(|s| *s)
+                    .and_then(|p| staged::ReadSource::of(&p.memory, p.offset + r.offset, r.length));
+                match source {
+                    Ok(source) => {
                         let resp = Frame::ReadResponse(ReadResponse {
                             request_id: r.request_id,
                             range_id: r.range_id,
@@ -306,15 +312,10 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Served {
                             .encode(&mut out)
                             .map(|()| served.count(Op::Read, u64::from(r.length)));
                         match encoded {
-                            Ok(()) => io
-                                .send(
-                                    stream,
-                                    &out,
-                                    &p.memory,
-                                    p.offset + r.offset,
-                                    r.length as usize,
-                                    deadline,
-                                )
+                            Ok(()) => source
+                                .send(&out, |head, memory, at, len| {
+                                    io.send(stream, head, memory, at, len, deadline)
+                                })
                                 .map(|()| {
                                     out.clear();
                                     ctx.bytes.fetch_add(u64::from(r.length), Ordering::Relaxed);
@@ -347,39 +348,37 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Served {
                     AccessFlags::REMOTE_WRITE,
                 ) {
                     Ok(p) => {
-                        let at = p.offset + w.offset;
-                        let buffered = frames.take_payload(len);
-                        let n = buffered.len();
-                        usize::try_from(at)
-                            .map_err(std::io::Error::other)
-                            .and_then(|a| {
-                                p.memory
-                                    .write_at(a, buffered)
-                                    .map_err(std::io::Error::other)
-                            })
-                            .and_then(|()| {
-                                frames.payload_received((len - n) as u64);
-                                io.recv(
-                                    stream,
-                                    &mut frames,
-                                    &p.memory,
-                                    (at + n as u64, len - n),
-                                    &mut out,
-                                    deadline,
-                                )
-                            })
-                            .map(|()| {
+                        let mut payload = staged::Incoming {
+                            stream,
+                            frames: &mut frames,
+                            io: &mut io,
+                            out: &mut out,
+                            deadline,
+                        };
+                        staged::receive_write(
+                            &p.memory,
+                            p.offset + w.offset,
+                            w.length,
+                            &mut payload,
+                        )
+                        .inspect(|status| {
+                            if status.is_ok() {
                                 ctx.bytes.fetch_add(u64::from(w.length), Ordering::Relaxed);
                                 served.count(Op::Write, u64::from(w.length));
-                                Status::OK
-                            })
+                            }
+                        })
                     }
                     Err(status) => {
                         tracing::debug!(session = ?ctx.session, range = w.range_id.0, %status, "write refused");
-                        let n = frames.take_payload(len).len();
-                        frames.payload_received((len - n) as u64);
-                        io.discard(stream, (len - n) as u64, deadline)
-                            .map(|()| status)
+                        staged::Incoming {
+                            stream,
+                            frames: &mut frames,
+                            io: &mut io,
+                            out: &mut out,
+                            deadline,
+                        }
+                        .discard(len)
+                        .map(|()| status)
                     }
                 };
                 status.and_then(|status| {
