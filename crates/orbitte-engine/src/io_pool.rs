@@ -43,8 +43,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 /// How long a connection's thread waits with nothing to do before the
 /// connection parks on the pool (a tcp data session with no request, a
-/// rail's reader with nothing in flight, a rail's writer or a local rail's
-/// worker with nothing queued). Long enough that a peer pausing between
+/// local rail's worker with nothing queued). Long enough that a peer pausing between
 /// batches keeps its threads (a fan-in target's peers wait their turn
 /// for hundreds of milliseconds), so a busy connection never pays a thread
 /// start per batch; short enough that idle peers hold no thread.
@@ -79,6 +78,11 @@ pub(crate) trait Watched: Send {
     /// What readiness to wait for, asked each time it is watched again.
     fn interest(&self) -> Interest {
         Interest::READABLE
+    }
+    /// Whether it waits for its deadline only, its descriptor not watched
+    /// meanwhile (asked each time it is watched again; by default not).
+    fn sleeps(&self) -> bool {
+        false
     }
     /// The descriptor is ready as [`Watched::interest`] asked, hung up or
     /// failed.
@@ -307,6 +311,8 @@ impl IoThreads {
 struct Entry {
     watched: Box<dyn Watched>,
     deadline: Option<Instant>,
+    /// Whether its descriptor is on epoll (not while it sleeps).
+    registered: bool,
 }
 
 /// One loop's state.
@@ -317,6 +323,10 @@ struct Loop {
     /// (deadline, key); an entry whose deadline changed since leaves a
     /// stale element behind, skipped when it comes up.
     deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// The last deadline pushed for each key still in the heap: an entry
+    /// watched again and again until the same deadline (a busy connection
+    /// called on every readiness) adds one element, not one per call.
+    armed: HashMap<u64, Instant>,
 }
 
 fn run(poll: Poll, commands: &Receiver<Command>) {
@@ -325,6 +335,7 @@ fn run(poll: Poll, commands: &Receiver<Command>) {
         start: Instant::now(),
         entries: HashMap::new(),
         deadlines: BinaryHeap::new(),
+        armed: HashMap::new(),
     };
     let mut events = Events::with_capacity(256);
     loop {
@@ -378,6 +389,9 @@ fn run(poll: Poll, commands: &Receiver<Command>) {
                 break;
             }
             lp.deadlines.pop();
+            if lp.armed.get(&key) == Some(&at) {
+                lp.armed.remove(&key);
+            }
             if lp.entries.get(&key).and_then(|e| e.deadline) != Some(at) {
                 continue;
             }
@@ -393,33 +407,48 @@ impl Loop {
     /// Takes `key`'s entry off epoll and out of the table.
     fn take(&mut self, key: u64) -> Option<Entry> {
         let e = self.entries.remove(&key)?;
-        let fd = e.watched.fd();
-        // It was registered; deregistering can only fail if the
-        // descriptor was closed already, which epoll has handled.
-        let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
+        if e.registered {
+            let fd = e.watched.fd();
+            // It was registered; deregistering can only fail if the
+            // descriptor was closed already, which epoll has handled.
+            let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
+        }
         Some(e)
     }
 
     /// Watches `next`'s descriptor again under `key`, or forgets it.
     fn keep(&mut self, key: u64, next: Next) {
         let Next::Wait(watched, deadline) = next else {
+            self.armed.remove(&key);
             return;
         };
-        let fd = watched.fd();
-        let token = Token(usize::try_from(key).unwrap_or(usize::MAX - 1));
-        if let Err(e) = self
-            .poll
-            .registry()
-            .register(&mut SourceFd(&fd), token, watched.interest())
-        {
-            watched.abandoned(&format!("cannot watch the socket: {e}"));
-            return;
+        let registered = !(watched.sleeps() && deadline.is_some());
+        if registered {
+            let fd = watched.fd();
+            let token = Token(usize::try_from(key).unwrap_or(usize::MAX - 1));
+            if let Err(e) =
+                self.poll
+                    .registry()
+                    .register(&mut SourceFd(&fd), token, watched.interest())
+            {
+                watched.abandoned(&format!("cannot watch the socket: {e}"));
+                return;
+            }
         }
         let deadline = deadline.map(|d| self.rounded(d));
-        if let Some(at) = deadline {
+        if let Some(at) = deadline
+            && self.armed.insert(key, at) != Some(at)
+        {
             self.deadlines.push(Reverse((at, key)));
         }
-        self.entries.insert(key, Entry { watched, deadline });
+        self.entries.insert(
+            key,
+            Entry {
+                watched,
+                deadline,
+                registered,
+            },
+        );
     }
 
     /// `at` rounded up to the loop's next multiple of [`GRAIN`].
@@ -536,6 +565,31 @@ mod tests {
         p.interest = Interest::WRITABLE;
         pool.watch(p, None);
         assert_eq!(calls.recv_timeout(BOUND), Ok("ready"));
+    }
+
+    /// A descriptor watched again and again until the same deadline (a
+    /// busy connection) leaves one element in the loop's heap, and a new
+    /// deadline one more.
+    #[test]
+    fn watching_again_until_the_same_deadline_adds_no_heap_element() {
+        let mut lp = Loop {
+            poll: Poll::new().unwrap(),
+            start: Instant::now(),
+            entries: HashMap::new(),
+            deadlines: BinaryHeap::new(),
+            armed: HashMap::new(),
+        };
+        let (p, _peer, _calls) = probe(0, None);
+        let at = Instant::now() + Duration::from_secs(60);
+        lp.keep(7, Next::Wait(p, Some(at)));
+        for _ in 0..1000 {
+            let e = lp.take(7).unwrap();
+            lp.keep(7, Next::Wait(e.watched, Some(at)));
+        }
+        assert_eq!(lp.deadlines.len(), 1);
+        let e = lp.take(7).unwrap();
+        lp.keep(7, Next::Wait(e.watched, Some(at + Duration::from_secs(1))));
+        assert_eq!(lp.deadlines.len(), 2);
     }
 
     #[test]

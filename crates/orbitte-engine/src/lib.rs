@@ -127,7 +127,7 @@ pub use capability::{CapabilityMatrix, Check, PathRow};
 pub use config::EngineBuilder;
 #[cfg(feature = "testing")]
 pub use control::{ControlLink, InProcessLink};
-pub use engine::{PeerInfo, RailInfo, TransferEngine, TransferRequest};
+pub use engine::{PeerInfo, RailInfo, SubmitOptions, TransferEngine, TransferRequest};
 pub use error::{
     BuildError, DrainTimeout, InactivePort, LinkError, NicsUnavailable, NoRdmaRail, OpenPeerError,
     RegisterError, Unquiesced, UnregisterError, WaitError,
@@ -144,7 +144,7 @@ pub use outcome::{
 };
 pub use recovery::{RecoveryPolicy, RecoveryState};
 pub use registration::{Access, Budgets, Charges, Memory, MemoryPath, Registration};
-pub use request::{LocalRead, LocalWrite, PeerRef, RemoteRange, RemoteTarget, Request};
+pub use request::{LocalRead, LocalWrite, PeerRef, Posting, RemoteRange, RemoteTarget, Request};
 pub use session::{
     ConnectError, ConnectOptions, ListenError, ListenerStats, PathPreference, Peer, SessionConfig,
     SessionError,

@@ -268,3 +268,20 @@ impl From<TransferRequest> for Request {
         }
     }
 }
+
+/// Whether a submit call may execute some of its batch on the calling
+/// thread ([`SubmitOptions::posting`](crate::SubmitOptions::posting)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Posting {
+    /// The local path copies the front of a batch, up to
+    /// [`INLINE_BYTES`](crate::INLINE_BYTES), on the calling thread when
+    /// its rail's worker is idle: no hand-off and no wakeup, the lowest
+    /// latency for small batches. The call returns after that copy.
+    #[default]
+    Inline,
+    /// Nothing of the batch is executed on the calling thread: the local
+    /// path hands every copy to its rail's worker, so the call returns as
+    /// soon as the batch is posted, however large it is (for callers that
+    /// post and then poll, as NIXL's `transfer` does).
+    Queued,
+}

@@ -332,7 +332,7 @@ fn target_refuses_wrong_token_bounds_access_and_range_and_never_touches_memory()
 }
 
 /// READs posted to an idle rail go out on the posting thread, a WRITE
-/// through the rail's writer, and READs posted while the writer sends
+/// through the rail's loop, and READs posted while the loop sends
 /// queue behind it: end to end, against a target that pauses before each
 /// request, every request completes and every byte lands where it should.
 /// (The rail's own tests cover requests the socket could not take at once.)

@@ -1,6 +1,5 @@
-//! An initiator's threads do not grow with its idle rails: a rail's writer
-//! ends once it has nothing to send, and its reader parks the socket on the
-//! transport's fixed pool of I/O threads once nothing is in flight. This
+//! An initiator's threads do not grow with its idle rails: every rail is
+//! served on the transport's fixed pool of I/O threads. This
 //! binary holds this one test, so `/proc/self/task` counts the initiator's
 //! and the target's threads and the test's own only.
 #![forbid(unsafe_code)]

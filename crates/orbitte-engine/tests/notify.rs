@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use orbitte_engine::{
     Access, ConnectOptions, EngineBuilder, MAX_NOTIFICATION_LEN, Notification, NotificationError,
-    NotificationStatus, Outcome, PathKind, Registration, RemoteRange, Request, Status, SubmitError,
-    TransferEngine,
+    NotificationStatus, Outcome, PathKind, Posting, Registration, RemoteRange, Request, Status,
+    SubmitError, SubmitOptions, TransferEngine,
 };
 use orbitte_memory::HostMemory;
 use orbitte_verbs::sim::{Delivery, SimDescription, SimFabric};
@@ -445,6 +445,51 @@ fn cancelled_batch_sends_nothing(path: PathKind) {
         assert_eq!(got.payload, [attempt as u8]);
     }
     panic!("no cancel won in 20 attempts of a 32 MiB batch");
+}
+
+/// A batch submitted with `Posting::Queued` (every copy left to the
+/// rails' workers): thousands of small WRITEs, then READs back, each
+/// byte in place, the notification after the last byte.
+fn queued_batches_move_every_byte(path: PathKind) {
+    let each = 4096u64;
+    let n_req = 4096u64;
+    let len = (each * n_req) as usize;
+    let n = net(path, len);
+    let queued = || SubmitOptions::new().posting(Posting::Queued);
+    let ids = n
+        .initiator
+        .submit_with(
+            &writes(&n.sreg, &n.remote, n_req, each),
+            queued().notification(Notification::new(b"queued")),
+        )
+        .unwrap();
+    let got = arrived(&n.target, &n.initiator, &ids);
+    assert_eq!(got.payload, b"queued");
+    assert_eq!(
+        n.dst.to_vec(0, len).unwrap(),
+        n.src.to_vec(0, len).unwrap(),
+        "every byte is in place when the notification is read"
+    );
+    all_sent(&n.initiator.wait_all(&ids, BOUND).unwrap());
+    n.src.fill(0, len, 0).unwrap();
+    let reads: Vec<Request> = (0..n_req)
+        .map(|k| Request::read(&n.sreg, k * each..(k + 1) * each).from(&n.remote, k * each))
+        .collect();
+    let ids = n.initiator.submit_with(&reads, queued()).unwrap();
+    for o in n.initiator.wait_all(&ids, BOUND).unwrap() {
+        assert_eq!(o.status, Status::Complete, "{o:?}");
+    }
+    assert_eq!(n.src.to_vec(0, len).unwrap(), pattern(len, 7));
+}
+
+#[test]
+fn local_queued_batches_move_every_byte() {
+    queued_batches_move_every_byte(PathKind::Local);
+}
+
+#[test]
+fn tcp_queued_batches_move_every_byte() {
+    queued_batches_move_every_byte(PathKind::Tcp);
 }
 
 #[test]

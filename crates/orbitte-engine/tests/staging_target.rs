@@ -203,6 +203,120 @@ fn child_copy_fails() {
     assert!(text.contains("cuStreamSynchronize"), "{text}");
 }
 
+// ---- a device copy that fails after the first piece ----------------------
+
+#[test]
+fn a_write_whose_later_piece_fails_is_answered_internal_and_its_rest_dropped() {
+    // The first stream wait (the WRITE's first piece) succeeds, every later
+    // one fails.
+    STUB.run_child(
+        "child_later_write_piece_fails",
+        "fake-gpu",
+        StubKind::Complete,
+        &[("ORBITTE_STUB_FAIL_SYNC_AFTER", "1")],
+    );
+}
+
+#[test]
+#[ignore = "runs as a child of a_write_whose_later_piece_fails_is_answered_internal_and_its_rest_dropped"]
+fn child_later_write_piece_fails() {
+    if !STUB.is_child("child_later_write_piece_fails") {
+        return;
+    }
+    let log = CapturedLog::install();
+    // One request frame of 2 MiB + 17 bytes: three pieces, the second fails.
+    let (t, c) = engines(4 << 20);
+    let len = 2 * BOUNCE + 17;
+    let dev = CudaDevice::open(0).unwrap();
+    let gpu = CudaBuffer::alloc(&dev, len).unwrap();
+    let reg = t.register(&gpu, Access::REMOTE_READ_WRITE).unwrap();
+    let peer = c.connect(t.listen_addr().unwrap()).unwrap();
+    assert_eq!(peer.path, PathKind::Tcp, "{:?}", peer.fell_back);
+    let remote = range(&peer, reg.id.0);
+    let host = HostMemory::alloc(len).unwrap();
+    host.write_at(0, &pattern(len, 4)).unwrap();
+    let local = c.register(host.clone(), Access::LocalOnly).unwrap();
+
+    let o = run(&c, Request::write(&local, 0..len as u64).to(&remote, 0));
+    assert_eq!(o.status, Status::Failed, "{o:?}");
+    assert_eq!(o.completed_prefix, 0, "{o:?}");
+    assert_ne!(o.remote_effect, RemoteEffect::Complete, "{o:?}");
+    let failure = o.failure.as_ref().expect("failure information");
+    assert!(
+        matches!(&failure.status, SliceFailure::Completion { status, .. } if status.contains("internal")),
+        "the target answered internal: {o:?}"
+    );
+    // The rest of the payload was read and dropped, not taken for frames:
+    // the session still serves, and its next request gets the target's
+    // answer (the device still fails: internal again), not a dead rail.
+    let o = run(&c, Request::read(&local, 0..4096).from(&remote, 0));
+    assert_eq!(o.status, Status::Failed, "{o:?}");
+    let failure = o.failure.as_ref().expect("failure information");
+    assert!(
+        matches!(&failure.status, SliceFailure::Completion { status, .. } if status.contains("internal")),
+        "the same session answered the READ: {o:?}"
+    );
+    assert_eq!(host.to_vec(0, 4096).unwrap(), pattern(len, 4)[..4096].to_vec());
+    let text = log.text();
+    assert!(
+        text.contains(
+            "cuda-staging: served WRITE on GPU memory (staged through host memory) failed"
+        ),
+        "the target says why: {text}"
+    );
+    assert!(!text.contains("malformed"), "no payload byte read as a frame: {text}");
+}
+
+#[test]
+fn a_read_whose_later_piece_fails_closes_the_session_and_fails_the_request() {
+    // The first stream wait (the READ's first piece, copied before the
+    // answer's header) succeeds, every later one fails.
+    STUB.run_child(
+        "child_later_read_piece_fails",
+        "fake-gpu",
+        StubKind::Complete,
+        &[("ORBITTE_STUB_FAIL_SYNC_AFTER", "1")],
+    );
+}
+
+#[test]
+#[ignore = "runs as a child of a_read_whose_later_piece_fails_closes_the_session_and_fails_the_request"]
+fn child_later_read_piece_fails() {
+    if !STUB.is_child("child_later_read_piece_fails") {
+        return;
+    }
+    let log = CapturedLog::install();
+    let (t, c) = engines(4 << 20);
+    let len = 2 * BOUNCE + 17;
+    let dev = CudaDevice::open(0).unwrap();
+    let gpu = CudaBuffer::alloc(&dev, len).unwrap();
+    let reg = t.register(&gpu, Access::REMOTE_READ_WRITE).unwrap();
+    let peer = c.connect(t.listen_addr().unwrap()).unwrap();
+    assert_eq!(peer.path, PathKind::Tcp, "{:?}", peer.fell_back);
+    let remote = range(&peer, reg.id.0);
+    let host = HostMemory::alloc(len).unwrap();
+    let local = c.register(host.clone(), Access::LocalOnly).unwrap();
+
+    // The answer's header said OK and its first piece went; the second
+    // piece's copy fails, so the target closes the session and the READ
+    // fails instead of completing with bytes it never had.
+    let o = run(&c, Request::read(&local, 0..len as u64).from(&remote, 0));
+    assert_eq!(o.status, Status::Failed, "{o:?}");
+    assert!(!o.is_complete(), "{o:?}");
+    assert_eq!(o.completed_prefix, 0, "{o:?}");
+    let text = log.text();
+    assert!(
+        text.contains(
+            "cuda-staging: served READ on GPU memory (staged through host memory) failed"
+        ),
+        "the target says why: {text}"
+    );
+    assert!(
+        text.contains("failed after its header was sent"),
+        "the target says why it closed the session: {text}"
+    );
+}
+
 // ---- a same-host peer cannot map the device range -------------------------
 
 #[test]

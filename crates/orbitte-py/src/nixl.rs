@@ -24,12 +24,13 @@
 //! a Python sequence of ints, converted once.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use orbitte::{
-    DrainStatus, MAX_NOTIFICATION_LEN, NotificationStatus, Op, PathKind, RegistrationId,
-    RemoteRange, RemoteTarget, Request, RequestError, RequestId, SubmitError, WaitError,
+    DrainStatus, MAX_NOTIFICATION_LEN, NotificationError, NotificationStatus, Op, PathKind,
+    Posting, RegistrationId, RemoteRange, RemoteTarget, Request, RequestError, RequestId,
+    SubmitError, SubmitOptions, WaitError,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -485,9 +486,6 @@ fn plan(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Ready,
-    /// A thread of its own is submitting it (large transfers on the local
-    /// path, whose copies run while they are posted).
-    Submitting,
     Posted,
     Done,
     Failed,
@@ -504,6 +502,10 @@ struct Run {
     undrained: Vec<RequestId>,
     /// Whether the posted batch carried a notification.
     notified: bool,
+    /// A notification that could not ride the batch (it moves CUDA memory
+    /// through host staging): once every request is done, it is sent on
+    /// this one-byte READ of the remote agent's notification anchor.
+    carry: Option<(Vec<u8>, Request)>,
     why: Option<String>,
     /// When the last post began, how long submitting took, and when its
     /// end (DONE or ERR) was seen: the transfer's telemetry.
@@ -520,6 +522,7 @@ impl Run {
             taken: 0,
             undrained: Vec::new(),
             notified: false,
+            carry: None,
             why: None,
             posted_at: None,
             post_took: Duration::ZERO,
@@ -551,18 +554,13 @@ impl std::ops::Deref for Xfer {
     }
 }
 
-/// Transfers on the local path of at least this many bytes are posted by
-/// a thread of their own: the local path copies while it posts, and
-/// `transfer` must not wait for the copy.
-const BACKGROUND_BYTES: u64 = 1 << 20;
+/// Transfers on the local path of at least this many bytes leave every
+/// copy to the rails' workers ([`Posting::Queued`]): `transfer` returns
+/// once they are posted. Smaller ones are copied by the posting call
+/// itself while the rail is idle, which is faster than a hand-off.
+const QUEUED_BYTES: u64 = 1 << 20;
 
-/// The longest `state` waits for a background post still running: a
-/// caller polling in a loop then sleeps instead of taking the core the
-/// copies run on.
-const SUBMITTING_WAIT: Duration = Duration::from_millis(1);
-
-/// What a transfer request holds (shared with the thread posting it in
-/// the background).
+/// What a transfer request holds.
 #[derive(Debug)]
 pub(crate) struct Core {
     node: Arc<Node>,
@@ -573,10 +571,8 @@ pub(crate) struct Core {
     agent: String,
     notif: Option<Vec<u8>>,
     run: Mutex<Run>,
-    /// Signalled when a background post has its result.
-    submitted: Condvar,
-    /// Posted by a thread of its own (see [`BACKGROUND_BYTES`]).
-    background: bool,
+    /// How it is posted (see [`QUEUED_BYTES`]).
+    posting: Posting,
     /// Where `requests` goes back to when this is dropped.
     spare: Spare,
 }
@@ -669,8 +665,11 @@ impl Xfer {
                 agent: agent.to_owned(),
                 notif: notif.filter(|n| !n.is_empty()),
                 run: Mutex::new(Run::ready()),
-                submitted: Condvar::new(),
-                background: local_path && bytes >= BACKGROUND_BYTES,
+                posting: if local_path && bytes >= QUEUED_BYTES {
+                    Posting::Queued
+                } else {
+                    Posting::Inline
+                },
             }),
         })
     }
@@ -692,58 +691,11 @@ impl Xfer {
 
 impl Core {
     fn submit(&self, notif: &Option<Vec<u8>>) -> Result<Vec<RequestId>, SubmitError> {
-        let engine = &self.node.engine;
-        match notif {
-            None => engine.submit(&self.requests),
-            Some(n) => engine
-                .submit_with_notification(&self.requests, orbitte::Notification::new(n.clone())),
+        let mut options = SubmitOptions::new().posting(self.posting);
+        if let Some(n) = notif {
+            options = options.notification(orbitte::Notification::new(n.clone()));
         }
-    }
-
-    /// The background post: submits, then hands the result to the handle.
-    /// A refusal is the transfer's error ("ERR"), as nobody waits here.
-    fn post_in_background(&self, notif: Option<Vec<u8>>) {
-        // Whatever happens, the handle leaves `Submitting` (a release waits
-        // for that).
-        let submitted =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.submit(&notif)));
-        let mut run = lock(&self.run);
-        if let Some((at, _)) = run.posted_at {
-            run.post_took = at.elapsed();
-        }
-        match submitted {
-            Ok(Ok(ids)) => {
-                run.ids = ids;
-                run.phase = Phase::Posted;
-            }
-            Ok(Err(e)) => {
-                run.end(Phase::Failed);
-                run.why = Some(format!("agent {:?}: {e}", self.agent));
-            }
-            Err(_) => {
-                run.end(Phase::Failed);
-                run.why = Some(format!(
-                    "agent {:?}: the engine panicked while posting this transfer",
-                    self.agent
-                ));
-            }
-        }
-        drop(run);
-        self.submitted.notify_all();
-    }
-
-    /// Waits until a background post has its result.
-    fn settled<'a>(
-        &self,
-        mut run: std::sync::MutexGuard<'a, Run>,
-    ) -> std::sync::MutexGuard<'a, Run> {
-        while run.phase == Phase::Submitting {
-            run = self
-                .submitted
-                .wait(run)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-        }
-        run
+        self.node.engine.submit_with(&self.requests, options)
     }
 
     /// Takes the outcomes that arrived, in order, and settles the phase.
@@ -788,8 +740,26 @@ impl Core {
         if run.taken == run.ids.len() {
             run.undrained
                 .retain(|id| engine.drain_status(*id) != DrainStatus::Drained);
-            if run.undrained.is_empty() {
+            if !run.undrained.is_empty() {
+                return;
+            }
+            let Some((msg, carrier)) = run.carry.take() else {
                 run.end(Phase::Done);
+                return;
+            };
+            let note = SubmitOptions::new().notification(orbitte::Notification::new(msg));
+            match engine.submit_with(&[carrier], note) {
+                Ok(ids) => {
+                    run.ids.extend(ids);
+                    run.notified = true;
+                    self.advance(run);
+                }
+                Err(e) => {
+                    run.end(Phase::Failed);
+                    run.why = Some(format!(
+                        "every byte moved, but the notification could not be sent: {e}"
+                    ));
+                }
             }
         }
     }
@@ -798,10 +768,16 @@ impl Core {
     /// engine keeps nothing of this transfer.
     fn abandon(&self, run: &mut Run) {
         let engine = &self.node.engine;
-        for &id in &run.ids[run.taken..] {
+        let open = &run.ids[run.taken..];
+        for &id in open {
             engine.cancel(id);
+        }
+        for &id in open {
             let _ = engine.wait(id, Duration::from_secs(5));
         }
+        // A cancelled request may still be copying its buffers (the local
+        // path's worker finishes a copy it began): wait for that too.
+        run.undrained.extend_from_slice(open);
         run.taken = run.ids.len();
         for &id in &run.undrained {
             let _ = engine.wait_drain(id, Duration::from_secs(5));
@@ -903,12 +879,24 @@ impl Xfer {
     }
 
     /// Submits every request in one call, with the notification (this
-    /// call's `notif`, else the one given at creation; empty: none), here
-    /// or, for a background transfer, on a thread of its own (a refusal is
-    /// then its "ERR"). Returns the state right after ("DONE" if it
-    /// finished meanwhile). Refused while a previous post is in flight.
-    #[pyo3(signature = (notif=None))]
-    fn post(&self, py: Python<'_>, notif: Option<Vec<u8>>) -> PyResult<&'static str> {
+    /// call's `notif`, else the one given at creation; empty: none); a
+    /// large transfer on the local path leaves its copies to the rails'
+    /// workers (see [`QUEUED_BYTES`]). Returns the state right after
+    /// ("DONE" if it finished meanwhile). Refused while a previous post is
+    /// in flight.
+    ///
+    /// `carrier`, a one-byte READ of the remote agent's notification
+    /// anchor, carries the notification after the transfer when the
+    /// transfer moves CUDA memory (staged through host memory, where a
+    /// notification cannot ride the batch itself).
+    #[pyo3(signature = (notif=None, carrier=None))]
+    fn post(
+        &self,
+        py: Python<'_>,
+        notif: Option<Vec<u8>>,
+        carrier: Option<PyRef<'_, crate::handles::Request>>,
+    ) -> PyResult<&'static str> {
+        let carrier = carrier.map(|c| c.request);
         let notif = match notif {
             Some(n) if !n.is_empty() => Some(n),
             _ => self.notif.clone(),
@@ -926,11 +914,6 @@ impl Xfer {
             let mut run = lock(&self.run);
             match run.phase {
                 Phase::Released => return Err(Self::released()),
-                Phase::Submitting => {
-                    return Err(RepostActive::new_err(
-                        "the transfer is still being posted: wait for check_xfer_state to say DONE or ERR before posting it again",
-                    ));
-                }
                 Phase::Posted => {
                     self.advance(&mut run);
                     if run.phase == Phase::Posted {
@@ -942,33 +925,19 @@ impl Xfer {
                 _ => {}
             }
             let started = (Instant::now(), SystemTime::now());
-            if self.background {
-                *run = Run {
-                    phase: Phase::Submitting,
-                    notified: notif.is_some(),
-                    posted_at: Some(started),
-                    ..Run::ready()
-                };
-                drop(run);
-                let core = self.core.clone();
-                let posting = notif.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("orbitte-nixl-post".into())
-                    .spawn(move || core.post_in_background(posting));
-                if spawned.is_err() {
-                    // No thread to spare: post here instead.
-                    self.post_in_background(notif);
+            let mut notif = notif;
+            let mut carry = None;
+            let submitted = match (self.submit(&notif), carrier) {
+                (Err(SubmitError::Notification(NotificationError::Staged { .. })), Some(c)) => {
+                    carry = notif.take().map(|n| (n, c));
+                    self.submit(&None)
                 }
-                let mut run = lock(&self.run);
-                if run.phase == Phase::Posted {
-                    self.advance(&mut run);
-                }
-                return Ok(Self::state_name(run.phase));
-            }
-            let submitted = self.submit(&notif);
+                (r, _) => r,
+            };
             *run = Run {
                 phase: Phase::Posted,
                 notified: notif.is_some(),
+                carry,
                 posted_at: Some(started),
                 post_took: started.0.elapsed(),
                 ..Run::ready()
@@ -996,9 +965,7 @@ impl Xfer {
         })
     }
 
-    /// "DONE", "PROC" or "ERR". Never waits on the network; while a
-    /// background post is still copying, waits for it up to
-    /// [`SUBMITTING_WAIT`] (never longer than `post` would have taken).
+    /// "DONE", "PROC" or "ERR". Never waits on the network.
     fn state(&self, py: Python<'_>) -> PyResult<&'static str> {
         py.detach(|| {
             let mut run = lock(&self.run);
@@ -1007,21 +974,9 @@ impl Xfer {
                 Phase::Ready => Err(NotPosted::new_err(
                     "the transfer handle was never posted: call transfer(handle) first",
                 )),
-                Phase::Posted | Phase::Submitting => {
-                    if run.phase == Phase::Submitting {
-                        // Its copies are running on the posting thread: a
-                        // short wait for them leaves that thread the core
-                        // a polling caller would take.
-                        run = self
-                            .submitted
-                            .wait_timeout(run, SUBMITTING_WAIT)
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .0;
-                    }
+                Phase::Posted => {
+                    self.advance(&mut run);
                     if run.phase == Phase::Posted {
-                        self.advance(&mut run);
-                    }
-                    if matches!(run.phase, Phase::Posted | Phase::Submitting) {
                         // A caller polling in a loop leaves the core to the
                         // threads that finish the transfer.
                         std::thread::yield_now();
@@ -1037,7 +992,7 @@ impl Xfer {
     /// outcomes taken and its buffers drained). Later use is refused.
     fn release(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| {
-            let mut run = self.settled(lock(&self.run));
+            let mut run = lock(&self.run);
             if run.phase == Phase::Released {
                 return Err(Self::released());
             }
@@ -1081,6 +1036,12 @@ impl Xfer {
     #[getter]
     fn agent(&self) -> &str {
         &self.agent
+    }
+
+    /// Whether it was made with a notification (`notif_msg`).
+    #[getter]
+    fn notifies(&self) -> bool {
+        self.notif.is_some()
     }
 
     /// Descriptors in the transfer.

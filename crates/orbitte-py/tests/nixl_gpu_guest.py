@@ -67,18 +67,29 @@ def main() -> None:
     back = stub.download(dev, BLOCK * BLOCKS)
     assert (back[BLOCK:4 * BLOCK] == host[:3 * BLOCK]).all() and (back[:BLOCK] == src[:BLOCK]).all()
 
-    # A staged transfer carries no notification: refused, then send_notif.
-    h = initiator.make_prepped_xfer("WRITE", local, [0], remote, [0], b"kv-ready")
-    try:
-        initiator.transfer(h)
-        raise AssertionError("a staged transfer carried a notification")
-    except nixl.nixlInvalidParamError as e:
-        assert "cuda-staging" in str(e), e
-    initiator.send_notif(target.name, b"kv-ready")
-    deadline = time.time() + 10
+    # A staged transfer's notification follows it, once every byte moved:
+    # a WRITE's bytes are in the target's memory when it arrives, and a
+    # READ's (vLLM's pattern: the decode side READs, the prefill side frees
+    # its blocks on the notification) are on the device.
+    host[:] = 0
+    h = initiator.make_prepped_xfer("WRITE", local, [0, 1], remote, [2, 3], b"kv-ready")
+    initiator.transfer(h)
+    deadline = time.time() + 30
     while not target.check_remote_xfer_done(initiator.name, b"kv-ready"):
-        assert time.time() < deadline, "no notification"
-        time.sleep(0.005)
+        assert time.time() < deadline, ("no notification", h.error)
+        time.sleep(0.001)
+    assert (host[2 * BLOCK:4 * BLOCK] == stub.download(dev, 2 * BLOCK)).all(), "bytes before the notification"
+    done(h)
+    initiator.release_xfer_handle(h)
+    host[:] = pattern(host.nbytes, 11)
+    h = initiator.make_prepped_xfer("READ", local, [4], remote, [5])
+    initiator.transfer(h, b"read-done")
+    done(h)
+    assert (stub.download(dev + 4 * BLOCK, BLOCK) == host[5 * BLOCK:6 * BLOCK]).all()
+    deadline = time.time() + 10
+    while not target.check_remote_xfer_done(initiator.name, b"read-done"):
+        assert time.time() < deadline, "no notification after the READ"
+        time.sleep(0.001)
     # A remote agent cannot name device memory: it is local-only.
     try:
         target.prep_xfer_dlist(initiator.name, [(dev, BLOCK, 0)], "VRAM")
@@ -86,6 +97,26 @@ def main() -> None:
     except nixl.nixlNotFoundError:
         pass
     initiator.deregister_memory(vram)
+    # A failing staging copy sends no notification (the fake driver's
+    # control: a real one has none).
+    if os.environ["ORBITTE_STUB_LIBCUDA"] != "libcuda.so.1":
+        # (Its buffers stay retained, as the contract says of a copy that
+        # failed: this registration is never deregistered.)
+        dev2 = stub.alloc(BLOCK)
+        initiator.register_memory([(dev2, BLOCK, 0, "")], "VRAM")
+        local2 = initiator.prep_xfer_dlist("NIXL_INIT_AGENT", [(dev2, BLOCK, 0)], "cuda")
+        stub.fail_syncs(True)
+        h = initiator.make_prepped_xfer("WRITE", local2, [0], remote, [0], b"never")
+        initiator.transfer(h)
+        deadline = time.time() + 30
+        state = initiator.check_xfer_state(h)
+        while state == "PROC" and time.time() < deadline:
+            state = initiator.check_xfer_state(h)
+        stub.fail_syncs(False)
+        assert state == "ERR", (state, h.error)
+        time.sleep(0.2)
+        assert not target.check_remote_xfer_done(initiator.name, b"never"), "a failed transfer notified"
+        initiator.release_xfer_handle(h)
     initiator.close()
     target.close()
     print("ok nixl_vram", flush=True)

@@ -87,8 +87,8 @@ pub use orbitte_memory::HostMemory;
 
 // Peer and request.
 pub use orbitte_engine::{
-    Epoch, LocalRead, LocalWrite, Op, PathKind, Peer, PeerId, PeerRef, RailId, RangeId,
-    RegistrationId, RemoteRange, RemoteTarget, Request, RequestId,
+    Epoch, LocalRead, LocalWrite, Op, PathKind, Peer, PeerId, PeerRef, Posting, RailId, RangeId,
+    RegistrationId, RemoteRange, RemoteTarget, Request, RequestId, SubmitOptions,
 };
 
 // Outcome.

@@ -62,6 +62,8 @@ const CURATED: &[&str] = &[
     "RegistrationId",
     "RailId",
     "Epoch",
+    "Posting",
+    "SubmitOptions",
     // outcome
     "Outcome",
     "Status",

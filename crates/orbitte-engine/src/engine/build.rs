@@ -74,6 +74,7 @@ impl EngineBuilder {
             lanes: Vec::new(),
             arrivals: intake.receiver(),
             work: Vec::new(),
+            posting: crate::request::Posting::Inline,
             done: Vec::new(),
             snapshot: Default::default(),
             last_outstanding: 0,

@@ -12,17 +12,15 @@
 //! live).
 
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::RawFd;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use orbitte_wire::Frame;
 #[cfg(doc)]
 use orbitte_wire::SessionPurpose;
 
 use super::ranges::EngineRanges;
 use super::{Shared, TransferEngine};
-use crate::control::ControlLink;
 use crate::error::BuildError;
 use crate::session::handshake::Handshake;
 use crate::session::log_budget::LogBudget;
@@ -174,7 +172,7 @@ impl std::fmt::Debug for EngineControl {
 }
 
 impl ControlAcceptor for EngineControl {
-    fn serve(&self, stream: TcpStream, hs: &Handshake, stop: &AtomicBool) -> ControlServed {
+    fn serve(&self, stream: TcpStream, hs: &Handshake) -> ControlServed {
         let Some(shared) = self.engine.upgrade() else {
             return ControlServed::Closed(CloseReason {
                 abnormal: false,
@@ -206,13 +204,12 @@ impl ControlAcceptor for EngineControl {
             tracing::info!(peer = %hs.peer.source_id, rails = peer.rails.len(), left_out, "rdma peer accepted");
         }
         drop(engine);
-        Box::new(EngineControlLink {
-            link,
+        ControlServed::Open(Box::new(EngineControlLink {
+            _link: link,
             engine: self.engine.clone(),
             peer: peer.id,
             session: hs.session,
-        })
-        .resume(stop)
+        }))
     }
 }
 
@@ -221,55 +218,33 @@ impl ControlAcceptor for EngineControl {
 /// one of them.
 #[derive(Debug)]
 struct EngineControlLink {
-    link: TcpControlLink,
+    /// Set up over this link; the listener serves its socket now.
+    _link: TcpControlLink,
     engine: Weak<Shared>,
     peer: crate::transport::PeerId,
     session: orbitte_wire::SessionId,
 }
 
 impl ControlSession for EngineControlLink {
-    fn fd(&self) -> RawFd {
-        self.link.raw_fd()
-    }
-
-    fn resume(mut self: Box<Self>, stop: &AtomicBool) -> ControlServed {
-        let (peer, session) = (self.peer, self.session);
-        let link = &mut self.link;
-        let closed =
-            |abnormal: bool, text: String| ControlServed::Closed(CloseReason { abnormal, text });
-        // The peer closes the link (or says goodbye) when it is done.
-        loop {
-            match link.recv(Duration::from_millis(200)) {
-                Err(crate::error::LinkError::TimedOut(_)) => {
-                    if stop.load(std::sync::atomic::Ordering::Acquire) {
-                        return closed(false, "listener stopped".into());
-                    }
-                    // Quiet, nothing buffered: parked until its next byte.
-                    return ControlServed::Quiet(self);
-                }
-                Ok(orbitte_wire::Frame::Goodbye(g)) => {
-                    return closed(false, format!("rdma control link: goodbye ({})", g.reason));
-                }
-                Ok(orbitte_wire::Frame::ConnectRequest(r)) => {
-                    // The peer re-establishes one of the rails.
-                    let Some(shared) = self.engine.upgrade() else {
-                        return closed(false, "the engine stopped".into());
-                    };
-                    let answer =
-                        TransferEngine::view(shared).answer_rail_request(peer, session, &r);
-                    if let Err(e) = link.send(&answer) {
-                        return closed(true, format!("rdma control link failed: {e}"));
-                    }
-                }
-                Ok(other) => {
-                    tracing::debug!(frame = %other.frame_type(), "rdma control link: frame ignored");
-                }
-                Err(crate::error::LinkError::Closed) => {
-                    return closed(false, "rdma control link closed by the peer".into());
-                }
-                Err(e) => {
-                    return closed(true, format!("rdma control link failed: {e}"));
-                }
+    fn answer(&mut self, frame: Frame) -> Result<Option<Frame>, CloseReason> {
+        match frame {
+            // The peer closes the link (or says goodbye) when it is done.
+            Frame::Goodbye(g) => Err(CloseReason::normal(format!(
+                "rdma control link: goodbye ({})",
+                g.reason
+            ))),
+            Frame::ConnectRequest(r) => {
+                // The peer re-establishes one of the rails.
+                let Some(shared) = self.engine.upgrade() else {
+                    return Err(CloseReason::normal("the engine stopped"));
+                };
+                let answer =
+                    TransferEngine::view(shared).answer_rail_request(self.peer, self.session, &r);
+                Ok(Some(answer))
+            }
+            other => {
+                tracing::debug!(frame = %other.frame_type(), "rdma control link: frame ignored");
+                Ok(None)
             }
         }
     }

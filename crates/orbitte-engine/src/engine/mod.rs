@@ -48,6 +48,7 @@ pub(crate) use orbitte_proto::state::published_remote;
 pub use peer_info::{PeerInfo, RailInfo};
 pub(crate) use shared::{Settings, Shared, StateGuard};
 pub(crate) use state::{Owner, State};
+pub use submit::SubmitOptions;
 
 use std::sync::Arc;
 

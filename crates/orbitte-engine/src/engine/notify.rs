@@ -6,10 +6,8 @@
 use std::time::Duration;
 
 use crate::engine::{State, TransferEngine};
-use crate::notify::{
-    Armed, Notification, NotificationError, NotificationStats, ReceivedNotification,
-};
-use crate::outcome::{RequestId, SubmitError};
+use crate::notify::{Armed, NotificationStats, ReceivedNotification};
+use crate::outcome::RequestId;
 
 /// Tracks the admitted batch `ids` carrying `armed` (the engine calls it
 /// right after the core admitted the batch, before it pumps).
@@ -18,28 +16,6 @@ pub(crate) fn track(st: &mut State, ids: &[RequestId], armed: Armed) {
 }
 
 impl TransferEngine {
-    /// Submits a batch like [`submit`](Self::submit) that also carries
-    /// `notification` to the batch's peer (every request must name the same
-    /// peer). The peer receives it once, after every byte of the batch was
-    /// placed, and only if every request completes; the engine's threads
-    /// send it, the caller only waits for the outcomes as usual. Every
-    /// outcome of the batch comes out when the last one is made, with
-    /// [`Outcome::notification`](crate::Outcome::notification) saying
-    /// whether it was sent. A notification larger than
-    /// [`MAX_NOTIFICATION_LEN`](crate::MAX_NOTIFICATION_LEN) or a batch to several peers is refused here.
-    pub fn submit_with_notification<R: Into<crate::Request> + Copy>(
-        &self,
-        batch: &[R],
-        notification: Notification,
-    ) -> Result<Vec<RequestId>, SubmitError> {
-        let resolved = self.resolve(batch)?;
-        if let Some(index) = self.first_staged(&resolved) {
-            return Err(NotificationError::Staged { index }.into());
-        }
-        let armed = Armed::check(&resolved, notification)?;
-        self.submit_inner(&resolved, Some(armed))
-    }
-
     /// Takes every notification received so far, oldest first (never
     /// blocks).
     pub fn notifications(&self) -> Vec<ReceivedNotification> {

@@ -27,6 +27,7 @@ use super::State;
 use super::arrivals::{Arrival, Intake};
 use super::snapshot::TablesSnapshot;
 use super::target::{Target, lock_lane};
+use crate::request::Posting;
 use crate::transport::{PostError, RailId, TransportEvent, WorkItem};
 
 /// Work taken from the state to post after the lock is released; reused
@@ -39,6 +40,8 @@ pub(crate) struct Posts {
     lanes: Vec<Arc<Mutex<()>>>,
     done: Vec<TransportEvent>,
     snapshot: Option<Arc<TablesSnapshot>>,
+    /// Whether the transports may execute items while they are posted.
+    posting: Posting,
 }
 
 /// The items of one rail in `Posts::work`.
@@ -66,7 +69,9 @@ impl Posts {
         let ctx: &TablesSnapshot = self.snapshot.as_deref().unwrap_or(&empty);
         for (run, guard) in self.runs.iter().zip(held) {
             let items = &self.work[run.start..run.end];
-            let res = run.target.post(run.rail, items, ctx, &mut self.done);
+            let res = run
+                .target
+                .post(run.rail, items, ctx, self.posting, &mut self.done);
             if let Err(e) = res {
                 let posted = e.posted.min(items.len());
                 intake.push(Arrival::PostFailed {
@@ -81,6 +86,7 @@ impl Posts {
         self.runs.clear();
         self.lanes.clear();
         self.snapshot = None;
+        self.posting = Posting::Inline;
     }
 }
 
@@ -93,6 +99,7 @@ impl State {
             return;
         }
         std::mem::swap(&mut self.work, &mut posts.work);
+        posts.posting = std::mem::take(&mut self.posting);
         self.cut_runs(posts);
         let runs = &posts.runs;
         let repeated = runs

@@ -191,18 +191,20 @@ impl TransferEngine {
         let mut ids = vec![RequestId(0); batch.len()];
         if !host.is_empty() {
             let reqs: Vec<TransferRequest> = host.iter().map(|(_, r)| *r).collect();
-            let admitted = self.submit_inner(&reqs, None).map_err(|e| match e {
-                SubmitError::Invalid {
-                    index,
-                    label,
-                    error,
-                } => SubmitError::Invalid {
-                    index: host.get(index).map_or(index, |h| h.0),
-                    label,
-                    error,
-                },
-                other => other,
-            })?;
+            let admitted = self
+                .submit_inner(&reqs, None, crate::request::Posting::Inline)
+                .map_err(|e| match e {
+                    SubmitError::Invalid {
+                        index,
+                        label,
+                        error,
+                    } => SubmitError::Invalid {
+                        index: host.get(index).map_or(index, |h| h.0),
+                        label,
+                        error,
+                    },
+                    other => other,
+                })?;
             for ((i, _), id) in host.iter().zip(admitted) {
                 ids[*i] = id;
             }

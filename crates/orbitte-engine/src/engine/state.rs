@@ -60,6 +60,10 @@ pub(crate) struct State {
     /// Work the core handed out in this hold of the lock, posted when the
     /// lock is released (see `post`).
     pub(super) work: Vec<WorkItem>,
+    /// How the work handed out in this hold of the lock is posted (set by
+    /// a submit for its own batch; back to [`Posting::Inline`] once the
+    /// work is taken).
+    pub(super) posting: crate::request::Posting,
     /// Events of work a transport executed while it was posted under the
     /// lock.
     pub(super) done: Vec<TransportEvent>,
@@ -347,7 +351,13 @@ impl State {
             }
         });
         let target = self.target(rail);
-        if let Err(e) = target.post(rail, &mine, self.engine.tables(), &mut self.done) {
+        if let Err(e) = target.post(
+            rail,
+            &mine,
+            self.engine.tables(),
+            self.posting,
+            &mut self.done,
+        ) {
             tracing::debug!(error = %e, "post failed");
             self.engine.handle_post_error(now, &e, &mine);
         }

@@ -4,7 +4,39 @@ use std::time::Instant;
 
 use super::wait::OwnCq;
 use super::{TransferEngine, TransferRequest};
+use crate::notify::{Armed, Notification, NotificationError};
 use crate::outcome::{RequestId, SubmitError};
+use crate::request::Posting;
+
+/// How [`TransferEngine::submit_with`] submits a batch; the default is
+/// what [`TransferEngine::submit`] does.
+#[derive(Debug, Clone, Default)]
+pub struct SubmitOptions {
+    notification: Option<Notification>,
+    posting: Posting,
+}
+
+impl SubmitOptions {
+    /// No notification, [`Posting::Inline`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The batch carries `notification` to its peer (see
+    /// [`TransferEngine::submit_with_notification`]).
+    #[must_use]
+    pub fn notification(mut self, notification: Notification) -> Self {
+        self.notification = Some(notification);
+        self
+    }
+
+    /// Whether the calling thread may execute some of the batch.
+    #[must_use]
+    pub fn posting(mut self, posting: Posting) -> Self {
+        self.posting = posting;
+        self
+    }
+}
 
 impl TransferEngine {
     /// Submits a batch of READ/WRITE requests ([`Request`](crate::Request),
@@ -17,11 +49,49 @@ impl TransferEngine {
         &self,
         batch: &[R],
     ) -> Result<Vec<RequestId>, SubmitError> {
+        self.submit_with(batch, SubmitOptions::new())
+    }
+
+    /// Submits a batch like [`submit`](Self::submit) that also carries
+    /// `notification` to the batch's peer (every request must name the same
+    /// peer). The peer receives it once, after every byte of the batch was
+    /// placed, and only if every request completes; the engine's threads
+    /// send it, the caller only waits for the outcomes as usual. Every
+    /// outcome of the batch comes out when the last one is made, with
+    /// [`Outcome::notification`](crate::Outcome::notification) saying
+    /// whether it was sent. A notification larger than
+    /// [`MAX_NOTIFICATION_LEN`](crate::MAX_NOTIFICATION_LEN) or a batch to several peers is refused here.
+    pub fn submit_with_notification<R: Into<crate::Request> + Copy>(
+        &self,
+        batch: &[R],
+        notification: Notification,
+    ) -> Result<Vec<RequestId>, SubmitError> {
+        self.submit_with(batch, SubmitOptions::new().notification(notification))
+    }
+
+    /// Submits a batch like [`submit`](Self::submit), with `options`: a
+    /// notification the batch carries (as
+    /// [`submit_with_notification`](Self::submit_with_notification)) and
+    /// whether the calling thread may execute some of it
+    /// ([`Posting`]).
+    pub fn submit_with<R: Into<crate::Request> + Copy>(
+        &self,
+        batch: &[R],
+        options: SubmitOptions,
+    ) -> Result<Vec<RequestId>, SubmitError> {
         let resolved = self.resolve(batch)?;
-        if self.first_staged(&resolved).is_some() {
-            return self.submit_with_staged(&resolved);
+        let staged = self.first_staged(&resolved);
+        match options.notification {
+            Some(notification) => {
+                if let Some(index) = staged {
+                    return Err(NotificationError::Staged { index }.into());
+                }
+                let armed = Armed::check(&resolved, notification)?;
+                self.submit_inner(&resolved, Some(armed), options.posting)
+            }
+            None if staged.is_some() => self.submit_with_staged(&resolved),
+            None => self.submit_inner(&resolved, None, options.posting),
         }
-        self.submit_inner(&resolved, None)
     }
 
     /// Admits a batch whose remote addresses are resolved
@@ -30,12 +100,14 @@ impl TransferEngine {
     pub(crate) fn submit_inner(
         &self,
         batch: &[TransferRequest],
-        notification: Option<crate::notify::Armed>,
+        notification: Option<Armed>,
+        posting: Posting,
     ) -> Result<Vec<RequestId>, SubmitError> {
         let span = tracing::trace_span!("submit", requests = batch.len());
         let _g = span.enter();
         let mut guard = self.lock();
         let st = &mut *guard;
+        st.posting = posting;
         let now = Instant::now();
         let mut admission = st
             .engine
@@ -73,6 +145,7 @@ impl TransferEngine {
                 st.pump(now);
                 drop(guard);
                 guard = self.lock();
+                guard.posting = posting;
                 if let Some(Some(cq)) = &own {
                     cq.take(&mut guard, &self.shared, &mut events);
                 }

@@ -2,9 +2,10 @@
 //!
 //! A listening socket waits on epoll on one of the pool's loops
 //! ([`crate::io_pool`]) as an [`Acceptor`]: woken when connections wait,
-//! it takes every one that waits (`accept` until it would block), so a
-//! connection is accepted the moment it arrives and nothing runs while
-//! none does. A failure to accept (out of descriptors) is logged within
+//! it takes those that wait (`accept` until it would block, at most
+//! [`ACCEPTS_PER_TURN`] before the loop's other descriptors get their
+//! turn), so a connection is accepted the moment it arrives and nothing
+//! runs while none does. A failure to accept (out of descriptors) is logged within
 //! the listener's budget and tried again after [`PAUSE`]; the connection
 //! stays in the backlog meanwhile.
 
@@ -16,6 +17,14 @@ use crate::io_pool::{Next, Watched};
 /// How long an acceptor pauses after a failed `accept` before it tries
 /// again.
 pub(crate) const PAUSE: Duration = Duration::from_millis(50);
+
+/// Connections taken in one call at most; the registration is
+/// level-triggered, so the loop calls again for the rest on its next
+/// round. The handshakes of the connections taken run on the same loops:
+/// a burst taken whole would hold a legitimate peer's hello unread while
+/// the newcomers behind it close the oldest unauthenticated connections,
+/// its own among them.
+pub(crate) const ACCEPTS_PER_TURN: usize = 32;
 
 /// What an [`Acceptor`] accepts on and hands connections to.
 pub(crate) trait Accepting: Send {
@@ -40,15 +49,19 @@ pub(crate) trait Accepting: Send {
 pub(crate) struct Acceptor<A>(pub(crate) A);
 
 impl<A: Accepting> Acceptor<A> {
-    /// Accepts until the backlog is empty; after a failure, tries again
-    /// after a pause.
+    /// Accepts until the backlog is empty or [`ACCEPTS_PER_TURN`] were
+    /// taken; after a failure, tries again after a pause.
     fn take_all(mut self: Box<Self>, now: Instant) -> Next
     where
         A: 'static,
     {
-        while !self.0.stopped() {
+        let mut taken = 0;
+        while !self.0.stopped() && taken < ACCEPTS_PER_TURN {
             match self.0.accept() {
-                Ok(c) => self.0.take(c),
+                Ok(c) => {
+                    self.0.take(c);
+                    taken += 1;
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -136,6 +149,15 @@ mod tests {
             for _ in 0..4 {
                 rx.recv_timeout(bound).unwrap();
             }
+        }
+        // A burst above what one call takes is taken whole over the
+        // loop's next rounds.
+        let burst = 3 * ACCEPTS_PER_TURN + 1;
+        let _held: Vec<_> = (0..burst)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        for _ in 0..burst {
+            rx.recv_timeout(bound).unwrap();
         }
         pool.forget(key);
         assert!(TcpStream::connect(addr).is_err(), "closed once forgotten");

@@ -1,36 +1,32 @@
-//! An admitted tcp data session between its requests: served by a thread
-//! of its own while requests come, parked on an I/O loop of the
-//! listener's pool ([`crate::io_pool`]) once it has been quiet for the
-//! poll interval, so an idle session holds no thread. An rdma control
-//! link ([`ControlConn`]) parks the same way between its frames.
+//! An admitted tcp data session, served on an I/O loop of the listener's
+//! pool ([`crate::io_pool`]) for its whole life, idle or busy: its socket
+//! is non-blocking, and each time it is ready as the session asked (or
+//! the session's deadline passes) the loop gives it a turn
+//! ([`Serving::turn`]), which serves what can be served without waiting.
+//! So a target's threads are the same with one peer as with thousands,
+//! whether they are idle or keep it busy. Between turns the loop watches
+//! the deadlines of the session: the answer in progress (`io_timeout`), a
+//! started frame (`frame_timeout`), and every [`CHECK`] the checks a quiet
+//! session makes (listener stopping, `idle_timeout`, its slot taken by a
+//! newcomer: `transport::tcp::serve::quiet`).
 //!
-//! While parked, the loop watches the socket and, every [`CHECK`], the
-//! checks a quiet session makes (listener stopping, `idle_timeout`, its
-//! slot taken by a newcomer: `transport::tcp::serve::quiet`). The first
-//! byte of a request (or the peer's close, or a shutdown of the socket by
-//! the listener) hands the session to a new thread, which serves it with
-//! every bound of a busy session (frame timeout, `io_timeout` over a whole
-//! answer) until it is quiet again. Nothing is buffered and no answer
-//! waits while it is parked, so serving it again starts from a clean
-//! frame boundary.
+//! An rdma control link lives on the loops too, once its rails are set up
+//! (`super::control_conn`).
 
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use mio::Interest;
 use orbitte_wire::{SessionId, SourceId};
 
 use super::PeerIdentity;
 use super::activity::SessionActivity;
-use super::serving::{ControlServed, ControlSession, Shared};
-use crate::io_pool::{Next, Watched, spawn_with};
-use crate::transport::tcp::serve::{CloseReason, ServeCtx, Served, prepare, quiet, serve};
-
-/// How often a parked session makes a quiet session's checks (as often as
-/// a thread serving it would, between its reads).
-pub(crate) const CHECK: Duration = Duration::from_millis(200);
+use super::serving::Shared;
+use crate::io_pool::{Next, Watched};
+pub(crate) use crate::transport::tcp::serve::CHECK;
+use crate::transport::tcp::serve::{CloseReason, ServeCtx, Serving, Step, prepare};
 
 /// An admitted connection of a listener, with what closing it takes.
 #[derive(Debug)]
@@ -48,7 +44,7 @@ pub(crate) struct Admitted {
 
 impl Admitted {
     /// Closes it and records why.
-    fn close(self, reason: CloseReason) {
+    pub(crate) fn close(self, reason: CloseReason) {
         self.shared.close_admitted(
             &self.stream,
             self.conn,
@@ -69,40 +65,27 @@ pub(crate) struct DataSession {
 }
 
 impl DataSession {
-    /// Serves it on this thread (after the handshake and the
-    /// publications) until it ends or parks.
+    /// Hands it to the listener's pool (after the handshake and the
+    /// publications), which serves it from then on.
     pub(crate) fn start(self) {
-        match prepare(&self.conn.stream, &self.conn.shared.cfg) {
-            Ok(()) => self.run(),
-            Err(reason) => self.finish(reason),
+        if let Err(reason) = prepare(&self.conn.stream, &self.conn.shared.cfg) {
+            return self.finish(reason);
         }
-    }
-
-    /// Serves requests until the session ends or is quiet, then parks it.
-    fn run(mut self) {
-        let ctx = ctx(
+        let Some(pool) = self.conn.shared.pool.upgrade() else {
+            return self.finish(CloseReason::normal("listener shut down"));
+        };
+        let serving = Serving::new(&ctx(
             &self.conn.shared,
             &self.peer,
             self.conn.session,
             &self.activity,
-        );
-        let served = serve(&mut self.conn.stream, &ctx);
-        match served {
-            Served::Closed(reason) => self.finish(reason),
-            Served::Idle => {
-                let Some(pool) = self.conn.shared.pool.upgrade() else {
-                    return self.finish(CloseReason::normal("listener shut down"));
-                };
-                // Parked, the socket never blocks a loop: a goodbye that
-                // finds the send buffer full is left out.
-                if let Err(e) = self.conn.stream.set_nonblocking(true) {
-                    return self.finish(CloseReason::abnormal(format!(
-                        "cannot park the session: {e}"
-                    )));
-                }
-                pool.watch(Box::new(self), Some(Instant::now() + CHECK));
-            }
-        }
+        ));
+        let on_loop = OnLoop {
+            session: self,
+            serving,
+            interest: Some(Interest::READABLE),
+        };
+        pool.watch(Box::new(on_loop), Some(Instant::now() + CHECK));
     }
 
     /// Closes the session: the socket, its peer table entry, its live
@@ -110,20 +93,9 @@ impl DataSession {
     fn finish(self, reason: CloseReason) {
         self.conn.close(reason);
     }
-
-    /// A quiet session's checks, on the loop; `Some`: it closed.
-    fn check(&mut self) -> Option<CloseReason> {
-        let ctx = ctx(
-            &self.conn.shared,
-            &self.peer,
-            self.conn.session,
-            &self.activity,
-        );
-        quiet(&mut self.conn.stream, &ctx)
-    }
 }
 
-/// What [`serve`] reads of a session.
+/// What [`Serving`] reads of a session.
 fn ctx<'a>(
     shared: &'a Shared,
     peer: &'a PeerIdentity,
@@ -143,119 +115,56 @@ fn ctx<'a>(
     }
 }
 
-impl Watched for DataSession {
-    fn fd(&self) -> RawFd {
-        self.conn.stream.as_raw_fd()
-    }
+/// A data session on its loop, with its serving state.
+#[derive(Debug)]
+struct OnLoop {
+    session: DataSession,
+    serving: Serving,
+    /// What its last turn waits for (`None`: its deadline only).
+    interest: Option<Interest>,
+}
 
-    fn ready(self: Box<Self>, _now: Instant) -> Next {
-        if self.conn.shared.stop.load(Ordering::Acquire) {
-            self.finish(CloseReason::normal("listener shut down"));
-            return Next::Done;
-        }
-        if let Err(e) = self.conn.stream.set_nonblocking(false) {
-            self.finish(CloseReason::abnormal(format!(
-                "cannot serve the session again: {e}"
-            )));
-            return Next::Done;
-        }
-        let name = format!("orbitte-session-{}", self.conn.conn);
-        if let Err((s, e)) = spawn_with(name, *self, Self::run) {
-            if let Some(left_out) = s.conn.shared.resource_line_to_log() {
-                tracing::warn!(error = %e, left_out, "cannot spawn a session thread");
+impl OnLoop {
+    /// One turn; watched again as it asks, or closed.
+    fn turn(mut self: Box<Self>, now: Instant) -> Next {
+        let s = &self.session;
+        let ctx = ctx(&s.conn.shared, &s.peer, s.conn.session, &s.activity);
+        match self.serving.turn(&s.conn.stream, &ctx, now) {
+            Step::Wait(interest, at) => {
+                self.interest = interest;
+                Next::Wait(self, Some(at))
             }
-            s.finish(CloseReason::abnormal(format!(
-                "no thread to serve the session: {e}"
-            )));
-        }
-        Next::Done
-    }
-
-    fn expired(mut self: Box<Self>, now: Instant) -> Next {
-        match self.check() {
-            Some(reason) => {
-                self.finish(reason);
+            Step::Closed(reason) => {
+                self.session.finish(reason);
                 Next::Done
             }
-            None => Next::Wait(self, Some(now + CHECK)),
         }
-    }
-
-    fn abandoned(self: Box<Self>, why: &str) {
-        self.finish(CloseReason::normal(format!("session closed: {why}")));
     }
 }
 
-/// An admitted rdma control link, parked on the pool between its frames
-/// (the engine's [`ControlSession`] serves them).
-#[derive(Debug)]
-pub(crate) struct ControlConn {
-    /// The link has its own handle of the socket.
-    pub(crate) conn: Admitted,
-    /// `Some` except while a thread serves it.
-    pub(crate) link: Option<Box<dyn ControlSession>>,
-}
-
-impl ControlConn {
-    /// Parks it on the listener's pool (closes it when the pool is gone).
-    pub(crate) fn park(self) {
-        match self.conn.shared.pool.upgrade() {
-            Some(pool) => {
-                pool.watch(Box::new(self), Some(Instant::now() + CHECK));
-            }
-            None => self.finish(CloseReason::normal("listener shut down")),
-        }
-    }
-
-    /// Serves the link on this thread until it ends or is quiet again.
-    fn run(mut self) {
-        let Some(link) = self.link.take() else {
-            return self.finish(CloseReason::abnormal("the control link was lost"));
-        };
-        match link.resume(&self.conn.shared.stop) {
-            ControlServed::Closed(reason) => self.finish(reason),
-            ControlServed::Quiet(link) => {
-                self.link = Some(link);
-                self.park();
-            }
-        }
-    }
-
-    fn finish(self, reason: CloseReason) {
-        self.conn.close(reason);
-    }
-}
-
-impl Watched for ControlConn {
+impl Watched for OnLoop {
     fn fd(&self) -> RawFd {
-        self.link
-            .as_ref()
-            .map_or_else(|| self.conn.stream.as_raw_fd(), |l| l.fd())
+        self.session.conn.stream.as_raw_fd()
     }
 
-    fn ready(self: Box<Self>, _now: Instant) -> Next {
-        if self.conn.shared.stop.load(Ordering::Acquire) {
-            self.finish(CloseReason::normal("listener stopped"));
-            return Next::Done;
-        }
-        let name = format!("orbitte-session-{}", self.conn.conn);
-        if let Err((c, e)) = spawn_with(name, *self, Self::run) {
-            c.finish(CloseReason::abnormal(format!(
-                "no thread to serve the rdma control link: {e}"
-            )));
-        }
-        Next::Done
+    fn interest(&self) -> Interest {
+        self.interest.unwrap_or(Interest::READABLE)
+    }
+
+    fn sleeps(&self) -> bool {
+        self.interest.is_none()
+    }
+
+    fn ready(self: Box<Self>, now: Instant) -> Next {
+        self.turn(now)
     }
 
     fn expired(self: Box<Self>, now: Instant) -> Next {
-        if self.conn.shared.stop.load(Ordering::Acquire) {
-            self.finish(CloseReason::normal("listener stopped"));
-            return Next::Done;
-        }
-        Next::Wait(self, Some(now + CHECK))
+        self.turn(now)
     }
 
     fn abandoned(self: Box<Self>, why: &str) {
-        self.finish(CloseReason::normal(format!("session closed: {why}")));
+        self.session
+            .finish(CloseReason::normal(format!("session closed: {why}")));
     }
 }

@@ -417,32 +417,6 @@ pub(crate) fn send_error<W: Write>(
     let _ = write_frame(w, &frame, &mut scratch);
 }
 
-/// Closes our sending side after a refusal and reads what the peer still
-/// sends (up to `LINGER_BYTES`, for at most `LINGER`), so that the peer
-/// reads our error frame before the close: closing a socket whose receive
-/// queue holds unread bytes resets the connection, and a reset can reach
-/// the peer before the error frame does.
-pub(crate) fn close_after_refusal(stream: &mut TcpStream) {
-    const LINGER: Duration = Duration::from_millis(500);
-    const LINGER_BYTES: usize = 64 * 1024;
-    if stream.shutdown(std::net::Shutdown::Write).is_err() {
-        return;
-    }
-    let deadline = Instant::now() + LINGER;
-    let mut sink = [0u8; 4096];
-    let mut read = 0;
-    while read < LINGER_BYTES {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
-            return;
-        }
-        match stream.read(&mut sink) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => read += n,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

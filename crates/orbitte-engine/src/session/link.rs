@@ -51,11 +51,6 @@ impl TcpControlLink {
         Err(last)
     }
 
-    /// Its socket.
-    pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
-        std::os::fd::AsRawFd::as_raw_fd(&self.stream)
-    }
-
     /// Accepts one connection from `listener`.
     pub fn accept(listener: &TcpListener, frame_timeout: Duration) -> std::io::Result<Self> {
         let (s, _) = listener.accept()?;

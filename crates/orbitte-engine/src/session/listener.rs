@@ -3,12 +3,16 @@
 //!
 //! The accept loop runs on the listener's I/O pool ([`IoPool`], sized by
 //! `SessionConfig::io_threads`): the listening socket waits on epoll with
-//! the idle sessions. A connection gets a thread for its handshake, and a
-//! tcp data session keeps one while it serves requests; once quiet it
+//! the idle sessions. A connection's handshake runs there too, on its
+//! non-blocking socket with its pre-auth deadline in the loop's timer
+//! (`Handshaking`, over the responder of module `handshake`), so
+//! connections being accepted hold no thread; a refused one is closed
+//! there once its error frame is out (module `nonblocking`). An admitted
+//! tcp data session gets a thread while it serves requests; once quiet it
 //! parks on the pool (module `data`), so idle sessions hold no thread.
-//! rdma control links park the same way between their frames, and
-//! same-host mapping sessions after their handout
-//! (`transport::local::server`).
+//! An rdma control link gets a thread while its rails are set up, then
+//! lives on the pool (module `control_conn`), and same-host mapping
+//! sessions live on the pool all along (`transport::local::server`).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -17,17 +21,22 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use mio::Interest;
+
 use orbitte_wire::{Admission, ErrorCode, Frame, FrameType, SessionPurpose, SourceId};
 
 use super::accept::{Accepting, Acceptor};
 use super::activity::SessionActivity;
-use super::data::{Admitted, ControlConn, DataSession};
-use super::io::{close_after_refusal, send_error, write_frame};
+use super::control_conn::ControlConn;
+use super::data::{Admitted, DataSession};
+use super::handshake::{Responder, Step};
+use super::io::{send_error, write_frame};
 use super::log_budget::LogBudget;
+use super::nonblocking::Refusal;
 use super::publications::publication_frames;
 use super::serving::{ClosedSession, ControlAcceptor, ControlServed, LiveConn, Shared};
 use super::{RangeLookup, SessionConfig, SessionError, SharedPeerTable, handshake};
-use crate::io_pool::{IoPool, IoThreads, WatchKey};
+use crate::io_pool::{IoPool, IoThreads, Next, WatchKey, Watched, spawn_with};
 use crate::transport::tcp::serve::CloseReason;
 
 /// Why [`TransferEngine::listen`](crate::TransferEngine::listen) (or `EngineBuilder::listen` at build)
@@ -300,12 +309,19 @@ impl Accepting for TcpAccepting {
     }
 }
 
-/// Gives an accepted connection a pre-auth slot and a session thread.
+/// Gives an accepted connection a pre-auth slot and starts its handshake
+/// on the pool's loops (it holds no thread until it is admitted).
 fn take(stream: TcpStream, from: SocketAddr, shared: &Arc<Shared>) {
     shared.accepted.fetch_add(1, Ordering::Relaxed);
-    let _ = stream.set_nonblocking(false);
+    // Nothing on a loop may block: refusals are sent as the socket takes
+    // them.
+    if let Err(e) = stream.set_nonblocking(true) {
+        shared.record_close(from, None, true, format!("cannot set up the socket: {e}"));
+        return;
+    }
     let _ = stream.set_nodelay(true);
     let conn = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+    let now = Instant::now();
     {
         let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(why) = preauth_slot(&shared.cfg, &mut live, from.ip(), &shared.preauth_evicted) {
@@ -324,7 +340,7 @@ fn take(stream: TcpStream, from: SocketAddr, shared: &Arc<Shared>) {
                         source: None,
                         session: None,
                         ip: from.ip(),
-                        since: Instant::now(),
+                        since: now,
                         stream: clone,
                         evicted: false,
                         activity: None,
@@ -337,19 +353,38 @@ fn take(stream: TcpStream, from: SocketAddr, shared: &Arc<Shared>) {
             }
         }
     }
-    let s = shared.clone();
-    let spawned = std::thread::Builder::new()
-        .name(format!("orbitte-session-{conn}"))
-        .spawn(move || serve_conn(stream, from, conn, s));
-    if let Err(e) = spawned {
-        if let Some(left_out) = shared.resource_line_to_log() {
-            tracing::warn!(error = %e, left_out, "cannot spawn a session thread");
+    let responder = match Responder::new(&shared.cfg, now) {
+        Ok(r) => r,
+        Err(e) => {
+            shared
+                .live
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&conn);
+            shared.record_close(from, None, true, format!("handshake failed: {e}"));
+            return;
         }
+    };
+    let Some(pool) = shared.pool.upgrade() else {
         shared
             .live
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&conn);
+        return;
+    };
+    let handshaking = Box::new(Handshaking {
+        stream,
+        from,
+        conn,
+        shared: shared.clone(),
+        activity: Arc::new(SessionActivity::new()),
+        responder,
+        want: Interest::WRITABLE,
+    });
+    // The challenge goes out now; the rest as the peer answers.
+    if let Next::Wait(w, deadline) = handshaking.advance(now) {
+        pool.watch(w, deadline);
     }
 }
 
@@ -458,44 +493,140 @@ fn session_slot(
     Ok(())
 }
 
-fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Shared>) {
-    let cfg = &shared.cfg;
-    let activity = Arc::new(SessionActivity::new());
-    let room = |identity: &orbitte_wire::Identity, purpose: SessionPurpose| {
-        let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
-        // Idle from the moment it holds a slot.
-        activity.stamp();
-        let data = (purpose == SessionPurpose::DATA).then(|| activity.clone());
-        session_slot(
-            cfg,
-            &mut live,
+/// A tcp connection in its handshake, on an I/O loop: its pre-auth
+/// deadline is its deadline there, and refusals close it through a
+/// [`Refusal`].
+struct Handshaking {
+    stream: TcpStream,
+    from: SocketAddr,
+    conn: u64,
+    shared: Arc<Shared>,
+    /// What the tcp data session does, from the moment it holds a slot.
+    activity: Arc<SessionActivity>,
+    responder: Responder,
+    want: Interest,
+}
+
+impl Handshaking {
+    fn advance(mut self: Box<Self>, now: Instant) -> Next {
+        let Self {
+            stream,
+            from,
             conn,
-            &identity.source_id,
-            data,
-            &shared.sessions_evicted,
-        )
-    };
-    let hs = match handshake::accept_within(&mut stream, cfg, &shared.peers, Some(from), room) {
-        Ok(h) => h,
-        Err(e) => {
-            shared
-                .live
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&conn);
-            let what = match e {
-                SessionError::Auth(_) => "initiator failed authentication",
-                SessionError::Limit(_) => {
-                    // The error frame must reach the peer before the close.
-                    close_after_refusal(&mut stream);
-                    "refused before admission"
-                }
-                _ => "handshake failed",
-            };
-            shared.record_close(from, None, true, format!("{what}: {e}"));
-            return;
+            shared,
+            activity,
+            responder,
+            ..
+        } = &mut *self;
+        let room = |identity: &orbitte_wire::Identity, purpose: SessionPurpose| {
+            let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
+            // Idle from the moment it holds a slot.
+            activity.stamp();
+            let data = (purpose == SessionPurpose::DATA).then(|| activity.clone());
+            session_slot(
+                &shared.cfg,
+                &mut live,
+                *conn,
+                &identity.source_id,
+                data,
+                &shared.sessions_evicted,
+            )
+        };
+        match responder.step(stream, &shared.cfg, &shared.peers, Some(*from), room) {
+            Step::Wait(interest) => {
+                self.want = interest;
+                let at = self.responder.deadline();
+                Next::Wait(self, Some(at))
+            }
+            Step::Done(hs) => {
+                let Self {
+                    stream,
+                    from,
+                    conn,
+                    shared,
+                    activity,
+                    ..
+                } = *self;
+                hand_over(stream, from, conn, shared, hs, activity);
+                Next::Done
+            }
+            Step::Refused(e) => self.refuse(e, now),
         }
-    };
+    }
+
+    /// Gives the pre-auth slot up and closes the connection once the error
+    /// frame (if any) is out; a refusal before admission lingers for it.
+    fn refuse(self: Box<Self>, e: SessionError, now: Instant) -> Next {
+        let Self {
+            stream,
+            from,
+            conn,
+            shared,
+            responder,
+            ..
+        } = *self;
+        shared
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&conn);
+        let (what, linger) = match e {
+            SessionError::Auth(_) => ("initiator failed authentication", false),
+            // The error frame must reach the peer before the close.
+            SessionError::Limit(_) => ("refused before admission", true),
+            _ => ("handshake failed", false),
+        };
+        let closed = move || shared.record_close(from, None, true, format!("{what}: {e}"));
+        Refusal::start(stream, responder.outbox(), linger, now, Box::new(closed))
+    }
+}
+
+impl Watched for Handshaking {
+    fn fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+
+    fn interest(&self) -> Interest {
+        self.want
+    }
+
+    fn ready(self: Box<Self>, now: Instant) -> Next {
+        self.advance(now)
+    }
+
+    fn expired(mut self: Box<Self>, now: Instant) -> Next {
+        let e = self.responder.expired(&self.shared.peers);
+        self.refuse(e, now)
+    }
+
+    fn abandoned(mut self: Box<Self>, why: &str) {
+        self.responder.abandon(&self.shared.peers);
+        self.shared
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.conn);
+        self.shared.record_close(
+            self.from,
+            None,
+            false,
+            format!("handshake abandoned: {why}"),
+        );
+    }
+}
+
+/// An admitted session, on the loop that ran its handshake: the epoch
+/// rule's bookkeeping, then the hand-over by purpose (a tcp data session,
+/// and an rdma control link for the setup of its rails, to a thread of
+/// their own; other purposes are refused).
+fn hand_over(
+    mut stream: TcpStream,
+    from: SocketAddr,
+    conn: u64,
+    shared: Arc<Shared>,
+    hs: handshake::Handshake,
+    activity: Arc<SessionActivity>,
+) {
     shared.admitted.fetch_add(1, Ordering::Relaxed);
     let source = hs.peer.source_id.clone();
     // The epoch rule's "drop old sessions".
@@ -524,6 +655,58 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
             c.session = Some(hs.session);
         }
     }
+    let refusal = match (hs.purpose, &shared.control) {
+        (SessionPurpose::DATA, _) | (SessionPurpose::RDMA_CONTROL, Some(_)) => None,
+        (SessionPurpose::RDMA_CONTROL, None) => Some((
+            ErrorCode::NO_USABLE_RAIL,
+            "this listener serves no rdma control links".to_owned(),
+        )),
+        (other, _) => Some((
+            ErrorCode::UNEXPECTED_FRAME,
+            format!("session purpose {other} is not served here"),
+        )),
+    };
+    let reason = match refusal {
+        // Best effort, as the socket takes it: the close follows.
+        Some((code, msg)) => {
+            send_error(&mut stream, code, FrameType::HELLO, &msg);
+            CloseReason::abnormal(msg)
+        }
+        None => match stream.set_nonblocking(false) {
+            Err(e) => CloseReason::abnormal(format!("cannot serve the session: {e}")),
+            Ok(()) => {
+                let name = format!("orbitte-session-{conn}");
+                let theirs = shared.clone();
+                let spawned = spawn_with(name, (stream, hs, activity), move |(s, hs, a)| {
+                    serve_admitted(s, from, conn, &theirs, hs, a);
+                });
+                let Err(((s, hs, _), e)) = spawned else {
+                    return;
+                };
+                if let Some(left_out) = shared.resource_line_to_log() {
+                    tracing::warn!(error = %e, left_out, "cannot spawn a session thread");
+                }
+                let reason = CloseReason::abnormal(format!("no thread to serve the session: {e}"));
+                shared.close_admitted(&s, conn, from, hs.session, source, reason);
+                return;
+            }
+        },
+    };
+    shared.close_admitted(&stream, conn, from, hs.session, source, reason);
+}
+
+/// Serves an admitted tcp data session or rdma control link on its own
+/// thread (the socket blocks again).
+fn serve_admitted(
+    mut stream: TcpStream,
+    from: SocketAddr,
+    conn: u64,
+    shared: &Arc<Shared>,
+    hs: handshake::Handshake,
+    activity: Arc<SessionActivity>,
+) {
+    let cfg = &shared.cfg;
+    let source = hs.peer.source_id.clone();
     // What a session that outlives this thread closes with.
     let admitted = |stream: TcpStream| Admitted {
         stream,
@@ -533,50 +716,21 @@ fn serve_conn(mut stream: TcpStream, from: SocketAddr, conn: u64, shared: Arc<Sh
         session: hs.session,
         source: source.clone(),
     };
-    let reason = if hs.purpose == SessionPurpose::RDMA_CONTROL {
-        match &shared.control {
-            Some(control) => match stream.try_clone() {
-                Ok(s) => match control.serve(s, &hs, &shared.stop) {
-                    ControlServed::Closed(reason) => reason,
-                    ControlServed::Quiet(link) => {
-                        ControlConn {
-                            conn: admitted(stream),
-                            link: Some(link),
-                        }
-                        .park();
-                        return;
-                    }
-                },
-                Err(e) => CloseReason {
-                    abnormal: true,
-                    text: format!("cannot clone the socket: {e}"),
-                },
-            },
-            None => {
-                let msg = "this listener serves no rdma control links";
-                send_error(
-                    &mut stream,
-                    ErrorCode::NO_USABLE_RAIL,
-                    FrameType::HELLO,
-                    msg,
-                );
-                CloseReason {
-                    abnormal: true,
-                    text: msg.to_owned(),
+    let reason = if let Some(control) = &shared.control
+        && hs.purpose == SessionPurpose::RDMA_CONTROL
+    {
+        match stream.try_clone() {
+            Ok(s) => match control.serve(s, &hs) {
+                ControlServed::Closed(reason) => reason,
+                ControlServed::Open(link) => {
+                    ControlConn::start(admitted(stream), link);
+                    return;
                 }
-            }
-        }
-    } else if hs.purpose != SessionPurpose::DATA {
-        let msg = format!("session purpose {} is not served here", hs.purpose);
-        send_error(
-            &mut stream,
-            ErrorCode::UNEXPECTED_FRAME,
-            FrameType::HELLO,
-            &msg,
-        );
-        CloseReason {
-            abnormal: true,
-            text: msg,
+            },
+            Err(e) => CloseReason {
+                abnormal: true,
+                text: format!("cannot clone the socket: {e}"),
+            },
         }
     } else {
         // p2p metadata: our publications, then the data phase.

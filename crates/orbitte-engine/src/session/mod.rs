@@ -15,8 +15,9 @@
 //! ([`crate::transport::tcp`]) until either side leaves.
 //!
 //! The listener's accept loop waits on epoll on one of its I/O threads
-//! (`io_threads` of them, event loops that also hold every idle tcp data
-//! session) and takes each connection as it arrives; the kernel queues up
+//! (`io_threads` of them, event loops that also run every handshake and
+//! hold every idle tcp data session) and takes each connection as it
+//! arrives; the kernel queues up
 //! to 1024 of them meanwhile (capped by `net.core.somaxconn`), so a burst
 //! of unauthenticated connections does not drop a legitimate peer's SYN.
 //!
@@ -53,6 +54,9 @@
 pub(crate) mod accept;
 pub(crate) mod activity;
 mod connect;
+mod control_conn;
+#[cfg(test)]
+mod control_tests;
 mod data;
 pub(crate) mod handshake;
 pub(crate) mod io;
@@ -60,6 +64,7 @@ mod link;
 pub(crate) mod listener;
 pub(crate) mod log_budget;
 pub(crate) mod net;
+pub(crate) mod nonblocking;
 pub mod path;
 pub mod probe;
 pub(crate) mod publications;
@@ -162,8 +167,8 @@ pub struct SessionConfig {
     /// builder refuses less).
     pub socket_buffer: Option<usize>,
     /// I/O threads of a target's listener: event loops (epoll) that run
-    /// the accept loop and hold every idle tcp data session, however many
-    /// peers are connected. At least 1 (0 is taken as 1).
+    /// the accept loop and every handshake and hold every idle tcp data
+    /// session, however many peers are connected or connecting. At least 1 (0 is taken as 1).
     pub io_threads: usize,
     /// Send memfd-backed memory with `sendfile` (see
     /// `transport::tcp::payload`); off: with `sendmsg` straight from the

@@ -5,12 +5,11 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
-use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
-use orbitte_wire::{SessionId, SourceId};
+use orbitte_wire::{Frame, SessionId, SourceId};
 
 use super::activity::SessionActivity;
 use super::log_budget::LogBudget;
@@ -51,34 +50,27 @@ pub(crate) struct LiveConn {
 /// Serves sessions opened for [`SessionPurpose::RDMA_CONTROL`] (the
 /// engine's rdma control link) after the handshake admitted them.
 pub(crate) trait ControlAcceptor: Send + Sync + std::fmt::Debug {
-    /// Runs the control link on `stream` for the admitted session `hs`
-    /// until it ends (says why) or is quiet.
-    fn serve(
-        &self,
-        stream: TcpStream,
-        hs: &handshake::Handshake,
-        stop: &AtomicBool,
-    ) -> ControlServed;
+    /// Sets the peer's rdma rails up over `stream` (blocking) for the
+    /// admitted session `hs`; says why not.
+    fn serve(&self, stream: TcpStream, hs: &handshake::Handshake) -> ControlServed;
 }
 
-/// How serving a control link returned.
+/// How setting a control link up returned.
 #[derive(Debug)]
 pub(crate) enum ControlServed {
     /// The link ended, for this reason (the listener closes it).
     Closed(CloseReason),
-    /// Nothing arrived for the poll interval and nothing is buffered: the
-    /// listener parks the link on its I/O pool and resumes it at its next
-    /// byte.
-    Quiet(Box<dyn ControlSession>),
+    /// The peer's rails are up: the listener serves the link on its I/O
+    /// pool from now on (`session::control_conn`).
+    Open(Box<dyn ControlSession>),
 }
 
-/// An open control link between its frames.
+/// An open control link: what the peer's frames on it ask, answered.
 pub(crate) trait ControlSession: Send + std::fmt::Debug {
-    /// Its socket, watched while it is parked.
-    fn fd(&self) -> RawFd;
-    /// Serves it again (its socket became readable) until it ends or is
-    /// quiet.
-    fn resume(self: Box<Self>, stop: &AtomicBool) -> ControlServed;
+    /// Answers one frame the peer sent (a request to re-establish one of
+    /// its rails): the frame to send back, if any, or why the link ends.
+    /// Called on an I/O loop: it must not wait for the network.
+    fn answer(&mut self, frame: Frame) -> Result<Option<Frame>, CloseReason>;
 }
 
 #[derive(Debug)]

@@ -121,7 +121,7 @@ impl Runner<'_> {
     /// Submits one chunk request and waits for its outcome and its drain.
     fn transfer(&self, tr: TransferRequest, net: &mut Net) -> Result<Outcome, ChunkError> {
         let engine = self.engine;
-        let id = match engine.submit_inner(&[tr], None) {
+        let id = match engine.submit_inner(&[tr], None, crate::request::Posting::Inline) {
             Ok(ids) => match ids.first() {
                 Some(id) => *id,
                 None => {

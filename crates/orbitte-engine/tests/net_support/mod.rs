@@ -271,6 +271,13 @@ impl Driver {
         }
     }
 
+    /// The outcome of `id` if it has one now (never waits).
+    pub fn try_outcome(&self, id: RequestId) -> Option<Outcome> {
+        let mut g = self.inner.lock().unwrap();
+        Self::pump(&mut g);
+        g.outcomes.remove(&id)
+    }
+
     pub fn drain_status(&self, id: RequestId) -> DrainStatus {
         self.inner.lock().unwrap().core.drain_status(id)
     }
@@ -487,7 +494,7 @@ pub mod raw {
     }
 
     /// Reads one frame (and drops a data frame's payload).
-    pub fn read_frame(s: &mut TcpStream) -> std::io::Result<Frame> {
+    pub fn read_frame(s: &mut impl Read) -> std::io::Result<Frame> {
         let mut h = [0u8; HEADER_LEN];
         s.read_exact(&mut h)?;
         let h = FrameHeader::decode(&h).map_err(std::io::Error::other)?;
@@ -514,7 +521,7 @@ pub mod raw {
         }
     }
 
-    pub fn send(s: &mut TcpStream, f: &Frame) {
+    pub fn send(s: &mut impl Write, f: &Frame) {
         let mut buf = Vec::new();
         f.encode(&mut buf).unwrap();
         s.write_all(&buf).unwrap();
@@ -669,6 +676,10 @@ pub fn run_child_target() {
     c.serve_delay = Duration::from_millis(var("NET_DELAY_MS").parse().unwrap_or(0));
     if let Ok(io) = var("NET_IO_TIMEOUT_MS").parse() {
         c.io_timeout = Duration::from_millis(io);
+    }
+    if let Ok(n) = var("NET_MAX_CONNECTIONS").parse() {
+        c.max_connections_per_source = n;
+        c.max_sessions = c.max_sessions.max(n);
     }
     let addr: SocketAddr = var("NET_ADDR").parse().unwrap();
     let t = Target::start_at(c.clone(), addr);

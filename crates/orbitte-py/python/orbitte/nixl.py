@@ -868,7 +868,16 @@ class nixl_agent:
         x = handle._native
         if x.agent not in self._remotes:
             raise nixlNotFoundError(f"agent {x.agent!r} was removed: add it again (add_remote_agent)")
-        state = x.post(_notif(notif_msg))
+        msg = _notif(notif_msg)
+        carrier = None
+        if msg or x.notifies:
+            # A notification of a transfer that moves CUDA memory cannot ride
+            # the staged batch: it follows on a one-byte READ of the agent's
+            # anchor once every byte moved.
+            anchor = self._remotes[x.agent].anchor
+            if anchor is not None:
+                carrier = read(self._anchor, anchor, 1)
+        state = x.post(msg, carrier)
         if state == "ERR":
             self._log_err(handle)
         return state
@@ -876,9 +885,7 @@ class nixl_agent:
     def check_xfer_state(self, handle: nixl_xfer_handle) -> str:
         """"DONE" (every byte placed, the buffers free, the notification sent),
         "PROC" or "ERR" (``handle.error`` says why). Never waits on the
-        network; while a transfer of the local path is still being copied by
-        its posting thread it waits for that copy at most 1 ms, so a caller
-        polling in a loop leaves the core to the copy."""
+        network."""
         state = handle._native.state()
         if state == "ERR":
             self._log_err(handle)

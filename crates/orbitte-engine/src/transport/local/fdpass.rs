@@ -11,28 +11,33 @@ use rustix::net::{
     SendAncillaryMessage, SendFlags,
 };
 
-/// Sends `bytes` (at least one) with `fd` attached. The whole of `bytes`
-/// goes in one `sendmsg` (unix stream sockets do not split small writes).
-pub(crate) fn send_with_fd(sock: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
+/// Sends what the socket takes now of `bytes` (at least one) with `fd`
+/// attached to the first of them, without waiting: `WouldBlock` when the
+/// socket has no room (nothing was sent, `fd` included); otherwise how
+/// many bytes went, `fd` with them, and the rest is the caller's to send
+/// plainly.
+pub(crate) fn send_with_fd_now(
+    sock: &UnixStream,
+    bytes: &[u8],
+    fd: BorrowedFd<'_>,
+) -> io::Result<usize> {
     let fds = [fd];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
         return Err(io::Error::other("ancillary buffer too small for one fd"));
     }
-    let n = rustix::net::sendmsg(
-        sock.as_fd(),
-        &[IoSlice::new(bytes)],
-        &mut control,
-        SendFlags::NOSIGNAL,
-    )?;
-    if n != bytes.len() {
-        // The fd went with the first bytes; send the rest plainly.
-        use std::io::Write;
-        let mut s = sock;
-        s.write_all(&bytes[n..])?;
+    loop {
+        match rustix::net::sendmsg(
+            sock.as_fd(),
+            &[IoSlice::new(bytes)],
+            &mut control,
+            SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+        ) {
+            Err(rustix::io::Errno::INTR) => {}
+            other => return Ok(other?),
+        }
     }
-    Ok(())
 }
 
 /// Receives up to `buf.len()` bytes and the fd attached to them, if any.
@@ -73,7 +78,10 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         let m = HostMemory::alloc(8192).unwrap();
         m.write_at(4100, b"shared").unwrap();
-        send_with_fd(&a, b"range-7", m.memfd().unwrap()).unwrap();
+        assert_eq!(
+            send_with_fd_now(&a, b"range-7", m.memfd().unwrap()).unwrap(),
+            7
+        );
         let mut buf = [0u8; 16];
         let (n, fd) = recv_with_fd(&b, &mut buf).unwrap();
         assert_eq!(&buf[..n], b"range-7");

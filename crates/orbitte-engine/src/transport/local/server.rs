@@ -1,12 +1,17 @@
 //! Target side of the local path: hands mappable ranges to authenticated
 //! same-host peers over the owner's abstract unix socket.
 //!
-//! After the handout the session stays open for the initiator's
-//! notifications. A session quiet for [`CHECK`] parks on the listener's
-//! I/O pool ([`crate::io_pool`]) and gives its thread up; the first byte
-//! from the initiator (a notification, its goodbye or close, or the
-//! server's shutdown of the socket) hands it to a new thread.
+//! A mapping session lives on the listener's I/O pool
+//! ([`crate::io_pool`]) from its accept to its close, on a non-blocking
+//! socket, and holds no thread: the peer's credentials, the handshake
+//! (with its pre-auth deadline), the handout (each range's fd with its
+//! publication, then the goodbye, sent as the socket takes them within
+//! the handshake's bound), then the initiator's notifications, read as
+//! they arrive (a frame that starts must finish within `frame_timeout`,
+//! checked every [`CHECK`]) until its goodbye or close, or the server's
+//! shutdown of the socket.
 
+use std::collections::VecDeque;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
@@ -15,20 +20,22 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use mio::Interest;
 use orbitte_memory::HostMemory;
-use orbitte_wire::{AccessFlags, ErrorCode, Frame, GoodbyeReason, SegmentPublication};
+use orbitte_wire::{AccessFlags, ErrorCode, Frame, FrameType, GoodbyeReason, SegmentPublication};
 
 use super::{fdpass, socket_name};
-use crate::io_pool::{IoPool, Next, WatchKey, Watched, spawn_with};
+use crate::io_pool::{IoPool, Next, WatchKey, Watched};
 use crate::session::accept::{Accepting, Acceptor};
-use crate::session::io::{FrameReader, send_error, write_frame};
+use crate::session::handshake::{Responder, Step};
+use crate::session::io::{FrameBuffer, send_error};
+use crate::session::nonblocking::{Outbox, Refusal};
 use crate::session::serving::Shared;
-use crate::session::{PeerIdentity, SessionError, handshake};
+use crate::session::{PeerIdentity, ServedMemory, SessionError};
 use crate::transport::PathKind;
 
-/// How long a mapping session waits for a notification on its thread
-/// before it parks, and how often a parked one checks whether the
-/// listener stops.
+/// How often a mapping session checks whether the listener stops and
+/// whether a frame that started is overdue.
 pub(crate) const CHECK: Duration = Duration::from_millis(200);
 
 /// Target side: hands mappable ranges to authenticated same-host peers.
@@ -145,7 +152,7 @@ impl Accepting for LocalAccepting {
     fn take(&mut self, s: UnixStream) {
         let shared = &self.shared;
         // Same bound as tcp sessions: a local flood of connections cannot
-        // make unbounded threads.
+        // hold unbounded descriptors.
         if self.live.load(Ordering::Acquire) >= shared.cfg.max_sessions {
             if let Some(left_out) = shared.refusal_to_log() {
                 tracing::warn!(
@@ -163,13 +170,10 @@ impl Accepting for LocalAccepting {
             id,
             live: self.live.clone(),
         };
-        let sh = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name("orbitte-local-session".into())
-            .spawn(move || serve_local(s, &sh, release));
-        if spawned.is_err() {
-            self.sessions.close(id);
-            self.live.fetch_sub(1, Ordering::AcqRel);
+        if let Next::Wait(w, deadline) = open_session(s, shared, release, Instant::now())
+            && let Some(pool) = shared.pool.upgrade()
+        {
+            pool.watch(w, deadline);
         }
     }
 
@@ -246,83 +250,284 @@ impl Release {
     }
 }
 
-fn serve_local(mut s: UnixStream, shared: &Arc<Shared>, release: Release) {
-    let cfg = &shared.cfg;
-    if let Some(why) = mapping_refusal(&s, cfg.cluster_secret.is_some()) {
-        send_error(
-            &mut s,
-            ErrorCode::AUTH_REQUIRED,
-            orbitte_wire::FrameType::HELLO,
-            &why,
-        );
+/// Starts a mapping session on an accepted connection: the peer's
+/// credentials, then its handshake on the pool's loops. Returns what a
+/// loop does with it next.
+fn open_session(s: UnixStream, shared: &Arc<Shared>, release: Release, now: Instant) -> Next {
+    let refuse = |s: UnixStream, out: Outbox, release: Release| {
+        Refusal::start(s, out, false, now, Box::new(move || release.release()))
+    };
+    if let Err(e) = s.set_nonblocking(true) {
+        if let Some(left_out) = shared.resource_line_to_log() {
+            tracing::warn!(error = %e, left_out, "local session refused: cannot set up its socket");
+        }
+        release.release();
+        return Next::Done;
+    }
+    if let Some(why) = mapping_refusal(&s, shared.cfg.cluster_secret.is_some()) {
+        let mut out = Outbox::default();
+        out.push_error(ErrorCode::AUTH_REQUIRED, FrameType::HELLO, &why);
         if let Some(left_out) = shared.refusal_to_log() {
             tracing::warn!(left_out, "{why}");
         }
-        return release.release();
+        return refuse(s, out, release);
     }
-    let hs = match handshake::accept(&mut s, cfg, &shared.peers, None) {
-        Ok(h) => h,
+    match Responder::new(&shared.cfg, now) {
+        Ok(responder) => Box::new(Handshaking {
+            s,
+            shared: shared.clone(),
+            release,
+            responder,
+            want: Interest::WRITABLE,
+        })
+        .advance(now),
         Err(e) => {
             if let Some(left_out) = shared.refusal_to_log() {
                 tracing::warn!(error = %e, left_out, "local session refused");
             }
-            return release.release();
+            refuse(s, Outbox::default(), release)
         }
-    };
-    let mut scratch = Vec::new();
-    let mut handed = 0usize;
-    let result = (|| -> Result<(), SessionError> {
-        for (id, p) in shared.ranges.published() {
-            let crate::session::publications::ServedMemory::Host(memory) = &p.memory else {
-                continue;
-            };
-            if !p.is_mappable() {
-                continue;
-            }
-            let writable = p.access.contains(AccessFlags::REMOTE_WRITE);
-            let fd = handout_fd(memory, writable)?;
-            let desc = crate::session::publications::descriptor(
-                id,
-                &p,
-                &cfg.host_id,
-                shared.ranges.rkeys(id),
-            );
-            let frame = Frame::SegmentPublication(SegmentPublication {
-                epoch: cfg.epoch,
-                ranges: vec![desc],
-            });
-            scratch.clear();
-            frame
-                .encode(&mut scratch)
-                .map_err(|e| SessionError::Protocol(e.to_string()))?;
-            fdpass::send_with_fd(&s, &scratch, fd.as_fd())?;
-            handed += 1;
-        }
-        let bye = Frame::Goodbye(orbitte_wire::Goodbye {
-            reason: GoodbyeReason::NORMAL,
-            message: orbitte_wire::Message::truncating("all mappable ranges sent"),
-        });
-        write_frame(&mut s, &bye, &mut scratch)?;
-        s.flush()?;
-        Ok(())
-    })();
-    let session = MappingSession {
-        s,
-        shared: shared.clone(),
-        peer: hs.peer,
-        session: hs.session,
-        handed,
-        release,
-    };
-    match result {
-        Ok(()) => session.run(),
-        Err(e) => session.finish(Err(e)),
     }
 }
 
-/// A mapping session after its handout, carrying the initiator's
-/// notifications: on a thread while they come, parked on the pool while
-/// quiet.
+/// A mapping session in its handshake, on an I/O loop.
+struct Handshaking {
+    s: UnixStream,
+    shared: Arc<Shared>,
+    release: Release,
+    responder: Responder,
+    want: Interest,
+}
+
+impl Handshaking {
+    fn advance(mut self: Box<Self>, now: Instant) -> Next {
+        let cfg = &self.shared.cfg;
+        match self
+            .responder
+            .step(&mut self.s, cfg, &self.shared.peers, None, |_, _| Ok(()))
+        {
+            Step::Wait(interest) => {
+                self.want = interest;
+                let at = self.responder.deadline();
+                Next::Wait(self, Some(at))
+            }
+            Step::Done(hs) => {
+                let Self {
+                    s, shared, release, ..
+                } = *self;
+                let session = MappingSession {
+                    s,
+                    shared,
+                    peer: hs.peer,
+                    session: hs.session,
+                    handed: 0,
+                    frames: None,
+                    release,
+                };
+                match handout(&session.shared) {
+                    Ok(msgs) => Box::new(Handout {
+                        deadline: now + cfg_bound(&session.shared),
+                        session,
+                        msgs,
+                        sent: 0,
+                    })
+                    .advance(now),
+                    Err(e) => {
+                        session.finish(Err(e));
+                        Next::Done
+                    }
+                }
+            }
+            Step::Refused(e) => self.refuse(e, now),
+        }
+    }
+
+    fn refuse(self: Box<Self>, e: SessionError, now: Instant) -> Next {
+        if let Some(left_out) = self.shared.refusal_to_log() {
+            tracing::warn!(error = %e, left_out, "local session refused");
+        }
+        let Self {
+            s,
+            release,
+            responder,
+            ..
+        } = *self;
+        Refusal::start(
+            s,
+            responder.outbox(),
+            false,
+            now,
+            Box::new(move || release.release()),
+        )
+    }
+}
+
+/// How long the handout may take to leave: the handshake's bound.
+fn cfg_bound(shared: &Shared) -> Duration {
+    shared.cfg.handshake_timeout.min(shared.cfg.preauth_timeout)
+}
+
+impl Watched for Handshaking {
+    fn fd(&self) -> RawFd {
+        self.s.as_raw_fd()
+    }
+
+    fn interest(&self) -> Interest {
+        self.want
+    }
+
+    fn ready(self: Box<Self>, now: Instant) -> Next {
+        self.advance(now)
+    }
+
+    fn expired(mut self: Box<Self>, now: Instant) -> Next {
+        let e = self.responder.expired(&self.shared.peers);
+        self.refuse(e, now)
+    }
+
+    fn abandoned(mut self: Box<Self>, _why: &str) {
+        self.responder.abandon(&self.shared.peers);
+        self.release.release();
+    }
+}
+
+/// One message of a handout: its bytes, and the fd that goes with the
+/// first of them until it went.
+type Message = (Vec<u8>, Option<OwnedFd>);
+
+/// The handout's messages: one `segment-publication` with its fd per
+/// mappable range, then the goodbye.
+fn handout(shared: &Shared) -> Result<VecDeque<Message>, SessionError> {
+    let cfg = &shared.cfg;
+    let mut msgs = VecDeque::new();
+    for (id, p) in shared.ranges.published() {
+        // GPU memory is never mappable: a same-host peer reaches it over tcp.
+        let ServedMemory::Host(memory) = &p.memory else {
+            continue;
+        };
+        if !p.is_mappable() {
+            continue;
+        }
+        let writable = p.access.contains(AccessFlags::REMOTE_WRITE);
+        let fd = handout_fd(memory, writable)?;
+        let desc =
+            crate::session::publications::descriptor(id, &p, &cfg.host_id, shared.ranges.rkeys(id));
+        let frame = Frame::SegmentPublication(SegmentPublication {
+            epoch: cfg.epoch,
+            ranges: vec![desc],
+        });
+        let mut bytes = Vec::new();
+        frame.encode(&mut bytes)?;
+        msgs.push_back((bytes, Some(fd)));
+    }
+    let bye = Frame::Goodbye(orbitte_wire::Goodbye {
+        reason: GoodbyeReason::NORMAL,
+        message: orbitte_wire::Message::truncating("all mappable ranges sent"),
+    });
+    let mut bytes = Vec::new();
+    bye.encode(&mut bytes)?;
+    msgs.push_back((bytes, None));
+    Ok(msgs)
+}
+
+/// A mapping session's handout leaving as the socket takes it, on an I/O
+/// loop, within the handshake's bound.
+struct Handout {
+    session: MappingSession,
+    msgs: VecDeque<Message>,
+    /// Bytes of the first message sent.
+    sent: usize,
+    deadline: Instant,
+}
+
+impl Handout {
+    fn advance(mut self: Box<Self>, now: Instant) -> Next {
+        loop {
+            match self.send() {
+                Ok(true) => {}
+                Ok(false) => {
+                    let at = self.deadline;
+                    return Next::Wait(self, Some(at));
+                }
+                Err(e) => {
+                    self.session.finish(Err(e.into()));
+                    return Next::Done;
+                }
+            }
+            if self.msgs.is_empty() {
+                // Handed out: the session waits for notifications.
+                return Next::Wait(Box::new(self.session), Some(now + CHECK));
+            }
+        }
+    }
+
+    /// Sends what the socket takes of the first message; `Ok(true)`: it
+    /// is all sent (or there was none).
+    fn send(&mut self) -> std::io::Result<bool> {
+        let Some((bytes, fd)) = self.msgs.front_mut() else {
+            return Ok(true);
+        };
+        while self.sent < bytes.len() {
+            let rest = &bytes[self.sent..];
+            let sent = match fd.take() {
+                Some(f) => match fdpass::send_with_fd_now(&self.session.s, rest, f.as_fd()) {
+                    Err(e) => {
+                        *fd = Some(f);
+                        Err(e)
+                    }
+                    ok => {
+                        self.session.handed += 1;
+                        ok
+                    }
+                },
+                None => (&self.session.s).write(rest),
+            };
+            match sent {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => self.sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        self.msgs.pop_front();
+        self.sent = 0;
+        Ok(true)
+    }
+}
+
+impl Watched for Handout {
+    fn fd(&self) -> RawFd {
+        self.session.s.as_raw_fd()
+    }
+
+    fn interest(&self) -> Interest {
+        Interest::WRITABLE
+    }
+
+    fn ready(self: Box<Self>, now: Instant) -> Next {
+        self.advance(now)
+    }
+
+    fn expired(self: Box<Self>, _now: Instant) -> Next {
+        self.session.finish(Err(SessionError::Timeout {
+            what: "room for the handout",
+        }));
+        Next::Done
+    }
+
+    fn abandoned(self: Box<Self>, _why: &str) {
+        self.session.finish(Ok(()));
+    }
+}
+
+/// How many reads one readiness of a mapping session makes at most before
+/// the loop's other descriptors get their turn (the registration is
+/// level-triggered: it is called again for the rest).
+const READS_PER_TURN: usize = 16;
+
+/// A mapping session after its handout, on an I/O loop, carrying the
+/// initiator's notifications.
 #[derive(Debug)]
 struct MappingSession {
     s: UnixStream,
@@ -331,24 +536,13 @@ struct MappingSession {
     session: orbitte_wire::SessionId,
     /// Ranges handed out.
     handed: usize,
+    /// A frame that started and is not complete yet (`None` between
+    /// frames: an idle session holds no buffer).
+    frames: Option<FrameBuffer>,
     release: Release,
 }
 
 impl MappingSession {
-    /// Receives notifications until the session ends, or parks it once
-    /// quiet.
-    fn run(mut self) {
-        match receive_notifications(&mut self.s, &self.shared, &self.peer) {
-            Received::Ended => self.finish(Ok(())),
-            Received::Quiet => match self.shared.pool.upgrade() {
-                Some(pool) => {
-                    pool.watch(Box::new(self), Some(Instant::now() + CHECK));
-                }
-                None => self.finish(Ok(())),
-            },
-        }
-    }
-
     fn finish(self, result: Result<(), SessionError>) {
         self.shared
             .peers
@@ -369,6 +563,95 @@ impl MappingSession {
         }
         self.release.release();
     }
+
+    /// Takes the frames that arrived; `false`: the session ended.
+    fn receive(&mut self) -> bool {
+        let mut frames = self.frames.take().unwrap_or_default();
+        for _ in 0..READS_PER_TURN {
+            match frames.fill(&self.s, true) {
+                Ok(0) => return false,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    tracing::debug!(peer = %self.peer.source_id, error = %e, "local session ended");
+                    return false;
+                }
+            }
+            loop {
+                match frames.next() {
+                    Ok(Some(frame)) => {
+                        if !self.take(frame) {
+                            return false;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(SessionError::Malformed(e)) => {
+                        send_error(&mut self.s, e.error_code(), e.frame, &e.to_string());
+                        if let Some(left_out) = self.shared.refusal_to_log() {
+                            tracing::warn!(peer = %self.peer.source_id, error = %e, left_out, "malformed frame on a local session");
+                        }
+                        return false;
+                    }
+                    Err(e) => {
+                        tracing::debug!(peer = %self.peer.source_id, error = %e, "local session ended");
+                        return false;
+                    }
+                }
+            }
+        }
+        if !frames.is_empty() {
+            self.frames = Some(frames);
+        }
+        true
+    }
+
+    /// After the handout the initiator keeps the session open to send
+    /// `notification` frames (the local path's notifications, each sent
+    /// after the copies of its batch into the shared mapping finished);
+    /// queues one. `false`: the session ends (a goodbye, or a frame not
+    /// allowed here).
+    fn take(&mut self, frame: Frame) -> bool {
+        let shared = &self.shared;
+        match frame {
+            Frame::Notification(n) => {
+                // The epoch rule on every notification: a newer incarnation
+                // of the source may have been admitted since.
+                let current = shared
+                    .peers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .epoch_of(&self.peer.source_id);
+                if current != Some(self.peer.epoch) {
+                    send_error(
+                        &mut self.s,
+                        ErrorCode::STALE_EPOCH,
+                        FrameType::NOTIFICATION,
+                        "the session's epoch is superseded",
+                    );
+                    return false;
+                }
+                shared.ranges.notification(&self.peer, PathKind::Local, n);
+                true
+            }
+            Frame::Goodbye(_) => false,
+            other => {
+                let msg = format!(
+                    "{} is not allowed on a local session after the handout",
+                    other.frame_type()
+                );
+                send_error(
+                    &mut self.s,
+                    ErrorCode::UNEXPECTED_FRAME,
+                    other.frame_type(),
+                    &msg,
+                );
+                if let Some(left_out) = shared.refusal_to_log() {
+                    tracing::warn!(peer = %self.peer.source_id, left_out, "{msg}");
+                }
+                false
+            }
+        }
+    }
 }
 
 impl Watched for MappingSession {
@@ -376,15 +659,12 @@ impl Watched for MappingSession {
         self.s.as_raw_fd()
     }
 
-    fn ready(self: Box<Self>, _now: Instant) -> Next {
-        if self.shared.stop.load(Ordering::Acquire) {
+    fn ready(mut self: Box<Self>, now: Instant) -> Next {
+        if self.shared.stop.load(Ordering::Acquire) || !self.receive() {
             self.finish(Ok(()));
             return Next::Done;
         }
-        if let Err((m, e)) = spawn_with("orbitte-local-session".into(), *self, Self::run) {
-            m.finish(Err(SessionError::Io(e)));
-        }
-        Next::Done
+        Next::Wait(self, Some(now + CHECK))
     }
 
     fn expired(self: Box<Self>, now: Instant) -> Next {
@@ -392,79 +672,21 @@ impl Watched for MappingSession {
             self.finish(Ok(()));
             return Next::Done;
         }
+        let frame_timeout = self.shared.cfg.frame_timeout;
+        if self
+            .frames
+            .as_ref()
+            .is_some_and(|f| f.overdue(frame_timeout))
+        {
+            self.finish(Err(SessionError::Timeout {
+                what: "the rest of a frame (truncated frame)",
+            }));
+            return Next::Done;
+        }
         Next::Wait(self, Some(now + CHECK))
     }
 
     fn abandoned(self: Box<Self>, _why: &str) {
         self.finish(Ok(()));
-    }
-}
-
-/// How [`receive_notifications`] returned.
-enum Received {
-    /// The session ended (the initiator left, misbehaved, or the listener
-    /// stops).
-    Ended,
-    /// Nothing arrived for [`CHECK`] and nothing is buffered.
-    Quiet,
-}
-
-/// After the handout the initiator keeps the session open to send
-/// `notification` frames (the local path's notifications, each sent after
-/// the copies of its batch into the shared mapping finished); queues them
-/// until the initiator closes the session or the listener stops.
-fn receive_notifications(s: &mut UnixStream, shared: &Shared, peer: &PeerIdentity) -> Received {
-    let mut reader = FrameReader::new();
-    loop {
-        match reader.read(s, Some(CHECK), shared.cfg.frame_timeout) {
-            Ok(Frame::Notification(n)) => {
-                // The epoch rule on every notification: a newer incarnation
-                // of the source may have been admitted since.
-                let current = shared
-                    .peers
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .epoch_of(&peer.source_id);
-                if current != Some(peer.epoch) {
-                    send_error(
-                        s,
-                        ErrorCode::STALE_EPOCH,
-                        orbitte_wire::FrameType::NOTIFICATION,
-                        "the session's epoch is superseded",
-                    );
-                    return Received::Ended;
-                }
-                shared.ranges.notification(peer, PathKind::Local, n);
-            }
-            Ok(Frame::Goodbye(_)) | Err(SessionError::Closed { .. }) => return Received::Ended,
-            Ok(other) => {
-                let msg = format!(
-                    "{} is not allowed on a local session after the handout",
-                    other.frame_type()
-                );
-                send_error(s, ErrorCode::UNEXPECTED_FRAME, other.frame_type(), &msg);
-                if let Some(left_out) = shared.refusal_to_log() {
-                    tracing::warn!(peer = %peer.source_id, left_out, "{msg}");
-                }
-                return Received::Ended;
-            }
-            Err(SessionError::Idle) => {
-                if shared.stop.load(Ordering::Acquire) {
-                    return Received::Ended;
-                }
-                return Received::Quiet;
-            }
-            Err(SessionError::Malformed(e)) => {
-                send_error(s, e.error_code(), e.frame, &e.to_string());
-                if let Some(left_out) = shared.refusal_to_log() {
-                    tracing::warn!(peer = %peer.source_id, error = %e, left_out, "malformed frame on a local session");
-                }
-                return Received::Ended;
-            }
-            Err(e) => {
-                tracing::debug!(peer = %peer.source_id, error = %e, "local session ended");
-                return Received::Ended;
-            }
-        }
     }
 }

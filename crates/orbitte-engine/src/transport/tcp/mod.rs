@@ -13,8 +13,8 @@
 //! range published as remotely accessible.
 //!
 //! Outcome contract: the same as rdma, through the engine's core. Each work
-//! item is reported once, `released: true` (the rail's threads have let go
-//! of its bytes when they report). A rail that fails reports `RailDown` and
+//! item is reported once, `released: true` (the rail's loop has let go of
+//! its bytes when it reports). A rail that fails reports `RailDown` and
 //! every outstanding item: sent ones as `RailDown` (a WRITE may have reached
 //! the peer: remote effect possible), never-sent ones as `Flushed`. Nothing
 //! is retried on another rail. Answers are passed on as they arrive (see
@@ -108,8 +108,8 @@ pub struct TcpTransport {
     sink: Arc<dyn EventSink>,
     rails: RwLock<crate::Map<RailId, (PeerId, Arc<Rail>)>>,
     state: Arc<RwLock<crate::Map<PeerId, PeerState>>>,
-    /// Where idle rails park (started with the first rail); an engine
-    /// shares it with its listener.
+    /// Where the rails are served (started with the first rail); an
+    /// engine shares it with its listener.
     io: IoThreads,
 }
 
@@ -136,7 +136,7 @@ impl TcpTransport {
         })
     }
 
-    /// The I/O pool its idle rails park on (an engine's listener shares
+    /// The I/O pool its rails are served on (an engine's listener shares
     /// it).
     pub(crate) fn io_threads(&self) -> IoThreads {
         self.io.clone()
@@ -318,7 +318,7 @@ impl TcpTransport {
                 &self.cfg,
                 self.sink.clone(),
                 on_pub,
-                Arc::downgrade(&pool),
+                &pool,
             )
             .map_err(SessionError::Io)?;
             self.rails
@@ -520,7 +520,7 @@ impl TcpTransport {
 
 impl Drop for TcpTransport {
     fn drop(&mut self) {
-        // The rail threads hold their own handles: stop them.
+        // The rails' loops hold their own handles: take the rails down.
         for (_, (_, r)) in self
             .rails
             .get_mut()

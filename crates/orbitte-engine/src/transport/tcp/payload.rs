@@ -11,17 +11,15 @@
 //! header. Only a refused WRITE's payload, which must be read and dropped,
 //! goes through a scratch buffer that the connection keeps for its life.
 //!
-//! Every call works on a blocking socket whose timeouts the connection set
-//! once (no `setsockopt` per call). Without a deadline a timeout of the
-//! socket ends the operation (`WouldBlock`); with one, the operation
-//! carries on across socket timeouts until the deadline, so the whole
-//! operation ends by the deadline (within one socket timeout) however the
-//! peer paces its reads or writes, and a timeout past it is `TimedOut`.
+//! Every move works on a non-blocking socket ([`PayloadIo::send_now`],
+//! [`PayloadIo::recv_now`], [`PayloadIo::discard_now`], [`send_ready`]):
+//! each moves what the socket takes or has now, at most a budget, and says
+//! how far it got ([`Moved`]); the caller (a session or a rail on its I/O
+//! loop) keeps the position and the deadline.
 
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::AsFd;
-use std::time::Instant;
 
 use orbitte_memory::HostMemory;
 
@@ -29,36 +27,6 @@ use crate::session::io::FrameBuffer;
 
 /// Largest piece one `sendfile` call moves, and the scratch size.
 const CHUNK: usize = 1 << 20;
-
-/// Whether a failed call may be retried: interrupted, or a socket timeout
-/// before `deadline`. A socket timeout past the deadline (or without one)
-/// becomes the operation's error.
-fn retry(e: io::Error, deadline: Option<Instant>) -> io::Result<()> {
-    match e.kind() {
-        io::ErrorKind::Interrupted => Ok(()),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => match deadline {
-            Some(d) if Instant::now() < d => Ok(()),
-            Some(_) => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "payload not moved within its deadline",
-            )),
-            None => Err(e),
-        },
-        _ => Err(e),
-    }
-}
-
-/// `TimedOut` once `deadline` passed (checked between system calls that
-/// made progress: a peer that trickles bytes is cut off as well).
-fn past(deadline: Option<Instant>) -> io::Result<()> {
-    match deadline {
-        Some(d) if Instant::now() >= d => Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "payload not moved within its deadline",
-        )),
-        _ => Ok(()),
-    }
-}
 
 /// What a WRITE payload's last `recvmsg` may bring of the next frame: the
 /// header and fixed part of a WRITE request (its payload is received
@@ -105,169 +73,6 @@ impl PayloadIo {
             ..Self::new(zero_copy)
         }
     }
-
-    /// Writes `head` and then `mem[offset..offset + len]` to `sock`, all
-    /// of it by `deadline` when one is given.
-    pub(crate) fn send(
-        &mut self,
-        sock: &TcpStream,
-        head: &[u8],
-        mem: &HostMemory,
-        offset: u64,
-        len: usize,
-        deadline: Option<Instant>,
-    ) -> io::Result<()> {
-        let offset = check(mem, offset, len)?;
-        if self.zero_copy
-            && len > 0
-            && len <= self.sendfile_max
-            && let Some(fd) = mem.memfd()
-        {
-            send_all(sock, head, true, deadline)?;
-            let mut off = offset as u64;
-            let end = off + len as u64;
-            while off < end {
-                let want = usize::try_from(end - off)
-                    .unwrap_or(usize::MAX)
-                    .min(CHUNK * 4);
-                match rustix::fs::sendfile(sock.as_fd(), fd, Some(&mut off), want) {
-                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                    Ok(_) if off < end => past(deadline)?,
-                    Ok(_) => {}
-                    Err(e) => retry(e.into(), deadline)?,
-                }
-            }
-            return Ok(());
-        }
-        let (mut head, mut off, end) = (head, offset, offset + len);
-        while !head.is_empty() || off < end {
-            match mem.send_to(sock.as_fd(), head, off, end - off, false) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    let from_head = n.min(head.len());
-                    head = &head[from_head..];
-                    off += n - from_head;
-                    if off < end {
-                        past(deadline)?;
-                    }
-                }
-                Err(e) => retry(e, deadline)?,
-            }
-        }
-        Ok(())
-    }
-
-    /// Reads exactly `len` bytes from `sock` into `mem[offset..]`, all of
-    /// them by `deadline` when one is given; bytes that follow them and
-    /// arrive in the same system calls go on into `frames` (up to the next
-    /// request's header: one `recvmsg` per payload, not one more `recv`).
-    ///
-    /// `answers` holds encoded answers not sent yet: the receive never
-    /// waits for the peer while it holds them. When no byte is there, it
-    /// sends them (by `deadline`) and empties it first, so the peer learns
-    /// of the requests served before this one even if this payload never
-    /// arrives.
-    pub(crate) fn recv(
-        &mut self,
-        sock: &TcpStream,
-        frames: &mut FrameBuffer,
-        mem: &HostMemory,
-        (offset, len): (u64, usize),
-        answers: &mut Vec<u8>,
-        deadline: Option<Instant>,
-    ) -> io::Result<()> {
-        let (mut off, end) = {
-            let o = check(mem, offset, len)?;
-            (o, o + len)
-        };
-        while off < end {
-            let holding = !answers.is_empty();
-            match mem.recv_from_then(
-                sock.as_fd(),
-                off,
-                end - off,
-                frames.spare(NEXT_REQUEST),
-                holding,
-            ) {
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => {
-                    let to_mem = n.min(end - off);
-                    frames.filled(n - to_mem);
-                    off += to_mem;
-                    if off < end {
-                        past(deadline)?;
-                    }
-                }
-                Err(e) if holding && e.kind() == io::ErrorKind::WouldBlock => {
-                    send_all(sock, answers, false, deadline)?;
-                    answers.clear();
-                }
-                Err(e) => retry(e, deadline)?,
-            }
-        }
-        Ok(())
-    }
-
-    /// Reads and drops `len` bytes (the payload of a refused WRITE), never
-    /// touching registered memory; all of them by `deadline` when given.
-    pub(crate) fn discard(
-        &mut self,
-        sock: &TcpStream,
-        len: u64,
-        deadline: Option<Instant>,
-    ) -> io::Result<()> {
-        if self.scratch.is_empty() {
-            self.scratch = vec![0; CHUNK];
-        }
-        let mut left = len;
-        while left > 0 {
-            let n = usize::try_from(left).unwrap_or(usize::MAX).min(CHUNK);
-            match rustix::net::recv(
-                sock.as_fd(),
-                &mut self.scratch[..n],
-                rustix::net::RecvFlags::empty(),
-            ) {
-                Ok((0, _)) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok((m, _)) => {
-                    left -= m as u64;
-                    if left > 0 {
-                        past(deadline)?;
-                    }
-                }
-                Err(e) => retry(e.into(), deadline)?,
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Sends all of `bytes`, by `deadline` when given; `more`: more data
-/// follows at once (`MSG_MORE`: the bytes may wait to share a packet).
-pub(crate) fn send_all(
-    sock: &TcpStream,
-    mut bytes: &[u8],
-    more: bool,
-    deadline: Option<Instant>,
-) -> io::Result<()> {
-    use rustix::net::SendFlags;
-    let flags = if more {
-        SendFlags::NOSIGNAL | SendFlags::MORE
-    } else {
-        SendFlags::NOSIGNAL
-    };
-    while !bytes.is_empty() {
-        match rustix::net::send(sock.as_fd(), bytes, flags) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => {
-                bytes = &bytes[n..];
-                if !bytes.is_empty() {
-                    past(deadline)?;
-                }
-            }
-            Err(e) => retry(e.into(), deadline)?,
-        }
-    }
-    Ok(())
 }
 
 /// Sends as much of `bytes` as the socket takes without waiting; returns
@@ -298,9 +103,183 @@ fn check(mem: &HostMemory, offset: u64, len: usize) -> io::Result<usize> {
     Ok(off)
 }
 
+// Non-blocking moves: what the target's sessions on the I/O loops use. The
+// socket is non-blocking; each call moves what it can now, at most a
+// budget, and says how far it got and whether the socket would block.
+
+/// How far a non-blocking move got.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Moved {
+    /// Bytes of the head that went (a send's gathered answers and header).
+    pub(crate) head: usize,
+    /// Payload bytes moved.
+    pub(crate) payload: usize,
+    /// Whether it stopped because the socket would block (otherwise it
+    /// finished, or spent its budget).
+    pub(crate) blocked: bool,
+}
+
+/// `offset..offset + len` of `mem` as `usize` bounds, checked against the
+/// memory before any system call touches it.
+pub(crate) fn span(mem: &HostMemory, offset: u64, len: usize) -> io::Result<(usize, usize)> {
+    let off = check(mem, offset, len)?;
+    Ok((off, off + len))
+}
+
+impl PayloadIo {
+    /// Sends, without waiting and at most `budget` bytes, the rest of
+    /// `head` and then of `mem[off..end]`, a READ answer of `whole`
+    /// payload bytes: with `zero_copy`, memfd-backed memory and `whole`
+    /// up to the mover's `sendfile` bound, the head goes with `MSG_MORE`
+    /// and the payload with `sendfile`; otherwise both with `sendmsg`
+    /// from the mapping. `off..end` was checked with [`span`].
+    pub(crate) fn send_now(
+        &mut self,
+        sock: &TcpStream,
+        mut head: &[u8],
+        mem: &HostMemory,
+        (mut off, end): (usize, usize),
+        whole: usize,
+        budget: usize,
+    ) -> io::Result<Moved> {
+        let mut moved = Moved::default();
+        let sendfile = self.zero_copy && whole > 0 && whole <= self.sendfile_max;
+        let memfd = if sendfile { mem.memfd() } else { None };
+        while (!head.is_empty() || off < end) && moved.head + moved.payload < budget {
+            let left = budget - moved.head - moved.payload;
+            let sent = match memfd {
+                Some(_) if !head.is_empty() => {
+                    let n = head.len().min(left);
+                    send_dontwait(sock, &head[..n], true).map(|n| (n, 0))
+                }
+                Some(fd) => {
+                    let mut at = off as u64;
+                    let want = (end - off).min(left);
+                    rustix::fs::sendfile(sock.as_fd(), fd, Some(&mut at), want)
+                        .map(|n| (0, n))
+                        .map_err(io::Error::from)
+                }
+                None => {
+                    let want = (end - off).min(left.saturating_sub(head.len()).max(1));
+                    mem.send_to(sock.as_fd(), head, off, want, false)
+                        .map(|n| (n.min(head.len()), n - n.min(head.len())))
+                }
+            };
+            match sent {
+                Ok((0, 0)) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok((h, p)) => {
+                    head = &head[h..];
+                    off += p;
+                    moved.head += h;
+                    moved.payload += p;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    moved.blocked = true;
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Receives, without waiting and at most `budget` bytes, the rest of a
+    /// WRITE payload into `mem[off..end]` (checked with [`span`]). With
+    /// `frames` (the payload ends at `end`), the call that asks for its
+    /// last bytes brings what follows them (up to the next request's
+    /// header) into `frames` in the same `recvmsg`; without (more payload
+    /// follows `end`), nothing past `end` is received. The peer's close is
+    /// `UnexpectedEof`.
+    pub(crate) fn recv_now(
+        &mut self,
+        sock: &TcpStream,
+        mut frames: Option<&mut FrameBuffer>,
+        mem: &HostMemory,
+        (mut off, end): (usize, usize),
+        budget: usize,
+    ) -> io::Result<Moved> {
+        let mut moved = Moved::default();
+        while off < end && moved.payload < budget {
+            let want = (end - off).min(budget - moved.payload);
+            // Only bytes past the payload may go to the frame buffer.
+            let tail = match frames.as_deref_mut() {
+                Some(frames) if want == end - off => frames.spare(NEXT_REQUEST),
+                _ => &mut [],
+            };
+            match mem.recv_from_then(sock.as_fd(), off, want, tail, true) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    let to_mem = n.min(want);
+                    if let Some(frames) = frames.as_deref_mut() {
+                        frames.filled(n - to_mem);
+                    }
+                    off += to_mem;
+                    moved.payload += to_mem;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    moved.blocked = true;
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Reads and drops, without waiting and at most `budget` bytes, up to
+    /// `left` bytes (the payload of a refused WRITE), never touching
+    /// registered memory. The peer's close is `UnexpectedEof`.
+    pub(crate) fn discard_now(
+        &mut self,
+        sock: &TcpStream,
+        left: u64,
+        budget: usize,
+    ) -> io::Result<Moved> {
+        if self.scratch.is_empty() {
+            self.scratch = vec![0; CHUNK];
+        }
+        let mut moved = Moved::default();
+        let mut left = usize::try_from(left).unwrap_or(usize::MAX).min(budget);
+        while left > 0 {
+            let n = left.min(CHUNK);
+            match rustix::net::recv(
+                sock.as_fd(),
+                &mut self.scratch[..n],
+                rustix::net::RecvFlags::DONTWAIT,
+            ) {
+                Ok((0, _)) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok((m, _)) => {
+                    left -= m;
+                    moved.payload += m;
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(rustix::io::Errno::AGAIN) => {
+                    moved.blocked = true;
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(moved)
+    }
+}
+
+/// One `send` that never waits (`more`: `MSG_MORE`).
+fn send_dontwait(sock: &TcpStream, bytes: &[u8], more: bool) -> io::Result<usize> {
+    use rustix::net::SendFlags;
+    let mut flags = SendFlags::NOSIGNAL | SendFlags::DONTWAIT;
+    if more {
+        flags |= SendFlags::MORE;
+    }
+    rustix::net::send(sock.as_fd(), bytes, flags).map_err(io::Error::from)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
     use std::net::TcpListener;
     use std::sync::Arc;
 
@@ -309,6 +288,59 @@ mod tests {
         let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (b, _) = l.accept().unwrap();
         (a, b)
+    }
+
+    /// Receives `len` bytes into `mem[offset..]` with [`PayloadIo::recv_now`]
+    /// on the non-blocking `sock`, in turns of at most `budget` bytes,
+    /// pausing whenever the socket would block; returns the turns.
+    fn recv_whole(
+        io: &mut PayloadIo,
+        sock: &TcpStream,
+        frames: &mut FrameBuffer,
+        mem: &HostMemory,
+        (offset, len): (u64, usize),
+        budget: usize,
+    ) -> io::Result<usize> {
+        sock.set_nonblocking(true)?;
+        let (mut off, end) = span(mem, offset, len)?;
+        let mut turns = 0;
+        let t0 = Instant::now();
+        while off < end {
+            let m = io.recv_now(sock, Some(&mut *frames), mem, (off, end), budget)?;
+            assert!(m.payload <= budget, "a turn stays within its budget");
+            off += m.payload;
+            turns += 1;
+            if m.blocked {
+                assert!(t0.elapsed() < std::time::Duration::from_secs(20));
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        Ok(turns)
+    }
+
+    /// Sends `head` and `len` bytes of `mem` from `offset` with
+    /// [`PayloadIo::send_now`] on the non-blocking `sock`, pausing
+    /// whenever the socket would block.
+    fn send_whole(
+        io: &mut PayloadIo,
+        sock: &TcpStream,
+        mut head: &[u8],
+        mem: &HostMemory,
+        (offset, len): (u64, usize),
+    ) -> io::Result<()> {
+        sock.set_nonblocking(true)?;
+        let (mut off, end) = span(mem, offset, len)?;
+        let t0 = Instant::now();
+        while !head.is_empty() || off < end {
+            let m = io.send_now(sock, head, mem, (off, end), len, usize::MAX)?;
+            head = &head[m.head..];
+            off += m.payload;
+            if m.blocked {
+                assert!(t0.elapsed() < std::time::Duration::from_secs(20));
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        Ok(())
     }
 
     /// Sends a head and `3 * CHUNK` bytes from `src` (memfd-backed, or a
@@ -342,22 +374,14 @@ mod tests {
         }
         let len = 3 * CHUNK;
         let t = std::thread::spawn(move || {
-            sender.send(&a, b"HDR", &src, 17, len, None).unwrap();
+            send_whole(&mut sender, &a, b"HDR", &src, (17, len)).unwrap();
             src
         });
         let mut head = [0u8; 3];
         io::Read::read_exact(&mut &b, &mut head).unwrap();
         assert_eq!(&head, b"HDR");
         let mut io = PayloadIo::new(zero_copy);
-        io.recv(
-            &b,
-            &mut FrameBuffer::new(),
-            &dst,
-            (5, len),
-            &mut Vec::new(),
-            None,
-        )
-        .unwrap();
+        recv_whole(&mut io, &b, &mut FrameBuffer::new(), &dst, (5, len), CHUNK).unwrap();
         let src = t.join().unwrap();
         assert_eq!(src.to_vec(17, len).unwrap(), dst.to_vec(5, len).unwrap());
         assert_eq!(dst.to_vec(0, 5).unwrap(), vec![0; 5]);
@@ -401,9 +425,19 @@ mod tests {
         });
         let dst = HostMemory::alloc(CHUNK).unwrap();
         let mut frames = FrameBuffer::new();
-        PayloadIo::new(true)
-            .recv(&b, &mut frames, &dst, (0, CHUNK), &mut Vec::new(), None)
-            .unwrap();
+        // In turns smaller than the payload: only the last may bring the
+        // next frame's bytes.
+        let turns = recv_whole(
+            &mut PayloadIo::new(true),
+            &b,
+            &mut frames,
+            &dst,
+            (0, CHUNK),
+            CHUNK / 3,
+        )
+        .unwrap();
+        assert!(turns >= 3);
+        b.set_nonblocking(false).unwrap();
         let got = loop {
             if let Some(f) = frames.next().unwrap() {
                 break f;
@@ -416,81 +450,88 @@ mod tests {
         assert_eq!(src.to_vec(0, CHUNK).unwrap(), dst.to_vec(0, CHUNK).unwrap());
     }
 
+    /// A non-blocking send stops where the socket would wait and says so,
+    /// stays within its budget, and a later call goes on from there: the
+    /// peer gets the head and every payload byte in order.
     #[test]
-    fn a_deadline_outlasts_socket_timeouts_and_then_ends_the_receive() {
-        let (a, b) = pair();
-        b.set_read_timeout(Some(std::time::Duration::from_millis(20)))
-            .unwrap();
-        let m = HostMemory::alloc(4096).unwrap();
-        let mut io = PayloadIo::new(true);
-        // Ten bytes into `m`, holding no answers.
-        let mut ten = |deadline| {
-            io.recv(
-                &b,
-                &mut FrameBuffer::new(),
-                &m,
-                (0, 10),
-                &mut Vec::new(),
-                deadline,
-            )
-        };
-        // Without a deadline, the socket's timeout ends it.
-        let e = ten(None).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
-        // With one, bytes that come after several socket timeouts count.
-        let t = std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            io::Write::write_all(&mut &a, b"0123456789").unwrap();
-            a
-        });
-        let deadline = Instant::now() + std::time::Duration::from_secs(60);
-        ten(Some(deadline)).unwrap();
-        // Past the deadline, a socket timeout ends it as TimedOut.
-        let e = ten(Some(Instant::now())).unwrap_err();
-        assert_eq!(m.to_vec(0, 10).unwrap(), b"0123456789");
-        let _a = t.join().unwrap();
-        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+    fn a_send_now_resumes_where_the_socket_stopped_it() {
+        for zero_copy in [true, false] {
+            let (a, b) = pair();
+            a.set_nonblocking(true).unwrap();
+            let len = 8 * CHUNK;
+            let src = HostMemory::alloc(len).unwrap();
+            for i in 0..len / 4096 {
+                src.fill(i * 4096, 4096, (i % 251) as u8).unwrap();
+            }
+            let mut io = PayloadIo::new(zero_copy);
+            let head = b"HEADER".to_vec();
+            let (mut off, end) = span(&src, 0, len).unwrap();
+            let mut head_sent = 0;
+            // Nobody reads yet: the socket's buffers fill and it blocks.
+            let m = io
+                .send_now(&a, &head, &src, (off, end), len, usize::MAX)
+                .unwrap();
+            assert!(
+                m.blocked && m.head == head.len() && m.payload < len,
+                "{m:?}"
+            );
+            head_sent += m.head;
+            off += m.payload;
+            let reader = std::thread::spawn(move || {
+                let mut got = vec![0u8; head.len() + len];
+                io::Read::read_exact(&mut &b, &mut got).unwrap();
+                got
+            });
+            while off < end {
+                let m = io
+                    .send_now(&a, &[], &src, (off, end), len, CHUNK / 2)
+                    .unwrap();
+                assert!(m.payload <= CHUNK / 2);
+                off += m.payload;
+                if m.blocked {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+            let got = reader.join().unwrap();
+            assert_eq!(head_sent, 6);
+            assert_eq!(&got[..6], b"HEADER");
+            assert!(got[6..] == src.to_vec(0, len).unwrap()[..]);
+        }
     }
 
-    /// A receive that holds answers sends them before it waits: a peer
-    /// that sends half a payload and then waits for the answers of the
-    /// requests before it gets them, and the rest of the payload follows.
+    /// A refused WRITE's payload is read and dropped in turns, up to what
+    /// is left and never past it: the next frame's bytes stay in the
+    /// socket.
     #[test]
-    fn a_receive_sends_the_answers_it_holds_before_it_waits() {
+    fn a_discard_drops_exactly_the_payload_left() {
         let (a, b) = pair();
-        b.set_read_timeout(Some(std::time::Duration::from_millis(20)))
-            .unwrap();
-        // A peer that never gets the answers fails the test, not hangs it.
-        a.set_read_timeout(Some(std::time::Duration::from_secs(20)))
-            .unwrap();
-        let answers = b"answers of earlier requests".to_vec();
-        let want = answers.clone();
-        let t = std::thread::spawn(move || {
-            io::Write::write_all(&mut &a, &[1u8; 4096]).unwrap();
-            let mut got = vec![0u8; want.len()];
-            io::Read::read_exact(&mut &a, &mut got)
-                .expect("the answers came before the rest of the payload");
-            assert_eq!(got, want);
-            io::Write::write_all(&mut &a, &[2u8; 4096]).unwrap();
-            a
-        });
-        let m = HostMemory::alloc(8192).unwrap();
-        let mut held = answers;
-        let deadline = Instant::now() + std::time::Duration::from_secs(60);
-        PayloadIo::new(true)
-            .recv(
-                &b,
-                &mut FrameBuffer::new(),
-                &m,
-                (0, 8192),
-                &mut held,
-                Some(deadline),
-            )
-            .unwrap();
-        let _a = t.join().unwrap();
-        assert!(held.is_empty(), "the answers sent are taken out");
-        assert_eq!(m.to_vec(0, 4096).unwrap(), vec![1u8; 4096]);
-        assert_eq!(m.to_vec(4096, 4096).unwrap(), vec![2u8; 4096]);
+        b.set_nonblocking(true).unwrap();
+        io::Write::write_all(&mut &a, &[9u8; 10_000]).unwrap();
+        io::Write::write_all(&mut &a, b"NEXT").unwrap();
+        let mut io = PayloadIo::new(true);
+        let mut left = 10_000u64;
+        while left > 0 {
+            let m = io.discard_now(&b, left, 4096).unwrap();
+            assert!(m.payload <= 4096);
+            left -= m.payload as u64;
+            if m.blocked {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        b.set_nonblocking(false).unwrap();
+        let mut next = [0u8; 4];
+        io::Read::read_exact(&mut &b, &mut next).unwrap();
+        assert_eq!(&next, b"NEXT");
+        // The peer's close before the payload ends is an error.
+        drop(a);
+        b.set_nonblocking(true).unwrap();
+        let e = loop {
+            match io.discard_now(&b, 10, 10) {
+                Err(e) => break e,
+                Ok(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
+            }
+        };
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
     }
 
     #[test]
@@ -528,17 +569,8 @@ mod tests {
         let (a, _b) = pair();
         let m = HostMemory::alloc(4096).unwrap();
         let mut io = PayloadIo::new(true);
-        assert!(io.send(&a, b"h", &m, 4000, 100, None).is_err());
-        assert!(
-            io.recv(
-                &a,
-                &mut FrameBuffer::new(),
-                &m,
-                (u64::MAX, 1),
-                &mut Vec::new(),
-                None
-            )
-            .is_err()
-        );
+        assert!(send_whole(&mut io, &a, b"h", &m, (4000, 100)).is_err());
+        assert!(span(&m, 4000, 100).is_err());
+        assert!(span(&m, u64::MAX, 1).is_err());
     }
 }

@@ -1,39 +1,38 @@
-//! One tcp rail: one connection to a peer, a writer thread that pipelines
-//! requests (up to the in-flight bound) and a reader thread that matches
-//! answers, moves READ payloads into local memory and reports completions.
+//! One tcp rail: one connection to a peer, served for its whole life on
+//! one of the transport's I/O loops ([`crate::io_pool`]): the loop writes
+//! the queued requests (up to the in-flight bound), matches the answers,
+//! moves READ payloads into local memory and reports completions. A rail
+//! has no thread of its own, idle or busy: an engine's threads are the
+//! same with one rail or a thousand.
 //!
-//! Neither thread outlives a quiet spell: the writer ends once nothing has
-//! been queued for [`WRITER_IDLE`] (the next post that leaves work for it
-//! starts a new one), and the reader, once nothing has been in flight for
-//! [`PARK_AFTER`] and no byte came for its poll interval, parks the rail's socket on the
-//! transport's I/O pool ([`crate::io_pool`]) and ends; the first byte
-//! from the peer (an answer, a publication, its close, or our own
-//! shutdown of the socket) starts a new reader. While parked, the loop
-//! checks every poll interval whether the rail went down or requests
-//! posted since have had no answer for `io_timeout`, and starts the reader
-//! to take the rail down. So an idle rail holds no thread.
+//! Posting threads ([`Rail::push`], [`Rail::push_note`]) queue work under
+//! the rail's lock and poke its loop ([`IoPool::poke`]); a flag
+//! (`State::poked`) coalesces the pokes, so a burst of posts costs one.
+//! A run of READs posted while nothing is being written skips the loop:
+//! the posting thread sends their requests itself, without waiting for
+//! the socket, and leaves what the socket did not take (`State::carry`)
+//! to the loop, which sends it before anything else. One thread writes at
+//! a time (`State::writer`): the loop skips its writes while a poster
+//! sends, and the poster pokes it afterwards if work is left.
 //!
-//! The writer sends everything queued at once: the requests it takes in one
-//! go share system calls (READ requests and notifications are gathered into
-//! one `send`, a WRITE's header goes out in the `sendmsg` of its payload).
-//! While requests are in flight it is woken only once answers bring them
-//! down to half the bound, so a long run of requests costs one wakeup and
-//! one `send` per half window instead of one per answer. A run of READs
-//! posted while nothing is being written skips the writer: the posting
-//! thread sends their requests itself, without waiting for the socket, and
-//! leaves what the socket did not take to the writer, which sends it before
-//! anything else (one thread writes at a time: `State::sending`).
-//! The reader receives through a small buffer ([`FrameBuffer`]), so one
-//! `recv` brings every answer that waits, and it hands every answer of such
-//! a burst to the engine in one delivery, just before it would wait for
-//! more (for the next frame, or inside a READ payload), and in a stream
-//! that never pauses once the answers cover [`ANSWER_BATCH`] bytes: a
-//! completion never waits on the socket, so a request that times out
-//! while its rail is stalled counts every slice answered before the
-//! stall. A READ's payload goes from the socket straight into the local
+//! The socket is non-blocking and every call on the loop returns at once.
+//! The loop sends everything it can in one go: READ requests and
+//! notifications are gathered into one `send`, a WRITE's header goes out
+//! in the `sendmsg` of its payload (or before its `sendfile`, for
+//! memfd-backed memory with `zero_copy`). What the socket does not take
+//! stays with the loop, which then waits for the socket to be writable as
+//! well as readable, and goes on where it stopped. It receives through a
+//! small buffer ([`FrameBuffer`]), so one `recv` brings every answer that
+//! waits. A READ's payload goes from the socket straight into the local
 //! range, and the next answer's header comes in the same `recvmsg`: one
-//! system call per answer in a stream of READ answers. Socket timeouts are
-//! set once per connection.
+//! system call per answer in a stream of READ answers. It hands every
+//! answer of a turn to the engine in one delivery before it waits again,
+//! and within a turn in a stream that never pauses once the answers cover
+//! [`ANSWER_BATCH`] bytes: a completion never waits on the socket, so a
+//! request that times out while its rail is stalled counts every slice
+//! answered before the stall. A turn moves at most [`TURN_BYTES`]
+//! received bytes before the loop serves its other descriptors (the
+//! registration is level-triggered: the rail's turn comes again).
 //!
 //! Answers are matched to requests by request id (docs/protocol.md: a
 //! peer may answer in any order; ours serves a connection in order, so the
@@ -45,28 +44,37 @@
 //! answered): a rail's completions reach the engine in posting order, as
 //! on every other path.
 //!
-//! When the rail goes down (socket error, peer error frame, no answer within
-//! `io_timeout` while requests are outstanding, or a flush), the reader
-//! shuts the socket, waits for the writer to stop touching local memory,
-//! then reports a `RailDown` and every outstanding item as failed with
-//! `released: true`: nothing reads or writes their bytes any more.
+//! The loop keeps one deadline for the rail in its heap: while requests
+//! are outstanding, `io_timeout` after the last answer (or READ payload
+//! byte, or the post onto an idle rail); while none are, `io_timeout`
+//! from now, when it looks again (a post whose requests the poster sent
+//! itself pokes no one). A frame left incomplete brings it forward to
+//! `frame_timeout`.
+//!
+//! When the rail goes down (socket error, peer error frame, protocol
+//! error, no answer within `io_timeout` while requests are outstanding,
+//! a flush or close), the loop, the only thread that touches local memory,
+//! reports a `RailDown` and every outstanding item as failed with
+//! `released: true`: nothing reads or writes their bytes any more (a
+//! poster sending READ requests touches no local memory).
 
 use std::collections::VecDeque;
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use mio::Interest;
 use orbitte_memory::HostMemory;
 use orbitte_wire::{AccessToken, Frame, RangeId, ReadRequest, RequestId, Status, WriteRequest};
 
-use super::payload::{PayloadIo, send_all, send_ready};
+use super::payload::send_ready;
 use super::socket::{ANSWER_BATCH, size_socket_buffers};
-use crate::io_pool::{IoPool, Next, PARK_AFTER, Watched, spawn_with};
+use crate::io_pool::{IoPool, Next, WatchKey, Watched};
 use crate::session::SessionConfig;
 use crate::session::io::FrameBuffer;
 use crate::transport::{
-    EventSink, Op, RailId, SliceFailure, SliceStatus, TransportEvent, WorkItem,
+    EventSink, Op, RailId, SliceFailure, SliceStatus, SliceToken, TransportEvent, WorkItem,
 };
 
 /// A publication or retire the peer sent on an established rail.
@@ -86,6 +94,17 @@ pub(crate) struct Job {
     pub(crate) answered: Option<SliceStatus>,
 }
 
+/// Who writes on the socket now; only that thread writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Writer {
+    /// Nobody: the next post of READs may send them itself.
+    Idle,
+    /// A poster sends its READ requests.
+    Poster,
+    /// The loop sends, or holds bytes the socket did not take yet.
+    Loop,
+}
+
 #[derive(Debug)]
 struct State {
     queue: VecDeque<Job>,
@@ -94,40 +113,40 @@ struct State {
     notes: VecDeque<Arc<[u8]>>,
     /// Why the rail is down; `None` while up.
     down: Option<Arc<str>>,
-    /// A thread is writing on the socket: the writer, or a poster sending
-    /// its READ requests itself. Only the thread that set it writes.
-    sending: bool,
+    writer: Writer,
     /// Bytes of requests a poster began to send but the socket did not
-    /// take without waiting: the writer sends them before anything else.
+    /// take without waiting: the loop sends them before anything else.
     /// Empty, it keeps its allocation for the next poster's requests.
     carry: Vec<u8>,
-    /// Bytes left to the writer that way, in all.
+    /// Bytes left to the loop that way, in all.
     carried: u64,
-    /// A writer thread runs (or is being started). The writer ends, and
-    /// clears it, once the rail is down or nothing was queued for
-    /// [`WRITER_IDLE`]; while jobs, carried bytes or notes wait, one runs.
-    writer: bool,
+    /// A poke of the loop is on its way (cleared when its turn begins).
+    poked: bool,
     last_progress: Instant,
 }
-
-/// How long a writer with nothing to send waits for work before it ends.
-const WRITER_IDLE: Duration = PARK_AFTER;
 
 #[derive(Debug)]
 pub(crate) struct Rail {
     pub(crate) id: RailId,
     pub(crate) session: orbitte_wire::SessionId,
+    /// The posters' handle of the socket (the loop owns the other).
     stream: TcpStream,
     state: Mutex<State>,
-    cv: Condvar,
     max_in_flight: usize,
-    zero_copy: bool,
+    pool: Weak<IoPool>,
+    key: WatchKey,
 }
 
+/// Received bytes one turn of a rail moves at most before its loop serves
+/// its other descriptors.
+const TURN_BYTES: usize = 8 << 20;
+
+/// Largest run of requests gathered into one `send`.
+const GATHER: usize = 64 << 10;
+
 impl Rail {
-    /// Starts the reader of a rail over an established session (the
-    /// writer starts with the first work for it). Its threads park the
-    /// idle rail on `pool`; with the pool gone they stay up instead.
+    /// Starts a rail over an established session: its socket goes to a
+    /// loop of `pool` for the rail's whole life.
     pub(crate) fn start(
         id: RailId,
         session: orbitte_wire::SessionId,
@@ -135,8 +154,12 @@ impl Rail {
         cfg: &SessionConfig,
         sink: Arc<dyn EventSink>,
         on_segment: Arc<dyn Fn(SegmentUpdate) + Send + Sync>,
-        pool: Weak<IoPool>,
+        pool: &Arc<IoPool>,
     ) -> std::io::Result<Arc<Self>> {
+        size_socket_buffers(&stream, cfg.socket_buffer);
+        stream.set_nonblocking(true)?;
+        let key = pool.key();
+        let now = Instant::now();
         let rail = Arc::new(Self {
             id,
             session,
@@ -146,67 +169,66 @@ impl Rail {
                 in_flight: VecDeque::new(),
                 notes: VecDeque::new(),
                 down: None,
-                sending: false,
+                writer: Writer::Idle,
                 carry: Vec::new(),
                 carried: 0,
-                writer: false,
-                last_progress: Instant::now(),
+                // The poke below, after the loop has it.
+                poked: true,
+                last_progress: now,
             }),
-            cv: Condvar::new(),
             max_in_flight: cfg.max_in_flight_per_connection.max(1) as usize,
-            zero_copy: cfg.zero_copy,
+            pool: Arc::downgrade(pool),
+            key,
         });
-        size_socket_buffers(&stream, cfg.socket_buffer);
-        // The writer sends on the rail's own handle of the socket.
-        stream.set_write_timeout(Some(cfg.io_timeout))?;
-        let r = Reader {
+        let conn = Conn {
             rail: rail.clone(),
             stream,
+            frames: FrameBuffer::new(),
+            out: Vec::with_capacity(1024),
+            out_at: 0,
+            payload_out: None,
+            payload_in: None,
+            held: Held {
+                sink,
+                events: Vec::with_capacity(32),
+                bytes: 0,
+            },
+            on_segment,
             frame_timeout: cfg.frame_timeout,
             io_timeout: cfg.io_timeout,
-            sink,
-            on_segment,
-            pool,
+            zero_copy: cfg.zero_copy,
+            blocked: false,
+            check_at: now + cfg.io_timeout,
         };
-        std::thread::Builder::new()
-            .name(format!("orbitte-tcp-r{}", id.0))
-            .spawn(move || reader(r))?;
+        pool.watch_as(key, Box::new(conn), Some(now + cfg.io_timeout));
+        // Posts that came before the loop had it poked no one.
+        pool.poke(key);
         Ok(rail)
     }
 
-    /// Wakes the writer for work just queued (`notify`: whether a running
-    /// writer must be woken for it), or, when none runs and jobs, carried
-    /// bytes or notes wait, marks one as started: the caller then calls
-    /// [`start_writer`](Self::start_writer) after dropping the lock.
-    fn wake_writer(&self, st: &mut State, notify: bool) -> bool {
-        if st.writer {
-            if notify {
-                self.cv.notify_all();
-            }
-            return false;
-        }
-        if st.down.is_some() || (st.queue.is_empty() && st.carry.is_empty() && st.notes.is_empty())
-        {
-            return false;
-        }
-        st.writer = true;
-        true
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts the writer thread [`wake_writer`](Self::wake_writer) asked
-    /// for; a rail whose writer cannot start goes down.
-    fn start_writer(self: &Arc<Self>) {
-        let r = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("orbitte-tcp-w{}", self.id.0))
-            .spawn(move || writer(r));
-        if let Err(e) = spawned {
-            self.state.lock().unwrap_or_else(|p| p.into_inner()).writer = false;
-            self.cv.notify_all();
-            self.fail(
-                &format!("cannot start the rail's writer thread: {e}"),
-                false,
-            );
+    /// Whether the loop must be poked for what `st` holds (marking the
+    /// poke as sent): something to write that nobody writes, and no poke
+    /// on its way. A poster or the loop that writes looks at the queue
+    /// again before it lets go.
+    fn needs_poke(&self, st: &mut State) -> bool {
+        if st.down.is_some() || st.poked || st.writer != Writer::Idle {
+            return false;
+        }
+        let work = !st.carry.is_empty()
+            || !st.notes.is_empty()
+            || (!st.queue.is_empty() && st.in_flight.len() < self.max_in_flight);
+        st.poked = work;
+        work
+    }
+
+    /// Pokes the rail's loop (a pool that stopped took the rail down).
+    fn poke(&self) {
+        if let Some(pool) = self.pool.upgrade() {
+            pool.poke(self.key);
         }
     }
 
@@ -214,13 +236,13 @@ impl Rail {
     ///
     /// When nothing is being written and every job queued is a READ, the
     /// calling thread sends the requests itself (a few dozen bytes each, in
-    /// one `send`) instead of waking the writer: a batch of READs then
+    /// one `send`) instead of poking the loop: a batch of READs then
     /// costs no thread switch before its requests are on the wire. It never
     /// waits for the socket: what its buffer does not take at once is left
-    /// to the writer. WRITEs, whose payloads may be large, always go
-    /// through the writer.
+    /// to the loop. WRITEs, whose payloads may be large, always go
+    /// through the loop.
     pub(crate) fn push(self: &Arc<Self>, jobs: impl Iterator<Item = Job>) -> Result<(), Arc<str>> {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.lock();
         if let Some(why) = &st.down {
             return Err(why.clone());
         }
@@ -228,22 +250,20 @@ impl Rail {
             st.last_progress = Instant::now();
         }
         st.queue.extend(jobs);
-        let here = !st.sending
+        let here = st.writer == Writer::Idle
             && st.carry.is_empty()
             && st.notes.is_empty()
             && st.in_flight.len() < self.max_in_flight
             && st.queue.iter().all(|j| j.item.op == Op::Read);
         if !here {
-            // Above the low-water mark the reader wakes the writer once
-            // answers bring the in-flight count down to it.
-            let notify = st.in_flight.len() <= self.low_water();
-            if self.wake_writer(&mut st, notify) {
-                drop(st);
-                self.start_writer();
+            let poke = self.needs_poke(&mut st);
+            drop(st);
+            if poke {
+                self.poke();
             }
             return Ok(());
         }
-        st.sending = true;
+        st.writer = Writer::Poster;
         // The carry buffer is empty here; its allocation is reused for the
         // requests, and given back whether or not the socket took them all.
         let mut out = std::mem::take(&mut st.carry);
@@ -262,13 +282,13 @@ impl Rail {
             Ok(()) => send_ready(&self.stream, &out),
             Err(e) => Err(std::io::Error::other(e)),
         };
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.sending = false;
+        let mut st = self.lock();
+        st.writer = Writer::Idle;
         match sent {
             Err(e) => {
                 drop(st);
+                // The jobs are in flight: the loop reports them failed.
                 self.fail(&format!("sending a request failed: {e}"), false);
-                // The jobs are in flight: the reader reports them failed.
                 return Ok(());
             }
             Ok(n) if n < out.len() => {
@@ -276,56 +296,44 @@ impl Rail {
                 tracing::trace!(
                     rail = self.id.0,
                     bytes = out.len(),
-                    "the socket is full: the writer sends the rest of the requests"
+                    "the socket is full: the loop sends the rest of the requests"
                 );
                 st.carried += out.len() as u64;
                 st.carry = out;
-                if self.wake_writer(&mut st, true) {
-                    drop(st);
-                    self.start_writer();
-                }
             }
             Ok(_) => {
                 out.clear();
                 st.carry = out;
-                let notify = !st.notes.is_empty()
-                    || (!st.queue.is_empty() && st.in_flight.len() <= self.low_water());
-                if self.wake_writer(&mut st, notify) {
-                    drop(st);
-                    self.start_writer();
-                }
             }
         }
+        let poke = self.needs_poke(&mut st);
+        drop(st);
+        if poke {
+            self.poke();
+        }
         Ok(())
-    }
-
-    /// In-flight requests at or below which the writer is woken to send
-    /// queued ones: half the bound, so that it sends a run of requests per
-    /// wakeup (one system call) instead of one per answer, while the other
-    /// half keeps the peer busy.
-    fn low_water(&self) -> usize {
-        self.max_in_flight / 2
     }
 
     /// Queues an encoded `notification` frame; `Err` when the rail is down.
     pub(crate) fn push_note(self: &Arc<Self>, frame: Arc<[u8]>) -> Result<(), Arc<str>> {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.lock();
         if let Some(why) = &st.down {
             return Err(why.clone());
         }
         st.notes.push_back(frame);
-        if self.wake_writer(&mut st, true) {
-            drop(st);
-            self.start_writer();
+        let poke = self.needs_poke(&mut st);
+        drop(st);
+        if poke {
+            self.poke();
         }
         Ok(())
     }
 
-    /// Takes the rail down (idempotent): the reader then reports everything.
+    /// Takes the rail down (idempotent): its loop then reports everything.
     /// A rail that goes down unasked is a warning; one closed or flushed on
     /// request (`deliberate`) is logged at debug.
     pub(crate) fn fail(&self, why: &str, deliberate: bool) {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.lock();
         if st.down.is_none() {
             if deliberate {
                 tracing::debug!(rail = self.id.0, reason = why, "tcp rail closed");
@@ -334,86 +342,16 @@ impl Rail {
             }
             st.down = Some(why.into());
         }
+        let poke = !std::mem::replace(&mut st.poked, true);
         drop(st);
         let _ = self.stream.shutdown(Shutdown::Both);
-        self.cv.notify_all();
+        if poke {
+            self.poke();
+        }
     }
 
     pub(crate) fn is_down(&self) -> bool {
-        self.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .down
-            .is_some()
-    }
-}
-
-fn writer(rail: Arc<Rail>) {
-    let stream = &rail.stream;
-    let mut io = PayloadIo::new(rail.zero_copy);
-    let mut out = Vec::with_capacity(1024);
-    let mut jobs = Vec::new();
-    let mut sent = false;
-    loop {
-        {
-            let mut st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
-            if std::mem::take(&mut sent) {
-                st.sending = false;
-            }
-            loop {
-                if st.down.is_some() {
-                    st.writer = false;
-                    rail.cv.notify_all();
-                    return;
-                }
-                if !st.sending
-                    && (!st.carry.is_empty()
-                        || !st.notes.is_empty()
-                        || (!st.queue.is_empty() && st.in_flight.len() < rail.max_in_flight))
-                {
-                    break;
-                }
-                let (g, waited) = rail
-                    .cv
-                    .wait_timeout(st, WRITER_IDLE)
-                    .unwrap_or_else(|p| p.into_inner());
-                st = g;
-                if waited.timed_out()
-                    && !st.sending
-                    && st.queue.is_empty()
-                    && st.carry.is_empty()
-                    && st.notes.is_empty()
-                {
-                    // Idle: the next work queued starts a writer again.
-                    st.writer = false;
-                    rail.cv.notify_all();
-                    return;
-                }
-            }
-            st.sending = true;
-            out.clear();
-            out.append(&mut st.carry);
-            for note in st.notes.drain(..) {
-                out.extend_from_slice(&note);
-            }
-            while st.in_flight.len() < rail.max_in_flight {
-                let Some(job) = st.queue.pop_front() else {
-                    break;
-                };
-                st.in_flight.push_back(job.clone());
-                jobs.push(job);
-            }
-        }
-        let r = send_jobs(stream, &mut io, &mut out, &mut jobs);
-        jobs.clear();
-        sent = true;
-        if let Err(e) = r {
-            rail.fail(&format!("sending a request failed: {e}"), false);
-            let mut st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
-            st.writer = false;
-            rail.cv.notify_all();
-            return;
-        }
+        self.lock().down.is_some()
     }
 }
 
@@ -438,37 +376,6 @@ fn request_frame(job: &Job) -> Frame {
     }
 }
 
-/// Sends the frames in `out` and the requests of `jobs` (a WRITE's header
-/// and payload in one `sendmsg`, with the frames gathered before it).
-fn send_jobs(
-    stream: &TcpStream,
-    io: &mut PayloadIo,
-    out: &mut Vec<u8>,
-    jobs: &mut [Job],
-) -> std::io::Result<()> {
-    for job in jobs.iter() {
-        let it = &job.item;
-        request_frame(job)
-            .encode(out)
-            .map_err(std::io::Error::other)?;
-        if it.op == Op::Write {
-            io.send(
-                stream,
-                out,
-                &job.local,
-                it.local_offset,
-                it.len as usize,
-                None,
-            )?;
-            out.clear();
-        }
-    }
-    if !out.is_empty() {
-        send_all(stream, out, false, None)?;
-    }
-    Ok(())
-}
-
 fn completion(status: Status) -> SliceStatus {
     if status.is_ok() {
         SliceStatus::Success
@@ -485,7 +392,7 @@ fn completion(status: Status) -> SliceStatus {
 /// into its own destination).
 const NEXT_ANSWER: usize = orbitte_wire::HEADER_LEN + orbitte_wire::READ_RESPONSE_FIXED_LEN;
 
-/// Completions the reader has not handed to the engine yet, and the
+/// Completions the loop has not handed to the engine yet, and the
 /// bytes of the slices answered since it last did.
 struct Held {
     sink: Arc<dyn EventSink>,
@@ -513,421 +420,526 @@ impl Held {
     }
 }
 
-/// Receives `len` bytes into `mem` at `offset` straight from the socket,
-/// and in the same system calls what follows them into `frames` (up to
-/// the next answer's header), from the socket whose receive timeout is the reader's poll
-/// interval: it gives up when no byte came for `io_timeout` or the rail
-/// went down meanwhile. While completions are `held` it never waits: when
-/// no byte is there, it hands them over first (a connection that dies
-/// inside this payload keeps the slices answered before it).
-fn recv_payload(
-    rail: &Rail,
-    stream: &TcpStream,
-    frames: &mut FrameBuffer,
-    mem: &HostMemory,
-    (offset, len): (usize, usize),
-    io_timeout: Duration,
-    held: &mut Held,
-) -> Result<(), String> {
-    use std::io::ErrorKind;
-    use std::os::fd::AsFd;
-    let (mut at, end) = (offset, offset + len);
-    let mut moved = false;
-    let mut last = Instant::now();
-    while at < end {
-        let holding = !held.events.is_empty();
-        match mem.recv_from_then(
-            stream.as_fd(),
-            at,
-            end - at,
-            frames.spare(NEXT_ANSWER),
-            holding,
-        ) {
-            Ok(0) => return Err("peer closed the connection inside a payload".into()),
-            Ok(n) => {
-                let to_mem = n.min(end - at);
-                at += to_mem;
-                frames.filled(n - to_mem);
-                moved = true;
-            }
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) if holding && e.kind() == ErrorKind::WouldBlock => held.hand_over(),
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                if let Some(why) = &rail.state.lock().unwrap_or_else(|p| p.into_inner()).down {
-                    return Err(why.to_string());
-                }
-                if moved {
-                    moved = false;
-                    last = Instant::now();
-                } else if last.elapsed() >= io_timeout {
-                    return Err(format!(
-                        "no payload byte from the peer within {io_timeout:?}"
-                    ));
-                }
-            }
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-    Ok(())
+/// A WRITE payload being sent: `mem[at..end]` goes out after the frames
+/// buffered before it.
+struct PayloadOut {
+    mem: Arc<HostMemory>,
+    at: usize,
+    end: usize,
 }
 
-/// Records the outcome of `job`'s answer and moves every answered job at
-/// the front of the in-flight list, in the order sent, into `events`.
-fn answer(rail: &Rail, job: &Job, status: SliceStatus, events: &mut Vec<TransportEvent>) {
-    let mut st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(j) = st
-        .in_flight
-        .iter_mut()
-        .find(|j| j.item.token == job.item.token && j.answered.is_none())
-    {
-        j.answered = Some(status);
-    }
-    while let Some(front) = st.in_flight.front_mut() {
-        let Some(status) = front.answered.take() else {
-            break;
-        };
-        let token = front.item.token;
-        st.in_flight.pop_front();
-        events.push(TransportEvent::Completed {
-            rail: rail.id,
-            token,
-            status,
-            released: true,
-        });
-    }
-    // The writer waits for room only while requests are queued; it is
-    // woken at the low-water mark (see `Rail::low_water`).
-    if !st.queue.is_empty() && st.in_flight.len() <= rail.low_water() {
-        rail.cv.notify_all();
-    }
+/// A READ payload being received into `mem[at..end]`, for the job of
+/// `token` (`len` bytes in all).
+struct PayloadIn {
+    token: SliceToken,
+    mem: Arc<HostMemory>,
+    at: usize,
+    end: usize,
+    len: u32,
 }
 
-/// What a rail's reader owns: the socket it receives on, its bounds and
-/// where answers go. It moves between the reader threads and the pool
-/// (parked).
-struct Reader {
+/// A rail's side on its loop: the socket, what is being sent and
+/// received on it, and where answers go.
+struct Conn {
     rail: Arc<Rail>,
     stream: TcpStream,
+    frames: FrameBuffer,
+    /// Frames to send (`out[out_at..]` not sent yet), then
+    /// [`Conn::payload_out`] when a WRITE's payload follows them.
+    out: Vec<u8>,
+    out_at: usize,
+    payload_out: Option<PayloadOut>,
+    payload_in: Option<PayloadIn>,
+    held: Held,
+    on_segment: Arc<dyn Fn(SegmentUpdate) + Send + Sync>,
     frame_timeout: Duration,
     io_timeout: Duration,
-    sink: Arc<dyn EventSink>,
-    on_segment: Arc<dyn Fn(SegmentUpdate) + Send + Sync>,
-    pool: Weak<IoPool>,
+    zero_copy: bool,
+    /// The socket refused bytes the loop holds: wait until it is writable.
+    blocked: bool,
+    /// When the loop looks at the rail's timeouts next.
+    check_at: Instant,
 }
 
-impl Reader {
-    /// The reader's poll interval: how long one receive waits before it
-    /// looks at the rail's state (and, parked, how often the loop does).
-    fn poll(&self) -> Duration {
-        self.io_timeout
-            .min(Duration::from_millis(250))
-            .max(Duration::from_millis(1))
-    }
+/// How a send on the non-blocking socket went.
+enum Sent {
+    /// Everything held went out.
+    All,
+    /// The socket is full; the rest waits for it to be writable.
+    Blocked,
+}
 
-    /// Whether the rail needs its reader now though nothing arrived: it
-    /// went down, or requests have had no answer for `io_timeout`.
-    fn due(&self) -> bool {
-        let st = self.rail.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.down.is_some()
-            || (!st.in_flight.is_empty() && st.last_progress.elapsed() >= self.io_timeout)
-    }
-
-    /// Starts a reader thread for the parked rail; if none can start, the
-    /// rail goes down here.
-    fn resume(self) {
-        let name = format!("orbitte-tcp-r{}", self.rail.id.0);
-        if let Err((r, e)) = spawn_with(name, self, reader) {
-            let why = format!("cannot start the rail's reader thread: {e}");
-            r.rail.fail(&why, false);
-            take_down(&r.rail, why, &mut r.held());
+impl Conn {
+    /// One turn: writes what waits, reads what arrived, delivers the
+    /// completions, and says how to wait next (or takes the rail down).
+    fn turn(mut self: Box<Self>, now: Instant, check: bool) -> Next {
+        match self.serve(now, check) {
+            Ok(()) => {
+                self.held.hand_over();
+                let at = self.check_at;
+                Next::Wait(self, Some(at))
+            }
+            Err(why) => {
+                self.take_down(&why);
+                Next::Done
+            }
         }
     }
 
-    fn held(&self) -> Held {
-        Held {
-            sink: self.sink.clone(),
-            events: Vec::with_capacity(32),
-            bytes: 0,
+    fn serve(&mut self, now: Instant, check: bool) -> Result<(), String> {
+        {
+            let mut st = self.rail.lock();
+            st.poked = false;
+            if let Some(why) = &st.down {
+                return Err(why.to_string());
+            }
         }
+        if check {
+            self.check_timeouts(now)?;
+        }
+        let mut budget = TURN_BYTES;
+        loop {
+            let wrote = self.write()?;
+            let read = self.read(&mut budget)?;
+            // What arrived goes to the engine before the next writes (a
+            // WRITE's payload takes a while to copy into the socket).
+            self.held.hand_over();
+            if !wrote && !read {
+                break;
+            }
+            if budget == 0 {
+                // More may wait in the buffer with nothing left on the
+                // socket to make it ready again: the next turn comes by a
+                // poke, after the loop's other descriptors.
+                let mut st = self.rail.lock();
+                if !std::mem::replace(&mut st.poked, true) {
+                    drop(st);
+                    self.rail.poke();
+                }
+                break;
+            }
+        }
+        if !self.frames.is_empty() && self.payload_in.is_none() {
+            if self.frames.overdue(self.frame_timeout) {
+                return Err(format!(
+                    "connection lost: the peer did not complete a frame within {:?}",
+                    self.frame_timeout
+                ));
+            }
+            self.check_at = self.check_at.min(now + self.frame_timeout);
+        }
+        Ok(())
+    }
+
+    /// Takes the rail down when requests have had no answer for
+    /// `io_timeout` or a frame stayed incomplete for `frame_timeout`;
+    /// sets when to look again.
+    fn check_timeouts(&mut self, now: Instant) -> Result<(), String> {
+        if !self.frames.is_empty()
+            && self.payload_in.is_none()
+            && self.frames.overdue(self.frame_timeout)
+        {
+            return Err(format!(
+                "connection lost: the peer did not complete a frame within {:?}",
+                self.frame_timeout
+            ));
+        }
+        let st = self.rail.lock();
+        if st.in_flight.is_empty() {
+            self.check_at = now + self.io_timeout;
+            return Ok(());
+        }
+        let due = st.last_progress + self.io_timeout;
+        if now >= due {
+            return Err(format!(
+                "no answer from the peer within {:?}",
+                self.io_timeout
+            ));
+        }
+        self.check_at = due;
+        Ok(())
+    }
+
+    /// Sends queued work until nothing is left or the socket is full;
+    /// whether any byte went out.
+    fn write(&mut self) -> Result<bool, String> {
+        let mut wrote = false;
+        loop {
+            if self.out_at == self.out.len() && self.payload_out.is_none() {
+                let rail = self.rail.clone();
+                let mut st = rail.lock();
+                if st.writer == Writer::Poster {
+                    // It pokes the loop when it is done, if work is left.
+                    return Ok(wrote);
+                }
+                self.collect(&mut st)?;
+                if self.out.is_empty() && self.payload_out.is_none() {
+                    st.writer = Writer::Idle;
+                    self.blocked = false;
+                    return Ok(wrote);
+                }
+                st.writer = Writer::Loop;
+            }
+            let before = (self.out_at, self.payload_out.as_ref().map(|p| p.at));
+            let sent = self
+                .send()
+                .map_err(|e| format!("sending a request failed: {e}"))?;
+            wrote |= before != (self.out_at, self.payload_out.as_ref().map(|p| p.at));
+            if let Sent::Blocked = sent {
+                self.blocked = true;
+                return Ok(wrote);
+            }
+        }
+    }
+
+    /// Takes what waits to be sent into [`Conn::out`]: the carried bytes,
+    /// the notifications, then queued requests up to the in-flight bound
+    /// (stopping after a WRITE, whose payload follows its header).
+    fn collect(&mut self, st: &mut State) -> Result<(), String> {
+        self.out.clear();
+        self.out_at = 0;
+        self.out.append(&mut st.carry);
+        for note in st.notes.drain(..) {
+            self.out.extend_from_slice(&note);
+        }
+        while st.in_flight.len() < self.rail.max_in_flight && self.out.len() < GATHER {
+            let Some(job) = st.queue.pop_front() else {
+                break;
+            };
+            request_frame(&job)
+                .encode(&mut self.out)
+                .map_err(|e| format!("sending a request failed: {e}"))?;
+            let write = job.item.op == Op::Write;
+            if write {
+                let it = &job.item;
+                let len = it.len as usize;
+                let at = usize::try_from(it.local_offset)
+                    .map_err(|_| "sending a request failed: local offset overflows usize")?;
+                job.local
+                    .check(at, len)
+                    .map_err(|e| format!("sending a request failed: {e}"))?;
+                self.payload_out = Some(PayloadOut {
+                    mem: job.local.clone(),
+                    at,
+                    end: at + len,
+                });
+            }
+            st.in_flight.push_back(job);
+            if write {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends what [`Conn::out`] and [`Conn::payload_out`] hold, as far as
+    /// the socket takes it.
+    fn send(&mut self) -> std::io::Result<Sent> {
+        use rustix::net::SendFlags;
+        loop {
+            let head = &self.out[self.out_at..];
+            let r = match &mut self.payload_out {
+                None if head.is_empty() => {
+                    self.out.clear();
+                    self.out_at = 0;
+                    return Ok(Sent::All);
+                }
+                None => rustix::net::send(self.stream.as_fd(), head, SendFlags::NOSIGNAL)
+                    .map_err(std::io::Error::from),
+                Some(p) if head.is_empty() && p.at == p.end => {
+                    self.payload_out = None;
+                    self.out.clear();
+                    self.out_at = 0;
+                    return Ok(Sent::All);
+                }
+                // `sendfile` only while payload bytes are left: a header
+                // sent with MSG_MORE and nothing after it would wait.
+                Some(p) => match p.mem.memfd().filter(|_| self.zero_copy && p.at < p.end) {
+                    Some(_) if !head.is_empty() => rustix::net::send(
+                        self.stream.as_fd(),
+                        head,
+                        SendFlags::NOSIGNAL | SendFlags::MORE,
+                    )
+                    .map_err(std::io::Error::from),
+                    Some(fd) => {
+                        let mut off = p.at as u64;
+                        rustix::fs::sendfile(self.stream.as_fd(), fd, Some(&mut off), p.end - p.at)
+                            .map_err(std::io::Error::from)
+                    }
+                    None => p
+                        .mem
+                        .send_to(self.stream.as_fd(), head, p.at, p.end - p.at, false),
+                },
+            };
+            match r {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    let from_head = n.min(self.out.len() - self.out_at);
+                    self.out_at += from_head;
+                    if let Some(p) = &mut self.payload_out {
+                        p.at += n - from_head;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Sent::Blocked),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Receives and handles what arrived, until the socket has nothing
+    /// more or `budget` received bytes are used up; whether anything
+    /// arrived.
+    fn read(&mut self, budget: &mut usize) -> Result<bool, String> {
+        use std::io::ErrorKind;
+        let mut moved = false;
+        while *budget > 0 {
+            if let Some(p) = &mut self.payload_in {
+                if p.at < p.end {
+                    match p.mem.recv_from_then(
+                        self.stream.as_fd(),
+                        p.at,
+                        p.end - p.at,
+                        self.frames.spare(NEXT_ANSWER),
+                        true,
+                    ) {
+                        Ok(0) => {
+                            return Err("receiving read data failed: peer closed the \
+                                        connection inside a payload"
+                                .into());
+                        }
+                        Ok(n) => {
+                            let to_mem = n.min(p.end - p.at);
+                            p.at += to_mem;
+                            self.frames.filled(n - to_mem);
+                            *budget = budget.saturating_sub(n);
+                            moved = true;
+                            if p.at < p.end {
+                                continue;
+                            }
+                        }
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                            if moved {
+                                self.rail.lock().last_progress = Instant::now();
+                            }
+                            return Ok(moved);
+                        }
+                        Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(format!("receiving read data failed: {e}")),
+                    }
+                }
+                let (token, len) = (p.token, p.len);
+                self.payload_in = None;
+                self.answer(token, SliceStatus::Success);
+                self.held.answered(len);
+                continue;
+            }
+            match self.frames.next() {
+                Ok(Some(frame)) => self.on_frame(frame)?,
+                Ok(None) => match self.frames.fill(&self.stream, true) {
+                    Ok(0) => return Err("connection lost: peer closed the connection".into()),
+                    Ok(n) => {
+                        *budget = budget.saturating_sub(n);
+                        moved = true;
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(moved),
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(format!("connection lost: {e}")),
+                },
+                Err(e) => return Err(format!("connection lost: {e}")),
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Handles one frame from the peer.
+    fn on_frame(&mut self, frame: Frame) -> Result<(), String> {
+        if self.frames.payload_len() != u64::from(frame.payload_len()) {
+            return Err(format!(
+                "{} announces {} payload bytes in its header and {} in its body",
+                frame.frame_type(),
+                self.frames.payload_len(),
+                frame.payload_len()
+            ));
+        }
+        let (request_id, status, length, op) = match &frame {
+            Frame::ReadResponse(r) => (r.request_id, r.status, r.length, Op::Read),
+            Frame::WriteResponse(w) => (w.request_id, w.status, w.length, Op::Write),
+            Frame::SegmentPublication(p) => {
+                (self.on_segment)(SegmentUpdate::Published(p.clone()));
+                return Ok(());
+            }
+            Frame::SegmentRetire(r) => {
+                (self.on_segment)(SegmentUpdate::Retired(r.clone()));
+                return Ok(());
+            }
+            Frame::Error(e) => {
+                return Err(format!("peer sent error {}: {}", e.code, e.message));
+            }
+            Frame::Goodbye(g) => {
+                return Err(format!("peer said goodbye ({}: {})", g.reason, g.message));
+            }
+            other => return Err(format!("unexpected {} from the peer", other.frame_type())),
+        };
+        let (token, len, local_offset, local) = {
+            let mut st = self.rail.lock();
+            let Some(job) = st.in_flight.iter().find(|j| {
+                j.answered.is_none() && j.item.token.0 == request_id.0 && j.item.op == op
+            }) else {
+                return Err(format!(
+                    "answer for request {} ({op:?}) matches no request in flight",
+                    request_id.0
+                ));
+            };
+            let found = (
+                job.item.token,
+                job.item.len,
+                job.item.local_offset,
+                job.local.clone(),
+            );
+            st.last_progress = Instant::now();
+            found
+        };
+        let mut outcome = completion(status);
+        if op == Op::Read && status.is_ok() {
+            if length != len {
+                let msg = format!("read answer of {length} bytes for a {len}-byte request");
+                self.answer(
+                    token,
+                    SliceStatus::Failed(SliceFailure::Completion {
+                        status: msg.clone().into(),
+                        code: 0,
+                    }),
+                );
+                return Err(msg);
+            }
+            let offset = usize::try_from(local_offset)
+                .map_err(|_| "receiving read data failed: local offset overflows usize")?;
+            let n = {
+                let buffered = self.frames.take_payload(len as usize);
+                local
+                    .write_at(offset, buffered)
+                    .map_err(|e| format!("receiving read data failed: {e}"))?;
+                buffered.len()
+            };
+            self.frames.payload_received((len as usize - n) as u64);
+            // Completed once the rest arrived (at once when nothing is left).
+            self.payload_in = Some(PayloadIn {
+                token,
+                mem: local,
+                at: offset + n,
+                end: offset + len as usize,
+                len,
+            });
+            return Ok(());
+        }
+        if op == Op::Write && status.is_ok() && length != len {
+            outcome = SliceStatus::Failed(SliceFailure::Completion {
+                status: format!("write answer of {length} bytes for a {len}-byte request").into(),
+                code: 0,
+            });
+        }
+        self.answer(token, outcome);
+        self.held.answered(len);
+        Ok(())
+    }
+
+    /// Records the outcome of the answer to `token` and moves every
+    /// answered job at the front of the in-flight list, in the order sent,
+    /// into the held completions.
+    fn answer(&mut self, token: SliceToken, status: SliceStatus) {
+        let mut st = self.rail.lock();
+        if let Some(j) = st
+            .in_flight
+            .iter_mut()
+            .find(|j| j.item.token == token && j.answered.is_none())
+        {
+            j.answered = Some(status);
+            st.last_progress = Instant::now();
+        }
+        while let Some(front) = st.in_flight.front_mut() {
+            let Some(status) = front.answered.take() else {
+                break;
+            };
+            let token = front.item.token;
+            st.in_flight.pop_front();
+            self.held.events.push(TransportEvent::Completed {
+                rail: self.rail.id,
+                token,
+                status,
+                released: true,
+            });
+        }
+    }
+
+    /// Reports the rail down: a `RailDown`, then every outstanding item.
+    /// The loop is the only thread that touches local memory, and it
+    /// stopped.
+    fn take_down(mut self: Box<Self>, why: &str) {
+        self.rail.fail(why, false);
+        let (in_flight, queued, reason) = {
+            let mut st = self.rail.lock();
+            let reason = st.down.clone().unwrap_or_else(|| why.into());
+            (
+                std::mem::take(&mut st.in_flight),
+                std::mem::take(&mut st.queue),
+                reason,
+            )
+        };
+        let rail = self.rail.id;
+        let events = &mut self.held.events;
+        events.push(TransportEvent::RailDown {
+            rail,
+            reason: reason.clone(),
+        });
+        // In the order sent; an answered one keeps its outcome (its bytes
+        // arrived), the others failed with the rail.
+        for j in in_flight {
+            events.push(TransportEvent::Completed {
+                rail,
+                token: j.item.token,
+                status: j
+                    .answered
+                    .unwrap_or_else(|| SliceStatus::Failed(SliceFailure::RailDown(reason.clone()))),
+                released: true,
+            });
+        }
+        for j in queued {
+            events.push(TransportEvent::Completed {
+                rail,
+                token: j.item.token,
+                status: SliceStatus::Failed(SliceFailure::Flushed),
+                released: true,
+            });
+        }
+        self.held.hand_over();
     }
 }
 
-impl Watched for Reader {
+impl Watched for Conn {
     fn fd(&self) -> RawFd {
         self.stream.as_raw_fd()
     }
 
-    fn ready(self: Box<Self>, _now: Instant) -> Next {
-        (*self).resume();
-        Next::Done
+    fn interest(&self) -> Interest {
+        if self.blocked {
+            Interest::READABLE.add(Interest::WRITABLE)
+        } else {
+            Interest::READABLE
+        }
+    }
+
+    fn ready(self: Box<Self>, now: Instant) -> Next {
+        self.turn(now, false)
     }
 
     fn expired(self: Box<Self>, now: Instant) -> Next {
-        if self.due() {
-            (*self).resume();
-            return Next::Done;
-        }
-        let at = now + self.poll();
-        Next::Wait(self, Some(at))
+        self.turn(now, true)
     }
 
     fn abandoned(self: Box<Self>, why: &str) {
-        let why = format!("the rail's i/o threads stopped: {why}");
-        self.rail.fail(&why, false);
-        take_down(&self.rail, why, &mut self.held());
+        self.take_down(&format!("the rail's i/o threads stopped: {why}"));
     }
-}
-
-/// How one run of a reader thread ended.
-enum ReadEnd {
-    /// Nothing in flight, nothing buffered, no byte for the poll
-    /// interval: the rail can park.
-    Quiet,
-    /// The rail is down, for this reason.
-    Down(String),
-}
-
-/// A reader thread: receives until the rail goes down (then reports
-/// everything) or is quiet (then parks it on the pool and ends).
-fn reader(r: Reader) {
-    let mut held = r.held();
-    match read_until_quiet(&r, &mut held) {
-        ReadEnd::Down(why) => {
-            r.rail.fail(&why, false);
-            take_down(&r.rail, why, &mut held);
-        }
-        ReadEnd::Quiet => match r.pool.upgrade() {
-            Some(pool) => {
-                let at = Instant::now() + r.poll();
-                pool.watch(Box::new(r), Some(at));
-            }
-            // Checked before it parks; gone since: read on here.
-            None => reader(r),
-        },
-    }
-}
-
-fn read_until_quiet(r: &Reader, held: &mut Held) -> ReadEnd {
-    use std::io::ErrorKind;
-    let Reader {
-        rail,
-        stream,
-        frame_timeout,
-        io_timeout,
-        on_segment,
-        ..
-    } = r;
-    let (frame_timeout, io_timeout) = (*frame_timeout, *io_timeout);
-    let mut frames = FrameBuffer::new();
-    let poll = r.poll();
-    let why: String = 'read: {
-        if let Err(e) = stream.set_read_timeout(Some(poll)) {
-            break 'read format!("cannot set the receive timeout: {e}");
-        }
-        loop {
-            let frame = match frames.next() {
-                Ok(Some(f)) => f,
-                Ok(None) => {
-                    // Nothing complete is buffered: hand the answers of this
-                    // burst over before waiting for more.
-                    let got = match frames.fill(stream, !held.events.is_empty()) {
-                        Err(e) if e.kind() == ErrorKind::WouldBlock && !held.events.is_empty() => {
-                            held.hand_over();
-                            frames.fill(stream, false)
-                        }
-                        r => r,
-                    };
-                    match got {
-                        Ok(0) => break 'read "connection lost: peer closed the connection".into(),
-                        Ok(_) => {}
-                        Err(e)
-                            if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
-                        {
-                            let st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
-                            if let Some(d) = &st.down {
-                                break 'read d.to_string();
-                            }
-                            if !st.in_flight.is_empty() && st.last_progress.elapsed() >= io_timeout
-                            {
-                                break 'read format!(
-                                    "no answer from the peer within {io_timeout:?}"
-                                );
-                            }
-                            if st.in_flight.is_empty()
-                                && st.last_progress.elapsed() >= PARK_AFTER
-                                && frames.is_empty()
-                                && held.events.is_empty()
-                                && r.pool.strong_count() > 0
-                            {
-                                return ReadEnd::Quiet;
-                            }
-                        }
-                        Err(e) => break 'read format!("connection lost: {e}"),
-                    }
-                    if frames.overdue(frame_timeout) {
-                        break 'read format!(
-                            "connection lost: the peer did not complete a frame within {frame_timeout:?}"
-                        );
-                    }
-                    continue;
-                }
-                Err(e) => break 'read format!("connection lost: {e}"),
-            };
-            if frames.payload_len() != u64::from(frame.payload_len()) {
-                break 'read format!(
-                    "{} announces {} payload bytes in its header and {} in its body",
-                    frame.frame_type(),
-                    frames.payload_len(),
-                    frame.payload_len()
-                );
-            }
-            let (request_id, status, length, op) = match &frame {
-                Frame::ReadResponse(r) => (r.request_id, r.status, r.length, Op::Read),
-                Frame::WriteResponse(w) => (w.request_id, w.status, w.length, Op::Write),
-                Frame::SegmentPublication(p) => {
-                    on_segment(SegmentUpdate::Published(p.clone()));
-                    continue;
-                }
-                Frame::SegmentRetire(r) => {
-                    on_segment(SegmentUpdate::Retired(r.clone()));
-                    continue;
-                }
-                Frame::Error(e) => {
-                    break 'read format!("peer sent error {}: {}", e.code, e.message);
-                }
-                Frame::Goodbye(g) => {
-                    break 'read format!("peer said goodbye ({}: {})", g.reason, g.message);
-                }
-                other => break 'read format!("unexpected {} from the peer", other.frame_type()),
-            };
-            let job = {
-                let mut st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
-                let Some(job) = st.in_flight.iter().find(|j| {
-                    j.answered.is_none() && j.item.token.0 == request_id.0 && j.item.op == op
-                }) else {
-                    break 'read format!(
-                        "answer for request {} ({op:?}) matches no request in flight",
-                        request_id.0
-                    );
-                };
-                let job = job.clone();
-                st.last_progress = Instant::now();
-                job
-            };
-            let mut st_status = completion(status);
-            if op == Op::Read && status.is_ok() {
-                if length != job.item.len {
-                    let msg = format!(
-                        "read answer of {length} bytes for a {}-byte request",
-                        job.item.len
-                    );
-                    answer(
-                        rail,
-                        &job,
-                        SliceStatus::Failed(SliceFailure::Completion {
-                            status: msg.clone().into(),
-                            code: 0,
-                        }),
-                        &mut held.events,
-                    );
-                    break 'read msg;
-                }
-                let received = usize::try_from(job.item.local_offset)
-                    .map_err(|_| "local offset overflows usize".to_owned())
-                    .and_then(|offset| {
-                        let len = length as usize;
-                        let buffered = frames.take_payload(len);
-                        let n = buffered.len();
-                        job.local
-                            .write_at(offset, buffered)
-                            .map_err(|e| e.to_string())?;
-                        frames.payload_received((len - n) as u64);
-                        recv_payload(
-                            rail,
-                            stream,
-                            &mut frames,
-                            &job.local,
-                            (offset + n, len - n),
-                            io_timeout,
-                            held,
-                        )
-                    });
-                if let Err(e) = received {
-                    let msg = format!("receiving read data failed: {e}");
-                    // The reader is the only thread writing local memory: it
-                    // stopped, so the bytes are released (possibly partial).
-                    answer(
-                        rail,
-                        &job,
-                        SliceStatus::Failed(SliceFailure::RailDown(msg.clone().into())),
-                        &mut held.events,
-                    );
-                    break 'read msg;
-                }
-            } else if op == Op::Write && status.is_ok() && length != job.item.len {
-                st_status = SliceStatus::Failed(SliceFailure::Completion {
-                    status: format!(
-                        "write answer of {length} bytes for a {}-byte request",
-                        job.item.len
-                    )
-                    .into(),
-                    code: 0,
-                });
-            }
-            answer(rail, &job, st_status, &mut held.events);
-            held.answered(job.item.len);
-        }
-    };
-    ReadEnd::Down(why)
-}
-
-/// Reports a rail that went down: waits until the writer let go of local
-/// memory, then hands over a `RailDown` and every outstanding item.
-fn take_down(rail: &Rail, why: String, held: &mut Held) {
-    // Wait until the writer let go of local memory (the socket is shut, so
-    // a blocked send returns at once).
-    let (in_flight, queued, reason) = {
-        let mut st = rail.state.lock().unwrap_or_else(|p| p.into_inner());
-        while st.writer {
-            let (g, _) = rail
-                .cv
-                .wait_timeout(st, Duration::from_millis(100))
-                .unwrap_or_else(|p| p.into_inner());
-            st = g;
-        }
-        let reason = st.down.clone().unwrap_or_else(|| why.clone().into());
-        (
-            std::mem::take(&mut st.in_flight),
-            std::mem::take(&mut st.queue),
-            reason,
-        )
-    };
-    let events = &mut held.events;
-    events.push(TransportEvent::RailDown {
-        rail: rail.id,
-        reason: reason.clone(),
-    });
-    // In the order sent; an answered one keeps its outcome (its bytes
-    // arrived), the others failed with the rail.
-    for j in in_flight {
-        events.push(TransportEvent::Completed {
-            rail: rail.id,
-            token: j.item.token,
-            status: j
-                .answered
-                .unwrap_or_else(|| SliceStatus::Failed(SliceFailure::RailDown(reason.clone()))),
-            released: true,
-        });
-    }
-    for j in queued {
-        events.push(TransportEvent::Completed {
-            rail: rail.id,
-            token: j.item.token,
-            status: SliceStatus::Failed(SliceFailure::Flushed),
-            released: true,
-        });
-    }
-    held.hand_over();
 }
 
 #[cfg(test)]
@@ -1011,6 +1023,7 @@ mod tests {
         );
         cfg.io_timeout = Duration::from_secs(2);
         let (tx, deliveries) = mpsc::channel();
+        let pool = IoPool::new(1, "test").unwrap();
         let rail = Rail::start(
             RailId(0),
             orbitte_wire::SessionId(1),
@@ -1018,7 +1031,7 @@ mod tests {
             &cfg,
             Arc::new(Record(tx)),
             Arc::new(|_| {}),
-            Weak::new(),
+            &pool,
         )
         .unwrap();
         let big = ANSWER_BATCH as u32;
@@ -1132,6 +1145,7 @@ mod tests {
         );
         cfg.max_in_flight_per_connection = 40_000;
         cfg.socket_buffer = Some(MIN_SOCKET_BUFFER);
+        let pool = IoPool::new(1, "test").unwrap();
         let rail = Rail::start(
             RailId(0),
             orbitte_wire::SessionId(1),
@@ -1139,7 +1153,7 @@ mod tests {
             &cfg,
             Arc::new(NoSink),
             Arc::new(|_| {}),
-            Weak::new(),
+            &pool,
         )
         .unwrap();
         let local = HostMemory::alloc(4096).unwrap();

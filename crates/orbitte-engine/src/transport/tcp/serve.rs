@@ -1,5 +1,5 @@
 //! Target side of the tcp path: serves READ and WRITE requests of one
-//! session against the published ranges.
+//! session against the published ranges, on an I/O loop ([`Serving`]).
 //!
 //! Every request is checked before any byte of registered memory is
 //! touched: the session's epoch must still be the source's authoritative
@@ -8,44 +8,78 @@
 //! Otherwise the answer carries the failing status (and a refused WRITE's
 //! payload is read and dropped, never written).
 //!
-//! Requests are received through a small buffer ([`FrameBuffer`]): one
-//! `recv` brings every request that waits. A WRITE's payload goes from the
-//! socket straight into the range (with the next request's header in the
-//! same `recvmsg`), a READ's answer goes out with its header
-//! in one `sendmsg` from the range (or, up to 256 KiB, `sendfile` from its
-//! memfd), and the
-//! small answers (WRITE answers, refusals) are gathered and sent together
-//! when no further request is waiting, before a WRITE payload's receive
-//! would wait for the peer, and in a stream that never pauses once they
-//! acknowledge [`ANSWER_BATCH`] bytes: a WRITE the target applied is
-//! acknowledged even if the connection dies before the stream pauses. The
-//! socket's timeouts are set once to the poll interval; deadlines are
-//! checked between system calls.
+//! The socket is non-blocking and a session is a resumable state machine:
+//! each [`Serving::turn`] moves what it can without waiting and says what
+//! readiness it waits for next, and until when. Requests are received
+//! through a small buffer ([`FrameBuffer`]): one `recv` brings every
+//! request that waits. A WRITE's payload goes from the socket straight
+//! into the range (with the next request's header in the same `recvmsg`),
+//! a READ's answer goes out with its header in `sendmsg` calls from the
+//! range (or, up to 256 KiB, `sendfile` from its memfd); a range of GPU
+//! memory moves through a bounce buffer instead, a piece at a time
+//! (module `staged`, which says what a failed device copy does). The small
+//! answers (WRITE answers, refusals) are gathered and sent together when
+//! no further request is waiting, before a WRITE payload's receive waits
+//! for the peer, and in a stream that never pauses once they acknowledge
+//! [`ANSWER_BATCH`] bytes: a WRITE the target applied is acknowledged even
+//! if the connection dies before the stream pauses.
+//!
+//! While answers wait that the peer does not take (its receive window is
+//! full), the session waits for the socket to become writable and reads
+//! no further request, so a peer that stops reading holds at most one
+//! batch of answers. A whole answer (a READ's payload, a WRITE's payload
+//! and its answer, gathered answers waiting to go) must move within
+//! `io_timeout`, a started frame must complete within `frame_timeout`; a
+//! turn moves at most [`TURN_BYTES`] and decodes at most [`TURN_FRAMES`]
+//! requests, then lets the loop's other sessions have theirs.
 
-use std::io::Write;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use mio::Interest;
 use orbitte_proto::{Op, PathKind};
 
 use orbitte_wire::{
-    AccessFlags, AccessToken, ErrorCode, Frame, FrameType, GoodbyeReason, RangeId, ReadResponse,
-    SessionId, Status, WriteResponse,
+    AccessFlags, AccessToken, ErrorCode, ErrorFrame, Frame, FrameType, GoodbyeReason, Message,
+    RangeId, ReadResponse, RequestId, SessionId, Status, WriteRequest, WriteResponse,
 };
 
-use super::payload::{PayloadIo, send_all};
+use super::payload::{PayloadIo, send_ready};
 use super::socket::{ANSWER_BATCH, size_socket_buffers};
-use super::staged;
-use crate::io_pool::PARK_AFTER;
+use super::staged::{Landed, ReadPayload, WritePayload};
+use crate::metrics::ServedCounter;
 use crate::session::activity::SessionActivity;
-use crate::session::io::{FrameBuffer, send_error, write_frame};
+use crate::session::io::{FrameBuffer, write_frame};
 use crate::session::{
     PeerIdentity, Published, RangeLookup, SessionConfig, SessionError, SharedPeerTable,
 };
 
-/// How often a quiet connection checks whether the listener shuts down.
-const POLL: Duration = Duration::from_millis(200);
+/// How often a waiting session makes a quiet session's checks (listener
+/// stopping, `idle_timeout`, its slot taken), and the longest it waits
+/// without being called.
+pub(crate) const CHECK: Duration = Duration::from_millis(200);
+
+/// Bytes one turn moves at most before the loop's other sessions have
+/// their turn.
+pub(crate) const TURN_BYTES: usize = 4 << 20;
+
+/// Requests one turn decodes at most.
+pub(crate) const TURN_FRAMES: u32 = 256;
+
+/// Gathered answers that are sent before a further request is read, however
+/// few bytes they acknowledge.
+const OUT_MAX: usize = 64 << 10;
+
+/// How long a refusal's error frame (and the answers before it) may wait
+/// for the peer to take it before the session closes without it.
+const REFUSAL_LINGER: Duration = Duration::from_millis(200);
+
+/// Requests decoded within this of the last one released by the
+/// `serve_delay` knob are paced from that one, not from now (the loop
+/// wakes on a coarse grain: a sub-grain delay still adds up per request).
+#[cfg(any(test, feature = "testing"))]
+const PACE_GAP: Duration = Duration::from_millis(50);
 
 /// Why a served session ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,22 +139,6 @@ fn check(
     }
 }
 
-/// Sends the gathered answers in `out` (best effort) and then an error
-/// frame: the peer learns the outcome of what was served before.
-fn refuse(stream: &mut TcpStream, out: &mut Vec<u8>, code: ErrorCode, ft: FrameType, msg: &str) {
-    if !out.is_empty() {
-        let _ = send_all(stream, out, false, None);
-        out.clear();
-    }
-    send_error(stream, code, ft, msg);
-}
-
-/// Refuses a frame of a superseded epoch and closes the session.
-fn stale(stream: &mut TcpStream, out: &mut Vec<u8>, ft: FrameType, msg: String) -> CloseReason {
-    refuse(stream, out, ErrorCode::STALE_EPOCH, ft, &msg);
-    CloseReason::abnormal(msg)
-}
-
 fn stalled(cfg: &SessionConfig, e: &std::io::Error) -> CloseReason {
     if matches!(
         e.kind(),
@@ -135,127 +153,491 @@ fn stalled(cfg: &SessionConfig, e: &std::io::Error) -> CloseReason {
     }
 }
 
-/// Sets an admitted session's socket up for [`serve`]: its buffer sizes
-/// and the timeouts of its system calls (the poll interval).
+/// An answer that did not move within `io_timeout`.
+fn overdue_answer(cfg: &SessionConfig) -> CloseReason {
+    stalled(
+        cfg,
+        &std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "payload not moved within its deadline",
+        ),
+    )
+}
+
+/// Sets an admitted session's socket up for [`Serving`]: its buffer sizes,
+/// and non-blocking.
 pub(crate) fn prepare(stream: &TcpStream, cfg: &SessionConfig) -> Result<(), CloseReason> {
     size_socket_buffers(stream, cfg.socket_buffer);
     stream
-        .set_write_timeout(Some(POLL))
-        .and_then(|()| stream.set_read_timeout(Some(POLL)))
-        .map_err(|e| CloseReason::abnormal(format!("cannot set the socket timeouts: {e}")))
+        .set_nonblocking(true)
+        .map_err(|e| CloseReason::abnormal(format!("cannot make the socket non-blocking: {e}")))
 }
 
-/// How [`serve`] returned.
+/// What a turn of [`Serving`] asks of its loop.
 #[derive(Debug)]
-pub(crate) enum Served {
+pub(crate) enum Step {
+    /// Call it again when the socket is ready as `Some(interest)` says, or
+    /// at the deadline, whichever comes first (`None`: at the deadline
+    /// only).
+    Wait(Option<Interest>, Instant),
     /// The session ended, for this reason (the caller closes it).
     Closed(CloseReason),
-    /// Nothing arrived for [`PARK_AFTER`] and nothing is buffered or
-    /// waits to be sent: the caller may park the session until its socket
-    /// is readable (checking [`quiet`] meanwhile) and serve it again.
-    Idle,
 }
 
-/// Serves requests on a socket set up by [`prepare`] until the session
-/// ends or has been idle for [`PARK_AFTER`]; says which.
-pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Served {
-    let cfg = ctx.cfg;
-    let served = ctx
-        .ranges
-        .served_counter(PathKind::Tcp, ctx.peer.source_id.as_str());
-    let mut frames = FrameBuffer::new();
-    // Encoded answers not sent yet (see the module docs), and the bytes of
-    // the WRITEs they answer.
-    let mut out = Vec::with_capacity(1024);
-    let mut acknowledged = 0u64;
-    let mut io = PayloadIo::for_answers(cfg.zero_copy);
-    let mut last_request = Instant::now();
-    loop {
-        let frame = match frames.next() {
-            Ok(Some(f)) => f,
-            Ok(None) => {
-                // No whole request waits in the buffer: send the gathered
-                // answers before waiting for more.
-                let got = match frames.fill(stream, !out.is_empty()) {
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && !out.is_empty() => {
-                        if let Err(e) =
-                            send_all(stream, &out, false, Some(Instant::now() + cfg.io_timeout))
-                        {
-                            return Served::Closed(stalled(cfg, &e));
-                        }
-                        out.clear();
-                        frames.fill(stream, false)
-                    }
-                    r => r,
-                };
-                match got {
-                    Ok(0) => {
-                        return Served::Closed(CloseReason::normal("peer closed the connection"));
-                    }
-                    Ok(_) => {}
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                        ) =>
-                    {
-                        if frames.is_empty() {
-                            debug_assert!(out.is_empty(), "answers are sent before waiting");
-                            if let Some(reason) = quiet(stream, ctx) {
-                                return Served::Closed(reason);
-                            }
-                            if last_request.elapsed() >= PARK_AFTER {
-                                return Served::Idle;
-                            }
-                            continue;
-                        }
-                    }
-                    Err(e) => {
-                        return Served::Closed(CloseReason::abnormal(format!(
-                            "connection failed: {e}"
-                        )));
-                    }
-                }
-                if frames.overdue(cfg.frame_timeout) {
-                    refuse(
-                        stream,
-                        &mut out,
-                        ErrorCode::TIMEOUT,
-                        FrameType(0),
-                        "frame not completed in time",
-                    );
-                    return Served::Closed(CloseReason::abnormal(format!(
-                        "peer did not complete a frame (truncated frame) within {:?}",
-                        cfg.frame_timeout
-                    )));
-                }
-                continue;
-            }
-            Err(SessionError::Malformed(e)) => {
-                refuse(stream, &mut out, e.error_code(), e.frame, &e.to_string());
-                return Served::Closed(CloseReason::abnormal(format!("malformed frame: {e}")));
-            }
-            Err(e) => {
-                return Served::Closed(CloseReason::abnormal(format!("connection failed: {e}")));
-            }
+/// The request a session is in the middle of.
+#[derive(Debug)]
+enum Task {
+    /// Between requests: the next is read.
+    Next,
+    /// Held back by the `serve_delay` knob until then.
+    #[cfg(any(test, feature = "testing"))]
+    Delayed(Frame, Instant),
+    /// A READ answer going out: the gathered answers and its header
+    /// (`out[sent..]`), then its payload of `length` bytes.
+    Read { payload: ReadPayload, length: u32 },
+    /// A WRITE payload coming into the range.
+    Write { payload: WritePayload, w: WriteRequest },
+    /// A refused WRITE's payload being read and dropped.
+    Discard {
+        left: u64,
+        w: WriteRequest,
+        status: Status,
+    },
+}
+
+/// How one step of a turn went on.
+enum Flow {
+    /// Go on with the next step.
+    Go,
+    /// Wait for this readiness (`None`: the deadline only), or at most
+    /// until this deadline.
+    Wait(Option<Interest>, Option<Instant>),
+}
+
+/// How a session ends.
+enum End {
+    /// Close now, for this reason.
+    Close(CloseReason),
+    /// Send the gathered answers and this error frame (as far as the peer
+    /// takes them within [`REFUSAL_LINGER`]), then close.
+    Refuse(ErrorCode, FrameType, String, CloseReason),
+}
+
+impl End {
+    /// The peer's frame broke the protocol: refused with `code`, closed.
+    fn refuse(code: ErrorCode, ft: FrameType, msg: String, why: String) -> Self {
+        Self::Refuse(code, ft, msg, CloseReason::abnormal(why))
+    }
+}
+
+/// What one turn may still spend.
+struct Budget {
+    bytes: usize,
+    frames: u32,
+}
+
+impl Budget {
+    fn spend(&mut self, n: usize) {
+        self.bytes = self.bytes.saturating_sub(n);
+    }
+    fn spent(&self) -> bool {
+        self.bytes == 0 || self.frames == 0
+    }
+}
+
+/// One tcp data session's serving state, carried across turns: the frame
+/// buffer, the gathered answers and how much of them went, the request in
+/// progress and the deadline of its answer.
+///
+/// Call [`Serving::turn`] when the socket is ready as the last turn asked
+/// or its deadline passed; a turn never blocks.
+#[derive(Debug)]
+pub(crate) struct Serving {
+    frames: FrameBuffer,
+    /// Encoded answers; `out[..sent]` went out already.
+    ///
+    /// Invariant: `sent <= out.len()`; both are zero once all went.
+    out: Vec<u8>,
+    sent: usize,
+    /// Bytes of the WRITEs `out` answers.
+    acknowledged: u64,
+    io: PayloadIo,
+    served: ServedCounter,
+    task: Task,
+    /// When the answer in progress (or the gathered answers waiting for
+    /// the peer) must have moved.
+    due: Option<Instant>,
+    /// A refusal's error frame waiting in `out`, the reason to close with
+    /// and until when it may wait.
+    closing: Option<(CloseReason, Instant)>,
+    /// When the `serve_delay` knob released the last request.
+    #[cfg(any(test, feature = "testing"))]
+    paced: Option<Instant>,
+}
+
+impl Serving {
+    /// The state of a session admitted with `ctx`, before its first
+    /// request.
+    pub(crate) fn new(ctx: &ServeCtx<'_>) -> Self {
+        Self {
+            frames: FrameBuffer::new(),
+            out: Vec::with_capacity(1024),
+            sent: 0,
+            acknowledged: 0,
+            io: PayloadIo::for_answers(ctx.cfg.zero_copy),
+            served: ctx
+                .ranges
+                .served_counter(PathKind::Tcp, ctx.peer.source_id.as_str()),
+            task: Task::Next,
+            due: None,
+            closing: None,
+            #[cfg(any(test, feature = "testing"))]
+            paced: None,
+        }
+    }
+
+    /// Serves what can be served now, without blocking; says what to wait
+    /// for next, or that the session ended.
+    pub(crate) fn turn(&mut self, stream: &TcpStream, ctx: &ServeCtx<'_>, now: Instant) -> Step {
+        if self.closing.is_some() {
+            return self.linger(stream, now);
+        }
+        if self.due.is_some_and(|d| now >= d) {
+            return self.closed(stream, overdue_answer(ctx.cfg));
+        }
+        let mut budget = Budget {
+            bytes: TURN_BYTES,
+            frames: TURN_FRAMES,
         };
-        if frames.payload_len() != u64::from(frame.payload_len()) {
+        loop {
+            let flow = if budget.spent() {
+                // Called again on the loop's next round: the socket is
+                // writable unless the peer stopped reading.
+                Ok(Flow::Wait(
+                    Some(Interest::READABLE | Interest::WRITABLE),
+                    None,
+                ))
+            } else {
+                self.advance(stream, ctx, now, &mut budget)
+            };
+            match flow {
+                Ok(Flow::Go) => {}
+                Ok(Flow::Wait(interest, at)) => {
+                    let at = [at, self.due, Some(now + CHECK)]
+                        .into_iter()
+                        .flatten()
+                        .min()
+                        .unwrap_or(now + CHECK);
+                    return Step::Wait(interest, at);
+                }
+                Err(End::Close(reason)) => return self.closed(stream, reason),
+                Err(End::Refuse(code, ft, msg, reason)) => {
+                    let frame = Frame::Error(ErrorFrame {
+                        code,
+                        frame_type: ft,
+                        request_id: RequestId(0),
+                        message: Message::truncating(&msg),
+                    });
+                    if frame.encode(&mut self.out).is_err() {
+                        return self.closed(stream, reason);
+                    }
+                    self.closing = Some((reason, now + REFUSAL_LINGER));
+                    return self.linger(stream, now);
+                }
+            }
+        }
+    }
+
+    /// Sends what the socket takes of the gathered answers (best effort)
+    /// and ends the session.
+    fn closed(&mut self, stream: &TcpStream, reason: CloseReason) -> Step {
+        if self.sent < self.out.len() {
+            let _ = send_ready(stream, &self.out[self.sent..]);
+        }
+        Step::Closed(reason)
+    }
+
+    /// A refusal waits to go out: sends what the socket takes, closes once
+    /// all went or its time is up.
+    fn linger(&mut self, stream: &TcpStream, now: Instant) -> Step {
+        let Some((reason, until)) = self.closing.take() else {
+            return Step::Closed(CloseReason::abnormal("closing without a reason"));
+        };
+        match send_ready(stream, &self.out[self.sent..]) {
+            Ok(n) if self.sent + n < self.out.len() && now < until => {
+                self.sent += n;
+                self.closing = Some((reason, until));
+                Step::Wait(Some(Interest::WRITABLE), until)
+            }
+            _ => Step::Closed(reason),
+        }
+    }
+
+    /// Sends what the socket takes of the gathered answers; `true` once
+    /// all went (then the answers' deadline, if one ran, is off).
+    fn flush(&mut self, stream: &TcpStream, ctx: &ServeCtx<'_>, now: Instant) -> Result<bool, End> {
+        if self.sent < self.out.len() {
+            let n = send_ready(stream, &self.out[self.sent..])
+                .map_err(|e| End::Close(stalled(ctx.cfg, &e)))?;
+            self.sent += n;
+        }
+        if self.sent < self.out.len() {
+            self.due.get_or_insert(now + ctx.cfg.io_timeout);
+            return Ok(false);
+        }
+        self.out.clear();
+        self.sent = 0;
+        if matches!(self.task, Task::Next) {
+            self.due = None;
+        }
+        Ok(true)
+    }
+
+    /// The payload in progress waits for the peer: the gathered answers go
+    /// first, and until they all went nothing more is read.
+    fn wait_for_payload(
+        &mut self,
+        stream: &TcpStream,
+        ctx: &ServeCtx<'_>,
+        now: Instant,
+    ) -> Result<Flow, End> {
+        if self.flush(stream, ctx, now)? {
+            Ok(Flow::Wait(Some(Interest::READABLE), None))
+        } else {
+            Ok(Flow::Wait(Some(Interest::WRITABLE), None))
+        }
+    }
+
+    /// One step: the request in progress moves on, or the next is read.
+    fn advance(
+        &mut self,
+        stream: &TcpStream,
+        ctx: &ServeCtx<'_>,
+        now: Instant,
+        budget: &mut Budget,
+    ) -> Result<Flow, End> {
+        let fail = |e: std::io::Error| End::Close(stalled(ctx.cfg, &e));
+        match &mut self.task {
+            Task::Next => self.next_request(stream, ctx, now, budget),
+            #[cfg(any(test, feature = "testing"))]
+            Task::Delayed(_, until) => {
+                let until = *until;
+                if now < until {
+                    return Ok(Flow::Wait(None, Some(until)));
+                }
+                let Task::Delayed(frame, _) = std::mem::replace(&mut self.task, Task::Next) else {
+                    return Ok(Flow::Go);
+                };
+                self.paced = Some(until);
+                self.apply(frame, ctx, now)
+            }
+            Task::Read { payload, length } => {
+                let (memory, span, whole) = payload.unsent();
+                let m = self
+                    .io
+                    .send_now(
+                        stream,
+                        &self.out[self.sent..],
+                        memory,
+                        span,
+                        whole,
+                        budget.bytes,
+                    )
+                    .map_err(fail)?;
+                self.sent += m.head;
+                payload.sent(m.payload);
+                budget.spend(m.head + m.payload);
+                if self.sent == self.out.len() && payload.piece_sent() {
+                    // A device range's next piece, copied now: the bounce
+                    // buffer's last one went out.
+                    if payload
+                        .next_piece()
+                        .map_err(|why| End::Close(CloseReason::abnormal(why)))?
+                    {
+                        return Ok(Flow::Go);
+                    }
+                    ctx.bytes.fetch_add(u64::from(*length), Ordering::Relaxed);
+                    self.out.clear();
+                    self.sent = 0;
+                    self.done(ctx);
+                    return Ok(Flow::Go);
+                }
+                if m.blocked {
+                    return Ok(Flow::Wait(Some(Interest::WRITABLE), None));
+                }
+                Ok(Flow::Go)
+            }
+            Task::Write { payload, w } => {
+                let w = *w;
+                let (landed, blocked) = if payload.is_complete() {
+                    (Landed::All, false)
+                } else {
+                    let (memory, span, ends) = payload.room();
+                    let frames = ends.then_some(&mut self.frames);
+                    let m = self
+                        .io
+                        .recv_now(stream, frames, memory, span, budget.bytes)
+                        .map_err(fail)?;
+                    budget.spend(m.payload);
+                    (payload.received(m.payload), m.blocked)
+                };
+                match landed {
+                    Landed::All => {
+                        ctx.bytes.fetch_add(u64::from(w.length), Ordering::Relaxed);
+                        self.served.count(Op::Write, u64::from(w.length));
+                        self.answer(w, Status::OK, ctx)
+                    }
+                    Landed::Failed { left } => {
+                        self.task = Task::Discard {
+                            left,
+                            w,
+                            status: Status::INTERNAL,
+                        };
+                        Ok(Flow::Go)
+                    }
+                    Landed::More if blocked => self.wait_for_payload(stream, ctx, now),
+                    Landed::More => Ok(Flow::Go),
+                }
+            }
+            Task::Discard { left, w, status } => {
+                let m = self
+                    .io
+                    .discard_now(stream, *left, budget.bytes)
+                    .map_err(fail)?;
+                *left -= m.payload as u64;
+                budget.spend(m.payload);
+                if *left == 0 {
+                    let (w, status) = (*w, *status);
+                    return self.answer(w, status, ctx);
+                }
+                if m.blocked {
+                    return self.wait_for_payload(stream, ctx, now);
+                }
+                Ok(Flow::Go)
+            }
+        }
+    }
+
+    /// The request in progress is served.
+    fn done(&mut self, ctx: &ServeCtx<'_>) {
+        self.task = Task::Next;
+        self.due = None;
+        ctx.activity.ended();
+    }
+
+    /// Gathers the answer of a WRITE whose payload was taken.
+    fn answer(&mut self, w: WriteRequest, status: Status, ctx: &ServeCtx<'_>) -> Result<Flow, End> {
+        if self.out.is_empty() {
+            self.acknowledged = 0;
+        }
+        Frame::WriteResponse(WriteResponse {
+            request_id: w.request_id,
+            range_id: w.range_id,
+            offset: w.offset,
+            status,
+            length: if status.is_ok() { w.length } else { 0 },
+        })
+        .encode(&mut self.out)
+        .map_err(|e| End::Close(stalled(ctx.cfg, &std::io::Error::other(e))))?;
+        self.acknowledged += u64::from(w.length);
+        self.done(ctx);
+        Ok(Flow::Go)
+    }
+
+    /// Between requests: sends the answers that must go first, decodes the
+    /// next request, or receives more; waits when nothing more came.
+    fn next_request(
+        &mut self,
+        stream: &TcpStream,
+        ctx: &ServeCtx<'_>,
+        now: Instant,
+        budget: &mut Budget,
+    ) -> Result<Flow, End> {
+        let unsent = self.out.len() - self.sent;
+        if unsent > 0
+            && (self.acknowledged >= ANSWER_BATCH || unsent >= OUT_MAX)
+            && !self.flush(stream, ctx, now)?
+        {
+            return Ok(Flow::Wait(Some(Interest::WRITABLE), None));
+        }
+        match self.frames.next() {
+            Ok(Some(frame)) => {
+                budget.frames -= 1;
+                self.serve(frame, ctx, now)
+            }
+            Ok(None) => match self.frames.fill(stream, true) {
+                Ok(0) => Err(End::Close(CloseReason::normal(
+                    "peer closed the connection",
+                ))),
+                Ok(n) => {
+                    budget.spend(n);
+                    self.frame_on_time(ctx)?;
+                    Ok(Flow::Go)
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    // Nothing more came: the gathered answers go before
+                    // the session waits.
+                    if !self.flush(stream, ctx, now)? {
+                        return Ok(Flow::Wait(Some(Interest::WRITABLE), None));
+                    }
+                    self.frame_on_time(ctx)?;
+                    if self.frames.is_empty()
+                        && let Some(reason) = quiet(stream, ctx)
+                    {
+                        return Err(End::Close(reason));
+                    }
+                    Ok(Flow::Wait(Some(Interest::READABLE), None))
+                }
+                Err(e) => Err(End::Close(CloseReason::abnormal(format!(
+                    "connection failed: {e}"
+                )))),
+            },
+            Err(SessionError::Malformed(e)) => Err(End::refuse(
+                e.error_code(),
+                e.frame,
+                e.to_string(),
+                format!("malformed frame: {e}"),
+            )),
+            Err(e) => Err(End::Close(CloseReason::abnormal(format!(
+                "connection failed: {e}"
+            )))),
+        }
+    }
+
+    /// A started frame must complete within `frame_timeout`.
+    fn frame_on_time(&self, ctx: &ServeCtx<'_>) -> Result<(), End> {
+        if self.frames.overdue(ctx.cfg.frame_timeout) {
+            return Err(End::refuse(
+                ErrorCode::TIMEOUT,
+                FrameType(0),
+                "frame not completed in time".to_owned(),
+                format!(
+                    "peer did not complete a frame (truncated frame) within {:?}",
+                    ctx.cfg.frame_timeout
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A decoded frame: its length and epoch checked, then served (or held
+    /// back by the `serve_delay` knob).
+    fn serve(&mut self, frame: Frame, ctx: &ServeCtx<'_>, now: Instant) -> Result<Flow, End> {
+        if self.frames.payload_len() != u64::from(frame.payload_len()) {
             let msg = format!(
                 "{} announces {} payload bytes in its header and {} in its body",
                 frame.frame_type(),
-                frames.payload_len(),
+                self.frames.payload_len(),
                 frame.payload_len()
             );
-            refuse(
-                stream,
-                &mut out,
+            let why = format!("malformed frame: {msg}");
+            return Err(End::refuse(
                 ErrorCode::MALFORMED_FRAME,
                 frame.frame_type(),
-                &msg,
-            );
-            return Served::Closed(CloseReason::abnormal(format!("malformed frame: {msg}")));
+                msg,
+                why,
+            ));
         }
-        last_request = Instant::now();
         ctx.activity.began();
         // The epoch rule on every request: a newer incarnation of the
         // source may have been admitted since this session opened.
@@ -271,57 +653,67 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Served {
                 ctx.peer.epoch,
                 current.map(|e| e.value())
             );
-            return Served::Closed(stale(stream, &mut out, frame.frame_type(), msg));
+            return Err(End::refuse(
+                ErrorCode::STALE_EPOCH,
+                frame.frame_type(),
+                msg.clone(),
+                msg,
+            ));
         }
         if let Frame::ReadRequest(_) | Frame::WriteRequest(_) = &frame {
             ctx.requests.fetch_add(1, Ordering::Relaxed);
         }
         #[cfg(any(test, feature = "testing"))]
-        if !cfg.serve_delay.is_zero() {
-            std::thread::sleep(cfg.serve_delay);
+        if !ctx.cfg.serve_delay.is_zero() {
+            let base = match self.paced {
+                Some(p) if now < p + PACE_GAP => p,
+                _ => now,
+            };
+            self.task = Task::Delayed(frame, base + ctx.cfg.serve_delay);
+            return Ok(Flow::Go);
         }
+        self.apply(frame, ctx, now)
+    }
+
+    /// Serves a checked frame: starts its answer or its payload, or
+    /// gathers its answer.
+    fn apply(&mut self, frame: Frame, ctx: &ServeCtx<'_>, now: Instant) -> Result<Flow, End> {
+        let fail = |e: std::io::Error| End::Close(stalled(ctx.cfg, &e));
         // A whole answer (a READ's payload, a WRITE's payload and its
         // answer) must move within io_timeout, however the peer paces it.
-        let deadline = Some(Instant::now() + cfg.io_timeout);
-        let result = match frame {
+        let deadline = now + ctx.cfg.io_timeout;
+        match frame {
             Frame::ReadRequest(r) => {
-                let source = check(
+                // A device range's first piece is copied here, before the
+                // header: a failed copy is the answer's status.
+                let payload = check(
                     ctx.ranges,
                     r.range_id,
                     r.token,
                     r.offset,
                     r.length,
                     AccessFlags::REMOTE_READ,
-                );
-                let source = source
-                    .as_ref()
-                    .map_err(|s| *s)
-                    .and_then(|p| staged::ReadSource::of(&p.memory, p.offset + r.offset, r.length));
-                match source {
-                    Ok(source) => {
-                        let resp = Frame::ReadResponse(ReadResponse {
+                )
+                .and_then(|p| ReadPayload::of(&p.memory, p.offset + r.offset, r.length));
+                match payload {
+                    Ok(payload) => {
+                        Frame::ReadResponse(ReadResponse {
                             request_id: r.request_id,
                             range_id: r.range_id,
                             offset: r.offset,
                             status: Status::OK,
                             length: r.length,
-                        });
+                        })
+                        .encode(&mut self.out)
+                        .map_err(|e| fail(std::io::Error::other(e)))?;
                         // Counted before the payload goes out: the peer
                         // has its outcome only after.
-                        let encoded = resp
-                            .encode(&mut out)
-                            .map(|()| served.count(Op::Read, u64::from(r.length)));
-                        match encoded {
-                            Ok(()) => source
-                                .send(&out, |head, memory, at, len| {
-                                    io.send(stream, head, memory, at, len, deadline)
-                                })
-                                .map(|()| {
-                                    out.clear();
-                                    ctx.bytes.fetch_add(u64::from(r.length), Ordering::Relaxed);
-                                }),
-                            Err(e) => Err(std::io::Error::other(e)),
-                        }
+                        self.served.count(Op::Read, u64::from(r.length));
+                        self.task = Task::Read {
+                            payload,
+                            length: r.length,
+                        };
+                        self.due = Some(deadline);
                     }
                     Err(status) => {
                         tracing::debug!(session = ?ctx.session, range = r.range_id.0, %status, "read refused");
@@ -332,75 +724,52 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Served {
                             status,
                             length: 0,
                         })
-                        .encode(&mut out)
-                        .map_err(std::io::Error::other)
+                        .encode(&mut self.out)
+                        .map_err(|e| fail(std::io::Error::other(e)))?;
+                        self.done(ctx);
                     }
                 }
+                Ok(Flow::Go)
             }
             Frame::WriteRequest(w) => {
                 let len = w.length as usize;
-                let status = match check(
+                let payload = check(
                     ctx.ranges,
                     w.range_id,
                     w.token,
                     w.offset,
                     w.length,
                     AccessFlags::REMOTE_WRITE,
-                ) {
-                    Ok(p) => {
-                        let mut payload = staged::Incoming {
-                            stream,
-                            frames: &mut frames,
-                            io: &mut io,
-                            out: &mut out,
-                            deadline,
+                )
+                .and_then(|p| WritePayload::of(&p.memory, p.offset + w.offset, w.length));
+                match payload {
+                    Ok(mut payload) => {
+                        let buffered = self.frames.take_payload(len);
+                        let n = buffered.len();
+                        let landed = payload.buffered(buffered).map_err(fail)?;
+                        self.frames.payload_received((len - n) as u64);
+                        self.task = match landed {
+                            Landed::Failed { left } => Task::Discard {
+                                left,
+                                w,
+                                status: Status::INTERNAL,
+                            },
+                            Landed::More | Landed::All => Task::Write { payload, w },
                         };
-                        staged::receive_write(
-                            &p.memory,
-                            p.offset + w.offset,
-                            w.length,
-                            &mut payload,
-                        )
-                        .inspect(|status| {
-                            if status.is_ok() {
-                                ctx.bytes.fetch_add(u64::from(w.length), Ordering::Relaxed);
-                                served.count(Op::Write, u64::from(w.length));
-                            }
-                        })
                     }
                     Err(status) => {
                         tracing::debug!(session = ?ctx.session, range = w.range_id.0, %status, "write refused");
-                        staged::Incoming {
-                            stream,
-                            frames: &mut frames,
-                            io: &mut io,
-                            out: &mut out,
-                            deadline,
-                        }
-                        .discard(len)
-                        .map(|()| status)
+                        let n = self.frames.take_payload(len).len();
+                        self.frames.payload_received((len - n) as u64);
+                        self.task = Task::Discard {
+                            left: (len - n) as u64,
+                            w,
+                            status,
+                        };
                     }
-                };
-                status.and_then(|status| {
-                    if out.is_empty() {
-                        acknowledged = 0;
-                    }
-                    Frame::WriteResponse(WriteResponse {
-                        request_id: w.request_id,
-                        range_id: w.range_id,
-                        offset: w.offset,
-                        status,
-                        length: if status.is_ok() { w.length } else { 0 },
-                    })
-                    .encode(&mut out)
-                    .map_err(std::io::Error::other)?;
-                    acknowledged += u64::from(w.length);
-                    if acknowledged >= ANSWER_BATCH {
-                        send_all(stream, &out, false, deadline)?;
-                        out.clear();
-                    }
-                    Ok(())
-                })
+                }
+                self.due = Some(deadline);
+                Ok(Flow::Go)
             }
             // Either side publishes after the handshake (docs/protocol.md,
             // "Session"). A tcp target reads and writes only its own ranges,
@@ -413,54 +782,51 @@ pub(crate) fn serve(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Served {
                         frame.frame_type(),
                         ctx.peer.epoch
                     );
-                    return Served::Closed(stale(stream, &mut out, frame.frame_type(), msg));
+                    return Err(End::refuse(
+                        ErrorCode::STALE_EPOCH,
+                        frame.frame_type(),
+                        msg.clone(),
+                        msg,
+                    ));
                 }
-                Ok(())
+                self.done(ctx);
+                Ok(Flow::Go)
             }
             // Sent after every WRITE of its batch was answered, and this
             // session answers a WRITE only after its bytes are applied.
             Frame::Notification(n) => {
                 ctx.ranges.notification(ctx.peer, PathKind::Tcp, n);
-                Ok(())
+                self.done(ctx);
+                Ok(Flow::Go)
             }
-            Frame::Goodbye(g) => {
-                return Served::Closed(CloseReason::normal(format!(
-                    "peer said goodbye ({}: {})",
-                    g.reason, g.message
-                )));
-            }
-            Frame::Error(e) => {
-                return Served::Closed(CloseReason::abnormal(format!(
-                    "peer sent error {}: {}",
-                    e.code, e.message
-                )));
-            }
+            Frame::Goodbye(g) => Err(End::Close(CloseReason::normal(format!(
+                "peer said goodbye ({}: {})",
+                g.reason, g.message
+            )))),
+            Frame::Error(e) => Err(End::Close(CloseReason::abnormal(format!(
+                "peer sent error {}: {}",
+                e.code, e.message
+            )))),
             other => {
                 let msg = format!(
                     "{} is not allowed after the handshake on a tcp session",
                     other.frame_type()
                 );
-                refuse(
-                    stream,
-                    &mut out,
+                Err(End::refuse(
                     ErrorCode::UNEXPECTED_FRAME,
                     other.frame_type(),
-                    &msg,
-                );
-                return Served::Closed(CloseReason::abnormal(msg));
+                    msg.clone(),
+                    msg,
+                ))
             }
-        };
-        if let Err(e) = result {
-            return Served::Closed(stalled(cfg, &e));
         }
-        ctx.activity.ended();
     }
 }
 
 /// What a quiet session (nothing buffered, nothing to send) checks: the
 /// listener stops, `idle_timeout` passed, or a newcomer took its slot.
 /// Says goodbye and why it closes; `None`: it stays open.
-pub(crate) fn quiet(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Option<CloseReason> {
+pub(crate) fn quiet(stream: &TcpStream, ctx: &ServeCtx<'_>) -> Option<CloseReason> {
     if ctx.stop.load(Ordering::Acquire) {
         let _ = goodbye(stream, GoodbyeReason::SHUTDOWN, "listener shutting down");
         return Some(CloseReason::normal("listener shut down"));
@@ -479,13 +845,13 @@ pub(crate) fn quiet(stream: &mut TcpStream, ctx: &ServeCtx<'_>) -> Option<CloseR
     None
 }
 
-fn goodbye(stream: &mut TcpStream, reason: GoodbyeReason, text: &str) -> Result<(), SessionError> {
+/// Best effort: a socket without room for it leaves it out.
+fn goodbye(stream: &TcpStream, reason: GoodbyeReason, text: &str) -> Result<(), SessionError> {
     let f = Frame::Goodbye(orbitte_wire::Goodbye {
         reason,
-        message: orbitte_wire::Message::truncating(text),
+        message: Message::truncating(text),
     });
     let mut scratch = Vec::new();
-    write_frame(stream, &f, &mut scratch)?;
-    stream.flush()?;
+    write_frame(&mut &*stream, &f, &mut scratch)?;
     Ok(())
 }

@@ -2,41 +2,45 @@
 //! published CUDA registration is served through pinned host bounce
 //! buffers (cuda-staging), never by the NIC or by mapping.
 //!
-//! The serving code asks two things here, whatever range a request names:
-//! - [`ReadSource::of`]: the host memory and offset a READ answer's payload
-//!   is sent from. For a device range the first piece of the slice is
-//!   copied device → host (synchronized) before the answer's header is
-//!   encoded, so a failed copy is the answer's status.
-//!   [`ReadSource::send`] sends the payload, copying each further piece
-//!   before it goes out.
-//! - [`receive_write`]: receives a WRITE's payload into the range, or for
-//!   a device range into a bounce buffer piece by piece, each piece copied
-//!   host → device and synchronized before the next is received; the
-//!   status it returns is the answer, so the WRITE is acknowledged only
-//!   once every byte is on the device.
+//! A session's serving state machine (`serve::Serving`) carries the
+//! payload of the request in progress as a value made here, whatever
+//! memory the range is; host memory is read and written in place:
+//! - [`ReadPayload`]: where a READ answer's payload is sent from. For a
+//!   device range the first piece of the slice is copied device → host
+//!   (synchronized) when the request is taken, before the answer's header
+//!   is encoded, so a failed copy is the answer's status
+//!   ([`Status::INTERNAL`], no payload). Once a piece went out and more
+//!   remains, the next piece is copied into the same bounce buffer. A
+//!   copy that fails then cannot change the answer any more (its header
+//!   went out), so the session is closed with the reason and the
+//!   initiator's request fails instead of completing.
+//! - [`WritePayload`]: where a WRITE's payload is received. For a device
+//!   range it goes into a bounce buffer, and each full piece is copied
+//!   host → device and synchronized before more is received. After a
+//!   failed copy the rest of the payload is read and dropped and the
+//!   WRITE is answered [`Status::INTERNAL`]; it is answered `OK` only once
+//!   every byte is on the device.
 //!
 //! Bounce memory is bounded per session and never sized by the peer: a
-//! session serving a device range holds one bounce buffer of
-//! [`BOUNCE_BYTES`] while it serves one request, and a request longer than
-//! that (a tcp frame carries up to 16 MiB) moves in pieces of that size.
-//! Bounce buffers are kept per device for the next request (at most
-//! [`KEPT_IDLE`] idle). A failed device copy answers the request with
-//! [`Status::INTERNAL`] and is logged with its cause; when the failure
-//! comes after a READ's header went out (a later piece), the answer cannot
-//! change any more, so the session is closed with the reason and the
-//! initiator's request fails instead of completing.
+//! session holds one bounce buffer of [`BOUNCE_BYTES`] while it serves one
+//! request on a device range (none otherwise), and a longer request (a tcp
+//! frame carries up to 16 MiB) moves in pieces of that size. The buffer
+//! goes back to its device's idle ones (at most [`KEPT_IDLE`] kept) when
+//! the request ends or the session closes, unless a copy on it did not
+//! drain. Every failed device copy is logged with its cause.
+//!
+//! The device copies are synchronous and run on the I/O loop thread that
+//! serves the session: each piece (1 MiB at most) holds that loop, and the
+//! other sessions on it, for one copy and its synchronization.
 
 use std::io;
-use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use orbitte_cuda::{CopyError, CopyStream, CudaBuffer, CudaDevice, PinnedBuffer};
 use orbitte_memory::{DmaBuffer, HostMemory};
 use orbitte_wire::Status;
 
-use super::payload::PayloadIo;
-use crate::session::io::FrameBuffer;
+use super::payload::span;
 
 /// Bytes of one bounce buffer: the most bounce memory one session holds.
 pub(crate) const BOUNCE_BYTES: usize = 1 << 20;
@@ -104,15 +108,16 @@ impl DeviceBounces {
         Ok(Taken {
             bounce,
             owner: self.clone(),
+            reusable: true,
         })
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Bounce {
     pinned: Arc<PinnedBuffer>,
     host: Arc<HostMemory>,
-    stream: CopyStream,
+    stream: Arc<CopyStream>,
 }
 
 impl Bounce {
@@ -126,224 +131,333 @@ impl Bounce {
         Ok(Self {
             pinned,
             host,
-            stream,
+            stream: Arc::new(stream),
         })
     }
 }
 
-/// A bounce buffer taken for one request. [`give_back`](Self::give_back)
-/// returns it to its device's idle ones; a copy on it that did not drain
-/// leaks it instead (orbitte-cuda retains what such a copy touches, and
-/// the buffer is never used again).
+/// A bounce buffer taken for one request. Dropping it gives it back to its
+/// device's idle ones, unless a copy on it did not drain: orbitte-cuda
+/// then retains what the copy touches, and the buffer is never used again.
 #[derive(Debug)]
-pub(crate) struct Taken {
+struct Taken {
     bounce: Bounce,
     owner: Arc<DeviceBounces>,
+    /// False once a copy on it did not drain.
+    reusable: bool,
+}
+
+/// Which way a device copy goes.
+#[derive(Debug, Clone, Copy)]
+enum Way {
+    /// Host to device (a WRITE's piece).
+    Up,
+    /// Device to host (a READ answer's piece).
+    Down,
 }
 
 impl Taken {
     /// One synchronized copy of `n` bytes between the bounce buffer's start
-    /// and `at` of the range (`up`: host to device). A copy that did not
-    /// drain consumes the buffer.
-    fn copy(self, range: &DeviceRange, at: usize, n: usize, up: bool) -> Result<Self, String> {
+    /// and `at` of the range.
+    fn copy(&mut self, range: &DeviceRange, at: usize, n: usize, way: Way) -> Result<(), String> {
         let b = &self.bounce;
-        let r = if up {
-            b.stream.upload(&b.pinned, 0, &range.buffer, at, n)
-        } else {
-            b.stream.download(&range.buffer, at, &b.pinned, 0, n)
+        let r = match way {
+            Way::Up => b.stream.upload(&b.pinned, 0, &range.buffer, at, n),
+            Way::Down => b.stream.download(&range.buffer, at, &b.pinned, 0, n),
         };
-        match r {
-            Ok(()) => Ok(self),
-            Err(e) => {
-                if matches!(e, CopyError::NotDrained { .. }) {
-                    std::mem::forget(self);
-                } else {
-                    self.give_back();
-                }
-                Err(e.to_string())
+        r.map_err(|e| {
+            if matches!(e, CopyError::NotDrained { .. }) {
+                self.reusable = false;
             }
-        }
+            e.to_string()
+        })
     }
+}
 
-    fn give_back(self) {
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if !self.reusable {
+            return;
+        }
         let mut idle = self.owner.idle.lock().unwrap_or_else(|p| p.into_inner());
         if idle.len() < KEPT_IDLE {
-            idle.push(self.bounce);
+            idle.push(self.bounce.clone());
         }
     }
 }
 
-/// Where a READ answer's payload comes from.
+/// One request's slice of a device range moving through a bounce buffer,
+/// a piece at a time.
 #[derive(Debug)]
-pub(crate) enum ReadSource<'a> {
-    /// Host memory, sent in place.
-    Host {
-        memory: &'a HostMemory,
-        at: u64,
-        len: usize,
-    },
-    /// A device range: its first `first` bytes are in `taken`'s buffer.
-    Device {
-        range: &'a DeviceRange,
-        taken: Taken,
-        at: usize,
-        len: usize,
-        first: usize,
-    },
+pub(crate) struct Staged {
+    range: Arc<DeviceRange>,
+    bounce: Taken,
+    /// Where the slice starts in the range's buffer, and its length.
+    at: usize,
+    len: usize,
+    /// Bytes of the slice before the piece in the bounce buffer.
+    done: usize,
+    /// The piece: the bounce buffer's first `piece` bytes, of which
+    /// `moved` were sent (READ) or received (WRITE).
+    ///
+    /// Invariant: `moved <= piece <= BOUNCE_BYTES` and `done + piece <= len`.
+    piece: usize,
+    moved: usize,
 }
 
-impl<'a> ReadSource<'a> {
-    /// The source of `len` bytes at `at` of `memory` (checked against the
-    /// range by the caller). For a device range the first piece is copied
-    /// to host memory now; `Err`: the answer's status (the cause logged).
-    pub(crate) fn of(memory: &'a ServedMemory, at: u64, len: u32) -> Result<Self, Status> {
+impl Staged {
+    /// A bounce buffer for `len` bytes at `at` of `range` (`op` names the
+    /// request in the log); `Err`: the answer's status.
+    fn take(range: &Arc<DeviceRange>, op: &str, at: u64, len: u32) -> Result<Self, Status> {
         let len = len as usize;
-        let range = match memory {
-            ServedMemory::Host(memory) => return Ok(Self::Host { memory, at, len }),
-            ServedMemory::Device(range) => range,
-        };
         let at = usize::try_from(at).map_err(|_| Status::OUT_OF_BOUNDS)?;
-        let first = len.min(BOUNCE_BYTES);
-        let taken = range.bounces.take().map_err(|why| {
-            failed(range, "READ", at, len, &why);
+        let bounce = range.bounces.take().map_err(|why| {
+            failed(range, op, at, len, &why);
             Status::BUSY
         })?;
-        let taken = if first == 0 {
-            taken
-        } else {
-            taken.copy(range, at, first, false).map_err(|why| {
-                failed(range, "READ", at, len, &why);
-                Status::INTERNAL
-            })?
-        };
-        Ok(Self::Device {
-            range,
-            taken,
+        Ok(Self {
+            range: range.clone(),
+            bounce,
             at,
             len,
-            first,
+            done: 0,
+            piece: len.min(BOUNCE_BYTES),
+            moved: 0,
         })
     }
 
-    /// Sends `head` and then the payload with `send(head, memory, offset,
-    /// len)`, called once per piece (`head` empty after the first). A
-    /// device copy that fails after the head went out is an error: the
-    /// caller closes the session.
-    pub(crate) fn send(
-        self,
-        head: &[u8],
-        mut send: impl FnMut(&[u8], &HostMemory, u64, usize) -> io::Result<()>,
-    ) -> io::Result<()> {
-        match self {
-            Self::Host { memory, at, len } => send(head, memory, at, len),
-            Self::Device {
-                range,
-                mut taken,
-                at,
-                len,
-                first,
-            } => {
-                send(head, &taken.bounce.host, 0, first)?;
-                let mut done = first;
-                while done < len {
-                    let n = (len - done).min(BOUNCE_BYTES);
-                    taken = taken.copy(range, at + done, n, false).map_err(|why| {
-                        failed(range, "READ", at, len, &why);
-                        io::Error::other(format!(
-                            "device copy of a READ answer on range {} failed after its header \
-                             was sent: {why}",
-                            range.range
-                        ))
-                    })?;
-                    send(&[], &taken.bounce.host, 0, n)?;
-                    done += n;
-                }
-                taken.give_back();
-                Ok(())
+    /// Copies the piece between the bounce buffer and the device.
+    fn copy(&mut self, op: &str, way: Way) -> Result<(), String> {
+        let at = self.at + self.done;
+        self.bounce
+            .copy(&self.range, at, self.piece, way)
+            .inspect_err(|why| failed(&self.range, op, self.at, self.len, why))
+    }
+
+    /// The next piece follows the one just moved; `false`: none is left.
+    fn step(&mut self) -> bool {
+        self.done += self.piece;
+        self.moved = 0;
+        self.piece = (self.len - self.done).min(BOUNCE_BYTES);
+        self.piece > 0
+    }
+}
+
+/// Where a READ answer's payload comes from, and how far it went.
+#[derive(Debug)]
+pub(crate) enum ReadPayload {
+    /// Host memory, sent in place: its bytes `off..end`, of a payload of
+    /// `whole` bytes.
+    Host {
+        memory: Arc<HostMemory>,
+        off: usize,
+        end: usize,
+        whole: usize,
+    },
+    /// A device range, sent from a bounce buffer.
+    Device(Staged),
+}
+
+impl ReadPayload {
+    /// The payload of a READ of `len` bytes at `at` of `memory` (checked
+    /// against the range by the caller). For a device range the first piece
+    /// is copied to host memory now; `Err`: the answer's status (the cause
+    /// logged).
+    pub(crate) fn of(memory: &ServedMemory, at: u64, len: u32) -> Result<Self, Status> {
+        let range = match memory {
+            ServedMemory::Host(memory) => {
+                let (off, end) =
+                    span(memory, at, len as usize).map_err(|_| Status::OUT_OF_BOUNDS)?;
+                return Ok(Self::Host {
+                    memory: memory.clone(),
+                    off,
+                    end,
+                    whole: len as usize,
+                });
             }
-        }
-    }
-}
-
-/// A WRITE payload as the serving code receives it.
-pub(crate) struct Incoming<'s> {
-    pub(crate) stream: &'s TcpStream,
-    pub(crate) frames: &'s mut FrameBuffer,
-    pub(crate) io: &'s mut PayloadIo,
-    /// Encoded answers not sent yet (see `PayloadIo::recv`).
-    pub(crate) out: &'s mut Vec<u8>,
-    pub(crate) deadline: Option<Instant>,
-}
-
-impl Incoming<'_> {
-    /// Receives the next `n` payload bytes into `memory` at `at`: those
-    /// already buffered, then the rest from the socket.
-    fn receive(&mut self, memory: &HostMemory, at: u64, n: usize) -> io::Result<()> {
-        let buffered = self.frames.take_payload(n);
-        let b = buffered.len();
-        usize::try_from(at)
-            .map_err(io::Error::other)
-            .and_then(|a| memory.write_at(a, buffered).map_err(io::Error::other))?;
-        self.frames.payload_received((n - b) as u64);
-        self.io.recv(
-            self.stream,
-            self.frames,
-            memory,
-            (at + b as u64, n - b),
-            self.out,
-            self.deadline,
-        )
-    }
-
-    /// Reads and drops the next `n` payload bytes.
-    pub(crate) fn discard(&mut self, n: usize) -> io::Result<()> {
-        let b = self.frames.take_payload(n).len();
-        self.frames.payload_received((n - b) as u64);
-        self.io.discard(self.stream, (n - b) as u64, self.deadline)
-    }
-}
-
-/// Receives a WRITE's `len` payload bytes into `memory` at `at` (checked
-/// against the range by the caller); the status to answer with. A device
-/// range's bytes are on the device when it returns `OK`; after a failed
-/// device copy the rest of the payload is dropped and the status is
-/// `INTERNAL` (the cause logged).
-pub(crate) fn receive_write(
-    memory: &ServedMemory,
-    at: u64,
-    len: u32,
-    payload: &mut Incoming<'_>,
-) -> io::Result<Status> {
-    let len = len as usize;
-    let range = match memory {
-        ServedMemory::Host(memory) => return payload.receive(memory, at, len).map(|()| Status::OK),
-        ServedMemory::Device(range) => range,
-    };
-    let Ok(at) = usize::try_from(at) else {
-        return payload.discard(len).map(|()| Status::OUT_OF_BOUNDS);
-    };
-    let mut taken = match range.bounces.take() {
-        Ok(t) => t,
-        Err(why) => {
-            failed(range, "WRITE", at, len, &why);
-            return payload.discard(len).map(|()| Status::BUSY);
-        }
-    };
-    let mut done = 0;
-    while done < len {
-        let n = (len - done).min(BOUNCE_BYTES);
-        payload.receive(&taken.bounce.host, 0, n)?;
-        taken = match taken.copy(range, at + done, n, true) {
-            Ok(t) => t,
-            Err(why) => {
-                failed(range, "WRITE", at, len, &why);
-                return payload.discard(len - done - n).map(|()| Status::INTERNAL);
-            }
+            ServedMemory::Device(range) => range,
         };
-        done += n;
+        let mut staged = Staged::take(range, "READ", at, len)?;
+        if staged.piece > 0 {
+            staged
+                .copy("READ", Way::Down)
+                .map_err(|_| Status::INTERNAL)?;
+        }
+        Ok(Self::Device(staged))
     }
-    taken.give_back();
-    Ok(Status::OK)
+
+    /// What goes out next: host memory, its bytes `off..end`, and the
+    /// length of the payload (or piece) they belong to.
+    pub(crate) fn unsent(&self) -> (&HostMemory, (usize, usize), usize) {
+        match self {
+            Self::Host {
+                memory,
+                off,
+                end,
+                whole,
+            } => (memory, (*off, *end), *whole),
+            Self::Device(s) => (&s.bounce.bounce.host, (s.moved, s.piece), s.piece),
+        }
+    }
+
+    /// `n` bytes of [`unsent`](Self::unsent) went out.
+    pub(crate) fn sent(&mut self, n: usize) {
+        match self {
+            Self::Host { off, .. } => *off += n,
+            Self::Device(s) => s.moved += n,
+        }
+    }
+
+    /// Whether what [`unsent`](Self::unsent) names all went.
+    pub(crate) fn piece_sent(&self) -> bool {
+        let (_, (off, end), _) = self.unsent();
+        off == end
+    }
+
+    /// Once [`piece_sent`](Self::piece_sent): `Ok(true)` when the next
+    /// piece was copied into the bounce buffer and waits to go,
+    /// `Ok(false)` when the whole payload went. `Err`: that copy failed
+    /// after the answer's header went out, the reason to close the session.
+    pub(crate) fn next_piece(&mut self) -> Result<bool, String> {
+        let Self::Device(s) = self else {
+            return Ok(false);
+        };
+        if !s.step() {
+            return Ok(false);
+        }
+        s.copy("READ", Way::Down).map_err(|why| {
+            format!(
+                "device copy of a READ answer's next piece on GPU range {} failed after its \
+                 header was sent, so the answer cannot say so: {why}",
+                s.range.range
+            )
+        })?;
+        Ok(true)
+    }
+}
+
+/// What became of the WRITE payload bytes handed to a [`WritePayload`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Landed {
+    /// Taken; more of the payload is awaited.
+    More,
+    /// The whole payload is in the range (on the device, for GPU memory).
+    All,
+    /// A device copy failed (logged): the rest of the payload, `left`
+    /// bytes still in the socket, is to be read and dropped, and the WRITE
+    /// answered [`Status::INTERNAL`].
+    Failed { left: u64 },
+}
+
+/// Where a WRITE's payload goes, and how much of it came.
+#[derive(Debug)]
+pub(crate) enum WritePayload {
+    /// Host memory, written in place: its bytes `off..end` are still to
+    /// come.
+    Host {
+        memory: Arc<HostMemory>,
+        off: usize,
+        end: usize,
+    },
+    /// A device range, received into a bounce buffer.
+    Device(Staged),
+}
+
+impl WritePayload {
+    /// Where a WRITE of `len` bytes at `at` of `memory` (checked against
+    /// the range by the caller) lands; `Err`: the answer's status (the
+    /// cause logged).
+    pub(crate) fn of(memory: &ServedMemory, at: u64, len: u32) -> Result<Self, Status> {
+        match memory {
+            ServedMemory::Host(memory) => {
+                let (off, end) =
+                    span(memory, at, len as usize).map_err(|_| Status::OUT_OF_BOUNDS)?;
+                Ok(Self::Host {
+                    memory: memory.clone(),
+                    off,
+                    end,
+                })
+            }
+            ServedMemory::Device(range) => Staged::take(range, "WRITE", at, len).map(Self::Device),
+        }
+    }
+
+    /// Takes the payload bytes that came in with the request's header
+    /// (received before the payload was asked for).
+    pub(crate) fn buffered(&mut self, mut bytes: &[u8]) -> io::Result<Landed> {
+        if self.is_complete() {
+            return Ok(Landed::All);
+        }
+        while !bytes.is_empty() {
+            let (memory, (off, end), _) = self.room();
+            let n = bytes.len().min(end - off);
+            memory.write_at(off, &bytes[..n]).map_err(io::Error::other)?;
+            bytes = &bytes[n..];
+            match self.received(n) {
+                Landed::More => {}
+                Landed::All => break,
+                Landed::Failed { left } => {
+                    return Ok(Landed::Failed {
+                        left: left - bytes.len() as u64,
+                    });
+                }
+            }
+        }
+        Ok(if self.is_complete() {
+            Landed::All
+        } else {
+            Landed::More
+        })
+    }
+
+    /// Where the next payload bytes from the socket go: host memory and
+    /// its bytes `off..end`, and whether the payload ends at `end` (what
+    /// follows it in the stream is the next frame).
+    pub(crate) fn room(&self) -> (&HostMemory, (usize, usize), bool) {
+        match self {
+            Self::Host { memory, off, end } => (memory, (*off, *end), true),
+            Self::Device(s) => (
+                &s.bounce.bounce.host,
+                (s.moved, s.piece),
+                s.done + s.piece == s.len,
+            ),
+        }
+    }
+
+    /// `n` bytes arrived in [`room`](Self::room); a full piece is copied to
+    /// the device (synchronized) before this returns.
+    pub(crate) fn received(&mut self, n: usize) -> Landed {
+        match self {
+            Self::Host { off, end, .. } => {
+                *off += n;
+                if *off == *end {
+                    Landed::All
+                } else {
+                    Landed::More
+                }
+            }
+            Self::Device(s) => {
+                s.moved += n;
+                if s.moved < s.piece {
+                    return Landed::More;
+                }
+                if s.piece > 0 && s.copy("WRITE", Way::Up).is_err() {
+                    return Landed::Failed {
+                        left: (s.len - s.done - s.piece) as u64,
+                    };
+                }
+                if s.step() { Landed::More } else { Landed::All }
+            }
+        }
+    }
+
+    /// Whether every byte is in the range (on the device, for GPU memory).
+    pub(crate) fn is_complete(&self) -> bool {
+        match self {
+            Self::Host { off, end, .. } => off == end,
+            Self::Device(s) => s.done == s.len,
+        }
+    }
 }
 
 fn failed(range: &DeviceRange, op: &str, at: usize, len: usize, why: &str) {

@@ -1,0 +1,125 @@
+//! The tcp target serves its sessions on its I/O loops without ever
+//! waiting for one peer: answers it holds go out before it waits for a
+//! payload, and a peer that stops reading its answers is cut off after
+//! `io_timeout` while the loop keeps serving the other sessions.
+#![forbid(unsafe_code)]
+
+mod net_support;
+
+use std::io::Write;
+use std::time::Duration;
+
+use net_support::{RW, Target, cfg, pattern, raw};
+use orbitte_memory::HostMemory;
+use orbitte_wire::{Frame, ReadRequest, RequestId, Status, WriteRequest};
+
+/// A peer that sends a WRITE whole and the next one's header and half its
+/// payload, then waits for the first one's answer before it sends the
+/// rest: the target sent it before waiting for the payload.
+#[test]
+fn answers_held_go_out_before_a_payload_waits_for_the_peer() {
+    net_support::logs();
+    let t = Target::start(cfg("held-target", 1));
+    let mem = HostMemory::alloc(1 << 16).unwrap();
+    let range = t.ranges.publish(mem.clone(), RW).unwrap();
+    let (mut s, publication) = raw::handshake(t.addr(), "held-peer", 1, None);
+    let Frame::SegmentPublication(p) = publication else {
+        panic!("{publication:?}")
+    };
+    let token = p.ranges[0].token;
+    let write = |id: u64, offset: u64| {
+        let mut b = Vec::new();
+        Frame::WriteRequest(WriteRequest {
+            request_id: RequestId(id),
+            range_id: range,
+            token,
+            offset,
+            length: 4096,
+        })
+        .encode(&mut b)
+        .unwrap();
+        b
+    };
+    let mut bytes = write(1, 0);
+    bytes.extend_from_slice(&[1u8; 4096]);
+    bytes.extend_from_slice(&write(2, 4096));
+    bytes.extend_from_slice(&[2u8; 2048]);
+    s.write_all(&bytes).unwrap();
+    // The read times out (failing the test) if the answer was held.
+    match raw::read_frame(&mut s).unwrap() {
+        Frame::WriteResponse(w) => {
+            assert_eq!((w.request_id, w.status), (RequestId(1), Status::OK));
+        }
+        other => panic!("{other:?}"),
+    }
+    s.write_all(&[2u8; 2048]).unwrap();
+    match raw::read_frame(&mut s).unwrap() {
+        Frame::WriteResponse(w) => {
+            assert_eq!((w.request_id, w.status), (RequestId(2), Status::OK));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(mem.to_vec(0, 4096).unwrap(), vec![1u8; 4096]);
+    assert_eq!(mem.to_vec(4096, 4096).unwrap(), vec![2u8; 4096]);
+}
+
+/// A peer that sends READs and never reads their answers: the target's
+/// one I/O loop keeps serving another peer meanwhile, and the stalled
+/// session is closed once an answer has waited `io_timeout`.
+#[test]
+fn a_peer_that_stops_reading_is_cut_off_and_never_holds_the_loop() {
+    net_support::logs();
+    let mut c = cfg("stall-target", 1);
+    c.io_threads = 1;
+    c.io_timeout = Duration::from_secs(3);
+    let t = Target::start(c);
+    let mem = HostMemory::alloc(1 << 20).unwrap();
+    pattern(&mem, 4);
+    let range = t.ranges.publish(mem.clone(), RW).unwrap();
+    let (mut stalled, publication) = raw::handshake(t.addr(), "stalled-peer", 1, None);
+    let Frame::SegmentPublication(p) = publication else {
+        panic!("{publication:?}")
+    };
+    let token = p.ranges[0].token;
+    let mut reads = Vec::new();
+    for k in 0..64 {
+        Frame::ReadRequest(ReadRequest {
+            request_id: RequestId(k),
+            range_id: range,
+            token,
+            offset: 0,
+            length: 1 << 20,
+        })
+        .encode(&mut reads)
+        .unwrap();
+    }
+    // 64 MiB of answers: far more than the socket buffers hold.
+    stalled.write_all(&reads).unwrap();
+    // Another peer on the same loop is served while the first stalls.
+    for _ in 0..3 {
+        net_support::legitimate_read(&t, "served-peer", 1, range.0, &mem);
+    }
+    assert!(
+        !t.listener
+            .closed_sessions()
+            .iter()
+            .any(|c| c.reason.contains("peer stalled")),
+        "served before the stalled session's answer ran out of time"
+    );
+    let closed = (0..400)
+        .find_map(|_| {
+            let c = t
+                .listener
+                .closed_sessions()
+                .into_iter()
+                .find(|c| c.reason.contains("peer stalled"));
+            if c.is_none() {
+                std::thread::sleep(Duration::from_millis(25));
+            }
+            c
+        })
+        .unwrap_or_else(|| panic!("no stall: {:?}", t.listener.closed_sessions()));
+    assert!(closed.abnormal, "{closed:?}");
+    assert!(closed.reason.contains("3s"), "{closed:?}");
+    drop(stalled);
+}
