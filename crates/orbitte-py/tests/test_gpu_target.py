@@ -6,15 +6,14 @@ checked on the device through the driver's own copies."""
 
 import base64
 import hashlib
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import Child
 from gpu_stub_guest import pattern
 from orbitte import nixl
 from orbitte.mooncake import TransferEngine
@@ -26,7 +25,9 @@ BLOCK = 64 << 10
 STAGED = "staged through host memory"
 
 
-class GpuTarget:
+class GpuTarget(Child):
+    """The target process (gpu_target_process.py) on the stub driver."""
+
     def __init__(self, stub: Path):
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = os.pathsep.join([str(stub)] + [p for p in [os.environ.get("LD_LIBRARY_PATH")] if p])
@@ -35,18 +36,10 @@ class GpuTarget:
         env["ORBITTE_STUB_COPY_DELAY_US"] = "200"
         env.pop("ORBITTE_STUB_FAIL_SYNC_AFTER", None)
         env["PYTHONPATH"] = os.pathsep.join([str(HERE)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "gpu_target_process.py"), "--size", str(SIZE)],
-                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        assert line, f"the target process ended (rc {self.proc.wait(10)})"
-        self.info = json.loads(line)
-
-    def ask(self, line: str) -> str:
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        return self.proc.stdout.readline().strip()
+        super().__init__([sys.executable, str(HERE / "gpu_target_process.py"), "--size", str(SIZE)], env)
 
     def close(self) -> None:
+        """Ends the process; it must exit 0 (its own checks held)."""
         if self.proc.poll() is None:
             self.ask("quit")
         assert self.proc.wait(30) == 0

@@ -279,9 +279,9 @@ fn send_dontwait(sock: &TcpStream, bytes: &[u8], more: bool) -> io::Result<usize
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
     use std::net::TcpListener;
     use std::sync::Arc;
+    use std::time::Instant;
 
     fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();

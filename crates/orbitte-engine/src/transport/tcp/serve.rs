@@ -196,7 +196,10 @@ enum Task {
     /// (`out[sent..]`), then its payload of `length` bytes.
     Read { payload: ReadPayload, length: u32 },
     /// A WRITE payload coming into the range.
-    Write { payload: WritePayload, w: WriteRequest },
+    Write {
+        payload: WritePayload,
+        w: WriteRequest,
+    },
     /// A refused WRITE's payload being read and dropped.
     Discard {
         left: u64,

@@ -391,7 +391,9 @@ impl WritePayload {
         while !bytes.is_empty() {
             let (memory, (off, end), _) = self.room();
             let n = bytes.len().min(end - off);
-            memory.write_at(off, &bytes[..n]).map_err(io::Error::other)?;
+            memory
+                .write_at(off, &bytes[..n])
+                .map_err(io::Error::other)?;
             bytes = &bytes[n..];
             match self.received(n) {
                 Landed::More => {}
