@@ -786,6 +786,49 @@ impl Core {
     }
 }
 
+/// How long the notification carrier's thread waits on a request's drain
+/// before it looks whether the transfer handle is still there.
+const CARRY_WAIT: Duration = Duration::from_secs(1);
+
+/// Sends a notification that could not ride its staged transfer's batch
+/// once the transfer is done, whether or not anyone polls the handle (as
+/// NIXL's progress thread would): a thread waits for the posted requests
+/// to drain, without holding the run, and then advances the run, which
+/// submits the carrier READ. It ends once the run is no longer in flight
+/// with its notification still to send, or the handle is gone. Without a
+/// thread (none could be started) the notification is sent by the next
+/// `state` or `release` of the handle.
+fn carry_when_done(core: &Arc<Core>) {
+    let weak = Arc::downgrade(core);
+    let node = core.node.clone();
+    let _ = std::thread::Builder::new()
+        .name("orbitte-nixl-notif".to_owned())
+        .spawn(move || {
+            loop {
+                let Some(core) = weak.upgrade() else {
+                    return;
+                };
+                let (ids, taken) = {
+                    let mut run = lock(&core.run);
+                    core.advance(&mut run);
+                    if run.phase != Phase::Posted || run.carry.is_none() {
+                        return;
+                    }
+                    (run.ids.clone(), run.taken)
+                };
+                drop(core);
+                let started = Instant::now();
+                for &id in &ids[taken..] {
+                    let _ = node.engine.wait_drain(id, CARRY_WAIT);
+                }
+                if started.elapsed() < Duration::from_millis(1) {
+                    // Drained, and the outcomes still to come: not a spin.
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        });
+}
+
 /// Whether a refusal at submit says the peer (or its session) is gone:
 /// the transfer is then in error, as NIXL reports a lost remote.
 fn peer_gone(e: &SubmitError) -> bool {
@@ -946,6 +989,9 @@ impl Xfer {
                 Ok(ids) => {
                     run.ids = ids;
                     self.advance(&mut run);
+                    if run.phase == Phase::Posted && run.carry.is_some() {
+                        carry_when_done(&self.core);
+                    }
                     Ok(Self::state_name(run.phase))
                 }
                 Err(e) if peer_gone(&e) => {
