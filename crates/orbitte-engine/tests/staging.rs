@@ -22,16 +22,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orbitte_cuda::testing::{StubHarness, StubKind};
-use orbitte_cuda::{CudaBuffer, CudaDevice, StagingPipeline};
+use orbitte_cuda::{CudaBuffer, CudaDevice};
 use orbitte_engine::staging::{
     COMPUTE_PROBE_CAVEAT, LoopbackTarget, StagingConfig, StagingSetupError, cuda_rows,
     evaluate_cuda_staging,
 };
 use orbitte_engine::transport::SliceFailure;
 use orbitte_engine::{
-    Access, Budgets, CapabilityMatrix, Check, DrainStatus, EngineBuilder, MemoryPath, Op, Outcome,
-    PathKind, PeerId, RangeId, RegisterError, RemoteEffect, RemoteRange, Request, RequestError,
-    Status, SubmitError, TransferEngine, UnregisterError,
+    Access, Budgets, CapabilityMatrix, Check, DrainStatus, EngineBuilder, MemoryPath, Op, PathKind,
+    PeerId, RangeId, RegisterError, RemoteEffect, RemoteRange, Request, RequestError, Status,
+    SubmitError, TransferEngine, UnregisterError,
 };
 use orbitte_memory::HostMemory;
 use orbitte_verbs::WcStatus;
@@ -141,31 +141,7 @@ fn pair_timed(
     }
 }
 
-/// Device copies only (no network): puts `bytes` into GPU memory.
-fn put(dev: &CudaDevice, gpu: &Arc<CudaBuffer>, offset: usize, bytes: &[u8]) {
-    let mut p = StagingPipeline::new(dev, 1 << 20).unwrap();
-    p.upload(gpu, offset, bytes.len(), |c| {
-        c.write_from(&bytes[c.offset()..c.offset() + c.len()])
-    })
-    .unwrap();
-}
-
-/// Device copies only (no network): reads GPU memory.
-fn get(dev: &CudaDevice, gpu: &Arc<CudaBuffer>, offset: usize, len: usize) -> Vec<u8> {
-    let mut p = StagingPipeline::new(dev, 1 << 20).unwrap();
-    let mut v = vec![0; len];
-    p.download(gpu, offset, len, |c| {
-        c.read_into(&mut v[c.offset()..c.offset() + c.len()])
-    })
-    .unwrap();
-    v
-}
-
-/// Submits one request and waits for its outcome.
-fn run(e: &TransferEngine, r: Request) -> Outcome {
-    let id = e.submit(&[r]).expect("admitted")[0];
-    e.wait(id, Duration::from_secs(30)).expect("outcome")
-}
+use common::{gpu_get as get, gpu_put as put, run};
 
 /// Submits one request that must be refused; returns why.
 fn refused(e: &TransferEngine, r: Request) -> RequestError {
@@ -703,12 +679,12 @@ fn child_copy_fault() {
 }
 
 #[test]
-fn bad_input_and_direct_gpu_registration_are_typed_errors() {
+fn bad_input_is_typed_errors_and_remote_gpu_memory_is_staged() {
     STUB.run_child("child_bad_input", "fake-gpu", StubKind::Complete, &[]);
 }
 
 #[test]
-#[ignore = "runs as a child of bad_input_and_direct_gpu_registration_are_typed_errors"]
+#[ignore = "runs as a child of bad_input_is_typed_errors_and_remote_gpu_memory_is_staged"]
 fn child_bad_input() {
     if !STUB.is_child("child_bad_input") {
         return;
@@ -728,22 +704,21 @@ fn child_bad_input() {
     assert_eq!(p0.a.cuda_staging(0), None);
     let p = pair(1, 4, 4096, 1);
     let gpu = CudaBuffer::alloc(&dev, 8192).unwrap();
-    let e =
+    // Remote access is published and staged through host memory by the
+    // tcp target (no MR: nothing is charged), never registered with NICs.
+    let remote =
         p.a.register(gpu.clone(), Access::REMOTE_READ_WRITE)
-            .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            RegisterError::NotImplemented {
-                path: PathKind::GpudirectRdma
-            }
-        ),
-        "{e}"
-    );
-    assert!(
-        e.to_string().starts_with("gpudirect-rdma: not implemented"),
-        "{e}"
-    );
+            .unwrap();
+    assert_eq!(remote.path, MemoryPath::CudaStaging);
+    assert_eq!(remote.copies, 0);
+    let desc = p.a.segment_publication();
+    let desc = desc
+        .ranges
+        .iter()
+        .find(|r| r.range_id.0 == remote.id.0)
+        .expect("published");
+    assert!(desc.rkeys.is_empty() && desc.local.is_none(), "{desc:?}");
+    p.a.unregister(remote.id).unwrap();
     let reg = p.a.register(gpu, Access::LocalOnly).unwrap();
     let (range, peer) = (p.range, p.peer);
     assert_eq!(

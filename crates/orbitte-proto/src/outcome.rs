@@ -359,6 +359,15 @@ pub enum RailRefusal {
         /// The rail.
         rail: RailId,
     },
+    /// The rail is rdma and the remote range has no rkey on any of the
+    /// owner's NICs: the owner serves it over tcp only (GPU memory staged
+    /// through host memory, or host memory registered without rdma).
+    TcpOnly {
+        /// The rail.
+        rail: RailId,
+        /// The remote range.
+        range: RangeId,
+    },
     /// The engine knows no such rail.
     Unknown {
         /// The rail.
@@ -390,6 +399,13 @@ impl fmt::Display for RailRefusal {
             Self::NoKeys { rail } => {
                 write!(f, "rail {} has no keys for this range pair", rail.0)
             }
+            Self::TcpOnly { rail, range } => write!(
+                f,
+                "rail {} is rdma but remote range {} is served over tcp only (the owner \
+                 registered it with no NIC: GPU memory staged through host memory, or host \
+                 memory without rdma); connect to the peer over tcp",
+                rail.0, range.0
+            ),
             Self::Unknown { rail } => write!(f, "unknown rail {}", rail.0),
         }
     }

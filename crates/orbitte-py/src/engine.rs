@@ -244,21 +244,24 @@ impl NativeEngine {
     /// Registers CUDA device memory `address..address+length` (a device
     /// pointer: `cudaMalloc`, a CUDA tensor's `data_ptr()`) on the
     /// cuda-staging path: its transfers are staged through pinned host
-    /// memory, never handed to a NIC, and it is local-only (peers cannot
-    /// address it). The driver must say it is device memory inside one
+    /// memory, never handed to a NIC. With `remote` it is published and
+    /// peers READ and WRITE it over tcp (this engine's target copies each
+    /// request's bytes through host memory, synchronized, before it
+    /// answers); otherwise it is local-only. The driver must say it is device memory inside one
     /// allocation (`cuPointerGetAttribute`); without libcuda, without a
     /// device or for any other address it is refused with the reason.
     /// `keepalive` (the tensor) is kept until the registration is removed
     /// and drained; with None the memory's lifetime is the caller's
     /// promise. Returns a `Registration` with `staged` true, `path`
     /// "cuda_staging" and `device` the driver's device ordinal.
-    #[pyo3(signature = (address, length, keepalive=None))]
+    #[pyo3(signature = (address, length, keepalive=None, remote=false))]
     fn register_device(
         &self,
         py: Python<'_>,
         address: u64,
         length: u64,
         keepalive: Option<Py<PyAny>>,
+        remote: bool,
     ) -> PyResult<Registration> {
         let keepalive = keepalive.unwrap_or_else(|| py.None());
         let keep = keepalive.clone_ref(py);
@@ -267,7 +270,9 @@ impl NativeEngine {
             .detach(move || {
                 let buffer = device_memory(address, length, keep)?;
                 let device = buffer.device().index();
-                local.register_device(address, buffer).map(|r| (r, device))
+                local
+                    .register_device(address, buffer, remote)
+                    .map(|r| (r, device))
             })
             .map_err(RegisterFailure::into_py)?;
         Ok(Registration::new(reg, address, keepalive, self.local.clone()).on_device(device))

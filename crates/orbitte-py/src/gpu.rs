@@ -4,8 +4,9 @@
 //! vLLM and SGLang register GPU KV-cache tensors by their `data_ptr()`.
 //! Such memory is never handed to a NIC: the engine's staging lanes copy
 //! it through pinned host bounce buffers, and the network moves those
-//! (`MemoryPath::CudaStaging`). So every registration made here is
-//! local-only and says it is staged.
+//! (`MemoryPath::CudaStaging`). A registration made here says it is
+//! staged; a published one is served to peers over tcp by the engine's
+//! target, through host memory as well.
 //!
 //! - [`device_memory`]: `addr..addr+len` as device memory, or why not
 //!   (no driver, no device, not device memory, past its allocation);
@@ -176,12 +177,21 @@ pub(crate) fn note_staged(py: Python<'_>, err: &PyErr, index: usize, device: usi
     let _ = value.setattr("args", (noted,));
 }
 
-/// A device registration in words, for reports.
-pub(crate) fn describe(buffer: &CudaBuffer) -> String {
+/// How a published device registration is served, in words.
+pub(crate) const SERVED: &str =
+    "published: peers READ and WRITE it over tcp, served through host memory";
+
+/// A device registration in words, for reports (`remote`: published).
+pub(crate) fn describe(buffer: &CudaBuffer, remote: bool) -> String {
     format!(
-        "CUDA device memory on device {} ({} bytes at {:#x}), {STAGED}",
+        "CUDA device memory on device {} ({} bytes at {:#x}), {STAGED}, {}",
         buffer.device().index(),
         buffer.len(),
-        buffer.device_ptr()
+        buffer.device_ptr(),
+        if remote {
+            SERVED
+        } else {
+            "local-only (peers cannot address it)"
+        }
     )
 }

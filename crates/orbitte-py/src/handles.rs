@@ -116,10 +116,15 @@ impl Registration {
     fn report(&self) -> String {
         match self.device {
             Some(device) => format!(
-                "{} bytes of CUDA device memory on device {device} at {:#x}, {}",
+                "{} bytes of CUDA device memory on device {device} at {:#x}, {}{}",
                 self.reg.len,
                 self.address,
-                crate::gpu::STAGED
+                crate::gpu::STAGED,
+                if self.remote() {
+                    format!(", {}", crate::gpu::SERVED)
+                } else {
+                    String::new()
+                }
             ),
             None => format!(
                 "{} bytes of host memory at {:#x}, path {}",

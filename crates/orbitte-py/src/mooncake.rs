@@ -404,8 +404,10 @@ impl MooncakeEngine {
     /// read-write here is registered as host memory (copies of it go
     /// through the kernel, so memory unmapped before then fails its
     /// transfers) and published when `remote`; otherwise a CUDA device
-    /// pointer is registered on the cuda-staging path, local-only (its
-    /// transfers are staged through host memory; peers cannot address it).
+    /// pointer is registered on the cuda-staging path (its transfers are
+    /// staged through host memory) and, when `remote`, published: peers
+    /// READ and WRITE it over tcp, this engine's target copying through
+    /// host memory.
     /// Anything else is refused with both reasons. Returns None for host
     /// memory, the report of the staged registration for device memory.
     #[pyo3(signature = (address, length, remote=true))]
@@ -423,8 +425,8 @@ impl MooncakeEngine {
                 .detach(|| self.local.register(address, memory, remote))
                 .map(|_| None),
             Recognised::Device(buffer) => {
-                let report = crate::gpu::describe(&buffer);
-                py.detach(|| self.local.register_device(address, buffer))
+                let report = crate::gpu::describe(&buffer, remote);
+                py.detach(|| self.local.register_device(address, buffer, remote))
                     .map(|_| Some(report))
             }
         }

@@ -219,16 +219,18 @@ impl Local {
     }
 
     /// Registers CUDA device memory whose first byte is at `start` on the
-    /// cuda-staging path (local-only: peers cannot address it); refused if
-    /// it overlaps a registration.
+    /// cuda-staging path, published to peers when `remote` (the engine's
+    /// tcp target serves it through host memory; local-only otherwise);
+    /// refused if it overlaps a registration.
     pub(crate) fn register_device(
         &self,
         start: u64,
         buffer: Arc<CudaBuffer>,
+        remote: bool,
     ) -> Result<Registration, RegisterFailure> {
         let len = buffer.len() as u64;
         self.insert(start, len, RangeMemory::Device(buffer.clone()), || {
-            Ok(self.node.engine.register(buffer, Access::LocalOnly)?)
+            self.node.register_device(buffer, remote)
         })
     }
 
@@ -356,15 +358,24 @@ impl Node {
         memory: Arc<HostMemory>,
         remote: bool,
     ) -> Result<Registration, RegisterFailure> {
-        let access = if remote {
-            Access::REMOTE_READ_WRITE
-        } else {
-            Access::LocalOnly
-        };
-        let reg = self.engine.register(memory, access)?;
+        let reg = self.engine.register(memory, access(remote))?;
         // The record's publications are informative (peers read them from
         // the session): a failed refresh is not a failed registration.
         let _ = self.publish();
+        Ok(reg)
+    }
+
+    /// Registers CUDA device memory on the cuda-staging path, published to
+    /// peers (served over tcp through host memory) when `remote`.
+    pub(crate) fn register_device(
+        &self,
+        buffer: Arc<CudaBuffer>,
+        remote: bool,
+    ) -> Result<Registration, RegisterFailure> {
+        let reg = self.engine.register(buffer, access(remote))?;
+        if remote {
+            let _ = self.publish();
+        }
         Ok(reg)
     }
 
@@ -447,5 +458,15 @@ impl Node {
         self.engine
             .shutdown(timeout)
             .map_err(|u| errors::Error::new_err(u.to_string()))
+    }
+}
+
+/// Peers may READ and WRITE a range registered `remote`; otherwise it is
+/// local-only.
+fn access(remote: bool) -> Access {
+    if remote {
+        Access::REMOTE_READ_WRITE
+    } else {
+        Access::LocalOnly
     }
 }

@@ -13,8 +13,8 @@ class Child:
     """A process of this test suite driven over stdin/stdout: it prints one
     JSON line (``info``), then answers one line per command."""
 
-    def __init__(self, cmd: list):
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    def __init__(self, cmd: list, env: dict | None = None):
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"{Path(cmd[1]).name} exited with {self.proc.wait()}")

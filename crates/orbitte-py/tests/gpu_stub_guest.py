@@ -160,14 +160,18 @@ def round_trip(stub: Stub) -> None:
     assert f"{other:#x}" in msg and "runs past its CUDA allocation" in msg, msg
     assert initiator.register_memory(dev + 4096, 4096) == -7, initiator.last_error()
 
-    # Device memory is local-only: a peer cannot address it.
+    # Device memory registered by Mooncake is published: a peer WRITEs it
+    # (served through host memory by the target), and the bytes are on the
+    # device once the WRITE returns.
     tdev = stub.alloc(65536)
     assert target.register_memory(tdev, 65536) == 0, target.last_error()
+    assert "published" in target.describe_memory(tdev), target.describe_memory(tdev)
     host_src = np.ones(4096, dtype=np.uint8)
     assert initiator.register_memory(host_src.ctypes.data, host_src.nbytes) == 0
     assert initiator.describe_memory(host_src.ctypes.data) == "host memory"
-    assert initiator.transfer_sync_write(session, host_src.ctypes.data, tdev, 4096) == -3
-    assert f"{tdev:#x}" in initiator.last_error().message, initiator.last_error()
+    assert initiator.transfer_sync_write(session, host_src.ctypes.data, tdev + 512, 4096) == 0, \
+        initiator.last_error()
+    assert np.array_equal(stub.download(tdev + 512, 4096), host_src)
 
     # An address that is neither: the driver was asked and said so.
     assert initiator.register_memory(0x2000, 4096) == -1
@@ -269,6 +273,16 @@ def engine_api(stub: Stub) -> None:
     except orbitte.RegisterError as e:
         assert "is not CUDA device memory" in str(e), e
     initiator.unregister(reg)
+
+    # remote=True publishes it: the target's peers READ and WRITE it.
+    served = target.register_device(dev, LEN, remote=True)
+    assert served.staged and served.remote, served
+    assert STAGED in served.report and "published" in served.report, served.report
+    peer = initiator.connect(target.address)
+    (gpu_range,) = [r for r in peer.ranges if r.address == dev]
+    host_side = initiator.register(np.zeros(LEN, dtype=np.uint8))
+    initiator.transfer(peer, [orbitte.read(host_side, gpu_range)])
+    target.unregister(served)
     for p in ("gpudirect-rdma", "cuda-ipc", "nvlink"):
         (row,) = [r for r in orbitte.doctor() if r["path"] == p]
         assert row["completion"]["result"] == "not_implemented", row

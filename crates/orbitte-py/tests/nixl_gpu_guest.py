@@ -44,11 +44,11 @@ def main() -> None:
                                        "DRAM")
     order = np.arange(BLOCKS)[::-1].copy()
 
-    def done(h) -> None:
+    def done(h, by: nixl.nixl_agent = initiator) -> None:
         deadline = time.time() + 30
-        state = initiator.check_xfer_state(h)
+        state = by.check_xfer_state(h)
         while state == "PROC" and time.time() < deadline:
-            state = initiator.check_xfer_state(h)
+            state = by.check_xfer_state(h)
         assert state == "DONE", (state, h.error)
 
     # WRITE device blocks into host memory by index.
@@ -91,12 +91,23 @@ def main() -> None:
     while not target.check_remote_xfer_done(initiator.name, b"read-done"):
         assert time.time() < deadline, "no notification after the READ"
         time.sleep(0.001)
-    # A remote agent cannot name device memory: it is local-only.
-    try:
-        target.prep_xfer_dlist(initiator.name, [(dev, BLOCK, 0)], "VRAM")
-        raise AssertionError("a remote agent resolved local-only device memory")
-    except nixl.nixlNotFoundError:
-        pass
+    # A remote agent names this agent's device memory (VRAM is published):
+    # it READs and WRITEs it over tcp, served through host bounce buffers.
+    theirs = target.prep_xfer_dlist(initiator.name, [(dev + 6 * BLOCK, BLOCK, 0)], "VRAM")
+    mine = target.prep_xfer_dlist("NIXL_INIT_AGENT", [(host.ctypes.data + i * BLOCK, BLOCK, 0) for i in range(2)],
+                                  "DRAM")
+    host[:] = pattern(host.nbytes, 13)
+    h = target.make_prepped_xfer("WRITE", mine, [0], theirs, [0])
+    target.transfer(h)
+    done(h, target)
+    target.release_xfer_handle(h)
+    assert (stub.download(dev + 6 * BLOCK, BLOCK) == host[:BLOCK]).all(), "remote WRITE into VRAM"
+    host[BLOCK:2 * BLOCK] = 0
+    h = target.make_prepped_xfer("READ", mine, [1], theirs, [0])
+    target.transfer(h)
+    done(h, target)
+    target.release_xfer_handle(h)
+    assert (host[BLOCK:2 * BLOCK] == host[:BLOCK]).all(), "remote READ of VRAM"
     initiator.deregister_memory(vram)
     # A failing staging copy sends no notification (the fake driver's
     # control: a real one has none).

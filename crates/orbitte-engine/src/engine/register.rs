@@ -257,6 +257,16 @@ impl TransferEngine {
             .regs
             .iter()
             .filter_map(|(id, e)| e.descriptor(RegistrationId(*id), &nics))
+            .chain(st.staged.regs.iter().filter_map(|(id, e)| {
+                let p = e.published.as_ref()?;
+                let host = &self.shared.sessions.host_id;
+                Some(crate::session::publications::descriptor(
+                    wire::RangeId(*id),
+                    p,
+                    host,
+                    Vec::new(),
+                ))
+            }))
             .collect();
         ranges.sort_by_key(|r| r.range_id.0);
         wire::SegmentPublication {

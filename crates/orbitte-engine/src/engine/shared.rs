@@ -205,8 +205,8 @@ fn release<'a>(shared: &'a Shared, mut g: MutexGuard<'a, State>) {
             g.intake(&shared.intake, Instant::now());
         }
         let st = &mut *g;
-        if st.engine.take_tables_changed() {
-            let copy = Arc::new(TablesSnapshot::of(st.engine.tables()));
+        if st.engine.take_tables_changed() | std::mem::take(&mut st.staged.changed) {
+            let copy = Arc::new(TablesSnapshot::of(st.engine.tables(), &st.staged));
             st.snapshot = copy.clone();
             *shared.snapshot.write().unwrap_or_else(|e| e.into_inner()) = copy;
         }

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use orbitte_memory::HostMemory;
-use orbitte_wire::{self as wire, AccessFlags, RangeDescriptor};
+use orbitte_wire::{self as wire, RangeDescriptor};
 
 use crate::registration::{Host, RegEntry, RegState};
 use crate::session::Published;
@@ -27,6 +27,8 @@ use orbitte_proto::state::Tables;
 #[derive(Debug, Default)]
 pub(crate) struct TablesSnapshot {
     regs: crate::Map<u64, RegCopy>,
+    /// Published CUDA registrations (served through host memory).
+    device: crate::Map<u64, Published>,
     peers: crate::Map<u32, crate::Map<RangeId, RangeDescriptor>>,
 }
 
@@ -41,8 +43,9 @@ struct RegCopy {
 }
 
 impl TablesSnapshot {
-    /// A copy of `tables`.
-    pub(crate) fn of(tables: &Tables<Host>) -> Self {
+    /// A copy of `tables` and of the published CUDA registrations of
+    /// `staged`.
+    pub(crate) fn of(tables: &Tables<Host>, staged: &crate::staging::Staged) -> Self {
         let regs = tables
             .regs
             .iter()
@@ -68,12 +71,24 @@ impl TablesSnapshot {
             .iter()
             .map(|(id, p)| (*id, p.ranges.clone()))
             .collect();
-        Self { regs, peers }
+        let device = staged
+            .regs
+            .iter()
+            .filter_map(|(id, e)| Some((*id, e.published.clone()?)))
+            .collect();
+        Self {
+            regs,
+            device,
+            peers,
+        }
     }
 
     /// The range as the tcp/local target serves it, if published.
     pub(crate) fn lookup(&self, range: wire::RangeId) -> Option<Published> {
-        self.regs.get(&range.0)?.published.clone()
+        match self.regs.get(&range.0) {
+            Some(r) => r.published.clone(),
+            None => self.device.get(&range.0).cloned(),
+        }
     }
 
     /// Every published, remotely accessible range, by id.
@@ -82,6 +97,11 @@ impl TablesSnapshot {
             .regs
             .iter()
             .filter_map(|(id, r)| r.published.clone().map(|p| (wire::RangeId(*id), p)))
+            .chain(
+                self.device
+                    .iter()
+                    .map(|(id, p)| (wire::RangeId(*id), p.clone())),
+            )
             .collect();
         v.sort_by_key(|(id, _)| id.0);
         v
@@ -123,15 +143,9 @@ fn published(e: &RegEntry) -> Option<Published> {
     if e.state != RegState::Published || !e.access.is_remote() {
         return None;
     }
-    let mut access = AccessFlags(0);
-    if e.access.remote_read() {
-        access = access | AccessFlags::REMOTE_READ;
-    }
-    if e.access.remote_write() {
-        access = access | AccessFlags::REMOTE_WRITE;
-    }
+    let access = e.access.wire_flags();
     Some(Published {
-        memory: e.memory.clone(),
+        memory: crate::session::publications::ServedMemory::Host(e.memory.clone()),
         offset: 0,
         length: e.memory.len() as u64,
         access,

@@ -9,8 +9,10 @@ use super::{State, TransferEngine, TransferRequest};
 use crate::error::{RegisterError, UnregisterError};
 use crate::outcome::{RequestError, RequestId, SubmitError};
 use crate::registration::{Access, MemoryPath, Registration};
+use crate::session::{Published, ServedMemory};
 use crate::staging::pools::Job;
 use crate::staging::table::{CudaEntry, StagedEntry};
+use crate::transport::tcp::staged::{DeviceBounces, DeviceRange};
 use crate::transport::{PathKind, RegistrationId};
 use orbitte_cuda::CudaBuffer;
 
@@ -37,22 +39,14 @@ pub(crate) fn cancel_all(st: &mut State) {
 
 impl TransferEngine {
     /// `register` for GPU memory: makes the device's lanes if it has none,
-    /// then records the buffer (nothing published, no MR for it).
+    /// then records the buffer (no MR for it). A remotely accessible one
+    /// is also published, with no rkeys and no local hint: the tcp target
+    /// serves it through host bounce buffers (`transport::tcp::staged`).
     pub(crate) fn register_cuda(
         &self,
         buffer: Arc<CudaBuffer>,
         access: Access,
     ) -> Result<Registration, RegisterError> {
-        if access != Access::LocalOnly {
-            tracing::debug!(
-                len = buffer.len(),
-                ?access,
-                "gpudirect-rdma registration refused"
-            );
-            return Err(RegisterError::NotImplemented {
-                path: PathKind::GpudirectRdma,
-            });
-        }
         if let Some(reason) = self.lock().engine.core().fenced().cloned() {
             return Err(RegisterError::Fenced { reason });
         }
@@ -61,15 +55,42 @@ impl TransferEngine {
         let mut st = self.lock();
         let id = st.engine.fresh_registration_id().0;
         let len = buffer.len() as u64;
+        let published = access.is_remote().then(|| {
+            let bounces = st
+                .staged
+                .bounces
+                .entry(device)
+                .or_insert_with(|| DeviceBounces::new(buffer.device().clone()))
+                .clone();
+            Published {
+                memory: ServedMemory::Device(Arc::new(DeviceRange::new(
+                    id,
+                    buffer.clone(),
+                    bounces,
+                ))),
+                offset: 0,
+                length: len,
+                access: access.wire_flags(),
+                token: crate::registration::fresh_token(),
+            }
+        });
+        st.staged.changed |= published.is_some();
         st.staged.regs.insert(
             id,
             CudaEntry {
                 buffer,
                 device,
                 pin: Arc::new(()),
+                published,
             },
         );
-        tracing::debug!(id, len, device, "cuda-staging registration");
+        tracing::debug!(
+            id,
+            len,
+            device,
+            ?access,
+            "cuda-staging registration (staged through host memory)"
+        );
         Ok(Registration {
             id: RegistrationId(id),
             len,
@@ -97,8 +118,16 @@ impl TransferEngine {
                 }));
             }
             let device = e.device;
-            st.staged.regs.remove(&registration.0);
+            let published = st
+                .staged
+                .regs
+                .remove(&registration.0)
+                .and_then(|e| e.published);
+            st.staged.changed |= published.is_some();
             let still_used = st.staged.regs.values().any(|e| e.device == device);
+            if !still_used {
+                st.staged.bounces.remove(&device);
+            }
             (!still_used).then_some(device)
         };
         if let Some(device) = device {

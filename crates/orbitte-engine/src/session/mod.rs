@@ -84,7 +84,7 @@ pub use connect::{ConnectError, ConnectOptions, PathPreference, Peer};
 pub use handshake::Handshake;
 pub use link::TcpControlLink;
 pub use listener::{ListenError, Listener, ListenerStats};
-pub use publications::{PublicationTable, Published, RangeLookup};
+pub use publications::{PublicationTable, Published, RangeLookup, ServedMemory};
 #[cfg(feature = "testing")]
 pub use serving::ClosedSession;
 

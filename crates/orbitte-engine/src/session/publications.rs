@@ -9,16 +9,19 @@ use orbitte_wire::{
     RangeId, SegmentPublication,
 };
 
+pub use crate::transport::tcp::staged::ServedMemory;
+
 /// One published range: the memory behind it and what peers may do.
 #[derive(Debug, Clone)]
 pub struct Published {
-    /// The memory (kept alive by this clone while a request uses it).
-    pub memory: Arc<HostMemory>,
+    /// The memory (kept alive by this clone while a request uses it): host
+    /// memory, or GPU memory the tcp target stages through host memory.
+    pub memory: ServedMemory,
     /// Where the range starts inside `memory`.
     pub offset: u64,
     /// Its length.
     ///
-    /// Invariant: `offset + length <= memory.len()`.
+    /// Invariant: `offset + length` lies inside `memory`.
     pub length: u64,
     /// Remote access allowed (`REMOTE_READ`, `REMOTE_WRITE`).
     pub access: AccessFlags,
@@ -33,14 +36,18 @@ impl Published {
     /// mapped (a view inside a memory, or a write-only range, goes over
     /// tcp), and a writable one only while its memfd allows new writable
     /// mappings (the same memory published read-only seals it: see the
-    /// local server's handout).
+    /// local server's handout). GPU memory is never mappable: a same-host
+    /// peer reaches it over tcp.
     pub fn is_mappable(&self) -> bool {
-        let Some(fd) = self.memory.memfd() else {
+        let ServedMemory::Host(memory) = &self.memory else {
+            return false;
+        };
+        let Some(fd) = memory.memfd() else {
             return false;
         };
         if !self.access.contains(AccessFlags::REMOTE_READ)
             || self.offset != 0
-            || self.length != self.memory.len() as u64
+            || self.length != memory.len() as u64
         {
             return false;
         }
@@ -134,7 +141,7 @@ impl PublicationTable {
         let token = AccessToken(u64::from_ne_bytes(super::random_bytes()?));
         let id = RangeId(self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
         let p = Published {
-            memory,
+            memory: ServedMemory::Host(memory),
             offset,
             length,
             access,
@@ -188,7 +195,10 @@ pub(crate) fn descriptor(
 ) -> RangeDescriptor {
     RangeDescriptor {
         range_id: id,
-        address: p.memory.as_ptr() as u64 + p.offset,
+        address: match &p.memory {
+            ServedMemory::Host(memory) => memory.as_ptr() as u64 + p.offset,
+            ServedMemory::Device(range) => range.buffer().device_ptr() + p.offset,
+        },
         length: p.length,
         access: p.access,
         token: p.token,

@@ -7,7 +7,9 @@ use std::sync::atomic::AtomicBool;
 
 use crate::outcome::{DrainStatus, RequestId};
 use crate::registration::EngineState;
+use crate::session::Published;
 use crate::transport::RegistrationId;
+use crate::transport::tcp::staged::DeviceBounces;
 use orbitte_cuda::CudaBuffer;
 
 /// Invariant: a staged request id has bit 31 set (its slot part); the
@@ -21,6 +23,11 @@ pub(crate) struct Staged {
     pub(crate) regs: crate::Map<u64, CudaEntry>,
     pub(crate) requests: crate::Map<RequestId, StagedEntry>,
     pub(crate) next: u64,
+    /// A registration was published or unpublished since the tables'
+    /// copy was made (`snapshot`).
+    pub(crate) changed: bool,
+    /// The bounce buffers of each device's published registrations.
+    pub(crate) bounces: crate::Map<usize, Arc<DeviceBounces>>,
 }
 
 #[derive(Debug)]
@@ -30,6 +37,8 @@ pub(crate) struct CudaEntry {
     /// Cloned into every job on the registration: a job holds it until
     /// what it used drained (for good when a copy did not drain).
     pub(crate) pin: Arc<()>,
+    /// What the tcp target serves of it (`None`: local only).
+    pub(crate) published: Option<Published>,
 }
 
 /// One staged request as the engine tracks it.

@@ -139,3 +139,73 @@ pub(crate) fn check_bytes(
         _ => {}
     }
 }
+
+/// Device copies only (no network): puts `bytes` into GPU memory.
+pub(crate) fn gpu_put(
+    dev: &orbitte_cuda::CudaDevice,
+    gpu: &Arc<orbitte_cuda::CudaBuffer>,
+    offset: usize,
+    bytes: &[u8],
+) {
+    let mut p = orbitte_cuda::StagingPipeline::new(dev, 1 << 20).unwrap();
+    p.upload(gpu, offset, bytes.len(), |c| {
+        c.write_from(&bytes[c.offset()..c.offset() + c.len()])
+    })
+    .unwrap();
+}
+
+/// Device copies only (no network): reads GPU memory.
+pub(crate) fn gpu_get(
+    dev: &orbitte_cuda::CudaDevice,
+    gpu: &Arc<orbitte_cuda::CudaBuffer>,
+    offset: usize,
+    len: usize,
+) -> Vec<u8> {
+    let mut p = orbitte_cuda::StagingPipeline::new(dev, 1 << 20).unwrap();
+    let mut v = vec![0; len];
+    p.download(gpu, offset, len, |c| {
+        c.read_into(&mut v[c.offset()..c.offset() + c.len()])
+    })
+    .unwrap();
+    v
+}
+
+/// Submits one request and waits (up to 30 s) for its outcome.
+pub(crate) fn run(e: &TransferEngine, r: orbitte_engine::Request) -> orbitte_engine::Outcome {
+    let id = e.submit(&[r]).expect("admitted")[0];
+    e.wait(id, Duration::from_secs(30)).expect("outcome")
+}
+
+/// The process's log (warnings and up) kept in memory: installed once as
+/// the global subscriber, so a test reads what an operator would.
+#[derive(Clone, Default)]
+pub(crate) struct CapturedLog(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl CapturedLog {
+    /// Installs it as the global subscriber (once per process).
+    pub(crate) fn install() -> Self {
+        let log = Self::default();
+        let writer = log.clone();
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .init();
+        log
+    }
+
+    /// What was logged so far.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}

@@ -226,6 +226,13 @@ impl<R: Resources> EngineState<R> {
                 && spec.is_some_and(|s| s.path == PathKind::Rdma)
             {
                 let remote_nic = spec.and_then(|s| s.remote_nic).unwrap_or(u32::MAX);
+                if desc.rkeys.is_empty() {
+                    why.push(RailRefusal::TcpOnly {
+                        rail,
+                        range: r.range,
+                    });
+                    continue;
+                }
                 if reg.copies_on(n).is_none()
                     || !desc
                         .rkeys

@@ -381,14 +381,19 @@ class Engine:
         address, n, keep = buffer_address(memory, length)
         return self._native.register(address, n, keep, remote=remote, kept=isinstance(keep, _Kept))
 
-    def register_device(self, address: int, length: int, keepalive: Any = None) -> Registration:
+    def register_device(self, address: int, length: int, keepalive: Any = None, *,
+                        remote: bool = False) -> Registration:
         """Registers CUDA device memory (``cudaMalloc``, a CUDA tensor's
         ``data_ptr()``) on the cuda-staging path: its transfers are staged
-        through pinned host memory (``Registration.staged``), and it is
-        local-only. Refused with the reason when libcuda is absent, there is
-        no device, or the driver does not call it device memory.
-        ``keepalive`` (the tensor) is kept until :meth:`unregister` and drain."""
-        return self._native.register_device(int(address), int(length), keepalive)
+        through pinned host memory (``Registration.staged``). With
+        ``remote=True`` it is published and peers READ and WRITE it over tcp
+        (this engine copies each request's bytes between the device and host
+        bounce buffers, synchronized, before it answers; rdma and same-host
+        mapping cannot reach it); otherwise it is local-only. Refused with the
+        reason when libcuda is absent, there is no device, or the driver does
+        not call it device memory. ``keepalive`` (the tensor) is kept until
+        :meth:`unregister` and drain."""
+        return self._native.register_device(int(address), int(length), keepalive, remote=bool(remote))
 
     def unregister(self, registration: Union[Registration, int]) -> None:
         """Removes a registration (or the one that starts at an address);

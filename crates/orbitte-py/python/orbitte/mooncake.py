@@ -72,7 +72,10 @@ class TransferNotify:
             return cls(source_id, payload.decode("utf-8", "replace"))
 
 
-# What this build supports (Mooncake's module attributes).
+# What this build supports (Mooncake's module attributes). SUPPORT_CUDA stays
+# False: device pointers register and peers READ and WRITE them, but staged
+# through host memory over tcp, not Mooncake's CUDA contract (GPUDirect RDMA on
+# the rdma protocol, device-side copies, NVLink transport).
 SUPPORT_CUDA = False
 SUPPORT_EFA = False
 SUPPORT_HIP = False
@@ -246,7 +249,8 @@ class TransferEngine:
         address is CUDA device memory (a GPU KV-cache tensor's
         ``data_ptr()``), it is registered on the cuda-staging path: its
         transfers are staged through host memory (never GPUDirect), it is
-        local-only (a peer cannot address it), and
+        published like host memory (a peer READs and WRITEs it over tcp,
+        this engine copying through host bounce buffers), and
         :meth:`describe_memory` says so. Anything else is refused (-1) with
         both reasons in :meth:`last_error`."""
         try:

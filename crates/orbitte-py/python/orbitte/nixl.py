@@ -648,8 +648,9 @@ class nixl_agent:
     def _register(self, mem: str, address: int, length: int, dev: int, keep: Any):
         try:
             if mem == "VRAM":
-                # cuda-staging: staged through pinned host memory, local-only.
-                return self._engine.register_device(address, length, keep)
+                # cuda-staging: staged through pinned host memory; published,
+                # so a remote agent READs and WRITEs it (over tcp).
+                return self._engine.register_device(address, length, keep, remote=True)
             if isinstance(keep, Buffer) and (keep.address, keep.length) == (address, length):
                 return self._engine.register(keep)
             if keep is not None:

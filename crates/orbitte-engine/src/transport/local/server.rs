@@ -31,7 +31,7 @@ use crate::session::handshake::{Responder, Step};
 use crate::session::io::{FrameBuffer, send_error};
 use crate::session::nonblocking::{Outbox, Refusal};
 use crate::session::serving::Shared;
-use crate::session::{PeerIdentity, SessionError};
+use crate::session::{PeerIdentity, ServedMemory, SessionError};
 use crate::transport::PathKind;
 
 /// How often a mapping session checks whether the listener stops and
@@ -401,11 +401,15 @@ fn handout(shared: &Shared) -> Result<VecDeque<Message>, SessionError> {
     let cfg = &shared.cfg;
     let mut msgs = VecDeque::new();
     for (id, p) in shared.ranges.published() {
+        // GPU memory is never mappable: a same-host peer reaches it over tcp.
+        let ServedMemory::Host(memory) = &p.memory else {
+            continue;
+        };
         if !p.is_mappable() {
             continue;
         }
         let writable = p.access.contains(AccessFlags::REMOTE_WRITE);
-        let fd = handout_fd(&p.memory, writable)?;
+        let fd = handout_fd(memory, writable)?;
         let desc =
             crate::session::publications::descriptor(id, &p, &cfg.host_id, shared.ranges.rkeys(id));
         let frame = Frame::SegmentPublication(SegmentPublication {

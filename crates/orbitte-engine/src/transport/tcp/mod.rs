@@ -26,6 +26,7 @@ pub(crate) mod payload;
 mod rail;
 pub(crate) mod serve;
 pub(crate) mod socket;
+pub(crate) mod staged;
 
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, RwLock};

@@ -185,14 +185,16 @@ impl PayloadIo {
     }
 
     /// Receives, without waiting and at most `budget` bytes, the rest of a
-    /// WRITE payload into `mem[off..end]` (checked with [`span`]); the
-    /// call that asks for the payload's last bytes brings what follows
-    /// them (up to the next request's header) into `frames` in the same
-    /// `recvmsg`. The peer's close is `UnexpectedEof`.
+    /// WRITE payload into `mem[off..end]` (checked with [`span`]). With
+    /// `frames` (the payload ends at `end`), the call that asks for its
+    /// last bytes brings what follows them (up to the next request's
+    /// header) into `frames` in the same `recvmsg`; without (more payload
+    /// follows `end`), nothing past `end` is received. The peer's close is
+    /// `UnexpectedEof`.
     pub(crate) fn recv_now(
         &mut self,
         sock: &TcpStream,
-        frames: &mut FrameBuffer,
+        mut frames: Option<&mut FrameBuffer>,
         mem: &HostMemory,
         (mut off, end): (usize, usize),
         budget: usize,
@@ -201,16 +203,17 @@ impl PayloadIo {
         while off < end && moved.payload < budget {
             let want = (end - off).min(budget - moved.payload);
             // Only bytes past the payload may go to the frame buffer.
-            let tail = if want == end - off {
-                frames.spare(NEXT_REQUEST)
-            } else {
-                &mut []
+            let tail = match frames.as_deref_mut() {
+                Some(frames) if want == end - off => frames.spare(NEXT_REQUEST),
+                _ => &mut [],
             };
             match mem.recv_from_then(sock.as_fd(), off, want, tail, true) {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => {
                     let to_mem = n.min(want);
-                    frames.filled(n - to_mem);
+                    if let Some(frames) = frames.as_deref_mut() {
+                        frames.filled(n - to_mem);
+                    }
                     off += to_mem;
                     moved.payload += to_mem;
                 }
@@ -303,7 +306,7 @@ mod tests {
         let mut turns = 0;
         let t0 = Instant::now();
         while off < end {
-            let m = io.recv_now(sock, frames, mem, (off, end), budget)?;
+            let m = io.recv_now(sock, Some(&mut *frames), mem, (off, end), budget)?;
             assert!(m.payload <= budget, "a turn stays within its budget");
             off += m.payload;
             turns += 1;

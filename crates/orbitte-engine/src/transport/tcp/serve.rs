@@ -15,7 +15,9 @@
 //! request that waits. A WRITE's payload goes from the socket straight
 //! into the range (with the next request's header in the same `recvmsg`),
 //! a READ's answer goes out with its header in `sendmsg` calls from the
-//! range (or, up to 256 KiB, `sendfile` from its memfd), and the small
+//! range (or, up to 256 KiB, `sendfile` from its memfd); a range of GPU
+//! memory moves through a bounce buffer instead, a piece at a time
+//! (module `staged`, which says what a failed device copy does). The small
 //! answers (WRITE answers, refusals) are gathered and sent together when
 //! no further request is waiting, before a WRITE payload's receive waits
 //! for the peer, and in a stream that never pauses once they acknowledge
@@ -32,12 +34,10 @@
 //! requests, then lets the loop's other sessions have theirs.
 
 use std::net::TcpStream;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use mio::Interest;
-use orbitte_memory::HostMemory;
 use orbitte_proto::{Op, PathKind};
 
 use orbitte_wire::{
@@ -45,8 +45,9 @@ use orbitte_wire::{
     RangeId, ReadResponse, RequestId, SessionId, Status, WriteRequest, WriteResponse,
 };
 
-use super::payload::{PayloadIo, send_ready, span};
+use super::payload::{PayloadIo, send_ready};
 use super::socket::{ANSWER_BATCH, size_socket_buffers};
+use super::staged::{Landed, ReadPayload, WritePayload};
 use crate::metrics::ServedCounter;
 use crate::session::activity::SessionActivity;
 use crate::session::io::{FrameBuffer, write_frame};
@@ -192,18 +193,11 @@ enum Task {
     #[cfg(any(test, feature = "testing"))]
     Delayed(Frame, Instant),
     /// A READ answer going out: the gathered answers and its header
-    /// (`out[sent..]`), then the range's bytes `off..end`.
-    Read {
-        memory: Arc<HostMemory>,
-        off: usize,
-        end: usize,
-        length: u32,
-    },
-    /// A WRITE payload coming into the range's bytes `off..end`.
+    /// (`out[sent..]`), then its payload of `length` bytes.
+    Read { payload: ReadPayload, length: u32 },
+    /// A WRITE payload coming into the range.
     Write {
-        memory: Arc<HostMemory>,
-        off: usize,
-        end: usize,
+        payload: WritePayload,
         w: WriteRequest,
     },
     /// A refused WRITE's payload being read and dropped.
@@ -443,28 +437,31 @@ impl Serving {
                 self.paced = Some(until);
                 self.apply(frame, ctx, now)
             }
-            Task::Read {
-                memory,
-                off,
-                end,
-                length,
-            } => {
-                let whole = *length as usize;
+            Task::Read { payload, length } => {
+                let (memory, span, whole) = payload.unsent();
                 let m = self
                     .io
                     .send_now(
                         stream,
                         &self.out[self.sent..],
                         memory,
-                        (*off, *end),
+                        span,
                         whole,
                         budget.bytes,
                     )
                     .map_err(fail)?;
                 self.sent += m.head;
-                *off += m.payload;
+                payload.sent(m.payload);
                 budget.spend(m.head + m.payload);
-                if self.sent == self.out.len() && *off == *end {
+                if self.sent == self.out.len() && payload.piece_sent() {
+                    // A device range's next piece, copied now: the bounce
+                    // buffer's last one went out.
+                    if payload
+                        .next_piece()
+                        .map_err(|why| End::Close(CloseReason::abnormal(why)))?
+                    {
+                        return Ok(Flow::Go);
+                    }
                     ctx.bytes.fetch_add(u64::from(*length), Ordering::Relaxed);
                     self.out.clear();
                     self.sent = 0;
@@ -476,28 +473,37 @@ impl Serving {
                 }
                 Ok(Flow::Go)
             }
-            Task::Write {
-                memory,
-                off,
-                end,
-                w,
-            } => {
-                let m = self
-                    .io
-                    .recv_now(stream, &mut self.frames, memory, (*off, *end), budget.bytes)
-                    .map_err(fail)?;
-                *off += m.payload;
-                budget.spend(m.payload);
-                if *off == *end {
-                    let w = *w;
-                    ctx.bytes.fetch_add(u64::from(w.length), Ordering::Relaxed);
-                    self.served.count(Op::Write, u64::from(w.length));
-                    return self.answer(w, Status::OK, ctx);
+            Task::Write { payload, w } => {
+                let w = *w;
+                let (landed, blocked) = if payload.is_complete() {
+                    (Landed::All, false)
+                } else {
+                    let (memory, span, ends) = payload.room();
+                    let frames = ends.then_some(&mut self.frames);
+                    let m = self
+                        .io
+                        .recv_now(stream, frames, memory, span, budget.bytes)
+                        .map_err(fail)?;
+                    budget.spend(m.payload);
+                    (payload.received(m.payload), m.blocked)
+                };
+                match landed {
+                    Landed::All => {
+                        ctx.bytes.fetch_add(u64::from(w.length), Ordering::Relaxed);
+                        self.served.count(Op::Write, u64::from(w.length));
+                        self.answer(w, Status::OK, ctx)
+                    }
+                    Landed::Failed { left } => {
+                        self.task = Task::Discard {
+                            left,
+                            w,
+                            status: Status::INTERNAL,
+                        };
+                        Ok(Flow::Go)
+                    }
+                    Landed::More if blocked => self.wait_for_payload(stream, ctx, now),
+                    Landed::More => Ok(Flow::Go),
                 }
-                if m.blocked {
-                    return self.wait_for_payload(stream, ctx, now);
-                }
-                Ok(Flow::Go)
             }
             Task::Discard { left, w, status } => {
                 let m = self
@@ -684,17 +690,19 @@ impl Serving {
         let deadline = now + ctx.cfg.io_timeout;
         match frame {
             Frame::ReadRequest(r) => {
-                match check(
+                // A device range's first piece is copied here, before the
+                // header: a failed copy is the answer's status.
+                let payload = check(
                     ctx.ranges,
                     r.range_id,
                     r.token,
                     r.offset,
                     r.length,
                     AccessFlags::REMOTE_READ,
-                ) {
-                    Ok(p) => {
-                        let (off, end) = span(&p.memory, p.offset + r.offset, r.length as usize)
-                            .map_err(fail)?;
+                )
+                .and_then(|p| ReadPayload::of(&p.memory, p.offset + r.offset, r.length));
+                match payload {
+                    Ok(payload) => {
                         Frame::ReadResponse(ReadResponse {
                             request_id: r.request_id,
                             range_id: r.range_id,
@@ -708,9 +716,7 @@ impl Serving {
                         // has its outcome only after.
                         self.served.count(Op::Read, u64::from(r.length));
                         self.task = Task::Read {
-                            memory: p.memory,
-                            off,
-                            end,
+                            payload,
                             length: r.length,
                         };
                         self.due = Some(deadline);
@@ -733,27 +739,28 @@ impl Serving {
             }
             Frame::WriteRequest(w) => {
                 let len = w.length as usize;
-                match check(
+                let payload = check(
                     ctx.ranges,
                     w.range_id,
                     w.token,
                     w.offset,
                     w.length,
                     AccessFlags::REMOTE_WRITE,
-                ) {
-                    Ok(p) => {
-                        let (at, _) = span(&p.memory, p.offset + w.offset, len).map_err(fail)?;
+                )
+                .and_then(|p| WritePayload::of(&p.memory, p.offset + w.offset, w.length));
+                match payload {
+                    Ok(mut payload) => {
                         let buffered = self.frames.take_payload(len);
                         let n = buffered.len();
-                        p.memory
-                            .write_at(at, buffered)
-                            .map_err(|e| fail(std::io::Error::other(e)))?;
+                        let landed = payload.buffered(buffered).map_err(fail)?;
                         self.frames.payload_received((len - n) as u64);
-                        self.task = Task::Write {
-                            memory: p.memory,
-                            off: at + n,
-                            end: at + len,
-                            w,
+                        self.task = match landed {
+                            Landed::Failed { left } => Task::Discard {
+                                left,
+                                w,
+                                status: Status::INTERNAL,
+                            },
+                            Landed::More | Landed::All => Task::Write { payload, w },
                         };
                     }
                     Err(status) => {
