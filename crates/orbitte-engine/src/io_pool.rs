@@ -21,7 +21,7 @@
 //! The pool's size is fixed when it is made (`SessionConfig::io_threads`)
 //! and does not depend on how many descriptors wait on it: a thousand idle
 //! sessions wait on the same few threads as one. What is watched goes to
-//! the loops round-robin.
+//! the loop that watches the fewest ([`IoPool::key`]).
 //!
 //! Why epoll through mio and not io_uring: mio is small, well kept and
 //! safe to call (the engine forbids `unsafe`), and epoll works on every
@@ -121,6 +121,22 @@ struct LoopHandle {
     commands: Sender<Command>,
     waker: Waker,
     thread: ThreadId,
+    load: Arc<Load>,
+}
+
+/// How many descriptors a loop watches, as [`IoPool::key`] weighs it.
+#[derive(Debug, Default)]
+struct Load {
+    /// Keys handed out for this loop whose watch it has not taken yet.
+    reserved: AtomicUsize,
+    /// What it watched at the end of its last round.
+    held: AtomicUsize,
+}
+
+impl Load {
+    fn weight(&self) -> usize {
+        self.reserved.load(Ordering::Relaxed) + self.held.load(Ordering::Relaxed)
+    }
 }
 
 /// A fixed set of I/O threads, each an event loop.
@@ -149,13 +165,16 @@ impl IoPool {
             let poll = Poll::new()?;
             let waker = Waker::new(poll.registry(), WAKER)?;
             let (tx, rx) = crossbeam_channel::unbounded();
+            let load = Arc::new(Load::default());
+            let theirs = load.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("orbitte-io-{name}-{i}"))
-                .spawn(move || run(poll, &rx))?;
+                .spawn(move || run(poll, &rx, &theirs))?;
             loops.push(LoopHandle {
                 commands: tx,
                 waker,
                 thread: handle.thread().id(),
+                load,
             });
             handles.push(handle);
         }
@@ -167,7 +186,8 @@ impl IoPool {
         }))
     }
 
-    /// Hands `w` to the next loop, round-robin, to watch until `deadline`.
+    /// Hands `w` to the loop that watches the fewest, to watch until
+    /// `deadline` (see [`IoPool::key`]).
     /// When its loop is gone (the pool stops), `w` is abandoned at once.
     pub(crate) fn watch(&self, w: Box<dyn Watched>, deadline: Option<Instant>) -> WatchKey {
         let key = self.key();
@@ -175,12 +195,24 @@ impl IoPool {
         key
     }
 
-    /// A key on the next loop, round-robin, for [`IoPool::watch_as`]: a
-    /// `Watched` that other threads poke can keep its key where they find
-    /// it before it is watched.
+    /// A key on the loop that watches the fewest descriptors (those it
+    /// holds and those handed to it not taken yet; ties go round-robin),
+    /// for [`IoPool::watch_as`]: a `Watched` that other threads poke can
+    /// keep its key where they find it before it is watched. Weighing the
+    /// loops, not taking them in turn, keeps long-lived connections spread
+    /// when short-lived watches come between them (a handshake, then the
+    /// session it admits, would otherwise land every session on the same
+    /// loop).
     pub(crate) fn key(&self) -> WatchKey {
+        let n = self.loops.len();
+        let first = self.next_loop.fetch_add(1, Ordering::Relaxed) % n;
+        let lp = (0..n)
+            .map(|i| (first + i) % n)
+            .min_by_key(|&l| self.loops[l].load.weight())
+            .unwrap_or(first);
+        self.loops[lp].load.reserved.fetch_add(1, Ordering::Relaxed);
         WatchKey {
-            lp: self.next_loop.fetch_add(1, Ordering::Relaxed) % self.loops.len(),
+            lp,
             key: self.next_key.fetch_add(1, Ordering::Relaxed),
         }
     }
@@ -302,7 +334,7 @@ struct Loop {
     armed: HashMap<u64, Instant>,
 }
 
-fn run(poll: Poll, commands: &Receiver<Command>) {
+fn run(poll: Poll, commands: &Receiver<Command>, load: &Load) {
     let mut lp = Loop {
         poll,
         start: Instant::now(),
@@ -336,7 +368,14 @@ fn run(poll: Poll, commands: &Receiver<Command>) {
         }
         loop {
             match commands.try_recv() {
-                Ok(Command::Watch(key, w, deadline)) => lp.keep(key, Next::Wait(w, deadline)),
+                Ok(Command::Watch(key, w, deadline)) => {
+                    let _ = load
+                        .reserved
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
+                            Some(r.saturating_sub(1))
+                        });
+                    lp.keep(key, Next::Wait(w, deadline));
+                }
                 Ok(Command::Forget(key, done)) => {
                     drop(lp.take(key));
                     let _ = done.send(());
@@ -373,6 +412,7 @@ fn run(poll: Poll, commands: &Receiver<Command>) {
                 lp.keep(key, next);
             }
         }
+        load.held.store(lp.entries.len(), Ordering::Relaxed);
     }
 }
 
@@ -563,6 +603,31 @@ mod tests {
         let e = lp.take(7).unwrap();
         lp.keep(7, Next::Wait(e.watched, Some(at + Duration::from_secs(1))));
         assert_eq!(lp.deadlines.len(), 2);
+    }
+
+    /// Long-lived watches with short-lived ones between them (a handshake,
+    /// then the session it admits) spread over the loops: taking the loops
+    /// in turn would put every long-lived one on the same loop.
+    #[test]
+    fn long_lived_watches_spread_over_the_loops_between_short_ones() {
+        let pool = IoPool::new(2, "test").unwrap();
+        let mut kept = Vec::new();
+        let mut on = [0usize; 2];
+        for _ in 0..10 {
+            let (p, peer, _calls) = probe(1, None);
+            let at = pool.watch(p, None);
+            on[at.lp] += 1;
+            kept.push(peer);
+            let (short, _peer, calls) = probe(0, None);
+            let at = pool.watch(short, Some(Instant::now()));
+            assert_eq!(calls.recv_timeout(BOUND), Ok("expired"));
+            // Its loop has counted it out once its round ended.
+            let t0 = Instant::now();
+            while pool.loops[at.lp].load.weight() != on[at.lp] && t0.elapsed() < BOUND {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        assert_eq!(on, [5, 5], "long-lived watches per loop");
     }
 
     #[test]
