@@ -77,7 +77,13 @@ fn idle_rdma_peers_hold_no_session_thread_on_the_target() {
     // Raw peers admitted for rdma control that never send their
     // publication: no thread waits for them, and each is closed once the
     // handshake timeout passed without its rails set up.
-    let before = threads();
+    // Settled: no thread of the engines' connects still ending.
+    let mut before = threads();
+    eventually("the thread count settled", || {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = threads();
+        std::mem::replace(&mut before, now) == now
+    });
     let opened = Instant::now();
     let mut stalled: Vec<_> = (0..STALLED)
         .map(|i| {
