@@ -9,8 +9,7 @@ mod net_support;
 
 use std::net::TcpStream;
 
-use net_support::{RW, Target, cfg, descriptors, eventually, pattern, raw, rss_kib, threads};
-use orbitte_memory::HostMemory;
+use net_support::{descriptors, eventually, raw, rss_kib, threads};
 use orbitte_wire::{Frame, ReadRequest, RequestId, Status};
 
 /// Reads `range` through `s` and checks the answer (a session that parked
@@ -39,20 +38,9 @@ fn read_once(s: &mut TcpStream, range: orbitte_wire::RangeId, token: orbitte_wir
 fn the_targets_threads_are_the_same_with_1_100_and_1000_idle_peers() {
     net_support::logs();
     const MOST: usize = 1000;
-    // Three descriptors a peer: the raw peer's socket, and the target's
-    // socket and its duplicate kept to close it.
-    if net_support::skip_unless_ready(
-        "this test",
-        net_support::descriptors_short_of(3 * MOST + 256),
-    ) {
+    let Some((t, range)) = net_support::target_for_peers("threads-target", MOST, 1 << 20) else {
         return;
-    }
-    let mut c = cfg("threads-target", 1);
-    c.max_sessions = MOST + 1;
-    let t = Target::start(c);
-    let mem = HostMemory::alloc(1 << 20).unwrap();
-    pattern(&mem, 3);
-    let range = t.ranges.publish(mem, RW).unwrap();
+    };
     let base = threads();
     let (fds0, rss0) = (descriptors(), rss_kib());
     let mut peers: Vec<TcpStream> = Vec::with_capacity(MOST);

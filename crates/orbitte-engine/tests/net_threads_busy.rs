@@ -14,8 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use net_support::{RW, Target, cfg, eventually, pattern, raw, threads};
-use orbitte_memory::HostMemory;
+use net_support::{eventually, raw, threads};
 use orbitte_wire::{
     AccessToken, Frame, FrameHeader, HEADER_LEN, RangeId, ReadRequest, RequestId, Status,
     WriteRequest,
@@ -89,20 +88,11 @@ fn round(peers: &mut [TcpStream], range: RangeId, token: AccessToken, n: u64) {
 fn the_targets_threads_are_the_same_with_1_100_and_1000_busy_peers() {
     net_support::logs();
     const MOST: usize = 1000;
-    // Three descriptors a peer: the raw peer's socket, and the target's
-    // socket and its duplicate kept to close it.
-    if net_support::skip_unless_ready(
-        "this test",
-        net_support::descriptors_short_of(3 * MOST + 256),
-    ) {
+    let Some((t, range)) =
+        net_support::target_for_peers("busy-target", MOST, MOST * PIECE as usize)
+    else {
         return;
-    }
-    let mut c = cfg("busy-target", 1);
-    c.max_sessions = MOST + 1;
-    let t = Target::start(c);
-    let mem = HostMemory::alloc(MOST * PIECE as usize).unwrap();
-    pattern(&mem, 3);
-    let range = t.ranges.publish(mem, RW).unwrap();
+    };
 
     // One thread drives every peer, round after round, from before the
     // count is first taken until the end.

@@ -386,6 +386,28 @@ impl Initiator {
     }
 }
 
+/// A target that admits `most` raw tcp peers at once, with one published
+/// read-write range of `bytes` (filled with `pattern` seed 3); `None`
+/// when this machine has too few descriptors for them (three a peer: the
+/// raw peer's socket, and the target's socket and its duplicate kept to
+/// close it), as `skip_unless_ready` says.
+pub fn target_for_peers(
+    source: &str,
+    most: usize,
+    bytes: usize,
+) -> Option<(Target, orbitte_wire::RangeId)> {
+    if skip_unless_ready("this test", descriptors_short_of(3 * most + 256)) {
+        return None;
+    }
+    let mut c = cfg(source, 1);
+    c.max_sessions = most + 1;
+    let t = Target::start(c);
+    let mem = HostMemory::alloc(bytes).unwrap();
+    pattern(&mem, 3);
+    let range = t.ranges.publish(mem, RW).unwrap();
+    Some((t, range))
+}
+
 /// A legitimate initiator `source` opens `rails` tcp rails to `t`, reads
 /// 256 KiB of `range` at offset 4096 and gets exactly the bytes of `mem`
 /// there: what an attack must never stop.

@@ -173,12 +173,12 @@ impl PayloadIo {
                     moved.head += h;
                     moved.payload += p;
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    moved.blocked = true;
-                    break;
+                Err(e) => {
+                    if blocked(e)? {
+                        moved.blocked = true;
+                        break;
+                    }
                 }
-                Err(e) => return Err(e),
             }
         }
         Ok(moved)
@@ -217,12 +217,12 @@ impl PayloadIo {
                     off += to_mem;
                     moved.payload += to_mem;
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    moved.blocked = true;
-                    break;
+                Err(e) => {
+                    if blocked(e)? {
+                        moved.blocked = true;
+                        break;
+                    }
                 }
-                Err(e) => return Err(e),
             }
         }
         Ok(moved)
@@ -254,15 +254,26 @@ impl PayloadIo {
                     left -= m;
                     moved.payload += m;
                 }
-                Err(rustix::io::Errno::INTR) => {}
-                Err(rustix::io::Errno::AGAIN) => {
-                    moved.blocked = true;
-                    break;
+                Err(e) => {
+                    if blocked(e.into())? {
+                        moved.blocked = true;
+                        break;
+                    }
                 }
-                Err(e) => return Err(e.into()),
             }
         }
         Ok(moved)
+    }
+}
+
+/// What a failed non-blocking call means for the move: `Ok(true)` the
+/// socket would block (the move stops there), `Ok(false)` interrupted
+/// (call again), `Err` the move's error.
+fn blocked(e: io::Error) -> io::Result<bool> {
+    match e.kind() {
+        io::ErrorKind::WouldBlock => Ok(true),
+        io::ErrorKind::Interrupted => Ok(false),
+        _ => Err(e),
     }
 }
 
