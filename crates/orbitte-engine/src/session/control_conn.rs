@@ -201,7 +201,8 @@ impl Watched for ControlConn {
             let bound = self.conn.shared.cfg.handshake_timeout;
             self.finish(CloseReason::abnormal(format!(
                 "rdma control link failed: its rails were not set up within the handshake \
-                 timeout ({bound:?})"
+                 timeout ({bound:?}); the peer sent no publication or connect request in time \
+                 (raise handshake_timeout for slow peers)"
             )));
             return Next::Done;
         }
