@@ -565,12 +565,21 @@ pub(crate) struct Carriers {
     pending: Mutex<Vec<Weak<Core>>>,
     wake: Condvar,
     started: AtomicBool,
+    /// The engine is gone: the thread ends.
+    closed: AtomicBool,
 }
 
 /// How often the carrier thread looks at the transfers it watches.
 const CARRIER_TICK: Duration = Duration::from_millis(1);
 
 impl Carriers {
+    /// Ends the thread (the engine is dropped).
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let _guard = lock(&self.pending);
+        self.wake.notify_all();
+    }
+
     /// Watches `core`, posted with a notification to carry.
     fn watch(self: &Arc<Self>, core: &Arc<Core>) {
         lock(&self.pending).push(Arc::downgrade(core));
@@ -595,14 +604,12 @@ impl Carriers {
             };
             let watched = {
                 let mut pending = lock(&c.pending);
-                if pending.is_empty() {
-                    // Woken by a new transfer, or now and then to see
-                    // whether the engine is gone.
-                    let (p, _) = c
-                        .wake
-                        .wait_timeout(pending, Duration::from_millis(200))
-                        .unwrap_or_else(PoisonError::into_inner);
-                    pending = p;
+                // Woken by a new transfer, or by the engine's end.
+                while pending.is_empty() && !c.closed.load(Ordering::Acquire) {
+                    pending = c.wake.wait(pending).unwrap_or_else(PoisonError::into_inner);
+                }
+                if c.closed.load(Ordering::Acquire) {
+                    return;
                 }
                 std::mem::take(&mut *pending)
             };

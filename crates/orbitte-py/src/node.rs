@@ -296,6 +296,12 @@ pub(crate) struct Node {
     pub(crate) carriers: Arc<crate::nixl::Carriers>,
 }
 
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.carriers.close();
+    }
+}
+
 impl Node {
     /// Builds the engine (blocking: RDMA discovery, etcd).
     pub(crate) fn build(s: Settings) -> Result<Self, BuildFailure> {
