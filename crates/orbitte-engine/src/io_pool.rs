@@ -41,11 +41,11 @@ use crossbeam_channel::{Receiver, Sender};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 
-/// How long a local rail's worker waits with nothing queued before it
-/// ends and the rail parks on the pool. Long enough that a peer pausing
-/// between batches keeps its worker (a fan-in target's peers wait their turn
-/// for hundreds of milliseconds), so a busy connection never pays a thread
-/// start per batch; short enough that idle peers hold no thread.
+/// How long a local copy worker waits with no rail to serve before it
+/// ends. Long enough that a peer pausing between batches finds one still
+/// running (a fan-in target's peers wait their turn for hundreds of
+/// milliseconds), so a busy peer never pays a thread start per batch;
+/// short enough that idle peers hold no thread.
 pub const PARK_AFTER: Duration = Duration::from_secs(2);
 
 /// Deadlines are rounded up to a multiple of this (counted from the loop's

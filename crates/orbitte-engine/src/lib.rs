@@ -152,7 +152,7 @@ pub use session::{
 /// The smallest socket buffer a session asks for ([`SessionConfig`]).
 pub use session::{DEFAULT_IO_THREADS, MIN_SOCKET_BUFFER};
 /// The local path's posting thread copies a post of at most this many
-/// bytes itself (no hand-off to the rail's worker).
+/// bytes itself (no hand-off to the copy workers).
 pub use transport::local::INLINE_BYTES;
 pub use transport::{Op, PathKind, PeerId, RailId, RangeId, RegistrationId, SliceFailure};
 

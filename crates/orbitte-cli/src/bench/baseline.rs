@@ -126,7 +126,7 @@ fn faulted(len: usize) -> Vec<u8> {
 /// posts it when its rail is idle: whole blocks up to
 /// [`INLINE_BYTES`](orbitte_engine::INLINE_BYTES), or that
 /// much of a block larger than it (cut into slices). The rest of the batch
-/// goes to the rail's worker thread, which copies at the same time. (The
+/// goes to the path's copy workers, one of which copies at the same time. (The
 /// path counts slices, not blocks: for a block that is not a multiple of
 /// the slice size it may copy up to one slice more here.)
 fn inline_bytes(block: usize, batch: usize) -> usize {

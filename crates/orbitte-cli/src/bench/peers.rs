@@ -27,7 +27,7 @@ use crate::failure::Failure;
 use crate::stats::{Latencies, LatencySummary, gbps};
 
 /// How long after connecting the idle usage is read: tcp sessions and
-/// rails hold no thread at all, and a local rail's worker ends once quiet
+/// rails hold no thread at all, and the local path's copy workers end once quiet
 /// for [`orbitte_engine::PARK_AFTER`] (its wait can stretch that by up to
 /// twice its 200 ms poll interval), so the usage read after this is the
 /// idle one on every path.

@@ -117,7 +117,7 @@ impl NetPaths {
             engine.event_sink(),
         );
         let tcp_id = engine.attach_transport(Box::new(tcp.clone()));
-        let local = LocalTransport::new(engine.event_sink());
+        let local = LocalTransport::new(engine.event_sink(), cfg.io_threads);
         let local_id = engine.attach_transport(Box::new(local.clone()));
         Self {
             cfg,

@@ -16,7 +16,7 @@
 //!
 //! The listener's accept loop waits on epoll on one of its I/O threads
 //! (`io_threads` of them, event loops that also run every handshake and
-//! hold every idle tcp data session) and takes each connection as it
+//! serve every tcp data session) and takes each connection as it
 //! arrives; the kernel queues up
 //! to 1024 of them meanwhile (capped by `net.core.somaxconn`), so a burst
 //! of unauthenticated connections does not drop a legitimate peer's SYN.
@@ -93,9 +93,9 @@ pub use serving::ClosedSession;
 /// stalls a session on zero-window probes for seconds at a time.
 pub const MIN_SOCKET_BUFFER: usize = 64 << 10;
 
-/// The default [`SessionConfig::io_threads`]: the loops only wait for
-/// readiness and hand busy sessions to threads of their own, so two keep
-/// up with thousands of idle peers.
+/// The default [`SessionConfig::io_threads`]: the loops never wait for a
+/// socket (every session on them is served in bounded, non-blocking
+/// turns), so two keep up with thousands of peers, idle or busy.
 pub const DEFAULT_IO_THREADS: usize = 2;
 
 /// Settings shared by both ends of sessions.
@@ -166,9 +166,11 @@ pub struct SessionConfig {
     /// authentication. At least [`MIN_SOCKET_BUFFER`](crate::MIN_SOCKET_BUFFER) (the engine's
     /// builder refuses less).
     pub socket_buffer: Option<usize>,
-    /// I/O threads of a target's listener: event loops (epoll) that run
-    /// the accept loop and every handshake and hold every idle tcp data
-    /// session, however many peers are connected or connecting. At least 1 (0 is taken as 1).
+    /// The engine's I/O threads: event loops (epoll) that run the accept
+    /// loop, every handshake, every tcp data session and tcp rail, every
+    /// mapping session and rdma control link, however many peers are
+    /// connected or connecting; also the most copy workers the local path
+    /// runs at once for all its rails. At least 1 (0 is taken as 1).
     pub io_threads: usize,
     /// Send memfd-backed memory with `sendfile` (see
     /// `transport::tcp::payload`); off: with `sendmsg` straight from the

@@ -350,7 +350,7 @@ pub fn local_row() -> PathRow {
             return row;
         }
     };
-    let local = LocalTransport::new(sink.clone());
+    let local = LocalTransport::new(sink.clone(), s.cfg.io_threads);
     let rail = RailId(0);
     if let Err(e) = local.attach(&s.cfg, &s.peers, PeerId(0), &link.handshake.peer, &[rail]) {
         row.discovery = Check::Fail {

@@ -352,7 +352,7 @@ impl Initiator {
         let peers = table(&cfg);
         let driver = Driver::new(core);
         let tcp = TcpTransport::new(cfg.clone(), peers.clone(), driver.sink());
-        let local = LocalTransport::new(driver.sink());
+        let local = LocalTransport::new(driver.sink(), cfg.io_threads);
         driver.add_transport(Box::new(tcp.clone()));
         driver.add_transport(Box::new(local.clone()));
         Self {

@@ -19,10 +19,13 @@
 //! idle rail on the thread that posts them (the engine posts holding the
 //! rail's post lock, not its state lock), so a small batch costs no
 //! hand-off to another thread and no wakeup; the rest, and everything
-//! posted while the rail's worker thread holds items, on that worker, so
-//! a large batch does not hold the rail for the whole copy and the worker
-//! copies at the same time.
+//! posted while a copy worker holds the rail's items, on the transport's
+//! copy workers ([`copiers`]: at most `SessionConfig::io_threads` threads
+//! for every rail, each rail served by one at a time, in posting order),
+//! so a large batch does not hold the rail for the whole copy and a
+//! worker copies at the same time.
 
+mod copiers;
 mod fdpass;
 mod liveness;
 mod server;
@@ -37,7 +40,7 @@ use std::os::fd::OwnedFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use orbitte_memory::HostMemory;
 use orbitte_wire::{
@@ -50,6 +53,7 @@ use crate::transport::{
     RegistrationId, SliceFailure, SliceStatus, Transport, TransportEvent, WorkItem,
     close_rails_now,
 };
+use copiers::Copiers;
 use liveness::TargetSession;
 
 /// The abstract unix socket name of a source owner's local server.
@@ -126,73 +130,40 @@ struct RailQueue {
     jobs: std::collections::VecDeque<Job>,
     /// Encoded `notification` frames for the peer's session.
     notes: std::collections::VecDeque<Arc<[u8]>>,
-    /// Whether the worker is copying jobs it took from `jobs` (set when it
+    /// Whether a copy worker is copying jobs it took from `jobs` (set when it
     /// takes them, cleared once it reported them).
     busy: bool,
     closed: bool,
-    /// A worker thread runs (or is being started). It ends, and clears
-    /// it, once the rail closed and drained or nothing was queued for
-    /// [`WORKER_IDLE`]; while jobs, notes or a close wait, one runs.
-    worker: bool,
+    /// The rail waits in the copy workers' run queue or a worker holds
+    /// it ([`copiers`]): set while jobs, notes or a close wait.
+    scheduled: bool,
 }
 
-/// How long a local rail's worker with nothing queued waits for work
-/// before it ends (the next post that queues work starts one again).
-const WORKER_IDLE: std::time::Duration = crate::io_pool::PARK_AFTER;
-
-/// Wakes `r`'s worker for what was just queued under `q`, or starts one
-/// when none runs.
+/// Schedules `r` on the copy workers for what was just queued under `q`,
+/// unless it is scheduled already (a worker that holds it looks at its
+/// queue again before it lets go).
 fn wake_worker(
     rail: RailId,
     r: &Arc<LocalRail>,
     mut q: std::sync::MutexGuard<'_, RailQueue>,
-    sink: &Arc<dyn EventSink>,
+    copiers: &Arc<Copiers<Scheduled>>,
 ) {
-    if q.worker {
-        drop(q);
-        r.cv.notify_all();
+    if q.scheduled {
         return;
     }
-    q.worker = true;
+    q.scheduled = true;
     drop(q);
-    let (w, sk) = (r.clone(), sink.clone());
-    let spawned = std::thread::Builder::new()
-        .name(format!("orbitte-local-rail-{}", rail.0))
-        .spawn(move || rail_worker(rail, w, sk));
-    if let Err(e) = spawned {
-        // Nothing will copy what is queued: it fails with the rail.
-        let reason: Arc<str> = format!("cannot start the local rail's worker thread: {e}").into();
-        tracing::warn!(rail = rail.0, %reason, "local rail down");
-        let jobs = {
-            let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
-            q.worker = false;
-            q.closed = true;
-            q.notes.clear();
-            std::mem::take(&mut q.jobs)
-        };
-        let mut events = vec![TransportEvent::RailDown {
-            rail,
-            reason: reason.clone(),
-        }];
-        events.extend(jobs.into_iter().map(|j| TransportEvent::Completed {
-            rail,
-            token: j.item.token,
-            status: SliceStatus::Failed(SliceFailure::RailDown(reason.clone())),
-            released: true,
-        }));
-        sink.deliver(&mut events);
-    }
+    copiers.schedule(Scheduled(rail, r.clone()));
 }
 
 #[derive(Debug)]
 struct LocalRail {
     peer: PeerId,
     queue: Mutex<RailQueue>,
-    cv: Condvar,
     /// The peer's mapping session, kept open to carry notifications.
     channel: Option<Arc<Mutex<UnixStream>>>,
     /// Whether the rail reported that its peer exited (once, by whichever
-    /// of the worker and the posting thread saw it first).
+    /// of a copy worker and the posting thread saw it first).
     exit_reported: AtomicBool,
 }
 
@@ -205,6 +176,7 @@ pub struct LocalTransport {
     sources: RwLock<HashMap<PeerId, SourceId>>,
     /// Each mapped peer's mapping session, kept open for notifications.
     channels: RwLock<HashMap<PeerId, Arc<Mutex<UnixStream>>>>,
+    copiers: Arc<Copiers<Scheduled>>,
 }
 
 impl std::fmt::Debug for LocalTransport {
@@ -225,9 +197,12 @@ pub struct LocalAttach {
 }
 
 impl LocalTransport {
-    /// A local transport reporting to `sink`.
-    pub fn new(sink: Arc<dyn EventSink>) -> Arc<Self> {
+    /// A local transport reporting to `sink`, whose rails' queued copies
+    /// run on at most `copy_workers` threads (at least one; the engine
+    /// gives it `SessionConfig::io_threads`).
+    pub fn new(sink: Arc<dyn EventSink>, copy_workers: usize) -> Arc<Self> {
         Arc::new(Self {
+            copiers: Copiers::new(copy_workers, sink.clone()),
             sink,
             rails: RwLock::new(crate::Map::default()),
             maps: RwLock::new(crate::Map::default()),
@@ -332,14 +307,13 @@ impl LocalTransport {
     }
 
     /// Starts `rails` for a peer mapped with [`map_peer`](Self::map_peer):
-    /// each has a worker thread while work is queued for it (copies too
-    /// large to make on the posting thread, notifications, its close).
+    /// what is queued on each (copies too large to make on the posting
+    /// thread, notifications, its close) runs on the copy workers.
     pub fn start_rails(&self, peer: PeerId, rails: &[RailId]) -> Result<(), LocalError> {
         for &rail in rails {
             let r = Arc::new(LocalRail {
                 peer,
                 queue: Mutex::new(RailQueue::default()),
-                cv: Condvar::new(),
                 exit_reported: AtomicBool::new(false),
                 channel: self
                     .channels
@@ -352,7 +326,7 @@ impl LocalTransport {
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(rail, r);
-            // The worker starts with the first work queued for it.
+            // A copy worker takes it with the first work queued for it.
         }
         Ok(())
     }
@@ -381,7 +355,7 @@ impl LocalTransport {
 }
 
 /// Most bytes of one post to an idle rail that the posting thread copies
-/// itself (the rest go to the rail's worker). The rail's post lock is
+/// itself (the rest go to the copy workers). The rail's post lock is
 /// held while it copies (not the engine's state lock), so this bounds how
 /// long one post keeps the next post to the same rail, and a flush of it,
 /// waiting: a batch of 16 slices of 64 KiB is 1 MiB, about 40 to 100 µs
@@ -536,76 +510,115 @@ fn receive_ranges(
     }
 }
 
-fn rail_worker(rail: RailId, r: Arc<LocalRail>, sink: Arc<dyn EventSink>) {
-    let mut events = Vec::with_capacity(64);
-    // The jobs taken from the queue at each wakeup: swapped with the
-    // queue's (empty) deque, so no wakeup allocates once both are grown.
-    let mut batch = std::collections::VecDeque::new();
-    let mut notes = std::collections::VecDeque::new();
-    let mut done = Vec::new();
-    loop {
-        {
-            let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
-            q.busy = false;
-            while q.jobs.is_empty() && q.notes.is_empty() && !q.closed {
-                let (g, waited) =
-                    r.cv.wait_timeout(q, WORKER_IDLE)
-                        .unwrap_or_else(|p| p.into_inner());
-                q = g;
-                if waited.timed_out() && q.jobs.is_empty() && q.notes.is_empty() && !q.closed {
-                    // Idle: the next work queued starts a worker again.
-                    q.worker = false;
-                    return;
-                }
-            }
-            if q.jobs.is_empty() && q.notes.is_empty() && q.closed {
-                q.worker = false;
-                drop(q);
+/// A worker's buffers, reused from rail to rail: swapped with a rail's
+/// (empty) queues, so no batch allocates once they are grown.
+#[derive(Default)]
+struct Buffers {
+    batch: std::collections::VecDeque<Job>,
+    notes: std::collections::VecDeque<Arc<[u8]>>,
+    statuses: Vec<SliceStatus>,
+    events: Vec<TransportEvent>,
+}
+
+/// A rail in the copy workers' run queue.
+struct Scheduled(RailId, Arc<LocalRail>);
+
+impl copiers::Serve for Scheduled {
+    type Ctx = Arc<dyn EventSink>;
+    type Scratch = Buffers;
+
+    fn serve(&self, sink: &Arc<dyn EventSink>, b: &mut Buffers) -> bool {
+        serve(self.0, &self.1, &**sink, b)
+    }
+
+    fn fail(&self, sink: &Arc<dyn EventSink>, reason: &Arc<str>) {
+        fail_rail(self.0, &self.1, reason, &**sink);
+    }
+}
+
+/// Copies and reports everything queued on `rail` now, then sends its
+/// notifications; whether the rail stays scheduled (more was queued, or
+/// it closed and its end is to be reported).
+fn serve(rail: RailId, r: &LocalRail, sink: &dyn EventSink, b: &mut Buffers) -> bool {
+    {
+        let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.jobs.is_empty() && q.notes.is_empty() {
+            q.scheduled = false;
+            let closed = q.closed;
+            drop(q);
+            if closed {
                 // Nothing is outstanding: the engine stops using the rail.
-                events.push(TransportEvent::RailDown {
+                b.events.push(TransportEvent::RailDown {
                     rail,
                     reason: "local rail closed".into(),
                 });
-                sink.deliver(&mut events);
-                return;
+                sink.deliver(&mut b.events);
+                b.events.clear();
             }
-            std::mem::swap(&mut q.jobs, &mut batch);
-            std::mem::swap(&mut q.notes, &mut notes);
-            q.busy = !batch.is_empty();
+            return false;
         }
-        // A copy into (or from) the mapping of a process that died reached
-        // no one: checked after the batch, so nothing copied while the
-        // peer died is reported as done.
-        let mut alive = Alive::default();
-        let mut statuses = std::mem::take(&mut done);
-        statuses.extend(
-            batch
-                .iter()
-                .map(|job| execute(&job.item, &job.local, job.remote.as_ref())),
-        );
-        for (job, status) in batch.drain(..).zip(statuses.drain(..)) {
-            let status = alive.confirm(job.remote.as_ref(), status);
-            events.push(TransportEvent::Completed {
-                rail,
-                token: job.item.token,
-                status,
-                released: true,
-            });
-        }
-        done = statuses;
-        if alive.saw_exit && !r.exit_reported.swap(true, Ordering::Relaxed) {
-            events.insert(0, rail_down_exited(rail));
-        }
-        if !events.is_empty() {
-            sink.deliver(&mut events);
-            events.clear();
-        }
-        // Notifications are queued only after every copy of their batch
-        // was reported: the bytes are in the shared mapping already.
-        for note in notes.drain(..) {
-            send_note(rail, r.channel.as_deref(), &note);
-        }
+        std::mem::swap(&mut q.jobs, &mut b.batch);
+        std::mem::swap(&mut q.notes, &mut b.notes);
+        q.busy = !b.batch.is_empty();
     }
+    // A copy into (or from) the mapping of a process that died reached no
+    // one: checked after the batch, so nothing copied while the peer died
+    // is reported as done.
+    let mut alive = Alive::default();
+    b.statuses.extend(
+        b.batch
+            .iter()
+            .map(|job| execute(&job.item, &job.local, job.remote.as_ref())),
+    );
+    for (job, status) in b.batch.drain(..).zip(b.statuses.drain(..)) {
+        let status = alive.confirm(job.remote.as_ref(), status);
+        b.events.push(TransportEvent::Completed {
+            rail,
+            token: job.item.token,
+            status,
+            released: true,
+        });
+    }
+    if alive.saw_exit && !r.exit_reported.swap(true, Ordering::Relaxed) {
+        b.events.insert(0, rail_down_exited(rail));
+    }
+    if !b.events.is_empty() {
+        sink.deliver(&mut b.events);
+        b.events.clear();
+    }
+    // Notifications are sent only after every copy of their batch was
+    // reported: the bytes are in the shared mapping already.
+    for note in b.notes.drain(..) {
+        send_note(rail, r.channel.as_deref(), &note);
+    }
+    let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
+    q.busy = false;
+    let more = !q.jobs.is_empty() || !q.notes.is_empty() || q.closed;
+    q.scheduled = more;
+    more
+}
+
+/// Fails everything queued on `rail`, which no worker can serve.
+fn fail_rail(rail: RailId, r: &LocalRail, reason: &Arc<str>, sink: &dyn EventSink) {
+    tracing::warn!(rail = rail.0, %reason, "local rail down");
+    let jobs = {
+        let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
+        q.scheduled = false;
+        q.closed = true;
+        q.notes.clear();
+        std::mem::take(&mut q.jobs)
+    };
+    let mut events = vec![TransportEvent::RailDown {
+        rail,
+        reason: reason.clone(),
+    }];
+    events.extend(jobs.into_iter().map(|j| TransportEvent::Completed {
+        rail,
+        token: j.item.token,
+        status: SliceStatus::Failed(SliceFailure::RailDown(reason.clone())),
+        released: true,
+    }));
+    sink.deliver(&mut events);
 }
 
 /// Writes one encoded `notification` frame on the peer's mapping session.
@@ -710,7 +723,7 @@ fn execute(it: &WorkItem, local: &HostMemory, remote: Option<&Mapped>) -> SliceS
 }
 
 impl LocalTransport {
-    /// Queues `items` on `rail`'s worker (see [`Transport::post`]).
+    /// Queues `items` on `rail` for the copy workers (see [`Transport::post`]).
     pub fn post_items(
         &self,
         rail: RailId,
@@ -721,8 +734,8 @@ impl LocalTransport {
     }
 
     /// Copies the items at the front of `items`, up to [`INLINE_BYTES`],
-    /// here if `rail`'s worker holds nothing, and puts their events into
-    /// `done`; queues the rest on the worker (see
+    /// here if no copy worker holds `rail`'s items, and puts their events
+    /// into `done`; queues the rest for the copy workers (see
     /// [`Transport::post_inline`]).
     pub fn post_inline_items(
         &self,
@@ -735,9 +748,9 @@ impl LocalTransport {
     }
 
     /// Copies the front of `items`, at most `inline` bytes, on this thread
-    /// (events into `done`) if the rail's worker holds nothing, and queues
-    /// the rest on the worker, before copying, so that the worker copies at
-    /// the same time.
+    /// (events into `done`) if no copy worker holds the rail's items, and
+    /// queues the rest for the copy workers, before copying, so that one
+    /// copies at the same time.
     fn post_split(
         &self,
         rail: RailId,
@@ -782,8 +795,8 @@ impl LocalTransport {
                 });
             }
             // Only an idle rail copies here: items never pass the ones its
-            // worker holds, and a post that follows this one while the
-            // worker copies queues behind the worker instead of copying on
+            // copy worker holds, and a post that follows this one while a
+            // worker copies queues behind it instead of copying on
             // the posting thread.
             let mut budget = if q.busy || !q.jobs.is_empty() {
                 0
@@ -814,7 +827,7 @@ impl LocalTransport {
         };
         if !queued.is_empty() {
             let q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
-            wake_worker(rail, &r, q, &self.sink);
+            wake_worker(rail, &r, q, &self.copiers);
         }
         if !here.is_empty() {
             let mut alive = Alive::default();
@@ -875,7 +888,7 @@ impl LocalTransport {
             return Err(refuse("local rail closed"));
         }
         q.notes.push_back(frame.clone());
-        wake_worker(rail, &r, q, &self.sink);
+        wake_worker(rail, &r, q, &self.copiers);
         Ok(())
     }
 
@@ -903,14 +916,14 @@ impl LocalTransport {
         {
             let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
             q.closed = true;
-            wake_worker(rail, &r, q, &self.sink);
+            wake_worker(rail, &r, q, &self.copiers);
         }
     }
 }
 
 impl Drop for LocalTransport {
     fn drop(&mut self) {
-        let sink = self.sink.clone();
+        let copiers = self.copiers.clone();
         for (rail, r) in self
             .rails
             .get_mut()
@@ -919,7 +932,7 @@ impl Drop for LocalTransport {
         {
             let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
             q.closed = true;
-            wake_worker(rail, &r, q, &sink);
+            wake_worker(rail, &r, q, &copiers);
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Where a local rail copies: the posting thread for the front of a post
-//! to an idle rail, the rail's worker for the rest and for anything posted
-//! while the worker holds items.
+//! to an idle rail, a copy worker for the rest and for anything posted
+//! while a worker holds the rail's items.
 
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc;
@@ -86,7 +86,7 @@ fn an_idle_rail_copies_the_front_here_and_a_busy_one_queues_behind_its_worker() 
         delivered: Mutex::new(delivered),
         go: Mutex::new(hold),
     });
-    let local = LocalTransport::new(sink);
+    let local = LocalTransport::new(sink, 2);
     let per_post = INLINE_BYTES / u64::from(SLICE);
     let items = 2 * per_post + 1;
     let len = usize::try_from(items * u64::from(SLICE)).unwrap();
