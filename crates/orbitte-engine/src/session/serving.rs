@@ -149,7 +149,9 @@ impl Shared {
     }
 
     /// Closes an admitted connection: its socket, its session in the peer
-    /// table, its live entry, and the record of why.
+    /// table, its live entry, and the record of why. The record and the
+    /// tables are updated before the socket is shut down, so a peer that
+    /// sees the close finds the listener's account of it already there.
     pub(crate) fn close_admitted(
         &self,
         stream: &TcpStream,
@@ -159,7 +161,6 @@ impl Shared {
         source: SourceId,
         reason: CloseReason,
     ) {
-        let _ = stream.shutdown(Shutdown::Both);
         self.peers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -169,6 +170,7 @@ impl Shared {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&conn);
         self.record_close(from, Some(source), reason.abnormal, reason.text);
+        let _ = stream.shutdown(Shutdown::Both);
     }
 
     pub(crate) fn record_close(
