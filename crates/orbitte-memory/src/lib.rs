@@ -28,9 +28,11 @@
 
 pub mod dma;
 mod host;
+mod socket;
 mod vm_copy;
 
 pub use host::{HostMemory, MemoryError};
+pub use socket::set_recv_lowat;
 
 /// Memory a NIC (or a GPU copy engine) may read and write by address.
 ///
