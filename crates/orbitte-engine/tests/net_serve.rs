@@ -123,3 +123,68 @@ fn a_peer_that_stops_reading_is_cut_off_and_never_holds_the_loop() {
     assert!(closed.reason.contains("3s"), "{closed:?}");
     drop(stalled);
 }
+
+/// A WRITE's payload that pauses before its last bytes, then a small READ:
+/// the target, which waits for a payload's rest with a receive mark, is
+/// woken by the last bytes and then by the READ's few bytes. (The kernel
+/// also wakes a socket below its mark when the receive window runs short
+/// or the send side frees, so this guards the path against a stall; the
+/// mark's values are `serve::receive_mark`'s unit test.)
+#[test]
+fn a_payload_paused_before_its_last_bytes_completes_and_the_next_request_is_served() {
+    net_support::logs();
+    const LEN: usize = 1 << 20;
+    const LAST: usize = 1000;
+    let t = Target::start(cfg("mark-target", 1));
+    let mem = HostMemory::alloc(LEN).unwrap();
+    pattern(&mem, 3);
+    let range = t.ranges.publish(mem.clone(), RW).unwrap();
+    let (mut s, publication) = raw::handshake(t.addr(), "mark-peer", 1, None);
+    // A session left waiting fails here, well before the target's
+    // io_timeout would close it.
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let Frame::SegmentPublication(p) = publication else {
+        panic!("{publication:?}")
+    };
+    let token = p.ranges[0].token;
+    let mut bytes = Vec::new();
+    Frame::WriteRequest(WriteRequest {
+        request_id: RequestId(1),
+        range_id: range,
+        token,
+        offset: 0,
+        length: LEN as u32,
+    })
+    .encode(&mut bytes)
+    .unwrap();
+    let payload: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+    bytes.extend_from_slice(&payload[..LEN - LAST]);
+    s.write_all(&bytes).unwrap();
+    // The target reads what came and waits for the rest.
+    std::thread::sleep(Duration::from_millis(200));
+    s.write_all(&payload[LEN - LAST..]).unwrap();
+    match raw::read_frame(&mut s).unwrap() {
+        Frame::WriteResponse(w) => {
+            assert_eq!((w.request_id, w.status), (RequestId(1), Status::OK));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(mem.to_vec(0, LEN).unwrap() == payload, "the payload landed");
+    let mut read = Vec::new();
+    Frame::ReadRequest(ReadRequest {
+        request_id: RequestId(2),
+        range_id: range,
+        token,
+        offset: 0,
+        length: 16,
+    })
+    .encode(&mut read)
+    .unwrap();
+    s.write_all(&read).unwrap();
+    match raw::read_frame(&mut s).unwrap() {
+        Frame::ReadResponse(r) => {
+            assert_eq!((r.request_id, r.status), (RequestId(2), Status::OK));
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -32,7 +32,7 @@ pub(super) trait Serve: Send + 'static {
 
 /// How long a copy worker with no rail to serve waits before it ends (the
 /// next rail scheduled starts one again).
-pub(super) const WORKER_IDLE: std::time::Duration = crate::io_pool::PARK_AFTER;
+const WORKER_IDLE: std::time::Duration = crate::io_pool::PARK_AFTER;
 
 struct Runs<S> {
     ready: VecDeque<S>,
@@ -83,7 +83,10 @@ impl<S: Serve> Copiers<S> {
     pub(super) fn schedule(self: &Arc<Self>, job: S) {
         let mut runs = self.lock();
         runs.ready.push_back(job);
-        if runs.waiting > 0 {
+        if runs.waiting >= runs.ready.len() {
+            // A waiting worker takes it; one woken but not yet running
+            // counts as waiting until it takes its rail, so every rail in
+            // the queue has a waiter of its own before none is started.
             drop(runs);
             self.cv.notify_one();
             return;

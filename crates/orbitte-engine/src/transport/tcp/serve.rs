@@ -72,6 +72,18 @@ pub(crate) const TURN_BYTES: usize = 4 << 20;
 /// sender's transmits on this thread).
 const PAYLOAD_LOWAT: usize = 256 << 10;
 
+/// The receive mark for a WRITE's payload with `rest` bytes still to come:
+/// while it waits for them, woken once a good part of the rest is queued,
+/// not at every segment, and never asked for more than the rest (its last
+/// bytes always wake it); otherwise 1, so the next request's few header
+/// bytes wake the session.
+fn receive_mark(waits: bool, rest: usize) -> u32 {
+    if !waits {
+        return 1;
+    }
+    u32::try_from(rest.min(PAYLOAD_LOWAT)).map_or(1, |m| m.max(1))
+}
+
 /// Requests one turn decodes at most.
 pub(crate) const TURN_FRAMES: u32 = 256;
 
@@ -500,15 +512,8 @@ impl Serving {
                     rest = (span.1 - span.0).saturating_sub(m.payload);
                     (payload.received(m.payload), m.blocked)
                 };
-                // A payload that waits for more is woken when a good part
-                // of its rest is queued, not at every segment; never above
-                // the rest, so its last bytes always wake it.
-                let mark = if matches!(landed, Landed::More) && blocked {
-                    u32::try_from(rest.min(PAYLOAD_LOWAT)).unwrap_or(1).max(1)
-                } else {
-                    1
-                };
-                self.mark(stream, mark);
+                let waits = matches!(landed, Landed::More) && blocked;
+                self.mark(stream, receive_mark(waits, rest));
                 match landed {
                     Landed::All => {
                         ctx.bytes.fetch_add(u64::from(w.length), Ordering::Relaxed);
@@ -894,4 +899,22 @@ fn goodbye(stream: &TcpStream, reason: GoodbyeReason, text: &str) -> Result<(), 
     let mut scratch = Vec::new();
     write_frame(&mut &*stream, &f, &mut scratch)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_receive_mark_never_passes_the_rest_and_is_lifted_once_nothing_waits() {
+        assert_eq!(receive_mark(true, 1000), 1000);
+        assert_eq!(receive_mark(true, 1), 1);
+        // A payload whose room is used up waits for no byte of it.
+        assert_eq!(receive_mark(true, 0), 1);
+        assert_eq!(receive_mark(true, PAYLOAD_LOWAT), PAYLOAD_LOWAT as u32);
+        assert_eq!(receive_mark(true, 16 << 20), PAYLOAD_LOWAT as u32);
+        for rest in [0, 1, 4096, 1 << 20] {
+            assert_eq!(receive_mark(false, rest), 1, "rest {rest}");
+        }
+    }
 }
