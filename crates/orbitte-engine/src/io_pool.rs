@@ -9,10 +9,14 @@
 //! [`Watched::expired`], and when another thread pokes it
 //! ([`IoPool::poke`]: work was queued for it) [`Watched::poked`]; each
 //! answers whether to keep waiting (and until when) or that it is done
-//! (closed, or handed to a thread that serves it). The registration is
-//! level-triggered: a call that stops before it drained its descriptor
-//! (to give the loop's other descriptors their turn) is called again on
-//! the loop's next round. Deadlines are kept in a heap per loop and checked against `now`
+//! (closed, or handed to a thread that serves it). A call that stops
+//! before it drained its descriptor (to give the loop's other descriptors
+//! their turn) is called again on the loop's next round: mio registers
+//! edge-triggered, and the loop re-arms a descriptor after each call
+//! (`EPOLL_CTL_MOD`, which reports readiness that is already there), so
+//! what is watched sees level-triggered readiness for one `epoll_ctl` a
+//! call. A descriptor stays on epoll while it is called, and comes off
+//! when it sleeps, is done or is forgotten. Deadlines are kept in a heap per loop and checked against `now`
 //! after every wake-up; they are rounded up to [`GRAIN`], so that many
 //! watched descriptors share a wake-up. A loop runs only when something it
 //! watches is ready or due: with nothing due it parks in `epoll_wait`
@@ -68,8 +72,9 @@ pub(crate) enum Next {
 }
 
 /// Something an I/O loop watches: a descriptor to become ready, and a
-/// deadline. The loop owns it while it waits and takes its descriptor off
-/// epoll before calling it, so a call may hand the descriptor elsewhere.
+/// deadline. The loop owns it while it waits; a call that answers
+/// [`Next::Done`] may have handed the descriptor elsewhere (the loop takes
+/// it off epoll then, before it looks at anything else).
 pub(crate) trait Watched: Send {
     /// The descriptor watched (it stays open while the loop holds the
     /// `Watched`: the `Watched` owns it).
@@ -316,8 +321,8 @@ impl IoThreads {
 struct Entry {
     watched: Box<dyn Watched>,
     deadline: Option<Instant>,
-    /// Whether its descriptor is on epoll (not while it sleeps).
-    registered: bool,
+    /// The descriptor it is on epoll with (`None` while it sleeps).
+    registered: Option<RawFd>,
 }
 
 /// One loop's state.
@@ -363,7 +368,7 @@ fn run(poll: Poll, commands: &Receiver<Command>, load: &Load) {
             let key = event.token().0 as u64;
             if let Some(e) = lp.take(key) {
                 let next = e.watched.ready(now);
-                lp.keep(key, next);
+                lp.keep(key, next, e.registered);
             }
         }
         loop {
@@ -374,16 +379,18 @@ fn run(poll: Poll, commands: &Receiver<Command>, load: &Load) {
                         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
                             Some(r.saturating_sub(1))
                         });
-                    lp.keep(key, Next::Wait(w, deadline));
+                    lp.keep(key, Next::Wait(w, deadline), None);
                 }
                 Ok(Command::Forget(key, done)) => {
-                    drop(lp.take(key));
+                    if let Some(e) = lp.take(key) {
+                        lp.unregister(e.registered);
+                    }
                     let _ = done.send(());
                 }
                 Ok(Command::Poke(key)) => {
                     if let Some(e) = lp.take(key) {
                         let next = e.watched.poked(Instant::now());
-                        lp.keep(key, next);
+                        lp.keep(key, next, e.registered);
                     }
                 }
                 Ok(Command::Stop) | Err(crossbeam_channel::TryRecvError::Disconnected) => {
@@ -409,7 +416,7 @@ fn run(poll: Poll, commands: &Receiver<Command>, load: &Load) {
             }
             if let Some(e) = lp.take(key) {
                 let next = e.watched.expired(now);
-                lp.keep(key, next);
+                lp.keep(key, next, e.registered);
             }
         }
         load.held.store(lp.entries.len(), Ordering::Relaxed);
@@ -417,36 +424,57 @@ fn run(poll: Poll, commands: &Receiver<Command>, load: &Load) {
 }
 
 impl Loop {
-    /// Takes `key`'s entry off epoll and out of the table.
+    /// Takes `key`'s entry out of the table; its descriptor stays on epoll
+    /// (as `registered` says) until [`Loop::keep`] or [`Loop::unregister`]
+    /// decides.
     fn take(&mut self, key: u64) -> Option<Entry> {
-        let e = self.entries.remove(&key)?;
-        if e.registered {
-            let fd = e.watched.fd();
-            // It was registered; deregistering can only fail if the
-            // descriptor was closed already, which epoll has handled.
-            let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
-        }
-        Some(e)
+        self.entries.remove(&key)
     }
 
-    /// Watches `next`'s descriptor again under `key`, or forgets it.
-    fn keep(&mut self, key: u64, next: Next) {
+    /// Takes a descriptor off epoll. Failing means it is not on epoll any
+    /// more (closed, and epoll forgot it), so there is nothing to undo.
+    fn unregister(&self, registered: Option<RawFd>) {
+        if let Some(fd) = registered {
+            let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
+        }
+    }
+
+    /// Watches `next`'s descriptor again under `key`, or forgets it;
+    /// `was` is how it was on epoll before the call that answered `next`.
+    fn keep(&mut self, key: u64, next: Next, was: Option<RawFd>) {
         let Next::Wait(watched, deadline) = next else {
+            self.unregister(was);
             self.armed.remove(&key);
             return;
         };
-        let registered = !(watched.sleeps() && deadline.is_some());
-        if registered {
-            let fd = watched.fd();
-            let token = Token(usize::try_from(key).unwrap_or(usize::MAX - 1));
-            if let Err(e) =
-                self.poll
-                    .registry()
-                    .register(&mut SourceFd(&fd), token, watched.interest())
-            {
-                watched.abandoned(&format!("cannot watch the socket: {e}"));
-                return;
+        let want = if watched.sleeps() && deadline.is_some() {
+            None
+        } else {
+            Some((watched.fd(), watched.interest()))
+        };
+        let token = Token(usize::try_from(key).unwrap_or(usize::MAX - 1));
+        let registry = self.poll.registry();
+        let armed = match (was, want) {
+            (_, None) => {
+                self.unregister(was);
+                Ok(())
             }
+            // The same descriptor: re-armed, which also reports readiness
+            // left from the call (the part it did not drain).
+            (Some(old), Some((fd, interest))) if old == fd => registry
+                .reregister(&mut SourceFd(&fd), token, interest)
+                // Closed and opened again under the same number: the
+                // registration went with the old one.
+                .or_else(|_| registry.register(&mut SourceFd(&fd), token, interest)),
+            (_, Some((fd, interest))) => {
+                self.unregister(was);
+                registry.register(&mut SourceFd(&fd), token, interest)
+            }
+        };
+        if let Err(e) = armed {
+            watched.abandoned(&format!("cannot watch the socket: {e}"));
+            self.armed.remove(&key);
+            return;
         }
         let deadline = deadline.map(|d| self.rounded(d));
         if let Some(at) = deadline
@@ -459,7 +487,7 @@ impl Loop {
             Entry {
                 watched,
                 deadline,
-                registered,
+                registered: want.map(|(fd, _)| fd),
             },
         );
     }
@@ -488,11 +516,19 @@ mod tests {
         again: u32,
         deadline: Option<Duration>,
         interest: Interest,
+        /// How many bytes a call reads at most.
+        take: usize,
+        /// Where it goes when done, its socket open (handed to a thread
+        /// that serves it); dropped when `None`.
+        handed: Option<Sender<Box<Self>>>,
     }
 
     impl Probe {
         fn next(mut self: Box<Self>, now: Instant) -> Next {
             if self.again == 0 {
+                if let Some(to) = self.handed.take() {
+                    let _ = to.send(self);
+                }
                 return Next::Done;
             }
             self.again -= 1;
@@ -510,7 +546,8 @@ mod tests {
         }
         fn ready(self: Box<Self>, now: Instant) -> Next {
             let mut b = [0u8; 16];
-            let _ = std::io::Read::read(&mut &self.sock, &mut b);
+            let n = self.take.min(b.len());
+            let _ = std::io::Read::read(&mut &self.sock, &mut b[..n]);
             let _ = self.calls.send("ready");
             self.next(now)
         }
@@ -537,6 +574,8 @@ mod tests {
                 again,
                 deadline,
                 interest: Interest::READABLE,
+                take: 16,
+                handed: None,
             }),
             b,
             rx,
@@ -559,6 +598,38 @@ mod tests {
         let _ = peer.write_all(b"z");
         drop(pool);
         assert!(calls.try_recv().is_err());
+    }
+
+    /// A call that leaves bytes unread is called again with no new
+    /// readiness: the loop re-arms the descriptor after every call.
+    #[test]
+    fn a_descriptor_left_readable_is_called_again() {
+        let pool = IoPool::new(1, "test").unwrap();
+        let (mut p, mut peer, calls) = probe(2, None);
+        p.take = 1;
+        pool.watch(p, None);
+        peer.write_all(b"abc").unwrap();
+        for _ in 0..3 {
+            assert_eq!(calls.recv_timeout(BOUND), Ok("ready"));
+        }
+    }
+
+    /// A descriptor handed away by a call that answers done is off its
+    /// loop's epoll at once: watched again on the same loop, it is
+    /// watched, not refused as registered already.
+    #[test]
+    fn a_descriptor_handed_away_can_be_watched_again_on_its_loop() {
+        let pool = IoPool::new(1, "test").unwrap();
+        let (mut p, mut peer, calls) = probe(0, None);
+        let (tx, handed) = crossbeam_channel::unbounded();
+        p.handed = Some(tx);
+        pool.watch(p, None);
+        peer.write_all(b"x").unwrap();
+        assert_eq!(calls.recv_timeout(BOUND), Ok("ready"));
+        let p = handed.recv_timeout(BOUND).unwrap();
+        pool.watch(p, None);
+        peer.write_all(b"y").unwrap();
+        assert_eq!(calls.recv_timeout(BOUND), Ok("ready"));
     }
 
     #[test]
@@ -594,14 +665,18 @@ mod tests {
         };
         let (p, _peer, _calls) = probe(0, None);
         let at = Instant::now() + Duration::from_secs(60);
-        lp.keep(7, Next::Wait(p, Some(at)));
+        lp.keep(7, Next::Wait(p, Some(at)), None);
         for _ in 0..1000 {
             let e = lp.take(7).unwrap();
-            lp.keep(7, Next::Wait(e.watched, Some(at)));
+            lp.keep(7, Next::Wait(e.watched, Some(at)), e.registered);
         }
         assert_eq!(lp.deadlines.len(), 1);
         let e = lp.take(7).unwrap();
-        lp.keep(7, Next::Wait(e.watched, Some(at + Duration::from_secs(1))));
+        lp.keep(
+            7,
+            Next::Wait(e.watched, Some(at + Duration::from_secs(1))),
+            e.registered,
+        );
         assert_eq!(lp.deadlines.len(), 2);
     }
 
