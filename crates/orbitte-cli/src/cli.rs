@@ -165,7 +165,8 @@ pub(crate) struct BenchArgs {
     /// Measure the path and its baselines alternately this many times and
     /// report the median round; a baseline the path beats by more than
     /// 10 %, or that varies more than 2x between rounds, is flagged as
-    /// suspect instead of giving a ratio.
+    /// suspect instead of giving a ratio. With --peers: the peer counts
+    /// take turns this many times and each cell reports its median round.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub(crate) rounds: u32,
     /// With --path rdma: run on the simulated RDMA fabric in this process

@@ -632,8 +632,11 @@ fn bench_peers_runs_many_initiator_engines_in_several_processes_against_one_targ
         "4K,16K",
         "--batch-size",
         "2",
+        "--rounds",
+        "2",
     ]);
     assert_eq!(v["command"], "bench_peers", "{v}");
+    assert_eq!(v["rounds"], 2, "{v}");
     assert_eq!(v["path"], "tcp", "{v}");
     let counts = v["counts"].as_array().expect("counts");
     assert_eq!(counts.len(), 2, "{v}");
@@ -686,6 +689,15 @@ fn bench_peers_runs_many_initiator_engines_in_several_processes_against_one_targ
                 "{x}"
             );
             assert!(x["of_one_peer"].as_f64().is_some_and(|r| r > 0.0), "{x}");
+            // Each cell is one of its two rounds, the lower one.
+            let rounds: Vec<f64> = x["rounds_gbps"]
+                .as_array()
+                .expect("rounds_gbps")
+                .iter()
+                .map(|g| g.as_f64().unwrap())
+                .collect();
+            assert_eq!(rounds.len(), 2, "{x}");
+            assert_eq!(x["gbps"].as_f64(), Some(rounds[0].min(rounds[1])), "{x}");
             assert!(
                 x["target_cpu_cores"].as_f64().is_some_and(|r| r > 0.0),
                 "{x}"

@@ -4,7 +4,10 @@
 //! orders as JSON lines on stdin and answer on stdout. For each count the
 //! children connect every engine, the target's threads, memory and
 //! descriptors are read while the peers are idle, then every engine keeps
-//! one batch in flight for `--duration` per op and block size.
+//! one batch in flight for `--duration` per op and block size. With
+//! `--rounds R` the counts take turns R times (each round connects every
+//! count anew), and each cell is its median round, so that a slow minute
+//! of a shared machine does not land on one count only.
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::SocketAddr;
@@ -21,6 +24,7 @@ use orbitte_engine::TransferRequest;
 use serde::{Deserialize, Serialize};
 
 use super::backend::{self, Target};
+use super::rounds::median_index;
 use super::settings::secret;
 use crate::cli::{BenchArgs, Op};
 use crate::failure::Failure;
@@ -144,8 +148,11 @@ pub(crate) struct Cell {
     /// Every peer's bytes over the longest worker's time.
     pub(crate) gbps: f64,
     /// This figure over the one-peer figure of the same op and block, when
-    /// the run measured one peer.
+    /// the run measured one peer (medians over medians with rounds).
     pub(crate) of_one_peer: Option<f64>,
+    /// Every round's `gbps`, in the order measured; the cell's other
+    /// figures are those of its median round.
+    pub(crate) rounds_gbps: Vec<f64>,
     pub(crate) latency: Option<LatencySummary>,
     /// The target process's CPU time over the cell's wall time (1.0 is one
     /// core busy).
@@ -160,10 +167,11 @@ pub(crate) struct Count {
     pub(crate) peers: u32,
     pub(crate) processes: u32,
     /// Until every engine had its peer open: the longest any worker took
-    /// to connect its engines (they all start at the same order).
+    /// to connect its engines (they all start at the same order); the
+    /// median round's with rounds.
     pub(crate) connect_seconds: f64,
     /// The target process with no peer, and with every peer connected and
-    /// idle.
+    /// idle (in the first round).
     pub(crate) target_before: Usage,
     pub(crate) target_idle: Usage,
     pub(crate) target_per_peer: PerPeer,
@@ -183,7 +191,50 @@ pub(crate) struct PeersReport {
     pub(crate) batch_size: u32,
     pub(crate) threads_per_process: u32,
     pub(crate) duration_seconds: f64,
+    /// `--rounds`: how many times every count was measured.
+    pub(crate) rounds: u32,
     pub(crate) counts: Vec<Count>,
+}
+
+impl Count {
+    /// One count's rounds as one: the first round's usage, the median
+    /// round's connect time, and for each cell its median round with every
+    /// round's GB/s.
+    fn of_rounds(rounds: Vec<Self>) -> Option<Self> {
+        let connects: Vec<f64> = rounds.iter().map(|c| c.connect_seconds).collect();
+        let connect_seconds = rounds.get(median_index(&connects)?)?.connect_seconds;
+        let cells = (0..rounds.first()?.cells.len())
+            .map(|j| {
+                let gbps: Vec<f64> = rounds.iter().map(|c| c.cells[j].gbps).collect();
+                let mut cell = rounds[median_index(&gbps)?].cells[j].clone();
+                cell.rounds_gbps = gbps;
+                Some(cell)
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let first = rounds.into_iter().next()?;
+        Some(Self {
+            connect_seconds,
+            cells,
+            ..first
+        })
+    }
+}
+
+/// Sets every cell's `of_one_peer` from the one-peer count's cell of the
+/// same op and block, when the run measured one peer.
+fn relate_to_one_peer(counts: &mut [Count]) {
+    let one: Vec<(Op, u64, f64)> = counts
+        .iter()
+        .filter(|c| c.peers == 1)
+        .flat_map(|c| c.cells.iter().map(|x| (x.op, x.block_size, x.gbps)))
+        .collect();
+    for cell in counts.iter_mut().flat_map(|c| c.cells.iter_mut()) {
+        cell.of_one_peer = one
+            .iter()
+            .find(|(o, b, _)| *o == cell.op && *b == cell.block_size)
+            .map(|&(_, _, g)| cell.gbps / g)
+            .filter(|r| r.is_finite());
+    }
 }
 
 /// The path a `--peers` run measures: `--path`, else tcp (the path many
@@ -328,9 +379,9 @@ pub(crate) fn run(args: &BenchArgs, show: bool) -> Result<(), Failure> {
             "--peers starts its own target and initiators on this host: leave out --role",
         ));
     }
-    if args.sweep || args.sim || args.rounds > 1 {
+    if args.sweep || args.sim {
         return Err(Failure::usage(
-            "--peers measures its own matrix (counts x READ/WRITE x --blocks): leave out --sweep, --sim and --rounds",
+            "--peers measures its own matrix (counts x READ/WRITE x --blocks): leave out --sweep and --sim",
         ));
     }
     let max_block = args.blocks.iter().copied().max().unwrap_or(64 << 10);
@@ -349,17 +400,25 @@ pub(crate) fn run(args: &BenchArgs, show: bool) -> Result<(), Failure> {
         c.max_sessions = c.max_sessions.max(most + 64);
     });
     let target = Target::start(builder, false, len, listen, args)?;
-    let cells_total = args.peers.len() * 2 * args.blocks.len();
+    let rounds = args.rounds.max(1);
+    let cells_total = rounds as usize * args.peers.len() * 2 * args.blocks.len();
     let bar = super::progress::steps(show, cells_total as u64, "peers");
-    let mut counts = Vec::new();
-    let mut one_peer: Vec<(Op, u64, f64)> = Vec::new();
-    for &n in &args.peers {
-        let m = args.processes.unwrap_or(4).min(n);
-        bar.set_message(format!("{n} peer(s): connecting"));
-        let count = measure_count(args, &target, path, n, m, &bar, &mut one_peer)?;
-        counts.push(count);
+    let mut measured: Vec<Vec<Count>> = args.peers.iter().map(|_| Vec::new()).collect();
+    for round in 1..=rounds {
+        for (&n, kept) in args.peers.iter().zip(&mut measured) {
+            let m = args.processes.unwrap_or(4).min(n);
+            let at = if rounds > 1 {
+                format!("round {round}/{rounds}, {n} peer(s)")
+            } else {
+                format!("{n} peer(s)")
+            };
+            bar.set_message(format!("{at}: connecting"));
+            kept.push(measure_count(args, &target, path, n, m, &bar, &at)?);
+        }
     }
     bar.finish_and_clear();
+    let mut counts: Vec<Count> = measured.into_iter().filter_map(Count::of_rounds).collect();
+    relate_to_one_peer(&mut counts);
     let report = PeersReport {
         schema_version: crate::schema::SCHEMA_VERSION,
         command: "bench_peers",
@@ -367,6 +426,7 @@ pub(crate) fn run(args: &BenchArgs, show: bool) -> Result<(), Failure> {
         batch_size: args.batch_size,
         threads_per_process: args.threads,
         duration_seconds: args.duration,
+        rounds,
         counts,
     };
     drop(target);
@@ -380,7 +440,7 @@ fn measure_count(
     n: u32,
     m: u32,
     bar: &ProgressBar,
-    one_peer: &mut Vec<(Op, u64, f64)>,
+    at: &str,
 ) -> Result<Count, Failure> {
     let target_before = Usage::now();
     let mut workers = shares(n, m)
@@ -417,7 +477,7 @@ fn measure_count(
     for op in [Op::Write, Op::Read] {
         for &block in &args.blocks {
             bar.set_message(format!(
-                "{n} peer(s): {} {}",
+                "{at}: {} {}",
                 match op {
                     Op::Write => "WRITE",
                     Op::Read => "READ",
@@ -456,14 +516,6 @@ fn measure_count(
             let target_cpu_cores =
                 process_cpu().saturating_sub(cpu0).as_secs_f64() / wall.elapsed().as_secs_f64();
             let rate = gbps(bytes, Duration::from_secs_f64(seconds));
-            if n == 1 {
-                one_peer.push((op, block, rate));
-            }
-            let of_one_peer = one_peer
-                .iter()
-                .find(|(o, b, _)| *o == op && *b == block)
-                .map(|&(_, _, one)| rate / one)
-                .filter(|r| r.is_finite());
             cells.push(Cell {
                 op,
                 block_size: block,
@@ -471,7 +523,8 @@ fn measure_count(
                 requests,
                 seconds,
                 gbps: rate,
-                of_one_peer,
+                of_one_peer: None,
+                rounds_gbps: vec![rate],
                 latency: lat.summary(),
                 target_cpu_cores,
                 target_busy: Usage::now(),
@@ -503,8 +556,19 @@ fn print(report: &PeersReport, json: bool) -> Result<(), Failure> {
         return Ok(());
     }
     println!(
-        "orbitte bench --peers: {} path, batch {} per peer, {} driver thread(s) per process, {} s per cell",
-        report.path, report.batch_size, report.threads_per_process, report.duration_seconds
+        "orbitte bench --peers: {} path, batch {} per peer, {} driver thread(s) per process, {} s per cell{}",
+        report.path,
+        report.batch_size,
+        report.threads_per_process,
+        report.duration_seconds,
+        if report.rounds > 1 {
+            format!(
+                ", median of {} rounds (the counts taking turns)",
+                report.rounds
+            )
+        } else {
+            String::new()
+        }
     );
     for c in &report.counts {
         println!(
@@ -539,8 +603,15 @@ fn print(report: &PeersReport, json: bool) -> Result<(), Failure> {
                     )
                 },
             );
+            let rounds = if cell.rounds_gbps.len() > 1 {
+                let each: Vec<String> =
+                    cell.rounds_gbps.iter().map(|g| format!("{g:.2}")).collect();
+                format!(" [rounds {}]", each.join(" "))
+            } else {
+                String::new()
+            };
             println!(
-                "  {:<5} {:>6}: {:6.2} GB/s{} {}, target {:.2} cores, {} threads",
+                "  {:<5} {:>6}: {:6.2} GB/s{}{} {}, target {:.2} cores, {} threads",
                 match cell.op {
                     Op::Write => "WRITE",
                     Op::Read => "READ",
@@ -549,6 +620,7 @@ fn print(report: &PeersReport, json: bool) -> Result<(), Failure> {
                 cell.gbps,
                 cell.of_one_peer
                     .map_or_else(String::new, |r| format!(" ({r:.2} of one peer)")),
+                rounds,
                 lat,
                 cell.target_cpu_cores,
                 cell.target_busy.threads
@@ -874,6 +946,86 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// A cell whose median latency is its GB/s times 10 (so that which
+    /// round a figure came from shows).
+    fn cell(op: Op, gbps: f64) -> Cell {
+        let p50_us = gbps * 10.0;
+        Cell {
+            op,
+            block_size: 65536,
+            bytes: 1,
+            requests: 1,
+            seconds: 1.0,
+            gbps,
+            of_one_peer: None,
+            rounds_gbps: vec![gbps],
+            latency: Some(LatencySummary {
+                p50_us,
+                p99_us: p50_us,
+                p999_us: p50_us,
+                max_us: p50_us,
+            }),
+            target_cpu_cores: 0.5,
+            target_busy: Usage::default(),
+        }
+    }
+
+    /// A count with `threads` idle at the target and a WRITE and a READ
+    /// cell.
+    fn count(peers: u32, connect_seconds: f64, threads: u64, write: f64, read: f64) -> Count {
+        let idle = Usage {
+            threads,
+            ..Usage::default()
+        };
+        Count {
+            peers,
+            processes: 1,
+            connect_seconds,
+            target_before: Usage::default(),
+            target_idle: idle,
+            target_per_peer: PerPeer::of(Usage::default(), idle, peers),
+            initiators_idle: Usage::default(),
+            initiator_per_peer: PerPeer::of(Usage::default(), Usage::default(), peers),
+            cells: vec![cell(Op::Write, write), cell(Op::Read, read)],
+        }
+    }
+
+    /// Each cell is its own median round (its latency goes with it), the
+    /// connect time the median round's, the usage the first round's.
+    #[test]
+    fn rounds_give_each_cell_its_median_round() {
+        let rounds = vec![
+            count(16, 0.3, 4, 3.0, 9.0),
+            count(16, 0.1, 5, 1.0, 7.0),
+            count(16, 0.2, 6, 2.0, 8.0),
+        ];
+        let c = Count::of_rounds(rounds).unwrap();
+        assert_eq!(c.connect_seconds, 0.2);
+        assert_eq!(c.target_idle.threads, 4);
+        assert_eq!(c.cells[0].gbps, 2.0);
+        assert_eq!(c.cells[0].latency.unwrap().p50_us, 20.0);
+        assert_eq!(c.cells[0].rounds_gbps, [3.0, 1.0, 2.0]);
+        assert_eq!(c.cells[1].gbps, 8.0);
+        assert_eq!(c.cells[1].latency.unwrap().p50_us, 80.0);
+        assert_eq!(c.cells[1].rounds_gbps, [9.0, 7.0, 8.0]);
+        assert!(Count::of_rounds(Vec::new()).is_none());
+    }
+
+    #[test]
+    fn every_count_is_related_to_the_one_peer_cell_of_its_op() {
+        let mut counts = vec![count(1, 0.1, 4, 4.0, 2.0), count(256, 0.1, 4, 3.0, 3.0)];
+        relate_to_one_peer(&mut counts);
+        let ratios: Vec<Option<f64>> = counts
+            .iter()
+            .flat_map(|c| c.cells.iter().map(|x| x.of_one_peer))
+            .collect();
+        assert_eq!(ratios, [Some(1.0), Some(1.0), Some(0.75), Some(1.5)]);
+        // Without a one-peer count there is no ratio.
+        let mut counts = vec![count(16, 0.1, 4, 3.0, 3.0)];
+        relate_to_one_peer(&mut counts);
+        assert_eq!(counts[0].cells[0].of_one_peer, None);
     }
 
     #[test]

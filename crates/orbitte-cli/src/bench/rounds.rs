@@ -14,7 +14,7 @@ pub(crate) const MAX_RATIO: f64 = 1.1;
 pub(crate) const MAX_SPREAD: f64 = 2.0;
 
 /// The index of the median of `v` (the lower middle for an even count).
-fn median_index(v: &[f64]) -> Option<usize> {
+pub(crate) fn median_index(v: &[f64]) -> Option<usize> {
     let mut idx: Vec<usize> = (0..v.len()).collect();
     idx.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
     idx.get(v.len().saturating_sub(1) / 2).copied()
