@@ -284,6 +284,10 @@ impl EngineBuilder {
                     min >> 10
                 ),
             }),
+            _ if cfg.unsent_limit == Some(0) => Err(BuildError::Setting {
+                name: "unsent_limit",
+                why: "0 bytes would leave the kernel's default (the socket takes its whole send buffer); ask for at least 1 byte (the default is 128 KiB), or None for the kernel's default".to_owned(),
+            }),
             _ => Ok(()),
         }
     }

@@ -150,7 +150,7 @@ pub use session::{
     SessionError,
 };
 /// The smallest socket buffer a session asks for ([`SessionConfig`]).
-pub use session::{DEFAULT_IO_THREADS, MIN_SOCKET_BUFFER};
+pub use session::{DEFAULT_IO_THREADS, DEFAULT_UNSENT_LIMIT, MIN_SOCKET_BUFFER};
 /// The local path's posting thread copies a post of at most this many
 /// bytes itself (no hand-off to the copy workers).
 pub use transport::local::INLINE_BYTES;

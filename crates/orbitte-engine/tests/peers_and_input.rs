@@ -529,3 +529,27 @@ fn a_socket_buffer_below_one_segment_is_refused_at_build_naming_the_floor() {
         e.shutdown(Duration::from_secs(5)).unwrap();
     }
 }
+
+/// An unsent limit of 0 would mean the kernel's default (no limit), not
+/// "nothing unsent": refused, naming the setting and what to ask for.
+#[test]
+fn an_unsent_limit_of_zero_is_refused_at_build() {
+    use orbitte_engine::BuildError;
+    let fabric = fabric(1, Delivery::Background, 50);
+    let with = |limit: Option<u32>| {
+        builder(&fabric, "a", 1)
+            .session_settings(move |c| c.unsent_limit = limit)
+            .build()
+    };
+    match with(Some(0)) {
+        Err(BuildError::Setting { name, why }) => {
+            assert_eq!(name, "unsent_limit");
+            assert!(why.contains("at least 1 byte"), "{why}");
+        }
+        other => panic!("an unsent limit of 0 was not refused: {other:?}"),
+    }
+    for ok in [None, Some(1), Some(orbitte_engine::DEFAULT_UNSENT_LIMIT)] {
+        let e = with(ok).unwrap_or_else(|e| panic!("{ok:?} refused: {e}"));
+        e.shutdown(Duration::from_secs(5)).unwrap();
+    }
+}

@@ -32,7 +32,7 @@ mod socket;
 mod vm_copy;
 
 pub use host::{HostMemory, MemoryError};
-pub use socket::set_recv_lowat;
+pub use socket::{notsent_lowat, set_notsent_lowat, set_recv_lowat};
 
 /// Memory a NIC (or a GPU copy engine) may read and write by address.
 ///

@@ -93,6 +93,12 @@ pub use serving::ClosedSession;
 /// stalls a session on zero-window probes for seconds at a time.
 pub const MIN_SOCKET_BUFFER: usize = 64 << 10;
 
+/// The default [`SessionConfig::unsent_limit`]: two loopback segments.
+/// Enough that a rail refills its socket long before the kernel runs out
+/// of what it was given, small enough that a target with hundreds of busy
+/// peers is not sent their queued payloads from its own thread.
+pub const DEFAULT_UNSENT_LIMIT: u32 = 128 << 10;
+
 /// The default [`SessionConfig::io_threads`]: the loops never wait for a
 /// socket (every session on them is served in bounded, non-blocking
 /// turns), so two keep up with thousands of peers, idle or busy.
@@ -166,6 +172,18 @@ pub struct SessionConfig {
     /// authentication. At least [`MIN_SOCKET_BUFFER`](crate::MIN_SOCKET_BUFFER) (the engine's
     /// builder refuses less).
     pub socket_buffer: Option<usize>,
+    /// Bytes an initiator's tcp rail leaves unsent in its socket at most
+    /// (`TCP_NOTSENT_LOWAT`; bytes sent and not yet acknowledged do not
+    /// count): the rest of its queued requests and WRITE payloads waits in
+    /// the rail, which sends more when the socket reports that it is below
+    /// the mark. Without it, a rail fills its socket's whole send buffer
+    /// (autotuned up to `net.ipv4.tcp_wmem`'s maximum, 4 MiB by default),
+    /// and what the peer's window does not take yet is sent later from
+    /// wherever the window update is processed: on one host, by the
+    /// target's own thread. `None`: the kernel's default
+    /// (`net.ipv4.tcp_notsent_lowat`, no limit unless set). Best effort: a
+    /// kernel that refuses it leaves the default.
+    pub unsent_limit: Option<u32>,
     /// The engine's I/O threads: event loops (epoll) that run the accept
     /// loop, every handshake, every tcp data session and tcp rail, every
     /// mapping session and rdma control link, however many peers are
@@ -247,6 +265,7 @@ impl SessionConfig {
             max_connections_per_source: 32,
             max_in_flight_per_connection: 16,
             socket_buffer: None,
+            unsent_limit: Some(DEFAULT_UNSENT_LIMIT),
             io_threads: DEFAULT_IO_THREADS,
             zero_copy: true,
             #[cfg(any(test, feature = "testing"))]

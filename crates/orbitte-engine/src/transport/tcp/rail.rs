@@ -69,7 +69,7 @@ use orbitte_memory::HostMemory;
 use orbitte_wire::{AccessToken, Frame, RangeId, ReadRequest, RequestId, Status, WriteRequest};
 
 use super::payload::send_ready;
-use super::socket::{ANSWER_BATCH, size_socket_buffers};
+use super::socket::{ANSWER_BATCH, limit_unsent, size_socket_buffers};
 use crate::io_pool::{IoPool, Next, WatchKey, Watched};
 use crate::session::SessionConfig;
 use crate::session::io::FrameBuffer;
@@ -157,6 +157,7 @@ impl Rail {
         pool: &Arc<IoPool>,
     ) -> std::io::Result<Arc<Self>> {
         size_socket_buffers(&stream, cfg.socket_buffer);
+        limit_unsent(&stream, cfg.unsent_limit);
         stream.set_nonblocking(true)?;
         let key = pool.key();
         let now = Instant::now();
@@ -1005,6 +1006,31 @@ mod tests {
         out.extend_from_slice(payload);
     }
 
+    fn initiator_config() -> SessionConfig {
+        SessionConfig::new(
+            SourceId::new("initiator").unwrap(),
+            orbitte_wire::Epoch::new(1).unwrap(),
+        )
+    }
+
+    fn start(
+        stream: TcpStream,
+        cfg: &SessionConfig,
+        sink: Arc<dyn EventSink>,
+        pool: &Arc<IoPool>,
+    ) -> Arc<Rail> {
+        Rail::start(
+            RailId(0),
+            orbitte_wire::SessionId(1),
+            stream,
+            cfg,
+            sink,
+            Arc::new(|_| {}),
+            pool,
+        )
+        .unwrap()
+    }
+
     /// Completions reach the engine before the reader waits, also inside
     /// a payload: a peer answers a READ of 1 MiB and one of 1 KiB whole
     /// and then half of a third answer, and stalls. Both whole answers
@@ -1017,23 +1043,11 @@ mod tests {
         let (mut peer, _) = l.accept().unwrap();
         peer.set_read_timeout(Some(Duration::from_secs(20)))
             .unwrap();
-        let mut cfg = SessionConfig::new(
-            SourceId::new("initiator").unwrap(),
-            orbitte_wire::Epoch::new(1).unwrap(),
-        );
+        let mut cfg = initiator_config();
         cfg.io_timeout = Duration::from_secs(2);
         let (tx, deliveries) = mpsc::channel();
         let pool = IoPool::new(1, "test").unwrap();
-        let rail = Rail::start(
-            RailId(0),
-            orbitte_wire::SessionId(1),
-            ours,
-            &cfg,
-            Arc::new(Record(tx)),
-            Arc::new(|_| {}),
-            &pool,
-        )
-        .unwrap();
+        let rail = start(ours, &cfg, Arc::new(Record(tx)), &pool);
         let big = ANSWER_BATCH as u32;
         let local = HostMemory::alloc(big as usize + 4096).unwrap();
         let mut jobs = vec![
@@ -1121,6 +1135,28 @@ mod tests {
         (frame, payload)
     }
 
+    /// A rail's socket gets `unsent_limit` as its unsent mark; `None`
+    /// leaves it unset (0: the kernel's `net.ipv4.tcp_notsent_lowat`).
+    #[test]
+    fn a_rails_socket_has_the_unsent_limit_as_its_mark() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let pool = IoPool::new(1, "test").unwrap();
+        for (limit, want) in [
+            (Some(crate::session::DEFAULT_UNSENT_LIMIT), 128 << 10),
+            (Some(4096), 4096),
+            (None, 0),
+        ] {
+            let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let (_peer, _) = l.accept().unwrap();
+            let mut cfg = initiator_config();
+            cfg.unsent_limit = limit;
+            let rail = start(ours, &cfg, Arc::new(NoSink), &pool);
+            let got = orbitte_memory::notsent_lowat(rail.stream.as_fd()).unwrap();
+            assert_eq!(got, want, "unsent_limit {limit:?}");
+            rail.fail("test over", true);
+        }
+    }
+
     /// A post of READs never waits for the socket: with a peer that reads
     /// nothing and the smallest fixed buffers the engine allows
     /// (`MIN_SOCKET_BUFFER`, doubled by the kernel), 30,000 requests
@@ -1139,23 +1175,11 @@ mod tests {
         // A request that never comes fails the test instead of hanging it.
         peer.set_read_timeout(Some(Duration::from_secs(20)))
             .unwrap();
-        let mut cfg = SessionConfig::new(
-            SourceId::new("initiator").unwrap(),
-            orbitte_wire::Epoch::new(1).unwrap(),
-        );
+        let mut cfg = initiator_config();
         cfg.max_in_flight_per_connection = 40_000;
         cfg.socket_buffer = Some(MIN_SOCKET_BUFFER);
         let pool = IoPool::new(1, "test").unwrap();
-        let rail = Rail::start(
-            RailId(0),
-            orbitte_wire::SessionId(1),
-            ours,
-            &cfg,
-            Arc::new(NoSink),
-            Arc::new(|_| {}),
-            &pool,
-        )
-        .unwrap();
+        let rail = start(ours, &cfg, Arc::new(NoSink), &pool);
         let local = HostMemory::alloc(4096).unwrap();
         local.fill(0, 4096, 0xab).unwrap();
 

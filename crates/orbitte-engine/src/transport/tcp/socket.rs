@@ -1,8 +1,9 @@
 //! What both ends of a tcp session share about their socket: how many
-//! answered bytes one end holds back ([`ANSWER_BATCH`]) and the sizing of
-//! the socket's buffers.
+//! answered bytes one end holds back ([`ANSWER_BATCH`]), the sizing of
+//! the socket's buffers and the sender's unsent mark.
 
 use std::net::TcpStream;
+use std::os::fd::AsFd as _;
 
 /// Bytes of answered slices that one end of a tcp session holds back at
 /// most while data keeps arriving: a target sends its gathered WRITE
@@ -22,5 +23,15 @@ pub(crate) fn size_socket_buffers(s: &TcpStream, size: Option<usize>) {
     if let Some(n) = size.filter(|n| *n > 0) {
         let _ = rustix::net::sockopt::set_socket_send_buffer_size(s, n);
         let _ = rustix::net::sockopt::set_socket_recv_buffer_size(s, n);
+    }
+}
+
+/// Sets a rail's socket's unsent mark (`SessionConfig::unsent_limit`; best
+/// effort, like the buffer sizes: a refusal leaves the kernel's default).
+pub(crate) fn limit_unsent(s: &TcpStream, limit: Option<u32>) {
+    if let Some(n) = limit
+        && let Err(e) = orbitte_memory::set_notsent_lowat(s.as_fd(), n)
+    {
+        tracing::debug!(error = %e, "cannot set the socket's unsent mark; the kernel's default stays");
     }
 }
