@@ -702,6 +702,14 @@ fn bench_peers_runs_many_initiator_engines_in_several_processes_against_one_targ
                 x["target_cpu_cores"].as_f64().is_some_and(|r| r > 0.0),
                 "{x}"
             );
+            // The machine was busy with the cell, and steal is a share.
+            assert!(x["cpu"]["busy"].as_f64().is_some_and(|b| b > 0.0), "{x}");
+            assert!(
+                x["cpu"]["steal"]
+                    .as_f64()
+                    .is_some_and(|s| (0.0..=1.0).contains(&s)),
+                "{x}"
+            );
         }
     }
     for x in counts[0]["cells"].as_array().unwrap() {

@@ -28,7 +28,7 @@ use super::rounds::median_index;
 use super::settings::secret;
 use crate::cli::{BenchArgs, Op};
 use crate::failure::Failure;
-use crate::stats::{Latencies, LatencySummary, gbps};
+use crate::stats::{CpuTicks, CpuUse, Latencies, LatencySummary, gbps};
 
 /// How long after connecting the idle usage is read: tcp sessions and
 /// rails hold no thread at all, and the local path's copy workers end once quiet
@@ -157,6 +157,9 @@ pub(crate) struct Cell {
     /// The target process's CPU time over the cell's wall time (1.0 is one
     /// core busy).
     pub(crate) target_cpu_cores: f64,
+    /// The whole machine's CPUs over the cell (every process's work, and
+    /// what the hypervisor took); `None` without `/proc/stat`.
+    pub(crate) cpu: Option<CpuUse>,
     /// What the target process held at the end of the cell.
     pub(crate) target_busy: Usage,
 }
@@ -485,6 +488,7 @@ fn measure_count(
                 crate::chart::human_bytes(block)
             ));
             let cpu0 = process_cpu();
+            let ticks0 = CpuTicks::now();
             let wall = Instant::now();
             for w in &mut workers {
                 w.send(&Order::Run {
@@ -515,6 +519,9 @@ fn measure_count(
             }
             let target_cpu_cores =
                 process_cpu().saturating_sub(cpu0).as_secs_f64() / wall.elapsed().as_secs_f64();
+            let cpu = CpuTicks::now()
+                .zip(ticks0)
+                .and_then(|(now, then)| now.since(&then));
             let rate = gbps(bytes, Duration::from_secs_f64(seconds));
             cells.push(Cell {
                 op,
@@ -527,6 +534,7 @@ fn measure_count(
                 rounds_gbps: vec![rate],
                 latency: lat.summary(),
                 target_cpu_cores,
+                cpu,
                 target_busy: Usage::now(),
             });
             bar.inc(1);
@@ -610,8 +618,17 @@ fn print(report: &PeersReport, json: bool) -> Result<(), Failure> {
             } else {
                 String::new()
             };
+            let taken = cell
+                .cpu
+                .filter(|c| c.steal >= 0.005)
+                .map_or_else(String::new, |c| {
+                    format!(
+                        " ({:.0} % of the CPUs taken by the hypervisor)",
+                        c.steal * 100.0
+                    )
+                });
             println!(
-                "  {:<5} {:>6}: {:6.2} GB/s{}{} {}, target {:.2} cores, {} threads",
+                "  {:<5} {:>6}: {:6.2} GB/s{}{} {}, target {:.2} cores, {} threads{}",
                 match cell.op {
                     Op::Write => "WRITE",
                     Op::Read => "READ",
@@ -623,7 +640,8 @@ fn print(report: &PeersReport, json: bool) -> Result<(), Failure> {
                 rounds,
                 lat,
                 cell.target_cpu_cores,
-                cell.target_busy.threads
+                cell.target_busy.threads,
+                taken
             );
         }
     }
@@ -968,6 +986,7 @@ mod tests {
                 max_us: p50_us,
             }),
             target_cpu_cores: 0.5,
+            cpu: None,
             target_busy: Usage::default(),
         }
     }
