@@ -181,8 +181,9 @@ pub struct SessionConfig {
     /// and what the peer's window does not take yet is sent later from
     /// wherever the window update is processed: on one host, by the
     /// target's own thread. `None`: the kernel's default
-    /// (`net.ipv4.tcp_notsent_lowat`, no limit unless set). Best effort: a
-    /// kernel that refuses it leaves the default.
+    /// (`net.ipv4.tcp_notsent_lowat`, no limit unless set); the kernel
+    /// reads 0 the same way, so the engine's builder refuses `Some(0)`.
+    /// Best effort: a kernel that refuses it leaves the default.
     pub unsent_limit: Option<u32>,
     /// The engine's I/O threads: event loops (epoll) that run the accept
     /// loop, every handshake, every tcp data session and tcp rail, every
