@@ -276,20 +276,22 @@ impl EngineBuilder {
     /// Refuses session settings that cannot work.
     pub(crate) fn check_sessions(cfg: &SessionConfig) -> Result<(), BuildError> {
         let min = crate::session::MIN_SOCKET_BUFFER;
-        match cfg.socket_buffer {
-            Some(n) if n < min => Err(BuildError::Setting {
+        if let Some(n) = cfg.socket_buffer.filter(|n| *n < min) {
+            return Err(BuildError::Setting {
                 name: "socket_buffer",
                 why: format!(
                     "{n} bytes is below the {} KiB floor (a socket buffer under one segment stalls a session on zero-window probes); ask for at least {min} bytes, or None for the kernel's autotuning",
                     min >> 10
                 ),
-            }),
-            _ if cfg.unsent_limit == Some(0) => Err(BuildError::Setting {
+            });
+        }
+        if cfg.unsent_limit == Some(0) {
+            return Err(BuildError::Setting {
                 name: "unsent_limit",
                 why: "0 bytes would leave the kernel's default (the socket takes its whole send buffer); ask for at least 1 byte (the default is 128 KiB), or None for the kernel's default".to_owned(),
-            }),
-            _ => Ok(()),
+            });
         }
+        Ok(())
     }
 
     pub(crate) fn checked(&self) -> Result<(SourceId, Epoch), BuildError> {

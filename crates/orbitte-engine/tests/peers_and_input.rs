@@ -505,28 +505,34 @@ fn rail_refusals(
     }
 }
 
+/// Builds an engine with `adjust` applied to its session settings: the
+/// setting `BuildError::Setting` refused and why, or `None` when the engine
+/// was built (and it is shut down).
+fn refused_setting(
+    adjust: impl Fn(&mut orbitte_engine::SessionConfig) + Send + Sync + 'static,
+) -> Option<(&'static str, String)> {
+    let fabric = fabric(1, Delivery::Background, 50);
+    match builder(&fabric, "a", 1).session_settings(adjust).build() {
+        Err(orbitte_engine::BuildError::Setting { name, why }) => Some((name, why)),
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(e) => {
+            e.shutdown(Duration::from_secs(5)).unwrap();
+            None
+        }
+    }
+}
+
 #[test]
 fn a_socket_buffer_below_one_segment_is_refused_at_build_naming_the_floor() {
-    use orbitte_engine::BuildError;
     use orbitte_engine::session::MIN_SOCKET_BUFFER;
-    let fabric = fabric(1, Delivery::Background, 50);
-    let with = |size: Option<usize>| {
-        builder(&fabric, "a", 1)
-            .session_settings(move |c| c.socket_buffer = size)
-            .build()
-    };
-    match with(Some(4096)) {
-        Err(BuildError::Setting { name, why }) => {
-            assert_eq!(name, "socket_buffer");
-            assert!(why.contains("4096 bytes"), "{why}");
-            assert!(why.contains(&MIN_SOCKET_BUFFER.to_string()), "{why}");
-        }
-        other => panic!("a 4 KiB socket buffer was not refused: {other:?}"),
-    }
-    assert!(with(Some(MIN_SOCKET_BUFFER - 1)).is_err());
+    let with = |size: Option<usize>| refused_setting(move |c| c.socket_buffer = size);
+    let (name, why) = with(Some(4096)).expect("a 4 KiB socket buffer was not refused");
+    assert_eq!(name, "socket_buffer");
+    assert!(why.contains("4096 bytes"), "{why}");
+    assert!(why.contains(&MIN_SOCKET_BUFFER.to_string()), "{why}");
+    assert!(with(Some(MIN_SOCKET_BUFFER - 1)).is_some());
     for ok in [None, Some(MIN_SOCKET_BUFFER), Some(4 << 20)] {
-        let e = with(ok).unwrap_or_else(|e| panic!("{ok:?} refused: {e}"));
-        e.shutdown(Duration::from_secs(5)).unwrap();
+        assert_eq!(with(ok), None, "{ok:?} refused");
     }
 }
 
@@ -534,22 +540,11 @@ fn a_socket_buffer_below_one_segment_is_refused_at_build_naming_the_floor() {
 /// "nothing unsent": refused, naming the setting and what to ask for.
 #[test]
 fn an_unsent_limit_of_zero_is_refused_at_build() {
-    use orbitte_engine::BuildError;
-    let fabric = fabric(1, Delivery::Background, 50);
-    let with = |limit: Option<u32>| {
-        builder(&fabric, "a", 1)
-            .session_settings(move |c| c.unsent_limit = limit)
-            .build()
-    };
-    match with(Some(0)) {
-        Err(BuildError::Setting { name, why }) => {
-            assert_eq!(name, "unsent_limit");
-            assert!(why.contains("at least 1 byte"), "{why}");
-        }
-        other => panic!("an unsent limit of 0 was not refused: {other:?}"),
-    }
+    let with = |limit: Option<u32>| refused_setting(move |c| c.unsent_limit = limit);
+    let (name, why) = with(Some(0)).expect("an unsent limit of 0 was not refused");
+    assert_eq!(name, "unsent_limit");
+    assert!(why.contains("at least 1 byte"), "{why}");
     for ok in [None, Some(1), Some(orbitte_engine::DEFAULT_UNSENT_LIMIT)] {
-        let e = with(ok).unwrap_or_else(|e| panic!("{ok:?} refused: {e}"));
-        e.shutdown(Duration::from_secs(5)).unwrap();
+        assert_eq!(with(ok), None, "{ok:?} refused");
     }
 }

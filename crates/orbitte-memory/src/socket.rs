@@ -1,5 +1,6 @@
-//! Socket settings that the receives into memory ([`crate::HostMemory::recv_from_then`])
-//! rely on and that no safe crate of the workspace sets.
+//! Socket settings that the engine's tcp path relies on, around the
+//! receives into memory ([`crate::HostMemory::recv_from_then`]) and the
+//! sends from it, and that no safe crate of the workspace sets.
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 
