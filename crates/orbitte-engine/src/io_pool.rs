@@ -25,7 +25,11 @@
 //! The pool's size is fixed when it is made (`SessionConfig::io_threads`)
 //! and does not depend on how many descriptors wait on it: a thousand idle
 //! sessions wait on the same few threads as one. What is watched goes to
-//! the loop that watches the fewest ([`IoPool::key`]).
+//! the loop that carries the least ([`IoPool::key`]): each watched
+//! descriptor weighs [`Watched::weight`] (a listener nothing, a connection
+//! one), and a loop's load is the weight of what it holds, kept live as it
+//! takes and keeps entries, so a handshake being called while it hands
+//! over its session does not count against its loop.
 //!
 //! Why epoll through mio and not io_uring: mio is small, well kept and
 //! safe to call (the engine forbids `unsafe`), and epoll works on every
@@ -102,6 +106,12 @@ pub(crate) trait Watched: Send {
     /// Its loop could not watch it (epoll refused the descriptor) or
     /// stops; it is dropped after this.
     fn abandoned(self: Box<Self>, why: &str);
+    /// How much it weighs in its loop's load (asked each time it is
+    /// watched again): a connection one (the default), a listening socket
+    /// nothing, since what it accepts is watched on its own.
+    fn weight(&self) -> usize {
+        1
+    }
 }
 
 /// A watched descriptor's place: its loop and its key there.
@@ -112,7 +122,9 @@ pub(crate) struct WatchKey {
 }
 
 enum Command {
-    Watch(u64, Box<dyn Watched>, Option<Instant>),
+    /// Watch it under this key; the last field is the weight its key
+    /// reserved.
+    Watch(u64, Box<dyn Watched>, Option<Instant>, usize),
     /// Drop the watched descriptor of this key (if it is still watched),
     /// then answer.
     Forget(u64, Sender<()>),
@@ -129,12 +141,14 @@ struct LoopHandle {
     load: Arc<Load>,
 }
 
-/// How many descriptors a loop watches, as [`IoPool::key`] weighs it.
+/// What a loop carries, as [`IoPool::key`] weighs it.
 #[derive(Debug, Default)]
 struct Load {
-    /// Keys handed out for this loop whose watch it has not taken yet.
+    /// The weight reserved by keys handed out for this loop whose watch it
+    /// has not taken yet.
     reserved: AtomicUsize,
-    /// What it watched at the end of its last round.
+    /// The weight of the entries it holds now (written by its thread only,
+    /// as it takes and keeps them).
     held: AtomicUsize,
 }
 
@@ -174,7 +188,7 @@ impl IoPool {
             let theirs = load.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("orbitte-io-{name}-{i}"))
-                .spawn(move || run(poll, &rx, &theirs))?;
+                .spawn(move || run(poll, &rx, theirs))?;
             loops.push(LoopHandle {
                 commands: tx,
                 waker,
@@ -191,31 +205,40 @@ impl IoPool {
         }))
     }
 
-    /// Hands `w` to the loop that watches the fewest, to watch until
+    /// Hands `w` to the loop that carries the least, to watch until
     /// `deadline` (see [`IoPool::key`]).
     /// When its loop is gone (the pool stops), `w` is abandoned at once.
     pub(crate) fn watch(&self, w: Box<dyn Watched>, deadline: Option<Instant>) -> WatchKey {
-        let key = self.key();
-        self.watch_as(key, w, deadline);
+        let weight = w.weight();
+        let key = self.place(weight);
+        self.send_watch(key, w, deadline, weight);
         key
     }
 
-    /// A key on the loop that watches the fewest descriptors (those it
-    /// holds and those handed to it not taken yet; ties go round-robin),
-    /// for [`IoPool::watch_as`]: a `Watched` that other threads poke can
-    /// keep its key where they find it before it is watched. Weighing the
-    /// loops, not taking them in turn, keeps long-lived connections spread
-    /// when short-lived watches come between them (a handshake, then the
-    /// session it admits, would otherwise land every session on the same
-    /// loop).
+    /// A key on the loop that carries the least (the weight of what it
+    /// holds and of what was handed to it and not taken yet; ties go
+    /// round-robin), for [`IoPool::watch_as`] with a `Watched` of weight
+    /// one: a `Watched` that other threads poke can keep its key where
+    /// they find it before it is watched. Weighing the loops, not taking
+    /// them in turn, keeps long-lived connections spread when short-lived
+    /// watches come between them (a handshake, then the session it admits,
+    /// would otherwise land every session on the same loop).
     pub(crate) fn key(&self) -> WatchKey {
+        self.place(1)
+    }
+
+    /// A key on the least loaded loop, reserving `weight` there.
+    fn place(&self, weight: usize) -> WatchKey {
         let n = self.loops.len();
         let first = self.next_loop.fetch_add(1, Ordering::Relaxed) % n;
         let lp = (0..n)
             .map(|i| (first + i) % n)
             .min_by_key(|&l| self.loops[l].load.weight())
             .unwrap_or(first);
-        self.loops[lp].load.reserved.fetch_add(1, Ordering::Relaxed);
+        self.loops[lp]
+            .load
+            .reserved
+            .fetch_add(weight, Ordering::Relaxed);
         WatchKey {
             lp,
             key: self.next_key.fetch_add(1, Ordering::Relaxed),
@@ -228,14 +251,27 @@ impl IoPool {
     /// meanwhile. When its loop is gone (the pool stops), `w` is abandoned
     /// at once.
     pub(crate) fn watch_as(&self, key: WatchKey, w: Box<dyn Watched>, deadline: Option<Instant>) {
+        self.send_watch(key, w, deadline, 1);
+    }
+
+    fn send_watch(
+        &self,
+        key: WatchKey,
+        w: Box<dyn Watched>,
+        deadline: Option<Instant>,
+        reserved: usize,
+    ) {
         let handle = &self.loops[key.lp];
-        match handle.commands.send(Command::Watch(key.key, w, deadline)) {
+        match handle
+            .commands
+            .send(Command::Watch(key.key, w, deadline, reserved))
+        {
             Ok(()) => {
                 if let Err(e) = handle.waker.wake() {
                     tracing::warn!(error = %e, "cannot wake an i/o loop");
                 }
             }
-            Err(crossbeam_channel::SendError(Command::Watch(_, w, _))) => {
+            Err(crossbeam_channel::SendError(Command::Watch(_, w, _, _))) => {
                 w.abandoned("the engine's i/o threads stopped");
             }
             Err(_) => {}
@@ -323,6 +359,8 @@ struct Entry {
     deadline: Option<Instant>,
     /// The descriptor it is on epoll with (`None` while it sleeps).
     registered: Option<RawFd>,
+    /// What it counts in the loop's load.
+    weight: usize,
 }
 
 /// One loop's state.
@@ -337,15 +375,18 @@ struct Loop {
     /// watched again and again until the same deadline (a busy connection
     /// called on every readiness) adds one element, not one per call.
     armed: HashMap<u64, Instant>,
+    /// Its load, shared with the pool: the weight of `entries`.
+    load: Arc<Load>,
 }
 
-fn run(poll: Poll, commands: &Receiver<Command>, load: &Load) {
+fn run(poll: Poll, commands: &Receiver<Command>, load: Arc<Load>) {
     let mut lp = Loop {
         poll,
         start: Instant::now(),
         entries: HashMap::new(),
         deadlines: BinaryHeap::new(),
         armed: HashMap::new(),
+        load,
     };
     let mut events = Events::with_capacity(256);
     loop {
@@ -373,12 +414,13 @@ fn run(poll: Poll, commands: &Receiver<Command>, load: &Load) {
         }
         loop {
             match commands.try_recv() {
-                Ok(Command::Watch(key, w, deadline)) => {
-                    let _ = load
-                        .reserved
-                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
-                            Some(r.saturating_sub(1))
-                        });
+                Ok(Command::Watch(key, w, deadline, reserved)) => {
+                    let _ =
+                        lp.load
+                            .reserved
+                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
+                                Some(r.saturating_sub(reserved))
+                            });
                     lp.keep(key, Next::Wait(w, deadline), None);
                 }
                 Ok(Command::Forget(key, done)) => {
@@ -419,7 +461,6 @@ fn run(poll: Poll, commands: &Receiver<Command>, load: &Load) {
                 lp.keep(key, next, e.registered);
             }
         }
-        load.held.store(lp.entries.len(), Ordering::Relaxed);
     }
 }
 
@@ -428,7 +469,18 @@ impl Loop {
     /// (as `registered` says) until [`Loop::keep`] or [`Loop::unregister`]
     /// decides.
     fn take(&mut self, key: u64) -> Option<Entry> {
-        self.entries.remove(&key)
+        let e = self.entries.remove(&key)?;
+        self.weigh(e.weight, 0);
+        Some(e)
+    }
+
+    /// Replaces `out` of the loop's load by `added` (only its own thread
+    /// writes it).
+    fn weigh(&self, out: usize, added: usize) {
+        let held = self.load.held.load(Ordering::Relaxed);
+        self.load
+            .held
+            .store(held.saturating_sub(out) + added, Ordering::Relaxed);
     }
 
     /// Takes a descriptor off epoll. Failing means it is not on epoll any
@@ -482,14 +534,20 @@ impl Loop {
         {
             self.deadlines.push(Reverse((at, key)));
         }
-        self.entries.insert(
+        let weight = watched.weight();
+        self.weigh(0, weight);
+        let old = self.entries.insert(
             key,
             Entry {
                 watched,
                 deadline,
                 registered: want.map(|(fd, _)| fd),
+                weight,
             },
         );
+        if let Some(old) = old {
+            self.weigh(old.weight, 0);
+        }
     }
 
     /// `at` rounded up to the loop's next multiple of [`GRAIN`].
@@ -521,6 +579,11 @@ mod tests {
         /// Where it goes when done, its socket open (handed to a thread
         /// that serves it); dropped when `None`.
         handed: Option<Sender<Box<Self>>>,
+        /// What it weighs on its loop.
+        weight: usize,
+        /// Called by its first readiness, which then answers done (a
+        /// handshake admitting its session).
+        admits: Option<Box<dyn FnOnce() + Send>>,
     }
 
     impl Probe {
@@ -544,7 +607,11 @@ mod tests {
         fn interest(&self) -> Interest {
             self.interest
         }
-        fn ready(self: Box<Self>, now: Instant) -> Next {
+        fn ready(mut self: Box<Self>, now: Instant) -> Next {
+            if let Some(admit) = self.admits.take() {
+                admit();
+                return Next::Done;
+            }
             let mut b = [0u8; 16];
             let n = self.take.min(b.len());
             let _ = std::io::Read::read(&mut &self.sock, &mut b[..n]);
@@ -557,6 +624,9 @@ mod tests {
         }
         fn abandoned(self: Box<Self>, _why: &str) {
             let _ = self.calls.send("abandoned");
+        }
+        fn weight(&self) -> usize {
+            self.weight
         }
     }
 
@@ -576,6 +646,8 @@ mod tests {
                 interest: Interest::READABLE,
                 take: 16,
                 handed: None,
+                weight: 1,
+                admits: None,
             }),
             b,
             rx,
@@ -662,6 +734,7 @@ mod tests {
             entries: HashMap::new(),
             deadlines: BinaryHeap::new(),
             armed: HashMap::new(),
+            load: Arc::default(),
         };
         let (p, _peer, _calls) = probe(0, None);
         let at = Instant::now() + Duration::from_secs(60);
@@ -703,6 +776,35 @@ mod tests {
             }
         }
         assert_eq!(on, [5, 5], "long-lived watches per loop");
+    }
+
+    /// Sessions admitted by handshakes spread over the loops even when a
+    /// listener sits on one of them: the listener weighs nothing, and the
+    /// handshake being called does not count against its loop while it
+    /// places its session.
+    #[test]
+    fn sessions_admitted_from_a_loop_spread_past_a_listener() {
+        let pool = IoPool::new(2, "test").unwrap();
+        let (mut listener, _lpeer, _lcalls) = probe(u32::MAX, None);
+        listener.weight = 0;
+        pool.watch(listener, None);
+        let (placed, sessions) = crossbeam_channel::unbounded();
+        let mut peers = Vec::new();
+        let mut on = [0usize; 2];
+        for _ in 0..10 {
+            let (mut hs, mut peer, _calls) = probe(0, None);
+            let (session, speer, _scalls) = probe(u32::MAX, None);
+            let (theirs, placed) = (pool.clone(), placed.clone());
+            hs.admits = Some(Box::new(move || {
+                let _ = placed.send(theirs.watch(session, None));
+            }));
+            pool.watch(hs, None);
+            peer.write_all(b"x").unwrap();
+            let at: WatchKey = sessions.recv_timeout(BOUND).unwrap();
+            on[at.lp] += 1;
+            peers.push(speer);
+        }
+        assert_eq!(on, [5, 5], "sessions per loop");
     }
 
     #[test]

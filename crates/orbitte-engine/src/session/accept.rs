@@ -94,6 +94,11 @@ impl<A: Accepting + 'static> Watched for Acceptor<A> {
             tracing::error!(listener = A::KIND, why, "the listener stopped accepting");
         }
     }
+    /// A listener weighs nothing: the connections it accepts are watched
+    /// on their own, and count where they land.
+    fn weight(&self) -> usize {
+        0
+    }
 }
 
 #[cfg(test)]
