@@ -1,12 +1,13 @@
 //! The engine builder.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use orbitte_topology::{DeviceMask, RdmaConfig};
 use orbitte_verbs::Provider;
-use orbitte_wire::auth::ClusterSecret;
+use orbitte_wire::auth::{ClusterSecret, ListenerToken};
 use orbitte_wire::{Epoch, SourceId};
 
 use crate::error::BuildError;
@@ -41,6 +42,9 @@ pub struct EngineBuilder {
     pub(crate) max_in_flight: u32,
     pub(crate) signal_interval: u32,
     pub(crate) cluster_secret: Option<ClusterSecret>,
+    pub(crate) secret_file: Option<PathBuf>,
+    pub(crate) secret_env: bool,
+    pub(crate) listener_token: Option<ListenerToken>,
     pub(crate) session_tuning: Vec<SessionTuning>,
     pub(crate) metadata: MetadataMode,
     pub(crate) host_without_rdma: bool,
@@ -85,6 +89,9 @@ impl EngineBuilder {
             max_in_flight: 128,
             signal_interval: 16,
             cluster_secret: None,
+            secret_file: None,
+            secret_env: true,
+            listener_token: None,
             session_tuning: Vec::new(),
             metadata: MetadataMode::P2p,
             host_without_rdma: false,
@@ -122,10 +129,60 @@ impl EngineBuilder {
 
     /// Every session (both directions, every path) must prove knowledge of
     /// this secret (HMAC over fresh nonces); peers without it are refused.
-    /// Default: no secret (any host that reaches the port is admitted).
+    /// Default: the file [`ORBITTE_SECRET_FILE`](crate::secret::SECRET_FILE_ENV)
+    /// names, if it is set; else no secret (any host that reaches the port
+    /// is admitted, and `build` warns when the listener is reachable beyond
+    /// this host).
     pub fn cluster_secret(mut self, secret: ClusterSecret) -> Self {
         self.cluster_secret = Some(secret);
         self
+    }
+
+    /// [`cluster_secret`](Self::cluster_secret) read from a file (at least
+    /// 16 random bytes: `head -c 32 /dev/urandom > FILE`) when the engine
+    /// is built; an unreadable or short file is
+    /// [`BuildError::Secret`](crate::BuildError::Secret).
+    pub fn cluster_secret_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.secret_file = Some(path.into());
+        self
+    }
+
+    /// Whether an engine without a secret of its own reads
+    /// [`ORBITTE_SECRET_FILE`](crate::secret::SECRET_FILE_ENV) (default
+    /// true; tests that build open engines in a process with it set turn
+    /// it off).
+    pub fn secret_from_env(mut self, read: bool) -> Self {
+        self.secret_env = read;
+        self
+    }
+
+    /// The listener admits only peers that hold this token (a capability
+    /// published in the engine's metadata, which peers pass to
+    /// [`ConnectOptions::token`](crate::ConnectOptions::token)) and, with a
+    /// cluster secret, the secret too ([`ClusterSecret::access_key`]). So
+    /// an engine whose metadata travels over a channel the operator trusts
+    /// is closed to everyone else with no secret configured. Sessions this
+    /// engine opens are unaffected.
+    pub fn listener_token(mut self, token: ListenerToken) -> Self {
+        self.listener_token = Some(token);
+        self
+    }
+
+    /// The cluster secret this builder gives its engine: the one set in
+    /// code, else the file's, else (unless turned off) the environment's.
+    pub(crate) fn resolve_secret(&mut self) -> Result<(), BuildError> {
+        if self.cluster_secret.is_some() {
+            return Ok(());
+        }
+        if let Some(path) = &self.secret_file {
+            self.cluster_secret = Some(crate::secret::read_secret_file(
+                path,
+                "setting cluster_secret_file",
+            )?);
+        } else if self.secret_env {
+            self.cluster_secret = crate::secret::secret_from_env()?;
+        }
+        Ok(())
     }
 
     /// Makes [`register`](crate::TransferEngine::register) keep host memory
@@ -267,6 +324,9 @@ impl EngineBuilder {
         let mut cfg = SessionConfig::new(source.clone(), epoch);
         cfg.handshake_timeout = self.handshake_timeout;
         cfg.cluster_secret = self.cluster_secret.clone();
+        cfg.access_key = self
+            .listener_token
+            .map(|t| ClusterSecret::access_key(self.cluster_secret.as_ref(), &t));
         for adjust in &self.session_tuning {
             adjust(&mut cfg);
         }

@@ -72,6 +72,10 @@ pub enum BuildError {
         /// Why.
         why: String,
     },
+    /// The cluster secret's file (a setting or `ORBITTE_SECRET_FILE`)
+    /// could not be used.
+    #[error(transparent)]
+    Secret(#[from] crate::secret::SecretFileError),
     /// The listener (`EngineBuilder::listen`) could not be bound.
     #[error(transparent)]
     Listen(#[from] crate::session::ListenError),

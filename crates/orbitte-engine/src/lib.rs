@@ -101,6 +101,7 @@ pub use orbitte_proto::outcome;
 mod recovery;
 mod registration;
 mod request;
+pub mod secret;
 #[cfg(feature = "testing")]
 pub mod transport;
 #[cfg(not(feature = "testing"))]

@@ -157,7 +157,7 @@ impl NativeEngine {
     /// tcp), "tcp", "local" or "rdma"; `rails`: connections per peer;
     /// `metadata`: None (peer-to-peer) or an etcd URL.
     #[new]
-    #[pyo3(signature = (source_id, rdma=false, devices=Vec::new(), path="auto", rails=1, request_timeout=10.0, handshake_timeout=5.0, metadata=None))]
+    #[pyo3(signature = (source_id, rdma=false, devices=Vec::new(), path="auto", rails=1, request_timeout=10.0, handshake_timeout=5.0, metadata=None, cluster_secret_file=None, listener_token=false))]
     fn new(
         py: Python<'_>,
         source_id: String,
@@ -168,6 +168,8 @@ impl NativeEngine {
         request_timeout: f64,
         handshake_timeout: f64,
         metadata: Option<String>,
+        cluster_secret_file: Option<String>,
+        listener_token: bool,
     ) -> PyResult<Self> {
         let settings = Settings {
             source_id,
@@ -178,6 +180,8 @@ impl NativeEngine {
             request_timeout: secs(request_timeout, "request_timeout")?,
             handshake_timeout: secs(handshake_timeout, "handshake_timeout")?,
             metadata,
+            secret_file: cluster_secret_file,
+            listener_token,
         };
         let node = py
             .detach(move || Node::build(settings))
@@ -209,6 +213,20 @@ impl NativeEngine {
     fn listen(&self, py: Python<'_>, addr: &str) -> PyResult<u16> {
         py.detach(|| self.node().listen(addr))
             .map_err(|e| errors::ConfigError::new_err(e.to_string()))
+    }
+
+    /// The listener token peers must connect with (64 hexadecimal
+    /// digits), or None when the engine was built without one.
+    #[getter]
+    fn token(&self) -> Option<String> {
+        self.node().token.map(|t| t.to_hex())
+    }
+
+    /// What the listener exposes when it admits every peer and is
+    /// reachable beyond this host (no cluster secret, no token), with the
+    /// fix; None otherwise.
+    fn open_listener(&self) -> Option<String> {
+        self.node().engine.open_listener()
     }
 
     /// The port the engine serves on, or None before `listen`.
@@ -326,9 +344,14 @@ impl NativeEngine {
 
     /// Opens the peer named `session` ("host:port", or a source id with
     /// etcd metadata) with a handshake, and returns its handle.
-    fn connect(&self, py: Python<'_>, session: &str) -> PyResult<Peer> {
+    #[pyo3(signature = (session, token=None))]
+    fn connect(&self, py: Python<'_>, session: &str, token: Option<&str>) -> PyResult<Peer> {
+        let token = token
+            .map(orbitte::ListenerToken::from_hex)
+            .transpose()
+            .map_err(|e| errors::ConnectError::new_err(format!("cannot open {session}: {e}")))?;
         let node = self.node().clone();
-        py.detach(|| node.open(session))
+        py.detach(|| node.open(session, token))
             .map(|p| Peer::new(p, session.to_owned()))
             .map_err(|f| f.into_py(py))
     }

@@ -149,7 +149,7 @@ impl MooncakeEngine {
         if let Some(p) = &*g {
             return Ok(p.clone());
         }
-        let p = Arc::new(self.node().open(session)?);
+        let p = Arc::new(self.node().open(session, None)?);
         *g = Some(p.clone());
         Ok(p)
     }
@@ -160,7 +160,7 @@ impl MooncakeEngine {
         let slot = self.slot(session);
         let mut g = lock(&slot);
         *g = None;
-        let p = Arc::new(self.node().open(session)?);
+        let p = Arc::new(self.node().open(session, None)?);
         *g = Some(p.clone());
         Ok(p)
     }
@@ -335,7 +335,7 @@ impl MooncakeEngine {
     /// with Host Direct, refused (ERR_DEVICE_NOT_FOUND) on a host that
     /// lists no RDMA device.
     #[new]
-    #[pyo3(signature = (source_id, metadata=None, rdma=false, devices=Vec::new(), path="auto", request_timeout=10.0))]
+    #[pyo3(signature = (source_id, metadata=None, rdma=false, devices=Vec::new(), path="auto", request_timeout=10.0, cluster_secret_file=None))]
     fn new(
         py: Python<'_>,
         source_id: String,
@@ -344,7 +344,9 @@ impl MooncakeEngine {
         devices: Vec<String>,
         path: &str,
         request_timeout: f64,
+        cluster_secret_file: Option<String>,
     ) -> PyResult<Self> {
+        let secret_file = cluster_secret_file;
         let invalid = |e: PyErr| coded(e, Self::ERR_INVALID_ARGUMENT);
         let settings = Settings {
             source_id,
@@ -355,6 +357,8 @@ impl MooncakeEngine {
             request_timeout: secs(request_timeout, "request_timeout").map_err(invalid)?,
             handshake_timeout: std::time::Duration::from_secs(5),
             metadata,
+            secret_file,
+            listener_token: false,
         };
         let node = py.detach(move || Node::build(settings)).map_err(|e| {
             let code = match e {
@@ -392,6 +396,13 @@ impl MooncakeEngine {
             };
             coded(errors::ConfigError::new_err(e.to_string()), code)
         })
+    }
+
+    /// What the listener exposes when it admits every peer and is
+    /// reachable beyond this host (no cluster secret), with the fix; None
+    /// otherwise.
+    fn open_listener(&self) -> Option<String> {
+        self.node().engine.open_listener()
     }
 
     /// The port the engine serves on, or None before `listen`.

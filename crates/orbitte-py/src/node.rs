@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use orbitte::{
-    Access, ConnectOptions, DrainStatus, EngineBuilder, HostMemory, PathKind, PathPreference,
+    Access, ConnectOptions, ListenerToken, DrainStatus, EngineBuilder, HostMemory, PathKind, PathPreference,
     RdmaConfig, Registration, RequestError, RequestId, SubmitError, TransferEngine, WaitError,
 };
 use orbitte_cuda::CudaBuffer;
@@ -47,6 +47,10 @@ pub(crate) struct Settings {
     pub(crate) handshake_timeout: Duration,
     /// None or "p2p": peer-to-peer; else an etcd URL.
     pub(crate) metadata: Option<String>,
+    /// The cluster secret's file (else `ORBITTE_SECRET_FILE`'s).
+    pub(crate) secret_file: Option<String>,
+    /// Listen with a fresh listener token (published in the metadata).
+    pub(crate) listener_token: bool,
 }
 
 /// Why an engine could not be built.
@@ -294,6 +298,8 @@ pub(crate) struct Node {
     host_id: String,
     /// orbitte.nixl's transfers whose notification waits to be carried.
     pub(crate) carriers: Arc<crate::nixl::Carriers>,
+    /// The token the listener requires, when built with one.
+    pub(crate) token: Option<ListenerToken>,
 }
 
 impl Drop for Node {
@@ -317,7 +323,15 @@ impl Node {
             Some(url) => Directory::etcd(url).map_err(BuildFailure::Metadata)?,
         };
         let drain_timeout = Duration::from_secs(5);
-        let b = EngineBuilder::new(s.source_id)
+        let token = if s.listener_token {
+            Some(
+                orbitte::new_listener_token()
+                    .map_err(|e| BuildFailure::Engine(format!("cannot draw a listener token: {e}")))?,
+            )
+        } else {
+            None
+        };
+        let mut b = EngineBuilder::new(s.source_id)
             .rdma(RdmaConfig {
                 whitelist: s.devices,
                 ..RdmaConfig::default()
@@ -325,6 +339,12 @@ impl Node {
             .request_timeout(s.request_timeout)
             .drain_timeout(drain_timeout)
             .handshake_timeout(s.handshake_timeout);
+        if let Some(file) = s.secret_file {
+            b = b.cluster_secret_file(file);
+        }
+        if let Some(t) = token {
+            b = b.listener_token(t);
+        }
         let engine = if s.rdma {
             b.build()
         } else {
@@ -340,6 +360,7 @@ impl Node {
             drain_timeout,
             directory,
             carriers: Arc::default(),
+            token,
         })
     }
 
@@ -385,8 +406,13 @@ impl Node {
         Ok(reg)
     }
 
-    /// Opens the peer named `session` now, with a handshake.
-    pub(crate) fn open(&self, session: &str) -> Result<orbitte::Peer, Failure> {
+    /// Opens the peer named `session` now, with a handshake, proving the
+    /// key of its listener `token` when given.
+    pub(crate) fn open(
+        &self,
+        session: &str,
+        token: Option<ListenerToken>,
+    ) -> Result<orbitte::Peer, Failure> {
         let addr: SocketAddr =
             self.directory
                 .address_of(session)
@@ -397,6 +423,7 @@ impl Node {
         let options = ConnectOptions {
             prefer: self.prefer,
             rails: self.rails,
+            token,
         };
         self.engine
             .connect_with(addr, options)

@@ -35,6 +35,7 @@ type HmacSha256 = Hmac<Sha256>;
 
 const HELLO_LABEL: &[u8] = b"OrbitTE/1 hello\0";
 const ACK_LABEL: &[u8] = b"OrbitTE/1 hello-ack\0";
+const ACCESS_LABEL: &[u8] = b"OrbitTE/1 access key\0";
 
 /// The cluster secret: the HMAC key.
 ///
@@ -65,6 +66,24 @@ impl ClusterSecret {
         Ok(Self(bytes))
     }
 
+    /// The key of a listener that admits only holders of `token` (a
+    /// random capability the listening engine publishes in its metadata):
+    /// with a cluster secret,
+    /// HMAC-SHA256(secret, "OrbitTE/1 access key\0" || token), so a peer
+    /// needs both the token and the secret; without one, the token itself.
+    /// Both sides derive it the same way and prove it in the handshake
+    /// like a cluster secret.
+    pub fn access_key(cluster: Option<&Self>, token: &ListenerToken) -> Self {
+        match cluster {
+            None => Self(token.0.to_vec()),
+            Some(secret) => {
+                let mut mac = secret.mac(ACCESS_LABEL);
+                mac.update(&token.0);
+                Self(mac.finalize().into_bytes().to_vec())
+            }
+        }
+    }
+
     fn mac(&self, label: &[u8]) -> HmacSha256 {
         // HMAC takes keys of any length; this cannot fail.
         let mut mac = match HmacSha256::new_from_slice(&self.0) {
@@ -73,6 +92,51 @@ impl ClusterSecret {
         };
         mac.update(label);
         mac
+    }
+}
+
+/// A capability: 32 random bytes an engine publishes in its metadata
+/// (`EngineBuilder::listener_token`); its listener admits only peers that
+/// prove its [`ClusterSecret::access_key`]. Whoever holds the metadata
+/// holds the token, so the metadata must travel over a channel the
+/// operator trusts. `Debug` does not show it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ListenerToken(pub [u8; ListenerToken::LEN]);
+
+impl std::fmt::Debug for ListenerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ListenerToken(..)")
+    }
+}
+
+impl ListenerToken {
+    /// Its length in bytes.
+    pub const LEN: usize = 32;
+
+    /// Lower-case hexadecimal, as metadata carries it.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Reads [`to_hex`](Self::to_hex)'s form.
+    pub fn from_hex(text: &str) -> Result<Self, AuthError> {
+        let bad = || {
+            let shown: String = text.chars().take(80).collect();
+            AuthError::BadToken(shown)
+        };
+        let bytes = text.as_bytes();
+        if bytes.len() != 2 * Self::LEN {
+            return Err(bad());
+        }
+        let mut out = [0u8; Self::LEN];
+        for (o, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+            let digit = |c: u8| (c as char).to_digit(16);
+            match (digit(pair[0]), digit(pair[1])) {
+                (Some(h), Some(l)) => *o = (h * 16 + l) as u8,
+                _ => return Err(bad()),
+            }
+        }
+        Ok(Self(out))
     }
 }
 
@@ -90,7 +154,8 @@ pub enum AuthError {
     /// We have a cluster secret and the peer sent no proof.
     #[error(
         "peer sent no authentication proof but this engine requires one; \
-         configure the same cluster secret on both engines"
+         configure the same cluster secret on both engines, and connect to an engine \
+         that publishes an access token with the token of its metadata"
     )]
     ProofRequired,
     /// The peer sent a proof but we have no cluster secret.
@@ -100,8 +165,17 @@ pub enum AuthError {
     )]
     UnexpectedProof,
     /// The proof does not match.
-    #[error("authentication proof does not match: the peer uses another cluster secret")]
+    #[error(
+        "authentication proof does not match: the peer uses another cluster secret, or another \
+         access token than the one of its metadata (it restarted: take its metadata again)"
+    )]
     WrongProof,
+    /// An access token is not 64 hexadecimal digits.
+    #[error(
+        "access token {0:?} is not {len} hexadecimal digits: take it from the peer's metadata whole",
+        len = 2 * ListenerToken::LEN
+    )]
+    BadToken(String),
     /// The configured secret is too short.
     #[error("cluster secret is {len} bytes, at least {min} are required")]
     SecretTooShort {

@@ -200,3 +200,51 @@ fn proof_test_vector() {
 
 const HELLO_PROOF: &str = "22fe7c7bb0faae97b1dd9d444da443b780e4215f78b18f5c51bd18bc48febe8f";
 const ACK_PROOF: &str = "9c7471d8dacebd1426e02001343c815b34738ea9aaf5e9ac74eadce2d99db8f5";
+
+#[test]
+fn listener_tokens_read_back_from_hex_and_refuse_anything_else() {
+    use orbitte_wire::auth::ListenerToken;
+    let t = ListenerToken([0xa5; 32]);
+    let hex = t.to_hex();
+    assert_eq!(hex.len(), 64);
+    assert_eq!(ListenerToken::from_hex(&hex).unwrap(), t);
+    for bad in ["", &hex[..62], &format!("{hex}00"), &hex.replace('a', "g")] {
+        let e = ListenerToken::from_hex(bad).unwrap_err();
+        assert!(e.to_string().contains("64 hexadecimal digits"), "{e}");
+    }
+}
+
+#[test]
+fn an_access_key_needs_the_token_and_the_cluster_secret_it_was_made_with() {
+    use orbitte_wire::auth::ListenerToken;
+    let ch = Challenge {
+        nonce: Nonce([0x02; 32]),
+    };
+    let hello = Hello {
+        identity: Identity::new(source("ab"), epoch(2), Capabilities::TCP),
+        nonce: Nonce([0x07; 32]),
+        purpose: SessionPurpose::DATA,
+        proof: None,
+    };
+    let t = ListenerToken([1; 32]);
+    let s = ClusterSecret::new(b"sixteen-or-more-bytes".to_vec()).unwrap();
+    let key = ClusterSecret::access_key(Some(&s), &t);
+    let proof = |k: &ClusterSecret| {
+        let mut h = hello.clone();
+        h.proof = Some(auth::hello_proof(k, &ch, &h));
+        h
+    };
+    let good = proof(&ClusterSecret::access_key(Some(&s), &t));
+    assert!(auth::verify_hello(Some(&key), &ch, &good).is_ok());
+    for other in [
+        ClusterSecret::access_key(None, &t),
+        ClusterSecret::access_key(Some(&s), &ListenerToken([2; 32])),
+        s.clone(),
+    ] {
+        let h = proof(&other);
+        assert_eq!(
+            auth::verify_hello(Some(&key), &ch, &h),
+            Err(AuthError::WrongProof)
+        );
+    }
+}

@@ -18,8 +18,9 @@ impl EngineBuilder {
     /// natural name order `orbitte topology` numbers sysfs devices in) but
     /// opens none: contexts initialize at the first Host Direct registration or
     /// first RDMA use.
-    pub fn build(self) -> Result<TransferEngine, BuildError> {
+    pub fn build(mut self) -> Result<TransferEngine, BuildError> {
         let (source_id, epoch) = self.checked()?;
+        self.resolve_secret()?;
         let mut sessions = self.session_config(&source_id, epoch);
         Self::check_sessions(&sessions)?;
         // Sessions go into the engine's one peer table: number them with the

@@ -14,6 +14,7 @@
 use std::net::{SocketAddr, TcpStream};
 
 use orbitte_wire::SessionPurpose;
+use orbitte_wire::auth::ClusterSecret;
 
 use super::TransferEngine;
 use crate::PeerInfo;
@@ -44,8 +45,14 @@ impl TransferEngine {
         addr: SocketAddr,
         options: ConnectOptions,
     ) -> Result<Peer, ConnectError> {
-        self.net()
-            .open_peer(self, addr, options.rails, options.prefer)
+        let net = self.net();
+        let key = options
+            .token
+            .map(|t| ClusterSecret::access_key(net.cfg.cluster_secret.as_ref(), &t));
+        if let Some(key) = key {
+            net.cfg.peer_keys.set_addr(addr, key);
+        }
+        net.open_peer(self, addr, options.rails, options.prefer)
     }
 
     /// Opens the engine that cluster metadata (etcd, see
@@ -157,6 +164,13 @@ impl NetPaths {
         let rails = rails.max(1);
         let first = self.tcp.dial(addr)?;
         let hs = first.handshake().clone();
+        // The key that opened `addr` (its ack proved it) also opens the
+        // same engine found by its id: its same-host mapping session.
+        if let Some(key) = self.cfg.peer_keys.for_addr(addr) {
+            self.cfg
+                .peer_keys
+                .set_source(hs.peer.source_id.as_str(), key);
+        }
         let established = hs.established();
         let info = engine.adopt_session(hs.session, &established, first.publication())?;
         let peer = info.id;

@@ -61,7 +61,21 @@ impl TransferEngine {
         .map_err(|source| ListenError::Bind { addr, source })?;
         let at = listener.local_addr();
         *slot = Some(listener);
+        drop(slot);
+        if let Some(w) = self.open_listener() {
+            tracing::warn!("{w}");
+        }
         Ok(at)
+    }
+
+    /// When the engine listens beyond this host and admits every peer (no
+    /// cluster secret, no access token): what that exposes and the fix,
+    /// as `listen` logs it once. `None` otherwise.
+    pub fn open_listener(&self) -> Option<String> {
+        if self.shared.sessions.listen_key().is_some() {
+            return None;
+        }
+        crate::secret::open_listener_warning(self.listen_addr()?)
     }
 
     /// Joins the cluster metadata `mode` asks for: with etcd, connects and

@@ -4,6 +4,8 @@
 
 use std::net::SocketAddr;
 
+use orbitte_wire::auth::ListenerToken;
+
 use super::SessionError;
 use super::path::NoPath;
 use crate::PeerInfo;
@@ -40,6 +42,12 @@ pub struct ConnectOptions {
     /// tcp connections or local worker threads to open (default 2; at
     /// least 1). rdma opens one rail per usable NIC whatever this says.
     pub rails: usize,
+    /// The peer's access token, from the metadata it published (default
+    /// none): every session to it then proves the key derived from it
+    /// (and the cluster secret, if any), which a peer listening with an
+    /// access token requires. Kept for the peer's later sessions (rails,
+    /// recovery, the local path).
+    pub token: Option<ListenerToken>,
 }
 
 impl Default for ConnectOptions {
@@ -47,6 +55,7 @@ impl Default for ConnectOptions {
         Self {
             prefer: PathPreference::Auto,
             rails: 2,
+            token: None,
         }
     }
 }
@@ -66,6 +75,12 @@ impl ConnectOptions {
     /// This many tcp connections or local worker threads.
     pub fn rails(mut self, rails: usize) -> Self {
         self.rails = rails;
+        self
+    }
+
+    /// Prove the key of this access token (from the peer's metadata).
+    pub fn token(mut self, token: ListenerToken) -> Self {
+        self.token = Some(token);
         self
     }
 }

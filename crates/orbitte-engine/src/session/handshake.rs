@@ -16,6 +16,7 @@ use orbitte_wire::{
 use super::io::{Conn, FrameReader, send_error, write_frame};
 use super::nonblocking::{Outbox, SmallFrameReader};
 use super::{PeerIdentity, SessionConfig, SessionError, SharedPeerTable, random_bytes};
+use orbitte_wire::auth::ClusterSecret;
 
 /// A finished handshake: who the peer is and what admitting it did.
 #[derive(Debug, Clone)]
@@ -107,6 +108,20 @@ pub(crate) fn connect_for<C: Conn>(
     addr: Option<SocketAddr>,
     purpose: SessionPurpose,
 ) -> Result<Handshake, SessionError> {
+    let key = cfg.dial_key(addr);
+    connect_keyed(c, cfg, peers, addr, purpose, key.as_ref())
+}
+
+/// [`connect_for`] proving `key` (`None`: no proof), whatever `cfg`
+/// records for `addr`: for sessions to a peer found by its source id.
+pub(crate) fn connect_keyed<C: Conn>(
+    c: &mut C,
+    cfg: &SessionConfig,
+    peers: &SharedPeerTable,
+    addr: Option<SocketAddr>,
+    purpose: SessionPurpose,
+    key: Option<&ClusterSecret>,
+) -> Result<Handshake, SessionError> {
     let deadline = Instant::now() + cfg.handshake_timeout;
     c.set_write_timeout_(Some(cfg.handshake_timeout))?;
     let mut reader = FrameReader::with_limit(orbitte_wire::MAX_SMALL_BODY_LEN);
@@ -121,7 +136,7 @@ pub(crate) fn connect_for<C: Conn>(
         purpose,
         proof: None,
     };
-    if let Some(secret) = &cfg.cluster_secret {
+    if let Some(secret) = key {
         hello.proof = Some(orbitte_wire::auth::hello_proof(secret, &challenge, &hello));
     }
     write_frame(c, &Frame::Hello(hello.clone()), &mut scratch)?;
@@ -129,9 +144,7 @@ pub(crate) fn connect_for<C: Conn>(
         Frame::HelloAck(ack) => ack,
         other => return Err(refused(other)),
     };
-    if let Err(e) =
-        orbitte_wire::auth::verify_hello_ack(cfg.cluster_secret.as_ref(), &challenge, &hello, &ack)
-    {
+    if let Err(e) = orbitte_wire::auth::verify_hello_ack(key, &challenge, &hello, &ack) {
         tracing::warn!(peer = %ack.identity.source_id, ?addr, error = %e, "responder failed authentication; closing");
         send_error(c, e.error_code(), FrameType::HELLO_ACK, &e.to_string());
         return Err(e.into());
@@ -322,9 +335,7 @@ impl Responder {
         room: impl FnOnce(&Identity, SessionPurpose) -> Result<(), String>,
     ) -> Result<(), SessionError> {
         let challenge = &self.challenge;
-        if let Err(e) =
-            orbitte_wire::auth::verify_hello(cfg.cluster_secret.as_ref(), challenge, &hello)
-        {
+        if let Err(e) = orbitte_wire::auth::verify_hello(cfg.listen_key(), challenge, &hello) {
             // Debug only: the caller logs the refusal within its log budget.
             tracing::debug!(
                 peer = %hello.identity.source_id, ?from, error = %e,
@@ -357,7 +368,7 @@ impl Responder {
             identity: identity(cfg),
             proof: None,
         };
-        if let Some(secret) = &cfg.cluster_secret {
+        if let Some(secret) = cfg.listen_key() {
             ack.proof = Some(orbitte_wire::auth::hello_ack_proof(
                 secret, challenge, &hello, &ack,
             ));

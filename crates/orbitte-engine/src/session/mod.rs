@@ -60,6 +60,7 @@ mod control_tests;
 mod data;
 pub(crate) mod handshake;
 pub(crate) mod io;
+mod keys;
 mod link;
 pub(crate) mod listener;
 pub(crate) mod log_budget;
@@ -82,6 +83,7 @@ use orbitte_wire::{
 
 pub use connect::{ConnectError, ConnectOptions, PathPreference, Peer};
 pub use handshake::Handshake;
+pub use keys::PeerKeys;
 pub use link::TcpControlLink;
 pub use listener::{ListenError, Listener, ListenerStats};
 pub use publications::{PublicationTable, Published, RangeLookup, ServedMemory};
@@ -115,6 +117,14 @@ pub struct SessionConfig {
     pub host_id: HostId,
     /// With a secret, every session must prove it (both directions).
     pub cluster_secret: Option<ClusterSecret>,
+    /// The key this engine's listener (and its same-host mapping server)
+    /// requires instead of `cluster_secret`: derived from the access token
+    /// it publishes in its metadata (and the cluster secret, if any; see
+    /// `ClusterSecret::access_key`). `None`: the cluster secret.
+    pub access_key: Option<ClusterSecret>,
+    /// The keys this engine proves to peers that listen with an access
+    /// key, recorded when it connects to them with their token.
+    pub peer_keys: PeerKeys,
     /// Capabilities offered in the hello.
     pub capabilities: Capabilities,
     /// A peer must complete the handshake within this.
@@ -252,6 +262,8 @@ impl SessionConfig {
             epoch,
             host_id: default_host_id(),
             cluster_secret: None,
+            access_key: None,
+            peer_keys: PeerKeys::default(),
             capabilities: Capabilities::TCP | Capabilities::LOCAL,
             handshake_timeout: Duration::from_secs(5),
             frame_timeout: Duration::from_secs(5),
@@ -273,6 +285,27 @@ impl SessionConfig {
             serve_delay: Duration::ZERO,
             session_ids: SessionIds::process(),
         }
+    }
+
+    /// The key this engine's listener verifies (its access key, else the
+    /// cluster secret; `None`: open to every peer that speaks the protocol).
+    pub fn listen_key(&self) -> Option<&ClusterSecret> {
+        self.access_key.as_ref().or(self.cluster_secret.as_ref())
+    }
+
+    /// The key an initiator proves on a session dialed to `addr`: the one
+    /// recorded for it, else the cluster secret.
+    pub(crate) fn dial_key(&self, addr: Option<SocketAddr>) -> Option<ClusterSecret> {
+        addr.and_then(|a| self.peer_keys.for_addr(a))
+            .or_else(|| self.cluster_secret.clone())
+    }
+
+    /// The key an initiator proves on a session to the engine `source`
+    /// found by its id: the one recorded for it, else the cluster secret.
+    pub(crate) fn source_key(&self, source: &str) -> Option<ClusterSecret> {
+        self.peer_keys
+            .for_source(source)
+            .or_else(|| self.cluster_secret.clone())
     }
 }
 

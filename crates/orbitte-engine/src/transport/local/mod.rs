@@ -414,7 +414,15 @@ fn fetch(
     };
     let addr = UnixAddr::from_abstract_name(name.as_bytes()).map_err(unreachable)?;
     let mut s = UnixStream::connect_addr(&addr).map_err(unreachable)?;
-    let hs = handshake::connect(&mut s, cfg, peers, None)?;
+    let key = cfg.source_key(identity.source_id.as_str());
+    let hs = handshake::connect_keyed(
+        &mut s,
+        cfg,
+        peers,
+        None,
+        orbitte_wire::SessionPurpose::DATA,
+        key.as_ref(),
+    )?;
     let close = |peers: &SharedPeerTable| {
         peers
             .lock()

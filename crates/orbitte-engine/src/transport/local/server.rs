@@ -214,7 +214,8 @@ pub(crate) fn handout_fd(mem: &HostMemory, writable: bool) -> std::io::Result<Ow
 
 /// Why a process at the other end of a local session may not map this
 /// engine's memory: without a cluster secret only processes of this
-/// engine's uid may (with one, the handshake's proof decides).
+/// engine's uid may (with one, or with an access key, the handshake's
+/// proof decides).
 fn mapping_refusal(s: &UnixStream, with_secret: bool) -> Option<String> {
     if with_secret {
         return None;
@@ -264,7 +265,7 @@ fn open_session(s: UnixStream, shared: &Arc<Shared>, release: Release, now: Inst
         release.release();
         return Next::Done;
     }
-    if let Some(why) = mapping_refusal(&s, shared.cfg.cluster_secret.is_some()) {
+    if let Some(why) = mapping_refusal(&s, shared.cfg.listen_key().is_some()) {
         let mut out = Outbox::default();
         out.push_error(ErrorCode::AUTH_REQUIRED, FrameType::HELLO, &why);
         if let Some(left_out) = shared.refusal_to_log() {
