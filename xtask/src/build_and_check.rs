@@ -97,6 +97,8 @@ impl GivenLibclang {
     /// `LIBCLANG_PATH`, with `BINDGEN_EXTRA_CLANG_ARGS`.
     fn from_env() -> Option<Self> {
         let path = PathBuf::from(std::env::var_os("LIBCLANG_PATH")?);
+        // The checks run from the workspace root, not from this directory.
+        let path = std::path::absolute(&path).unwrap_or(path);
         let extra_args = std::env::var(EXTRA_CLANG_ARGS).ok();
         Some(Self { path, extra_args })
     }
@@ -115,6 +117,8 @@ impl GivenLibclang {
                 dir.display()
             ));
         }
+        // The checks run from the workspace root, not from this directory.
+        let dir = &std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
         let Some(site) = site_packages(dir)
             .into_iter()
             .find(|s| s.join("clang/native/libclang.so").is_file())
