@@ -16,6 +16,8 @@ fi
 engine="${CONTAINER:-docker}"
 if ! command -v "$engine" >/dev/null 2>&1; then
   echo "ci/build-and-check.sh: $engine not found; install Docker (docker.io) or set CONTAINER=podman" >&2
+  echo "  (the libclang 18 cell alone needs no container: cargo xtask build-and-check --venv DIR," >&2
+  echo "  with DIR a venv holding PyPI's libclang==18.1.1 and ziglang==0.13.0; docs/building.md)" >&2
   exit 1
 fi
 

@@ -5,13 +5,17 @@
 //! (rdma-core 44.0), the target triple is fixed, comments and layout tests
 //! are off, only `ibv_*` items are kept, glibc's pthread types come from the
 //! `libc` crate, and the result goes through the pinned toolchain's rustfmt
-//! with the workspace's rustfmt.toml. libclang 14 and 19 give identical
+//! with the workspace's rustfmt.toml. libclang 14, 18 and 19 give identical
 //! files; `build-and-check` runs `--check` under every libclang it finds.
 //!
 //! libclang is loaded at run time (bindgen's `runtime` feature), so xtask
 //! builds without it. `LIBCLANG_PATH` picks the library (a directory or a
-//! file), the one used is printed, and an inherited `CLANG_PATH` that points
-//! at a different LLVM installation is warned about. Clang's own include
+//! file), the one used is printed with the version the library reports
+//! (`clang_getClangVersion`), `--expect-llvm N` fails unless that version is
+//! LLVM N, and an inherited `CLANG_PATH` that points at a different LLVM
+//! installation is warned about. A libclang shipped without its resource
+//! headers (PyPI's `libclang` wheel) gets them through
+//! `BINDGEN_EXTRA_CLANG_ARGS="-isystem DIR"`. Clang's own include
 //! paths are not detected through a `clang` executable: libclang uses the
 //! resource directory installed beside it, so a stray `CLANG_PATH` or a
 //! newer `clang` on `PATH` cannot mix two LLVM releases.
@@ -36,19 +40,31 @@ struct Output {
 }
 
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
+    const USAGE: &str =
+        "usage: cargo xtask bindgen [--check] [--expect-llvm N] [--libclang-version]";
     let mut check = false;
-    for a in args {
+    let mut expect_llvm: Option<u32> = None;
+    let mut version_only = false;
+    let mut args = args.iter();
+    while let Some(a) = args.next() {
         match a.as_str() {
             "--check" => check = true,
-            other => {
-                return Err(format!(
-                    "unexpected argument `{other}`; usage: cargo xtask bindgen [--check]"
-                ));
+            "--libclang-version" => version_only = true,
+            "--expect-llvm" => {
+                let n = args.next().and_then(|n| n.parse().ok()).ok_or_else(|| {
+                    format!("--expect-llvm takes an LLVM major version (18); {USAGE}")
+                })?;
+                expect_llvm = Some(n);
             }
+            other => return Err(format!("unexpected argument `{other}`; {USAGE}")),
         }
     }
     let root = crate::workspace::root();
     let libclang = load_libclang()?;
+    if version_only {
+        println!("{}", libclang.version.as_deref().unwrap_or(""));
+        return Ok(());
+    }
     println!(
         "bindgen: libclang {} ({})",
         libclang.path.display(),
@@ -56,6 +72,15 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     );
     if let Some(warning) = clang_path_warning(&libclang) {
         eprintln!("bindgen: warning: {warning}");
+    }
+    if let Some(want) = expect_llvm {
+        check_release(&libclang, want)?;
+    }
+    if let Some(extra) = std::env::var_os(EXTRA_CLANG_ARGS) {
+        println!(
+            "bindgen: {EXTRA_CLANG_ARGS}={}",
+            extra.to_string_lossy().trim()
+        );
     }
     let outputs = without_panic(|| generate(&root)).map_err(|stop| {
         format!(
@@ -119,28 +144,61 @@ fn without_panic<T>(f: impl FnOnce() -> T + std::panic::UnwindSafe) -> Result<T,
     })
 }
 
+/// The environment variable bindgen reads extra clang arguments from
+/// (`-isystem DIR` gives a libclang without resource headers its own).
+pub(crate) const EXTRA_CLANG_ARGS: &str = "BINDGEN_EXTRA_CLANG_ARGS";
+
 /// The libclang this process loaded.
 pub(crate) struct Libclang {
     /// The file that was loaded, as clang-sys found it.
     pub(crate) path: PathBuf,
-    /// The LLVM major version, from the file's canonical path when it names one.
+    /// What the library says it is (`clang_getClangVersion`:
+    /// "Debian clang version 14.0.6").
+    pub(crate) version: Option<String>,
+    /// The LLVM major version: from `version`, else from the file's
+    /// canonical path when it names one.
     pub(crate) major: Option<u32>,
     /// The oldest release with every function this library exports
-    /// (clang-sys's probe), for files whose path names no version.
+    /// (clang-sys's probe), for a library that reports no version and whose
+    /// path names none.
     symbols: Option<String>,
 }
 
 impl Libclang {
     fn version_label(&self) -> String {
-        match self.major {
-            Some(m) => format!("LLVM {m}, {}", install_root(&self.path).display()),
-            None => format!(
+        let root = install_root(&self.path);
+        match (self.major, &self.version) {
+            (Some(m), Some(v)) => format!("LLVM {m}: \"{v}\", {}", root.display()),
+            (Some(m), None) => format!("LLVM {m} by its path, {}", root.display()),
+            (None, _) => format!(
                 "LLVM {} by its symbols, {}",
                 self.symbols.as_deref().unwrap_or("?"),
-                install_root(&self.path).display()
+                root.display()
             ),
         }
     }
+}
+
+/// Fails unless the loaded libclang is of LLVM release `want`: whatever
+/// selected another one (`LIBCLANG_PATH`, an inherited `CLANG_PATH`) is
+/// named.
+fn check_release(libclang: &Libclang, want: u32) -> Result<(), String> {
+    if libclang.major == Some(want) {
+        return Ok(());
+    }
+    let got = libclang.major.map_or_else(
+        || "of an unknown release".to_string(),
+        |m| format!("LLVM {m}"),
+    );
+    let selected_by = match std::env::var_os("LIBCLANG_PATH") {
+        Some(p) => format!("LIBCLANG_PATH={}", Path::new(&p).display()),
+        None => "the default search (LIBCLANG_PATH is unset)".to_string(),
+    };
+    Err(format!(
+        "libclang {} is {got}, not the expected LLVM {want}; {selected_by} selected it: point \
+         LIBCLANG_PATH at an LLVM {want} libclang (its directory or the file)",
+        libclang.path.display()
+    ))
 }
 
 /// Loads libclang into this thread (where bindgen will find it) and says
@@ -164,13 +222,53 @@ fn load_libclang() -> Result<Libclang, String> {
         return Err("libclang was loaded but clang-sys does not report it; rerun".into());
     };
     let path = lib.path().to_path_buf();
-    let major = llvm_major(&path);
+    let version = clang_version();
+    let major = version
+        .as_deref()
+        .and_then(clang_version_major)
+        .or_else(|| llvm_major(&path));
     let symbols = lib.version().map(|v| v.to_string());
     Ok(Libclang {
         path,
+        version,
         major,
         symbols,
     })
+}
+
+/// The loaded libclang's own version string (`clang_getClangVersion`).
+fn clang_version() -> Option<String> {
+    use clang_sys::{clang_disposeString, clang_getCString, clang_getClangVersion};
+    if !(clang_getClangVersion::is_loaded()
+        && clang_getCString::is_loaded()
+        && clang_disposeString::is_loaded())
+    {
+        return None;
+    }
+    // SAFETY: the three functions are loaded on this thread (checked above).
+    // clang_getClangVersion takes no argument; the CXString it returns is
+    // read while alive (the text copied before) and disposed of once.
+    unsafe {
+        let string = clang_getClangVersion();
+        let text = clang_getCString(string);
+        let version = (!text.is_null()).then(|| {
+            std::ffi::CStr::from_ptr(text)
+                .to_string_lossy()
+                .trim()
+                .to_string()
+        });
+        clang_disposeString(string);
+        version.filter(|v| !v.is_empty())
+    }
+}
+
+/// The LLVM major version in a libclang version string: "clang version
+/// 18.1.1 (https://...)", "Debian clang version 14.0.6", "Ubuntu clang
+/// version 18.1.3 (1ubuntu1)".
+pub(crate) fn clang_version_major(version: &str) -> Option<u32> {
+    let (_, rest) = version.split_once("clang version ")?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
 }
 
 /// The LLVM major version named by a libclang or clang path
@@ -451,7 +549,10 @@ fn bindgen_text(builder: bindgen::Builder) -> Result<String, String> {
         if text.contains("stddef.h") || text.contains("stdint.h") {
             format!(
                 "libclang cannot find its own headers ({first}); install \
-                 libclang-common-NN-dev for the libclang in use"
+                 libclang-common-NN-dev for the libclang in use, or, for a libclang shipped \
+                 without them (PyPI's libclang wheel), pass clang's resource headers of the \
+                 same release: {EXTRA_CLANG_ARGS}=\"-isystem DIR\" (LLVM 18: the ziglang \
+                 0.13.0 wheel's ziglang/lib/include)"
             )
         } else if text.contains("file not found") {
             format!("a system header is missing ({first}); install libc6-dev and linux-libc-dev")
@@ -539,6 +640,40 @@ mod tests {
             Some(18)
         );
         assert_eq!(llvm_major(Path::new("/nonexistent/lib/libclang.so")), None);
+    }
+
+    #[test]
+    fn clang_version_major_reads_the_library_version_string() {
+        assert_eq!(clang_version_major("clang version 18.1.1"), Some(18));
+        assert_eq!(clang_version_major("Debian clang version 14.0.6"), Some(14));
+        assert_eq!(
+            clang_version_major("Ubuntu clang version 18.1.3 (1ubuntu1)"),
+            Some(18)
+        );
+        assert_eq!(
+            clang_version_major("clang version 19.1.7 (https://github.com/llvm/llvm-project x)"),
+            Some(19)
+        );
+        assert_eq!(clang_version_major("LLVM 18.1.1"), None);
+        assert_eq!(clang_version_major("clang version "), None);
+    }
+
+    #[test]
+    fn a_libclang_of_another_release_fails_the_expectation() {
+        let lib = |major| Libclang {
+            path: "/nonexistent/clang/native/libclang.so".into(),
+            version: None,
+            major,
+            symbols: None,
+        };
+        assert!(check_release(&lib(Some(18)), 18).is_ok());
+        let err = check_release(&lib(Some(14)), 18).unwrap_err();
+        assert!(
+            err.contains("is LLVM 14, not the expected LLVM 18"),
+            "{err}"
+        );
+        let err = check_release(&lib(None), 18).unwrap_err();
+        assert!(err.contains("unknown release"), "{err}");
     }
 
     #[test]

@@ -31,10 +31,13 @@ tasks:
                        the release orbitte's throughput matrix (tcp, local, rdma-sim)
                        next to its baselines; writes target/perf/ (--docs: docs/performance.md)
   softroce build|run|test  native verbs tests on Soft-RoCE in a qemu guest (docs/testing.md)
-  bindgen [--check]    regenerate orbitte-verbs-sys's bindings (--check: fail on drift)
-  build-and-check [--no-cargo]
+  bindgen [--check] [--expect-llvm N] [--libclang-version]
+                       regenerate orbitte-verbs-sys's bindings (--check: fail on drift;
+                       --expect-llvm: fail unless the libclang loaded is LLVM N)
+  build-and-check [--no-cargo] [--venv DIR]
                        the build matrix: toolchain report, prerequisites, bindgen --check
-                       under each libclang, fmt, clippy, tests, docs
+                       under each libclang (--venv: also PyPI's libclang and ziglang
+                       wheels in DIR), fmt, clippy, tests, docs
 ";
 
 fn main() -> ExitCode {
