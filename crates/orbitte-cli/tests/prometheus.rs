@@ -331,6 +331,44 @@ fn rss_kib(pid: u32) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// `orbitte serve --config CONFIG --metrics 127.0.0.1:0`, its metrics
+/// address and its engine's address.
+fn start_serve(config: &Path) -> (KillOnDrop, SocketAddr, SocketAddr) {
+    let mut serve = KillOnDrop(
+        orbitte()
+            .args(["serve", "--config", config.to_str().unwrap()])
+            .args(["--metrics", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn orbitte serve"),
+    );
+    let mut lines = BufReader::new(serve.0.stdout.take().unwrap()).lines();
+    let (mut metrics, mut data) = (None, None);
+    for line in lines.by_ref() {
+        let line = line.expect("serve's stdout");
+        if line.starts_with("metrics at ") {
+            metrics = address_in(&line);
+        } else if line.starts_with("serving as ") {
+            data = address_in(&line);
+        }
+        if metrics.is_some() && data.is_some() {
+            break;
+        }
+    }
+    std::thread::spawn(move || lines.for_each(drop));
+    let addr = |a: Option<String>, what: &str| -> SocketAddr {
+        a.unwrap_or_else(|| panic!("serve prints its {what}"))
+            .parse()
+            .unwrap()
+    };
+    (
+        serve,
+        addr(metrics, "metrics address"),
+        addr(data, "address"),
+    )
+}
+
 #[test]
 fn a_scrape_after_five_thousand_peers_stays_within_its_bound() {
     let dir = tempfile::tempdir().unwrap();
@@ -340,30 +378,7 @@ fn a_scrape_after_five_thousand_peers_stays_within_its_bound() {
         "[engine]\nsource_id = \"bound-test\"\nlisten = \"127.0.0.1:0\"\n\n[[range]]\nname = \"kv\"\nsize = \"64K\"\naccess = \"read\"\n",
     )
     .unwrap();
-    let mut serve = KillOnDrop(
-        orbitte()
-            .args(["serve", "--config", config.to_str().unwrap()])
-            .args(["--metrics", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut lines = BufReader::new(serve.0.stdout.take().unwrap()).lines();
-    let (mut metrics, mut data) = (None, None);
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        if line.starts_with("metrics at ") {
-            metrics = address_in(&line).and_then(|a| a.parse().ok());
-        } else if line.starts_with("serving as ") {
-            data = address_in(&line).and_then(|a| a.parse().ok());
-        }
-        if metrics.is_some() && data.is_some() {
-            break;
-        }
-    }
-    std::thread::spawn(move || lines.for_each(drop));
-    let (metrics, data) = (metrics.unwrap(), data.unwrap());
+    let (serve, metrics, data) = start_serve(&config);
     let pid = serve.0.id();
     let rss_before = rss_kib(pid);
 
