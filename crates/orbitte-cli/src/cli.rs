@@ -226,6 +226,10 @@ pub(crate) struct ServeArgs {
     /// port, printed at start).
     #[arg(long, value_name = "ADDR", value_parser = parse_metrics_addr)]
     pub(crate) metrics: Option<std::net::SocketAddr>,
+    /// Peers the metrics keep apart; the peers past them are counted
+    /// together under peer="" (bounds the size of a scrape).
+    #[arg(long, value_name = "N", default_value_t = orbitte_engine::metrics::MAX_PEER_ROWS)]
+    pub(crate) metrics_peer_rows: usize,
 }
 
 /// `--metrics ADDR`: an IP address and a port.

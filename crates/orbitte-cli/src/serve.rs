@@ -99,7 +99,7 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
     if let Some(w) = &open {
         tracing::warn!("{w}");
     }
-    let engine = build_engine(&cfg, &rdma, &origin, None)?;
+    let engine = build_engine(&cfg, &rdma, &origin, None, args.metrics_peer_rows)?;
     if args.check {
         let eff = Effective {
             config: &cfg,
@@ -139,7 +139,13 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
     // ranges are Host Direct registrations, also reachable by rdma peers;
     // without it, host memory kept off rdma (an explicit choice, not a
     // fallback).
-    let engine = Arc::new(build_engine(&cfg, &rdma, &origin, Some(secret))?);
+    let engine = Arc::new(build_engine(
+        &cfg,
+        &rdma,
+        &origin,
+        Some(secret),
+        args.metrics_peer_rows,
+    )?);
     let host_id = engine.host_id().to_owned();
     for r in &cfg.range {
         let mem = alloc_range(r.size, &r.name)?;
@@ -232,6 +238,10 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
         })?;
         println!("metrics at http://{bound}/metrics (Prometheus text format)");
         tracing::info!(%bound, "serving metrics");
+        if let Some(w) = open_metrics_warning(bound) {
+            tracing::warn!("{w}");
+            println!("WARNING: {w}");
+        }
     }
     tracing::info!(source = engine.source_id(), epoch = engine.epoch().value(), %addr, "serving");
     let stats = || engine.listener_stats().unwrap_or_default();
@@ -272,6 +282,21 @@ fn open_listener_warning(listen: std::net::SocketAddr, secret: bool) -> Option<S
     ))
 }
 
+/// What `serve` warns about when its metrics listen where other hosts
+/// can reach them: the responder has no authentication. `None` on a
+/// loopback address.
+fn open_metrics_warning(at: std::net::SocketAddr) -> Option<String> {
+    if at.ip().is_loopback() {
+        return None;
+    }
+    Some(format!(
+        "--metrics {at} is reachable from other hosts: anyone who reaches it reads the metrics \
+         (peer source ids, traffic per peer, listener counters) with no authentication; serve \
+         them on a loopback or management address (--metrics 127.0.0.1:PORT) unless every \
+         host that reaches {at} may read them"
+    ))
+}
+
 fn alloc_range(size: u64, name: &str) -> Result<Arc<HostMemory>, Failure> {
     let n = usize::try_from(size).map_err(|_| {
         Failure::usage(format!(
@@ -292,6 +317,7 @@ fn build_engine(
     rdma: &RdmaConfig,
     origin: &str,
     serve: Option<Option<ClusterSecret>>,
+    metrics_peer_rows: usize,
 ) -> Result<TransferEngine, Failure> {
     let e = &cfg.engine;
     let mut b = EngineBuilder::new(e.source_id.clone())
@@ -307,7 +333,8 @@ fn build_engine(
         .handshake_timeout(e.handshake_timeout())
         .idle_timeout(e.idle_timeout())
         .max_in_flight(e.max_in_flight)
-        .signal_interval(e.signal_interval);
+        .signal_interval(e.signal_interval)
+        .metrics_peer_rows(metrics_peer_rows);
     if let Some(n) = e.max_sessions {
         let n = usize::try_from(n).unwrap_or(usize::MAX);
         b = b.session_settings(move |c| c.max_sessions = n);
@@ -345,7 +372,18 @@ fn build_engine(
 
 #[cfg(test)]
 mod tests {
-    use super::open_listener_warning;
+    use super::{open_listener_warning, open_metrics_warning};
+
+    #[test]
+    fn metrics_other_hosts_reach_are_warned_about() {
+        let at = |s: &str| s.parse().unwrap();
+        let w = open_metrics_warning(at("0.0.0.0:9464")).expect("warned");
+        assert!(w.contains("0.0.0.0:9464") && w.contains("anyone"), "{w}");
+        assert!(open_metrics_warning(at("[::]:9464")).is_some());
+        assert!(open_metrics_warning(at("10.0.0.5:9464")).is_some());
+        assert_eq!(open_metrics_warning(at("127.0.0.1:9464")), None);
+        assert_eq!(open_metrics_warning(at("[::1]:9464")), None);
+    }
 
     #[test]
     fn without_a_secret_only_a_listener_other_hosts_reach_is_warned_about() {

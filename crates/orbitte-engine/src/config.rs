@@ -50,6 +50,7 @@ pub struct EngineBuilder {
     pub(crate) host_without_rdma: bool,
     pub(crate) recovery: crate::recovery::RecoveryPolicy,
     pub(crate) staging: crate::staging::StagingConfig,
+    pub(crate) metrics_peer_rows: usize,
 }
 
 /// A change to the engine's session settings (see
@@ -97,6 +98,7 @@ impl EngineBuilder {
             host_without_rdma: false,
             recovery: crate::recovery::RecoveryPolicy::default(),
             staging: crate::staging::StagingConfig::default(),
+            metrics_peer_rows: crate::metrics::MAX_PEER_ROWS,
         }
     }
 
@@ -316,6 +318,17 @@ impl EngineBuilder {
     /// re-established (default: [`RecoveryPolicy::default`](crate::RecoveryPolicy)).
     pub fn rail_recovery(mut self, policy: crate::recovery::RecoveryPolicy) -> Self {
         self.recovery = policy;
+        self
+    }
+
+    /// Peer rows the metrics keep apart (default
+    /// [`MAX_PEER_ROWS`](crate::metrics::MAX_PEER_ROWS)): past them, the
+    /// peers are counted together, per path, under the peer
+    /// [`OTHER_PEERS`](crate::metrics::OTHER_PEERS). Peers choose their
+    /// source ids, so this bounds the size of a metrics snapshot (and of
+    /// its Prometheus text) whatever the number of peers that connect.
+    pub fn metrics_peer_rows(mut self, n: usize) -> Self {
+        self.metrics_peer_rows = n;
         self
     }
 

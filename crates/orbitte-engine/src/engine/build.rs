@@ -112,7 +112,7 @@ impl EngineBuilder {
             etcd: Mutex::new(None),
             inbox: crate::notify::inbox::Inbox::default(),
             staging: crate::staging::Pools::new(self.staging),
-            metrics: Default::default(),
+            metrics: Arc::new(crate::metrics::Registry::with_limit(self.metrics_peer_rows)),
         });
         let timer = {
             let shared = shared.clone();

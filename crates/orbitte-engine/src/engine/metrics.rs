@@ -58,6 +58,14 @@ impl TransferEngine {
                 }
             }
         }
+        // No zero rows: a peer that was served nothing, asked nothing and
+        // has no rail is not listed.
+        peers.retain(|p| {
+            p.rails_up + p.rails_down > 0
+                || p.ops
+                    .iter()
+                    .any(|o| o.requests > 0 || o.served_requests > 0)
+        });
         let inbox = self.notification_stats();
         let budgets = self.shared.settings.budgets;
         MetricsSnapshot {

@@ -54,7 +54,7 @@ impl RangeLookup for EngineRanges {
         peer: &str,
     ) -> crate::metrics::ServedCounter {
         self.0.upgrade().map_or_else(Default::default, |shared| {
-            crate::metrics::ServedCounter::new(shared.metrics.cells(path, peer))
+            crate::metrics::ServedCounter::new(shared.metrics.clone(), path, peer)
         })
     }
 

@@ -79,7 +79,7 @@ pub(crate) struct Shared {
     /// The cuda-staging lanes of each CUDA device.
     pub(crate) staging: crate::staging::Pools,
     /// Every path and peer's counters (see `metrics`).
-    pub(crate) metrics: crate::metrics::Registry,
+    pub(crate) metrics: Arc<crate::metrics::Registry>,
 }
 
 impl Shared {

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use orbitte_proto::outcome::{Outcome, RemoteEffect, Status};
@@ -10,22 +10,46 @@ use orbitte_proto::{Op, PathKind};
 
 use super::snapshot::{LATENCY_BUCKETS, LatencyHistogram, OpMetrics, OutcomeCounts, PeerMetrics};
 
-/// Rows (path and peer) a registry keeps apart; the peers past it are
-/// counted together, per path, under the peer [`OTHER_PEERS`].
-pub const MAX_PEER_ROWS: usize = 4096;
+/// Peer rows (path and peer) a registry keeps apart by default
+/// ([`EngineBuilder::metrics_peer_rows`](crate::EngineBuilder::metrics_peer_rows));
+/// the peers past it are counted together, per path, under the peer
+/// [`OTHER_PEERS`].
+pub const MAX_PEER_ROWS: usize = 64;
 
-/// The peer label of the row that counts the peers past
-/// [`MAX_PEER_ROWS`]: empty, which no source id is.
+/// The peer label of the row that counts the peers past the registry's
+/// limit: empty, which no source id is (so no peer can name itself into
+/// it).
 pub const OTHER_PEERS: &str = "";
 
-/// Every path and peer the engine counted for, keyed by path and the
+/// Every path and peer the engine counts for, keyed by path and the
 /// peer's source id (a peer that restarts with a new epoch keeps its
-/// counters). Source ids come from the network, so the rows are bounded:
-/// past `limit`, new peers share one row per path.
+/// counters while its row lives). Source ids come from the network, so
+/// the rows are bounded:
+/// - a row leaves with its peer: once nothing holds its cells (the
+///   peer's sessions closed), it is in the next [`snapshot`](Self::snapshot)
+///   one last time and then dropped, or dropped at once when a newcomer
+///   needs its place;
+/// - past `limit` named rows, newcomers share one row per path, labelled
+///   [`OTHER_PEERS`], which never leaves.
 #[derive(Debug)]
 pub(crate) struct Registry {
-    cells: Mutex<HashMap<(PathKind, String), Arc<PeerCells>>>,
+    rows: Mutex<HashMap<(PathKind, String), Row>>,
     limit: usize,
+}
+
+#[derive(Debug)]
+struct Row {
+    cells: Arc<PeerCells>,
+    /// A snapshot showed this row after its peer had left: the next one
+    /// drops it.
+    shown_departed: bool,
+}
+
+impl Row {
+    /// Nothing but the registry holds the cells: the peer left.
+    fn departed(&self) -> bool {
+        Arc::strong_count(&self.cells) == 1
+    }
 }
 
 impl Default for Registry {
@@ -35,44 +59,67 @@ impl Default for Registry {
 }
 
 impl Registry {
-    fn with_limit(limit: usize) -> Self {
+    /// A registry keeping at most `limit` peer rows apart.
+    pub(crate) fn with_limit(limit: usize) -> Self {
         Self {
-            cells: Mutex::default(),
+            rows: Mutex::default(),
             limit,
         }
     }
 
     /// The cells of `peer` on `path`, made at the first call (past the
-    /// limit: the path's row of [`OTHER_PEERS`]).
+    /// limit: the path's row of [`OTHER_PEERS`]). The row lives while the
+    /// caller holds the cells.
     pub(crate) fn cells(&self, path: PathKind, peer: &str) -> Arc<PeerCells> {
-        let mut map = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.rows.lock().unwrap_or_else(|e| e.into_inner());
         let key = (path, peer.to_owned());
-        if let Some(c) = map.get(&key) {
-            return c.clone();
+        if let Some(row) = map.get_mut(&key) {
+            row.shown_departed = false;
+            return row.cells.clone();
         }
-        let key = if map.len() < self.limit {
+        let named = |map: &HashMap<(PathKind, String), Row>| {
+            map.keys().filter(|(_, p)| p != OTHER_PEERS).count()
+        };
+        if named(&map) >= self.limit {
+            map.retain(|(_, p), row| p == OTHER_PEERS || !row.departed());
+        }
+        let key = if named(&map) < self.limit && peer != OTHER_PEERS {
             key
         } else {
             (path, OTHER_PEERS.to_owned())
         };
-        let peer = key.1.clone();
+        let label = key.1.clone();
         map.entry(key)
-            .or_insert_with(|| Arc::new(PeerCells::new(path, &peer)))
+            .or_insert_with(|| Row {
+                cells: Arc::new(PeerCells::new(path, &label)),
+                shown_departed: false,
+            })
+            .cells
             .clone()
     }
 
-    /// Every peer's counts, sorted by path and peer.
+    /// Every row's counts, sorted by path and peer; drops the rows of
+    /// peers that had left by the previous snapshot.
     pub(crate) fn snapshot(&self) -> Vec<PeerMetrics> {
-        let all: Vec<Arc<PeerCells>> = self
-            .cells
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let all: Vec<Arc<PeerCells>> = {
+            let mut map = self.rows.lock().unwrap_or_else(|e| e.into_inner());
+            map.retain(|(_, p), row| p == OTHER_PEERS || !(row.departed() && row.shown_departed));
+            map.iter_mut()
+                .map(|((_, p), row)| {
+                    row.shown_departed = p != OTHER_PEERS && row.departed();
+                    row.cells.clone()
+                })
+                .collect()
+        };
         let mut rows: Vec<PeerMetrics> = all.iter().map(|c| c.snapshot()).collect();
         rows.sort_by(|a, b| (&a.path, &a.peer).cmp(&(&b.path, &b.peer)));
         rows
+    }
+
+    /// Rows held now (named and [`OTHER_PEERS`]).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.rows.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 }
 
@@ -96,18 +143,36 @@ struct ServedCells {
 
 /// Counts what a target serves one peer on one path: the tcp target
 /// holds one per session and counts each READ and WRITE it served. The
-/// default counts nothing (a target outside an engine).
+/// peer's row is taken at the first count, not at the handshake, so a
+/// session that is served nothing takes no row. The default counts
+/// nothing (a target outside an engine).
 #[derive(Debug, Clone, Default)]
-pub struct ServedCounter(Option<Arc<PeerCells>>);
+pub struct ServedCounter(Option<Arc<LazyCells>>);
+
+#[derive(Debug)]
+struct LazyCells {
+    registry: Arc<Registry>,
+    path: PathKind,
+    peer: String,
+    cells: OnceLock<Arc<PeerCells>>,
+}
 
 impl ServedCounter {
-    pub(crate) fn new(cells: Arc<PeerCells>) -> Self {
-        Self(Some(cells))
+    /// Counts into `peer`'s row on `path` of `registry`, taken at the
+    /// first count.
+    pub(crate) fn new(registry: Arc<Registry>, path: PathKind, peer: &str) -> Self {
+        Self(Some(Arc::new(LazyCells {
+            registry,
+            path,
+            peer: peer.to_owned(),
+            cells: OnceLock::new(),
+        })))
     }
 
     /// One request of `op` served, moving `bytes`.
     pub fn count(&self, op: Op, bytes: u64) {
-        if let Some(c) = &self.0 {
+        if let Some(l) = &self.0 {
+            let c = l.cells.get_or_init(|| l.registry.cells(l.path, &l.peer));
             let s = &c.served[op_index(op)];
             s.requests.fetch_add(1, Ordering::Relaxed);
             s.bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -323,6 +388,45 @@ mod tests {
                 row("tcp", "b")
             ]
         );
+    }
+
+    #[test]
+    fn a_row_leaves_with_its_peer_after_one_last_snapshot() {
+        let r = Registry::with_limit(2);
+        let a = r.cells(PathKind::Tcp, "a");
+        let b = r.cells(PathKind::Tcp, "b");
+        drop(a);
+        let peers =
+            |r: &Registry| -> Vec<String> { r.snapshot().into_iter().map(|p| p.peer).collect() };
+        assert_eq!(peers(&r), ["a", "b"], "a's last counts are shown once");
+        assert_eq!(peers(&r), ["b"], "then a's row leaves");
+        // A peer that comes back before its row left keeps it.
+        drop(b);
+        assert_eq!(peers(&r), ["b"]);
+        let b = r.cells(PathKind::Tcp, "b");
+        assert_eq!(peers(&r), ["b"]);
+        // A newcomer at the limit takes the place of a departed row.
+        let c = r.cells(PathKind::Tcp, "c");
+        drop(c);
+        let d = r.cells(PathKind::Tcp, "d");
+        assert_eq!(d.peer(), "d", "c left, so d has a row of its own");
+        let e = r.cells(PathKind::Tcp, "e");
+        assert_eq!(
+            e.peer(),
+            OTHER_PEERS,
+            "b and d are live: e is counted with the others"
+        );
+        drop(b);
+        // Thousands of peers that come and go hold at most the limit.
+        for i in 0..5000 {
+            let c = r.cells(PathKind::Tcp, &format!("peer-{i}"));
+            c.served[0].requests.fetch_add(1, Ordering::Relaxed);
+        }
+        assert!(r.len() <= 3, "{} rows", r.len());
+        r.snapshot();
+        r.snapshot();
+        assert_eq!(r.len(), 2, "d and the other peers' row");
+        drop((d, e));
     }
 
     #[test]

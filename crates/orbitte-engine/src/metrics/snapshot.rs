@@ -13,8 +13,12 @@ pub const LATENCY_BUCKETS: usize = 27;
 pub struct MetricsSnapshot {
     /// This engine's source id.
     pub source_id: String,
-    /// One row per path and peer (source id) the engine sent requests to
-    /// or has rails to, sorted by path, then peer.
+    /// One row per path and peer (source id) the engine sent requests
+    /// to, served, or has rails to, sorted by path, then peer; a peer
+    /// whose sessions closed is in one more snapshot, then leaves. Past
+    /// the engine's limit on peer rows, the other peers share one row per
+    /// path whose `peer` is empty. A row with nothing counted is not
+    /// listed.
     pub peers: Vec<PeerMetrics>,
     /// Times an rdma rail came back after going down (engine-wide).
     pub rail_recoveries: u64,
@@ -31,7 +35,8 @@ pub struct MetricsSnapshot {
 pub struct PeerMetrics {
     /// The path (`rdma`, `tcp`, `local`, `cuda-staging`).
     pub path: String,
-    /// The peer's source id (as the peer presented it).
+    /// The peer's source id (as the peer presented it); empty: the
+    /// peers past the engine's limit on peer rows, together.
     pub peer: String,
     /// Rails of this path to the peer that take work now.
     pub rails_up: u64,
