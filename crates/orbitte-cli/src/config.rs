@@ -78,6 +78,17 @@ pub(crate) struct ServeConfig {
     pub(crate) rdma_table: bool,
 }
 
+/// `engine.listen` when the file does not set it and the engine has a
+/// cluster secret: every interface.
+pub(crate) const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 7400);
+
+/// `engine.listen` when the file does not set it and the engine has no
+/// cluster secret: this host only, since any peer that reaches an engine
+/// without a secret reads and writes what it publishes.
+pub(crate) const DEFAULT_LISTEN_OPEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 7400);
+
 /// `[engine]`.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct EngineConfig {
@@ -85,6 +96,11 @@ pub(crate) struct EngineConfig {
     pub(crate) epoch: Option<u64>,
     pub(crate) last_epoch: Option<u64>,
     pub(crate) listen: SocketAddr,
+    /// Whether the file set `engine.listen` (otherwise `serve` picks
+    /// [`DEFAULT_LISTEN`] with a cluster secret, [`DEFAULT_LISTEN_OPEN`]
+    /// without one).
+    #[serde(skip)]
+    pub(crate) listen_given: bool,
     /// Where rdma peers open their control link (with an `[rdma]` table).
     pub(crate) control_listen: Option<SocketAddr>,
     pub(crate) cluster_secret_file: Option<String>,
@@ -406,8 +422,9 @@ fn parse_engine(cx: &Ctx<'_>, t: Option<&toml::Table>) -> Result<EngineConfig, C
             s.parse::<SocketAddr>()
                 .map_err(|_| cx.err("engine.listen", "an address like \"0.0.0.0:7400\"", v))?
         }
-        None => SocketAddr::from(([0, 0, 0, 0], 7400)),
+        None => DEFAULT_LISTEN,
     };
+    let listen_given = t.contains_key("listen");
     let control_listen = match t.get("control_listen") {
         Some(v) => {
             let s = cx.string(
@@ -501,6 +518,7 @@ fn parse_engine(cx: &Ctx<'_>, t: Option<&toml::Table>) -> Result<EngineConfig, C
         epoch,
         last_epoch,
         listen,
+        listen_given,
         control_listen,
         cluster_secret_file,
         metadata,

@@ -32,7 +32,7 @@ struct Effective<'a> {
 
 pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
     let origin = args.config.display().to_string();
-    let cfg = config::load(&args.config).map_err(|e| Failure::usage(e.0))?;
+    let mut cfg = config::load(&args.config).map_err(|e| Failure::usage(e.0))?;
     let env = ConfigOverrides::from_env().map_err(|e| Failure::usage(e.to_string()))?;
     let mut rdma = RdmaConfig::default();
     rdma.apply(&cfg.rdma);
@@ -81,20 +81,25 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
         .clone()
         .unwrap_or_else(|| cfg.engine.metadata.clone());
     let secret = match &cfg.engine.cluster_secret_file {
-        None => None,
-        Some(file) => {
-            let bytes = std::fs::read(file).map_err(|e| {
-                Failure::usage(format!(
-                    "config file {origin}: key engine.cluster_secret_file: cannot read {file}: {e}; point it at a readable file of at least 16 random bytes"
-                ))
-            })?;
-            Some(ClusterSecret::new(bytes).map_err(|e| {
-                Failure::usage(format!(
-                    "config file {origin}: key engine.cluster_secret_file: {e}; write at least 16 random bytes (head -c 32 /dev/urandom > FILE)"
-                ))
-            })?)
-        }
+        Some(file) => Some(
+            orbitte::secret::read_secret_file(
+                std::path::Path::new(file),
+                "key engine.cluster_secret_file",
+            )
+            .map_err(|e| Failure::usage(format!("config file {origin}: {e}")))?,
+        ),
+        None => orbitte::secret::secret_from_env().map_err(|e| Failure::usage(e.to_string()))?,
     };
+    if !cfg.engine.listen_given && secret.is_none() {
+        cfg.engine.listen = config::DEFAULT_LISTEN_OPEN;
+        tracing::info!(
+            "engine.listen is not set and there is no cluster secret: listening on {} (this host only); \
+             set engine.cluster_secret_file or ORBITTE_SECRET_FILE to serve other hosts on {}, \
+             or set engine.listen",
+            config::DEFAULT_LISTEN_OPEN,
+            config::DEFAULT_LISTEN
+        );
+    }
     let open = open_listener_warning(cfg.engine.listen, secret.is_some());
     if let Some(w) = &open {
         tracing::warn!("{w}");
@@ -276,8 +281,8 @@ fn open_listener_warning(listen: std::net::SocketAddr, secret: bool) -> Option<S
         "no cluster secret and engine.listen {listen} is reachable from other hosts: any peer \
          that connects is admitted, reads and writes every published range, takes session slots, \
          and can fence any engine out of this target until it restarts (one hello with that \
-         engine's source id and epoch {}); set engine.cluster_secret_file (the same secret on \
-         every engine), or listen on a loopback address",
+         engine's source id and epoch {}); set engine.cluster_secret_file or ORBITTE_SECRET_FILE \
+         (the same secret on every engine), or listen on a loopback address",
         u64::MAX
     ))
 }

@@ -1571,3 +1571,42 @@ fn serve_without_a_secret_warns_only_when_other_hosts_reach_it() {
     assert!(!lo.stdout.contains("no cluster secret"), "{}", lo.stdout);
     assert!(!lo.stderr.contains("no cluster secret"), "{}", lo.stderr);
 }
+
+/// Without `engine.listen`, `serve` listens on every interface only with a
+/// cluster secret (from the config or ORBITTE_SECRET_FILE).
+#[test]
+fn serve_listens_beyond_this_host_by_default_only_with_a_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, [9u8; 32]).unwrap();
+    let check = |env_secret: Option<&Path>| {
+        let f = config("[engine]\nsource_id = \"default-listen\"\n");
+        let mut cmd = orbitte();
+        cmd.args(["serve", "--config", f.path().to_str().unwrap(), "--check"])
+            .env_remove("ORBITTE_SECRET_FILE");
+        if let Some(p) = env_secret {
+            cmd.env("ORBITTE_SECRET_FILE", p);
+        }
+        let r = run_cmd(&mut cmd);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        r.stdout
+    };
+    let open = check(None);
+    assert!(open.contains("listen 127.0.0.1:7400"), "{open}");
+    let closed = check(Some(&secret));
+    assert!(closed.contains("listen 0.0.0.0:7400"), "{closed}");
+    assert!(!closed.contains("no cluster secret"), "{closed}");
+    let missing = dir.path().join("missing");
+    let f = config("[engine]\nsource_id = \"default-listen\"\n");
+    let r = run_cmd(
+        orbitte()
+            .args(["serve", "--config", f.path().to_str().unwrap(), "--check"])
+            .env("ORBITTE_SECRET_FILE", &missing),
+    );
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(
+        r.stderr.contains("ORBITTE_SECRET_FILE") && r.stderr.contains("missing"),
+        "{}",
+        r.stderr
+    );
+}

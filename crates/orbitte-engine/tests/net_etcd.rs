@@ -97,6 +97,7 @@ fn record(source: &str, epoch: u64) -> PeerRecord {
             token: 42,
             local_host: Some("host-a".into()),
         }],
+        listener_token: None,
     }
 }
 

@@ -82,8 +82,9 @@ impl Directory {
         })
     }
 
-    /// The session address of the peer named `session`.
-    pub(crate) fn address_of(&self, session: &str) -> Result<SocketAddr, String> {
+    /// The session address of the peer named `session`, with the listener
+    /// token its etcd record carries.
+    pub(crate) fn address_of(&self, session: &str) -> Result<(SocketAddr, Option<String>), String> {
         if let Self::Etcd { store, .. } = self {
             let record = store
                 .lock()
@@ -91,12 +92,13 @@ impl Directory {
                 .lookup(session)
                 .map_err(|e| format!("etcd lookup of {session:?} failed: {e}"))?;
             if let Some(r) = record {
-                return r.listen_addr.parse().map_err(|_| {
+                let at = r.listen_addr.parse().map_err(|_| {
                     format!(
                         "etcd's record of {session:?} has the address {:?}, which is not ip:port",
                         r.listen_addr
                     )
-                });
+                })?;
+                return Ok((at, r.listener_token));
             }
         }
         let bad = |why: String| {
@@ -108,11 +110,12 @@ impl Directory {
                 "session id {session:?}: {named}{why}; write it as \"host:port\" (port from the target's get_rpc_port())"
             )
         };
-        session
+        let at = session
             .to_socket_addrs()
             .map_err(|e| bad(e.to_string()))?
             .next()
-            .ok_or_else(|| bad("it resolves to no address".into()))
+            .ok_or_else(|| bad("it resolves to no address".into()))?;
+        Ok((at, None))
     }
 
     /// Stores (or refreshes) `engine`'s record: served at `listen`, its
@@ -122,17 +125,19 @@ impl Directory {
         engine: &TransferEngine,
         listen: SocketAddr,
         host_id: &str,
+        token: Option<String>,
     ) -> Result<(), String> {
         let Self::Etcd { store, endpoints } = self else {
             return Ok(());
         };
         let at = advertised(listen, endpoints);
-        let record = PeerRecord::from_publication(
+        let mut record = PeerRecord::from_publication(
             engine.source_id(),
             at,
             host_id,
             &engine.segment_publication(),
         );
+        record.listener_token = token;
         store
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -51,6 +51,7 @@ fn _orbitte(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<outcome::PyOutcome>()?;
     m.add_function(wrap_pyfunction!(doctor::capabilities, m)?)?;
     m.add("PROTOCOL_VERSION", orbitte_wire::PROTOCOL_VERSION)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     nixl::register(m)?;
     Ok(())

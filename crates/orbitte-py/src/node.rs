@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use orbitte::{
-    Access, ConnectOptions, ListenerToken, DrainStatus, EngineBuilder, HostMemory, PathKind, PathPreference,
-    RdmaConfig, Registration, RequestError, RequestId, SubmitError, TransferEngine, WaitError,
+    Access, ConnectOptions, DrainStatus, EngineBuilder, HostMemory, ListenerToken, PathKind,
+    PathPreference, RdmaConfig, Registration, RequestError, RequestId, SubmitError, TransferEngine,
+    WaitError,
 };
 use orbitte_cuda::CudaBuffer;
 use pyo3::exceptions::PyValueError;
@@ -323,14 +324,14 @@ impl Node {
             Some(url) => Directory::etcd(url).map_err(BuildFailure::Metadata)?,
         };
         let drain_timeout = Duration::from_secs(5);
-        let token = if s.listener_token {
-            Some(
-                orbitte::new_listener_token()
-                    .map_err(|e| BuildFailure::Engine(format!("cannot draw a listener token: {e}")))?,
-            )
-        } else {
-            None
-        };
+        let token =
+            if s.listener_token {
+                Some(orbitte::new_listener_token().map_err(|e| {
+                    BuildFailure::Engine(format!("cannot draw a listener token: {e}"))
+                })?)
+            } else {
+                None
+            };
         let mut b = EngineBuilder::new(s.source_id)
             .rdma(RdmaConfig {
                 whitelist: s.devices,
@@ -413,13 +414,23 @@ impl Node {
         session: &str,
         token: Option<ListenerToken>,
     ) -> Result<orbitte::Peer, Failure> {
-        let addr: SocketAddr =
+        let (addr, recorded): (SocketAddr, _) =
             self.directory
                 .address_of(session)
                 .map_err(|message| Failure::Connect {
                     refusal: Refusal::Address,
                     message,
                 })?;
+        let token = match (token, recorded) {
+            (Some(t), _) => Some(t),
+            (None, Some(hex)) => {
+                Some(ListenerToken::from_hex(&hex).map_err(|e| Failure::Connect {
+                    refusal: Refusal::Address,
+                    message: format!("etcd's record of {session:?}: {e}"),
+                })?)
+            }
+            (None, None) => None,
+        };
         let options = ConnectOptions {
             prefer: self.prefer,
             rails: self.rails,
@@ -481,7 +492,12 @@ impl Node {
     /// `listen`).
     pub(crate) fn publish(&self) -> Result<(), String> {
         match self.engine.listen_addr() {
-            Some(at) => self.directory.publish(&self.engine, at, &self.host_id),
+            Some(at) => self.directory.publish(
+                &self.engine,
+                at,
+                &self.host_id,
+                self.token.map(|t| t.to_hex()),
+            ),
             None => Ok(()),
         }
     }

@@ -69,6 +69,10 @@ pub struct PeerRecord {
     pub host_id: String,
     /// Its publications.
     pub ranges: Vec<RangeRecord>,
+    /// Its listener token (hexadecimal), when it listens with one: whoever
+    /// may read the metadata service may open it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listener_token: Option<String>,
 }
 
 impl PeerRecord {
@@ -97,6 +101,7 @@ impl PeerRecord {
                     local_host: r.local.as_ref().map(|h| h.host_id.as_str().to_owned()),
                 })
                 .collect(),
+            listener_token: None,
         }
     }
 
@@ -241,6 +246,7 @@ mod tests {
                     local_host: None,
                 })
                 .collect(),
+            listener_token: None,
         }
     }
 

@@ -29,10 +29,12 @@ import itertools
 import json as _json
 import os
 import socket
+import warnings
 from typing import Any, Iterable, Optional, Sequence, Union
 
 from ._orbitte import (
     PROTOCOL_VERSION,
+    __version__,
     Allocation as _Allocation,
     ConfigError,
     ConnectError,
@@ -57,6 +59,7 @@ from ._orbitte import capabilities as _capabilities
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "__version__",
     "Batch",
     "Buffer",
     "ConfigError",
@@ -68,6 +71,7 @@ __all__ = [
     "Notification",
     "Outcome",
     "Peer",
+    "OpenEngineWarning",
     "PeerRestartedError",
     "RegisterError",
     "Registration",
@@ -307,6 +311,18 @@ def _peer(peer: Any) -> Peer:
     return peer
 
 
+class OpenEngineWarning(UserWarning):
+    """An engine listens where other hosts reach it and admits every peer
+    (no cluster secret, no listener token): they can read and write what
+    it registered. The message names the fix."""
+
+
+def _warn_if_open(native: Any) -> None:
+    text = native.open_listener()
+    if text:
+        warnings.warn(text, OpenEngineWarning, stacklevel=3)
+
+
 class Engine:
     """An OrbitTE engine: a source owner that serves its registrations to
     peers and opens peers.
@@ -318,12 +334,23 @@ class Engine:
     or "rdma"; ``rails`` is the connections per peer; ``metadata`` None
     (peer-to-peer: peers are named "host:port") or an etcd URL
     ("etcd://HOST:PORT[/PREFIX]": the engine stores its record there after
-    ``listen`` and peers may be named by source id)."""
+    ``listen`` and peers may be named by source id).
+
+    Who gets in: ``cluster_secret_file`` (default: the file
+    ``$ORBITTE_SECRET_FILE`` names) holds the cluster secret every engine
+    of the cluster shares; peers without it are refused. With
+    ``listener_token=True`` the engine draws a random token
+    (:attr:`token`) and admits only peers that connect with it
+    (``connect(address, token=...)``): hand it to them with the address,
+    over a channel you trust. An engine with neither admits every peer
+    that reaches its port, and :meth:`listen` on an address other hosts
+    reach warns so (:class:`OpenEngineWarning`)."""
 
     def __init__(self, source_id: Optional[str] = None, *, listen: Optional[str] = None,
                  rdma: bool = False, devices: Sequence[str] = (), path: str = "auto",
                  rails: int = 1, request_timeout: float = 10.0, handshake_timeout: float = 5.0,
-                 metadata: Optional[str] = None):
+                 metadata: Optional[str] = None, cluster_secret_file: Optional[str] = None,
+                 listener_token: bool = False):
         self._native = _NativeEngine(
             source_id or default_source_id(),
             rdma=bool(rdma),
@@ -333,6 +360,8 @@ class Engine:
             request_timeout=float(request_timeout),
             handshake_timeout=float(handshake_timeout),
             metadata=metadata,
+            cluster_secret_file=None if cluster_secret_file is None else os.fspath(cluster_secret_file),
+            listener_token=bool(listener_token),
         )
         self._host = "127.0.0.1"
         if listen is not None:
@@ -351,6 +380,12 @@ class Engine:
         return self._native.port()
 
     @property
+    def token(self) -> Optional[str]:
+        """The listener token peers must connect with (64 hexadecimal
+        digits), or None without ``listener_token=True``."""
+        return self._native.token
+
+    @property
     def address(self) -> str:
         """``host:port`` peers connect to (after :meth:`listen`)."""
         port = self.port
@@ -364,6 +399,7 @@ class Engine:
         host = addr.rsplit(":", 1)[0].strip("[]")
         port = self._native.listen(addr)
         self._host = host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
+        _warn_if_open(self._native)
         return port
 
     def alloc(self, length: int) -> Buffer:
@@ -405,12 +441,13 @@ class Engine:
         """Every registration of this engine: ``(address, length)``."""
         return self._native.registrations()
 
-    def connect(self, addr: str) -> Peer:
+    def connect(self, addr: str, token: Optional[str] = None) -> Peer:
         """Opens the engine at ``addr`` ("host:port", or a source id with
         etcd metadata): handshake with epochs, its publications, the path
-        chosen by the policy. Always a fresh handshake: a dead target raises
-        :class:`ConnectError`."""
-        return self._native.connect(addr)
+        chosen by the policy. ``token``: that engine's :attr:`token`, when it
+        listens with one (kept for every later session to it). Always a
+        fresh handshake: a dead target raises :class:`ConnectError`."""
+        return self._native.connect(addr, token)
 
     def submit(self, peer: Peer, requests: Iterable[Request], *,
                notify: Optional[bytes] = None) -> Batch:

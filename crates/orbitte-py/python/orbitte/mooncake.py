@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from . import Buffer, Error
+from . import Buffer, Error, _warn_if_open
 from ._orbitte import MooncakeEngine as _Native
 
 __all__ = ["LastError", "TransferEngine", "TransferNotify", "TransferOpcode"]
@@ -68,7 +68,7 @@ class TransferNotify:
         try:
             d = json.loads(payload)
             return cls(str(d["name"]), str(d["msg"]))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return cls(source_id, payload.decode("utf-8", "replace"))
 
 
@@ -206,7 +206,9 @@ class TransferEngine:
                 raise Error(f"protocol {protocol!r}: use 'tcp' or 'rdma'")
             devices = [d.strip() for d in (device_name or "").split(",") if d.strip()]
             host, _, port = local_hostname.rpartition(":") if ":" in local_hostname else (local_hostname, "", "0")
-            host = host.strip("[]") or "0.0.0.0"
+            # No host: every interface only with a cluster secret; an open
+            # engine stays on this host unless the caller names an address.
+            host = host.strip("[]") or ("0.0.0.0" if os.environ.get("ORBITTE_SECRET_FILE") else "127.0.0.1")
             # With etcd, peers name this engine by its local_hostname (its
             # record's key), as Mooncake's segment names; with p2p by address.
             source_id = local_hostname if not p2p else f"{local_hostname}-{os.getpid()}-{next(_count)}"
@@ -223,6 +225,9 @@ class TransferEngine:
                 native.listen(f"{host}:{int(port or 0)}")
             except Error:
                 native.listen(f"0.0.0.0:{int(port or 0)}")
+            # P2PHANDSHAKE peers name this engine by its address alone: only
+            # the cluster secret (ORBITTE_SECRET_FILE) closes it.
+            _warn_if_open(native)
             self._native = native
             self._hostname = host
             self._tls.error = None

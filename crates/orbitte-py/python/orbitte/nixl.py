@@ -86,7 +86,7 @@ serves on (the engine always listens: port 0 without it)."""
 NIXL_INIT_AGENT = "NIXL_INIT_AGENT"
 """The agent name that prepares a local descriptor list."""
 
-METADATA_FORMAT = "orbitte-nixl/1"
+METADATA_FORMAT = "orbitte-nixl/2"
 """The format tag of the bytes ``get_agent_metadata`` returns."""
 
 BACKEND = "UCX"
@@ -390,14 +390,22 @@ class nixl_agent_config:
     device filter), ``rails``, ``request_timeout`` and
     ``handshake_timeout`` (seconds) and
     ``metadata`` (None or "etcd://HOST:PORT[/PREFIX]"; default from
-    ``NIXL_ETCD_ENDPOINTS``)."""
+    ``NIXL_ETCD_ENDPOINTS``), ``cluster_secret_file`` (default: the file
+    ``$ORBITTE_SECRET_FILE`` names; see below).
+
+    Who gets in: every agent draws a random listener token and puts it in
+    its metadata; its engine admits only peers that prove it, so only
+    agents that were handed the metadata (over the channel you trust with
+    it) read, write or notify it. A cluster secret, when set, is needed
+    on top."""
 
     def __init__(self, enable_prog_thread: bool = True, enable_listen_thread: bool = False,
                  listen_port: int = DEFAULT_COMM_PORT, capture_telemetry: bool = False,
                  num_threads: int = 0, backends: Optional[list] = None, sync_mode: Any = None, *,
                  listen: Optional[str] = None, path: str = "auto", rdma: Optional[bool] = None,
                  devices: Sequence[str] = (), rails: int = 1, request_timeout: float = 10.0,
-                 handshake_timeout: float = 5.0, metadata: Optional[str] = None):
+                 handshake_timeout: float = 5.0, metadata: Optional[str] = None,
+                 cluster_secret_file: Optional[str] = None):
         self.backends = list(backends) if backends is not None else [BACKEND]
         for b in self.backends:
             _check_backend(b)
@@ -415,6 +423,7 @@ class nixl_agent_config:
         self.request_timeout = float(request_timeout)
         self.handshake_timeout = float(handshake_timeout)
         self.metadata = metadata
+        self.cluster_secret_file = cluster_secret_file
 
 
 def _check_backend(name: str) -> None:
@@ -547,6 +556,8 @@ class nixl_agent:
                 request_timeout=conf.request_timeout,
                 handshake_timeout=conf.handshake_timeout,
                 metadata=metadata,
+                cluster_secret_file=getattr(conf, "cluster_secret_file", None),
+                listener_token=True,
             )
             listen = conf.listen or os.environ.get("ORBITTE_NIXL_LISTEN") or "0.0.0.0"
             host, sep, port = listen.rpartition(":")
@@ -601,7 +612,8 @@ class nixl_agent:
         self.backends[backend] = 1
 
     def _backends(self, backends: Sequence[str]) -> None:
-        for b in backends or ():
+        # A bare name ("UCX") is one backend, not a list of letters.
+        for b in ([backends] if isinstance(backends, str) else backends or ()):
             _check_backend(b)
 
     # --- memory ---------------------------------------------------------------
@@ -697,6 +709,7 @@ class nixl_agent:
             "epoch": self._engine.epoch,
             "registrations": regs,
             "anchor": self._anchor.address,
+            "token": self._engine.token,
         }
         return json.dumps(doc, separators=(",", ":")).encode()
 
@@ -719,8 +732,19 @@ class nixl_agent:
         more memory, or restarted)."""
         doc = _parse_metadata(metadata)
         name = doc["name"]
+        if not name:
+            raise nixlInvalidParamError("the metadata names an agent with an empty name: take it again with get_agent_metadata()")
+        if name == self.name:
+            raise nixlInvalidParamError(
+                f"the metadata names this agent itself ({name!r}): add the metadata of another agent"
+            )
+        if name != doc["source_id"]:
+            raise nixlMismatchError(
+                f"the metadata names agent {name!r} but describes engine {doc['source_id']!r}: "
+                "take the metadata again from the agent itself"
+            )
         try:
-            peer = self._engine.connect(doc["address"])
+            peer = self._engine.connect(doc["address"], doc["token"])
         except ConnectError as e:
             raise nixlRemoteDisconnectError(f"agent {name!r} at {doc['address']}: {e}") from None
         if peer.source_id != doc["source_id"]:
@@ -900,6 +924,8 @@ class nixl_agent:
         handle.release()
 
     def release_dlist_handle(self, handle: nixl_prepped_dlist_handle) -> None:
+        if handle.released:
+            raise nixlInvalidParamError("the prepared list was released already: prepare it again")
         handle.release()
 
     def _live_remote(self, remote: _PreparedList) -> None:
@@ -1012,7 +1038,7 @@ class nixl_agent:
             return nixlXferDList(doc["mem"], _packed=packed)
         except nixlError:
             raise
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             raise nixlMismatchError(
                 f"not a descriptor list from get_serialized_descs ({e}): both sides must run orbitte.nixl"
             ) from None
@@ -1090,14 +1116,14 @@ def _packed_indices(np: Any, x: Any, dt: Any) -> Any:
 def _parse_metadata(metadata: Any) -> dict:
     try:
         doc = json.loads(bytes(metadata))
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         raise nixlMismatchError(
             "the metadata is not an orbitte.nixl agent's (a NIXL agent's? both sides must run orbitte.nixl)"
         ) from None
     if not isinstance(doc, dict) or doc.get("format") != METADATA_FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else None
         raise nixlMismatchError(f"metadata format {got!r}: this agent reads {METADATA_FORMAT!r}")
-    for key, kind in (("name", str), ("address", str), ("source_id", str), ("epoch", int)):
+    for key, kind in (("name", str), ("address", str), ("source_id", str), ("epoch", int), ("token", str)):
         if not isinstance(doc.get(key), kind):
             raise nixlMismatchError(f"the metadata has no valid {key!r}: take it again with get_agent_metadata()")
     return doc
