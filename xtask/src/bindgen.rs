@@ -497,7 +497,7 @@ fn rustfmt(root: &Path, text: &str) -> Result<String, String> {
 
 /// A short description of how two texts differ: line counts and the first
 /// differing line.
-fn diff_summary(old: &str, new: &str) -> String {
+pub(crate) fn diff_summary(old: &str, new: &str) -> String {
     if old.is_empty() {
         return "missing".into();
     }

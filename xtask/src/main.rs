@@ -7,6 +7,7 @@
 mod attack;
 mod bindgen;
 mod build_and_check;
+mod capi_header;
 mod circles;
 mod perf;
 mod softroce;
@@ -32,6 +33,9 @@ tasks:
                        next to its baselines; writes target/perf/ (--docs: docs/performance.md)
   softroce build|run|test  native verbs tests on Soft-RoCE in a qemu guest (docs/testing.md)
   bindgen [--check]    regenerate orbitte-verbs-sys's bindings (--check: fail on drift)
+  capi-header [--check]
+                       regenerate orbitte-capi's C header include/orbitte.h with
+                       cbindgen (--check: fail on drift)
   build-and-check [--no-cargo]
                        the build matrix: toolchain report, prerequisites, bindgen --check
                        under each libclang, fmt, clippy, tests, docs
@@ -51,6 +55,7 @@ fn main() -> ExitCode {
         "perf" => perf::run(rest),
         "softroce" => softroce::run(rest),
         "bindgen" => bindgen::run(rest),
+        "capi-header" => capi_header::run(rest),
         "build-and-check" => build_and_check::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");

@@ -26,7 +26,8 @@ pub const ORBITTE_OP_READ: i32 = 0;
 pub const ORBITTE_OP_WRITE: i32 = 1;
 
 /// The most bytes a notification carries.
-pub const ORBITTE_MAX_NOTIF_LEN: usize = MAX_NOTIFICATION_LEN;
+pub const ORBITTE_MAX_NOTIF_LEN: usize = 4096;
+const _: () = assert!(ORBITTE_MAX_NOTIF_LEN == MAX_NOTIFICATION_LEN);
 
 /// `orbitte_xfer_status.failed_status`: the request completed.
 pub const ORBITTE_REQ_COMPLETE: i32 = 0;
