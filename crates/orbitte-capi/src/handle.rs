@@ -18,20 +18,16 @@ use crate::status::Failure;
 use crate::xfer::Xfer;
 
 /// An engine, as C holds it: an opaque pointer (never dereferenced).
-
 #[derive(Debug)]
 pub struct orbitte_engine {
     _opaque: [u8; 0],
 }
 
 /// A registration of an engine (0 is never one).
-
 pub type orbitte_reg = u64;
 /// A peer an engine connected to (0 is never one).
-
 pub type orbitte_peer = u64;
 /// A prepared transfer of an engine (0 is never one).
-
 pub type orbitte_xfer = u64;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

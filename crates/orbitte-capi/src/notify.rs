@@ -56,8 +56,8 @@ pub unsafe extern "C" fn orbitte_notif_poll(
         let Some(n) = inbox.front() else {
             return Ok(ORBITTE_EMPTY);
         };
-        // Both lengths are written first, so one failed call tells both.
-        // SAFETY (both blocks): the caller's contract for each buffer and length.
+        // Both lengths are written, so one failed call tells both.
+        // SAFETY: the caller's contract for `name`, `name_cap`, `name_len`.
         let named = unsafe {
             copy_out(
                 n.source_id.as_bytes(),
@@ -68,7 +68,7 @@ pub unsafe extern "C" fn orbitte_notif_poll(
                 "the sender's name",
             )
         };
-        // SAFETY: as above.
+        // SAFETY: the caller's contract for `msg`, `msg_cap`, `msg_len`.
         let carried =
             unsafe { copy_out(&n.payload, false, msg, msg_cap, msg_len, "the notification") };
         match (named, carried) {

@@ -8,19 +8,28 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The directory holding the `liborbitte_capi.so` built with this test.
+/// The directory holding the `liborbitte_capi.so` built with this test:
+/// beside it (`target/<profile>/deps`). The copy cargo puts in the
+/// profile's directory is not refreshed by a test build, so it is never
+/// used, and the programs run with this directory alone as their library
+/// path (cargo's `LD_LIBRARY_PATH` names the profile's directory first).
 fn library_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test's own path");
     let deps = exe.parent().expect("the test sits in a directory");
-    for dir in [deps, deps.parent().unwrap_or(deps)] {
-        if dir.join("liborbitte_capi.so").is_file() {
-            return dir.to_path_buf();
-        }
-    }
-    panic!(
-        "liborbitte_capi.so is not beside {} nor in its parent: build the crate's cdylib (cargo test -p orbitte-capi)",
-        deps.display()
+    assert!(
+        deps.join("liborbitte_capi.so").is_file(),
+        "liborbitte_capi.so is not beside {}: build the crate's cdylib (cargo test -p orbitte-capi)",
+        exe.display()
     );
+    deps.to_path_buf()
+}
+
+/// A command running the compiled program `exe` against the library built
+/// with this test.
+fn program(exe: &Path) -> Command {
+    let mut cmd = Command::new(exe);
+    cmd.env("LD_LIBRARY_PATH", library_dir());
+    cmd
 }
 
 /// Compiles `source` into an executable in `out_dir` and returns its path.
@@ -61,24 +70,45 @@ fn compile(source: &Path, out_dir: &Path) -> PathBuf {
     exe
 }
 
-#[test]
-fn a_c_program_moves_bytes_and_notifications_through_the_c_api() {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out_dir = std::env::temp_dir().join(format!("orbitte-capi-test-{}", std::process::id()));
-    std::fs::create_dir_all(&out_dir).expect("a scratch directory");
-    let exe = compile(&manifest.join("tests/c/roundtrip.c"), &out_dir);
-    let out = Command::new(&exe)
-        .env_remove("ORBITTE_SECRET_FILE")
-        .output()
-        .expect("run the C program");
-    let _ = std::fs::remove_dir_all(&out_dir);
-    let stdout = String::from_utf8_lossy(&out.stdout);
+/// Runs `cmd` and returns its standard output; a failed run fails the
+/// test with both outputs.
+fn run_ok(mut cmd: Command) -> String {
+    let out = cmd.output().expect("run the C program");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
         "the C program failed ({}):\n{stdout}\n{stderr}",
         out.status
     );
+    stdout
+}
+
+/// A scratch directory of one test, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("orbitte-capi-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        Self(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn a_c_program_moves_bytes_and_notifications_through_the_c_api() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let scratch = Scratch::new("roundtrip");
+    let exe = compile(&manifest.join("tests/c/roundtrip.c"), &scratch.0);
+    let mut cmd = program(&exe);
+    cmd.env_remove("ORBITTE_SECRET_FILE");
+    let stdout = run_ok(cmd);
     for line in [
         "write: ",
         "read: ",
@@ -88,4 +118,26 @@ fn a_c_program_moves_bytes_and_notifications_through_the_c_api() {
     ] {
         assert!(stdout.contains(line), "no {line:?} in:\n{stdout}");
     }
+}
+
+#[test]
+fn an_engine_created_without_a_secret_file_takes_the_one_orbitte_secret_file_names() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let scratch = Scratch::new("secret");
+    let exe = compile(&manifest.join("tests/c/secret.c"), &scratch.0);
+    let (by_env, same, other) = (
+        scratch.0.join("by-env"),
+        scratch.0.join("same"),
+        scratch.0.join("other"),
+    );
+    for (file, byte) in [(&by_env, 0x5a), (&same, 0x5a), (&other, 0xa5)] {
+        std::fs::write(file, [byte; 32]).expect("write a secret file");
+    }
+    let mut cmd = program(&exe);
+    cmd.env("ORBITTE_SECRET_FILE", &by_env)
+        .arg(&same)
+        .arg(&other);
+    let stdout = run_ok(cmd);
+    assert!(stdout.contains("stranger: "), "{stdout}");
+    assert!(stdout.contains("all checks passed"), "{stdout}");
 }

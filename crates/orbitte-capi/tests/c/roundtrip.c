@@ -9,19 +9,7 @@
 #include <time.h>
 
 #include "orbitte.h"
-
-static int failures = 0;
-
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);             \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            const char *why = orbitte_last_error();                          \
-            fprintf(stderr, " (last error: %s)\n", why ? why : "none");     \
-            failures++;                                                      \
-        }                                                                    \
-    } while (0)
+#include "check.h"
 
 #define MUST(call)                                                           \
     do {                                                                     \
@@ -180,10 +168,5 @@ int main(void) {
     CHECK(orbitte_engine_destroy(target) == ORBITTE_ERR_BAD_HANDLE, "a second destroy");
     free(info);
     free(dst);
-    if (failures) {
-        fprintf(stderr, "%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("all checks passed\n");
-    return 0;
+    return summary();
 }
