@@ -287,8 +287,10 @@ int32_t orbitte_public_data(const struct orbitte_engine *engine,
 
 // Checks that `peer` published the memory whose public data
 // (`orbitte_public_data` on the peer) is the `len` bytes at `data`
-// (NIXL's `loadRemoteMD`): `ORBITTE_OK`, or `ORBITTE_ERR_NOT_FOUND` when
-// it is not published here within 2 s.
+// (NIXL's `loadRemoteMD`): `ORBITTE_OK`, or `ORBITTE_ERR_NOT_FOUND`.
+// Memory the peer registered after the connection is found: the session
+// is then opened again once, which brings it (and replaces the rails to
+// the peer: load what a transfer needs before posting it).
 //
 // # Safety
 // `data` points at `len` readable bytes.

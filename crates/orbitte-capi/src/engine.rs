@@ -339,10 +339,49 @@ fn connect(e: &Engine, info: &[u8]) -> Result<orbitte_peer, Failure> {
         epoch: peer.epoch(),
         source_id: info.source_id,
         path: peer.path,
+        addr,
         anchor: info.anchor,
     };
     lock(&e.peers).insert(h, entry);
     Ok(h)
+}
+
+/// Opens the session to the peer `handle` names again, which brings the
+/// ranges it published since (a peer's registrations after the session
+/// opened are not pushed to this engine). Refused when the peer restarted
+/// meanwhile.
+pub(crate) fn reopen(e: &Engine, handle: orbitte_peer) -> Result<PeerEntry, Failure> {
+    let old = e.peer(handle)?;
+    let peer = e.engine.connect(old.addr).map_err(|err| {
+        Failure::new(
+            ORBITTE_ERR_REMOTE_DISCONNECT,
+            format!(
+                "cannot reach {:?} at {} again: {err}",
+                old.source_id, old.addr
+            ),
+        )
+    })?;
+    if peer.source_id() != old.source_id || peer.epoch() != old.epoch {
+        return Err(Failure::new(
+            ORBITTE_ERR_REMOTE_DISCONNECT,
+            format!(
+                "{:?} at {} is now {:?} of epoch {}: the peer restarted; take its connection info again and connect",
+                old.source_id,
+                old.addr,
+                peer.source_id(),
+                peer.epoch()
+            ),
+        ));
+    }
+    let entry = PeerEntry {
+        id: peer.id(),
+        path: peer.path,
+        ..old
+    };
+    if let Some(slot) = lock(&e.peers).get_mut(&handle) {
+        *slot = entry.clone();
+    }
+    Ok(entry)
 }
 
 /// Connects to the peer whose connection info (`orbitte_conn_info` on

@@ -7,6 +7,7 @@
 //! whose value is that number: nothing dereferences it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -81,6 +82,8 @@ pub(crate) struct PeerEntry {
     pub(crate) epoch: Epoch,
     pub(crate) source_id: String,
     pub(crate) path: PathKind,
+    /// Where it listens (a reopen connects there again).
+    pub(crate) addr: SocketAddr,
     /// The address of the peer's notification anchor (`orbitte_notify`
     /// READs one byte of it to carry a notification).
     pub(crate) anchor: u64,

@@ -5,7 +5,6 @@
 use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use orbitte::{Access, HostMemory, RemoteRange, UnregisterError};
 
@@ -27,10 +26,6 @@ pub const ORBITTE_REG_REMOTE: u32 = 1;
 /// u64 each).
 const PUBLIC_TAG: &[u8; 4] = b"OTR1";
 const PUBLIC_LEN: usize = 20;
-
-/// How long `orbitte_load_remote` waits for a range the peer registered
-/// after the connection to be published here.
-const PUBLICATION_WAIT: Duration = Duration::from_secs(2);
 
 fn access(flags: u32) -> Result<Access, Failure> {
     match flags {
@@ -288,10 +283,45 @@ pub(crate) fn published(e: &Engine, peer: &PeerEntry) -> Result<Vec<RemoteRange>
         })
 }
 
+/// The ranges `peer` publishes, sorted by address, holding every
+/// `(address, length)` of `wanted` if the peer published them: when the
+/// ranges known here miss one, the session is opened again once (which
+/// brings what the peer registered since it opened) and they are read
+/// again.
+pub(crate) fn ranges_for(
+    e: &Engine,
+    handle: orbitte_peer,
+    wanted: impl Iterator<Item = (u64, u64)> + Clone,
+) -> Result<Vec<RemoteRange>, Failure> {
+    let sorted = |mut v: Vec<RemoteRange>| {
+        v.sort_unstable_by_key(|r| r.address);
+        v
+    };
+    let ranges = sorted(published(e, &e.peer(handle)?)?);
+    if wanted
+        .clone()
+        .all(|(a, l)| holding(&ranges, a, l).is_some())
+    {
+        return Ok(ranges);
+    }
+    let p = crate::engine::reopen(e, handle)?;
+    Ok(sorted(published(e, &p)?))
+}
+
+/// The range of `sorted` (by address) holding `addr..addr+len`.
+pub(crate) fn holding(sorted: &[RemoteRange], addr: u64, len: u64) -> Option<RemoteRange> {
+    let at = sorted.partition_point(|r| r.address <= addr);
+    at.checked_sub(1)
+        .map(|k| sorted[k])
+        .filter(|r| r.contains(addr, len))
+}
+
 /// Checks that `peer` published the memory whose public data
 /// (`orbitte_public_data` on the peer) is the `len` bytes at `data`
-/// (NIXL's `loadRemoteMD`): `ORBITTE_OK`, or `ORBITTE_ERR_NOT_FOUND` when
-/// it is not published here within 2 s.
+/// (NIXL's `loadRemoteMD`): `ORBITTE_OK`, or `ORBITTE_ERR_NOT_FOUND`.
+/// Memory the peer registered after the connection is found: the session
+/// is then opened again once, which brings it (and replaces the rails to
+/// the peer: load what a transfer needs before posting it).
 ///
 /// # Safety
 /// `data` points at `len` readable bytes.
@@ -319,24 +349,16 @@ pub unsafe extern "C" fn orbitte_load_remote(
             u64::from_le_bytes(w)
         };
         let (addr, range_len) = (word(4), word(12));
-        let deadline = Instant::now() + PUBLICATION_WAIT;
-        loop {
-            if published(&e, &p)?
-                .iter()
-                .any(|r| r.contains(addr, range_len))
-            {
-                return Ok(ORBITTE_OK);
-            }
-            if Instant::now() >= deadline {
-                return Err(Failure::new(
-                    ORBITTE_ERR_NOT_FOUND,
-                    format!(
-                        "{:?} publishes no range holding {addr:#x}+{range_len}: register it there with ORBITTE_REG_REMOTE",
-                        p.source_id
-                    ),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(2));
+        let ranges = ranges_for(&e, peer, std::iter::once((addr, range_len)))?;
+        if holding(&ranges, addr, range_len).is_none() {
+            return Err(Failure::new(
+                ORBITTE_ERR_NOT_FOUND,
+                format!(
+                    "{:?} publishes no range holding {addr:#x}+{range_len}: register it there with ORBITTE_REG_REMOTE",
+                    p.source_id
+                ),
+            ));
         }
+        Ok(ORBITTE_OK)
     })
 }

@@ -8,12 +8,12 @@ use std::time::Duration;
 use orbitte::{
     DrainStatus, MAX_NOTIFICATION_LEN, Notification, NotificationError, NotificationStatus, Op,
     Outcome, PathKind, Posting, RemoteEffect, RemoteTarget, Request, RequestError, RequestId,
-    Status, SubmitError, SubmitOptions, WaitError,
+    SliceFailure, Status, SubmitError, SubmitOptions, WaitError,
 };
 
 use crate::args::{self, put};
-use crate::handle::{self, Engine, PeerEntry, lock, orbitte_engine, orbitte_peer, orbitte_xfer};
-use crate::memory::published;
+use crate::handle::{self, Engine, lock, orbitte_engine, orbitte_peer, orbitte_xfer};
+use crate::memory::{holding, ranges_for};
 use crate::status::{
     Failure, ORBITTE_ERR_BACKEND, ORBITTE_ERR_NOT_FOUND, ORBITTE_ERR_NOT_POSTED,
     ORBITTE_ERR_REMOTE_DISCONNECT, ORBITTE_ERR_REPOST_ACTIVE, ORBITTE_IN_PROGRESS, ORBITTE_OK,
@@ -150,12 +150,12 @@ fn op_of(op: i32) -> Result<Op, Failure> {
 /// sides merged into one request labelled with its first descriptor.
 fn plan(
     e: &Engine,
-    peer: &PeerEntry,
+    handle: orbitte_peer,
     op: Op,
     descs: &[orbitte_desc],
 ) -> Result<Vec<Request>, Failure> {
-    let mut ranges = published(e, peer)?;
-    ranges.sort_unstable_by_key(|r| r.address);
+    let ranges = ranges_for(e, handle, descs.iter().map(|d| (d.remote_addr, d.len)))?;
+    let peer = e.peer(handle)?;
     let regs = lock(&e.regs);
     let mut out: Vec<Request> = Vec::with_capacity(descs.len());
     let mut last_end: Option<(u64, u64)> = None;
@@ -174,12 +174,7 @@ fn plan(
                 ),
             )
         })?;
-        let at = ranges.partition_point(|r| r.address <= d.remote_addr);
-        let range = at
-            .checked_sub(1)
-            .map(|k| ranges[k])
-            .filter(|r| r.contains(d.remote_addr, d.len))
-            .ok_or_else(|| {
+        let range = holding(&ranges, d.remote_addr, d.len).ok_or_else(|| {
                 Failure::new(
                     ORBITTE_ERR_NOT_FOUND,
                     format!(
@@ -237,7 +232,7 @@ pub unsafe extern "C" fn orbitte_xfer_prepare(
 ) -> i32 {
     guard("orbitte_xfer_prepare", || {
         let e = handle::engine(engine)?;
-        let p = e.peer(peer)?;
+        e.peer(peer)?;
         let op = op_of(op)?;
         if out.is_null() {
             return Err(Failure::null("out"));
@@ -249,7 +244,9 @@ pub unsafe extern "C" fn orbitte_xfer_prepare(
                 "`count` is 0: give at least one descriptor",
             ));
         }
-        let requests = plan(&e, &p, op, descs)?;
+        let requests = plan(&e, peer, op, descs)?;
+        // After the plan: a reopen may have changed the peer's path.
+        let p = e.peer(peer)?;
         let bytes = descs.iter().map(|d| d.len).sum();
         let xfer = Xfer {
             peer,
@@ -332,8 +329,16 @@ impl Xfer {
                 .failure
                 .as_ref()
                 .map_or_else(|| format!("{:?}", o.status), |f| f.to_string());
+            // A rail that went down (the peer exited, its session broke)
+            // is the peer's disconnect; anything else the engine's failure.
+            let code = match o.failure.as_deref().map(|f| &f.status) {
+                Some(SliceFailure::RailDown(_) | SliceFailure::Flushed) => {
+                    ORBITTE_ERR_REMOTE_DISCONNECT
+                }
+                _ => ORBITTE_ERR_BACKEND,
+            };
             self.fail(
-                ORBITTE_ERR_BACKEND,
+                code,
                 format!(
                     "the request starting at descriptor #{} ended {:?} after {} of {} bytes: {cause}",
                     o.label, o.status, o.completed_prefix, o.len

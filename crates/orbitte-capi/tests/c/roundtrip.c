@@ -135,6 +135,50 @@ int main(void) {
     CHECK(n == 4 && memcmp(msg, "ping", 4) == 0, "the notification alone arrived (%ld)", n);
     printf("notify: received from %s\n", name);
 
+    /* Memory the target registers after the connection is published to
+     * the initiator: its public data loads, and a WRITE reaches it. */
+    void *late_mem = NULL;
+    orbitte_reg late_reg = 0;
+    MUST(orbitte_alloc(target, 4096, ORBITTE_REG_REMOTE, &late_mem, &late_reg));
+    MUST(orbitte_public_data(target, late_reg, public_data, sizeof public_data, &public_len));
+    MUST(orbitte_load_remote(initiator, peer, public_data, public_len));
+    orbitte_desc late = {(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)late_mem, 4096};
+    orbitte_xfer lx = 0;
+    MUST(orbitte_xfer_prepare(initiator, peer, ORBITTE_OP_WRITE, &late, 1, &lx));
+    rc = run(initiator, lx, NULL, &st);
+    CHECK(rc == ORBITTE_OK && memcmp(late_mem, src, 4096) == 0,
+          "a WRITE into memory registered after the connection: %d", rc);
+    MUST(orbitte_xfer_release(initiator, lx));
+    printf("late registration: written\n");
+
+    /* A peer that goes away: a transfer to it ends in an error, no hang. */
+    orbitte_engine *gone = NULL;
+    MUST(orbitte_engine_create("capi-gone", "127.0.0.1:0", NULL, 0, &gone));
+    void *gone_mem = NULL;
+    orbitte_reg gone_reg = 0;
+    MUST(orbitte_alloc(gone, 4096, ORBITTE_REG_REMOTE, &gone_mem, &gone_reg));
+    uint8_t gone_info[1024];
+    size_t gone_len = 0;
+    MUST(orbitte_conn_info(gone, gone_info, sizeof gone_info, &gone_len));
+    orbitte_peer gone_peer = 0;
+    MUST(orbitte_connect(initiator, gone_info, gone_len, &gone_peer));
+    orbitte_desc g = {(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)gone_mem, 4096};
+    orbitte_xfer gx = 0;
+    MUST(orbitte_xfer_prepare(initiator, gone_peer, ORBITTE_OP_WRITE, &g, 1, &gx));
+    MUST(orbitte_engine_destroy(gone));
+    double t0 = now_s();
+    rc = run(initiator, gx, "never", &st);
+    CHECK(rc == ORBITTE_ERR_REMOTE_DISCONNECT && st.state == rc &&
+              st.notification != ORBITTE_NOTIF_SENT && st.failed_desc == 0,
+          "a WRITE to an engine that is gone: %d, notification %d", rc, st.notification);
+    printf("peer gone: %d after %.2f s: %s\n", rc, now_s() - t0, orbitte_last_error());
+    MUST(orbitte_xfer_release(initiator, gx));
+
+    /* A disconnected peer: its prepared transfers are refused at post. */
+    MUST(orbitte_disconnect(initiator, gone_peer));
+    CHECK(orbitte_notify(initiator, gone_peer, (const uint8_t *)"x", 1) == ORBITTE_ERR_BAD_HANDLE,
+          "a disconnected peer's handle is refused");
+
     /* Bad calls: each a code and a message naming the fault. */
     orbitte_reg none = 0;
     rc = orbitte_register(NULL, dst, len, 0, &none);
@@ -156,6 +200,8 @@ int main(void) {
     CHECK(rc == ORBITTE_ERR_INVALID_PARAM, "a null length pointer: %d", rc);
     MUST(orbitte_xfer_check(initiator, wx, NULL));
     CHECK(orbitte_last_error() == NULL, "a call that succeeds clears the last error");
+    rc = orbitte_deregister(target, dst_reg + 1000);
+    CHECK(rc == ORBITTE_ERR_BAD_HANDLE, "an unknown registration: %d", rc);
 
     /* Teardown: transfers released, memory deregistered, engines gone. */
     MUST(orbitte_xfer_release(initiator, wx));
