@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use orbitte::{
     Epoch, HostMemory, PathKind, PeerId, ReceivedNotification, RegistrationId, TransferEngine,
@@ -147,13 +147,17 @@ impl Engine {
     }
 }
 
-static ENGINES: Mutex<BTreeMap<u64, Arc<Engine>>> = Mutex::new(BTreeMap::new());
+/// The live engines: every call reads it, create and destroy write it.
+static ENGINES: RwLock<BTreeMap<u64, Arc<Engine>>> = RwLock::new(BTreeMap::new());
 static NEXT_ENGINE: AtomicU64 = AtomicU64::new(1);
 
 /// Keeps `engine` and returns the handle C holds.
 pub(crate) fn insert(engine: Engine) -> *mut orbitte_engine {
     let id = NEXT_ENGINE.fetch_add(1, Ordering::Relaxed);
-    lock(&ENGINES).insert(id, Arc::new(engine));
+    ENGINES
+        .write()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(id, Arc::new(engine));
     std::ptr::without_provenance_mut(id as usize)
 }
 
@@ -163,7 +167,9 @@ pub(crate) fn engine(h: *const orbitte_engine) -> Result<Arc<Engine>, Failure> {
         return Err(Failure::null("engine"));
     }
     let id = h.addr() as u64;
-    lock(&ENGINES)
+    ENGINES
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
         .get(&id)
         .cloned()
         .ok_or_else(|| Failure::bad_handle("engine", id))
@@ -176,7 +182,9 @@ pub(crate) fn remove(h: *const orbitte_engine) -> Result<Arc<Engine>, Failure> {
         return Err(Failure::null("engine"));
     }
     let id = h.addr() as u64;
-    lock(&ENGINES)
+    ENGINES
+        .write()
+        .unwrap_or_else(PoisonError::into_inner)
         .remove(&id)
         .ok_or_else(|| Failure::bad_handle("engine", id))
 }

@@ -25,7 +25,7 @@
 //! Every call returns an `ORBITTE_*` code (NIXL's numbers where NIXL has
 //! the status) and keeps a message for `orbitte_last_error` on the calling
 //! thread. No panic crosses the boundary: every entry point runs inside
-//! `catch_unwind` ([`status`]), and a null pointer or a handle that names
+//! `catch_unwind` (`status.rs`), and a null pointer or a handle that names
 //! nothing live is refused with a code. Handles are numbers never reused,
 //! so a stale one is refused instead of reaching something made later.
 //! Every call may be made from any thread.
