@@ -397,14 +397,18 @@ impl Xfer {
     /// Cancels what is still outstanding and takes its outcomes and drain,
     /// so the engine keeps nothing of this transfer.
     fn abandon(&mut self, e: &Engine) {
-        let open = &self.ids[self.taken..];
-        for &id in open {
+        let open = self.ids[self.taken..].to_vec();
+        for &id in &open {
             e.engine.cancel(id);
         }
-        for &id in open {
-            let _ = e.engine.wait(id, ABANDON_WAIT);
+        for &id in &open {
+            // Counted like the others: a request may have completed (or
+            // moved a prefix) before the cancel reached it.
+            if let Ok(o) = e.engine.wait(id, ABANDON_WAIT) {
+                self.record(&o);
+            }
         }
-        self.undrained.extend_from_slice(open);
+        self.undrained.extend_from_slice(&open);
         self.taken = self.ids.len();
         for &id in &self.undrained {
             let _ = e.engine.wait_drain(id, ABANDON_WAIT);
