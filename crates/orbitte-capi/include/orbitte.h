@@ -17,57 +17,6 @@
 // engine's transfers).
 #define ORBITTE_REG_REMOTE 1
 
-// Success.
-#define ORBITTE_OK 0
-
-// A transfer is still moving (`orbitte_xfer_post`, `orbitte_xfer_check`).
-#define ORBITTE_IN_PROGRESS 1
-
-// No notification is waiting (`orbitte_notif_poll`).
-#define ORBITTE_EMPTY 2
-
-// The transfer was never posted: post it first.
-#define ORBITTE_ERR_NOT_POSTED -1
-
-// An argument was refused: a null pointer, a zero length, an unknown
-// operation or flag, text that is not UTF-8, a notification too large.
-#define ORBITTE_ERR_INVALID_PARAM -2
-
-// The engine failed underneath: it could not be built, listen, register,
-// or a request of a transfer did not complete.
-#define ORBITTE_ERR_BACKEND -3
-
-// An address is in no registration of this engine, or in no range the
-// peer published.
-#define ORBITTE_ERR_NOT_FOUND -4
-
-// Connection info or public data that is not this API's, or names
-// another engine (or an older incarnation) than the one that answered.
-#define ORBITTE_ERR_MISMATCH -5
-
-// The call is not allowed in this state (deregistering memory that
-// requests still use, connection info of an engine without a listener).
-#define ORBITTE_ERR_NOT_ALLOWED -6
-
-// The transfer is still in flight: wait until `orbitte_xfer_check` says
-// it ended before posting it again.
-#define ORBITTE_ERR_REPOST_ACTIVE -7
-
-// The peer cannot be reached, went away, restarted, or was disconnected.
-#define ORBITTE_ERR_REMOTE_DISCONNECT -10
-
-// The handle names no live engine, registration, peer or transfer
-// (destroyed, released, or never made).
-#define ORBITTE_ERR_BAD_HANDLE -20
-
-// The output buffer is too small (or null): the length needed was
-// written where the call writes lengths.
-#define ORBITTE_ERR_BUFFER_TOO_SMALL -21
-
-// A bug in this library: it panicked. The panic was caught, the engine
-// may be left in any state; `orbitte_last_error` says where.
-#define ORBITTE_ERR_PANIC -22
-
 // READ: remote bytes into local memory.
 #define ORBITTE_OP_READ 0
 
@@ -109,6 +58,60 @@
 
 // Not sent, and it never will be (a request did not complete).
 #define ORBITTE_NOTIF_NOT_SENT 3
+
+// What every call returns (as an `int32_t`). In C these are enumerators,
+// safe in any expression; Rust code uses the `i32` constants of the same
+// names.
+enum orbitte_status
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+    // Success.
+    ORBITTE_OK = 0,
+    // A transfer is still moving (`orbitte_xfer_post`, `orbitte_xfer_check`).
+    ORBITTE_IN_PROGRESS = 1,
+    // No notification is waiting (`orbitte_notif_poll`).
+    ORBITTE_EMPTY = 2,
+    // The transfer was never posted: post it first.
+    ORBITTE_ERR_NOT_POSTED = -1,
+    // An argument was refused: a null pointer, a zero length, an unknown
+    // operation or flag, text that is not UTF-8, a notification too large.
+    ORBITTE_ERR_INVALID_PARAM = -2,
+    // The engine failed underneath: it could not be built, listen, register,
+    // or a request of a transfer did not complete.
+    ORBITTE_ERR_BACKEND = -3,
+    // An address is in no registration of this engine, or in no range the
+    // peer published.
+    ORBITTE_ERR_NOT_FOUND = -4,
+    // Connection info or public data that is not this API's, or names
+    // another engine (or an older incarnation) than the one that answered.
+    ORBITTE_ERR_MISMATCH = -5,
+    // The call is not allowed in this state (deregistering memory that
+    // requests still use, connection info of an engine without a listener).
+    ORBITTE_ERR_NOT_ALLOWED = -6,
+    // The transfer is still in flight: wait until `orbitte_xfer_check` says
+    // it ended before posting it again.
+    ORBITTE_ERR_REPOST_ACTIVE = -7,
+    // The peer cannot be reached, went away, restarted, or was disconnected.
+    ORBITTE_ERR_REMOTE_DISCONNECT = -10,
+    // The handle names no live engine, registration, peer or transfer
+    // (destroyed, released, or never made).
+    ORBITTE_ERR_BAD_HANDLE = -20,
+    // The output buffer is too small (or null): the length needed was
+    // written where the call writes lengths.
+    ORBITTE_ERR_BUFFER_TOO_SMALL = -21,
+    // A bug in this library: it panicked. The panic was caught, the engine
+    // may be left in any state; `orbitte_last_error` says where.
+    ORBITTE_ERR_PANIC = -22,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum orbitte_status orbitte_status;
+#else
+typedef int32_t orbitte_status;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
 
 // An engine, as C holds it: an opaque pointer (never dereferenced).
 typedef struct orbitte_engine orbitte_engine;

@@ -9,43 +9,80 @@ use std::cell::RefCell;
 use std::ffi::{CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-/// Success.
-pub const ORBITTE_OK: i32 = 0;
-/// A transfer is still moving (`orbitte_xfer_post`, `orbitte_xfer_check`).
-pub const ORBITTE_IN_PROGRESS: i32 = 1;
-/// No notification is waiting (`orbitte_notif_poll`).
-pub const ORBITTE_EMPTY: i32 = 2;
-/// The transfer was never posted: post it first.
-pub const ORBITTE_ERR_NOT_POSTED: i32 = -1;
-/// An argument was refused: a null pointer, a zero length, an unknown
-/// operation or flag, text that is not UTF-8, a notification too large.
-pub const ORBITTE_ERR_INVALID_PARAM: i32 = -2;
-/// The engine failed underneath: it could not be built, listen, register,
-/// or a request of a transfer did not complete.
-pub const ORBITTE_ERR_BACKEND: i32 = -3;
-/// An address is in no registration of this engine, or in no range the
-/// peer published.
-pub const ORBITTE_ERR_NOT_FOUND: i32 = -4;
-/// Connection info or public data that is not this API's, or names
-/// another engine (or an older incarnation) than the one that answered.
-pub const ORBITTE_ERR_MISMATCH: i32 = -5;
-/// The call is not allowed in this state (deregistering memory that
-/// requests still use, connection info of an engine without a listener).
-pub const ORBITTE_ERR_NOT_ALLOWED: i32 = -6;
-/// The transfer is still in flight: wait until `orbitte_xfer_check` says
-/// it ended before posting it again.
-pub const ORBITTE_ERR_REPOST_ACTIVE: i32 = -7;
-/// The peer cannot be reached, went away, restarted, or was disconnected.
-pub const ORBITTE_ERR_REMOTE_DISCONNECT: i32 = -10;
-/// The handle names no live engine, registration, peer or transfer
-/// (destroyed, released, or never made).
-pub const ORBITTE_ERR_BAD_HANDLE: i32 = -20;
-/// The output buffer is too small (or null): the length needed was
-/// written where the call writes lengths.
-pub const ORBITTE_ERR_BUFFER_TOO_SMALL: i32 = -21;
-/// A bug in this library: it panicked. The panic was caught, the engine
-/// may be left in any state; `orbitte_last_error` says where.
-pub const ORBITTE_ERR_PANIC: i32 = -22;
+/// What every call returns (as an `int32_t`). In C these are enumerators,
+/// safe in any expression; Rust code uses the `i32` constants of the same
+/// names.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum orbitte_status {
+    /// Success.
+    ORBITTE_OK = 0,
+    /// A transfer is still moving (`orbitte_xfer_post`, `orbitte_xfer_check`).
+    ORBITTE_IN_PROGRESS = 1,
+    /// No notification is waiting (`orbitte_notif_poll`).
+    ORBITTE_EMPTY = 2,
+    /// The transfer was never posted: post it first.
+    ORBITTE_ERR_NOT_POSTED = -1,
+    /// An argument was refused: a null pointer, a zero length, an unknown
+    /// operation or flag, text that is not UTF-8, a notification too large.
+    ORBITTE_ERR_INVALID_PARAM = -2,
+    /// The engine failed underneath: it could not be built, listen, register,
+    /// or a request of a transfer did not complete.
+    ORBITTE_ERR_BACKEND = -3,
+    /// An address is in no registration of this engine, or in no range the
+    /// peer published.
+    ORBITTE_ERR_NOT_FOUND = -4,
+    /// Connection info or public data that is not this API's, or names
+    /// another engine (or an older incarnation) than the one that answered.
+    ORBITTE_ERR_MISMATCH = -5,
+    /// The call is not allowed in this state (deregistering memory that
+    /// requests still use, connection info of an engine without a listener).
+    ORBITTE_ERR_NOT_ALLOWED = -6,
+    /// The transfer is still in flight: wait until `orbitte_xfer_check` says
+    /// it ended before posting it again.
+    ORBITTE_ERR_REPOST_ACTIVE = -7,
+    /// The peer cannot be reached, went away, restarted, or was disconnected.
+    ORBITTE_ERR_REMOTE_DISCONNECT = -10,
+    /// The handle names no live engine, registration, peer or transfer
+    /// (destroyed, released, or never made).
+    ORBITTE_ERR_BAD_HANDLE = -20,
+    /// The output buffer is too small (or null): the length needed was
+    /// written where the call writes lengths.
+    ORBITTE_ERR_BUFFER_TOO_SMALL = -21,
+    /// A bug in this library: it panicked. The panic was caught, the engine
+    /// may be left in any state; `orbitte_last_error` says where.
+    ORBITTE_ERR_PANIC = -22,
+}
+
+// The same codes as `i32`, the type every entry point returns.
+/// cbindgen:ignore
+pub const ORBITTE_OK: i32 = orbitte_status::ORBITTE_OK as i32;
+/// cbindgen:ignore
+pub const ORBITTE_IN_PROGRESS: i32 = orbitte_status::ORBITTE_IN_PROGRESS as i32;
+/// cbindgen:ignore
+pub const ORBITTE_EMPTY: i32 = orbitte_status::ORBITTE_EMPTY as i32;
+/// cbindgen:ignore
+pub const ORBITTE_ERR_NOT_POSTED: i32 = orbitte_status::ORBITTE_ERR_NOT_POSTED as i32;
+/// cbindgen:ignore
+pub const ORBITTE_ERR_INVALID_PARAM: i32 = orbitte_status::ORBITTE_ERR_INVALID_PARAM as i32;
+/// cbindgen:ignore
+pub const ORBITTE_ERR_BACKEND: i32 = orbitte_status::ORBITTE_ERR_BACKEND as i32;
+/// cbindgen:ignore
+pub const ORBITTE_ERR_NOT_FOUND: i32 = orbitte_status::ORBITTE_ERR_NOT_FOUND as i32;
+/// cbindgen:ignore
+pub const ORBITTE_ERR_MISMATCH: i32 = orbitte_status::ORBITTE_ERR_MISMATCH as i32;
+/// cbindgen:ignore
+pub const ORBITTE_ERR_NOT_ALLOWED: i32 = orbitte_status::ORBITTE_ERR_NOT_ALLOWED as i32;
+/// cbindgen:ignore
+pub const ORBITTE_ERR_REPOST_ACTIVE: i32 = orbitte_status::ORBITTE_ERR_REPOST_ACTIVE as i32;
+/// cbindgen:ignore
+pub const ORBITTE_ERR_REMOTE_DISCONNECT: i32 = orbitte_status::ORBITTE_ERR_REMOTE_DISCONNECT as i32;
+/// cbindgen:ignore
+pub const ORBITTE_ERR_BAD_HANDLE: i32 = orbitte_status::ORBITTE_ERR_BAD_HANDLE as i32;
+/// cbindgen:ignore
+pub const ORBITTE_ERR_BUFFER_TOO_SMALL: i32 = orbitte_status::ORBITTE_ERR_BUFFER_TOO_SMALL as i32;
+/// cbindgen:ignore
+pub const ORBITTE_ERR_PANIC: i32 = orbitte_status::ORBITTE_ERR_PANIC as i32;
 
 /// An error of one call: its code and what to tell the caller.
 #[derive(Debug)]
