@@ -257,8 +257,10 @@ pub unsafe extern "C" fn orbitte_xfer_prepare(
                 Posting::Inline
             },
             status: orbitte_xfer_status {
+                state: ORBITTE_ERR_NOT_POSTED,
                 requests: requests.len() as u64,
                 bytes,
+                failed_desc: u64::MAX,
                 ..Default::default()
             },
             requests,
