@@ -12,7 +12,7 @@ use crate::args::{self, copy_out, put};
 use crate::handle::{self, Anchor, Engine, PeerEntry, lock, orbitte_engine, orbitte_peer};
 use crate::status::{
     Failure, ORBITTE_ERR_BACKEND, ORBITTE_ERR_MISMATCH, ORBITTE_ERR_NOT_ALLOWED,
-    ORBITTE_ERR_REMOTE_DISCONNECT, ORBITTE_OK, guard,
+    ORBITTE_ERR_REMOTE_DISCONNECT, ORBITTE_OK, c_name, guard,
 };
 
 /// `orbitte_engine_create` flag: also register host memory on the RDMA
@@ -84,7 +84,8 @@ fn create(
     }
     if flags & !ORBITTE_ENGINE_RDMA != 0 {
         return Err(Failure::invalid(format!(
-            "unknown flags {flags:#x}: pass 0 or ORBITTE_ENGINE_RDMA"
+            "unknown flags {flags:#x}: pass 0 or {}",
+            c_name!(ORBITTE_ENGINE_RDMA)
         )));
     }
     let mut b = EngineBuilder::new(name);

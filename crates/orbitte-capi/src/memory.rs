@@ -14,7 +14,7 @@ use crate::handle::{
 };
 use crate::status::{
     Failure, ORBITTE_ERR_BACKEND, ORBITTE_ERR_MISMATCH, ORBITTE_ERR_NOT_ALLOWED,
-    ORBITTE_ERR_NOT_FOUND, ORBITTE_ERR_REMOTE_DISCONNECT, ORBITTE_OK, guard,
+    ORBITTE_ERR_NOT_FOUND, ORBITTE_ERR_REMOTE_DISCONNECT, ORBITTE_OK, c_name, guard,
 };
 
 /// Registration flag: publish the memory to peers, who may READ and WRITE
@@ -32,7 +32,8 @@ fn access(flags: u32) -> Result<Access, Failure> {
         0 => Ok(Access::LocalOnly),
         ORBITTE_REG_REMOTE => Ok(Access::REMOTE_READ_WRITE),
         other => Err(Failure::invalid(format!(
-            "unknown flags {other:#x}: pass 0 (local-only) or ORBITTE_REG_REMOTE"
+            "unknown flags {other:#x}: pass 0 (local-only) or {}",
+            c_name!(ORBITTE_REG_REMOTE)
         ))),
     }
 }
@@ -354,8 +355,9 @@ pub unsafe extern "C" fn orbitte_load_remote(
             return Err(Failure::new(
                 ORBITTE_ERR_NOT_FOUND,
                 format!(
-                    "{:?} publishes no range holding {addr:#x}+{range_len}: register it there with ORBITTE_REG_REMOTE",
-                    p.source_id
+                    "{:?} publishes no range holding {addr:#x}+{range_len}: register it there with {}",
+                    p.source_id,
+                    c_name!(ORBITTE_REG_REMOTE)
                 ),
             ));
         }

@@ -84,6 +84,16 @@ pub const ORBITTE_ERR_BUFFER_TOO_SMALL: i32 = orbitte_status::ORBITTE_ERR_BUFFER
 /// cbindgen:ignore
 pub const ORBITTE_ERR_PANIC: i32 = orbitte_status::ORBITTE_ERR_PANIC as i32;
 
+/// The name of one of this API's constants, for a message: checked to
+/// exist, and written as C code names it.
+macro_rules! c_name {
+    ($name:ident) => {{
+        let _ = $name;
+        stringify!($name)
+    }};
+}
+pub(crate) use c_name;
+
 /// An error of one call: its code and what to tell the caller.
 #[derive(Debug)]
 pub(crate) struct Failure {

@@ -13,11 +13,11 @@ use orbitte::{
 
 use crate::args::{self, put};
 use crate::handle::{self, Engine, lock, orbitte_engine, orbitte_peer, orbitte_xfer};
-use crate::memory::{holding, ranges_for};
+use crate::memory::{ORBITTE_REG_REMOTE, holding, ranges_for};
 use crate::status::{
     Failure, ORBITTE_ERR_BACKEND, ORBITTE_ERR_NOT_FOUND, ORBITTE_ERR_NOT_POSTED,
     ORBITTE_ERR_REMOTE_DISCONNECT, ORBITTE_ERR_REPOST_ACTIVE, ORBITTE_IN_PROGRESS, ORBITTE_OK,
-    guard,
+    c_name, guard,
 };
 
 /// READ: remote bytes into local memory.
@@ -140,7 +140,9 @@ fn op_of(op: i32) -> Result<Op, Failure> {
         ORBITTE_OP_READ => Ok(Op::Read),
         ORBITTE_OP_WRITE => Ok(Op::Write),
         other => Err(Failure::invalid(format!(
-            "operation {other}: use ORBITTE_OP_READ or ORBITTE_OP_WRITE"
+            "operation {other}: use {} or {}",
+            c_name!(ORBITTE_OP_READ),
+            c_name!(ORBITTE_OP_WRITE)
         ))),
     }
 }
@@ -178,11 +180,12 @@ fn plan(
                 Failure::new(
                     ORBITTE_ERR_NOT_FOUND,
                     format!(
-                        "descriptor #{i}: remote {:#x}+{} is not inside memory {:?} published ({} range(s)): register it there with ORBITTE_REG_REMOTE",
+                        "descriptor #{i}: remote {:#x}+{} is not inside memory {:?} published ({} range(s)): register it there with {}",
                         d.remote_addr,
                         d.len,
                         peer.source_id,
-                        ranges.len()
+                        ranges.len(),
+                        c_name!(ORBITTE_REG_REMOTE)
                     ),
                 )
             })?;
