@@ -35,18 +35,25 @@ struct Output {
     text: String,
 }
 
-pub(crate) fn run(args: &[String]) -> Result<(), String> {
+/// Whether `args` of the generator task `task` ask for `--check` (the only
+/// argument a generator takes).
+pub(crate) fn check_flag(args: &[String], task: &str) -> Result<bool, String> {
     let mut check = false;
     for a in args {
         match a.as_str() {
             "--check" => check = true,
             other => {
                 return Err(format!(
-                    "unexpected argument `{other}`; usage: cargo xtask bindgen [--check]"
+                    "unexpected argument `{other}`; usage: cargo xtask {task} [--check]"
                 ));
             }
         }
     }
+    Ok(check)
+}
+
+pub(crate) fn run(args: &[String]) -> Result<(), String> {
+    let check = check_flag(args, "bindgen")?;
     let root = crate::workspace::root();
     let libclang = load_libclang()?;
     println!(

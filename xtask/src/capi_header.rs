@@ -18,17 +18,7 @@ const CAPI_CRATE: &str = "crates/orbitte-capi";
 const HEADER: &str = "crates/orbitte-capi/include/orbitte.h";
 
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
-    let mut check = false;
-    for a in args {
-        match a.as_str() {
-            "--check" => check = true,
-            other => {
-                return Err(format!(
-                    "unexpected argument `{other}`; usage: cargo xtask capi-header [--check]"
-                ));
-            }
-        }
-    }
+    let check = crate::bindgen::check_flag(args, "capi-header")?;
     let root = crate::workspace::root();
     let text = generate(&root)?;
     let path = root.join(HEADER);
