@@ -39,6 +39,23 @@ struct Output {
     text: String,
 }
 
+/// Whether `args` of the generator task `task` ask for `--check` (the only
+/// argument such a generator takes).
+pub(crate) fn check_flag(args: &[String], task: &str) -> Result<bool, String> {
+    let mut check = false;
+    for a in args {
+        match a.as_str() {
+            "--check" => check = true,
+            other => {
+                return Err(format!(
+                    "unexpected argument `{other}`; usage: cargo xtask {task} [--check]"
+                ));
+            }
+        }
+    }
+    Ok(check)
+}
+
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
     const USAGE: &str =
         "usage: cargo xtask bindgen [--check] [--expect-llvm N] [--libclang-version]";
@@ -598,7 +615,7 @@ fn rustfmt(root: &Path, text: &str) -> Result<String, String> {
 
 /// A short description of how two texts differ: line counts and the first
 /// differing line.
-fn diff_summary(old: &str, new: &str) -> String {
+pub(crate) fn diff_summary(old: &str, new: &str) -> String {
     if old.is_empty() {
         return "missing".into();
     }

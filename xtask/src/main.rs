@@ -7,6 +7,7 @@
 mod attack;
 mod bindgen;
 mod build_and_check;
+mod capi_header;
 mod circles;
 mod perf;
 mod softroce;
@@ -34,6 +35,9 @@ tasks:
   bindgen [--check] [--expect-llvm N] [--libclang-version]
                        regenerate orbitte-verbs-sys's bindings (--check: fail on drift;
                        --expect-llvm: fail unless the libclang loaded is LLVM N)
+  capi-header [--check]
+                       regenerate orbitte-capi's C header include/orbitte.h with
+                       cbindgen (--check: fail on drift)
   build-and-check [--no-cargo] [--venv DIR]
                        the build matrix: toolchain report, prerequisites, bindgen --check
                        under each libclang (--venv: also PyPI's libclang and ziglang
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
         "perf" => perf::run(rest),
         "softroce" => softroce::run(rest),
         "bindgen" => bindgen::run(rest),
+        "capi-header" => capi_header::run(rest),
         "build-and-check" => build_and_check::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");

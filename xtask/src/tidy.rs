@@ -2,8 +2,8 @@
 //!
 //! - dependencies between orbitte crates only point down the layer table;
 //! - orbitte-wire and orbitte-topology depend on no other orbitte crate;
-//! - only orbitte-memory, orbitte-verbs-sys, orbitte-verbs, orbitte-cuda and
-//!   orbitte-py contain `unsafe`,
+//! - only orbitte-memory, orbitte-verbs-sys, orbitte-verbs, orbitte-cuda,
+//!   orbitte-py and orbitte-capi contain `unsafe`,
 //!   every other crate root (lib, bin, tests, examples, benches) declares
 //!   `#![forbid(unsafe_code)]`;
 //! - in the crates that may use `unsafe`, every `unsafe` block and
@@ -31,6 +31,7 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "orbitte-verbs",
     "orbitte-cuda",
     "orbitte-py",
+    "orbitte-capi",
 ];
 
 /// The sans-IO code: each crate's folders, relative to its directory.
@@ -127,6 +128,8 @@ const ALLOWED_DEPS: &[(&str, &[&str])] = &[
             "orbitte-cuda",
         ],
     ),
+    // The C API sits on the facade alone.
+    ("orbitte-capi", &["orbitte"]),
     // `cargo xtask attack` builds and mutates wire frames.
     ("xtask", &["orbitte-wire"]),
 ];

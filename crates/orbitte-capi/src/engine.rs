@@ -1,0 +1,436 @@
+//! Engines and peers: create and destroy an engine, publish its
+//! connection info, connect to a peer by the bytes it published, and
+//! disconnect.
+
+use std::ffi::c_char;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use orbitte::{Access, ClusterSecret, ConnectError, EngineBuilder, HostMemory};
+
+use crate::args::{self, copy_out, put};
+use crate::handle::{self, Anchor, Engine, PeerEntry, lock, orbitte_engine, orbitte_peer};
+use crate::status::{
+    Failure, ORBITTE_ERR_BACKEND, ORBITTE_ERR_MISMATCH, ORBITTE_ERR_NOT_ALLOWED,
+    ORBITTE_ERR_REMOTE_DISCONNECT, ORBITTE_OK, c_name, guard,
+};
+
+/// `orbitte_engine_create` flag: also register host memory on the RDMA
+/// NICs found (Host Direct); without it registrations are served by the
+/// tcp and local paths only.
+pub const ORBITTE_ENGINE_RDMA: u32 = 1;
+
+/// The environment variable naming the cluster secret file when the
+/// caller passes none.
+const SECRET_ENV: &str = "ORBITTE_SECRET_FILE";
+
+/// The format tag of the connection info.
+const CONN_INFO_FORMAT: &str = "orbitte-capi-conn/1";
+
+/// How long `orbitte_engine_destroy` waits for transfers to drain.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The anchor's size: a byte peers READ, a byte this engine READs into.
+const ANCHOR_LEN: usize = 64;
+
+/// The cluster secret: from `file`, else from the file
+/// `$ORBITTE_SECRET_FILE` names, else none.
+fn secret(file: Option<&str>) -> Result<Option<ClusterSecret>, Failure> {
+    let (path, origin) = match file {
+        Some(f) => (f.to_owned(), "secret_file"),
+        None => match std::env::var(SECRET_ENV) {
+            Ok(f) if !f.is_empty() => (f, SECRET_ENV),
+            _ => return Ok(None),
+        },
+    };
+    let bytes = std::fs::read(&path).map_err(|e| {
+        Failure::invalid(format!(
+            "{origin} {path}: cannot read it: {e}; point it at a readable file of at least 16 random bytes"
+        ))
+    })?;
+    ClusterSecret::new(bytes).map(Some).map_err(|e| {
+        Failure::invalid(format!(
+            "{origin} {path}: {e}; write at least 16 random bytes (head -c 32 /dev/urandom > FILE)"
+        ))
+    })
+}
+
+/// The `host:port` peers are told to connect to: the listen host, or this
+/// machine's name when it listens on every address.
+fn advertised(listen_host: &str, bound: SocketAddr) -> String {
+    let host = match listen_host.parse::<IpAddr>() {
+        Ok(ip) if ip.is_unspecified() => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| listen_host.to_owned()),
+        _ => listen_host.to_owned(),
+    };
+    if host.contains(':') {
+        format!("[{host}]:{}", bound.port())
+    } else {
+        format!("{host}:{}", bound.port())
+    }
+}
+
+fn create(
+    name: &str,
+    listen: Option<&str>,
+    secret_file: Option<&str>,
+    flags: u32,
+) -> Result<Engine, Failure> {
+    if name.is_empty() {
+        return Err(Failure::invalid(
+            "`name` is empty: give the engine a name (its source id)",
+        ));
+    }
+    if flags & !ORBITTE_ENGINE_RDMA != 0 {
+        return Err(Failure::invalid(format!(
+            "unknown flags {flags:#x}: pass 0 or {}",
+            c_name!(ORBITTE_ENGINE_RDMA)
+        )));
+    }
+    let mut b = EngineBuilder::new(name);
+    if let Some(s) = secret(secret_file)? {
+        b = b.cluster_secret(s);
+    }
+    let mut listen_at = None;
+    if let Some(l) = listen {
+        let at = l
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| {
+                Failure::invalid(format!(
+                    "listen address {l:?} does not resolve: write \"host:port\" (port 0: any free port)"
+                ))
+            })?;
+        let host = l.rsplit_once(':').map_or(l, |(h, _)| h);
+        listen_at = Some((host.trim_matches(['[', ']']).to_owned(), at));
+        b = b.listen(at);
+    }
+    if flags & ORBITTE_ENGINE_RDMA == 0 {
+        b = b.host_memory_without_rdma();
+    }
+    let engine = b
+        .build()
+        .map_err(|e| Failure::new(ORBITTE_ERR_BACKEND, format!("cannot build the engine: {e}")))?;
+    let memory = HostMemory::alloc(ANCHOR_LEN).map_err(|e| {
+        Failure::new(
+            ORBITTE_ERR_BACKEND,
+            format!("cannot allocate the notification anchor: {e}"),
+        )
+    })?;
+    let reg = engine
+        .register(memory.clone(), Access::RemoteRead)
+        .map_err(|e| {
+            Failure::new(
+                ORBITTE_ERR_BACKEND,
+                format!("cannot register the notification anchor: {e}"),
+            )
+        })?;
+    let anchor = Anchor {
+        id: reg.id,
+        address: memory.as_ptr() as u64,
+        _memory: memory,
+    };
+    let advertised = match (listen_at, engine.listen_addr()) {
+        (Some((host, _)), Some(bound)) => Some(advertised(&host, bound)),
+        _ => None,
+    };
+    Ok(Engine::new(engine, anchor, advertised))
+}
+
+/// Creates an engine named `name` (its source id: the name peers see as
+/// the sender of its notifications).
+///
+/// `listen` is `"host:port"` (port 0: any free port) for an engine peers
+/// connect to, or NULL for one that only connects out. `secret_file`
+/// names a file of at least 16 bytes, the cluster secret peers must share;
+/// NULL reads the file `$ORBITTE_SECRET_FILE` names, if set. `flags`: 0 or
+/// `ORBITTE_ENGINE_RDMA`. On success `*out` is the engine.
+///
+/// # Safety
+/// `name` and non-null `listen` and `secret_file` are NUL-terminated
+/// strings; `out` points at writable memory for one pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn orbitte_engine_create(
+    name: *const c_char,
+    listen: *const c_char,
+    secret_file: *const c_char,
+    flags: u32,
+    out: *mut *mut orbitte_engine,
+) -> i32 {
+    guard("orbitte_engine_create", || {
+        if out.is_null() {
+            return Err(Failure::null("out"));
+        }
+        // SAFETY: the caller's contract for each string.
+        let (name, listen, secret_file) = unsafe {
+            (
+                args::str(name, "name")?,
+                args::opt_str(listen, "listen")?,
+                args::opt_str(secret_file, "secret_file")?,
+            )
+        };
+        let engine = create(name, listen, secret_file, flags)?;
+        let h = handle::insert(engine);
+        // SAFETY: `out` is writable (the caller's contract; null checked).
+        unsafe { put(out, h, "out") }?;
+        Ok(ORBITTE_OK)
+    })
+}
+
+/// Destroys an engine: stops serving, cancels what runs, waits up to 5 s
+/// for drain, frees what it allocated. Every handle of it is invalid
+/// afterwards; a second destroy returns `ORBITTE_ERR_BAD_HANDLE`.
+///
+/// # Safety
+/// None beyond passing a value `orbitte_engine_create` returned (any
+/// other value is refused, never dereferenced).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn orbitte_engine_destroy(engine: *mut orbitte_engine) -> i32 {
+    guard("orbitte_engine_destroy", || {
+        let e = handle::remove(engine)?;
+        lock(&e.xfers).clear();
+        e.engine.shutdown(SHUTDOWN_TIMEOUT).map_err(|u| {
+            Failure::new(
+                ORBITTE_ERR_BACKEND,
+                format!("the engine was destroyed, but not everything drained: {u}"),
+            )
+        })?;
+        Ok(ORBITTE_OK)
+    })
+}
+
+/// Writes the engine's connection info, the bytes a peer passes to
+/// `orbitte_connect` (NIXL's `getConnInfo`), into `buf` (capacity
+/// `cap`) and its length to `*len`. A null or short `buf` gets
+/// `ORBITTE_ERR_BUFFER_TOO_SMALL` with the length needed in `*len`. An
+/// engine created without `listen` has none (`ORBITTE_ERR_NOT_ALLOWED`).
+///
+/// # Safety
+/// `len` points at a writable `size_t`; a non-null `buf` at `cap`
+/// writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn orbitte_conn_info(
+    engine: *const orbitte_engine,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+) -> i32 {
+    guard("orbitte_conn_info", || {
+        let e = handle::engine(engine)?;
+        let Some(address) = &e.advertised else {
+            return Err(Failure::new(
+                ORBITTE_ERR_NOT_ALLOWED,
+                "the engine has no listener, so peers cannot connect to it: create it with a listen address",
+            ));
+        };
+        let doc = serde_json::json!({
+            "format": CONN_INFO_FORMAT,
+            "source_id": e.engine.source_id(),
+            "epoch": e.engine.epoch().value(),
+            "address": address,
+            "anchor": e.anchor.address,
+        });
+        // SAFETY: the caller's contract for `buf`, `cap` and `len`.
+        unsafe {
+            copy_out(
+                doc.to_string().as_bytes(),
+                false,
+                buf,
+                cap,
+                len,
+                "the connection info",
+            )
+        }?;
+        Ok(ORBITTE_OK)
+    })
+}
+
+/// Connection info as `orbitte_conn_info` wrote it.
+struct ConnInfo {
+    source_id: String,
+    epoch: u64,
+    address: String,
+    anchor: u64,
+}
+
+fn parse_conn_info(bytes: &[u8]) -> Result<ConnInfo, Failure> {
+    let mismatch = |why: &str| {
+        Failure::new(
+            ORBITTE_ERR_MISMATCH,
+            format!("{why}: pass the bytes orbitte_conn_info wrote on the peer"),
+        )
+    };
+    let doc: serde_json::Value = serde_json::from_slice(bytes)
+        .map_err(|_| mismatch("the connection info is not this API's"))?;
+    if doc.get("format").and_then(|f| f.as_str()) != Some(CONN_INFO_FORMAT) {
+        return Err(mismatch(&format!(
+            "the connection info is not of format {CONN_INFO_FORMAT:?}"
+        )));
+    }
+    let text = |k: &str| doc.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+    let num = |k: &str| doc.get(k).and_then(serde_json::Value::as_u64);
+    match (
+        text("source_id"),
+        num("epoch"),
+        text("address"),
+        num("anchor"),
+    ) {
+        (Some(source_id), Some(epoch), Some(address), Some(anchor)) => Ok(ConnInfo {
+            source_id,
+            epoch,
+            address,
+            anchor,
+        }),
+        _ => Err(mismatch("the connection info lacks a field")),
+    }
+}
+
+fn connect(e: &Engine, info: &[u8]) -> Result<orbitte_peer, Failure> {
+    let info = parse_conn_info(info)?;
+    let addr = info
+        .address
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| {
+            Failure::new(
+                ORBITTE_ERR_REMOTE_DISCONNECT,
+                format!(
+                    "the peer's address {:?} does not resolve here",
+                    info.address
+                ),
+            )
+        })?;
+    let peer = e.engine.connect(addr).map_err(|err| {
+        let code = match err {
+            ConnectError::Session(_) => ORBITTE_ERR_REMOTE_DISCONNECT,
+            _ => ORBITTE_ERR_BACKEND,
+        };
+        Failure::new(
+            code,
+            format!("cannot connect to {:?} at {addr}: {err}", info.source_id),
+        )
+    })?;
+    if peer.source_id() != info.source_id {
+        return Err(Failure::new(
+            ORBITTE_ERR_MISMATCH,
+            format!(
+                "the engine at {addr} is {:?}, not {:?} of the connection info: take the info again from the peer",
+                peer.source_id(),
+                info.source_id
+            ),
+        ));
+    }
+    if peer.epoch().value() != info.epoch {
+        return Err(Failure::new(
+            ORBITTE_ERR_MISMATCH,
+            format!(
+                "{:?} runs epoch {}, the connection info is of epoch {} (it restarted): take the info again",
+                info.source_id,
+                peer.epoch(),
+                info.epoch
+            ),
+        ));
+    }
+    let h = e.mint();
+    let entry = PeerEntry {
+        id: peer.id(),
+        epoch: peer.epoch(),
+        source_id: info.source_id,
+        path: peer.path,
+        addr,
+        anchor: info.anchor,
+    };
+    lock(&e.peers).insert(h, entry);
+    Ok(h)
+}
+
+/// Opens the session to the peer `handle` names again, which brings the
+/// ranges it published since (a peer's registrations after the session
+/// opened are not pushed to this engine). Refused when the peer restarted
+/// meanwhile.
+pub(crate) fn reopen(e: &Engine, handle: orbitte_peer) -> Result<PeerEntry, Failure> {
+    let old = e.peer(handle)?;
+    let peer = e.engine.connect(old.addr).map_err(|err| {
+        Failure::new(
+            ORBITTE_ERR_REMOTE_DISCONNECT,
+            format!(
+                "cannot reach {:?} at {} again: {err}",
+                old.source_id, old.addr
+            ),
+        )
+    })?;
+    if peer.source_id() != old.source_id || peer.epoch() != old.epoch {
+        return Err(Failure::new(
+            ORBITTE_ERR_REMOTE_DISCONNECT,
+            format!(
+                "{:?} at {} is now {:?} of epoch {}: the peer restarted; take its connection info again and connect",
+                old.source_id,
+                old.addr,
+                peer.source_id(),
+                peer.epoch()
+            ),
+        ));
+    }
+    let entry = PeerEntry {
+        id: peer.id(),
+        path: peer.path,
+        ..old
+    };
+    if let Some(slot) = lock(&e.peers).get_mut(&handle) {
+        *slot = entry.clone();
+    }
+    Ok(entry)
+}
+
+/// Connects to the peer whose connection info (`orbitte_conn_info` on
+/// the peer) is the `len` bytes at `info` (NIXL's `loadRemoteConnInfo`
+/// and `connect`): a handshake now, which also brings the memory the peer
+/// published. On success `*out` is the peer.
+///
+/// # Safety
+/// `info` points at `len` readable bytes; `out` at a writable
+/// `orbitte_peer`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn orbitte_connect(
+    engine: *const orbitte_engine,
+    info: *const u8,
+    len: usize,
+    out: *mut orbitte_peer,
+) -> i32 {
+    guard("orbitte_connect", || {
+        let e = handle::engine(engine)?;
+        if out.is_null() {
+            return Err(Failure::null("out"));
+        }
+        // SAFETY: the caller's contract for `info` and `len`.
+        let info = unsafe { args::bytes(info, len, "info") }?;
+        let h = connect(&e, info)?;
+        // SAFETY: the caller's contract for `out` (null checked).
+        unsafe { put(out, h, "out") }?;
+        Ok(ORBITTE_OK)
+    })
+}
+
+/// Forgets a peer (NIXL's `disconnect`): transfers prepared for it are
+/// refused at post with `ORBITTE_ERR_REMOTE_DISCONNECT`, and the handle is
+/// invalid afterwards. The engine keeps its session to the peer for the
+/// engine's other users; `orbitte_connect` opens the peer again.
+///
+/// # Safety
+/// None beyond passing values this API returned.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn orbitte_disconnect(
+    engine: *const orbitte_engine,
+    peer: orbitte_peer,
+) -> i32 {
+    guard("orbitte_disconnect", || {
+        let e = handle::engine(engine)?;
+        lock(&e.peers)
+            .remove(&peer)
+            .ok_or_else(|| Failure::bad_handle("peer", peer))?;
+        Ok(ORBITTE_OK)
+    })
+}
