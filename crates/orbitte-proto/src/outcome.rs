@@ -549,16 +549,15 @@ impl PartialEq for DeviceError {
 
 impl Eq for DeviceError {}
 
-/// Whether a request's batch sent a notification.
+/// Whether a request's batch sent a notification, and whether the target
+/// took it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum NotificationStatus {
     /// The batch carried none.
     #[default]
     NotRequested,
-    /// Every request of the batch completed and the notification was handed
-    /// to the peer's path (a SEND posted behind the WRITEs, a frame queued
-    /// on a live session). The target queues it once; a rail that breaks
-    /// after this point can lose it, never duplicate it.
+    /// Every request of the batch completed and the target answered that
+    /// it queued the notification: its application reads it once.
     Sent,
     /// Not sent, and it never will be: a request of the batch did not
     /// complete, or no rail to the peer took it.
@@ -566,6 +565,27 @@ pub enum NotificationStatus {
         /// Why.
         why: Arc<str>,
     },
+    /// Sent, and the target refused it: it holds as many notifications (or
+    /// bytes of them) from this engine as it keeps, because its application
+    /// does not read them. Nothing was queued. The target's application
+    /// must drain its notifications; then send again.
+    Refused {
+        /// The bound the target named, and the fix.
+        why: Arc<str>,
+    },
+    /// Sent, and the rail went down before the target answered: it may or
+    /// may not have been queued.
+    Unconfirmed {
+        /// Why the answer did not come.
+        why: Arc<str>,
+    },
+}
+
+impl NotificationStatus {
+    /// Whether the target queued the notification (`Sent`).
+    pub fn is_sent(&self) -> bool {
+        matches!(self, Self::Sent)
+    }
 }
 
 /// Why a notifying batch was refused at submit (nothing was posted).

@@ -311,7 +311,8 @@ fn expect_field_error(ft: FrameType, at: usize, bytes: &[u8], field: &str) -> De
 }
 
 #[test]
-fn notification_payload_is_bounded_at_4_kib() {
+fn notification_payload_is_bounded_at_1_mib() {
+    assert_eq!(MAX_NOTIFICATION_LEN, 1 << 20);
     let f = Frame::from(Notification {
         notification_id: 1,
         payload: vec![9; MAX_NOTIFICATION_LEN],
@@ -329,16 +330,42 @@ fn notification_payload_is_bounded_at_4_kib() {
     let e = expect_field_error(
         FrameType::NOTIFICATION,
         8,
-        &(MAX_NOTIFICATION_LEN as u16 + 1).to_be_bytes(),
+        &(MAX_NOTIFICATION_LEN as u32 + 1).to_be_bytes(),
         "payload",
     );
     assert!(matches!(
         e.problem,
         Problem::TooLong {
-            len: 4097,
-            max: 4096
+            len: 1_048_577,
+            max: 1_048_576
         }
     ));
+    // The header bounds the body before any of it is read.
+    let mut head = bytes[..HEADER_LEN].to_vec();
+    head[8..12].copy_from_slice(&(max_body_len(FrameType::NOTIFICATION) + 1).to_be_bytes());
+    let e = FrameHeader::decode(head.as_slice().try_into().unwrap()).unwrap_err();
+    assert_eq!(e.field, "header.body_len");
+}
+
+#[test]
+fn a_notification_answer_is_a_fixed_18_byte_body() {
+    let a = NotificationAnswer {
+        notification_id: 9,
+        verdict: NotificationVerdict::BYTES_FULL,
+        limit: 16 << 20,
+    };
+    let bytes = Frame::from(a).to_bytes().unwrap();
+    assert_eq!(bytes.len(), HEADER_LEN + NOTIFICATION_ANSWER_LEN);
+    assert_eq!(
+        decode_exact(&bytes).unwrap().0,
+        Frame::NotificationAnswer(a)
+    );
+    assert_eq!(
+        max_body_len(FrameType::NOTIFICATION_ANSWER) as usize,
+        NOTIFICATION_ANSWER_LEN
+    );
+    assert!(!NotificationVerdict(7).is_queued());
+    assert_eq!(NotificationVerdict::INBOX_FULL.to_string(), "inbox-full");
 }
 
 #[test]
@@ -573,6 +600,7 @@ fn code_tables_are_stable() {
             (0x0032, "write-request"),
             (0x0033, "write-response"),
             (0x0034, "notification"),
+            (0x0035, "notification-answer"),
         ]
     );
     let errors: Vec<String> = (1..=16).map(|c| ErrorCode(c).to_string()).collect();
