@@ -46,6 +46,7 @@ pub struct EngineBuilder {
     pub(crate) host_without_rdma: bool,
     pub(crate) recovery: crate::recovery::RecoveryPolicy,
     pub(crate) staging: crate::staging::StagingConfig,
+    pub(crate) notification_inbox: crate::notify::InboxLimits,
 }
 
 /// A change to the engine's session settings (see
@@ -90,7 +91,19 @@ impl EngineBuilder {
             host_without_rdma: false,
             recovery: crate::recovery::RecoveryPolicy::default(),
             staging: crate::staging::StagingConfig::default(),
+            notification_inbox: crate::notify::InboxLimits::default(),
         }
+    }
+
+    /// How many unread notifications, and how many bytes of them, this
+    /// engine keeps from each sender (default 1024 and 16 MiB). A
+    /// notification past either bound is refused and its sender told: the
+    /// sender's batch says `Refused`. Raise them when senders send faster
+    /// than the application reads in bursts; a notification larger than
+    /// `per_peer_bytes` is always refused.
+    pub fn notification_inbox(mut self, limits: crate::notify::InboxLimits) -> Self {
+        self.notification_inbox = limits;
+        self
     }
 
     /// Uses this authoritative epoch (must be newer than any earlier
@@ -310,6 +323,13 @@ impl EngineBuilder {
             return Err(BuildError::Setting {
                 name: "slice_size",
                 why: "must be at least 1 byte".into(),
+            });
+        }
+        if self.notification_inbox.per_peer == 0 {
+            return Err(BuildError::Setting {
+                name: "notification_inbox.per_peer",
+                why: "must be at least 1 (a target that keeps no notification refuses every one)"
+                    .into(),
             });
         }
         if self.max_in_flight == 0 {

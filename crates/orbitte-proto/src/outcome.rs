@@ -602,6 +602,21 @@ pub enum NotificationError {
         /// [`MAX_NOTIFICATION_LEN`](orbitte_wire::MAX_NOTIFICATION_LEN).
         max: usize,
     },
+    /// The notification is larger than the peer's path carries (the rdma
+    /// path posts its receives in advance, in fixed slots).
+    #[error(
+        "notification of {len} bytes is larger than the {max} bytes the {path} path carries: \
+         connect to this peer over tcp or local for larger ones, or put the bulk in registered \
+         memory and notify its place"
+    )]
+    TooLargeForPath {
+        /// Its length.
+        len: usize,
+        /// The path's limit.
+        max: usize,
+        /// The path of every rail to the peer.
+        path: PathKind,
+    },
     /// A notifying batch goes to one peer.
     #[error(
         "a notifying batch goes to one peer: request #{index} names peer {found}, the first one peer {first}; submit one batch per peer"

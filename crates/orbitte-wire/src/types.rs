@@ -501,6 +501,8 @@ impl NotificationVerdict {
     /// this one, pass its byte budget (`limit`); its application must
     /// read them.
     pub const BYTES_FULL: Self = Self(2);
+    /// Refused: this target keeps no notifications at all.
+    pub const NOT_KEPT: Self = Self(3);
 
     /// Whether the target queued it.
     pub fn is_queued(self) -> bool {
@@ -512,6 +514,7 @@ wire_enum_display!(NotificationVerdict {
     QUEUED => "queued",
     INBOX_FULL => "inbox-full",
     BYTES_FULL => "bytes-full",
+    NOT_KEPT => "not-kept",
 });
 
 /// What an initiator opens a session for (in `hello`): the responder serves

@@ -774,6 +774,13 @@ impl Conn {
                 (self.on_segment)(SegmentUpdate::Retired(r.clone()));
                 return Ok(());
             }
+            Frame::NotificationAnswer(answer) => {
+                self.held.events.push(TransportEvent::NotificationAnswered {
+                    rail: self.rail.id,
+                    answer: *answer,
+                });
+                return Ok(());
+            }
             Frame::Error(e) => {
                 return Err(format!("peer sent error {}: {}", e.code, e.message));
             }
