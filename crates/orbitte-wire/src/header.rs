@@ -8,7 +8,7 @@ pub const MAGIC: [u8; 4] = *b"OBTE";
 
 /// The protocol version this crate speaks. Both peers must speak exactly this
 /// version: there is no negotiation and no legacy fallback.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Bytes of the frame header: magic (4), version (2), frame type (2), body
 /// length (4).
