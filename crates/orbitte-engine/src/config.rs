@@ -96,9 +96,10 @@ impl EngineBuilder {
     }
 
     /// How many unread notifications, and how many bytes of them, this
-    /// engine keeps from each sender (default 1024 and 16 MiB). A
-    /// notification past either bound is refused and its sender told: the
-    /// sender's batch says `Refused`. Raise them when senders send faster
+    /// engine keeps from each sender (default 1024 and 16 MiB), and how
+    /// many bytes from all senders (default 256 MiB). A notification past
+    /// any bound is refused and its sender told: the sender's batch says
+    /// `Refused`. Raise them when senders send faster
     /// than the application reads in bursts; a notification larger than
     /// `per_peer_bytes` is always refused.
     pub fn notification_inbox(mut self, limits: crate::notify::InboxLimits) -> Self {

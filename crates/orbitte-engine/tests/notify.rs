@@ -115,6 +115,7 @@ fn limited() -> InboxLimits {
     InboxLimits {
         per_peer: KEPT,
         per_peer_bytes: 3 * MB,
+        ..InboxLimits::default()
     }
 }
 

@@ -503,6 +503,10 @@ impl NotificationVerdict {
     pub const BYTES_FULL: Self = Self(2);
     /// Refused: this target keeps no notifications at all.
     pub const NOT_KEPT: Self = Self(3);
+    /// Refused: the unread notifications the target holds from every
+    /// sender, with this one, pass its engine-wide byte budget (`limit`);
+    /// its application must read them.
+    pub const TOTAL_FULL: Self = Self(4);
 
     /// Whether the target queued it.
     pub fn is_queued(self) -> bool {
@@ -515,6 +519,7 @@ wire_enum_display!(NotificationVerdict {
     INBOX_FULL => "inbox-full",
     BYTES_FULL => "bytes-full",
     NOT_KEPT => "not-kept",
+    TOTAL_FULL => "total-full",
 });
 
 /// What an initiator opens a session for (in `hello`): the responder serves

@@ -2,8 +2,10 @@
 //!
 //! Bounded per sender (source id): it holds at most
 //! [`InboxLimits::per_peer`] unread notifications and
-//! [`InboxLimits::per_peer_bytes`] bytes of them from one sender. A
-//! notification past either bound is refused, never dropped silently: the
+//! [`InboxLimits::per_peer_bytes`] bytes of them from one sender, and at
+//! most [`InboxLimits::total_bytes`] from all senders (each notification
+//! charged its payload and [`ENTRY_COST`], so the count is bounded too). A
+//! notification past any bound is refused, never dropped silently: the
 //! sender is answered (`notification-answer`, refused) and its batch's
 //! outcomes say `Refused`; here it is counted in
 //! [`NotificationStats::refused_full`] and logged as a warning within
@@ -60,6 +62,16 @@ pub const INBOX_CAPACITY: usize = 1024;
 /// default: 16 MiB.
 pub const INBOX_BYTES_PER_PEER: u64 = 16 << 20;
 
+/// Bytes of unread notifications a target keeps from all senders by
+/// default: 256 MiB (senders are many: each admitted source id has its
+/// own per-sender share, and this bounds their sum).
+pub const INBOX_BYTES_TOTAL: u64 = 256 << 20;
+
+/// What a queued notification costs the engine-wide budget on top of its
+/// payload (its record and its sender's name), so that empty ones are
+/// bounded too.
+pub const ENTRY_COST: u64 = 128;
+
 /// How much a target keeps, per sender, of the notifications its
 /// application has not read (see
 /// [`EngineBuilder::notification_inbox`](crate::EngineBuilder::notification_inbox)).
@@ -71,6 +83,10 @@ pub struct InboxLimits {
     /// [`INBOX_BYTES_PER_PEER`]). One notification larger than this is
     /// refused even from a sender with nothing queued.
     pub per_peer_bytes: u64,
+    /// Bytes of unread notifications from all senders, each charged its
+    /// payload, its sender's source id and [`ENTRY_COST`] (default
+    /// [`INBOX_BYTES_TOTAL`]).
+    pub total_bytes: u64,
 }
 
 impl Default for InboxLimits {
@@ -78,6 +94,7 @@ impl Default for InboxLimits {
         Self {
             per_peer: INBOX_CAPACITY,
             per_peer_bytes: INBOX_BYTES_PER_PEER,
+            total_bytes: INBOX_BYTES_TOTAL,
         }
     }
 }
@@ -95,12 +112,21 @@ struct Queue {
     /// over `notes` by source id; no entry with nothing queued.
     held: HashMap<String, (usize, u64)>,
     bytes: u64,
+    /// What the queued notifications cost the engine-wide budget
+    /// ([`charge`]).
+    charged: u64,
+}
+
+/// What `n` costs the engine-wide budget.
+fn charge(n: &ReceivedNotification) -> u64 {
+    n.payload.len() as u64 + n.source_id.len() as u64 + ENTRY_COST
 }
 
 impl Queue {
     fn take(&mut self, n: &ReceivedNotification) {
         let len = n.payload.len() as u64;
         self.bytes -= len;
+        self.charged -= charge(n);
         if let Some(h) = self.held.get_mut(&n.source_id) {
             h.0 -= 1;
             h.1 -= len;
@@ -170,6 +196,11 @@ impl Inbox {
                 wire::NotificationVerdict::BYTES_FULL,
                 self.limits.per_peer_bytes,
             ))
+        } else if q.charged.saturating_add(charge(&n)) > self.limits.total_bytes {
+            Some((
+                wire::NotificationVerdict::TOTAL_FULL,
+                self.limits.total_bytes,
+            ))
         } else {
             None
         };
@@ -196,6 +227,7 @@ impl Inbox {
         h.0 += 1;
         h.1 += len;
         q.bytes += len;
+        q.charged += charge(&n);
         q.notes.push_back(n);
         drop(q);
         self.received.fetch_add(1, Ordering::Relaxed);
@@ -220,6 +252,7 @@ impl Inbox {
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         q.held.clear();
         q.bytes = 0;
+        q.charged = 0;
         q.notes.drain(..).collect()
     }
 
@@ -271,6 +304,7 @@ mod tests {
         let inbox = Inbox::new(InboxLimits {
             per_peer: 3,
             per_peer_bytes: 10,
+            ..InboxLimits::default()
         });
         let t0 = Instant::now();
         let from = |src: &str, len: usize| ReceivedNotification {
@@ -305,6 +339,35 @@ mod tests {
         assert_eq!(inbox.drain().len(), 4);
         assert_eq!(inbox.stats().queued_bytes, 0);
         assert!(queued(inbox.push(from("b", 10), t0)));
+    }
+
+    #[test]
+    fn all_senders_together_stay_within_the_engine_wide_budget() {
+        // Room for two entries of 100 payload bytes from one-letter ids.
+        let inbox = Inbox::new(InboxLimits {
+            total_bytes: 2 * (100 + 1 + ENTRY_COST),
+            ..InboxLimits::default()
+        });
+        let t0 = Instant::now();
+        let from = |src: &str| ReceivedNotification {
+            source_id: src.into(),
+            epoch: orbitte_wire::Epoch::MIN,
+            path: PathKind::Tcp,
+            payload: vec![0; 100],
+        };
+        assert!(queued(inbox.push(from("a"), t0)));
+        assert!(queued(inbox.push(from("b"), t0)));
+        assert_eq!(
+            inbox.push(from("c"), t0),
+            (
+                wire::NotificationVerdict::TOTAL_FULL,
+                2 * (101 + ENTRY_COST)
+            )
+        );
+        assert!(inbox.wait(Duration::ZERO).is_some());
+        assert!(queued(inbox.push(from("c"), t0)));
+        inbox.drain();
+        assert!(queued(inbox.push(from("d"), t0)));
     }
 
     fn note(i: u8) -> ReceivedNotification {

@@ -25,8 +25,9 @@
 //! comes back the same way.
 //!
 //! Target side: received notifications wait in a queue bounded per sender
-//! in count and bytes (module `inbox`, [`InboxLimits`]; past a bound the
-//! sender is answered "refused"), read with
+//! in count and bytes, and in bytes for all senders (module `inbox`,
+//! [`InboxLimits`]; past a bound the sender is answered "refused"), read
+//! with
 //! [`TransferEngine::notifications`](crate::TransferEngine::notifications) and
 //! [`TransferEngine::wait_notification`](crate::TransferEngine::wait_notification), each tagged with the source id
 //! and epoch the session or queue pair was admitted with.
@@ -38,7 +39,8 @@ use orbitte_wire as wire;
 use crate::transport::PathKind;
 
 pub use inbox::{
-    INBOX_BYTES_PER_PEER, INBOX_CAPACITY, InboxLimits, NotificationStats, ReceivedNotification,
+    ENTRY_COST, INBOX_BYTES_PER_PEER, INBOX_BYTES_TOTAL, INBOX_CAPACITY, InboxLimits,
+    NotificationStats, ReceivedNotification,
 };
 pub(crate) use orbitte_proto::notification::Armed;
 pub use orbitte_proto::notification::{Notification, NotificationError, NotificationStatus};

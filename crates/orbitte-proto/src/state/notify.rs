@@ -248,6 +248,11 @@ fn refusal(a: wire::NotificationAnswer) -> String {
              of {} bytes",
             a.limit
         ),
+        wire::NotificationVerdict::TOTAL_FULL => format!(
+            "the unread notifications it holds from all its senders, with this one, pass its \
+             budget of {} bytes",
+            a.limit
+        ),
         wire::NotificationVerdict::NOT_KEPT => {
             return "the target refused the notification: it keeps no notifications (it serves \
                     memory only); send notifications to an engine that reads them"
