@@ -207,6 +207,9 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
         return Ok(());
     }
     drop(engine);
+    // From here a stop signal is kept for the serve loop, which drains;
+    // one that arrives while starting stops serve as soon as it serves.
+    let signal = stop_signals()?;
     let (limits, refused) = descriptors::raise();
     match refused {
         None => tracing::info!(
@@ -342,7 +345,6 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
         }
     }
     tracing::info!(source = engine.source_id(), epoch = engine.epoch().value(), %addr, "serving");
-    let signal = stop_signals()?;
     let started = Instant::now();
     let report_every = args.report_every.map(Duration::from_secs_f64);
     let stats = || engine.listener_stats().unwrap_or_default();

@@ -1451,6 +1451,47 @@ fn serve_drains_on_sigterm_with_a_last_line_and_reports_throughput() {
     );
 }
 
+/// A second stop signal, while `serve` has not finished stopping, exits
+/// at once with 128 + its number and no last line (SIGINT then SIGTERM:
+/// two kinds, which the kernel never merges into one).
+#[test]
+fn a_second_stop_signal_exits_serve_at_once() {
+    let f = config("[engine]\nsource_id = \"twice\"\nlisten = \"127.0.0.1:0\"\n");
+    let mut child = KillOnDrop(
+        orbitte()
+            .args(["serve", "--config", f.path().to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    lines
+        .by_ref()
+        .find_map(|l| l.ok().filter(|l| l.starts_with("serving as")))
+        .expect("serve starts");
+    // The shell's own kill sends both within microseconds, long before
+    // serve's loop (which looks every 50 ms) starts to stop.
+    let sent = Command::new("sh")
+        .args(["-c", "kill -INT $0; kill -TERM $0"])
+        .arg(child.0.id().to_string())
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = child.0.wait().unwrap();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    // Both may be pending at once, and then handled in either order:
+    // the exit status is that of the one handled second.
+    assert!(
+        [Some(128 + 2), Some(128 + 15)].contains(&status.code()),
+        "{status:?} {rest:?}"
+    );
+    assert!(
+        !rest.iter().any(|l| l.starts_with("stopped after")),
+        "{rest:?}"
+    );
+}
+
 /// A tcp bench initiator to `addr` that fails: its one-line error.
 fn tcp_initiator_failure(addr: &str) -> String {
     let r = run(&[
