@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import in_ci
+
 HERE = Path(__file__).parent
 CACHE = HERE.parents[2] / "target" / "sglang-cache"
 SGLANG = "0.5.23"
@@ -36,7 +38,7 @@ def fetch_sglang() -> Path:
     found = sorted(wheels.glob(f"sglang-{SGLANG}-*.whl"))
     if out.returncode != 0 or not found:
         reason = f"cannot download sglang {SGLANG} from PyPI: {(out.stderr or out.stdout).strip()[-400:]}"
-        if os.environ.get("CI") == "true":
+        if in_ci():
             pytest.fail(reason)
         pytest.skip(reason)
     with zipfile.ZipFile(found[0]) as z:
