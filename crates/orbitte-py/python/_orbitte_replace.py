@@ -42,8 +42,15 @@ PACKAGES = {
         "modules": {"_api": "orbitte.nixl", "_bindings": "orbitte.nixl"},
         "exports": {
             name: "orbitte.nixl"
-            for name in ("DEFAULT_COMM_PORT", "nixl_agent", "nixl_agent_config", "nixl_backend_handle",
-                         "nixl_prepped_dlist_handle", "nixl_thread_sync_t", "nixl_xfer_handle")
+            for name in (
+                "DEFAULT_COMM_PORT", "nixl_agent", "nixl_agent_config", "nixl_backend_handle",
+                "nixl_prepped_dlist_handle", "nixl_thread_sync_t", "nixl_xfer_handle",
+                # What NIXL's __init__ also binds from nixl._bindings.
+                "nixlBackendError", "nixlCancelledError", "nixlError", "nixlInvalidParamError",
+                "nixlMismatchError", "nixlNoTelemetryError", "nixlNotAllowedError", "nixlNotFoundError",
+                "nixlNotPostedError", "nixlNotSupportedError", "nixlRegDList", "nixlRemoteDisconnectError",
+                "nixlRepostActiveError", "nixlUnknownError", "nixlXferDList", "nixlXferTelemetry",
+            )
         },
     },
 }
