@@ -191,8 +191,12 @@ class TransferEngine:
                    device_name: str) -> int:
         """``local_hostname`` is "host" or "host:port" (no port: any free
         one, see get_rpc_port); ``metadata_server`` "P2PHANDSHAKE" (peers
-        exchange descriptors at connect); ``protocol`` "tcp" or "rdma";
-        ``device_name`` a comma-separated RDMA device filter ("" for all).
+        exchange descriptors at connect); ``protocol`` "tcp" or "rdma"
+        ("rdma" runs as "tcp" under ``MC_FORCE_TCP=1``, and on a host that
+        lists no RDMA device carries on over tcp with an
+        :class:`RdmaFallbackWarning`, or returns -6 under
+        ``ORBITTE_STRICT_RDMA=1``); ``device_name`` a comma-separated RDMA
+        device filter ("" for all).
         With an etcd metadata server ("etcd://HOST:PORT" or "HOST:PORT") the
         engine stores its record under ``local_hostname``, and peers' session
         ids are their ``local_hostname``."""
