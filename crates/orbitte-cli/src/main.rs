@@ -10,6 +10,7 @@ mod bench;
 mod chart;
 mod cli;
 mod config;
+mod descriptors;
 mod doctor;
 mod exporter;
 mod failure;

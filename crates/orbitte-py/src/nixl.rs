@@ -809,7 +809,12 @@ impl Core {
                 run.phase = Phase::Failed;
             } else if run.notified && !matches!(o.notification, NotificationStatus::Sent) {
                 run.why.get_or_insert_with(|| {
-                    format!("the notification was not sent: {:?}", o.notification)
+                    let o = PyOutcome::from(o);
+                    format!(
+                        "every byte moved, but the notification was {}: {}",
+                        o.notification.replace('_', " "),
+                        o.notification_why.unwrap_or_default()
+                    )
                 });
                 run.phase = Phase::Failed;
             }

@@ -192,7 +192,7 @@ def test_notification_too_large_is_refused_and_nothing_sent(pair):
     b.add_remote_agent(a.get_agent_metadata())
     local = a.prep_xfer_dlist("NIXL_INIT_AGENT", [(sa.address, 4096, 0)], "DRAM")
     remote = a.prep_xfer_dlist(b.name, [(sb.address, 4096, 0)], "DRAM")
-    h = a.make_prepped_xfer("WRITE", local, [0], remote, [0], b"x" * (64 << 10))
+    h = a.make_prepped_xfer("WRITE", local, [0], remote, [0], b"x" * ((1 << 20) + 1))
     with pytest.raises(nixl.nixlInvalidParamError):
         a.transfer(h)
     assert b.get_new_notifs() == {}
@@ -204,6 +204,36 @@ def test_notification_too_large_is_refused_and_nothing_sent(pair):
         a.transfer(h)
     time.sleep(0.2)
     assert b.get_new_notifs() == {}
+
+
+def test_a_notification_the_agent_cannot_keep_raises_and_its_transfer_is_err(pair):
+    """b never reads its notifications: past the 1024 it keeps from a,
+    send_notif raises and a transfer carrying one ends ERR, not DONE; once
+    b reads them, a notification is taken again."""
+    a, b, sa, sb = pair
+    kept = 1024
+    for i in range(kept):
+        a.send_notif(b.name, b"n%d" % i)
+    with pytest.raises(nixl.nixlBackendError, match="refused.*must read its notifications"):
+        a.send_notif(b.name, b"one too many")
+    local = a.prep_xfer_dlist("NIXL_INIT_AGENT", [(sa.address, 4096, 0)], "DRAM")
+    remote = a.prep_xfer_dlist(b.name, [(sb.address, 4096, 0)], "DRAM")
+    h = a.make_prepped_xfer("WRITE", local, [0], remote, [0], b"kv-ready")
+    a.transfer(h)
+    assert done(a, h) == "ERR"
+    assert "refused" in h.error
+    assert bytes(sb.view[:4096]) == bytes(sa.view[:4096])  # the bytes moved
+    got = b.get_new_notifs()[a.name]
+    assert len(got) == kept and got[0] == b"n0" and got[-1] == b"n%d" % (kept - 1)
+    a.send_notif(b.name, b"after")
+    assert b.get_new_notifs() == {a.name: [b"after"]}
+
+
+def test_a_1_mib_notification_arrives_whole(pair):
+    a, b, sa, sb = pair
+    big = os.urandom(1 << 20)
+    a.send_notif(b.name, big)
+    assert b.get_new_notifs() == {a.name: [big]}
 
 
 def test_telemetry_when_captured(pair):

@@ -169,6 +169,7 @@ Addresses = list[int] | bytes
 
 class MooncakeEngine:
     ERR_INVALID_ARGUMENT: int
+    ERR_TOO_MANY_REQUESTS: int
     ERR_ADDRESS_NOT_REGISTERED: int
     ERR_DEVICE_NOT_FOUND: int
     ERR_ADDRESS_OVERLAPPED: int

@@ -1013,7 +1013,10 @@ class nixl_agent:
     def send_notif(self, remote_agent_name: str, notif_msg: bytes, backend: Optional[str] = None) -> None:
         """Sends ``notif_msg`` to a remote agent without a transfer of the
         caller's (it rides on a one-byte READ of the agent's notification
-        anchor, so it comes with OrbitTE's rule: delivered once)."""
+        anchor, so it comes with OrbitTE's rule: delivered once) and returns
+        once the agent queued it. Raises ``nixlBackendError`` when the agent
+        refused it (it holds as many unread notifications from this agent as
+        it keeps: its application must call ``get_new_notifs``)."""
         if backend is not None:
             _check_backend(backend)
         remote = self._remote(remote_agent_name)
@@ -1025,6 +1028,11 @@ class nixl_agent:
         try:
             self._engine.transfer(remote.peer, [read(self._anchor, remote.anchor, 1)], notify=msg)
         except Error as e:
+            outcomes = getattr(e, "outcomes", None) or []
+            if any(o.notification == "refused" for o in outcomes):
+                # The agent is there; its application does not read its
+                # notifications (get_new_notifs) and it keeps no more.
+                raise nixlBackendError(f"notification to agent {_name(remote_agent_name)!r}: {e}") from None
             raise nixlRemoteDisconnectError(f"notification to agent {_name(remote_agent_name)!r}: {e}") from None
 
     def get_new_notifs(self, backends: Sequence[str] = ()) -> dict[str, list[bytes]]:
