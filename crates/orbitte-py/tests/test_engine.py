@@ -4,6 +4,7 @@ submit, outcomes, typed errors, doctor."""
 import array
 import gc
 import mmap
+import warnings
 
 import numpy as np
 import pytest
@@ -196,7 +197,7 @@ def test_python_m_orbitte_prints_the_matrix():
     assert {r["path"] for r in json.loads(out.stdout)} >= {"rdma", "tcp", "local"}
 
 
-def test_rdma_registration_never_falls_back_silently():
+def test_rdma_without_a_device_orbitte_refuses_mooncake_warns(monkeypatch):
     eng = orbitte.Engine(rdma=True)
     try:
         if eng._native.rdma_devices():
@@ -209,11 +210,27 @@ def test_rdma_registration_never_falls_back_silently():
         assert eng._native.registrations() == []
     finally:
         eng.close()
-    from orbitte.mooncake import TransferEngine
+    from orbitte.mooncake import RdmaFallbackWarning, TransferEngine
 
+    # Mooncake's behaviour: protocol "rdma" carries on over tcp, warning why.
+    te = TransferEngine()
+    with pytest.warns(RdmaFallbackWarning, match="no RDMA device.*ORBITTE_STRICT_RDMA"):
+        assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0
+    assert te.get_local_topology() == ""
+    te.close()
+    # The strict setting keeps the refusal.
+    monkeypatch.setenv("ORBITTE_STRICT_RDMA", "1")
     te = TransferEngine()
     assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == -6
     assert "no RDMA device" in te.last_error().message
+    # MC_FORCE_TCP=1 (what SGLang users set) runs protocol "rdma" as tcp:
+    # no device needed, nothing to warn about, even under the strict setting.
+    monkeypatch.setenv("MC_FORCE_TCP", "1")
+    te = TransferEngine()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0
+    te.close()
 
 
 def test_handles_are_the_engines_native_classes(pair):

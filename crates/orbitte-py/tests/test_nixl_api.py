@@ -1,6 +1,7 @@
 """orbitte.nixl in one process: descriptor forms, what this build serves,
 and bad input answered with NIXL's exception classes."""
 
+import json
 import os
 import time
 
@@ -250,6 +251,22 @@ def test_telemetry_when_captured(pair):
     assert done(a, h) == "DONE", h.error
     t = a.get_xfer_telemetry(h)
     assert (t.totalBytes, t.descCount) == (8192, 2)
+    # descCount counts descriptors after merging, as NIXL does: three blocks
+    # adjacent on both sides by index make one; initialize_xfer never merges.
+    h = a.make_prepped_xfer("WRITE", local, [0, 1, 2], remote, [0, 1, 2])
+    a.transfer(h)
+    assert done(a, h) == "DONE", h.error
+    assert (a.get_xfer_telemetry(h).totalBytes, a.get_xfer_telemetry(h).descCount) == (3 * 4096, 1)
+    rows = [(sa.address + i * 4096, 4096, 0) for i in range(3)]
+    h = a.initialize_xfer("WRITE", a.get_xfer_descs(rows, "DRAM"),
+                          a.get_xfer_descs([(sb.address + i * 4096, 4096, 0) for i in range(3)], "DRAM"), b.name)
+    a.transfer(h)
+    assert done(a, h) == "DONE", h.error
+    assert a.get_xfer_telemetry(h).descCount == 3
+    h = a.make_prepped_xfer("WRITE", local, [0, 2], remote, [1, 0])
+    a.transfer(h)
+    assert done(a, h) == "DONE", h.error
+    t = a.get_xfer_telemetry(h)
     assert before - 1 <= t.startTime / 1e6 <= time.time() + 1
     assert 0 <= t.postDuration <= t.xferDuration
     assert a.get_xfer_telemetry(h).xferDuration == t.xferDuration  # ended: fixed
@@ -395,3 +412,36 @@ def test_ipv6_listen_addresses_travel_in_the_metadata():
         time.sleep(0.005)
     a.close()
     b.close()
+
+
+def test_thread_sync_modes_and_backend_handle_are_nixls():
+    assert [m.name for m in nixl.nixl_thread_sync_t] == [
+        "NIXL_THREAD_SYNC_NONE", "NIXL_THREAD_SYNC_STRICT", "NIXL_THREAD_SYNC_RW"]
+    assert nixl.nixl_thread_sync_t.NIXL_THREAD_SYNC_DEFAULT is nixl.nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE
+    assert nixl.nixl_backend_handle is int
+    conf = nixl.nixl_agent_config(backends=[], sync_mode=nixl.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT)
+    assert conf.sync_mode is nixl.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT
+    with pytest.raises(TypeError, match="nixl_thread_sync_t"):
+        nixl.nixl_agent_config(sync_mode="strict")
+
+
+def test_partial_metadata_carries_what_was_asked(pair):
+    a, b, sa, sb = pair
+    extra = orbitte.Buffer(1 << 12)
+    b.register_memory(b.get_reg_descs([extra]))
+    whole = json.loads(b.get_agent_metadata())
+    assert sorted(r[0] for r in whole["registrations"]) == sorted([sb.address, extra.address])
+    partial = b.get_partial_agent_metadata(b.get_reg_descs([extra]), inc_conn_info=False)
+    doc = json.loads(partial)
+    assert [r[0] for r in doc["registrations"]] == [extra.address]
+    assert "address" not in doc and "token" not in doc
+    # Without connection information only an agent that added b already takes it.
+    c = agent("c")
+    with pytest.raises(nixl.nixlNotFoundError, match="no connection information"):
+        c.add_remote_agent(partial)
+    c.close()
+    assert a.add_remote_agent(partial) == b.name.encode()
+    with_conn = json.loads(b.get_partial_agent_metadata([], inc_conn_info=True))
+    assert with_conn["registrations"] == [] and with_conn["address"] and with_conn["token"] == whole["token"]
+    with pytest.raises(nixl.nixlNotFoundError, match="not the start of a registration"):
+        b.get_partial_agent_metadata(b.get_reg_descs([(sb.address + 8, 8, 0, "")], "DRAM"))
