@@ -1,6 +1,7 @@
 """orbitte.Engine: registration of every buffer kind, non-blocking
 submit, outcomes, typed errors, doctor."""
 
+import json
 import array
 import gc
 import mmap
@@ -144,10 +145,10 @@ def test_doctor_returns_the_matrix_as_data():
     assert {"rdma", "tcp", "local", "cuda-staging"} <= set(paths)
     for r in rows:
         for check in ("build", "discovery", "completion", "drain"):
-            assert r[check]["result"] in ("pass", "fail", "skipped", "not_implemented")
-            if r[check]["result"] == "fail":
+            assert r[check]["status"] in ("pass", "fail", "skipped", "not_implemented")
+            if r[check]["status"] == "fail":
                 assert r[check]["reason"] and r[check]["fix"]
-    assert paths["tcp"]["completion"]["result"] == "pass"
+    assert paths["tcp"]["completion"]["status"] == "pass"
 
 
 class DLPackOnly:
@@ -192,9 +193,10 @@ def test_python_m_orbitte_prints_the_matrix():
 
     out = subprocess.run([sys.executable, "-m", "orbitte"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("rdma\n") and "\ntcp\n" in out.stdout
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("rdma selection:") and any(line.startswith("tcp ") for line in lines), out.stdout
     out = subprocess.run([sys.executable, "-m", "orbitte", "--json"], capture_output=True, text=True, timeout=120)
-    assert {r["path"] for r in json.loads(out.stdout)} >= {"rdma", "tcp", "local"}
+    assert {r["path"] for r in json.loads(out.stdout)["paths"]} >= {"rdma", "tcp", "local"}
 
 
 def test_rdma_without_a_device_orbitte_refuses_mooncake_warns(monkeypatch):
@@ -268,3 +270,28 @@ def test_handles_are_the_engines_native_classes(pair):
         other.close()
     reg.unregister()
     assert initiator.registrations() == []
+
+
+def test_the_orbitte_command_and_python_m_orbitte_print_one_matrix():
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "orbitte"
+    cmd = [str(exe)] if exe.exists() else [shutil.which("orbitte") or "orbitte"]
+    out = subprocess.run(cmd + ["doctor", "--json", "--path", "tcp"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["command"] == "doctor"
+    via_m = subprocess.run([sys.executable, "-m", "orbitte", "--json", "--path", "tcp"],
+                           capture_output=True, text=True, timeout=120)
+    assert via_m.returncode == 0, via_m.stderr
+    assert json.loads(via_m.stdout).keys() == doc.keys()
+    cli_row = next(r for r in doc["paths"] if r["path"] == "tcp")
+    py_row = next(r for r in orbitte.doctor() if r["path"] == "tcp")
+    assert set(py_row) <= set(cli_row), (py_row.keys(), cli_row.keys())
+    for check in ("build", "discovery", "completion", "drain"):
+        assert py_row[check]["status"] == cli_row[check]["status"]
+    assert py_row["works"] == cli_row["works"]
+    assert orbitte.__version__

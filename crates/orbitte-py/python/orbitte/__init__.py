@@ -97,8 +97,9 @@ def default_source_id(prefix: str = "orbitte-py") -> str:
 def doctor() -> list[dict]:
     """The capability matrix as data: one dict per path (rdma, tcp, local,
     cuda-staging, ...) with its build, discovery, completion and drain checks,
-    each ``{"result": "pass" | "fail" | "skipped" | "not_implemented", ...}``
-    with ``reason`` and ``fix`` on failure. Evaluates each path for real, as
+    each ``{"status": "pass" | "fail" | "skipped" | "not_implemented", ...}``
+    with ``reason`` and ``fix`` on failure, and ``works`` when all four
+    pass: the rows of ``orbitte doctor --json``'s ``paths``. Evaluates each path for real, as
     ``orbitte doctor`` does."""
     return list(_capabilities())
 

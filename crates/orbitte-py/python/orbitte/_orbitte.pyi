@@ -4,6 +4,7 @@ for the public API built on it)."""
 from typing import Any, Optional
 
 PROTOCOL_VERSION: int
+def cli_main(argv: list[str]) -> int: ...
 __version__: str
 
 class Error(Exception):
