@@ -358,6 +358,16 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
         if got != 0 {
             break got;
         }
+        // serve runs no application that reads notifications: take them
+        // as they come, so the inbox holds none and peers' notifications
+        // are queued (and answered so) rather than refused or kept.
+        for n in engine.notifications() {
+            tracing::debug!(
+                peer = %n.source_id,
+                bytes = n.payload.len(),
+                "notification received (serve reads and discards notifications)"
+            );
+        }
         let now = Instant::now();
         if next_report.is_some_and(|at| now >= at) {
             let s = stats();

@@ -178,6 +178,8 @@ def test_released_handles_are_refused(pair):
     with pytest.raises(nixl.nixlInvalidParamError, match="released"):
         a.release_xfer_handle(h)
     a.release_dlist_handle(local)
+    with pytest.raises(nixl.nixlInvalidParamError, match="released already"):
+        a.release_dlist_handle(local)
     with pytest.raises(nixl.nixlInvalidParamError, match="released"):
         a.make_prepped_xfer("WRITE", local, [0], remote, [0])
     a.remove_remote_agent(b.name)
@@ -445,3 +447,15 @@ def test_partial_metadata_carries_what_was_asked(pair):
     assert with_conn["registrations"] == [] and with_conn["address"] and with_conn["token"] == whole["token"]
     with pytest.raises(nixl.nixlNotFoundError, match="not the start of a registration"):
         b.get_partial_agent_metadata(b.get_reg_descs([(sb.address + 8, 8, 0, "")], "DRAM"))
+
+
+def test_a_backend_name_given_alone_is_one_backend(pair):
+    a, b, sa, sb = pair
+    extra = orbitte.Buffer(4096)
+    descs = a.get_reg_descs([extra])
+    a.register_memory(descs, backends="UCX")
+    a.deregister_memory(descs, "UCX")
+    with pytest.raises(nixl.nixlNotFoundError):
+        a.deregister_memory(descs, "UCX")
+    with pytest.raises(nixl.nixlNotSupportedError, match="GDS"):
+        a.deregister_memory(a.get_reg_descs([sa]), "GDS")
