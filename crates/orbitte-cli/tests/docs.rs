@@ -224,7 +224,10 @@ fn history_words_finds_test_files_and_hashes() {
         history_words("see `crates/x/tests/gpu.rs`, tests/test_a.py and test_b.py."),
         ["crates/x/tests/gpu.rs", "tests/test_a.py", "test_b.py"]
     );
-    assert_eq!(history_words("measured at a4656c8 (e3fc8970)"), ["a4656c8", "e3fc8970"]);
+    assert_eq!(
+        history_words("measured at a4656c8 (e3fc8970)"),
+        ["a4656c8", "e3fc8970"]
+    );
     // Words that only look like hashes or paths.
     assert!(history_words("deadbeef 1234567 0x7f3a9c1 abc123 A4656C8 tests/ test.rs").is_empty());
 }
