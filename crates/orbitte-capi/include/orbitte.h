@@ -12,6 +12,11 @@
 // tcp and local paths only.
 #define ORBITTE_ENGINE_RDMA 1
 
+// `orbitte_engine_create` flag: listen with a fresh listener token,
+// carried in the connection info. Only peers handed the connection
+// info connect (with a cluster secret as well, they need both).
+#define ORBITTE_ENGINE_TOKEN 2
+
 // Registration flag: publish the memory to peers, who may READ and WRITE
 // it; without it the memory is local-only (a source or sink of this
 // engine's transfers).
@@ -208,6 +213,20 @@ int32_t orbitte_conn_info(const struct orbitte_engine *engine,
                           uint8_t *buf,
                           size_t cap,
                           size_t *len);
+
+// Writes what the engine counted since it was created, in the
+// Prometheus text format (requests, bytes and outcomes per path, peer
+// and operation; notifications; listener refusals), into `buf`
+// (capacity `cap`) and its length to `*len`. Buffer rules as for
+// `orbitte_conn_info`.
+//
+// # Safety
+// `len` points at a writable `size_t`; a non-null `buf` at `cap`
+// writable bytes.
+int32_t orbitte_metrics(const struct orbitte_engine *engine,
+                        uint8_t *buf,
+                        size_t cap,
+                        size_t *len);
 
 // Connects to the peer whose connection info (`orbitte_conn_info` on
 // the peer) is the `len` bytes at `info` (NIXL's `loadRemoteConnInfo`

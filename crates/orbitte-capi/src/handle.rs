@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use orbitte::{
-    Epoch, HostMemory, PathKind, PeerId, ReceivedNotification, RegistrationId, TransferEngine,
+    ConnectOptions, Epoch, HostMemory, ListenerToken, PathKind, PeerId, ReceivedNotification,
+    RegistrationId, TransferEngine,
 };
 
 use crate::status::Failure;
@@ -87,6 +88,8 @@ pub(crate) struct PeerEntry {
     /// The address of the peer's notification anchor (`orbitte_notify`
     /// READs one byte of it to carry a notification).
     pub(crate) anchor: u64,
+    /// How it was connected (its listener token): a reopen connects so again.
+    pub(crate) options: ConnectOptions,
 }
 
 /// A small registration every engine makes first: peers READ one byte of
@@ -105,6 +108,8 @@ pub(crate) struct Engine {
     pub(crate) anchor: Anchor,
     /// `host:port` peers connect to (None: no listener).
     pub(crate) advertised: Option<String>,
+    /// The token its listener requires (published in the connection info).
+    pub(crate) token: Option<ListenerToken>,
     pub(crate) regs: Mutex<Regs>,
     pub(crate) peers: Mutex<HashMap<orbitte_peer, PeerEntry>>,
     pub(crate) xfers: Mutex<HashMap<orbitte_xfer, Arc<Mutex<Xfer>>>>,
@@ -114,11 +119,17 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    pub(crate) fn new(engine: TransferEngine, anchor: Anchor, advertised: Option<String>) -> Self {
+    pub(crate) fn new(
+        engine: TransferEngine,
+        anchor: Anchor,
+        advertised: Option<String>,
+        token: Option<ListenerToken>,
+    ) -> Self {
         Self {
             engine,
             anchor,
             advertised,
+            token,
             regs: Mutex::default(),
             peers: Mutex::default(),
             xfers: Mutex::default(),

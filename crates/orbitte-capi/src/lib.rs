@@ -47,8 +47,8 @@ mod status;
 mod xfer;
 
 pub use engine::{
-    ORBITTE_ENGINE_RDMA, orbitte_conn_info, orbitte_connect, orbitte_disconnect,
-    orbitte_engine_create, orbitte_engine_destroy,
+    ORBITTE_ENGINE_RDMA, ORBITTE_ENGINE_TOKEN, orbitte_conn_info, orbitte_connect,
+    orbitte_disconnect, orbitte_engine_create, orbitte_engine_destroy, orbitte_metrics,
 };
 pub use handle::{orbitte_engine, orbitte_peer, orbitte_reg, orbitte_xfer};
 pub use memory::{
