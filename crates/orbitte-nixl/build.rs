@@ -18,11 +18,15 @@ fn main() {
         );
         return;
     };
-    let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let manifest =
+        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let root = manifest.join("../..");
     let dir = root.join(PathBuf::from(dir));
     if dir.to_str().is_none() {
-        panic!("NIXL_INCLUDE_DIR={}: use a path that is UTF-8", dir.display());
+        panic!(
+            "NIXL_INCLUDE_DIR={}: use a path that is UTF-8",
+            dir.display()
+        );
     }
     let engine_h = dir.join("backend/backend_engine.h");
     if !engine_h.is_file() {
