@@ -79,7 +79,9 @@ fn plugin_dir(label: &str, libs: &Path) -> PathBuf {
     for (link, to) in [
         (
             "libplugin_OrbitTE.so",
-            build_dir().join("libplugin_OrbitTE.so"),
+            // deps/ holds the one built for this run: cargo test copies no
+            // artifact up to target/debug.
+            build_dir().join("deps/libplugin_OrbitTE.so"),
         ),
         ("libplugin_UCX.so", libs.join("nixl/libplugin_UCX.so")),
     ] {
