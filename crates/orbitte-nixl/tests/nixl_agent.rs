@@ -7,6 +7,7 @@
 //! venvs `target/nixl-venv-1.5.1` and `target/nixl-venv-1.4.0` (`pip install
 //! --no-deps nixl-cu12==VERSION numpy`). Under `CI=true` a missing one fails
 //! the test; elsewhere the test says what is missing and passes.
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
