@@ -286,9 +286,21 @@ def run_xfer(agent, name, local, xfer_descs, laddr, base):
     if not np.array_equal(got, src[::-1]):
         fail("prepared READ with index arrays: bytes differ")
 
+    # A descriptor outside the target's registered memory: NIXL's error.
+    ls, rs = xfer_descs([(0, TARGET_LEN - BLOCK, 2 * BLOCK)])
+    try:
+        h = agent.initialize_xfer("WRITE", ls, rs, name)
+        fail("a descriptor outside the remote registration was accepted")
+    except Exception as e:
+        bad_desc = type(e).__name__
+
     # A notification alone, empty (NIXL allows it).
     agent.send_notif(name, b"")
-    print("ok xfer: WRITE and READ by initialize_xfer and by prepared lists", flush=True)
+    print(
+        "ok xfer: WRITE and READ by initialize_xfer and by prepared lists; "
+        f"a descriptor outside remote memory: {bad_desc}",
+        flush=True,
+    )
 
 
 def run_dies(agent, name, local, xfer_descs, proc):
