@@ -47,7 +47,7 @@ fn main() {
         .flag("-isystem")
         .flag(dir.to_str().expect("NIXL_INCLUDE_DIR is UTF-8"))
         .include(manifest.join("../orbitte-capi/include"))
-        .define("ORBITTE_NIXL_VERSION", format!("\"{version}\"").as_str())
+        .define("PLUGIN_VERSION", format!("\"{version}\"").as_str())
         .flag("-fvisibility=hidden")
         .warnings(true)
         .compile("orbitte_nixl_shim");

@@ -129,8 +129,9 @@ const ALLOWED_DEPS: &[(&str, &[&str])] = &[
             "orbitte-cuda",
         ],
     ),
-    // The C API sits on the facade alone.
-    ("orbitte-capi", &["orbitte"]),
+    // The C API sits on the facade, and on orbitte-cuda for device memory
+    // (as orbitte-py does).
+    ("orbitte-capi", &["orbitte", "orbitte-cuda"]),
     // The NIXL plugin sits on the C API alone.
     ("orbitte-nixl", &["orbitte-capi"]),
     // `cargo xtask attack` builds and mutates wire frames.

@@ -16,6 +16,8 @@ use orbitte::{
     RegistrationId, TransferEngine,
 };
 
+use orbitte_cuda::CudaBuffer;
+
 use crate::status::Failure;
 use crate::xfer::Xfer;
 
@@ -43,7 +45,15 @@ pub(crate) struct LocalReg {
     pub(crate) len: u64,
     /// Kept for the engine-allocated kind, freed once deregistered and
     /// drained (the engine holds its own reference while requests run).
-    pub(crate) _memory: Arc<HostMemory>,
+    pub(crate) _memory: Kept,
+}
+
+/// The memory a registration holds.
+#[derive(Debug)]
+pub(crate) enum Kept {
+    Host(Arc<HostMemory>),
+    /// CUDA device memory (the cuda-staging path).
+    Device(Arc<CudaBuffer>),
 }
 
 /// The registrations of an engine.

@@ -1,5 +1,7 @@
 // OrbitTE as a NIXL backend engine: each backend call NIXL's agent makes
-// is one call of OrbitTE's C API (orbitte.h). Host memory (DRAM_SEG) only.
+// is one call of OrbitTE's C API (orbitte.h). Host memory (DRAM_SEG)
+// always; CUDA device memory (VRAM_SEG) on the cuda-staging path when the
+// CUDA driver reports a device.
 //
 // Notifications carry one tag byte before the caller's bytes, so that an
 // empty NIXL notification (which NIXL allows) is a non-empty OrbitTE one.
@@ -38,6 +40,7 @@ toNixl(int32_t rc) {
     case ORBITTE_ERR_MISMATCH:
     case ORBITTE_ERR_NOT_ALLOWED:
     case ORBITTE_ERR_REPOST_ACTIVE:
+    case ORBITTE_ERR_NOT_SUPPORTED:
     case ORBITTE_ERR_REMOTE_DISCONNECT:
         return static_cast<nixl_status_t>(rc);
     case ORBITTE_ERR_BAD_HANDLE:
@@ -58,6 +61,35 @@ failed(const char *call, int32_t rc) {
 nixl_status_t
 check(const char *call, int32_t rc) {
     return rc < 0 ? failed(call, rc) : toNixl(rc);
+}
+
+// Whether CUDA device memory can be registered here (asked once).
+bool
+cudaAvailable() {
+    static const bool available = [] {
+        size_t count = 0;
+        return orbitte_cuda_devices(&count) == ORBITTE_OK && count > 0;
+    }();
+    return available;
+}
+
+nixl_mem_list_t
+supportedMems() {
+    if (cudaAvailable()) {
+        return {DRAM_SEG, VRAM_SEG};
+    }
+    return {DRAM_SEG};
+}
+
+// Memory types a peer may publish: its engine says what it serves.
+bool
+remoteMem(nixl_mem_t mem) {
+    return mem == DRAM_SEG || mem == VRAM_SEG;
+}
+
+bool
+localMem(nixl_mem_t mem) {
+    return mem == DRAM_SEG || (mem == VRAM_SEG && cudaAvailable());
 }
 
 // Local memory this engine registered.
@@ -148,21 +180,24 @@ public:
 
     nixl_mem_list_t
     getSupportedMems() const override {
-        return {DRAM_SEG};
+        return supportedMems();
     }
 
     nixl_status_t
     registerMem(const nixlBlobDesc &mem, const nixl_mem_t &nixl_mem, nixlBackendMD *&out) override {
-        if (nixl_mem != DRAM_SEG) {
-            NIXL_ERROR << kName << ": registerMem: only DRAM_SEG is served, not memory type "
-                       << static_cast<int>(nixl_mem);
+        if (!localMem(nixl_mem)) {
+            NIXL_ERROR << kName << ": registerMem: memory type " << static_cast<int>(nixl_mem)
+                       << " is not served here (DRAM_SEG, and VRAM_SEG with a CUDA device)";
             return NIXL_ERR_NOT_SUPPORTED;
         }
         orbitte_reg reg = 0;
-        int32_t rc = orbitte_register(
-            engine_, reinterpret_cast<void *>(mem.addr), mem.len, ORBITTE_REG_REMOTE, &reg);
+        int32_t rc = nixl_mem == VRAM_SEG ?
+            orbitte_register_device(engine_, mem.addr, mem.len, ORBITTE_REG_REMOTE, &reg) :
+            orbitte_register(
+                engine_, reinterpret_cast<void *>(mem.addr), mem.len, ORBITTE_REG_REMOTE, &reg);
         if (rc != ORBITTE_OK) {
-            return failed("orbitte_register", rc);
+            return failed(nixl_mem == VRAM_SEG ? "orbitte_register_device" : "orbitte_register",
+                          rc);
         }
         out = new LocalMD(reg);
         return NIXL_SUCCESS;
@@ -231,7 +266,7 @@ public:
                  const nixl_mem_t &nixl_mem,
                  const std::string &remote_agent,
                  nixlBackendMD *&output) override {
-        if (nixl_mem != DRAM_SEG) {
+        if (!remoteMem(nixl_mem)) {
             return NIXL_ERR_NOT_SUPPORTED;
         }
         orbitte_peer peer = 0;
@@ -263,7 +298,7 @@ public:
              const std::string &remote_agent,
              nixlBackendReqH *&handle,
              const nixl_opt_b_args_t * /*opt_args*/ = nullptr) const override {
-        if (local.getType() != DRAM_SEG || remote.getType() != DRAM_SEG) {
+        if (!localMem(local.getType()) || !remoteMem(remote.getType())) {
             return NIXL_ERR_NOT_SUPPORTED;
         }
         if (local.descCount() != remote.descCount() || local.descCount() == 0) {
@@ -497,5 +532,5 @@ orbitte_nixl_shim_init() {
         {"metrics_file", ""},
     };
     return nixlBackendPluginCreator<OrbitTEEngine>::create(
-        NIXL_PLUGIN_API_VERSION, kName, ORBITTE_NIXL_VERSION, options, {DRAM_SEG});
+        NIXL_PLUGIN_API_VERSION, kName, PLUGIN_VERSION, options, supportedMems());
 }

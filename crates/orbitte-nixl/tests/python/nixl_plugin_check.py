@@ -239,7 +239,27 @@ def orbitte_bytes_written():
     return f"the plugin engine counted {total} bytes written (paths: {', '.join(sorted(paths))})"
 
 
+def cuda_devices():
+    """CUDA devices the driver reports (0 without libcuda)."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    n = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(n)) != 0:
+        return 0
+    return n.value
+
+
 def run_xfer(agent, name, local, xfer_descs, laddr, base):
+    # The memory list says VRAM only where the CUDA driver has a device.
+    mems = sorted(agent.backend_mems["OrbitTE"])
+    want = ["DRAM_SEG", "VRAM_SEG"] if cuda_devices() > 0 else ["DRAM_SEG"]
+    if mems != want:
+        fail(f"OrbitTE lists {mems}, want {want}")
+
     # WRITE by initialize_xfer, with a notification.
     local[:MIB] = pattern(1, MIB)
     ls, rs = xfer_descs([(0, WRITE_AT, MIB)])
@@ -297,7 +317,8 @@ def run_xfer(agent, name, local, xfer_descs, laddr, base):
     # A notification alone, empty (NIXL allows it).
     agent.send_notif(name, b"")
     print(
-        "ok xfer: WRITE and READ by initialize_xfer and by prepared lists; "
+        f"ok xfer: memory {'+'.join(mems)}; "
+        "WRITE and READ by initialize_xfer and by prepared lists; "
         f"a descriptor outside remote memory: {bad_desc}",
         flush=True,
     )
