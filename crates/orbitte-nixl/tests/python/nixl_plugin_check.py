@@ -12,7 +12,8 @@ Scenarios:
   ucx-only  initiator [UCX, OrbitTE], target [UCX]: NIXL uses UCX.
   both      both agents [UCX, OrbitTE]: NIXL uses OrbitTE, and the plugin
             engine's metrics count the bytes.
-  bench     WRITE 1 MiB blocks with UCX and with OrbitTE, same agents.
+  bench     WRITE and READ 1 MiB blocks with UCX and with OrbitTE, same
+            agents (a quick look, not a benchmark).
 
 Prints "ok SCENARIO ..." and exits 0 on success; any failure exits 1.
 NIXL's agent crashes at interpreter exit (its bundled libnl), so every
@@ -352,23 +353,24 @@ def run_dies(agent, name, local, xfer_descs, proc):
 
 def run_bench(agent, name, local, xfer_descs):
     ls, rs = xfer_descs([(0, WRITE_AT, MIB)])
-    out = {}
-    for b in ("UCX", "OrbitTE"):
-        h = agent.initialize_xfer("WRITE", ls, rs, name, backends=[b])
-        rounds = 200
-        for _ in range(20):
-            agent.transfer(h)
-            wait_xfer(agent, h)
-        t = time.perf_counter()
-        for _ in range(rounds):
-            agent.transfer(h)
-            wait_xfer(agent, h)
-        dt = time.perf_counter() - t
-        if agent.query_xfer_backend(h) != b:
-            fail(f"asked for {b}, NIXL used {agent.query_xfer_backend(h)}")
-        agent.release_xfer_handle(h)
-        out[b] = rounds * MIB / dt / 1e9
-    print("ok bench: WRITE 1 MiB, " + ", ".join(f"{k} {v:.2f} GB/s" for k, v in out.items()), flush=True)
+    out = []
+    for op in ("WRITE", "READ"):
+        for b in ("UCX", "OrbitTE"):
+            h = agent.initialize_xfer(op, ls, rs, name, backends=[b])
+            rounds = 200
+            for _ in range(20):
+                agent.transfer(h)
+                wait_xfer(agent, h)
+            t = time.perf_counter()
+            for _ in range(rounds):
+                agent.transfer(h)
+                wait_xfer(agent, h)
+            dt = time.perf_counter() - t
+            if agent.query_xfer_backend(h) != b:
+                fail(f"asked for {b}, NIXL used {agent.query_xfer_backend(h)}")
+            agent.release_xfer_handle(h)
+            out.append(f"{op} {b} {rounds * MIB / dt / 1e9:.2f} GB/s")
+    print("ok bench: 1 MiB, " + ", ".join(out), flush=True)
 
 
 if __name__ == "__main__":
