@@ -12,6 +12,7 @@ mod circles;
 mod perf;
 mod softroce;
 mod tidy;
+mod wheel;
 mod workspace;
 
 use std::process::ExitCode;
@@ -35,6 +36,9 @@ tasks:
   bindgen [--check] [--expect-llvm N] [--libclang-version]
                        regenerate orbitte-verbs-sys's bindings (--check: fail on drift;
                        --expect-llvm: fail unless the libclang loaded is LLVM N)
+  wheel [--out DIR] [--debug]
+                       the release wheel users pip install (abi3, manylinux_2_28,
+                       built by maturin with zig; writes target/wheels/)
   capi-header [--check]
                        regenerate orbitte-capi's C header include/orbitte.h with
                        cbindgen (--check: fail on drift)
@@ -59,6 +63,7 @@ fn main() -> ExitCode {
         "softroce" => softroce::run(rest),
         "bindgen" => bindgen::run(rest),
         "capi-header" => capi_header::run(rest),
+        "wheel" => wheel::run(rest),
         "build-and-check" => build_and_check::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");

@@ -466,12 +466,11 @@ fn markdown(doc: &Value) -> String {
     let m = &doc["machine"];
     let s = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
     let mut out = format!(
-        "Measured {} at commit {} by `cargo xtask perf` (release build): {}, {} CPU(s) ({} available here), \
+        "Measured {} by `cargo xtask perf` (release build): {}, {} CPU(s) ({} available here), \
          Linux {}. Load average before {}{}, after {} (the run's own threads included). {} round(s) of {} s per cell, batch as listed, \
          loopback over 127.0.0.1; tcp and local with target and initiator in two processes, \
          rdma on the zero-latency simulated fabric in one. GB/s = 1e9 B/s, medians over rounds.\n\n",
         s(&doc["date"]),
-        s(&doc["commit"]),
         s(&m["cpu"]),
         s(&m["cpus"]),
         s(&m["cores_available"]),
@@ -624,6 +623,8 @@ mod tests {
     fn the_table_gives_ratios_and_flags_suspect_ones_with_their_reason() {
         let t = markdown(&doc());
         assert!(t.contains("AMD EPYC, 2 CPU(s)"), "{t}");
+        // The commit is in the JSON record, not in the user page.
+        assert!(!t.contains("abc1234"), "{t}");
         assert!(
             t.contains("Load average before 1.0 1.0 1.0, after 1.2 1.0 1.0 "),
             "{t}"

@@ -116,10 +116,12 @@ const ALLOWED_DEPS: &[(&str, &[&str])] = &[
             "orbitte-cuda",
         ],
     ),
+    // The wheel's `orbitte` script runs the command's own code.
     (
         "orbitte-py",
         &[
             "orbitte",
+            "orbitte-cli",
             "orbitte-proto",
             "orbitte-engine",
             "orbitte-memory",

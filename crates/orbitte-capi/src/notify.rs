@@ -154,6 +154,11 @@ pub unsafe extern "C" fn orbitte_notify(
         match outcome.notification {
             NotificationStatus::Sent => Ok(ORBITTE_OK),
             NotificationStatus::NotSent { why } => Err(gone(why.to_string())),
+            NotificationStatus::Refused { why } => Err(Failure::new(
+                ORBITTE_ERR_BACKEND,
+                format!("the peer refused the notification: {why}"),
+            )),
+            NotificationStatus::Unconfirmed { why } => Err(gone(why.to_string())),
             NotificationStatus::NotRequested => Err(gone("the engine dropped it".to_owned())),
         }
     })

@@ -25,8 +25,8 @@ pub const ORBITTE_OP_READ: i32 = 0;
 /// WRITE: local bytes into remote memory.
 pub const ORBITTE_OP_WRITE: i32 = 1;
 
-/// The most bytes a notification carries.
-pub const ORBITTE_MAX_NOTIF_LEN: usize = 4096;
+/// The most bytes a notification carries (over rdma-only peers, 4096).
+pub const ORBITTE_MAX_NOTIF_LEN: usize = 1 << 20;
 const _: () = assert!(ORBITTE_MAX_NOTIF_LEN == MAX_NOTIFICATION_LEN);
 
 /// `orbitte_xfer_status.failed_status`: the request completed.
@@ -53,6 +53,11 @@ pub const ORBITTE_NOTIF_PENDING: i32 = 1;
 pub const ORBITTE_NOTIF_SENT: i32 = 2;
 /// Not sent, and it never will be (a request did not complete).
 pub const ORBITTE_NOTIF_NOT_SENT: i32 = 3;
+/// The peer refused it (its unread notifications are at a bound): the
+/// peer's application must read its notifications; the transfer fails.
+pub const ORBITTE_NOTIF_REFUSED: i32 = 4;
+/// Sent, but the rail went down before the peer said whether it kept it.
+pub const ORBITTE_NOTIF_UNCONFIRMED: i32 = 5;
 
 /// Transfers on the local path of at least this many bytes are posted
 /// for the rails' workers to copy, so `orbitte_xfer_post` returns at once;
@@ -359,6 +364,20 @@ impl Xfer {
                         format!("the notification was not sent: {why}"),
                     );
                     ORBITTE_NOTIF_NOT_SENT
+                }
+                NotificationStatus::Refused { why } => {
+                    self.fail(
+                        ORBITTE_ERR_BACKEND,
+                        format!("the peer refused the notification: {why}"),
+                    );
+                    ORBITTE_NOTIF_REFUSED
+                }
+                NotificationStatus::Unconfirmed { why } => {
+                    self.fail(
+                        ORBITTE_ERR_REMOTE_DISCONNECT,
+                        format!("the notification may not have arrived: {why}"),
+                    );
+                    ORBITTE_NOTIF_UNCONFIRMED
                 }
                 NotificationStatus::NotRequested => ORBITTE_NOTIF_PENDING,
             };

@@ -51,6 +51,30 @@ pub(crate) enum PathName {
     Nvlink,
 }
 
+/// A path `bench --path` takes: the ones bench measures. The others parse
+/// (hidden from --help) so that bench can point at `doctor` for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum BenchPath {
+    /// Host Direct: host memory registered on RDMA NICs.
+    Rdma,
+    /// One-sided operations emulated over TCP sockets.
+    Tcp,
+    /// Same host, through shared memory.
+    Local,
+    /// Not measured by bench (refused, pointing at doctor).
+    #[value(hide = true)]
+    CudaStaging,
+    /// Not measured by bench (refused, pointing at doctor).
+    #[value(hide = true)]
+    GpudirectRdma,
+    /// Not measured by bench (refused, pointing at doctor).
+    #[value(hide = true)]
+    CudaIpc,
+    /// Not measured by bench (refused, pointing at doctor).
+    #[value(hide = true)]
+    Nvlink,
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct DoctorArgs {
     /// Only this path; the exit status is non-zero when it does not work.
@@ -141,7 +165,7 @@ pub(crate) struct BenchArgs {
     /// policy picks it (local on one host when the target's memory can be
     /// mapped, else tcp); the report says which path ran.
     #[arg(long, value_enum)]
-    pub(crate) path: Option<PathName>,
+    pub(crate) path: Option<BenchPath>,
     /// Check every transferred byte against the pattern.
     #[arg(long)]
     pub(crate) check: bool,
@@ -230,6 +254,11 @@ pub(crate) struct ServeArgs {
     /// together under peer="" (bounds the size of a scrape).
     #[arg(long, value_name = "N", default_value_t = orbitte_engine::metrics::MAX_PEER_ROWS)]
     pub(crate) metrics_peer_rows: usize,
+    /// Print a throughput line every SECONDS: payload bytes served per
+    /// second, requests per second, sessions open, admitted and refused
+    /// in the interval.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds, conflicts_with = "check")]
+    pub(crate) report_every: Option<f64>,
 }
 
 /// `--metrics ADDR`: an IP address and a port.

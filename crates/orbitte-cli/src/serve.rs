@@ -9,25 +9,75 @@
 //! served by tcp and local only.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use orbitte::{
     Access, Budgets, ClusterSecret, DeviceMask, EngineBuilder, HostMemory, RdmaConfig,
     TransferEngine,
 };
+use orbitte_engine::ListenerStats;
 use orbitte_topology::ConfigOverrides;
 use serde::Serialize;
 
 use crate::cli::ServeArgs;
 use crate::config::{self, Fill, RangeAccess, ServeConfig};
+use crate::descriptors::{self, Need};
 use crate::failure::Failure;
 use crate::topology::check_device;
 
 #[derive(Debug, Serialize)]
-struct Effective<'a> {
-    config: &'a ServeConfig,
+struct Effective {
+    config: EffectiveConfig,
     /// The RdmaConfig after the file and the ORBITTE_RDMA_* variables.
     rdma_effective: String,
+}
+
+/// The file's settings with every default filled in: what the engine
+/// runs with. `null` only where no value is the setting (no pinned
+/// epoch, no secret file, no idle timeout, no control listener).
+#[derive(Debug, Serialize)]
+struct EffectiveConfig {
+    engine: config::EngineConfig,
+    budgets: config::BudgetConfig,
+    range: Vec<config::RangeConfig>,
+    /// The `[rdma]` selectors after the ORBITTE_RDMA_* variables
+    /// (`"auto"`: discovered).
+    rdma: serde_json::Value,
+    rdma_table: bool,
+}
+
+/// `cfg` with the values the engine takes for the keys the file leaves
+/// out: the session caps from the engine's session settings `session`,
+/// and the `[rdma]` selectors of `rdma`.
+fn effective(
+    cfg: &ServeConfig,
+    session: &orbitte_engine::SessionConfig,
+    rdma: &RdmaConfig,
+) -> Result<EffectiveConfig, Failure> {
+    let mut engine = cfg.engine.clone();
+    engine.max_sessions = Some(u64::try_from(session.max_sessions).unwrap_or(u64::MAX));
+    engine.evict_idle_after_ms = Some(
+        session
+            .evict_idle_after
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+    );
+    let mut r = serde_json::to_value(rdma)
+        .map_err(|e| Failure::failed(format!("cannot write json: {e}")))?;
+    if let Some(fields) = r.as_object_mut() {
+        for value in fields.values_mut() {
+            if value.is_null() {
+                *value = "auto".into();
+            }
+        }
+    }
+    Ok(EffectiveConfig {
+        engine,
+        budgets: cfg.budgets.clone(),
+        range: cfg.range.clone(),
+        rdma: r,
+        rdma_table: cfg.rdma_table,
+    })
 }
 
 pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
@@ -104,12 +154,30 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
     if let Some(w) = &open {
         tracing::warn!("{w}");
     }
+    let pinned = pinned_epoch_warning(&cfg);
+    if let Some(w) = &pinned {
+        tracing::warn!("{w}");
+    }
     let engine = build_engine(&cfg, &rdma, &origin, None, args.metrics_peer_rows)?;
+    let session = session_settings(&cfg, &origin)?;
+    let need = Need::of(&cfg, &session, args.metrics.is_some());
     if args.check {
         let eff = Effective {
-            config: &cfg,
+            config: effective(&cfg, &session, &rdma)?,
             rdma_effective: rdma.to_string(),
         };
+        // serve raises the soft limit to the hard one at start.
+        let limits = descriptors::current();
+        let short = descriptors::shortfall(
+            &need,
+            &descriptors::Limits {
+                after: limits.hard,
+                ..limits
+            },
+        );
+        if let Some(w) = &short {
+            tracing::warn!("{w}");
+        }
         if args.json {
             let text = serde_json::to_string_pretty(&eff)
                 .map_err(|e| Failure::failed(format!("cannot write json: {e}")))?;
@@ -123,7 +191,13 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
                 cfg.range.len(),
                 eff.rdma_effective
             );
-            if let Some(w) = &open {
+            println!(
+                "  descriptors: up to {} needed, limit {} (hard {}; serve raises the limit to it)",
+                need.total(),
+                limits.before,
+                limits.hard
+            );
+            for w in [&open, &pinned, &short].into_iter().flatten() {
                 println!("  WARNING: {w}");
             }
         }
@@ -133,6 +207,28 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
         return Ok(());
     }
     drop(engine);
+    // From here a stop signal is kept for the serve loop, which drains;
+    // one that arrives while starting stops serve as soon as it serves.
+    let signal = stop_signals()?;
+    let (limits, refused) = descriptors::raise();
+    match refused {
+        None => tracing::info!(
+            "descriptor limit: soft {} -> {} (hard {}); this configuration needs up to {}",
+            limits.before,
+            limits.after,
+            limits.hard,
+            need.total()
+        ),
+        Some(e) => tracing::warn!(
+            "descriptor limit: soft {} left as it is (hard {}): raising it failed: {e}",
+            limits.before,
+            limits.hard
+        ),
+    }
+    if let Some(w) = descriptors::shortfall(&need, &limits) {
+        tracing::warn!("{w}");
+        println!("WARNING: {w}");
+    }
     let metadata_key = if args.metadata.is_some() {
         "--metadata".to_owned()
     } else {
@@ -226,7 +322,7 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
     if cfg.rdma_table {
         println!("rdma peers open this engine on the same address");
     }
-    if let Some(w) = &open {
+    for w in [&open, &pinned].into_iter().flatten() {
         println!("WARNING: {w}");
     }
     if let Some(at) = args.metrics {
@@ -249,23 +345,163 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
         }
     }
     tracing::info!(source = engine.source_id(), epoch = engine.epoch().value(), %addr, "serving");
+    let started = Instant::now();
+    let report_every = args.report_every.map(Duration::from_secs_f64);
     let stats = || engine.listener_stats().unwrap_or_default();
-    let mut last = stats();
-    loop {
-        std::thread::sleep(Duration::from_secs(10));
-        let s = stats();
-        if s != last {
-            tracing::info!(
-                sessions = s.live,
-                admitted = s.admitted,
-                refused = s.refused,
-                requests = s.data_requests,
-                bytes = s.data_bytes,
-                "serving"
+    let mut logged = stats();
+    let mut next_log = started + LOG_EVERY;
+    let mut reported = (started, logged);
+    let mut next_report = report_every.map(|d| started + d);
+    let received = loop {
+        std::thread::sleep(TICK);
+        let got = signal.load(Ordering::SeqCst);
+        if got != 0 {
+            break got;
+        }
+        // serve runs no application that reads notifications: take them
+        // as they come, so the inbox holds none and peers' notifications
+        // are queued (and answered so) rather than refused or kept.
+        for n in engine.notifications() {
+            tracing::debug!(
+                peer = %n.source_id,
+                bytes = n.payload.len(),
+                "notification received (serve reads and discards notifications)"
             );
-            last = s;
+        }
+        let now = Instant::now();
+        if next_report.is_some_and(|at| now >= at) {
+            let s = stats();
+            println!("{}", throughput_line(&reported.1, &s, now - reported.0));
+            reported = (now, s);
+            next_report = report_every.map(|d| now + d);
+        }
+        if now >= next_log {
+            let s = stats();
+            if s != logged {
+                tracing::info!(
+                    sessions = s.live,
+                    admitted = s.admitted,
+                    refused = s.refused,
+                    requests = s.data_requests,
+                    bytes = s.data_bytes,
+                    "serving"
+                );
+                logged = s;
+            }
+            next_log = now + LOG_EVERY;
+        }
+    };
+    let name = signal_name(received);
+    let drain = cfg.engine.drain_timeout();
+    println!(
+        "{name}: shutting down: draining for up to {} ms (engine.drain_timeout_ms), then closing every session; {name} again exits at once",
+        drain.as_millis()
+    );
+    // The last counts before the listener goes with the engine.
+    let last = stats();
+    let drained = engine.shutdown(drain);
+    println!("{}", last_line(&last, started.elapsed()));
+    drained.map_err(|u| {
+        Failure::failed(format!(
+            "the engine did not shut down cleanly: {u}; its native objects stay with the process until it exits"
+        ))
+    })
+}
+
+/// How often the wait for a signal wakes up.
+const TICK: Duration = Duration::from_millis(50);
+
+/// How often a changed listener is logged (at `info`).
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Installs the stop signals: the first SIGINT or SIGTERM is stored in
+/// the returned cell (the signal's number) for the serve loop to drain;
+/// a second one exits at once with 128 + its number.
+fn stop_signals() -> Result<Arc<AtomicUsize>, Failure> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let got = Arc::new(AtomicUsize::new(0));
+    let armed = Arc::new(AtomicBool::new(false));
+    for sig in [SIGINT, SIGTERM] {
+        let installed =
+            signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, armed.clone())
+                .and_then(|_| signal_hook::flag::register(sig, armed.clone()))
+                .and_then(|_| {
+                    signal_hook::flag::register_usize(
+                        sig,
+                        got.clone(),
+                        usize::try_from(sig).unwrap_or(1),
+                    )
+                });
+        if let Err(e) = installed {
+            return Err(Failure::failed(format!(
+                "cannot install the handler of signal {sig}: {e}; serve would not drain when stopped"
+            )));
         }
     }
+    Ok(got)
+}
+
+fn signal_name(sig: usize) -> &'static str {
+    match i32::try_from(sig) {
+        Ok(signal_hook::consts::SIGINT) => "SIGINT",
+        Ok(signal_hook::consts::SIGTERM) => "SIGTERM",
+        _ => "signal",
+    }
+}
+
+/// `bytes` over `over` in MB/s (10^6 bytes per second).
+fn rate(bytes: u64, over: Duration) -> f64 {
+    let secs = over.as_secs_f64();
+    if secs > 0.0 {
+        bytes as f64 / secs / 1e6
+    } else {
+        0.0
+    }
+}
+
+/// The periodic line of `--report-every`: what the listener served
+/// between two counts `before` and `now`, `over` apart.
+fn throughput_line(before: &ListenerStats, now: &ListenerStats, over: Duration) -> String {
+    let bytes = now.data_bytes.saturating_sub(before.data_bytes);
+    let requests = now.data_requests.saturating_sub(before.data_requests);
+    let secs = over.as_secs_f64().max(f64::MIN_POSITIVE);
+    format!(
+        "throughput: {:.1} MB/s served ({bytes} bytes of READ and WRITE payload in {:.1} s), {:.0} requests/s, {} sessions open, {} admitted, {} refused",
+        rate(bytes, over),
+        over.as_secs_f64(),
+        requests as f64 / secs,
+        now.live,
+        now.admitted.saturating_sub(before.admitted),
+        now.refused.saturating_sub(before.refused)
+    )
+}
+
+/// The line `serve` prints last, after it drained.
+fn last_line(s: &ListenerStats, uptime: Duration) -> String {
+    format!(
+        "stopped after {:.1} s: served {} bytes in {} requests ({:.1} MB/s on average), {} sessions admitted, {} refused",
+        uptime.as_secs_f64(),
+        s.data_bytes,
+        s.data_requests,
+        rate(s.data_bytes, uptime),
+        s.admitted,
+        s.refused
+    )
+}
+
+/// The warning of a config that pins `engine.epoch`: a restart with the
+/// same file presents the same epoch, which peers take for the same
+/// incarnation (a reconnect), so the handles they kept from the previous
+/// process stay valid against the new one.
+fn pinned_epoch_warning(cfg: &ServeConfig) -> Option<String> {
+    let e = cfg.engine.epoch?;
+    Some(format!(
+        "engine.epoch is pinned to {e}: a restart with this file presents the same epoch, which \
+         peers take for the same incarnation, so the handles they kept from the previous process \
+         read and write this process's memory; remove engine.epoch and persist engine.last_epoch \
+         instead (each start then chooses an epoch newer than it), or raise engine.epoch before \
+         every restart"
+    ))
 }
 
 /// What `serve` warns about at start and in its banner when it listens
@@ -313,6 +549,26 @@ fn alloc_range(size: u64, name: &str) -> Result<Arc<HostMemory>, Failure> {
             "range {name}: cannot allocate {size} bytes of host memory: {e}; lower range.size"
         ))
     })
+}
+
+/// The session settings the engine of `cfg` serves with: the engine's
+/// defaults, with the file's session caps.
+fn session_settings(
+    cfg: &ServeConfig,
+    origin: &str,
+) -> Result<orbitte_engine::SessionConfig, Failure> {
+    let e = &cfg.engine;
+    let id = orbitte_wire::SourceId::new(e.source_id.clone()).map_err(|err| {
+        Failure::usage(format!("config file {origin}: key engine.source_id: {err}"))
+    })?;
+    let mut s = orbitte_engine::SessionConfig::new(id, orbitte_wire::Epoch::MIN);
+    if let Some(n) = e.max_sessions {
+        s.max_sessions = usize::try_from(n).unwrap_or(usize::MAX);
+    }
+    if let Some(after) = e.evict_idle_after() {
+        s.evict_idle_after = after;
+    }
+    Ok(s)
 }
 
 /// The serving engine; `serve`: with its listener on `engine.listen` and

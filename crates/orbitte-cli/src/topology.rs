@@ -163,7 +163,24 @@ pub(crate) fn run(args: &TopologyArgs) -> Result<(), Failure> {
     } else {
         print!("{}", human(&report));
     }
-    Ok(())
+    match initialize_failure(&report.initialized) {
+        Some(why) if args.initialize => Err(Failure::failed(format!(
+            "--initialize: {why}; `orbitte doctor --path rdma` says what this host lacks for Host Direct"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Why `--initialize` did not initialize, or its registration failed.
+fn initialize_failure(i: &Initialized) -> Option<String> {
+    match i {
+        Initialized::NotInitialized { why } => Some(format!("nothing was initialized: {why}")),
+        Initialized::Initialized {
+            registration_error: Some(e),
+            ..
+        } => Some(format!("the 4 KiB Host Direct registration failed: {e}")),
+        Initialized::Initialized { .. } => None,
+    }
 }
 
 /// A pinned device must exist on this machine; `place` says where the pin
@@ -273,8 +290,10 @@ fn initialize(config: &RdmaConfig) -> Initialized {
     }
     if !t.initialized {
         return Initialized::NotInitialized {
-            why: registration_error
-                .unwrap_or_else(|| "the engine did not initialize contexts".into()),
+            why: registration_error.map_or_else(
+                || "the engine did not initialize contexts".into(),
+                |e| format!("the 4 KiB Host Direct registration failed: {e}"),
+            ),
         };
     }
     Initialized::Initialized {

@@ -916,18 +916,32 @@ fn bench_rdma_on_this_machine_runs_exactly_when_doctor_says_rdma_works() {
 #[test]
 fn topology_initialize_reports_what_an_engine_initialized() {
     let r = run(&["topology", "--initialize", "--json"]);
-    assert_eq!(r.code, 0, "{}", r.stderr);
     let v = json(&r.stdout);
     let state = v["initialized"]["status"].as_str().unwrap_or_default();
     assert!(["initialized", "not_initialized"].contains(&state), "{v}");
-    if state == "initialized" {
+    let failed = if state == "initialized" {
         assert!(
             v["initialized"]["trigger"]
                 .as_str()
                 .is_some_and(|t| t.contains("Host Direct registration"))
         );
+        !v["initialized"]["registration_error"].is_null()
     } else {
         assert!(v["initialized"]["why"].is_string());
+        true
+    };
+    // The report is printed either way; the exit status says whether the
+    // registration worked, and the error line says why not.
+    if failed {
+        assert_eq!(r.code, 1, "{}", r.stderr);
+        let last = r.stderr.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("orbitte: --initialize: ")
+                && last.contains("orbitte doctor --path rdma"),
+            "{last}"
+        );
+    } else {
+        assert_eq!(r.code, 0, "{}", r.stderr);
     }
     assert_usage_error(
         &run(&[
@@ -1116,6 +1130,366 @@ fn a_target_that_refuses_is_not_told_to_check_that_it_runs() {
         .unwrap();
     let last = tcp_initiator_failure(&free.to_string());
     assert!(last.contains("runs there"), "{last}");
+}
+
+/// A target that accepts and then closes the connection
+/// before the handshake, as one at its session or descriptor limit does,
+/// is not reported as "nothing runs there": the hint names the limits and
+/// its log; nothing listening is told so.
+#[test]
+fn a_connection_closed_during_the_handshake_names_the_targets_limits() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || l.incoming().flatten().for_each(drop));
+    let last = tcp_initiator_failure(&addr);
+    for names in [
+        "during the handshake",
+        "engine.max_sessions",
+        "RLIMIT_NOFILE",
+        "its log",
+    ] {
+        assert!(last.contains(names), "{names}: {last}");
+    }
+    assert!(!last.contains("runs there"), "{last}");
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let last = tcp_initiator_failure(&free.to_string());
+    assert!(last.contains("nothing listens there"), "{last}");
+}
+
+/// `bench --help` offers only the paths bench measures; the others are
+/// refused with a pointer at doctor.
+#[test]
+fn bench_help_lists_only_the_paths_bench_measures() {
+    for flag in ["-h", "--help"] {
+        let r = run(&["bench", flag]);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        for other in ["cuda-staging", "gpudirect-rdma", "cuda-ipc", "nvlink"] {
+            assert!(
+                !r.stdout.contains(other),
+                "{flag} offers {other}: {}",
+                r.stdout
+            );
+        }
+        for ok in ["rdma", "tcp", "local"] {
+            assert!(r.stdout.contains(ok), "{flag}: {}", r.stdout);
+        }
+    }
+    assert!(
+        run(&["bench", "-h"])
+            .stdout
+            .contains("[possible values: rdma, tcp, local]")
+    );
+    assert_usage_error(
+        &run(&["bench", "--path", "cuda-staging"]),
+        &[
+            "bench measures the rdma, tcp and local paths",
+            "orbitte doctor --path cuda-staging",
+        ],
+    );
+}
+
+/// `serve` with `engine.epoch` pinned warns (in --check and at start)
+/// that a restart presents the same epoch, and names engine.last_epoch.
+#[test]
+fn serve_warns_that_a_pinned_epoch_is_reused_by_a_restart() {
+    let pinned = serve_check("[engine]\nsource_id = \"p\"\nlisten = \"127.0.0.1:0\"\nepoch = 5\n");
+    assert_eq!(pinned.code, 0, "{}", pinned.stderr);
+    let w = pinned
+        .stdout
+        .lines()
+        .find(|l| l.contains("WARNING: engine.epoch is pinned to 5"))
+        .unwrap_or_else(|| panic!("{}", pinned.stdout));
+    for names in ["same incarnation", "engine.last_epoch", "read and write"] {
+        assert!(w.contains(names), "{names}: {w}");
+    }
+    let chosen =
+        serve_check("[engine]\nsource_id = \"p\"\nlisten = \"127.0.0.1:0\"\nlast_epoch = 5\n");
+    assert_eq!(chosen.code, 0, "{}", chosen.stderr);
+    assert!(!chosen.stdout.contains("pinned"), "{}", chosen.stdout);
+}
+
+/// `serve --check --json` prints the values the engine runs with, not
+/// null, for the keys the file leaves out.
+#[test]
+fn serve_check_json_fills_in_the_defaults() {
+    let f = config("[engine]\nsource_id = \"d\"\nlisten = \"127.0.0.1:0\"\n");
+    let r = run(&[
+        "serve",
+        "--config",
+        f.path().to_str().unwrap(),
+        "--check",
+        "--json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v = json(&r.stdout);
+    let e = &v["config"]["engine"];
+    assert_eq!(e["max_sessions"], 256, "{e}");
+    assert_eq!(e["evict_idle_after_ms"], 1000, "{e}");
+    for key in [
+        "device",
+        "port",
+        "gid_index",
+        "gid_type",
+        "netdev",
+        "link_layer",
+    ] {
+        assert_eq!(v["config"]["rdma"][key], "auto", "{key}: {v}");
+    }
+    assert_eq!(v["config"]["rdma"]["whitelist"], serde_json::json!([]));
+    // What the file sets is what is printed.
+    let f = config(
+        "[engine]\nsource_id = \"d\"\nlisten = \"127.0.0.1:0\"\nmax_sessions = 7\nevict_idle_after_ms = 0\n",
+    );
+    let v = json(
+        &run(&[
+            "serve",
+            "--config",
+            f.path().to_str().unwrap(),
+            "--check",
+            "--json",
+        ])
+        .stdout,
+    );
+    assert_eq!(v["config"]["engine"]["max_sessions"], 7);
+    assert_eq!(v["config"]["engine"]["evict_idle_after_ms"], 0);
+}
+
+/// `orbitte ARGS` started by `sh` after `limits` (ulimit commands), so
+/// that the descriptor limits it inherits are the ones the test sets.
+fn orbitte_under(limits: &str, args: &[&str]) -> Command {
+    let plain = orbitte();
+    let mut sh = Command::new("sh");
+    sh.arg("-c")
+        .arg(format!("{limits} && exec \"$0\" \"$@\""))
+        .arg(plain.get_program())
+        .args(args);
+    for (k, v) in plain.get_envs() {
+        match v {
+            Some(v) => sh.env(k, v),
+            None => sh.env_remove(k),
+        };
+    }
+    sh
+}
+
+/// The soft and hard "Max open files" of process `pid`.
+fn open_files_limits(pid: u32) -> (String, String) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("a Max open files line");
+    let f: Vec<&str> = line.split_whitespace().collect();
+    (f[3].to_owned(), f[4].to_owned())
+}
+
+/// `serve` raises its soft descriptor limit to the hard one at start and
+/// logs both; when even the hard limit is below what its caps need, it
+/// warns with the number and the fix.
+#[test]
+fn serve_raises_its_descriptor_limit_and_warns_when_the_hard_one_is_too_low() {
+    let f = config("[engine]\nsource_id = \"fd\"\nlisten = \"127.0.0.1:0\"\n");
+    let file = f.path().to_str().unwrap();
+    let (soft, hard) = open_files_limits(std::process::id());
+    assert!(
+        hard == "unlimited" || hard.parse::<u64>().is_ok_and(|h| h > 64),
+        "this test needs a hard limit above 64, not {hard} (soft {soft})"
+    );
+    let mut child = KillOnDrop(
+        orbitte_under("ulimit -Sn 64", &["serve", "--config", file])
+            .env("ORBITTE_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let out = child.0.stdout.take().unwrap();
+    BufReader::new(out)
+        .lines()
+        .find_map(|l| l.ok().filter(|l| l.contains("serving as")))
+        .expect("serve starts");
+    let (soft_now, hard_now) = open_files_limits(child.0.id());
+    assert_eq!(
+        soft_now, hard_now,
+        "the soft limit is raised to the hard one"
+    );
+    drop(child.0.stdout.take());
+    let _ = child.0.kill();
+    let _ = child.0.wait();
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut log).unwrap();
+    assert!(
+        log.contains(&format!(
+            "descriptor limit: soft 64 -> {hard_now} (hard {hard_now})"
+        )),
+        "{log}"
+    );
+    // A hard limit below the need: the number and the fix, in --check.
+    let r = run_cmd(&mut orbitte_under(
+        "ulimit -Sn 100 && ulimit -Hn 128",
+        &["serve", "--config", file, "--check"],
+    ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let w = r
+        .stdout
+        .lines()
+        .find(|l| l.contains("WARNING: the descriptor limit is 128"))
+        .unwrap_or_else(|| panic!("{}", r.stdout));
+    for names in ["need up to 704", "ulimit -n 704", "LimitNOFILE=704"] {
+        assert!(w.contains(names), "{names}: {w}");
+    }
+}
+
+/// `serve` stops on SIGTERM: it drains, prints a last line with what it
+/// served, and exits 0; `--report-every` prints throughput lines.
+#[test]
+fn serve_drains_on_sigterm_with_a_last_line_and_reports_throughput() {
+    let f = config(
+        "[engine]\nsource_id = \"term\"\nlisten = \"127.0.0.1:0\"\n\n[[range]]\nname = \"kv\"\nsize = \"2M\"\n",
+    );
+    let mut child = KillOnDrop(
+        orbitte()
+            .args([
+                "serve",
+                "--config",
+                f.path().to_str().unwrap(),
+                "--report-every",
+                "0.2",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let out = child.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let wait = std::time::Duration::from_secs(20);
+    let mut lines = Vec::new();
+    let next = |lines: &mut Vec<String>| {
+        let l = rx
+            .recv_timeout(wait)
+            .unwrap_or_else(|e| panic!("{e}: {lines:?}"));
+        lines.push(l.clone());
+        l
+    };
+    let addr = loop {
+        let l = next(&mut lines);
+        if l.starts_with("serving as") {
+            break l
+                .split_whitespace()
+                .find(|w| w.starts_with("127.0.0.1:"))
+                .unwrap()
+                .trim_end_matches(';')
+                .to_owned();
+        }
+    };
+    let v = bench_json(&[
+        "--role",
+        "initiator",
+        "--peer",
+        &addr,
+        "--path",
+        "tcp",
+        "--duration",
+        "0.3",
+    ]);
+    assert_point_ok(&v["points"][0], false);
+    // A throughput line that saw the bench's bytes.
+    while !next(&mut lines).starts_with("throughput:")
+        || lines
+            .last()
+            .is_some_and(|l| l.contains(" 0.0 MB/s served (0 bytes"))
+    {}
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = std::time::Instant::now() + wait;
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "serve did not stop: {lines:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    while let Ok(l) = rx.recv_timeout(std::time::Duration::from_secs(5)) {
+        lines.push(l);
+    }
+    assert_eq!(status.code(), Some(0), "{lines:?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("SIGTERM: shutting down")),
+        "{lines:?}"
+    );
+    let last = lines.last().unwrap();
+    assert!(last.starts_with("stopped after "), "{lines:?}");
+    let served: u64 = last
+        .split("served ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{last}"));
+    assert!(served > 0, "{last}");
+    assert!(
+        last.contains("1 sessions admitted") || last.contains("sessions admitted"),
+        "{last}"
+    );
+}
+
+/// A second stop signal, while `serve` has not finished stopping, exits
+/// at once with 128 + its number and no last line (SIGINT then SIGTERM:
+/// two kinds, which the kernel never merges into one).
+#[test]
+fn a_second_stop_signal_exits_serve_at_once() {
+    let f = config("[engine]\nsource_id = \"twice\"\nlisten = \"127.0.0.1:0\"\n");
+    let mut child = KillOnDrop(
+        orbitte()
+            .args(["serve", "--config", f.path().to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    lines
+        .by_ref()
+        .find_map(|l| l.ok().filter(|l| l.starts_with("serving as")))
+        .expect("serve starts");
+    // The shell's own kill sends both within microseconds, long before
+    // serve's loop (which looks every 50 ms) starts to stop.
+    let sent = Command::new("sh")
+        .args(["-c", "kill -INT $0; kill -TERM $0"])
+        .arg(child.0.id().to_string())
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = child.0.wait().unwrap();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    // Both may be pending at once, and then handled in either order:
+    // the exit status is that of the one handled second.
+    assert!(
+        [Some(128 + 2), Some(128 + 15)].contains(&status.code()),
+        "{status:?} {rest:?}"
+    );
+    assert!(
+        !rest.iter().any(|l| l.starts_with("stopped after")),
+        "{rest:?}"
+    );
 }
 
 /// A tcp bench initiator to `addr` that fails: its one-line error.

@@ -1,6 +1,7 @@
 //! Keeps docs/configuration.md in step with the code:
 //! - every `ORBITTE_*` name that appears as a string literal in the code
-//!   users run (`src/`, benches, examples, xtask) is in the doc, and every
+//!   users run (Rust and the Python package: `src/`, `python/`, benches,
+//!   examples, xtask) is in the doc, and every
 //!   name in the doc exists in the code (integration tests included);
 //! - every name of `orbitte_topology::ENV_VARS` is in the doc;
 //! - every `EngineBuilder` option and every `SessionConfig` field is named;
@@ -52,7 +53,7 @@ fn env_names(text: &str) -> BTreeSet<String> {
 
 /// Every `.rs` file under `dir`, not following symlinks (the topology
 /// fixtures contain sysfs's symlink loops).
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+fn source_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -60,8 +61,8 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
         let Ok(ft) = e.file_type() else { continue };
         let p = e.path();
         if ft.is_dir() && !p.ends_with("target") && !p.ends_with("fixtures") {
-            rust_files(&p, out);
-        } else if ft.is_file() && p.extension().is_some_and(|x| x == "rs") {
+            source_files(&p, out);
+        } else if ft.is_file() && p.extension().is_some_and(|x| x == "rs" || x == "py") {
             out.push(p);
         }
     }
@@ -73,8 +74,8 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 /// not the integration tests' own markers for their child processes.
 fn code_env_names(user_facing: bool) -> BTreeSet<String> {
     let mut files = Vec::new();
-    rust_files(&root().join("crates"), &mut files);
-    rust_files(&root().join("xtask"), &mut files);
+    source_files(&root().join("crates"), &mut files);
+    source_files(&root().join("xtask"), &mut files);
     let mut out = BTreeSet::new();
     for f in files {
         // This test names variables only to look for them.
@@ -87,8 +88,17 @@ fn code_env_names(user_facing: bool) -> BTreeSet<String> {
         let Ok(text) = std::fs::read_to_string(&f) else {
             continue;
         };
+        let python = f.extension().is_some_and(|x| x == "py");
         for line in text.lines() {
-            let code = line.split("//").next().unwrap_or_default();
+            // Python quotes with either mark and comments with `#`.
+            let code = if python {
+                line.split('#')
+                    .next()
+                    .unwrap_or_default()
+                    .replace('\'', "\"")
+            } else {
+                line.split("//").next().unwrap_or_default().to_owned()
+            };
             for lit in code.split('"').skip(1).step_by(2) {
                 out.extend(env_names(lit));
             }

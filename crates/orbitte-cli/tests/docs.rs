@@ -149,3 +149,85 @@ fn troubleshooting_covers_every_symptom() {
 fn link_parser_finds_targets() {
     assert_eq!(links("a [x](b.md) c [y](../d#e) [z]"), ["b.md", "../d#e"]);
 }
+
+/// The user pages: every docs/*.md but the contributors' page on tests
+/// (where test files are the subject) and the index.
+fn user_pages() -> Vec<PathBuf> {
+    pages()
+        .into_iter()
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            name != "testing.md" && name != "README.md"
+        })
+        .collect()
+}
+
+/// The test-file names (`tests/….rs`, `tests/….py`, `test_*.py`) and the
+/// commit hashes (7 to 40 lowercase hex characters with at least one
+/// letter and one digit, as a word) in a text.
+fn history_words(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    // Paths: runs of path characters.
+    let is_path = |c: char| c.is_ascii_alphanumeric() || "_./-".contains(c);
+    for token in text.split(|c: char| !is_path(c)) {
+        let name = token.trim_end_matches('.');
+        if let Some(i) = name.find("tests/") {
+            let rest = &name[i..];
+            if rest.ends_with(".rs") || rest.ends_with(".py") {
+                out.push(name.to_owned());
+                continue;
+            }
+        }
+        let file = name.rsplit('/').next().unwrap_or_default();
+        if file.starts_with("test_") && file.ends_with(".py") {
+            out.push(name.to_owned());
+        }
+    }
+    // Hashes: words of word characters.
+    for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        let hex = word.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f'));
+        if (7..=40).contains(&word.len())
+            && hex
+            && word.chars().any(|c| c.is_ascii_digit())
+            && word.chars().any(|c| c.is_ascii_lowercase())
+        {
+            out.push(word.to_owned());
+        }
+    }
+    out
+}
+
+/// User pages say what the product does: the test that shows it is named
+/// in docs/testing.md, the history in commit messages.
+#[test]
+fn user_pages_name_no_test_file_or_commit() {
+    let mut hits = Vec::new();
+    for page in user_pages() {
+        let text = std::fs::read_to_string(&page).unwrap();
+        let name = page.file_name().unwrap().to_string_lossy().into_owned();
+        for (n, line) in text.lines().enumerate() {
+            for w in history_words(line) {
+                hits.push(format!("docs/{name}:{}: {w}", n + 1));
+            }
+        }
+    }
+    assert!(
+        hits.is_empty(),
+        "user pages name test files or commits (say what the test shows, \
+         or point at docs/testing.md; history goes in commit messages): {hits:#?}"
+    );
+}
+
+#[test]
+fn history_words_finds_test_files_and_hashes() {
+    assert_eq!(
+        history_words("see `crates/x/tests/gpu.rs`, tests/test_a.py and test_b.py."),
+        ["crates/x/tests/gpu.rs", "tests/test_a.py", "test_b.py"]
+    );
+    assert_eq!(
+        history_words("measured at a4656c8 (e3fc8970)"),
+        ["a4656c8", "e3fc8970"]
+    );
+    // Words that only look like hashes or paths.
+    assert!(history_words("deadbeef 1234567 0x7f3a9c1 abc123 A4656C8 tests/ test.rs").is_empty());
+}

@@ -51,6 +51,7 @@ pub struct EngineBuilder {
     pub(crate) recovery: crate::recovery::RecoveryPolicy,
     pub(crate) staging: crate::staging::StagingConfig,
     pub(crate) metrics_peer_rows: usize,
+    pub(crate) notification_inbox: crate::notify::InboxLimits,
 }
 
 /// A change to the engine's session settings (see
@@ -99,7 +100,20 @@ impl EngineBuilder {
             recovery: crate::recovery::RecoveryPolicy::default(),
             staging: crate::staging::StagingConfig::default(),
             metrics_peer_rows: crate::metrics::MAX_PEER_ROWS,
+            notification_inbox: crate::notify::InboxLimits::default(),
         }
+    }
+
+    /// How many unread notifications, and how many bytes of them, this
+    /// engine keeps from each sender (default 1024 and 16 MiB), and how
+    /// many bytes from all senders (default 256 MiB). A notification past
+    /// any bound is refused and its sender told: the sender's batch says
+    /// `Refused`. Raise them when senders send faster
+    /// than the application reads in bursts; a notification larger than
+    /// `per_peer_bytes` is always refused.
+    pub fn notification_inbox(mut self, limits: crate::notify::InboxLimits) -> Self {
+        self.notification_inbox = limits;
+        self
     }
 
     /// Uses this authoritative epoch (must be newer than any earlier
@@ -383,6 +397,13 @@ impl EngineBuilder {
             return Err(BuildError::Setting {
                 name: "slice_size",
                 why: "must be at least 1 byte".into(),
+            });
+        }
+        if self.notification_inbox.per_peer == 0 {
+            return Err(BuildError::Setting {
+                name: "notification_inbox.per_peer",
+                why: "must be at least 1 (a target that keeps no notification refuses every one)"
+                    .into(),
             });
         }
         if self.max_in_flight == 0 {

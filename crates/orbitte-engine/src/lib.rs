@@ -136,8 +136,9 @@ pub use error::{
 pub use metrics::MetricsSnapshot;
 pub use nic::{ContextStatus, EngineTopology};
 pub use notify::{
-    MAX_NOTIFICATION_LEN, Notification, NotificationError, NotificationStats, NotificationStatus,
-    ReceivedNotification,
+    INBOX_BYTES_PER_PEER, INBOX_BYTES_TOTAL, INBOX_CAPACITY, InboxLimits, MAX_NOTIFICATION_LEN,
+    Notification, NotificationError, NotificationStats, NotificationStatus,
+    RDMA_MAX_NOTIFICATION_LEN, ReceivedNotification,
 };
 pub use outcome::{
     ChunkFailure, DrainStatus, FailureInfo, Outcome, RailRefusal, RemoteEffect, RequestError,

@@ -177,8 +177,11 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// calls it only after every request of the notification's batch
     /// completed, so the frame follows every byte of the batch; the target
     /// must queue it only after it applied every byte it acknowledged
-    /// before. Must not block on the network (queue it). The default: this
-    /// path carries no notifications.
+    /// before, and answer it (`notification-answer`: queued or refused),
+    /// which the transport reports as
+    /// [`TransportEvent::NotificationAnswered`] on this rail; a rail that
+    /// cannot deliver the answer goes down. Must not block on the network
+    /// (queue it). The default: this path carries no notifications.
     fn notify(&self, rail: RailId, frame: &Arc<[u8]>) -> Result<(), NotifyError> {
         let _ = frame;
         Err(NotifyError {

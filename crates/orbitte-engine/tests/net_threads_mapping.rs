@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use net_support::{RW, Target, cfg, raw, threads};
 use orbitte_memory::HostMemory;
-use orbitte_wire::{Frame, Goodbye, GoodbyeReason, Message, Notification};
+use orbitte_wire::{Frame, Goodbye, GoodbyeReason, Message, Notification, NotificationVerdict};
 
 const SESSIONS: usize = 200;
 
@@ -73,6 +73,17 @@ fn mapping_sessions_opening_at_once_hold_no_thread() {
                 payload: vec![1; 64],
             }),
         );
+    }
+    // Each is answered on its session (this bare listener keeps no
+    // notifications: refused, not kept).
+    for (i, s) in open.iter_mut().enumerate() {
+        match raw::read_frame(s).unwrap() {
+            Frame::NotificationAnswer(a) => {
+                assert_eq!(a.notification_id, i as u64);
+                assert_eq!(a.verdict, NotificationVerdict::NOT_KEPT, "{i}: {a:?}");
+            }
+            other => panic!("{i}: {other:?} instead of the answer"),
+        }
     }
     let notified = threads();
     println!(

@@ -2,9 +2,11 @@
 //! batch's notification once, only after every byte of the batch is in its
 //! memory, tagged with the sender's source id and epoch; a batch that does
 //! not complete sends none and its outcomes say so; a notification larger
-//! than 4 KiB is refused at submit. The initiator never polls for it to go
-//! out: the targets below wait for the notification before the initiator
-//! looks at any outcome.
+//! than 1 MiB (4 KiB to a peer reached over rdma only) is refused at
+//! submit; one the target cannot keep (its sender's share of the inbox is
+//! full) is reported `Refused` to the sender, never lost silently. The
+//! initiator never polls for it to go out: the targets below wait for the
+//! notification before the initiator looks at any outcome.
 #![forbid(unsafe_code)]
 
 mod common;
@@ -14,9 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orbitte_engine::{
-    Access, ConnectOptions, EngineBuilder, MAX_NOTIFICATION_LEN, Notification, NotificationError,
-    NotificationStatus, Outcome, PathKind, Posting, Registration, RemoteRange, Request, Status,
-    SubmitError, SubmitOptions, TransferEngine,
+    Access, ConnectOptions, EngineBuilder, InboxLimits, MAX_NOTIFICATION_LEN, Notification,
+    NotificationError, NotificationStatus, Outcome, PathKind, Posting, RDMA_MAX_NOTIFICATION_LEN,
+    Registration, RemoteRange, Request, Status, SubmitError, SubmitOptions, TransferEngine,
 };
 use orbitte_memory::HostMemory;
 use orbitte_verbs::sim::{Delivery, SimDescription, SimFabric};
@@ -43,6 +45,77 @@ fn all_sent(outcomes: &[Outcome]) {
     for o in outcomes {
         assert_eq!(o.status, Status::Complete, "{o:?}");
         assert_eq!(o.notification, NotificationStatus::Sent, "{o:?}");
+    }
+}
+
+/// Notifications a flooded target keeps from one sender in these tests.
+const KEPT: usize = 16;
+/// Notifications a flood sends.
+const FLOOD: usize = 40;
+
+fn refused(o: &Outcome) -> &str {
+    match &o.notification {
+        NotificationStatus::Refused { why } => why,
+        other => panic!("expected Refused, got {other:?} in {o:?}"),
+    }
+}
+
+/// Sends [`FLOOD`] one-WRITE notifying batches from `initiator` to a
+/// `target` that keeps [`KEPT`] and reads none until the end: each is
+/// reported `Sent` or `Refused` (naming the bound and the fix), the
+/// refusals and the arrivals add up to what was sent, and once the target
+/// reads, a notification is taken again.
+fn flood_is_reported(initiator: &TransferEngine, target: &TransferEngine, batch: &[Request]) {
+    let (mut sent, mut refusals) = (0, 0);
+    for i in 0..FLOOD {
+        let ids = initiator
+            .submit_with_notification(batch, Notification::new(format!("n{i}")))
+            .unwrap();
+        let outcomes = initiator.wait_all(&ids, BOUND).unwrap();
+        let o = &outcomes[0];
+        assert_eq!(o.status, Status::Complete, "{o:?}");
+        match &o.notification {
+            NotificationStatus::Sent => sent += 1,
+            _ => {
+                let why = refused(o);
+                assert!(
+                    why.contains(&format!("{KEPT} unread notifications"))
+                        && why.contains("must read its notifications"),
+                    "{why}"
+                );
+                refusals += 1;
+            }
+        }
+    }
+    assert_eq!((sent, refusals), (KEPT, FLOOD - KEPT));
+    let stats = target.notification_stats();
+    assert_eq!(
+        (stats.queued, stats.refused_full as usize),
+        (KEPT, refusals)
+    );
+    let got: Vec<Vec<u8>> = target
+        .notifications()
+        .into_iter()
+        .map(|n| n.payload)
+        .collect();
+    let first: Vec<Vec<u8>> = (0..KEPT).map(|i| format!("n{i}").into_bytes()).collect();
+    assert_eq!(got, first, "the first ones were kept, in order");
+    assert_eq!(got.len() + refusals, FLOOD, "arrived + refused == sent");
+    let ids = initiator
+        .submit_with_notification(batch, Notification::new(b"after".to_vec()))
+        .unwrap();
+    all_sent(&initiator.wait_all(&ids, BOUND).unwrap());
+    assert_eq!(
+        target.wait_notification(BOUND).map(|n| n.payload),
+        Some(b"after".to_vec())
+    );
+}
+
+fn limited() -> InboxLimits {
+    InboxLimits {
+        per_peer: KEPT,
+        per_peer_bytes: 3 * MB,
+        ..InboxLimits::default()
     }
 }
 
@@ -128,8 +201,11 @@ fn rdma_notification_arrives_once_after_every_byte_and_tagged_with_the_sender() 
     assert_eq!((ma.notifications.sent, ma.notifications.not_sent), (1, 0));
     assert_eq!((mb.notifications.received, mb.notifications.sent), (1, 0));
 
-    // A full 4 KiB notification, and one more batch: still once each.
-    let big: Vec<u8> = (0..MAX_NOTIFICATION_LEN).map(|i| (i % 251) as u8).collect();
+    // The largest notification rdma carries, and one more batch: still
+    // once each.
+    let big: Vec<u8> = (0..RDMA_MAX_NOTIFICATION_LEN)
+        .map(|i| (i % 251) as u8)
+        .collect();
     let ids = a
         .submit_with_notification(
             &writes(&sreg, &remote, 1, 8192),
@@ -273,7 +349,67 @@ fn rdma_batch_that_times_out_or_is_cancelled_sends_no_notification() {
 }
 
 #[test]
-fn an_rdma_notification_over_4_kib_is_refused_at_submit_and_nothing_is_posted() {
+fn an_rdma_flood_to_a_target_that_does_not_read_is_refused_and_reported() {
+    let fabric = fabric(1, Delivery::Background, 21);
+    let a = patient(&fabric, "a", 1).build().unwrap();
+    let b = patient(&fabric, "b", 1)
+        .notification_inbox(limited())
+        .build()
+        .unwrap();
+    let src = region(4096, 1);
+    let dst = HostMemory::alloc(4096).unwrap();
+    let sreg = register(&a, &src, Access::LocalOnly);
+    register(&b, &dst, Access::RemoteReadWrite);
+    let (pa, _) = connect(&a, &b);
+    flood_is_reported(&a, &b, &writes(&sreg, &pa.ranges[0], 1, 4096));
+}
+
+#[test]
+fn an_rdma_notification_over_4_kib_is_refused_at_submit_naming_the_path() {
+    let fabric = fabric(1, Delivery::Background, 9);
+    let a = builder(&fabric, "a", 1).build().unwrap();
+    let b = builder(&fabric, "b", 1).build().unwrap();
+    let src = region(8192, 1);
+    let dst = HostMemory::alloc(8192).unwrap();
+    let sreg = register(&a, &src, Access::LocalOnly);
+    register(&b, &dst, Access::RemoteReadWrite);
+    let (pa, _) = connect(&a, &b);
+    let batch = writes(&sreg, &pa.ranges[0], 1, 8192);
+    let err = a
+        .submit_with_notification(
+            &batch,
+            Notification::new(vec![0; RDMA_MAX_NOTIFICATION_LEN + 1]),
+        )
+        .unwrap_err();
+    assert_eq!(
+        err,
+        SubmitError::Notification(NotificationError::TooLargeForPath {
+            len: RDMA_MAX_NOTIFICATION_LEN + 1,
+            max: RDMA_MAX_NOTIFICATION_LEN,
+            path: PathKind::Rdma,
+        })
+    );
+    assert!(
+        err.to_string().contains("4096 bytes the rdma path carries"),
+        "{err}"
+    );
+    assert_eq!(a.outstanding_slices(), 0, "nothing was posted");
+    // The largest the path carries goes.
+    let ids = a
+        .submit_with_notification(
+            &batch,
+            Notification::new(vec![7; RDMA_MAX_NOTIFICATION_LEN]),
+        )
+        .unwrap();
+    all_sent(&a.wait_all(&ids, BOUND).unwrap());
+    assert_eq!(
+        b.wait_notification(BOUND).map(|n| n.payload),
+        Some(vec![7; RDMA_MAX_NOTIFICATION_LEN])
+    );
+}
+
+#[test]
+fn an_rdma_notification_over_1_mib_is_refused_at_submit_and_nothing_is_posted() {
     let fabric = fabric(1, Delivery::Background, 9);
     let a = builder(&fabric, "a", 1).build().unwrap();
     let b = builder(&fabric, "b", 1).build().unwrap();
@@ -301,11 +437,16 @@ fn an_rdma_notification_over_4_kib_is_refused_at_submit_and_nothing_is_posted() 
 // ---- tcp and local: two engines on loopback ----
 
 fn net_engine(name: &str) -> TransferEngine {
+    net_engine_with(name, InboxLimits::default())
+}
+
+fn net_engine_with(name: &str, limits: InboxLimits) -> TransferEngine {
     let fabric = SimFabric::new(SimDescription::new(vec![]), 1);
     EngineBuilder::new(name)
         .provider(fabric.provider_for(&[]))
         .host_memory_without_rdma()
         .slice_size(256 << 10)
+        .notification_inbox(limits)
         .listen("127.0.0.1:0".parse().unwrap())
         .build()
         .unwrap()
@@ -321,7 +462,13 @@ struct Net {
 }
 
 fn net(path: PathKind, len: usize) -> Net {
-    let target = net_engine(&format!("{path}-target"));
+    net_with(path, len, InboxLimits::default())
+}
+
+/// [`net`] with a target that keeps `limits` of each sender's
+/// notifications.
+fn net_with(path: PathKind, len: usize, limits: InboxLimits) -> Net {
+    let target = net_engine_with(&format!("{path}-target"), limits);
     let dst = HostMemory::alloc(len).unwrap();
     let dreg = target
         .register(dst.clone(), Access::RemoteReadWrite)
@@ -482,6 +629,67 @@ fn queued_batches_move_every_byte(path: PathKind) {
     assert_eq!(n.src.to_vec(0, len).unwrap(), pattern(len, 7));
 }
 
+fn flood(path: PathKind) {
+    let n = net_with(path, 4096, limited());
+    flood_is_reported(
+        &n.initiator,
+        &n.target,
+        &writes(&n.sreg, &n.remote, 1, 4096),
+    );
+}
+
+/// 1 MiB notifications arrive whole; the one that would pass the
+/// sender's byte budget on the target is refused, naming it.
+fn one_mib_arrives_whole_and_the_byte_budget_holds(path: PathKind) {
+    let n = net_with(path, 4096, limited());
+    let batch = writes(&n.sreg, &n.remote, 1, 4096);
+    for k in 0..3u8 {
+        let note = pattern(MAX_NOTIFICATION_LEN, k);
+        let ids = n
+            .initiator
+            .submit_with_notification(&batch, Notification::new(note))
+            .unwrap();
+        all_sent(&n.initiator.wait_all(&ids, BOUND).unwrap());
+    }
+    let ids = n
+        .initiator
+        .submit_with_notification(&batch, Notification::new(vec![1; MAX_NOTIFICATION_LEN]))
+        .unwrap();
+    let outcomes = n.initiator.wait_all(&ids, BOUND).unwrap();
+    let why = refused(&outcomes[0]);
+    assert!(
+        why.contains(&format!("budget of {} bytes", 3 * MB)),
+        "{why}"
+    );
+    let got = n.target.notifications();
+    assert_eq!(got.len(), 3);
+    for (k, g) in got.iter().enumerate() {
+        assert_eq!(g.payload, pattern(MAX_NOTIFICATION_LEN, k as u8), "#{k}");
+        assert_eq!(g.path, path);
+    }
+    assert_eq!(n.target.notification_stats().queued_bytes, 0);
+}
+
+#[test]
+fn tcp_flood_to_a_target_that_does_not_read_is_refused_and_reported() {
+    flood(PathKind::Tcp);
+}
+
+#[test]
+fn local_flood_to_a_target_that_does_not_read_is_refused_and_reported() {
+    flood(PathKind::Local);
+}
+
+#[test]
+fn tcp_notification_of_1_mib_arrives_whole_within_the_byte_budget() {
+    one_mib_arrives_whole_and_the_byte_budget_holds(PathKind::Tcp);
+}
+
+#[test]
+fn local_notification_of_1_mib_arrives_whole_within_the_byte_budget() {
+    one_mib_arrives_whole_and_the_byte_budget_holds(PathKind::Local);
+}
+
 #[test]
 fn local_queued_batches_move_every_byte() {
     queued_batches_move_every_byte(PathKind::Local);
@@ -567,7 +775,7 @@ fn a_tcp_peer_is_tagged_by_its_session_and_a_malformed_notification_ends_the_ses
     })
     .to_bytes()
     .unwrap();
-    bad[HEADER_LEN + 8..HEADER_LEN + 10].copy_from_slice(&4u16.to_be_bytes());
+    bad[HEADER_LEN + 8..HEADER_LEN + 12].copy_from_slice(&4u32.to_be_bytes());
     std::io::Write::write_all(&mut s, &bad).unwrap();
     let frames = net_support::raw::read_until_closed(&mut s);
     assert!(

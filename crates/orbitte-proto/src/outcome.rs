@@ -549,16 +549,15 @@ impl PartialEq for DeviceError {
 
 impl Eq for DeviceError {}
 
-/// Whether a request's batch sent a notification.
+/// Whether a request's batch sent a notification, and whether the target
+/// took it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum NotificationStatus {
     /// The batch carried none.
     #[default]
     NotRequested,
-    /// Every request of the batch completed and the notification was handed
-    /// to the peer's path (a SEND posted behind the WRITEs, a frame queued
-    /// on a live session). The target queues it once; a rail that breaks
-    /// after this point can lose it, never duplicate it.
+    /// Every request of the batch completed and the target answered that
+    /// it queued the notification: its application reads it once.
     Sent,
     /// Not sent, and it never will be: a request of the batch did not
     /// complete, or no rail to the peer took it.
@@ -566,6 +565,27 @@ pub enum NotificationStatus {
         /// Why.
         why: Arc<str>,
     },
+    /// Sent, and the target refused it: it holds as many notifications (or
+    /// bytes of them) from this engine as it keeps, because its application
+    /// does not read them. Nothing was queued. The target's application
+    /// must drain its notifications; then send again.
+    Refused {
+        /// The bound the target named, and the fix.
+        why: Arc<str>,
+    },
+    /// Sent, and the rail went down before the target answered: it may or
+    /// may not have been queued.
+    Unconfirmed {
+        /// Why the answer did not come.
+        why: Arc<str>,
+    },
+}
+
+impl NotificationStatus {
+    /// Whether the target queued the notification (`Sent`).
+    pub fn is_sent(&self) -> bool {
+        matches!(self, Self::Sent)
+    }
 }
 
 /// Why a notifying batch was refused at submit (nothing was posted).
@@ -581,6 +601,21 @@ pub enum NotificationError {
         len: usize,
         /// [`MAX_NOTIFICATION_LEN`](orbitte_wire::MAX_NOTIFICATION_LEN).
         max: usize,
+    },
+    /// The notification is larger than the peer's path carries (the rdma
+    /// path posts its receives in advance, in fixed slots).
+    #[error(
+        "notification of {len} bytes is larger than the {max} bytes the {path} path carries: \
+         connect to this peer over tcp or local for larger ones, or put the bulk in registered \
+         memory and notify its place"
+    )]
+    TooLargeForPath {
+        /// Its length.
+        len: usize,
+        /// The path's limit.
+        max: usize,
+        /// The path of every rail to the peer.
+        path: PathKind,
     },
     /// A notifying batch goes to one peer.
     #[error(

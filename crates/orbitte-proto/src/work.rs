@@ -69,6 +69,14 @@ pub enum TransportEvent {
         /// The rail.
         rail: RailId,
     },
+    /// The peer answered a notification sent on the rail: queued or
+    /// refused.
+    NotificationAnswered {
+        /// The rail the answer came on.
+        rail: RailId,
+        /// The answer.
+        answer: orbitte_wire::NotificationAnswer,
+    },
 }
 
 /// How the engine should treat one rail.

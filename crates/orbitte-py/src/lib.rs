@@ -50,9 +50,18 @@ fn _orbitte(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<memory::Allocation>()?;
     m.add_class::<outcome::PyOutcome>()?;
     m.add_function(wrap_pyfunction!(doctor::capabilities, m)?)?;
+    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add("PROTOCOL_VERSION", orbitte_wire::PROTOCOL_VERSION)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     nixl::register(m)?;
     Ok(())
+}
+
+/// Runs the `orbitte` command with `argv` (the first is the program's
+/// name), with the GIL released, and returns its exit status: the wheel's
+/// `orbitte` script.
+#[pyfunction]
+fn cli_main(py: Python<'_>, argv: Vec<String>) -> u8 {
+    py.detach(|| orbitte_cli::run_command(argv))
 }

@@ -80,9 +80,17 @@ fn failure_code(f: &Failure) -> i32 {
         Failure::Submit(e) if remote_miss(e) || restarted(e) => {
             MooncakeEngine::ERR_ADDRESS_NOT_REGISTERED
         }
-        Failure::Argument(_) | Failure::Submit(_) | Failure::Incomplete(_) | Failure::Wait(_) => {
-            MooncakeEngine::ERR_INVALID_ARGUMENT
+        Failure::Notification(o)
+            if o.iter()
+                .any(|o| matches!(o.notification, orbitte::NotificationStatus::Refused { .. })) =>
+        {
+            MooncakeEngine::ERR_TOO_MANY_REQUESTS
         }
+        Failure::Argument(_)
+        | Failure::Submit(_)
+        | Failure::Incomplete(_)
+        | Failure::Notification(_)
+        | Failure::Wait(_) => MooncakeEngine::ERR_INVALID_ARGUMENT,
     }
 }
 
@@ -259,9 +267,12 @@ impl MooncakeEngine {
     /// not complete forgets the session.
     fn transfer(&self, session: &str, ops: &[Op5], notify: Option<&[u8]>) -> Result<(), Failure> {
         let (peer, ids) = self.submit(session, ops, notify)?;
-        self.node()
-            .settle(&ids)
-            .inspect_err(|_| self.forget(session, &peer))
+        self.node().settle(&ids).inspect_err(|f| {
+            // A refused notification says nothing about the session.
+            if !matches!(f, Failure::Notification(_)) {
+                self.forget(session, &peer);
+            }
+        })
     }
 }
 
@@ -318,6 +329,11 @@ fn batch(
 impl MooncakeEngine {
     #[classattr]
     const ERR_INVALID_ARGUMENT: i32 = -1;
+    /// A notification the target refused: it holds as many unread
+    /// notifications from this engine as it keeps (its application must
+    /// read them with `get_notifies`); every byte moved.
+    #[classattr]
+    const ERR_TOO_MANY_REQUESTS: i32 = -2;
     #[classattr]
     const ERR_ADDRESS_NOT_REGISTERED: i32 = -3;
     #[classattr]

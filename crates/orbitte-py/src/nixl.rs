@@ -127,7 +127,8 @@ mod kinds {
 
 use kinds::{
     nixlInvalidParamError as InvalidParam, nixlNotFoundError as NotFound,
-    nixlNotPostedError as NotPosted, nixlRepostActiveError as RepostActive,
+    nixlNotPostedError as NotPosted, nixlRemoteDisconnectError as RemoteDisconnect,
+    nixlRepostActiveError as RepostActive,
 };
 
 /// Adds the native NIXL classes and exceptions to the module.
@@ -644,6 +645,10 @@ pub(crate) struct Core {
     node: Arc<Node>,
     requests: Vec<Request>,
     descriptors: usize,
+    /// What telemetry's `descCount` says: the descriptors after merging,
+    /// as NIXL counts them (prepared transfers merge, `initialize_xfer`
+    /// does not).
+    counted: usize,
     /// Bytes of all requests.
     bytes: u64,
     agent: String,
@@ -724,10 +729,11 @@ impl Xfer {
         (local, remote): (&PreparedList, &PreparedList),
         agent: &str,
         requests: Vec<Request>,
-        descriptors: usize,
+        (descriptors, merged): (usize, bool),
         notif: Option<Vec<u8>>,
     ) -> PyResult<Self> {
         non_empty(&requests)?;
+        let counted = if merged { requests.len() } else { descriptors };
         let bytes = requests.iter().map(|r| r.len).sum();
         let local_path = match &remote.side {
             Side::Remote { peer, .. } => peer.get().peer.path == PathKind::Local,
@@ -740,6 +746,7 @@ impl Xfer {
                 bytes,
                 requests,
                 descriptors,
+                counted,
                 agent: agent.to_owned(),
                 notif: notif.filter(|n| !n.is_empty()),
                 run: Mutex::new(Run::ready()),
@@ -802,7 +809,12 @@ impl Core {
                 run.phase = Phase::Failed;
             } else if run.notified && !matches!(o.notification, NotificationStatus::Sent) {
                 run.why.get_or_insert_with(|| {
-                    format!("the notification was not sent: {:?}", o.notification)
+                    let o = PyOutcome::from(o);
+                    format!(
+                        "every byte moved, but the notification was {}: {}",
+                        o.notification.replace('_', " "),
+                        o.notification_why.unwrap_or_default()
+                    )
                 });
                 run.phase = Phase::Failed;
             }
@@ -919,7 +931,7 @@ impl Xfer {
                 }),
             )
         })?;
-        Self::new((local, remote), agent, requests, li.len(), notif)
+        Self::new((local, remote), agent, requests, (li.len(), true), notif)
     }
 
     /// A transfer of every descriptor of `local` with the one at the same
@@ -953,7 +965,7 @@ impl Xfer {
                     .map(|(at, (&a, &b))| Ok((at, a, b))),
             )
         })?;
-        Self::new((local, remote), agent, requests, l.len(), notif)
+        Self::new((local, remote), agent, requests, (l.len(), false), notif)
     }
 
     /// Submits every request in one call, with the notification (this
@@ -961,7 +973,9 @@ impl Xfer {
     /// large transfer on the local path leaves its copies to the rails'
     /// workers (see [`QUEUED_BYTES`]). Returns the state right after
     /// ("DONE" if it finished meanwhile). Refused while a previous post is
-    /// in flight.
+    /// in flight; a remote agent that is gone (its connection lost, or it
+    /// restarted) raises `nixlRemoteDisconnectError`, as NIXL does, and
+    /// the state is "ERR".
     ///
     /// `carrier`, a one-byte READ of the remote agent's notification
     /// anchor, carries the notification after the transfer when the
@@ -1031,8 +1045,9 @@ impl Xfer {
                 }
                 Err(e) if peer_gone(&e) => {
                     run.end(Phase::Failed);
-                    run.why = Some(format!("agent {:?}: {e}", self.agent));
-                    Ok("ERR")
+                    let why = format!("agent {:?}: {e}", self.agent);
+                    run.why = Some(why.clone());
+                    Err(RemoteDisconnect::new_err(why))
                 }
                 Err(e @ SubmitError::Notification(_)) => {
                     run.phase = Phase::Ready;
@@ -1091,20 +1106,15 @@ impl Xfer {
     /// The last post's telemetry, NIXL's fields: (start time in µs since
     /// the Unix epoch, µs the submit call took, µs from the start until
     /// DONE or ERR was seen (until now while in flight), bytes,
-    /// descriptors). None before the first post.
+    /// descriptors after merging, as NIXL counts them). None before the
+    /// first post.
     fn telemetry(&self) -> Option<(u64, u64, u64, u64, usize)> {
         let run = lock(&self.run);
         let (at, wall) = run.posted_at?;
         let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let start = wall.duration_since(UNIX_EPOCH).map_or(0, us);
         let took = run.ended_at.map_or_else(|| at.elapsed(), |end| end - at);
-        Some((
-            start,
-            us(run.post_took),
-            us(took),
-            self.bytes,
-            self.descriptors,
-        ))
+        Some((start, us(run.post_took), us(took), self.bytes, self.counted))
     }
 
     /// Why the last post ended in "ERR" (None otherwise).

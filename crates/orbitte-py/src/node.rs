@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use orbitte::{
-    Access, ConnectOptions, DrainStatus, EngineBuilder, HostMemory, ListenerToken, PathKind,
-    PathPreference, RdmaConfig, Registration, RequestError, RequestId, SubmitError, TransferEngine,
-    WaitError,
+    Access, ConnectOptions, DrainStatus, EngineBuilder, HostMemory, ListenerToken,
+    NotificationStatus, PathKind, PathPreference, RdmaConfig, Registration, RequestError,
+    RequestId, SubmitError, TransferEngine, WaitError,
 };
 use orbitte_cuda::CudaBuffer;
 use pyo3::exceptions::PyValueError;
@@ -140,9 +140,15 @@ pub(crate) enum Refusal {
 pub(crate) enum Failure {
     Argument(String),
     Local(LocalMiss),
-    Connect { refusal: Refusal, message: String },
+    Connect {
+        refusal: Refusal,
+        message: String,
+    },
     Submit(SubmitError),
     Incomplete(Vec<orbitte::Outcome>),
+    /// Every request completed; the batch's notification did not reach the
+    /// target's queue (refused, unconfirmed or not sent).
+    Notification(Vec<orbitte::Outcome>),
     Wait(WaitError),
 }
 
@@ -173,6 +179,24 @@ impl Failure {
                 let err = errors::TransferError::new_err(format!(
                     "{failed} of {} request(s) did not complete; first: {first}",
                     all.len()
+                ));
+                let _ = err.value(py).setattr("outcomes", all);
+                err
+            }
+            Self::Notification(outcomes) => {
+                let all: Vec<PyOutcome> = outcomes.iter().map(PyOutcome::from).collect();
+                let (status, why) = all
+                    .first()
+                    .map(|o| {
+                        (
+                            o.notification,
+                            o.notification_why.clone().unwrap_or_default(),
+                        )
+                    })
+                    .unwrap_or_default();
+                let err = errors::TransferError::new_err(format!(
+                    "every byte moved, but the notification was {}: {why}",
+                    status.replace('_', " ")
                 ));
                 let _ = err.value(py).setattr("outcomes", all);
                 err
@@ -481,10 +505,16 @@ impl Node {
                 o.drain = self.engine.drain_status(*id);
             }
         }
-        if complete {
-            Ok(())
-        } else {
-            Err(Failure::Incomplete(outcomes))
+        let delivered = outcomes.iter().all(|o| {
+            matches!(
+                o.notification,
+                NotificationStatus::NotRequested | NotificationStatus::Sent
+            )
+        });
+        match (complete, delivered) {
+            (true, true) => Ok(()),
+            (true, false) => Err(Failure::Notification(outcomes)),
+            (false, _) => Err(Failure::Incomplete(outcomes)),
         }
     }
 

@@ -41,9 +41,12 @@ pub(crate) struct PyOutcome {
     /// Slices still outstanding then.
     drain_pending_slices: u32,
     /// Whether the batch's notification went out: "not_requested",
-    /// "sent" or "not_sent" (then `notification_why` says why).
-    notification: &'static str,
-    notification_why: Option<String>,
+    /// "sent" (the target queued it), "not_sent", "refused" (the target
+    /// holds as many unread notifications from this engine as it keeps;
+    /// its application must read them) or "unconfirmed" (the connection
+    /// broke before the target answered); `notification_why` says why.
+    pub(crate) notification: &'static str,
+    pub(crate) notification_why: Option<String>,
 }
 
 impl From<&Outcome> for PyOutcome {
@@ -62,6 +65,8 @@ impl From<&Outcome> for PyOutcome {
             NotificationStatus::NotRequested => ("not_requested", None),
             NotificationStatus::Sent => ("sent", None),
             NotificationStatus::NotSent { why } => ("not_sent", Some(why.to_string())),
+            NotificationStatus::Refused { why } => ("refused", Some(why.to_string())),
+            NotificationStatus::Unconfirmed { why } => ("unconfirmed", Some(why.to_string())),
         };
         Self {
             notification,

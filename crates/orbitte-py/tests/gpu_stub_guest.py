@@ -285,7 +285,7 @@ def engine_api(stub: Stub) -> None:
     target.unregister(served)
     for p in ("gpudirect-rdma", "cuda-ipc", "nvlink"):
         (row,) = [r for r in orbitte.doctor() if r["path"] == p]
-        assert row["completion"]["result"] == "not_implemented", row
+        assert row["completion"]["status"] == "not_implemented", row
     initiator.close()
     target.close()
 

@@ -1,9 +1,11 @@
 """orbitte.Engine: registration of every buffer kind, non-blocking
 submit, outcomes, typed errors, doctor."""
 
+import json
 import array
 import gc
 import mmap
+import warnings
 
 import numpy as np
 import pytest
@@ -143,10 +145,10 @@ def test_doctor_returns_the_matrix_as_data():
     assert {"rdma", "tcp", "local", "cuda-staging"} <= set(paths)
     for r in rows:
         for check in ("build", "discovery", "completion", "drain"):
-            assert r[check]["result"] in ("pass", "fail", "skipped", "not_implemented")
-            if r[check]["result"] == "fail":
+            assert r[check]["status"] in ("pass", "fail", "skipped", "not_implemented")
+            if r[check]["status"] == "fail":
                 assert r[check]["reason"] and r[check]["fix"]
-    assert paths["tcp"]["completion"]["result"] == "pass"
+    assert paths["tcp"]["completion"]["status"] == "pass"
 
 
 class DLPackOnly:
@@ -191,12 +193,13 @@ def test_python_m_orbitte_prints_the_matrix():
 
     out = subprocess.run([sys.executable, "-m", "orbitte"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("rdma\n") and "\ntcp\n" in out.stdout
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("rdma selection:") and any(line.startswith("tcp ") for line in lines), out.stdout
     out = subprocess.run([sys.executable, "-m", "orbitte", "--json"], capture_output=True, text=True, timeout=120)
-    assert {r["path"] for r in json.loads(out.stdout)} >= {"rdma", "tcp", "local"}
+    assert {r["path"] for r in json.loads(out.stdout)["paths"]} >= {"rdma", "tcp", "local"}
 
 
-def test_rdma_registration_never_falls_back_silently():
+def test_rdma_without_a_device_orbitte_refuses_mooncake_warns(monkeypatch):
     eng = orbitte.Engine(rdma=True)
     try:
         if eng._native.rdma_devices():
@@ -209,11 +212,27 @@ def test_rdma_registration_never_falls_back_silently():
         assert eng._native.registrations() == []
     finally:
         eng.close()
-    from orbitte.mooncake import TransferEngine
+    from orbitte.mooncake import RdmaFallbackWarning, TransferEngine
 
+    # Mooncake's behaviour: protocol "rdma" carries on over tcp, warning why.
+    te = TransferEngine()
+    with pytest.warns(RdmaFallbackWarning, match="no RDMA device.*ORBITTE_STRICT_RDMA"):
+        assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0
+    assert te.get_local_topology() == ""
+    te.close()
+    # The strict setting keeps the refusal.
+    monkeypatch.setenv("ORBITTE_STRICT_RDMA", "1")
     te = TransferEngine()
     assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == -6
     assert "no RDMA device" in te.last_error().message
+    # MC_FORCE_TCP=1 (what SGLang users set) runs protocol "rdma" as tcp:
+    # no device needed, nothing to warn about, even under the strict setting.
+    monkeypatch.setenv("MC_FORCE_TCP", "1")
+    te = TransferEngine()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0
+    te.close()
 
 
 def test_handles_are_the_engines_native_classes(pair):
@@ -251,3 +270,28 @@ def test_handles_are_the_engines_native_classes(pair):
         other.close()
     reg.unregister()
     assert initiator.registrations() == []
+
+
+def test_the_orbitte_command_and_python_m_orbitte_print_one_matrix():
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "orbitte"
+    cmd = [str(exe)] if exe.exists() else [shutil.which("orbitte") or "orbitte"]
+    out = subprocess.run(cmd + ["doctor", "--json", "--path", "tcp"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["command"] == "doctor"
+    via_m = subprocess.run([sys.executable, "-m", "orbitte", "--json", "--path", "tcp"],
+                           capture_output=True, text=True, timeout=120)
+    assert via_m.returncode == 0, via_m.stderr
+    assert json.loads(via_m.stdout).keys() == doc.keys()
+    cli_row = next(r for r in doc["paths"] if r["path"] == "tcp")
+    py_row = next(r for r in orbitte.doctor() if r["path"] == "tcp")
+    assert set(py_row) <= set(cli_row), (py_row.keys(), cli_row.keys())
+    for check in ("build", "discovery", "completion", "drain"):
+        assert py_row[check]["status"] == cli_row[check]["status"]
+    assert py_row["works"] == cli_row["works"]
+    assert orbitte.__version__

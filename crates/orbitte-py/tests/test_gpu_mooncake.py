@@ -183,4 +183,4 @@ def test_doctor_reports_direct_gpu_paths_not_implemented():
 
     rows = {r["path"]: r for r in orbitte.doctor()}
     for p in ("gpudirect-rdma", "cuda-ipc", "nvlink"):
-        assert rows[p]["completion"]["result"] == "not_implemented", rows[p]
+        assert rows[p]["completion"]["status"] == "not_implemented", rows[p]

@@ -1,6 +1,7 @@
 """orbitte.nixl in one process: descriptor forms, what this build serves,
 and bad input answered with NIXL's exception classes."""
 
+import json
 import os
 import time
 
@@ -177,6 +178,8 @@ def test_released_handles_are_refused(pair):
     with pytest.raises(nixl.nixlInvalidParamError, match="released"):
         a.release_xfer_handle(h)
     a.release_dlist_handle(local)
+    with pytest.raises(nixl.nixlInvalidParamError, match="released already"):
+        a.release_dlist_handle(local)
     with pytest.raises(nixl.nixlInvalidParamError, match="released"):
         a.make_prepped_xfer("WRITE", local, [0], remote, [0])
     a.remove_remote_agent(b.name)
@@ -191,7 +194,7 @@ def test_notification_too_large_is_refused_and_nothing_sent(pair):
     b.add_remote_agent(a.get_agent_metadata())
     local = a.prep_xfer_dlist("NIXL_INIT_AGENT", [(sa.address, 4096, 0)], "DRAM")
     remote = a.prep_xfer_dlist(b.name, [(sb.address, 4096, 0)], "DRAM")
-    h = a.make_prepped_xfer("WRITE", local, [0], remote, [0], b"x" * (64 << 10))
+    h = a.make_prepped_xfer("WRITE", local, [0], remote, [0], b"x" * ((1 << 20) + 1))
     with pytest.raises(nixl.nixlInvalidParamError):
         a.transfer(h)
     assert b.get_new_notifs() == {}
@@ -203,6 +206,36 @@ def test_notification_too_large_is_refused_and_nothing_sent(pair):
         a.transfer(h)
     time.sleep(0.2)
     assert b.get_new_notifs() == {}
+
+
+def test_a_notification_the_agent_cannot_keep_raises_and_its_transfer_is_err(pair):
+    """b never reads its notifications: past the 1024 it keeps from a,
+    send_notif raises and a transfer carrying one ends ERR, not DONE; once
+    b reads them, a notification is taken again."""
+    a, b, sa, sb = pair
+    kept = 1024
+    for i in range(kept):
+        a.send_notif(b.name, b"n%d" % i)
+    with pytest.raises(nixl.nixlBackendError, match="refused.*must read its notifications"):
+        a.send_notif(b.name, b"one too many")
+    local = a.prep_xfer_dlist("NIXL_INIT_AGENT", [(sa.address, 4096, 0)], "DRAM")
+    remote = a.prep_xfer_dlist(b.name, [(sb.address, 4096, 0)], "DRAM")
+    h = a.make_prepped_xfer("WRITE", local, [0], remote, [0], b"kv-ready")
+    a.transfer(h)
+    assert done(a, h) == "ERR"
+    assert "refused" in h.error
+    assert bytes(sb.view[:4096]) == bytes(sa.view[:4096])  # the bytes moved
+    got = b.get_new_notifs()[a.name]
+    assert len(got) == kept and got[0] == b"n0" and got[-1] == b"n%d" % (kept - 1)
+    a.send_notif(b.name, b"after")
+    assert b.get_new_notifs() == {a.name: [b"after"]}
+
+
+def test_a_1_mib_notification_arrives_whole(pair):
+    a, b, sa, sb = pair
+    big = os.urandom(1 << 20)
+    a.send_notif(b.name, big)
+    assert b.get_new_notifs() == {a.name: [big]}
 
 
 def test_telemetry_when_captured(pair):
@@ -220,6 +253,22 @@ def test_telemetry_when_captured(pair):
     assert done(a, h) == "DONE", h.error
     t = a.get_xfer_telemetry(h)
     assert (t.totalBytes, t.descCount) == (8192, 2)
+    # descCount counts descriptors after merging, as NIXL does: three blocks
+    # adjacent on both sides by index make one; initialize_xfer never merges.
+    h = a.make_prepped_xfer("WRITE", local, [0, 1, 2], remote, [0, 1, 2])
+    a.transfer(h)
+    assert done(a, h) == "DONE", h.error
+    assert (a.get_xfer_telemetry(h).totalBytes, a.get_xfer_telemetry(h).descCount) == (3 * 4096, 1)
+    rows = [(sa.address + i * 4096, 4096, 0) for i in range(3)]
+    h = a.initialize_xfer("WRITE", a.get_xfer_descs(rows, "DRAM"),
+                          a.get_xfer_descs([(sb.address + i * 4096, 4096, 0) for i in range(3)], "DRAM"), b.name)
+    a.transfer(h)
+    assert done(a, h) == "DONE", h.error
+    assert a.get_xfer_telemetry(h).descCount == 3
+    h = a.make_prepped_xfer("WRITE", local, [0, 2], remote, [1, 0])
+    a.transfer(h)
+    assert done(a, h) == "DONE", h.error
+    t = a.get_xfer_telemetry(h)
     assert before - 1 <= t.startTime / 1e6 <= time.time() + 1
     assert 0 <= t.postDuration <= t.xferDuration
     assert a.get_xfer_telemetry(h).xferDuration == t.xferDuration  # ended: fixed
@@ -365,3 +414,48 @@ def test_ipv6_listen_addresses_travel_in_the_metadata():
         time.sleep(0.005)
     a.close()
     b.close()
+
+
+def test_thread_sync_modes_and_backend_handle_are_nixls():
+    assert [m.name for m in nixl.nixl_thread_sync_t] == [
+        "NIXL_THREAD_SYNC_NONE", "NIXL_THREAD_SYNC_STRICT", "NIXL_THREAD_SYNC_RW"]
+    assert nixl.nixl_thread_sync_t.NIXL_THREAD_SYNC_DEFAULT is nixl.nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE
+    assert nixl.nixl_backend_handle is int
+    conf = nixl.nixl_agent_config(backends=[], sync_mode=nixl.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT)
+    assert conf.sync_mode is nixl.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT
+    with pytest.raises(TypeError, match="nixl_thread_sync_t"):
+        nixl.nixl_agent_config(sync_mode="strict")
+
+
+def test_partial_metadata_carries_what_was_asked(pair):
+    a, b, sa, sb = pair
+    extra = orbitte.Buffer(1 << 12)
+    b.register_memory(b.get_reg_descs([extra]))
+    whole = json.loads(b.get_agent_metadata())
+    assert sorted(r[0] for r in whole["registrations"]) == sorted([sb.address, extra.address])
+    partial = b.get_partial_agent_metadata(b.get_reg_descs([extra]), inc_conn_info=False)
+    doc = json.loads(partial)
+    assert [r[0] for r in doc["registrations"]] == [extra.address]
+    assert "address" not in doc and "token" not in doc
+    # Without connection information only an agent that added b already takes it.
+    c = agent("c")
+    with pytest.raises(nixl.nixlNotFoundError, match="no connection information"):
+        c.add_remote_agent(partial)
+    c.close()
+    assert a.add_remote_agent(partial) == b.name.encode()
+    with_conn = json.loads(b.get_partial_agent_metadata([], inc_conn_info=True))
+    assert with_conn["registrations"] == [] and with_conn["address"] and with_conn["token"] == whole["token"]
+    with pytest.raises(nixl.nixlNotFoundError, match="not the start of a registration"):
+        b.get_partial_agent_metadata(b.get_reg_descs([(sb.address + 8, 8, 0, "")], "DRAM"))
+
+
+def test_a_backend_name_given_alone_is_one_backend(pair):
+    a, b, sa, sb = pair
+    extra = orbitte.Buffer(4096)
+    descs = a.get_reg_descs([extra])
+    a.register_memory(descs, backends="UCX")
+    a.deregister_memory(descs, "UCX")
+    with pytest.raises(nixl.nixlNotFoundError):
+        a.deregister_memory(descs, "UCX")
+    with pytest.raises(nixl.nixlNotSupportedError, match="GDS"):
+        a.deregister_memory(a.get_reg_descs([sa]), "GDS")

@@ -44,8 +44,8 @@ def test_failed_batch_sends_no_notification():
             initiator.submit(peer, [orbitte.write(src, peer.range(0)),
                                     orbitte.write(src, peer.range(0), 8, remote_offset=(1 << 16) - 4)],
                              notify=b"never")
-        with pytest.raises(orbitte.SubmitError):  # larger than 4 KiB
-            initiator.submit(peer, [orbitte.write(src, peer.range(0))], notify=b"x" * 5000)
+        with pytest.raises(orbitte.SubmitError, match="larger than 1048576 bytes"):
+            initiator.submit(peer, [orbitte.write(src, peer.range(0))], notify=b"x" * ((1 << 20) + 1))
         assert target.wait_notification(0.3) is None
         initiator.transfer(peer, [orbitte.write(src, peer.range(0))], notify=b"ok")
         n = target.wait_notification(10)
@@ -72,3 +72,49 @@ def test_mooncake_transfer_sync_with_notify(mooncake_pair):
     assert (dst[:4096] == src[:4096]).all()
     assert initiator.send_probe(session) == 0
     assert initiator.send_probe("127.0.0.1:1") < 0
+
+
+def test_a_notification_the_target_cannot_keep_is_reported_to_the_sender():
+    """The target never reads: past the 1024 notifications it keeps from
+    one sender, transfer(notify=...) raises TransferError whose outcomes say
+    "refused" with the fix; refused + arrived == sent; once the target
+    reads, one is taken again. A 1 MiB notification arrives whole."""
+    target = orbitte.Engine(listen="127.0.0.1:0", path="tcp")
+    initiator = orbitte.Engine(path="tcp")
+    try:
+        target.register(target.alloc(1 << 16))
+        src = initiator.register(bytearray(1 << 16), remote=False)
+        peer = initiator.connect(target.address)
+        sent, refused = 1030, 0
+        for i in range(sent):
+            try:
+                initiator.transfer(peer, [orbitte.write(src, peer.range(0), 8)], notify=b"n%d" % i)
+            except orbitte.TransferError as e:
+                assert "notification was refused" in str(e), e
+                assert all(o.notification == "refused" for o in e.outcomes)
+                assert "must read its notifications" in e.outcomes[0].notification_why
+                refused += 1
+        got = target.notifications()
+        assert (len(got), refused) == (1024, sent - 1024)
+        assert len(got) + refused == sent
+        assert [n.payload for n in got[:2]] == [b"n0", b"n1"]
+        big = os.urandom(1 << 20)
+        initiator.transfer(peer, [orbitte.write(src, peer.range(0), 8)], notify=big)
+        n = target.wait_notification(10)
+        assert n is not None and n.payload == big
+    finally:
+        initiator.close()
+        target.close()
+
+
+def test_mooncake_refused_notification_is_its_own_code(mooncake_pair):
+    target, initiator, session, src, dst = mooncake_pair
+    codes = [initiator.transfer_sync(session, src.ctypes.data, dst.ctypes.data, 64, TransferOpcode.WRITE,
+                                     TransferNotify("kv", "c%d" % i)) for i in range(1025)]
+    assert codes[:1024] == [0] * 1024
+    err = initiator.last_error()
+    assert codes[1024] == err.code == -2, err  # Mooncake's ERR_TOO_MANY_REQUESTS
+    assert "must read its notifications" in err.message, err
+    assert len(target.get_notifies()) == 1024
+    assert initiator.transfer_sync(session, src.ctypes.data, dst.ctypes.data, 64, TransferOpcode.WRITE,
+                                   TransferNotify("kv", "after")) == 0

@@ -49,3 +49,13 @@ def test_wheel_needs_no_rdma_cuda_or_python_library(tmp_path):
         assert needed, out
         bad = [n for n in needed if n.startswith(FORBIDDEN)]
         assert not bad, f"{so} needs {bad}; every NEEDED: {needed}"
+
+
+def test_wheel_carries_the_switch():
+    """ORBITTE_REPLACE's start-up hook sits at the wheel's root (site-packages
+    once installed), beside the package."""
+    with zipfile.ZipFile(wheel_path()) as z:
+        names = z.namelist()
+        pth = z.read("orbitte-replace.pth").decode() if "orbitte-replace.pth" in names else ""
+    assert "_orbitte_replace.py" in names, names
+    assert pth.startswith("import ") and "ORBITTE_REPLACE" in pth, pth

@@ -101,7 +101,7 @@ impl ClusterSecret {
 /// holds the token, so the metadata must travel over a channel the
 /// operator trusts. `Debug` does not show it.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub struct ListenerToken(pub [u8; ListenerToken::LEN]);
+pub struct ListenerToken(pub [u8; 32]);
 
 impl std::fmt::Debug for ListenerToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

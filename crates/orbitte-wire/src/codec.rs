@@ -100,6 +100,26 @@ impl<'a> Reader<'a> {
         self.take(n, field)
     }
 
+    /// `u32` length then that many bytes, at most `max`. The length is
+    /// checked against `max` and the bytes left before anything is taken.
+    pub(crate) fn bytes32(
+        &mut self,
+        field: &'static str,
+        max: usize,
+    ) -> Result<&'a [u8], DecodeError> {
+        let n = self.u32(field)? as usize;
+        if n > max {
+            return Err(self.err(
+                field,
+                Problem::TooLong {
+                    len: n as u64,
+                    max: max as u64,
+                },
+            ));
+        }
+        self.take(n, field)
+    }
+
     /// A UTF-8 string of `bytes8` or `bytes16` form.
     pub(crate) fn utf8(bytes: &[u8]) -> Result<String, Problem> {
         std::str::from_utf8(bytes)
@@ -229,6 +249,30 @@ impl<'a> Writer<'a> {
         }
         // max <= u16::MAX is a protocol constant.
         self.u16(bytes.len() as u16);
+        self.put(bytes);
+        Ok(())
+    }
+
+    /// `u32` length then the bytes, at most `max`.
+    pub(crate) fn bytes32(
+        &mut self,
+        field: &'static str,
+        bytes: &[u8],
+        max: usize,
+    ) -> Result<(), EncodeError> {
+        let n = u32::try_from(bytes.len())
+            .ok()
+            .filter(|n| *n as usize <= max);
+        let Some(n) = n else {
+            return Err(self.err(
+                field,
+                Problem::TooLong {
+                    len: bytes.len() as u64,
+                    max: max as u64,
+                },
+            ));
+        };
+        self.u32(n);
         self.put(bytes);
         Ok(())
     }

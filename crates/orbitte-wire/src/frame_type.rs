@@ -37,9 +37,11 @@ impl FrameType {
     /// Initiator → target, after every request of a batch completed: the
     /// batch's notification.
     pub const NOTIFICATION: Self = Self(0x0034);
+    /// Target → initiator: whether a notification was queued.
+    pub const NOTIFICATION_ANSWER: Self = Self(0x0035);
 
     /// Every frame type of this protocol version.
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::CHALLENGE,
         Self::HELLO,
         Self::HELLO_ACK,
@@ -55,6 +57,7 @@ impl FrameType {
         Self::WRITE_REQUEST,
         Self::WRITE_RESPONSE,
         Self::NOTIFICATION,
+        Self::NOTIFICATION_ANSWER,
     ];
 
     /// The name used in docs/protocol.md, or `None` for an unknown type.
@@ -75,6 +78,7 @@ impl FrameType {
             Self::WRITE_REQUEST => "write-request",
             Self::WRITE_RESPONSE => "write-response",
             Self::NOTIFICATION => "notification",
+            Self::NOTIFICATION_ANSWER => "notification-answer",
             _ => return None,
         })
     }

@@ -8,7 +8,7 @@ pub const MAGIC: [u8; 4] = *b"OBTE";
 
 /// The protocol version this crate speaks. Both peers must speak exactly this
 /// version: there is no negotiation and no legacy fallback.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Bytes of the frame header: magic (4), version (2), frame type (2), body
 /// length (4).
@@ -159,10 +159,11 @@ pub const MAX_RETIRE_BODY_LEN: u32 = 16 << 10;
 /// The largest `body_len` a receiver accepts for `frame_type`, checked
 /// against the header before any body byte is buffered: the fixed part
 /// plus [`MAX_PAYLOAD_LEN`] for data frames, the exact length for the
-/// fixed-size requests and answers, [`MAX_SMALL_BODY_LEN`] or
-/// [`MAX_RETIRE_BODY_LEN`] for the small control frames, the largest
-/// `notification` (a [`MAX_NOTIFICATION_LEN`](crate::MAX_NOTIFICATION_LEN)
-/// payload) for `notification`, and [`MAX_CONTROL_BODY_LEN`] for
+/// fixed-size requests and answers (`notification-answer` included),
+/// [`MAX_SMALL_BODY_LEN`] or [`MAX_RETIRE_BODY_LEN`] for the small control
+/// frames, the largest `notification` (a
+/// [`MAX_NOTIFICATION_LEN`](crate::MAX_NOTIFICATION_LEN) payload) for
+/// `notification`, and [`MAX_CONTROL_BODY_LEN`] for
 /// `segment-publication` (and any other control frame).
 pub fn max_body_len(frame_type: FrameType) -> u32 {
     match frame_type {
@@ -180,6 +181,7 @@ pub fn max_body_len(frame_type: FrameType) -> u32 {
         | FrameType::CONNECT_REJECT => MAX_SMALL_BODY_LEN,
         FrameType::SEGMENT_RETIRE => MAX_RETIRE_BODY_LEN,
         FrameType::NOTIFICATION => (crate::frames::MAX_NOTIFICATION_FRAME_LEN - HEADER_LEN) as u32,
+        FrameType::NOTIFICATION_ANSWER => crate::frames::NOTIFICATION_ANSWER_LEN as u32,
         _ => MAX_CONTROL_BODY_LEN,
     }
 }

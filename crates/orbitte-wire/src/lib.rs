@@ -91,9 +91,10 @@ pub use frame_type::FrameType;
 pub use frames::{
     Challenge, ConnectAccept, ConnectReject, ConnectRequest, Decoded, ErrorFrame, Frame, Goodbye,
     Hello, HelloAck, Identity, LocalHint, MAX_NOTIFICATION_FRAME_LEN, MAX_NOTIFICATION_LEN,
-    MAX_RAILS, MAX_RANGES_PER_FRAME, MAX_RKEYS_PER_RANGE, NicRkey, Notification, RailEndpoint,
-    RailRequest, RangeDescriptor, ReadRequest, ReadResponse, SegmentPublication, SegmentRetire,
-    WriteRequest, WriteResponse, decode, decode_body, decode_exact,
+    MAX_RAILS, MAX_RANGES_PER_FRAME, MAX_RKEYS_PER_RANGE, NOTIFICATION_ANSWER_LEN,
+    NOTIFICATION_OVERHEAD, NicRkey, Notification, NotificationAnswer, RailEndpoint, RailRequest,
+    RangeDescriptor, ReadRequest, ReadResponse, SegmentPublication, SegmentRetire, WriteRequest,
+    WriteResponse, decode, decode_body, decode_exact,
 };
 pub use header::{
     FrameHeader, HEADER_LEN, MAGIC, MAX_CONTROL_BODY_LEN, MAX_FRAME_LEN, MAX_PAYLOAD_LEN,
@@ -106,6 +107,6 @@ pub use peer_table::{
 };
 pub use types::{
     AccessFlags, AccessToken, AuthTag, Capabilities, ConnectId, ErrorCode, Gid, GoodbyeReason,
-    HostId, LocalMechanism, Message, Mtu, NicId, Nonce, Psn, Qpn, RangeId, RequestId,
-    SessionPurpose, SourceId, Status, TextError,
+    HostId, LocalMechanism, Message, Mtu, NicId, Nonce, NotificationVerdict, Psn, Qpn, RangeId,
+    RequestId, SessionPurpose, SourceId, Status, TextError,
 };

@@ -486,6 +486,42 @@ wire_enum_display!(Status {
     INTERNAL => "internal",
 });
 
+/// What a target did with a `notification` (in `notification-answer`).
+/// Unknown values are kept (a sender reads them as a refusal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NotificationVerdict(pub u16);
+
+impl NotificationVerdict {
+    /// Queued: the target's application reads it.
+    pub const QUEUED: Self = Self(0);
+    /// Refused: the target holds as many notifications from this sender
+    /// as it keeps (`limit`); its application must read them.
+    pub const INBOX_FULL: Self = Self(1);
+    /// Refused: the notifications the target holds from this sender, with
+    /// this one, pass its byte budget (`limit`); its application must
+    /// read them.
+    pub const BYTES_FULL: Self = Self(2);
+    /// Refused: this target keeps no notifications at all.
+    pub const NOT_KEPT: Self = Self(3);
+    /// Refused: the unread notifications the target holds from every
+    /// sender, with this one, pass its engine-wide byte budget (`limit`);
+    /// its application must read them.
+    pub const TOTAL_FULL: Self = Self(4);
+
+    /// Whether the target queued it.
+    pub fn is_queued(self) -> bool {
+        self == Self::QUEUED
+    }
+}
+
+wire_enum_display!(NotificationVerdict {
+    QUEUED => "queued",
+    INBOX_FULL => "inbox-full",
+    BYTES_FULL => "bytes-full",
+    NOT_KEPT => "not-kept",
+    TOTAL_FULL => "total-full",
+});
+
 /// What an initiator opens a session for (in `hello`): the responder serves
 /// the connection accordingly. Unknown values are kept; a responder refuses
 /// a purpose it does not serve.

@@ -105,7 +105,7 @@ fn golden_bytes_of_a_read_request() {
     let bytes = f.to_bytes().unwrap();
     let expected: Vec<u8> = [
         &b"OBTE"[..],
-        &[0x00, 0x02],             // version 2
+        &[0x00, 0x03],             // version 3
         &[0x00, 0x30],             // read-request
         &[0x00, 0x00, 0x00, 0x24], // body 36
         &[1, 2, 3, 4, 5, 6, 7, 8],
@@ -127,9 +127,9 @@ fn golden_bytes_of_a_hello() {
         proof: None,
     });
     let bytes = f.to_bytes().unwrap();
-    let mut expected = b"OBTE\x00\x02\x00\x02".to_vec();
+    let mut expected = b"OBTE\x00\x03\x00\x02".to_vec();
     expected.extend_from_slice(&(2u32 + 8 + 8 + 1 + 2 + 32 + 1 + 1).to_be_bytes());
-    expected.extend_from_slice(&[0, 2]); // protocol version
+    expected.extend_from_slice(&[0, 3]); // protocol version
     expected.extend_from_slice(&2u64.to_be_bytes()); // epoch
     expected.extend_from_slice(&2u64.to_be_bytes()); // capabilities: tcp
     expected.extend_from_slice(&[2, b'a', b'b']); // source id
@@ -173,12 +173,12 @@ fn other_protocol_version_names_both() {
     let e = decode(&b).unwrap_err();
     assert_eq!(
         e.problem,
-        Problem::UnsupportedVersion { ours: 2, theirs: 1 }
+        Problem::UnsupportedVersion { ours: 3, theirs: 1 }
     );
     assert_eq!(e.error_code(), ErrorCode::UNSUPPORTED_VERSION);
     let text = e.to_string();
     assert!(
-        text.contains("version 1") && text.contains("we speak 2"),
+        text.contains("version 1") && text.contains("we speak 3"),
         "{text}"
     );
 }
@@ -192,7 +192,7 @@ fn hello_body_version_must_match() {
     assert_eq!(e.field, "identity.protocol_version");
     assert_eq!(
         e.problem,
-        Problem::UnsupportedVersion { ours: 2, theirs: 7 }
+        Problem::UnsupportedVersion { ours: 3, theirs: 7 }
     );
 }
 
@@ -284,7 +284,7 @@ fn huge_counts_do_not_allocate_and_are_reported() {
     // A publication claiming 1024 ranges in a 10-byte body.
     let mut body = 5u64.to_be_bytes().to_vec();
     body.extend_from_slice(&1024u16.to_be_bytes());
-    let mut b = b"OBTE\x00\x02\x00\x10".to_vec();
+    let mut b = b"OBTE\x00\x03\x00\x10".to_vec();
     b.extend_from_slice(&(body.len() as u32).to_be_bytes());
     b.extend_from_slice(&body);
     let e = decode(&b).unwrap_err();
@@ -311,7 +311,8 @@ fn expect_field_error(ft: FrameType, at: usize, bytes: &[u8], field: &str) -> De
 }
 
 #[test]
-fn notification_payload_is_bounded_at_4_kib() {
+fn notification_payload_is_bounded_at_1_mib() {
+    assert_eq!(MAX_NOTIFICATION_LEN, 1 << 20);
     let f = Frame::from(Notification {
         notification_id: 1,
         payload: vec![9; MAX_NOTIFICATION_LEN],
@@ -329,16 +330,42 @@ fn notification_payload_is_bounded_at_4_kib() {
     let e = expect_field_error(
         FrameType::NOTIFICATION,
         8,
-        &(MAX_NOTIFICATION_LEN as u16 + 1).to_be_bytes(),
+        &(MAX_NOTIFICATION_LEN as u32 + 1).to_be_bytes(),
         "payload",
     );
     assert!(matches!(
         e.problem,
         Problem::TooLong {
-            len: 4097,
-            max: 4096
+            len: 1_048_577,
+            max: 1_048_576
         }
     ));
+    // The header bounds the body before any of it is read.
+    let mut head = bytes[..HEADER_LEN].to_vec();
+    head[8..12].copy_from_slice(&(max_body_len(FrameType::NOTIFICATION) + 1).to_be_bytes());
+    let e = FrameHeader::decode(head.as_slice().try_into().unwrap()).unwrap_err();
+    assert_eq!(e.field, "header.body_len");
+}
+
+#[test]
+fn a_notification_answer_is_a_fixed_18_byte_body() {
+    let a = NotificationAnswer {
+        notification_id: 9,
+        verdict: NotificationVerdict::BYTES_FULL,
+        limit: 16 << 20,
+    };
+    let bytes = Frame::from(a).to_bytes().unwrap();
+    assert_eq!(bytes.len(), HEADER_LEN + NOTIFICATION_ANSWER_LEN);
+    assert_eq!(
+        decode_exact(&bytes).unwrap().0,
+        Frame::NotificationAnswer(a)
+    );
+    assert_eq!(
+        max_body_len(FrameType::NOTIFICATION_ANSWER) as usize,
+        NOTIFICATION_ANSWER_LEN
+    );
+    assert!(!NotificationVerdict(7).is_queued());
+    assert_eq!(NotificationVerdict::INBOX_FULL.to_string(), "inbox-full");
 }
 
 #[test]
@@ -369,7 +396,7 @@ fn malformed_fields_are_named() {
     );
     assert!(matches!(e.problem, Problem::OutOfRange { value: 1500, .. }));
     // connect-request: no rails.
-    let mut b = b"OBTE\x00\x02\x00\x20\x00\x00\x00\x09".to_vec();
+    let mut b = b"OBTE\x00\x03\x00\x20\x00\x00\x00\x09".to_vec();
     b.extend_from_slice(&[0; 9]);
     let e = decode(&b).unwrap_err();
     assert_eq!((e.field, e.problem), ("rails", Problem::Empty));
@@ -522,12 +549,12 @@ fn wire_enums_keep_unknown_values() {
 #[test]
 fn error_frame_from_a_decode_error() {
     let mut b = sample_bytes(FrameType::HELLO);
-    b[4..6].copy_from_slice(&3u16.to_be_bytes());
+    b[4..6].copy_from_slice(&4u16.to_be_bytes());
     let e = decode(&b).unwrap_err();
     let f = ErrorFrame::from_decode_error(&e);
     assert_eq!(f.code, ErrorCode::UNSUPPORTED_VERSION);
     assert_eq!(f.frame_type, FrameType::HELLO);
-    assert!(f.message.as_str().contains("version 3"));
+    assert!(f.message.as_str().contains("version 4"));
     Frame::from(f).to_bytes().unwrap();
 }
 
@@ -573,6 +600,7 @@ fn code_tables_are_stable() {
             (0x0032, "write-request"),
             (0x0033, "write-response"),
             (0x0034, "notification"),
+            (0x0035, "notification-answer"),
         ]
     );
     let errors: Vec<String> = (1..=16).map(|c| ErrorCode(c).to_string()).collect();
@@ -621,7 +649,7 @@ fn code_tables_are_stable() {
     assert_eq!(AccessFlags::REMOTE_READ.0, 2);
     assert_eq!(AccessFlags::REMOTE_WRITE.0, 4);
     assert_eq!(LocalMechanism::MEMFD.0, 1);
-    assert_eq!((MAGIC, PROTOCOL_VERSION), (*b"OBTE", 2));
+    assert_eq!((MAGIC, PROTOCOL_VERSION), (*b"OBTE", 3));
     assert_eq!((MAX_CONTROL_BODY_LEN, MAX_PAYLOAD_LEN), (4 << 20, 16 << 20));
 }
 

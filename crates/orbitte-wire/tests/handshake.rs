@@ -198,8 +198,8 @@ fn proof_test_vector() {
     assert_eq!(a, ACK_PROOF);
 }
 
-const HELLO_PROOF: &str = "22fe7c7bb0faae97b1dd9d444da443b780e4215f78b18f5c51bd18bc48febe8f";
-const ACK_PROOF: &str = "9c7471d8dacebd1426e02001343c815b34738ea9aaf5e9ac74eadce2d99db8f5";
+const HELLO_PROOF: &str = "088021af27230cf06868cf2a1766b8f7cf125904e1320e03a572ff55ba84233d";
+const ACK_PROOF: &str = "13abba6f2e914bdaeeadab890b8712b2274a6e8135fe96a04d9bcdf272d853a3";
 
 #[test]
 fn listener_tokens_read_back_from_hex_and_refuse_anything_else() {

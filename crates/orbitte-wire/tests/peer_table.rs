@@ -164,7 +164,7 @@ fn other_protocol_version_is_rejected_naming_both() {
     );
     let text = err.to_string();
     assert!(
-        text.contains("version 1") && text.contains("we speak 2"),
+        text.contains("version 1") && text.contains(&format!("we speak {PROTOCOL_VERSION}")),
         "{text}"
     );
     assert_eq!(err.error_code(), ErrorCode::UNSUPPORTED_VERSION);

@@ -40,7 +40,7 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0..10u64, 0..4u8, 1..6u64, prop_oneof![9 => Just(2u16), 1 => Just(1u16)], 0..3u16)
+        4 => (0..10u64, 0..4u8, 1..6u64, prop_oneof![9 => Just(PROTOCOL_VERSION), 1 => Just(1u16)], 0..3u16)
             .prop_map(|(session, source, epoch, version, port)| Op::Admit {
                 session,
                 source,
@@ -116,7 +116,7 @@ proptest! {
                     let got = table.admit(SessionId(session), from, &id);
                     if version != PROTOCOL_VERSION {
                         prop_assert!(
-                            matches!(got, Err(AdmitError::VersionMismatch { ours: 2, theirs: 1, .. })),
+                            matches!(got, Err(AdmitError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 1, .. })),
                             "{:?}",
                             got
                         );

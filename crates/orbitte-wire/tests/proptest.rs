@@ -235,6 +235,26 @@ fn frame() -> impl Strategy<Value = Frame> {
             }
             .into()
         }),
+        (
+            any::<u64>(),
+            prop_oneof![
+                vec(any::<u8>(), 0..300),
+                (0..=MAX_NOTIFICATION_LEN).prop_map(|n| vec![0x5a; n]),
+            ]
+        )
+            .prop_map(|(notification_id, payload)| Notification {
+                notification_id,
+                payload,
+            }
+            .into()),
+        (any::<u64>(), any::<u16>(), any::<u64>()).prop_map(|(id, v, limit)| {
+            NotificationAnswer {
+                notification_id: id,
+                verdict: NotificationVerdict(v),
+                limit,
+            }
+            .into()
+        }),
     ]
 }
 

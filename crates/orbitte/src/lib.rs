@@ -79,7 +79,8 @@ pub use orbitte_engine::{ListenerStats, SessionConfig};
 // What `TransferEngine::metrics()` returns, and its Prometheus text form.
 pub use orbitte_engine::MetricsSnapshot;
 pub use orbitte_engine::metrics;
-pub use orbitte_engine::secret::{self, SECRET_FILE_ENV, SecretFileError, new_listener_token};
+pub use orbitte_engine::secret;
+pub use orbitte_engine::secret::{SECRET_FILE_ENV, SecretFileError, new_listener_token};
 pub use orbitte_wire::auth::{ClusterSecret, ListenerToken};
 
 // Memory and registration.

@@ -317,10 +317,10 @@ impl Backend {
                 scratch: (rs.id, s),
             });
         }
-        let unreachable = |e: &dyn std::fmt::Display| {
+        let unreachable = |session: &orbitte_engine::SessionError, e: &dyn std::fmt::Display| {
             Failure::failed(format!(
-                "cannot reach the target at {addr}: {e}; check that `orbitte bench --role target{}` or `orbitte serve` runs there and the address is right",
-                if rdma { " --path rdma" } else { "" }
+                "cannot reach the target at {addr}: {e}; {}",
+                unreachable_fix(session, rdma)
             ))
         };
         let prefer = want.map_or(ConnectOptions::new(), |p| ConnectOptions::new().path(p));
@@ -346,7 +346,7 @@ impl Backend {
                 ))
             } else if let ConnectError::Session(session) = &e {
                 if target_may_be_down(session) {
-                    unreachable(&text)
+                    unreachable(session, &text)
                 } else {
                     session_refused(addr, session)
                 }
@@ -584,6 +584,51 @@ fn target_may_be_down(e: &orbitte_engine::SessionError) -> bool {
         e,
         E::Io(_) | E::Timeout { .. } | E::Closed { .. } | E::Malformed(_) | E::Protocol(_)
     )
+}
+
+/// The likely cause of a session that failed before the target answered
+/// as one, from how it failed: refused (nothing listens), closed or reset
+/// during the handshake (a target at its session or descriptor limit, or
+/// one that refused our authentication, drops the connection), no answer
+/// in time, or bytes that are not the protocol.
+fn unreachable_fix(e: &orbitte_engine::SessionError, rdma: bool) -> String {
+    use orbitte_engine::SessionError as E;
+    use std::io::ErrorKind as K;
+    let start = format!(
+        "`orbitte bench --role target{}` or `orbitte serve`",
+        if rdma { " --path rdma" } else { "" }
+    );
+    match e {
+        E::Io(io) if io.kind() == K::ConnectionRefused => {
+            format!("nothing listens there: check that {start} runs there and the address is right")
+        }
+        E::Io(io)
+            if matches!(
+                io.kind(),
+                K::ConnectionReset | K::ConnectionAborted | K::UnexpectedEof | K::BrokenPipe
+            ) =>
+        {
+            closed_during_handshake()
+        }
+        E::Closed { .. } => closed_during_handshake(),
+        E::Timeout { .. } => format!(
+            "the target did not answer in time: one out of descriptors (its soft RLIMIT_NOFILE) leaves new connections unanswered, as does an overloaded one, and a firewall may drop the packets; check that {start} runs there, that the port is reachable from here, and the target's log"
+        ),
+        E::Malformed(_) | E::Protocol(_) => {
+            "what answers there does not speak the OrbitTE protocol: check the address and port"
+                .to_owned()
+        }
+        _ => format!("check that {start} runs there and the address is right"),
+    }
+}
+
+/// The fix when a target accepted the connection and closed it before
+/// the handshake finished.
+fn closed_during_handshake() -> String {
+    "a target accepted the connection and closed it during the handshake: it is likely at its \
+     session limit (engine.max_sessions) or out of descriptors (its soft RLIMIT_NOFILE), or it \
+     refused our authentication (a cluster secret: --secret-file); its log names the reason"
+        .to_owned()
 }
 
 /// A session a running target answered and refused (or that failed here

@@ -8,7 +8,7 @@ use orbitte::ClusterSecret;
 
 use orbitte::PathKind;
 
-use crate::cli::{BenchArgs, Op, PathName, Role};
+use crate::cli::{BenchArgs, BenchPath, Op, Role};
 use crate::failure::Failure;
 
 /// Block sizes of `--sweep`.
@@ -84,11 +84,11 @@ pub(crate) fn engine_op(op: Op) -> orbitte::Op {
 }
 
 /// The path `--path` names, for the paths bench measures.
-pub(crate) fn path_kind(p: PathName) -> Result<PathKind, Failure> {
+pub(crate) fn path_kind(p: BenchPath) -> Result<PathKind, Failure> {
     match p {
-        PathName::Rdma => Ok(PathKind::Rdma),
-        PathName::Tcp => Ok(PathKind::Tcp),
-        PathName::Local => Ok(PathKind::Local),
+        BenchPath::Rdma => Ok(PathKind::Rdma),
+        BenchPath::Tcp => Ok(PathKind::Tcp),
+        BenchPath::Local => Ok(PathKind::Local),
         other => Err(Failure::usage(format!(
             "bench measures the rdma, tcp and local paths, not {}; run `orbitte doctor --path {}` for its checks",
             path_name(other),
@@ -98,14 +98,14 @@ pub(crate) fn path_kind(p: PathName) -> Result<PathKind, Failure> {
 }
 
 /// The name `--path` takes for `p`.
-pub(crate) fn path_name(p: PathName) -> &'static str {
+pub(crate) fn path_name(p: BenchPath) -> &'static str {
     match p {
-        PathName::Rdma => "rdma",
-        PathName::Tcp => "tcp",
-        PathName::Local => "local",
-        PathName::CudaStaging => "cuda-staging",
-        PathName::GpudirectRdma => "gpudirect-rdma",
-        PathName::CudaIpc => "cuda-ipc",
-        PathName::Nvlink => "nvlink",
+        BenchPath::Rdma => "rdma",
+        BenchPath::Tcp => "tcp",
+        BenchPath::Local => "local",
+        BenchPath::CudaStaging => "cuda-staging",
+        BenchPath::GpudirectRdma => "gpudirect-rdma",
+        BenchPath::CudaIpc => "cuda-ipc",
+        BenchPath::Nvlink => "nvlink",
     }
 }

@@ -110,7 +110,7 @@ impl EngineBuilder {
             host_without_rdma: self.host_without_rdma,
             #[cfg(feature = "etcd")]
             etcd: Mutex::new(None),
-            inbox: crate::notify::inbox::Inbox::default(),
+            inbox: crate::notify::inbox::Inbox::new(self.notification_inbox),
             staging: crate::staging::Pools::new(self.staging),
             metrics: Arc::new(crate::metrics::Registry::with_limit(self.metrics_peer_rows)),
         });

@@ -63,8 +63,8 @@ impl RangeLookup for EngineRanges {
         from: &crate::session::PeerIdentity,
         path: crate::transport::PathKind,
         note: orbitte_wire::Notification,
-    ) {
-        self.deliver(from, path, note);
+    ) -> orbitte_wire::NotificationAnswer {
+        self.deliver(from, path, note)
     }
 }
 
@@ -79,9 +79,15 @@ impl EngineRanges {
         from: &crate::session::PeerIdentity,
         path: crate::transport::PathKind,
         note: orbitte_wire::Notification,
-    ) {
-        if let Some(shared) = self.0.upgrade() {
-            crate::notify::deliver(&shared.inbox, from, path, note);
+    ) -> orbitte_wire::NotificationAnswer {
+        match self.0.upgrade() {
+            Some(shared) => crate::notify::deliver(&shared.inbox, from, path, note),
+            // The engine is shutting down: nothing reads it any more.
+            None => orbitte_wire::NotificationAnswer {
+                notification_id: note.notification_id,
+                verdict: orbitte_wire::NotificationVerdict::NOT_KEPT,
+                limit: 0,
+            },
         }
     }
 }

@@ -128,7 +128,7 @@ impl State {
         while let Some(t) = self.engine.poll_transmit() {
             let result = self.transmit(&t);
             match result {
-                Ok(()) => self.notifications_sent += 1,
+                Ok(_) => self.notifications_sent += 1,
                 Err(_) => self.notifications_not_sent += 1,
             }
             self.engine.notification_sent(t.id, result);
@@ -205,8 +205,8 @@ impl State {
     }
 
     /// Hands the frame to the first of the transmit's rails whose transport
-    /// takes it; else why each refused.
-    fn transmit(&mut self, t: &Transmit) -> Result<(), Vec<String>> {
+    /// takes it (the rail the answer will come on); else why each refused.
+    fn transmit(&mut self, t: &Transmit) -> Result<RailId, Vec<String>> {
         let mut why = Vec::new();
         for &rail in &t.rails {
             let res = match self.owner.get(rail.0 as usize) {
@@ -228,7 +228,7 @@ impl State {
                 }
             };
             match res {
-                Ok(()) => return Ok(()),
+                Ok(()) => return Ok(rail),
                 Err(e) => why.push(e.to_string()),
             }
         }

@@ -107,6 +107,9 @@ impl TransferEngine {
         let _g = span.enter();
         let mut guard = self.lock();
         let st = &mut *guard;
+        if let Some(armed) = &notification {
+            fits_the_path(st, armed)?;
+        }
         st.posting = posting;
         let now = Instant::now();
         let mut admission = st
@@ -162,3 +165,35 @@ impl TransferEngine {
 
 /// Requests of a large batch taken in and posted at a time.
 const PIECE: usize = 32;
+
+/// Refuses a notification larger than
+/// [`RDMA_MAX_NOTIFICATION_LEN`](crate::notify::RDMA_MAX_NOTIFICATION_LEN)
+/// to a peer whose every rail is rdma (no rail could carry it).
+fn fits_the_path(st: &super::State, armed: &Armed) -> Result<(), NotificationError> {
+    let max = crate::notify::RDMA_MAX_NOTIFICATION_LEN;
+    let len = armed.payload_len();
+    if len <= max {
+        return Ok(());
+    }
+    let core = st.engine.core();
+    let rdma_only = st
+        .engine
+        .tables()
+        .peers
+        .get(&armed.peer().0)
+        .is_some_and(|p| {
+            !p.rails.is_empty()
+                && p.rails.iter().all(|r| {
+                    core.rail_spec(*r)
+                        .is_some_and(|s| s.path == crate::transport::PathKind::Rdma)
+                })
+        });
+    if rdma_only {
+        return Err(NotificationError::TooLargeForPath {
+            len,
+            max,
+            path: crate::transport::PathKind::Rdma,
+        });
+    }
+    Ok(())
+}

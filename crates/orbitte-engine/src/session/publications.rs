@@ -83,20 +83,26 @@ pub trait RangeLookup: Send + Sync + std::fmt::Debug {
     }
     /// Queues a `notification` received over `path` on a session admitted
     /// as `from` (the target side calls it once the session's epoch was
-    /// checked). Default: the target keeps no notification queue; the
-    /// notification is dropped.
+    /// checked); returns the answer for its sender. Default: the target
+    /// keeps no notification queue; the notification is refused
+    /// (`not-kept`).
     fn notification(
         &self,
         from: &crate::session::PeerIdentity,
         path: crate::transport::PathKind,
         note: orbitte_wire::Notification,
-    ) {
+    ) -> orbitte_wire::NotificationAnswer {
         tracing::debug!(
             source = %from.source_id,
             %path,
             id = note.notification_id,
-            "notification dropped: this target keeps no notification queue"
+            "notification refused: this target keeps no notification queue"
         );
+        orbitte_wire::NotificationAnswer {
+            notification_id: note.notification_id,
+            verdict: orbitte_wire::NotificationVerdict::NOT_KEPT,
+            limit: 0,
+        }
     }
 }
 

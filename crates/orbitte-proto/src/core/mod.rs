@@ -607,6 +607,8 @@ impl Core {
                     r.errored = false;
                 }
             }
+            // The engine state takes notification answers before the core.
+            TransportEvent::NotificationAnswered { .. } => {}
         }
     }
 

@@ -75,6 +75,16 @@ impl Armed {
         })
     }
 
+    /// The peer it goes to.
+    pub fn peer(&self) -> PeerId {
+        self.peer
+    }
+
+    /// Bytes of the notification.
+    pub fn payload_len(&self) -> usize {
+        self.notification.bytes.len()
+    }
+
     /// The peer, the bytes and the rails.
     pub fn into_parts(self) -> (PeerId, Vec<u8>, Vec<RailId>) {
         (self.peer, self.notification.bytes, self.rails)

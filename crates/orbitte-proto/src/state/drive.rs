@@ -58,7 +58,22 @@ impl<R: Resources> EngineState<R> {
 
     /// A transport's event.
     pub fn handle_event(&mut self, now: Instant, event: TransportEvent) {
-        self.core.handle_event(now, event);
+        match event {
+            TransportEvent::NotificationAnswered { rail, answer } => {
+                self.notification_answered(rail, answer);
+            }
+            TransportEvent::RailDown { rail, reason } => {
+                self.core.handle_event(
+                    now,
+                    TransportEvent::RailDown {
+                        rail,
+                        reason: reason.clone(),
+                    },
+                );
+                self.unanswered_on(rail, &reason);
+            }
+            event => self.core.handle_event(now, event),
+        }
     }
 
     /// A post that stopped early: `items` is the run handed to it.

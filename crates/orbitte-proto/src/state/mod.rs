@@ -212,6 +212,7 @@ impl<R: Resources> EngineState<R> {
     /// hands it back drained (when `reap_when_drained`).
     pub fn close_rail(&mut self, rail: RailId, now: Instant, reap_when_drained: bool) -> bool {
         let busy = self.core.close_rail(rail, now);
+        self.unanswered_on(rail, "the rail was closed");
         if busy && reap_when_drained && !self.reap.contains(&rail) {
             self.reap.push(rail);
         }

@@ -1,6 +1,6 @@
 //! The notifying batches the state holds: tracked until they resolve,
 //! then with the driver until a transport took the notification or none
-//! could ([`Transmit`]).
+//! could ([`Transmit`]), then waiting for the target's answer.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -28,6 +28,8 @@ pub struct Transmit {
 pub(super) struct Sending {
     /// Why rails of the batch were passed over.
     pub(super) skipped: Vec<String>,
+    /// The rail that took the notification; its answer is awaited there.
+    pub(super) awaiting: Option<RailId>,
     /// The batch's outcomes, held until the notification is decided.
     pub(super) outcomes: Resolved,
 }

@@ -6,8 +6,12 @@
 //! [`EngineState::collect_outcomes`], then every
 //! [`EngineState::poll_transmit`] handed to a transport (the first of its
 //! rails that takes it) and answered with
-//! [`EngineState::notification_sent`]. The batch's outcomes come out only
-//! with that answer, stamped with what happened.
+//! [`EngineState::notification_sent`]. A rail that took it waits for the
+//! target's `notification-answer` (a
+//! [`TransportEvent::NotificationAnswered`](crate::TransportEvent::NotificationAnswered)
+//! fed to `handle_event`): queued (`Sent`) or refused (`Refused`); a rail
+//! that goes down or is closed first makes it `Unconfirmed`. The batch's
+//! outcomes come out only then, stamped with what happened.
 
 use std::sync::Arc;
 
@@ -15,6 +19,7 @@ use orbitte_wire as wire;
 
 use super::EngineState;
 use super::notifications::{Sending, Transmit};
+use crate::RailId;
 use crate::notification::NotificationStatus;
 use crate::notification::tracker::{Resolved, Step, Verdict};
 use crate::outcome::RequestId;
@@ -76,17 +81,81 @@ impl<R: Resources> EngineState<R> {
         self.notifications.transmits.pop_front()
     }
 
-    /// What became of [`Transmit`] `id`: `Ok` when a rail took it, else
-    /// why each rail refused. Releases the batch's outcomes, stamped.
-    pub fn notification_sent(&mut self, id: u64, result: Result<(), Vec<String>>) {
-        let Some(s) = self.notifications.sending.remove(&id) else {
+    /// What became of [`Transmit`] `id`: `Ok` with the rail that took it
+    /// (the batch then waits for the target's answer on that rail), else
+    /// why each rail refused (the batch's outcomes are released, stamped
+    /// `NotSent`).
+    pub fn notification_sent(&mut self, id: u64, result: Result<RailId, Vec<String>>) {
+        match result {
+            Ok(rail) => {
+                if let Some(s) = self.notifications.sending.get_mut(&id) {
+                    s.awaiting = Some(rail);
+                }
+            }
+            Err(refused) => {
+                let Some(s) = self.notifications.sending.remove(&id) else {
+                    return;
+                };
+                let status = not_sent(s.skipped.into_iter().chain(refused).collect());
+                self.release_batch(s.outcomes, status);
+            }
+        }
+    }
+
+    /// The target's answer to a notification, on `rail`: releases its
+    /// batch's outcomes, `Sent` or `Refused`. An answer that names no
+    /// notification waiting on that rail is ignored.
+    pub(super) fn notification_answered(&mut self, rail: RailId, answer: wire::NotificationAnswer) {
+        let id = answer.notification_id;
+        let waits = self
+            .notifications
+            .sending
+            .get(&id)
+            .is_some_and(|s| s.awaiting == Some(rail));
+        let Some(s) = waits
+            .then(|| self.notifications.sending.remove(&id))
+            .flatten()
+        else {
+            tracing::debug!(
+                rail = rail.0,
+                notification = id,
+                "answer to no notification waiting on this rail ignored"
+            );
             return;
         };
-        let status = match result {
-            Ok(()) => NotificationStatus::Sent,
-            Err(refused) => not_sent(s.skipped.into_iter().chain(refused).collect()),
+        let status = if answer.verdict.is_queued() {
+            NotificationStatus::Sent
+        } else {
+            NotificationStatus::Refused {
+                why: refusal(answer).into(),
+            }
         };
         self.release_batch(s.outcomes, status);
+    }
+
+    /// `rail` went down or was closed: the notifications waiting for an
+    /// answer on it are `Unconfirmed`.
+    pub(super) fn unanswered_on(&mut self, rail: RailId, reason: &str) {
+        let gone: Vec<u64> = self
+            .notifications
+            .sending
+            .iter()
+            .filter(|(_, s)| s.awaiting == Some(rail))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            if let Some(s) = self.notifications.sending.remove(&id) {
+                let why = format!(
+                    "rail {} went down before the target answered ({reason}): the notification \
+                     may or may not have been queued",
+                    rail.0
+                );
+                self.release_batch(
+                    s.outcomes,
+                    NotificationStatus::Unconfirmed { why: why.into() },
+                );
+            }
+        }
     }
 
     /// Decides a resolved batch: withheld, nowhere to send, or a transmit.
@@ -138,6 +207,7 @@ impl<R: Resources> EngineState<R> {
             r.id,
             Sending {
                 skipped,
+                awaiting: None,
                 outcomes: r,
             },
         );
@@ -164,4 +234,34 @@ fn not_sent(mut why: Vec<String>) -> NotificationStatus {
     NotificationStatus::NotSent {
         why: why.join("; ").into(),
     }
+}
+
+/// What a refusal says: the bound the target named, and the fix.
+fn refusal(a: wire::NotificationAnswer) -> String {
+    let held = match a.verdict {
+        wire::NotificationVerdict::INBOX_FULL => format!(
+            "it holds {} unread notifications from this engine, as many as it keeps",
+            a.limit
+        ),
+        wire::NotificationVerdict::BYTES_FULL => format!(
+            "the unread notifications it holds from this engine, with this one, pass its budget \
+             of {} bytes",
+            a.limit
+        ),
+        wire::NotificationVerdict::TOTAL_FULL => format!(
+            "the unread notifications it holds from all its senders, with this one, pass its \
+             budget of {} bytes",
+            a.limit
+        ),
+        wire::NotificationVerdict::NOT_KEPT => {
+            return "the target refused the notification: it keeps no notifications (it serves \
+                    memory only); send notifications to an engine that reads them"
+                .into();
+        }
+        other => format!("its answer was {other}"),
+    };
+    format!(
+        "the target refused the notification: {held}; the target's application must read its \
+         notifications (notifications(), get_new_notifs(), get_notifies()), then send again"
+    )
 }

@@ -908,11 +908,20 @@ fn a_notification_waits_for_the_last_outcome_then_goes_out_on_the_batchs_rail() 
         }
         other => panic!("not a notification frame: {other:?}"),
     }
-    // The outcomes stay held while the driver sends.
+    // The outcomes stay held while the driver sends, and while the
+    // target has not answered.
     sim.pump();
     assert!(sim.outcomes.is_empty());
     assert!(sim.st.notifications.holds(ids[1]));
-    sim.st.notification_sent(t.id, Ok(()));
+    sim.st.notification_sent(t.id, Ok(t.rails[0]));
+    sim.pump();
+    assert!(sim.outcomes.is_empty(), "held until the target answers");
+    answer(
+        &mut sim,
+        t.rails[0],
+        t.id,
+        wire::NotificationVerdict::QUEUED,
+    );
     sim.pump();
     for id in &ids {
         assert_eq!(sim.outcomes[id].status, Status::Complete);
@@ -925,6 +934,98 @@ fn a_notification_waits_for_the_last_outcome_then_goes_out_on_the_batchs_rail() 
     let mut arrived = Vec::new();
     sim.st.outcomes.take_arrived(&mut arrived);
     assert!(arrived.is_empty(), "{arrived:?}");
+}
+
+/// The target's answer to notification `id`, on `rail`.
+fn answer(sim: &mut Sim, rail: RailId, id: u64, verdict: wire::NotificationVerdict) {
+    let answer = wire::NotificationAnswer {
+        notification_id: id,
+        verdict,
+        limit: 1024,
+    };
+    sim.st.handle_event(
+        sim.now,
+        TransportEvent::NotificationAnswered { rail, answer },
+    );
+}
+
+#[test]
+fn a_refused_notification_is_reported_on_every_outcome_of_its_batch_with_the_fix() {
+    let (mut sim, ids) = notifying(&[(4, 1), (4, 1)], 2);
+    while sim.step(0, Fate::Ok) || sim.step(1, Fate::Ok) {}
+    sim.pump();
+    let t = sim.transmits.pop().expect("a transmit");
+    sim.st.notification_sent(t.id, Ok(t.rails[0]));
+    // An answer on another rail, or for another notification, is no
+    // answer to this one.
+    let other = *sim.rails.iter().find(|r| **r != t.rails[0]).unwrap();
+    answer(&mut sim, other, t.id, wire::NotificationVerdict::QUEUED);
+    answer(
+        &mut sim,
+        t.rails[0],
+        t.id + 7,
+        wire::NotificationVerdict::QUEUED,
+    );
+    sim.pump();
+    assert!(sim.outcomes.is_empty(), "{:?}", sim.outcomes);
+    answer(
+        &mut sim,
+        t.rails[0],
+        t.id,
+        wire::NotificationVerdict::INBOX_FULL,
+    );
+    sim.pump();
+    for id in &ids {
+        assert_eq!(sim.outcomes[id].status, Status::Complete);
+        match notification(&sim, *id) {
+            NotificationStatus::Refused { why } => {
+                assert!(why.contains("1024 unread notifications"), "{why}");
+                assert!(why.contains("must read its notifications"), "{why}");
+            }
+            other => panic!("expected Refused, got {other:?}"),
+        }
+    }
+    assert_eq!(sim.st.notifications.pending(), 0);
+}
+
+#[test]
+fn a_rail_that_goes_down_or_closes_before_the_answer_leaves_the_notification_unconfirmed() {
+    for close in [false, true] {
+        let (mut sim, id) = notifying_write(&[(4, 1)]);
+        sim.step(0, Fate::Ok);
+        sim.pump();
+        let t = sim.transmits.pop().expect("a transmit");
+        sim.st.notification_sent(t.id, Ok(t.rails[0]));
+        sim.pump();
+        assert!(sim.outcomes.is_empty());
+        if close {
+            sim.st.close_rail(t.rails[0], sim.now, false);
+        } else {
+            let ev = TransportEvent::RailDown {
+                rail: t.rails[0],
+                reason: "peer reset".into(),
+            };
+            sim.st.handle_event(sim.now, ev);
+        }
+        sim.pump();
+        match notification(&sim, id) {
+            NotificationStatus::Unconfirmed { why } => {
+                assert!(why.contains("may or may not"), "{why}");
+                assert!(close || why.contains("peer reset"), "{why}");
+            }
+            other => panic!("expected Unconfirmed, got {other:?}"),
+        }
+        // A late answer changes nothing.
+        answer(
+            &mut sim,
+            t.rails[0],
+            t.id,
+            wire::NotificationVerdict::QUEUED,
+        );
+        let mut arrived = Vec::new();
+        sim.st.outcomes.take_arrived(&mut arrived);
+        assert!(arrived.is_empty(), "{arrived:?}");
+    }
 }
 
 #[test]

@@ -97,8 +97,9 @@ def default_source_id(prefix: str = "orbitte-py") -> str:
 def doctor() -> list[dict]:
     """The capability matrix as data: one dict per path (rdma, tcp, local,
     cuda-staging, ...) with its build, discovery, completion and drain checks,
-    each ``{"result": "pass" | "fail" | "skipped" | "not_implemented", ...}``
-    with ``reason`` and ``fix`` on failure. Evaluates each path for real, as
+    each ``{"status": "pass" | "fail" | "skipped" | "not_implemented", ...}``
+    with ``reason`` and ``fix`` on failure, and ``works`` when all four
+    pass: the rows of ``orbitte doctor --json``'s ``paths``. Evaluates each path for real, as
     ``orbitte doctor`` does."""
     return list(_capabilities())
 
@@ -454,17 +455,20 @@ class Engine:
         """Submits a batch for ``peer`` without waiting; all requests are
         admitted or none (:class:`SubmitError` names the first bad one;
         :class:`PeerRestartedError` when the peer restarted since its
-        ranges were published). With ``notify`` (at most 4 KiB) the peer
-        receives those bytes once, after every byte of the batch is placed,
-        and only if every request completes; each outcome's
-        ``notification`` says whether it went."""
+        ranges were published). With ``notify`` (at most 1 MiB; 4 KiB to a
+        peer reached only over rdma) the peer receives those bytes once,
+        after every byte of the batch is placed, and only if every request
+        completes; each outcome's ``notification`` says what became of it
+        ("sent": queued by the peer; "refused": the peer keeps no more
+        unread notifications from this engine and must read them)."""
         return Batch(self._native.submit(_peer(peer), list(requests),
                                          None if notify is None else bytes(notify)))
 
     def transfer(self, peer: Peer, requests: Iterable[Request], *,
                  notify: Optional[bytes] = None) -> None:
         """Submits and waits for every outcome and drain (GIL released);
-        raises :class:`TransferError` (``.outcomes``) unless all complete."""
+        raises :class:`TransferError` (``.outcomes``) unless all complete
+        and the notification, if any, was queued by the peer."""
         self._native.transfer(_peer(peer), list(requests), None if notify is None else bytes(notify))
 
     def metrics(self) -> dict[str, Any]:

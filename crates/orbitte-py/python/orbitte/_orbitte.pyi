@@ -4,6 +4,7 @@ for the public API built on it)."""
 from typing import Any, Optional
 
 PROTOCOL_VERSION: int
+def cli_main(argv: list[str]) -> int: ...
 __version__: str
 
 class Error(Exception):
@@ -169,6 +170,7 @@ Addresses = list[int] | bytes
 
 class MooncakeEngine:
     ERR_INVALID_ARGUMENT: int
+    ERR_TOO_MANY_REQUESTS: int
     ERR_ADDRESS_NOT_REGISTERED: int
     ERR_DEVICE_NOT_FOUND: int
     ERR_ADDRESS_OVERLAPPED: int

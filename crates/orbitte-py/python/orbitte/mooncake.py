@@ -30,16 +30,28 @@ import itertools
 import logging
 import os
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from . import Buffer, Error, _warn_if_open
 from ._orbitte import MooncakeEngine as _Native
 
-__all__ = ["LastError", "TransferEngine", "TransferNotify", "TransferOpcode"]
+__all__ = ["LastError", "RdmaFallbackWarning", "TransferEngine", "TransferNotify", "TransferOpcode"]
 
 _count = itertools.count()
 _log = logging.getLogger("orbitte.mooncake")
+
+
+class RdmaFallbackWarning(UserWarning):
+    """``initialize`` was asked for protocol "rdma" on a host with no RDMA
+    device and carries on over tcp, as Mooncake does; the message names the
+    reason. ``ORBITTE_STRICT_RDMA=1`` makes it refuse instead (-6)."""
+
+
+def _env_true(name: str) -> bool:
+    """Whether the environment variable ``name`` is set to 1, true, yes or on."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 class TransferOpcode(enum.IntEnum):
@@ -179,8 +191,12 @@ class TransferEngine:
                    device_name: str) -> int:
         """``local_hostname`` is "host" or "host:port" (no port: any free
         one, see get_rpc_port); ``metadata_server`` "P2PHANDSHAKE" (peers
-        exchange descriptors at connect); ``protocol`` "tcp" or "rdma";
-        ``device_name`` a comma-separated RDMA device filter ("" for all).
+        exchange descriptors at connect); ``protocol`` "tcp" or "rdma"
+        ("rdma" runs as "tcp" under ``MC_FORCE_TCP=1``, and on a host that
+        lists no RDMA device carries on over tcp with an
+        :class:`RdmaFallbackWarning`, or returns -6 under
+        ``ORBITTE_STRICT_RDMA=1``); ``device_name`` a comma-separated RDMA
+        device filter ("" for all).
         With an etcd metadata server ("etcd://HOST:PORT" or "HOST:PORT") the
         engine stores its record under ``local_hostname``, and peers' session
         ids are their ``local_hostname``."""
@@ -204,6 +220,9 @@ class TransferEngine:
             proto = (protocol or "tcp").strip().lower()
             if proto not in ("tcp", "rdma"):
                 raise Error(f"protocol {protocol!r}: use 'tcp' or 'rdma'")
+            if proto == "rdma" and _env_true("MC_FORCE_TCP"):
+                _log.info("MC_FORCE_TCP is set: protocol 'rdma' runs as 'tcp'")
+                proto = "tcp"
             devices = [d.strip() for d in (device_name or "").split(",") if d.strip()]
             host, _, port = local_hostname.rpartition(":") if ":" in local_hostname else (local_hostname, "", "0")
             # No host: every interface only with a cluster secret; an open
@@ -212,15 +231,27 @@ class TransferEngine:
             # With etcd, peers name this engine by its local_hostname (its
             # record's key), as Mooncake's segment names; with p2p by address.
             source_id = local_hostname if not p2p else f"{local_hostname}-{os.getpid()}-{next(_count)}"
-            native = _Native(
-                source_id,
+            settings = dict(
                 metadata=None if p2p else meta,
-                rdma=proto == "rdma",
                 devices=devices,
                 path=os.environ.get("ORBITTE_PATH", "auto"),
                 request_timeout=float(os.environ.get("ORBITTE_REQUEST_TIMEOUT")
                                       or os.environ.get("MC_TRANSFER_TIMEOUT") or "10"),
             )
+            try:
+                native = _Native(source_id, rdma=proto == "rdma", **settings)
+            except Error as e:
+                # Mooncake carries on over tcp on a host without an RDMA
+                # device; ORBITTE_STRICT_RDMA=1 keeps the refusal.
+                if getattr(e, "code", None) != _Native.ERR_DEVICE_NOT_FOUND or _env_true("ORBITTE_STRICT_RDMA"):
+                    raise
+                warnings.warn(
+                    f"protocol 'rdma' carries on over tcp: {e} "
+                    "(set ORBITTE_STRICT_RDMA=1 to have initialize refuse with -6 instead)",
+                    RdmaFallbackWarning,
+                    stacklevel=3,
+                )
+                native = _Native(source_id, rdma=False, **settings)
             try:
                 native.listen(f"{host}:{int(port or 0)}")
             except Error:
@@ -245,9 +276,12 @@ class TransferEngine:
         return ",".join(self._engine().rdma_devices())
 
     # -- memory ---------------------------------------------------------
-    def register_memory(self, buffer_addr: int, capacity: int) -> int:
+    def register_memory(self, buffer_addr: int, capacity: int, location: str = "*") -> int:
         """Registers ``capacity`` bytes at ``buffer_addr``. The memory must
         stay allocated until unregister_memory (as with Mooncake).
+        ``location`` (Mooncake's "cpu:0", "cuda:0" or "*") is accepted and
+        not needed: where the memory is comes from the process's mappings
+        and the CUDA driver, as below.
 
         Host memory (mapped readable and writable in this process) is
         published to peers. Otherwise, when libcuda is present and says the

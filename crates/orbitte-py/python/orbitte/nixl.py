@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import array
 import base64
+import enum
 import json
 import logging
 import os
@@ -73,7 +74,9 @@ __all__ = [
     "nixlXferTelemetry",
     "nixl_agent",
     "nixl_agent_config",
+    "nixl_backend_handle",
     "nixl_prepped_dlist_handle",
+    "nixl_thread_sync_t",
     "nixl_xfer_handle",
 ]
 
@@ -370,6 +373,21 @@ class nixlXferTelemetry:
                 f"xferDuration={self.xferDuration}, totalBytes={self.totalBytes}, descCount={self.descCount})")
 
 
+nixl_backend_handle = int
+"""NIXL's opaque backend handle type (what ``create_backend`` hands out)."""
+
+
+class nixl_thread_sync_t(enum.Enum):
+    """NIXL's thread synchronization modes, accepted by
+    ``nixl_agent_config(sync_mode=...)``. Every call here is thread-safe
+    whichever mode is given."""
+
+    NIXL_THREAD_SYNC_NONE = 0
+    NIXL_THREAD_SYNC_STRICT = 1
+    NIXL_THREAD_SYNC_RW = 2
+    NIXL_THREAD_SYNC_DEFAULT = 0
+
+
 class nixl_agent_config:
     """NIXL's agent configuration, with OrbitTE's settings after NIXL's.
 
@@ -380,8 +398,9 @@ class nixl_agent_config:
     (``get_xfer_telemetry`` answers, else it raises nixlNoTelemetryError as
     NIXL does), ``num_threads`` (accepted, no effect),
     ``backends`` (``["UCX"]``: OrbitTE's own path choice; storage and other
-    fabric backends raise nixlNotSupportedError), ``sync_mode`` (accepted:
-    every call is thread-safe).
+    fabric backends raise nixlNotSupportedError), ``sync_mode`` (a
+    :class:`nixl_thread_sync_t` or None; accepted: every call is
+    thread-safe).
 
     OrbitTE's: ``listen`` ("host:port" to serve on; default
     ``$ORBITTE_NIXL_LISTEN`` or "0.0.0.0", the metadata then names this
@@ -414,6 +433,8 @@ class nixl_agent_config:
         self.port = int(listen_port)
         self.capture_telemetry = bool(capture_telemetry)
         self.num_threads = int(num_threads)
+        if sync_mode is not None and not isinstance(sync_mode, nixl_thread_sync_t):
+            raise TypeError(f"sync_mode must be a nixl_thread_sync_t (got {type(sync_mode).__name__!r})")
         self.sync_mode = sync_mode
         self.listen = listen
         self.path = path
@@ -699,18 +720,21 @@ class nixl_agent:
         """This agent's metadata: what a remote agent needs to open it (name,
         listen address, source id, epoch, registrations), as versioned JSON
         bytes."""
-        regs = [[a, r.length, getattr(r, "device", None) or 0, "VRAM" if getattr(r, "staged", False) else "DRAM"]
-                for a, r in sorted(self._regs.items())]
+        return self._metadata(sorted(self._regs.items()), conn_info=True)
+
+    def _metadata(self, regs: list, conn_info: bool) -> bytes:
         doc = {
             "format": METADATA_FORMAT,
             "name": self.name,
-            "address": self._address(),
             "source_id": self._engine.source_id,
             "epoch": self._engine.epoch,
-            "registrations": regs,
+            "registrations": [[a, r.length, getattr(r, "device", None) or 0,
+                               "VRAM" if getattr(r, "staged", False) else "DRAM"] for a, r in regs],
             "anchor": self._anchor.address,
-            "token": self._engine.token,
         }
+        if conn_info:
+            doc["address"] = self._address()
+            doc["token"] = self._engine.token
         return json.dumps(doc, separators=(",", ":")).encode()
 
     def _address(self) -> str:
@@ -720,10 +744,21 @@ class nixl_agent:
 
     def get_partial_agent_metadata(self, descs: Any, inc_conn_info: bool = False,
                                    backends: Sequence[str] = ()) -> bytes:
-        """The full metadata: the peer's publications come with the session,
-        so there is nothing partial to leave out."""
+        """Metadata that lists only the registrations ``descs`` names (each
+        must start at a registration of this agent: nixlNotFoundError
+        otherwise), with the connection information (listen address and
+        listener token) only when ``inc_conn_info`` is true. A remote agent
+        adds metadata without connection information only once it added this
+        agent with it."""
         self._backends(backends)
-        return self.get_agent_metadata()
+        wanted = self.get_reg_descs(descs) if descs is not None else nixlRegDList("DRAM")
+        regs = []
+        for address, _, _ in (wanted._triple(i) for i in range(len(wanted))):
+            r = self._regs.get(address)
+            if r is None:
+                raise nixlNotFoundError(f"{address:#x} is not the start of a registration of agent {self.name!r}")
+            regs.append((address, r))
+        return self._metadata(regs, conn_info=bool(inc_conn_info))
 
     def add_remote_agent(self, metadata: bytes) -> bytes:
         """Opens the agent the metadata describes (a handshake with its
@@ -732,6 +767,17 @@ class nixl_agent:
         more memory, or restarted)."""
         doc = _parse_metadata(metadata)
         name = doc["name"]
+        if "address" not in doc:
+            # Partial metadata without connection information: the agent
+            # must have been added with it before.
+            known = self._remotes.get(name)
+            if known is None or known.meta.get("source_id") != doc["source_id"]:
+                raise nixlNotFoundError(
+                    f"the metadata of agent {name!r} carries no connection information and the agent was not "
+                    "added: add its metadata with connection information first (get_agent_metadata, or "
+                    "get_partial_agent_metadata(..., inc_conn_info=True))"
+                )
+            doc["address"], doc["token"] = known.meta["address"], known.meta["token"]
         if not name:
             raise nixlInvalidParamError("the metadata names an agent with an empty name: take it again with get_agent_metadata()")
         if name == self.name:
@@ -967,7 +1013,10 @@ class nixl_agent:
     def send_notif(self, remote_agent_name: str, notif_msg: bytes, backend: Optional[str] = None) -> None:
         """Sends ``notif_msg`` to a remote agent without a transfer of the
         caller's (it rides on a one-byte READ of the agent's notification
-        anchor, so it comes with OrbitTE's rule: delivered once)."""
+        anchor, so it comes with OrbitTE's rule: delivered once) and returns
+        once the agent queued it. Raises ``nixlBackendError`` when the agent
+        refused it (it holds as many unread notifications from this agent as
+        it keeps: its application must call ``get_new_notifs``)."""
         if backend is not None:
             _check_backend(backend)
         remote = self._remote(remote_agent_name)
@@ -979,6 +1028,11 @@ class nixl_agent:
         try:
             self._engine.transfer(remote.peer, [read(self._anchor, remote.anchor, 1)], notify=msg)
         except Error as e:
+            outcomes = getattr(e, "outcomes", None) or []
+            if any(o.notification == "refused" for o in outcomes):
+                # The agent is there; its application does not read its
+                # notifications (get_new_notifs) and it keeps no more.
+                raise nixlBackendError(f"notification to agent {_name(remote_agent_name)!r}: {e}") from None
             raise nixlRemoteDisconnectError(f"notification to agent {_name(remote_agent_name)!r}: {e}") from None
 
     def get_new_notifs(self, backends: Sequence[str] = ()) -> dict[str, list[bytes]]:
@@ -1124,6 +1178,8 @@ def _parse_metadata(metadata: Any) -> dict:
         got = doc.get("format") if isinstance(doc, dict) else None
         raise nixlMismatchError(f"metadata format {got!r}: this agent reads {METADATA_FORMAT!r}")
     for key, kind in (("name", str), ("address", str), ("source_id", str), ("epoch", int), ("token", str)):
+        if key in ("address", "token") and key not in doc and "token" not in doc and "address" not in doc:
+            continue  # partial metadata without connection information
         if not isinstance(doc.get(key), kind):
             raise nixlMismatchError(f"the metadata has no valid {key!r}: take it again with get_agent_metadata()")
     return doc

@@ -13,7 +13,10 @@ pub use connect::{
 pub use control::{ErrorFrame, Goodbye};
 pub use data::{ReadRequest, ReadResponse, WriteRequest, WriteResponse};
 pub use handshake::{Challenge, Hello, HelloAck, Identity};
-pub use notify::{MAX_NOTIFICATION_FRAME_LEN, MAX_NOTIFICATION_LEN, Notification};
+pub use notify::{
+    MAX_NOTIFICATION_FRAME_LEN, MAX_NOTIFICATION_LEN, NOTIFICATION_ANSWER_LEN,
+    NOTIFICATION_OVERHEAD, Notification, NotificationAnswer,
+};
 pub use segment::{
     LocalHint, MAX_RANGES_PER_FRAME, MAX_RKEYS_PER_RANGE, NicRkey, RangeDescriptor,
     SegmentPublication, SegmentRetire,
@@ -61,6 +64,8 @@ pub enum Frame {
     WriteResponse(WriteResponse),
     /// `notification` (0x0034).
     Notification(Notification),
+    /// `notification-answer` (0x0035).
+    NotificationAnswer(NotificationAnswer),
 }
 
 macro_rules! from_impls {
@@ -86,7 +91,8 @@ from_impls!(
     ReadResponse,
     WriteRequest,
     WriteResponse,
-    Notification
+    Notification,
+    NotificationAnswer
 );
 
 impl From<ErrorFrame> for Frame {
@@ -114,6 +120,7 @@ impl Frame {
             Self::WriteRequest(_) => FrameType::WRITE_REQUEST,
             Self::WriteResponse(_) => FrameType::WRITE_RESPONSE,
             Self::Notification(_) => FrameType::NOTIFICATION,
+            Self::NotificationAnswer(_) => FrameType::NOTIFICATION_ANSWER,
         }
     }
 
@@ -165,6 +172,7 @@ impl Frame {
             Self::WriteRequest(f) => f.encode_body(&mut w)?,
             Self::WriteResponse(f) => f.encode_body(&mut w)?,
             Self::Notification(f) => f.encode_body(&mut w)?,
+            Self::NotificationAnswer(f) => f.encode_body(&mut w)?,
         }
         let fixed = out.len() - start - HEADER_LEN;
         let max = max_body_len(frame_type);
@@ -282,6 +290,9 @@ pub fn decode_body(header: &FrameHeader, fixed: &[u8]) -> Result<Frame, DecodeEr
         FrameType::WRITE_REQUEST => Frame::WriteRequest(WriteRequest::decode_body(&mut r)?),
         FrameType::WRITE_RESPONSE => Frame::WriteResponse(WriteResponse::decode_body(&mut r)?),
         FrameType::NOTIFICATION => Frame::Notification(Notification::decode_body(&mut r)?),
+        FrameType::NOTIFICATION_ANSWER => {
+            Frame::NotificationAnswer(NotificationAnswer::decode_body(&mut r)?)
+        }
         _ => {
             return Err(DecodeError::new(
                 frame_type,

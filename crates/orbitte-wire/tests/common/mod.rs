@@ -298,6 +298,15 @@ pub fn samples() -> Vec<(Frame, Vec<u8>)> {
         .into(),
         vec![],
     ));
+    v.push((
+        NotificationAnswer {
+            notification_id: 7,
+            verdict: NotificationVerdict::INBOX_FULL,
+            limit: 1024,
+        }
+        .into(),
+        vec![],
+    ));
     v
 }
 

@@ -301,6 +301,10 @@ impl LocalTransport {
             if let Err(e) = s.set_write_timeout(Some(cfg.io_timeout)) {
                 tracing::warn!(error = %e, "local session without a write timeout");
             }
+            // Each notification's answer is awaited within this.
+            if let Err(e) = s.set_read_timeout(Some(cfg.io_timeout)) {
+                tracing::warn!(error = %e, "local session without a read timeout");
+            }
             channels.insert(peer, Arc::new(Mutex::new(s)));
         }
         Ok(out)
@@ -595,9 +599,23 @@ fn serve(rail: RailId, r: &LocalRail, sink: &dyn EventSink, b: &mut Buffers) -> 
         b.events.clear();
     }
     // Notifications are sent only after every copy of their batch was
-    // reported: the bytes are in the shared mapping already.
+    // reported: the bytes are in the shared mapping already. Each answer is
+    // read before the next goes; a session that fails takes the rail down
+    // (the notifications waiting for an answer are then unconfirmed).
     for note in b.notes.drain(..) {
-        send_note(rail, r.channel.as_deref(), &note);
+        let event = match send_note(r.channel.as_deref(), &note) {
+            Ok(answer) => TransportEvent::NotificationAnswered { rail, answer },
+            Err(why) => {
+                tracing::warn!(rail = rail.0, %why, "local notification session failed");
+                TransportEvent::RailDown {
+                    rail,
+                    reason: why.into(),
+                }
+            }
+        };
+        b.events.push(event);
+        sink.deliver(&mut b.events);
+        b.events.clear();
     }
     let mut q = r.queue.lock().unwrap_or_else(|p| p.into_inner());
     q.busy = false;
@@ -629,18 +647,38 @@ fn fail_rail(rail: RailId, r: &LocalRail, reason: &Arc<str>, sink: &dyn EventSin
     sink.deliver(&mut events);
 }
 
-/// Writes one encoded `notification` frame on the peer's mapping session.
-fn send_note(rail: RailId, channel: Option<&Mutex<UnixStream>>, frame: &[u8]) {
+/// Writes one encoded `notification` frame on the peer's mapping session
+/// and reads the target's answer (within the session's read timeout).
+fn send_note(
+    channel: Option<&Mutex<UnixStream>>,
+    frame: &[u8],
+) -> Result<orbitte_wire::NotificationAnswer, String> {
     let Some(channel) = channel else {
-        tracing::warn!(
-            rail = rail.0,
-            "notification dropped: the peer's local session is closed"
-        );
-        return;
+        return Err("the peer's local session is closed".into());
     };
     let mut s = channel.lock().unwrap_or_else(|p| p.into_inner());
-    if let Err(e) = std::io::Write::write_all(&mut *s, frame) {
-        tracing::warn!(rail = rail.0, error = %e, "sending a notification on the local session failed");
+    std::io::Write::write_all(&mut *s, frame)
+        .map_err(|e| format!("sending a notification on the local session failed: {e}"))?;
+    let wait = s.read_timeout().ok().flatten();
+    let answer = crate::session::io::FrameReader::with_limit(orbitte_wire::MAX_SMALL_BODY_LEN)
+        .read(
+            &mut *s,
+            wait,
+            wait.unwrap_or(std::time::Duration::from_secs(10)),
+        );
+    match answer {
+        Ok(Frame::NotificationAnswer(a)) => Ok(a),
+        Ok(Frame::Error(e)) => Err(format!(
+            "the peer refused the local session: {} ({})",
+            e.code, e.message
+        )),
+        Ok(other) => Err(format!(
+            "the peer answered a notification with {}",
+            other.frame_type()
+        )),
+        Err(e) => Err(format!(
+            "no answer to a notification on the local session: {e}"
+        )),
     }
 }
 

@@ -631,7 +631,15 @@ impl MappingSession {
                     );
                     return false;
                 }
-                shared.ranges.notification(&self.peer, PathKind::Local, n);
+                let answer = shared.ranges.notification(&self.peer, PathKind::Local, n);
+                // The initiator reads each answer before it sends the next
+                // notification: the socket always has room for it.
+                let mut scratch = Vec::new();
+                let frame = Frame::NotificationAnswer(answer);
+                if let Err(e) = crate::session::io::write_frame(&mut self.s, &frame, &mut scratch) {
+                    tracing::debug!(peer = %self.peer.source_id, error = %e, "answering a notification failed; the session ends");
+                    return false;
+                }
                 true
             }
             Frame::Goodbye(_) => false,

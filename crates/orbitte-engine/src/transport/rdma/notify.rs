@@ -2,12 +2,16 @@
 //! a receive the peer posted in advance, through the rail's slots
 //! ([`RailNotify`](super::slots::RailNotify)).
 //!
-//! A received frame is decoded, queued in the engine's inbox tagged with
-//! the rail's peer (source id and epoch, from the handshake), and its slot
-//! is posted again at once, so a slow reader never stalls the queue pair
-//! (the queue refuses instead; see the inbox). A notification sent while
-//! every send slot is busy waits in the rail's backlog and goes out when a
-//! SEND completes.
+//! A received notification is decoded, queued in the engine's inbox
+//! tagged with the rail's peer (source id and epoch, from the handshake),
+//! or refused (see the inbox), and answered with a `notification-answer`
+//! SEND on the same queue pair; its slot is posted again at once, so a
+//! slow reader never stalls the queue pair. A received answer becomes a
+//! [`TransportEvent::NotificationAnswered`]. A frame sent while every send
+//! slot is busy waits in the rail's backlog and goes out when a SEND
+//! completes. Notifications larger than
+//! [`RDMA_MAX_NOTIFICATION_LEN`](crate::notify::RDMA_MAX_NOTIFICATION_LEN)
+//! are refused here (the slots are posted in advance at that size).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,6 +38,15 @@ pub(crate) fn send(
     let Some(r) = r else {
         return Err(refuse("no such rdma rail".into()));
     };
+    if frame.len() > SLOT {
+        return Err(refuse(format!(
+            "a notification of {} bytes is larger than the {} bytes the rdma path carries \
+             (its receive slots): send it on a tcp or local rail, or put the bulk in registered \
+             memory and notify its place",
+            frame.len().saturating_sub(wire::NOTIFICATION_OVERHEAD),
+            crate::notify::RDMA_MAX_NOTIFICATION_LEN
+        )));
+    }
     let RailQp::Rts(qp) = &mut r.qp else {
         return Err(refuse("queue pair is in the error state or closed".into()));
     };
@@ -101,7 +114,15 @@ pub(crate) fn on_completion(
     }
     if recv {
         if slot < RECV_SLOTS {
-            receive(rails, sender(), inbox, rail, slot, c.byte_len as usize);
+            receive(
+                rails,
+                sender(),
+                inbox,
+                rail,
+                slot,
+                c.byte_len as usize,
+                events,
+            );
         }
         return;
     }
@@ -115,6 +136,7 @@ pub(crate) fn on_completion(
     if slot < SEND_SLOTS {
         n.send_busy[slot] = false;
     }
+    let mut failed = None;
     while let Some(frame) = n.backlog.front().cloned() {
         match n.post_send(qp, &frame) {
             Ok(true) => {
@@ -124,14 +146,25 @@ pub(crate) fn on_completion(
             Err(e) => {
                 tracing::warn!(rail = rail.0, error = %e, dropped = n.backlog.len(), "notification SEND failed; the waiting ones are dropped");
                 n.backlog.clear();
+                failed = Some(e);
                 break;
             }
         }
     }
+    // The notifications and answers dropped are reported through the rail
+    // going down (their senders' batches become unconfirmed).
+    if let Some(e) = failed {
+        drop(guard);
+        rails.mark_failed(rail);
+        events.push(TransportEvent::RailDown {
+            rail,
+            reason: format!("posting a notification SEND failed: {e}").into(),
+        });
+    }
 }
 
-/// Queues the frame received in `slot` from `from` and posts the slot
-/// again.
+/// Queues the notification received in `slot` from `from` (and answers
+/// it) or reports the answer received there, and posts the slot again.
 fn receive(
     rails: &mut RdmaTransport,
     from: Option<(String, wire::Epoch)>,
@@ -139,6 +172,7 @@ fn receive(
     rail: RailId,
     slot: usize,
     len: usize,
+    events: &mut Vec<TransportEvent>,
 ) {
     let Some(mut guard) = rails.rail_mut(rail) else {
         return;
@@ -149,9 +183,11 @@ fn receive(
     };
     let bytes = n.memory.to_vec(slot * SLOT, len.min(SLOT));
     let now = Instant::now();
+    let mut reply = None;
     match (bytes.as_deref().map(wire::decode_exact), from) {
         (Ok(Ok((wire::Frame::Notification(note), _))), Some((source_id, epoch))) => {
-            inbox.push(
+            let notification_id = note.notification_id;
+            let (verdict, limit) = inbox.push(
                 ReceivedNotification {
                     source_id,
                     epoch,
@@ -160,6 +196,17 @@ fn receive(
                 },
                 now,
             );
+            reply = wire::Frame::NotificationAnswer(wire::NotificationAnswer {
+                notification_id,
+                verdict,
+                limit,
+            })
+            .to_bytes()
+            .ok()
+            .map(Arc::<[u8]>::from);
+        }
+        (Ok(Ok((wire::Frame::NotificationAnswer(answer), _))), _) => {
+            events.push(TransportEvent::NotificationAnswered { rail, answer });
         }
         (Ok(Ok((_, _))), Some(_)) => {
             inbox.count_malformed();
@@ -189,5 +236,17 @@ fn receive(
         && let Err(e) = n.post_recv(qp, slot)
     {
         tracing::warn!(rail = rail.0, error = %e, "reposting a notification receive failed");
+    }
+    if let Some(frame) = reply
+        && let Err(e) = send(Some(r), rail, &frame)
+    {
+        // The sender would wait for this answer until its rail goes down:
+        // take the rail down now.
+        drop(guard);
+        rails.mark_failed(rail);
+        events.push(TransportEvent::RailDown {
+            rail,
+            reason: format!("answering a notification failed: {e}").into(),
+        });
     }
 }

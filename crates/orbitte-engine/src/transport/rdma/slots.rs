@@ -1,9 +1,10 @@
 //! A rdma rail's notification buffer: one small buffer per rail,
 //! registered local-only on its NIC, split into [`RECV_SLOTS`] receive
 //! slots (each posted as a receive work request) and [`SEND_SLOTS`] send
-//! slots, each holding one encoded `notification` frame (at most
-//! [`wire::MAX_NOTIFICATION_FRAME_LEN`] bytes), and the backlog of frames
-//! waiting for a send slot.
+//! slots, each holding one encoded `notification` frame of at most
+//! [`RDMA_MAX_NOTIFICATION_LEN`] payload bytes (or a
+//! `notification-answer`), and the backlog of frames waiting for a send
+//! slot. A larger notification is refused on this path.
 //!
 //! Work request ids of these SENDs and receives carry [`WR_TAG`] in their
 //! upper bits: their slot part is never a slot of the core's slice slab,
@@ -17,14 +18,18 @@ use orbitte_verbs::qp_state::Rts;
 use orbitte_verbs::{self as verbs, QueuePair, RecvWr, SendOp, SendWr, Sge};
 use orbitte_wire as wire;
 
+use crate::notify::RDMA_MAX_NOTIFICATION_LEN;
+
 /// Receive slots posted per rail (the queue pair's receive queue depth).
 pub(crate) const RECV_SLOTS: usize = 16;
 /// SENDs in flight per rail (added to the send queue depth).
 pub(crate) const SEND_SLOTS: usize = 4;
 /// Most notifications waiting for a send slot on one rail.
 pub(super) const BACKLOG: usize = 1024;
-/// Bytes per slot: one encoded frame, rounded up to a cache line.
-pub(super) const SLOT: usize = wire::MAX_NOTIFICATION_FRAME_LEN.div_ceil(64) * 64;
+/// Bytes per slot: one encoded frame of a [`RDMA_MAX_NOTIFICATION_LEN`]
+/// payload, rounded up to a cache line.
+pub(super) const SLOT: usize =
+    (wire::NOTIFICATION_OVERHEAD + RDMA_MAX_NOTIFICATION_LEN).div_ceil(64) * 64;
 
 pub(super) const WR_TAG: u64 = 0xffff_ffff_ffff_0000;
 pub(super) const RECV: u64 = 0x100;

@@ -45,7 +45,8 @@
 //! on every other path.
 //!
 //! The loop keeps one deadline for the rail in its heap: while requests
-//! are outstanding, `io_timeout` after the last answer (or READ payload
+//! (or notifications waiting for their `notification-answer`) are
+//! outstanding, `io_timeout` after the last answer (or READ payload
 //! byte, or the post onto an idle rail); while none are, `io_timeout`
 //! from now, when it looks again (a post whose requests the poster sent
 //! itself pokes no one). A frame left incomplete brings it forward to
@@ -109,8 +110,11 @@ enum Writer {
 struct State {
     queue: VecDeque<Job>,
     in_flight: VecDeque<Job>,
-    /// Encoded `notification` frames to send (no answer comes for them).
+    /// Encoded `notification` frames to send.
     notes: VecDeque<Arc<[u8]>>,
+    /// Notifications sent and not answered yet: like requests in flight,
+    /// their answer is due within `io_timeout`.
+    unanswered: usize,
     /// Why the rail is down; `None` while up.
     down: Option<Arc<str>>,
     writer: Writer,
@@ -169,6 +173,7 @@ impl Rail {
                 queue: VecDeque::new(),
                 in_flight: VecDeque::new(),
                 notes: VecDeque::new(),
+                unanswered: 0,
                 down: None,
                 writer: Writer::Idle,
                 carry: Vec::new(),
@@ -546,7 +551,7 @@ impl Conn {
             ));
         }
         let st = self.rail.lock();
-        if st.in_flight.is_empty() {
+        if st.in_flight.is_empty() && st.unanswered == 0 {
             self.check_at = now + self.io_timeout;
             return Ok(());
         }
@@ -600,8 +605,13 @@ impl Conn {
         self.out.clear();
         self.out_at = 0;
         self.out.append(&mut st.carry);
+        if !st.notes.is_empty() && st.in_flight.is_empty() && st.unanswered == 0 {
+            // Nothing was awaited: the answers' clock starts now.
+            st.last_progress = Instant::now();
+        }
         for note in st.notes.drain(..) {
             self.out.extend_from_slice(&note);
+            st.unanswered += 1;
         }
         while st.in_flight.len() < self.rail.max_in_flight && self.out.len() < GATHER {
             let Some(job) = st.queue.pop_front() else {
@@ -772,6 +782,18 @@ impl Conn {
             }
             Frame::SegmentRetire(r) => {
                 (self.on_segment)(SegmentUpdate::Retired(r.clone()));
+                return Ok(());
+            }
+            Frame::NotificationAnswer(answer) => {
+                {
+                    let mut st = self.rail.lock();
+                    st.unanswered = st.unanswered.saturating_sub(1);
+                    st.last_progress = Instant::now();
+                }
+                self.held.events.push(TransportEvent::NotificationAnswered {
+                    rail: self.rail.id,
+                    answer: *answer,
+                });
                 return Ok(());
             }
             Frame::Error(e) => {
@@ -1029,6 +1051,72 @@ mod tests {
             pool,
         )
         .unwrap()
+    }
+
+    /// A notification's answer is awaited like a request's: it is
+    /// delivered when it comes, and a peer that takes a notification and
+    /// never answers it takes the rail down within `io_timeout` (the
+    /// engine then reports the notification unconfirmed).
+    #[test]
+    fn a_notification_unanswered_within_io_timeout_takes_the_rail_down() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut peer, _) = l.accept().unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut cfg = initiator_config();
+        cfg.io_timeout = Duration::from_millis(500);
+        let (tx, deliveries) = mpsc::channel();
+        let pool = IoPool::new(1, "test").unwrap();
+        let rail = start(ours, &cfg, Arc::new(Record(tx)), &pool);
+        let note = |id| -> Arc<[u8]> {
+            Frame::Notification(orbitte_wire::Notification {
+                notification_id: id,
+                payload: vec![id as u8; 8],
+            })
+            .to_bytes()
+            .unwrap()
+            .into()
+        };
+        // Answered: the answer is delivered, the rail stays up past
+        // io_timeout.
+        rail.push_note(note(1)).unwrap();
+        assert!(
+            matches!(next_request(&mut peer).0, Frame::Notification(n) if n.notification_id == 1)
+        );
+        let answer = orbitte_wire::NotificationAnswer {
+            notification_id: 1,
+            verdict: orbitte_wire::NotificationVerdict::INBOX_FULL,
+            limit: 1024,
+        };
+        std::io::Write::write_all(
+            &mut peer,
+            &Frame::NotificationAnswer(answer).to_bytes().unwrap(),
+        )
+        .unwrap();
+        let d = deliveries.recv_timeout(Duration::from_secs(20)).unwrap();
+        assert_eq!(
+            d,
+            vec![TransportEvent::NotificationAnswered {
+                rail: RailId(0),
+                answer
+            }]
+        );
+        std::thread::sleep(Duration::from_millis(1200));
+        assert!(!rail.is_down(), "nothing is awaited");
+        // Taken and never answered.
+        let sent = Instant::now();
+        rail.push_note(note(2)).unwrap();
+        assert!(
+            matches!(next_request(&mut peer).0, Frame::Notification(n) if n.notification_id == 2)
+        );
+        let d = deliveries.recv_timeout(Duration::from_secs(20)).unwrap();
+        assert!(
+            matches!(&d[..], [TransportEvent::RailDown { reason, .. }] if reason.contains("no answer")),
+            "{d:?}"
+        );
+        assert!(sent.elapsed() >= Duration::from_millis(500));
+        drop(peer);
     }
 
     /// Completions reach the engine before the reader waits, also inside

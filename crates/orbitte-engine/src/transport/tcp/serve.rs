@@ -839,8 +839,12 @@ impl Serving {
             }
             // Sent after every WRITE of its batch was answered, and this
             // session answers a WRITE only after its bytes are applied.
+            // Answered on this session: queued or refused.
             Frame::Notification(n) => {
-                ctx.ranges.notification(ctx.peer, PathKind::Tcp, n);
+                let answer = ctx.ranges.notification(ctx.peer, PathKind::Tcp, n);
+                Frame::NotificationAnswer(answer)
+                    .encode(&mut self.out)
+                    .map_err(|e| fail(std::io::Error::other(e)))?;
                 self.done(ctx);
                 Ok(Flow::Go)
             }
