@@ -28,8 +28,8 @@
 // WRITE: local bytes into remote memory.
 #define ORBITTE_OP_WRITE 1
 
-// The most bytes a notification carries.
-#define ORBITTE_MAX_NOTIF_LEN 4096
+// The most bytes a notification carries (over rdma-only peers, 4096).
+#define ORBITTE_MAX_NOTIF_LEN (1 << 20)
 
 // `orbitte_xfer_status.failed_status`: the request completed.
 #define ORBITTE_REQ_COMPLETE 0
@@ -63,6 +63,13 @@
 
 // Not sent, and it never will be (a request did not complete).
 #define ORBITTE_NOTIF_NOT_SENT 3
+
+// The peer refused it (its unread notifications are at a bound): the
+// peer's application must read its notifications; the transfer fails.
+#define ORBITTE_NOTIF_REFUSED 4
+
+// Sent, but the rail went down before the peer said whether it kept it.
+#define ORBITTE_NOTIF_UNCONFIRMED 5
 
 // What every call returns (as an `int32_t`). In C these are enumerators,
 // safe in any expression; Rust code uses the `i32` constants of the same

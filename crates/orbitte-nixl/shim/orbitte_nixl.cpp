@@ -392,8 +392,9 @@ public:
 
     nixl_status_t
     getNotifs(notif_list_t &notif_list) override {
+        // Most notifications are small: the buffers grow when one is not.
         std::string name(256, '\0');
-        std::string msg(ORBITTE_MAX_NOTIF_LEN, '\0');
+        std::string msg(4096, '\0');
         for (;;) {
             size_t name_len = 0;
             size_t msg_len = 0;

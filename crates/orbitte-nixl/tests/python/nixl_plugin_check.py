@@ -38,6 +38,7 @@ BLOCKS = 16
 TARGET_LEN = 4 * MIB
 WRITE_AT, READ_AT, PWRITE_AT, PREAD_AT = 0, MIB, 2 * MIB, 3 * MIB
 DEADLINE = 60.0
+BIG_NOTIF = bytes(range(256)) * 40
 
 
 def pattern(seed, n):
@@ -118,6 +119,7 @@ def target(scenario, d):
         b"w-init": (WRITE_AT, pattern(1, MIB)),
         b"w-prep": (PWRITE_AT, prepped_expected()),
         b"": None,  # an empty notification (genNotif), checked for count only
+        BIG_NOTIF: None,  # larger than the plugin's first receive buffer
     }
     seen = {}
     end = time.time() + DEADLINE
@@ -140,7 +142,7 @@ def target(scenario, d):
         if time.time() > end:
             fail("target timed out")
         time.sleep(0.001)
-    if seen != {b"w-init": 1, b"w-prep": 1, b"": 1}:
+    if seen != {b"w-init": 1, b"w-prep": 1, b"": 1, BIG_NOTIF: 1}:
         fail(f"notifications seen {seen}, want each exactly once")
     print("target: notifications once each, after their bytes", flush=True)
     finish(0)
@@ -317,6 +319,7 @@ def run_xfer(agent, name, local, xfer_descs, laddr, base):
 
     # A notification alone, empty (NIXL allows it).
     agent.send_notif(name, b"")
+    agent.send_notif(name, BIG_NOTIF)
     print(
         f"ok xfer: memory {'+'.join(mems)}; "
         "WRITE and READ by initialize_xfer and by prepared lists; "
