@@ -22,6 +22,7 @@ process ends with os._exit after flushing.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -52,12 +53,22 @@ def finish(code):
 
 
 TARGET_PROC = []
+# The initiator's scratch folder, removed when it ends.
+SCRATCH = []
+
+
+def cleanup():
+    for p in TARGET_PROC:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    for d in SCRATCH:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def fail(msg):
     print(f"FAIL: {msg}", flush=True)
-    for p in TARGET_PROC:
-        p.kill()
+    cleanup()
     finish(1)
 
 
@@ -212,6 +223,7 @@ def initiator(scenario, d):
         code = proc.wait(timeout=DEADLINE)
         if code != 0:
             fail(f"target exited with {code}")
+    cleanup()
     finish(0)
 
 
@@ -382,4 +394,6 @@ if __name__ == "__main__":
     else:
         import tempfile
 
-        initiator(sys.argv[1], tempfile.mkdtemp(prefix="orbitte-nixl-"))
+        scratch = tempfile.mkdtemp(prefix="orbitte-nixl-")
+        SCRATCH.append(scratch)
+        initiator(sys.argv[1], scratch)
