@@ -3,7 +3,7 @@
 //! - dependencies between orbitte crates only point down the layer table;
 //! - orbitte-wire and orbitte-topology depend on no other orbitte crate;
 //! - only orbitte-memory, orbitte-verbs-sys, orbitte-verbs, orbitte-cuda,
-//!   orbitte-py and orbitte-capi contain `unsafe`,
+//!   orbitte-py, orbitte-capi and orbitte-nixl contain `unsafe`,
 //!   every other crate root (lib, bin, tests, examples, benches) declares
 //!   `#![forbid(unsafe_code)]`;
 //! - in the crates that may use `unsafe`, every `unsafe` block and
@@ -32,6 +32,7 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "orbitte-cuda",
     "orbitte-py",
     "orbitte-capi",
+    "orbitte-nixl",
 ];
 
 /// The sans-IO code: each crate's folders, relative to its directory.
@@ -130,8 +131,11 @@ const ALLOWED_DEPS: &[(&str, &[&str])] = &[
             "orbitte-cuda",
         ],
     ),
-    // The C API sits on the facade alone.
-    ("orbitte-capi", &["orbitte"]),
+    // The C API sits on the facade, and on orbitte-cuda for device memory
+    // (as orbitte-py does).
+    ("orbitte-capi", &["orbitte", "orbitte-cuda"]),
+    // The NIXL plugin sits on the C API alone.
+    ("orbitte-nixl", &["orbitte-capi"]),
     // `cargo xtask attack` builds and mutates wire frames.
     ("xtask", &["orbitte-wire"]),
 ];

@@ -12,6 +12,11 @@
 // tcp and local paths only.
 #define ORBITTE_ENGINE_RDMA 1
 
+// `orbitte_engine_create` flag: listen with a fresh listener token,
+// carried in the connection info. Only peers handed the connection
+// info connect (with a cluster secret as well, they need both).
+#define ORBITTE_ENGINE_TOKEN 2
+
 // Registration flag: publish the memory to peers, who may READ and WRITE
 // it; without it the memory is local-only (a source or sink of this
 // engine's transfers).
@@ -100,6 +105,9 @@ enum orbitte_status
     // The transfer is still in flight: wait until `orbitte_xfer_check` says
     // it ended before posting it again.
     ORBITTE_ERR_REPOST_ACTIVE = -7,
+    // What was asked for is not available here (CUDA device memory on a
+    // machine without the CUDA driver or a device).
+    ORBITTE_ERR_NOT_SUPPORTED = -9,
     // The peer cannot be reached, went away, restarted, or was disconnected.
     ORBITTE_ERR_REMOTE_DISCONNECT = -10,
     // The handle names no live engine, registration, peer or transfer
@@ -216,6 +224,20 @@ int32_t orbitte_conn_info(const struct orbitte_engine *engine,
                           size_t cap,
                           size_t *len);
 
+// Writes what the engine counted since it was created, in the
+// Prometheus text format (requests, bytes and outcomes per path, peer
+// and operation; notifications; listener refusals), into `buf`
+// (capacity `cap`) and its length to `*len`. Buffer rules as for
+// `orbitte_conn_info`.
+//
+// # Safety
+// `len` points at a writable `size_t`; a non-null `buf` at `cap`
+// writable bytes.
+int32_t orbitte_metrics(const struct orbitte_engine *engine,
+                        uint8_t *buf,
+                        size_t cap,
+                        size_t *len);
+
 // Connects to the peer whose connection info (`orbitte_conn_info` on
 // the peer) is the `len` bytes at `info` (NIXL's `loadRemoteConnInfo`
 // and `connect`): a handshake now, which also brings the memory the peer
@@ -258,6 +280,31 @@ int32_t orbitte_register(const struct orbitte_engine *engine,
                          size_t len,
                          uint32_t flags,
                          orbitte_reg *out);
+
+// Writes to `*count` how many CUDA devices the driver reports: memory
+// of them can be registered with `orbitte_register_device`. Without the
+// CUDA driver (libcuda) or a device it returns
+// `ORBITTE_ERR_NOT_SUPPORTED`, with the reason in `orbitte_last_error`.
+//
+// # Safety
+// `count` points at a writable `size_t`.
+int32_t orbitte_cuda_devices(size_t *count);
+
+// Registers `len` bytes of CUDA device memory at the device address
+// `addr` (NIXL's `registerMem` of VRAM), served on the cuda-staging
+// path: the engine copies between it and host memory with the CUDA
+// driver, never by GPUDirect. `flags` as for `orbitte_register`. The
+// driver must say the range lies in one live allocation; without the
+// driver or a device the call returns `ORBITTE_ERR_NOT_SUPPORTED`.
+//
+// # Safety
+// The allocation stays live until the memory is deregistered; `out`
+// points at a writable `orbitte_reg`.
+int32_t orbitte_register_device(const struct orbitte_engine *engine,
+                                uint64_t addr,
+                                size_t len,
+                                uint32_t flags,
+                                orbitte_reg *out);
 
 // Allocates `len` bytes of zeroed, page-aligned host memory and registers
 // it (`flags` as for `orbitte_register`). `*addr` is its first byte,

@@ -6,7 +6,9 @@ use std::ffi::c_char;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
-use orbitte::{Access, ClusterSecret, ConnectError, EngineBuilder, HostMemory};
+use orbitte::{
+    Access, ClusterSecret, ConnectError, ConnectOptions, EngineBuilder, HostMemory, ListenerToken,
+};
 
 use crate::args::{self, copy_out, put};
 use crate::handle::{self, Anchor, Engine, PeerEntry, lock, orbitte_engine, orbitte_peer};
@@ -19,6 +21,11 @@ use crate::status::{
 /// NICs found (Host Direct); without it registrations are served by the
 /// tcp and local paths only.
 pub const ORBITTE_ENGINE_RDMA: u32 = 1;
+
+/// `orbitte_engine_create` flag: listen with a fresh listener token,
+/// carried in the connection info. Only peers handed the connection
+/// info connect (with a cluster secret as well, they need both).
+pub const ORBITTE_ENGINE_TOKEN: u32 = 2;
 
 /// The environment variable naming the cluster secret file when the
 /// caller passes none.
@@ -82,13 +89,26 @@ fn create(
             "`name` is empty: give the engine a name (its source id)",
         ));
     }
-    if flags & !ORBITTE_ENGINE_RDMA != 0 {
+    if flags & !(ORBITTE_ENGINE_RDMA | ORBITTE_ENGINE_TOKEN) != 0 {
         return Err(Failure::invalid(format!(
-            "unknown flags {flags:#x}: pass 0 or {}",
-            c_name!(ORBITTE_ENGINE_RDMA)
+            "unknown flags {flags:#x}: pass 0, {} or {}, or both",
+            c_name!(ORBITTE_ENGINE_RDMA),
+            c_name!(ORBITTE_ENGINE_TOKEN)
         )));
     }
     let mut b = EngineBuilder::new(name);
+    let token = if flags & ORBITTE_ENGINE_TOKEN != 0 {
+        let t = orbitte::new_listener_token().map_err(|e| {
+            Failure::new(
+                ORBITTE_ERR_BACKEND,
+                format!("cannot draw a listener token from the kernel's random source: {e}"),
+            )
+        })?;
+        b = b.listener_token(t);
+        Some(t)
+    } else {
+        None
+    };
     if let Some(s) = secret(secret_file)? {
         b = b.cluster_secret(s);
     }
@@ -136,7 +156,7 @@ fn create(
         (Some((host, _)), Some(bound)) => Some(advertised(&host, bound)),
         _ => None,
     };
-    Ok(Engine::new(engine, anchor, advertised))
+    Ok(Engine::new(engine, anchor, advertised, token))
 }
 
 /// Creates an engine named `name` (its source id: the name peers see as
@@ -225,13 +245,16 @@ pub unsafe extern "C" fn orbitte_conn_info(
                 "the engine has no listener, so peers cannot connect to it: create it with a listen address",
             ));
         };
-        let doc = serde_json::json!({
+        let mut doc = serde_json::json!({
             "format": CONN_INFO_FORMAT,
             "source_id": e.engine.source_id(),
             "epoch": e.engine.epoch().value(),
             "address": address,
             "anchor": e.anchor.address,
         });
+        if let Some(t) = &e.token {
+            doc["token"] = serde_json::Value::String(t.to_hex());
+        }
         // SAFETY: the caller's contract for `buf`, `cap` and `len`.
         unsafe {
             copy_out(
@@ -247,12 +270,38 @@ pub unsafe extern "C" fn orbitte_conn_info(
     })
 }
 
+/// Writes what the engine counted since it was created, in the
+/// Prometheus text format (requests, bytes and outcomes per path, peer
+/// and operation; notifications; listener refusals), into `buf`
+/// (capacity `cap`) and its length to `*len`. Buffer rules as for
+/// `orbitte_conn_info`.
+///
+/// # Safety
+/// `len` points at a writable `size_t`; a non-null `buf` at `cap`
+/// writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn orbitte_metrics(
+    engine: *const orbitte_engine,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+) -> i32 {
+    guard("orbitte_metrics", || {
+        let e = handle::engine(engine)?;
+        let text = e.engine.metrics().to_prometheus();
+        // SAFETY: the caller's contract for `buf`, `cap` and `len`.
+        unsafe { copy_out(text.as_bytes(), false, buf, cap, len, "the metrics") }?;
+        Ok(ORBITTE_OK)
+    })
+}
+
 /// Connection info as `orbitte_conn_info` wrote it.
 struct ConnInfo {
     source_id: String,
     epoch: u64,
     address: String,
     anchor: u64,
+    token: Option<ListenerToken>,
 }
 
 fn parse_conn_info(bytes: &[u8]) -> Result<ConnInfo, Failure> {
@@ -271,6 +320,16 @@ fn parse_conn_info(bytes: &[u8]) -> Result<ConnInfo, Failure> {
     }
     let text = |k: &str| doc.get(k).and_then(|v| v.as_str()).map(str::to_owned);
     let num = |k: &str| doc.get(k).and_then(serde_json::Value::as_u64);
+    let token = match doc.get("token") {
+        None => None,
+        Some(v) => Some(
+            v.as_str()
+                .and_then(|t| ListenerToken::from_hex(t).ok())
+                .ok_or_else(|| {
+                    mismatch("the connection info's token is not 64 hexadecimal digits")
+                })?,
+        ),
+    };
     match (
         text("source_id"),
         num("epoch"),
@@ -282,6 +341,7 @@ fn parse_conn_info(bytes: &[u8]) -> Result<ConnInfo, Failure> {
             epoch,
             address,
             anchor,
+            token,
         }),
         _ => Err(mismatch("the connection info lacks a field")),
     }
@@ -303,7 +363,11 @@ fn connect(e: &Engine, info: &[u8]) -> Result<orbitte_peer, Failure> {
                 ),
             )
         })?;
-    let peer = e.engine.connect(addr).map_err(|err| {
+    let mut options = ConnectOptions::default();
+    if let Some(t) = info.token {
+        options = options.token(t);
+    }
+    let peer = e.engine.connect_with(addr, options).map_err(|err| {
         let code = match err {
             ConnectError::Session(_) => ORBITTE_ERR_REMOTE_DISCONNECT,
             _ => ORBITTE_ERR_BACKEND,
@@ -342,6 +406,7 @@ fn connect(e: &Engine, info: &[u8]) -> Result<orbitte_peer, Failure> {
         path: peer.path,
         addr,
         anchor: info.anchor,
+        options,
     };
     lock(&e.peers).insert(h, entry);
     Ok(h)
@@ -353,15 +418,18 @@ fn connect(e: &Engine, info: &[u8]) -> Result<orbitte_peer, Failure> {
 /// meanwhile.
 pub(crate) fn reopen(e: &Engine, handle: orbitte_peer) -> Result<PeerEntry, Failure> {
     let old = e.peer(handle)?;
-    let peer = e.engine.connect(old.addr).map_err(|err| {
-        Failure::new(
-            ORBITTE_ERR_REMOTE_DISCONNECT,
-            format!(
-                "cannot reach {:?} at {} again: {err}",
-                old.source_id, old.addr
-            ),
-        )
-    })?;
+    let peer = e
+        .engine
+        .connect_with(old.addr, old.options)
+        .map_err(|err| {
+            Failure::new(
+                ORBITTE_ERR_REMOTE_DISCONNECT,
+                format!(
+                    "cannot reach {:?} at {} again: {err}",
+                    old.source_id, old.addr
+                ),
+            )
+        })?;
     if peer.source_id() != old.source_id || peer.epoch() != old.epoch {
         return Err(Failure::new(
             ORBITTE_ERR_REMOTE_DISCONNECT,

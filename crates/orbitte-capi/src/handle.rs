@@ -12,8 +12,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use orbitte::{
-    Epoch, HostMemory, PathKind, PeerId, ReceivedNotification, RegistrationId, TransferEngine,
+    ConnectOptions, Epoch, HostMemory, ListenerToken, PathKind, PeerId, ReceivedNotification,
+    RegistrationId, TransferEngine,
 };
+
+use orbitte_cuda::CudaBuffer;
 
 use crate::status::Failure;
 use crate::xfer::Xfer;
@@ -42,7 +45,15 @@ pub(crate) struct LocalReg {
     pub(crate) len: u64,
     /// Kept for the engine-allocated kind, freed once deregistered and
     /// drained (the engine holds its own reference while requests run).
-    pub(crate) _memory: Arc<HostMemory>,
+    pub(crate) _memory: Kept,
+}
+
+/// The memory a registration holds.
+#[derive(Debug)]
+pub(crate) enum Kept {
+    Host(Arc<HostMemory>),
+    /// CUDA device memory (the cuda-staging path).
+    Device(Arc<CudaBuffer>),
 }
 
 /// The registrations of an engine.
@@ -87,6 +98,8 @@ pub(crate) struct PeerEntry {
     /// The address of the peer's notification anchor (`orbitte_notify`
     /// READs one byte of it to carry a notification).
     pub(crate) anchor: u64,
+    /// How it was connected (its listener token): a reopen connects so again.
+    pub(crate) options: ConnectOptions,
 }
 
 /// A small registration every engine makes first: peers READ one byte of
@@ -105,6 +118,8 @@ pub(crate) struct Engine {
     pub(crate) anchor: Anchor,
     /// `host:port` peers connect to (None: no listener).
     pub(crate) advertised: Option<String>,
+    /// The token its listener requires (published in the connection info).
+    pub(crate) token: Option<ListenerToken>,
     pub(crate) regs: Mutex<Regs>,
     pub(crate) peers: Mutex<HashMap<orbitte_peer, PeerEntry>>,
     pub(crate) xfers: Mutex<HashMap<orbitte_xfer, Arc<Mutex<Xfer>>>>,
@@ -114,11 +129,17 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    pub(crate) fn new(engine: TransferEngine, anchor: Anchor, advertised: Option<String>) -> Self {
+    pub(crate) fn new(
+        engine: TransferEngine,
+        anchor: Anchor,
+        advertised: Option<String>,
+        token: Option<ListenerToken>,
+    ) -> Self {
         Self {
             engine,
             anchor,
             advertised,
+            token,
             regs: Mutex::default(),
             peers: Mutex::default(),
             xfers: Mutex::default(),

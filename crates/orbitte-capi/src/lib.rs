@@ -47,13 +47,13 @@ mod status;
 mod xfer;
 
 pub use engine::{
-    ORBITTE_ENGINE_RDMA, orbitte_conn_info, orbitte_connect, orbitte_disconnect,
-    orbitte_engine_create, orbitte_engine_destroy,
+    ORBITTE_ENGINE_RDMA, ORBITTE_ENGINE_TOKEN, orbitte_conn_info, orbitte_connect,
+    orbitte_disconnect, orbitte_engine_create, orbitte_engine_destroy, orbitte_metrics,
 };
 pub use handle::{orbitte_engine, orbitte_peer, orbitte_reg, orbitte_xfer};
 pub use memory::{
-    ORBITTE_REG_REMOTE, orbitte_alloc, orbitte_deregister, orbitte_load_remote,
-    orbitte_public_data, orbitte_register,
+    ORBITTE_REG_REMOTE, orbitte_alloc, orbitte_cuda_devices, orbitte_deregister,
+    orbitte_load_remote, orbitte_public_data, orbitte_register, orbitte_register_device,
 };
 pub use notify::{orbitte_notif_poll, orbitte_notify};
 pub use status::*;

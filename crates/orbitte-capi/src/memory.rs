@@ -4,17 +4,19 @@
 
 use std::ffi::c_void;
 use std::ptr::NonNull;
-use std::sync::Arc;
 
 use orbitte::{Access, HostMemory, RemoteRange, UnregisterError};
 
 use crate::args::{self, copy_out, put};
+use orbitte_cuda::{CudaBuffer, PointerError};
+
 use crate::handle::{
-    self, Engine, LocalReg, PeerEntry, lock, orbitte_engine, orbitte_peer, orbitte_reg,
+    self, Engine, Kept, LocalReg, PeerEntry, lock, orbitte_engine, orbitte_peer, orbitte_reg,
 };
 use crate::status::{
-    Failure, ORBITTE_ERR_BACKEND, ORBITTE_ERR_MISMATCH, ORBITTE_ERR_NOT_ALLOWED,
-    ORBITTE_ERR_NOT_FOUND, ORBITTE_ERR_REMOTE_DISCONNECT, ORBITTE_OK, c_name, guard,
+    Failure, ORBITTE_ERR_BACKEND, ORBITTE_ERR_INVALID_PARAM, ORBITTE_ERR_MISMATCH,
+    ORBITTE_ERR_NOT_ALLOWED, ORBITTE_ERR_NOT_FOUND, ORBITTE_ERR_NOT_SUPPORTED,
+    ORBITTE_ERR_REMOTE_DISCONNECT, ORBITTE_OK, c_name, guard,
 };
 
 /// Registration flag: publish the memory to peers, who may READ and WRITE
@@ -75,20 +77,22 @@ fn mapped_read_write(start: u64, end: u64) -> Result<(), String> {
 
 /// Records a registration of `memory` (first byte at `start`) made by
 /// `register`; refused if it overlaps one.
-fn insert(
-    e: &Engine,
-    start: u64,
-    memory: Arc<HostMemory>,
-    access: Access,
-) -> Result<orbitte_reg, Failure> {
-    let len = memory.len() as u64;
+fn insert(e: &Engine, start: u64, memory: Kept, access: Access) -> Result<orbitte_reg, Failure> {
+    let len = match &memory {
+        Kept::Host(m) => m.len(),
+        Kept::Device(b) => b.len(),
+    } as u64;
     let mut regs = lock(&e.regs);
     if let Some((other, other_len)) = regs.overlapping(start, len) {
         return Err(Failure::invalid(format!(
             "{start:#x}+{len} overlaps the registration {other:#x}+{other_len}: deregister it first or register disjoint memory"
         )));
     }
-    let reg = e.engine.register(memory.clone(), access).map_err(|err| {
+    let registered = match &memory {
+        Kept::Host(m) => e.engine.register(m.clone(), access),
+        Kept::Device(b) => e.engine.register(b.clone(), access),
+    };
+    let reg = registered.map_err(|err| {
         Failure::new(
             ORBITTE_ERR_BACKEND,
             format!("cannot register {start:#x}+{len}: {err}"),
@@ -156,7 +160,98 @@ pub unsafe extern "C" fn orbitte_register(
         // failed transfer.
         let memory = unsafe { HostMemory::from_raw_parts(ptr, len, Box::new(())) }
             .map_err(|err| Failure::invalid(format!("cannot wrap {start:#x}+{len}: {err}")))?;
-        let h = insert(&e, start, memory, access)?;
+        let h = insert(&e, start, Kept::Host(memory), access)?;
+        // SAFETY: `out` is writable (the caller's contract; null checked).
+        unsafe { put(out, h, "out") }?;
+        Ok(ORBITTE_OK)
+    })
+}
+
+/// The CUDA devices this process can register memory of, or why none.
+fn cuda_devices() -> Result<usize, Failure> {
+    let not_here = |why: String| {
+        Failure::new(
+            ORBITTE_ERR_NOT_SUPPORTED,
+            format!("CUDA device memory cannot be registered here: {why}"),
+        )
+    };
+    let info = orbitte_cuda::driver().map_err(|e| not_here(e.to_string()))?;
+    if info.device_count == 0 {
+        return Err(not_here(format!(
+            "{} reports no device ({})",
+            info.library,
+            info.no_device.clone().unwrap_or_default()
+        )));
+    }
+    Ok(info.device_count)
+}
+
+/// Writes to `*count` how many CUDA devices the driver reports: memory
+/// of them can be registered with `orbitte_register_device`. Without the
+/// CUDA driver (libcuda) or a device it returns
+/// `ORBITTE_ERR_NOT_SUPPORTED`, with the reason in `orbitte_last_error`.
+///
+/// # Safety
+/// `count` points at a writable `size_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn orbitte_cuda_devices(count: *mut usize) -> i32 {
+    guard("orbitte_cuda_devices", || {
+        if count.is_null() {
+            return Err(Failure::null("count"));
+        }
+        let n = cuda_devices()?;
+        // SAFETY: `count` is writable (the caller's contract; null checked).
+        unsafe { put(count, n, "count") }?;
+        Ok(ORBITTE_OK)
+    })
+}
+
+/// Registers `len` bytes of CUDA device memory at the device address
+/// `addr` (NIXL's `registerMem` of VRAM), served on the cuda-staging
+/// path: the engine copies between it and host memory with the CUDA
+/// driver, never by GPUDirect. `flags` as for `orbitte_register`. The
+/// driver must say the range lies in one live allocation; without the
+/// driver or a device the call returns `ORBITTE_ERR_NOT_SUPPORTED`.
+///
+/// # Safety
+/// The allocation stays live until the memory is deregistered; `out`
+/// points at a writable `orbitte_reg`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn orbitte_register_device(
+    engine: *const orbitte_engine,
+    addr: u64,
+    len: usize,
+    flags: u32,
+    out: *mut orbitte_reg,
+) -> i32 {
+    guard("orbitte_register_device", || {
+        let e = handle::engine(engine)?;
+        if out.is_null() {
+            return Err(Failure::null("out"));
+        }
+        let access = access(flags)?;
+        cuda_devices()?;
+        // SAFETY: `from_raw_parts` first asks the driver that
+        // `addr..addr+len` is device memory inside one live allocation, so
+        // a wrong address is an error here; the caller promises the
+        // allocation outlives the registration (the function's contract).
+        // Only the driver's copies touch it, never a host pointer, so
+        // memory freed early fails those copies instead of this process.
+        let buffer = unsafe { CudaBuffer::from_raw_parts(addr, len, Box::new(())) }.map_err(
+            |err| {
+                let code = match err {
+                    PointerError::Device(_) => ORBITTE_ERR_NOT_SUPPORTED,
+                    _ => ORBITTE_ERR_INVALID_PARAM,
+                };
+                Failure::new(
+                    code,
+                    format!(
+                        "{addr:#x}+{len} cannot be registered as CUDA device memory: {err}; pass the address and size of live device memory (cuMemAlloc, a CUDA tensor's data_ptr())"
+                    ),
+                )
+            },
+        )?;
+        let h = insert(&e, addr, Kept::Device(buffer), access)?;
         // SAFETY: `out` is writable (the caller's contract; null checked).
         unsafe { put(out, h, "out") }?;
         Ok(ORBITTE_OK)
@@ -188,7 +283,7 @@ pub unsafe extern "C" fn orbitte_alloc(
         let memory = HostMemory::alloc(len)
             .map_err(|err| Failure::invalid(format!("cannot allocate {len} bytes: {err}")))?;
         let ptr = memory.as_ptr();
-        let h = insert(&e, ptr as u64, memory, access)?;
+        let h = insert(&e, ptr as u64, Kept::Host(memory), access)?;
         // SAFETY: both are writable (the caller's contract; null checked).
         unsafe {
             put(addr, ptr.cast::<c_void>(), "addr")?;

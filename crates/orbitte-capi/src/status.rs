@@ -41,6 +41,9 @@ pub enum orbitte_status {
     /// The transfer is still in flight: wait until `orbitte_xfer_check` says
     /// it ended before posting it again.
     ORBITTE_ERR_REPOST_ACTIVE = -7,
+    /// What was asked for is not available here (CUDA device memory on a
+    /// machine without the CUDA driver or a device).
+    ORBITTE_ERR_NOT_SUPPORTED = -9,
     /// The peer cannot be reached, went away, restarted, or was disconnected.
     ORBITTE_ERR_REMOTE_DISCONNECT = -10,
     /// The handle names no live engine, registration, peer or transfer
@@ -75,6 +78,8 @@ pub const ORBITTE_ERR_MISMATCH: i32 = orbitte_status::ORBITTE_ERR_MISMATCH as i3
 pub const ORBITTE_ERR_NOT_ALLOWED: i32 = orbitte_status::ORBITTE_ERR_NOT_ALLOWED as i32;
 /// cbindgen:ignore
 pub const ORBITTE_ERR_REPOST_ACTIVE: i32 = orbitte_status::ORBITTE_ERR_REPOST_ACTIVE as i32;
+/// cbindgen:ignore
+pub const ORBITTE_ERR_NOT_SUPPORTED: i32 = orbitte_status::ORBITTE_ERR_NOT_SUPPORTED as i32;
 /// cbindgen:ignore
 pub const ORBITTE_ERR_REMOTE_DISCONNECT: i32 = orbitte_status::ORBITTE_ERR_REMOTE_DISCONNECT as i32;
 /// cbindgen:ignore

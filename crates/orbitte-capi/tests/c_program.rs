@@ -141,3 +141,31 @@ fn an_engine_created_without_a_secret_file_takes_the_one_orbitte_secret_file_nam
     assert!(stdout.contains("stranger: "), "{stdout}");
     assert!(stdout.contains("all checks passed"), "{stdout}");
 }
+
+#[test]
+fn an_engine_with_a_listener_token_lets_in_only_peers_handed_its_connection_info() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let scratch = Scratch::new("token");
+    let exe = compile(&manifest.join("tests/c/token.c"), &scratch.0);
+    let mut cmd = program(&exe);
+    cmd.env_remove("ORBITTE_SECRET_FILE");
+    let stdout = run_ok(cmd);
+    for line in ["guesser: ", "stranger: ", "all checks passed"] {
+        assert!(stdout.contains(line), "no {line:?} in:\n{stdout}");
+    }
+}
+
+#[test]
+fn device_memory_is_offered_only_where_the_cuda_driver_has_a_device() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let scratch = Scratch::new("device");
+    let exe = compile(&manifest.join("tests/c/device.c"), &scratch.0);
+    let mut cmd = program(&exe);
+    cmd.env_remove("ORBITTE_SECRET_FILE");
+    let stdout = run_ok(cmd);
+    assert!(
+        stdout.contains("host memory as device memory: "),
+        "{stdout}"
+    );
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+}

@@ -1,5 +1,6 @@
 /* What the C test programs share: CHECK counts a failed condition and
- * prints it with the API's last error; summary() ends the program. */
+ * prints it with the API's last error; summary() ends the program;
+ * try_connect() connects a new engine to a peer. */
 
 #ifndef ORBITTE_TEST_CHECK_H
 #define ORBITTE_TEST_CHECK_H
@@ -29,6 +30,22 @@ static inline int summary(void) {
     }
     printf("all checks passed\n");
     return 0;
+}
+
+/* Connects a new engine named `name`, made with `secret_file` (NULL:
+ * $ORBITTE_SECRET_FILE), to the one whose connection info is `info`;
+ * returns the code of orbitte_connect (printed with the message when it
+ * failed). */
+static inline int32_t try_connect(const char *name, const char *secret_file,
+                                  const uint8_t *info, size_t info_len) {
+    orbitte_engine *e = NULL;
+    int32_t rc = orbitte_engine_create(name, NULL, secret_file, 0, &e);
+    if (rc != ORBITTE_OK) return rc;
+    orbitte_peer p = 0;
+    rc = orbitte_connect(e, info, info_len, &p);
+    if (rc != ORBITTE_OK) printf("%s: %d: %s\n", name, rc, orbitte_last_error());
+    orbitte_engine_destroy(e);
+    return rc;
 }
 
 #endif

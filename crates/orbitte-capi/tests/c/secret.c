@@ -10,20 +10,6 @@
 #include "orbitte.h"
 #include "check.h"
 
-/* Connects a new engine made with `secret_file` to the one whose
- * connection info is `info`; returns the code of orbitte_connect. */
-static int32_t try_connect(const char *name, const char *secret_file, const uint8_t *info,
-                           size_t info_len) {
-    orbitte_engine *e = NULL;
-    int32_t rc = orbitte_engine_create(name, NULL, secret_file, 0, &e);
-    if (rc != ORBITTE_OK) return rc;
-    orbitte_peer p = 0;
-    rc = orbitte_connect(e, info, info_len, &p);
-    if (rc != ORBITTE_OK) printf("%s: %d: %s\n", name, rc, orbitte_last_error());
-    orbitte_engine_destroy(e);
-    return rc;
-}
-
 int main(int argc, char **argv) {
     if (argc != 3 || !getenv("ORBITTE_SECRET_FILE")) {
         fprintf(stderr, "usage: ORBITTE_SECRET_FILE=FILE secret SAME_SECRET_FILE OTHER_SECRET_FILE\n");

@@ -1,0 +1,54 @@
+// A stand-in for absl/log/log.h, enough for NIXL's common/nixl_log.h:
+// LOG(severity), VLOG(n) and DVLOG(n) as stream sinks. Warnings, errors
+// and fatal lines go to stderr; INFO and VLOG lines are dropped. FATAL
+// aborts. Written for OrbitTE's NIXL plugin; not Abseil's code.
+#ifndef ORBITTE_NIXL_ABSL_LOG_LOG_H
+#define ORBITTE_NIXL_ABSL_LOG_LOG_H
+
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+
+namespace orbitte_nixl_log {
+
+enum class Severity { INFO, WARNING, ERROR, FATAL };
+
+class Line {
+public:
+    Line(Severity severity, bool shown) : severity_(severity), shown_(shown) {}
+    Line(const Line &) = delete;
+    Line &operator=(const Line &) = delete;
+    ~Line() {
+        if (shown_) {
+            static const char *const names[] = {"INFO", "WARNING", "ERROR", "FATAL"};
+            std::cerr << "[OrbitTE NIXL plugin " << names[static_cast<int>(severity_)] << "] "
+                      << text_.str() << std::endl;
+        }
+        if (severity_ == Severity::FATAL) {
+            std::abort();
+        }
+    }
+    template<class T> Line &operator<<(const T &value) {
+        if (shown_) {
+            text_ << value;
+        }
+        return *this;
+    }
+    Line &WithPerror() { return *this; }
+
+private:
+    Severity severity_;
+    bool shown_;
+    std::ostringstream text_;
+};
+
+} // namespace orbitte_nixl_log
+
+#define LOG(severity)                                                          \
+    ::orbitte_nixl_log::Line(::orbitte_nixl_log::Severity::severity,           \
+                             ::orbitte_nixl_log::Severity::severity !=         \
+                                 ::orbitte_nixl_log::Severity::INFO)
+#define VLOG(level) ::orbitte_nixl_log::Line(::orbitte_nixl_log::Severity::INFO, false)
+#define DVLOG(level) VLOG(level)
+
+#endif

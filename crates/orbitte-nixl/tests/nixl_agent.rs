@@ -1,0 +1,184 @@
+//! The plugin under NIXL's own agent: each test runs
+//! `tests/python/nixl_plugin_check.py SCENARIO` (two processes, NIXL's
+//! Python API) with every NIXL wheel found, and requires its "ok" line.
+//!
+//! It needs the plugin built with NIXL's entry point (`NIXL_INCLUDE_DIR`)
+//! and a Python with `nixl_cu12` and numpy: `$ORBITTE_NIXL_PYTHON`, or the
+//! venvs `target/nixl-venv-1.5.1` and `target/nixl-venv-1.4.0` (`pip install
+//! --no-deps nixl-cu12==VERSION numpy`). Under `CI=true` a missing one fails
+//! the test; elsewhere the test says what is missing and passes.
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The longest a scenario may take (its transfers bound themselves at 60 s).
+const SCENARIO_LIMIT: Duration = Duration::from_secs(240);
+
+/// `target/debug`, where cargo put the plugin.
+fn build_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test knows its own path");
+    // target/debug/deps/nixl_agent-HASH
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("the test binary lies in target/PROFILE/deps")
+        .to_path_buf()
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// Skips (or, under CI=true, fails) with what is missing.
+fn missing(what: &str) {
+    if in_ci() {
+        panic!("CI=true and {what}");
+    }
+    eprintln!("skipped: {what}");
+}
+
+/// The Pythons with NIXL to test with: (label, python).
+fn pythons() -> Vec<(String, PathBuf)> {
+    if let Some(p) = std::env::var_os("ORBITTE_NIXL_PYTHON").filter(|p| !p.is_empty()) {
+        return vec![("ORBITTE_NIXL_PYTHON".into(), PathBuf::from(p))];
+    }
+    let target = build_dir().join("..");
+    ["1.5.1", "1.4.0"]
+        .iter()
+        .map(|v| {
+            (
+                format!("nixl-cu12 {v}"),
+                target.join(format!("nixl-venv-{v}/bin/python")),
+            )
+        })
+        .filter(|(_, p)| p.is_file())
+        .collect()
+}
+
+/// The folder of the wheel's own libraries and plugins (`nixl_cu12.libs`).
+fn wheel_libs(python: &Path) -> Option<PathBuf> {
+    let out = Command::new(python)
+        .args([
+            "-c",
+            "import os, nixl_cu12; print(os.path.dirname(nixl_cu12.__file__) + '.libs')",
+        ])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let dir = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
+    dir.is_dir().then_some(dir)
+}
+
+/// A plugin folder holding the OrbitTE plugin and the wheel's UCX plugin
+/// (NIXL_PLUGIN_DIR replaces NIXL's own folder).
+fn plugin_dir(label: &str, libs: &Path) -> PathBuf {
+    let dir = build_dir().join(format!("nixl-plugins-{}", label.replace(' ', "-")));
+    std::fs::create_dir_all(&dir).expect("create the plugin folder under target/");
+    for (link, to) in [
+        (
+            "libplugin_OrbitTE.so",
+            // deps/ holds the one built for this run: cargo test copies no
+            // artifact up to target/debug.
+            build_dir().join("deps/libplugin_OrbitTE.so"),
+        ),
+        ("libplugin_UCX.so", libs.join("nixl/libplugin_UCX.so")),
+    ] {
+        let at = dir.join(link);
+        let _ = std::fs::remove_file(&at);
+        std::os::unix::fs::symlink(&to, &at).expect("link a plugin into the plugin folder");
+    }
+    dir
+}
+
+fn run(scenario: &str) {
+    if !cfg!(orbitte_nixl_plugin) {
+        return missing(
+            "the plugin was built without NIXL's headers: set NIXL_INCLUDE_DIR (docs/nixl-plugin.md)",
+        );
+    }
+    let pythons = pythons();
+    if pythons.is_empty() {
+        return missing(
+            "no Python with NIXL: set ORBITTE_NIXL_PYTHON, or create target/nixl-venv-1.5.1 \
+             (python3 -m venv target/nixl-venv-1.5.1 && \
+             target/nixl-venv-1.5.1/bin/pip install --no-deps nixl-cu12==1.5.1 numpy)",
+        );
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/nixl_plugin_check.py");
+    for (label, python) in pythons {
+        let Some(libs) = wheel_libs(&python) else {
+            missing(&format!(
+                "{label}: {} cannot import nixl_cu12",
+                python.display()
+            ));
+            continue;
+        };
+        let plugins = plugin_dir(&label, &libs);
+        let metrics = plugins.join(format!("metrics-{scenario}.txt"));
+        let _ = std::fs::remove_file(&metrics);
+        let mut child = Command::new(&python)
+            .arg(&script)
+            .arg(scenario)
+            .env("NIXL_PLUGIN_DIR", &plugins)
+            // The wheel's UCX plugin finds its libraries there.
+            .env("LD_LIBRARY_PATH", &libs)
+            .env("ORBITTE_NIXL_METRICS_FILE", &metrics)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start python");
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("wait for python") {
+                break Some(s);
+            }
+            if start.elapsed() > SCENARIO_LIMIT {
+                let _ = child.kill();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let out = child.wait_with_output().expect("collect python's output");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr_tail: String = {
+            let lines: Vec<&str> = stderr.lines().collect();
+            lines[lines.len().saturating_sub(40)..].join("\n")
+        };
+        let Some(status) = status else {
+            panic!(
+                "{label} {scenario}: still running after {SCENARIO_LIMIT:?} (a hang)\n{stdout}\n{stderr_tail}"
+            );
+        };
+        assert!(
+            status.success() && stdout.contains(&format!("ok {scenario}")),
+            "{label} {scenario}: {status}\n{stdout}\n{stderr_tail}"
+        );
+        for line in stdout.lines().filter(|l| l.starts_with("ok ")) {
+            eprintln!("{label}: {line}");
+        }
+    }
+}
+
+#[test]
+fn write_and_read_by_initialize_xfer_and_prepared_lists_with_notifications() {
+    run("xfer");
+}
+
+#[test]
+fn a_remote_agent_that_dies_gives_an_error_not_a_hang() {
+    run("dies");
+}
+
+#[test]
+fn against_a_ucx_only_agent_nixl_uses_ucx() {
+    run("ucx-only");
+}
+
+#[test]
+fn against_an_agent_with_both_orbitte_moves_the_bytes() {
+    run("both");
+}
