@@ -73,9 +73,14 @@ fn wheel_libs(python: &Path) -> Option<PathBuf> {
 }
 
 /// A plugin folder holding the OrbitTE plugin and the wheel's UCX plugin
-/// (NIXL_PLUGIN_DIR replaces NIXL's own folder).
-fn plugin_dir(label: &str, libs: &Path) -> PathBuf {
-    let dir = build_dir().join(format!("nixl-plugins-{}", label.replace(' ', "-")));
+/// (NIXL_PLUGIN_DIR replaces NIXL's own folder), one per wheel and
+/// scenario: the scenarios run at once, and one relinking a folder
+/// another reads would race it.
+fn plugin_dir(label: &str, scenario: &str, libs: &Path) -> PathBuf {
+    let dir = build_dir().join(format!(
+        "nixl-plugins-{}-{scenario}",
+        label.replace(' ', "-")
+    ));
     std::fs::create_dir_all(&dir).expect("create the plugin folder under target/");
     for (link, to) in [
         (
@@ -116,7 +121,7 @@ fn run(scenario: &str) {
             ));
             continue;
         };
-        let plugins = plugin_dir(&label, &libs);
+        let plugins = plugin_dir(&label, scenario, &libs);
         let metrics = plugins.join(format!("metrics-{scenario}.txt"));
         let _ = std::fs::remove_file(&metrics);
         let mut child = Command::new(&python)
