@@ -351,6 +351,7 @@ impl EngineBuilder {
         let mut cfg = SessionConfig::new(source.clone(), epoch);
         cfg.handshake_timeout = self.handshake_timeout;
         cfg.cluster_secret = self.cluster_secret.clone();
+        cfg.listener_token = self.listener_token;
         cfg.access_key = self
             .listener_token
             .map(|t| ClusterSecret::access_key(self.cluster_secret.as_ref(), &t));

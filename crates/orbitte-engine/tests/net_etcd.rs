@@ -194,11 +194,14 @@ fn an_engine_found_through_etcd_is_opened_and_serves_requests() {
         prefix: "/orbitte/test".into(),
         lease_ttl: Duration::from_secs(2),
     };
-    // The target stores its record (listen address, epoch) in etcd at
-    // build; the client finds it there by source id.
+    // The target stores its record (listen address, epoch, listener
+    // token) in etcd at build; the client finds it there by source id and
+    // proves the recorded token.
+    let token = orbitte_engine::secret::new_listener_token().unwrap();
     let target = EngineBuilder::new("etcd-target")
         .provider(fabric.provider_for(&["a0"]))
         .host_memory_without_rdma()
+        .listener_token(token)
         .listen("127.0.0.1:0".parse().unwrap())
         .metadata(cluster.clone())
         .build()
@@ -221,6 +224,15 @@ fn an_engine_found_through_etcd_is_opened_and_serves_requests() {
         record.listen_addr,
         target.listen_addr().unwrap().to_string()
     );
+    assert_eq!(record.listener_token, Some(token.to_hex()));
+    // By address, without the token: refused.
+    let refused = client
+        .connect_with(
+            target.listen_addr().unwrap(),
+            ConnectOptions::new().path(PathKind::Tcp),
+        )
+        .unwrap_err();
+    assert!(refused.to_string().contains("authentication"), "{refused}");
 
     let peer = client
         .connect_by_name_with("etcd-target", ConnectOptions::new().path(PathKind::Tcp))

@@ -15,6 +15,8 @@ use std::net::{SocketAddr, TcpStream};
 
 use orbitte_wire::SessionPurpose;
 use orbitte_wire::auth::ClusterSecret;
+#[cfg(feature = "etcd")]
+use orbitte_wire::auth::ListenerToken;
 
 use super::TransferEngine;
 use crate::PeerInfo;
@@ -90,6 +92,18 @@ impl TransferEngine {
                     addr: record.listen_addr.clone(),
                     source,
                 })?;
+        let mut options = options;
+        if options.token.is_none()
+            && let Some(hex) = &record.listener_token
+        {
+            options.token =
+                Some(
+                    ListenerToken::from_hex(hex).map_err(|e| ConnectError::RecordToken {
+                        source_id: source_id.to_owned(),
+                        source: e,
+                    })?,
+                );
+        }
         let peer = self.connect_with(addr, options)?;
         if peer.info.epoch.value() < record.epoch {
             return Err(ConnectError::OlderThanRecord {

@@ -97,12 +97,13 @@ impl TransferEngine {
                     crate::metadata::etcd::EtcdMetadata::connect(endpoints, prefix, *lease_ttl)
                         .map_err(BuildError::Metadata)?;
                 if let Some(addr) = self.listen_addr() {
-                    let record = crate::metadata::PeerRecord::from_publication(
+                    let mut record = crate::metadata::PeerRecord::from_publication(
                         self.source_id(),
                         addr,
                         self.shared.sessions.host_id.as_str(),
                         &self.segment_publication(),
                     );
+                    record.listener_token = self.shared.sessions.listener_token.map(|t| t.to_hex());
                     etcd.publish(&record).map_err(BuildError::Metadata)?;
                 }
                 *self.shared.etcd.lock().unwrap_or_else(|e| e.into_inner()) = Some(etcd);

@@ -172,6 +172,15 @@ pub enum ConnectError {
         #[source]
         source: std::net::AddrParseError,
     },
+    /// The record's listener token is not a token.
+    #[error("the metadata record of {source_id} has a bad listener token: {source}")]
+    RecordToken {
+        /// The source id.
+        source_id: String,
+        /// Why it is not one.
+        #[source]
+        source: orbitte_wire::auth::AuthError,
+    },
     /// The engine at the recorded address is older than the record.
     #[error(
         "{source_id} at {addr} answered with epoch {answered}, older than its record's {recorded}"

@@ -76,7 +76,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use orbitte_wire::auth::{AuthError, ClusterSecret};
+use orbitte_wire::auth::{AuthError, ClusterSecret, ListenerToken};
 use orbitte_wire::{
     AdmitError, Capabilities, DecodeError, EncodeError, Epoch, ErrorCode, HostId, SourceId,
 };
@@ -122,6 +122,9 @@ pub struct SessionConfig {
     /// it publishes in its metadata (and the cluster secret, if any; see
     /// `ClusterSecret::access_key`). `None`: the cluster secret.
     pub access_key: Option<ClusterSecret>,
+    /// The listener token `access_key` was derived from, which the
+    /// engine's etcd record carries (`None`: no token).
+    pub listener_token: Option<ListenerToken>,
     /// The keys this engine proves to peers that listen with an access
     /// key, recorded when it connects to them with their token.
     pub peer_keys: PeerKeys,
@@ -263,6 +266,7 @@ impl SessionConfig {
             host_id: default_host_id(),
             cluster_secret: None,
             access_key: None,
+            listener_token: None,
             peer_keys: PeerKeys::default(),
             capabilities: Capabilities::TCP | Capabilities::LOCAL,
             handshake_timeout: Duration::from_secs(5),
