@@ -2,6 +2,7 @@
 NIXL_PLUGIN_DIR holds OrbitTE's plugin and links to nixl-cu12's plugins,
 and NIXL's own agent loads the plugin from it."""
 
+import json
 import os
 import subprocess
 import sys
@@ -118,13 +119,14 @@ def test_nixls_agent_lists_the_wheels_plugin(tmp_path):
     assert out.returncode == 0, out.stderr
     env = dict(os.environ, NIXL_PLUGIN_DIR=out.stdout.strip())
     code = (
+        "import json\n"
         "from nixl_cu12._api import nixl_agent, nixl_agent_config\n"
         "a = nixl_agent('wheelcheck', nixl_agent_config(backends=[]))\n"
-        "print(sorted(a.get_plugin_list()))\n"
-        "print(a.get_plugin_params('OrbitTE'))\n"
+        "print(json.dumps([a.get_plugin_list(), a.get_plugin_params('OrbitTE')]))\n"
     )
     got = subprocess.run([str(py), "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert got.returncode == 0, got.stderr
-    lines = got.stdout.splitlines()
-    assert "'OrbitTE'" in lines[0], got.stdout
-    assert "listen" in lines[1], got.stdout
+    # NIXL logs to stdout too: the answer is the last line.
+    plugins, params = json.loads(got.stdout.splitlines()[-1])
+    assert "OrbitTE" in plugins, got.stdout
+    assert "listen" in params, got.stdout
