@@ -47,7 +47,7 @@ fn main() {
         // the shim stays within the libstdc++ symbols manylinux_2_28 has.
         build
             .cpp_link_stdlib(None)
-            .define("ORBITTE_NIXL_OLD_LIBSTDCXX", None);
+            .define("SHIM_OLD_LIBSTDCXX", None);
         println!("cargo:rustc-link-arg={}", PathBuf::from(lib).display());
     }
     build

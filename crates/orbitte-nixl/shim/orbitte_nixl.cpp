@@ -20,7 +20,7 @@
 #include "backend/backend_plugin.h"
 #include "orbitte.h"
 
-#if defined(ORBITTE_NIXL_OLD_LIBSTDCXX)
+#if defined(SHIM_OLD_LIBSTDCXX)
 // libstdc++ 11 and later call this from std::allocator; the libstdc++ of
 // manylinux_2_28 (GLIBCXX_3.4.25) has no such symbol. Defined here, hidden,
 // so the plugin loads with that library too.
