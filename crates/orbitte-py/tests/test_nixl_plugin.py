@@ -30,7 +30,7 @@ def packaged_plugin() -> Path:
     path = Path(orbitte.nixl_plugin.__file__).parent / "libplugin_OrbitTE.so"
     if not path.is_file():
         if in_ci() or os.environ.get("NIXL_INCLUDE_DIR"):
-            pytest.fail(f"{path} is missing: the wheel was built with NIXL_INCLUDE_DIR set and must carry the plugin")
+            pytest.fail(f"{path} is missing: under CI, and with NIXL_INCLUDE_DIR set, the wheel must carry the plugin")
         pytest.skip("this orbitte wheel carries no NIXL plugin (built without NIXL_INCLUDE_DIR)")
     return path
 
