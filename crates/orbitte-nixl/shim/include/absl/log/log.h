@@ -45,8 +45,9 @@ private:
     Severity severity_;
     bool shown_;
     // Constructed with the mode: the default constructor is a libstdc++
-    // symbol newer than manylinux_2_28 allows.
-    std::ostringstream text_{std::ios_base::out};
+    // symbol newer than manylinux_2_28 allows. Readable (in), so the
+    // destructor can stream the buffer out.
+    std::ostringstream text_{std::ios_base::in | std::ios_base::out};
 };
 
 } // namespace orbitte_nixl_log
