@@ -38,7 +38,19 @@ fn main() {
         );
     }
     let version = env::var("CARGO_PKG_VERSION").expect("cargo sets CARGO_PKG_VERSION");
-    cc::Build::new()
+    println!("cargo:rerun-if-env-changed=ORBITTE_NIXL_LIBSTDCXX");
+    let libstdcxx = env::var_os("ORBITTE_NIXL_LIBSTDCXX").filter(|p| !p.is_empty());
+    let mut build = cc::Build::new();
+    if let Some(lib) = &libstdcxx {
+        // A linker that takes `-lstdc++` for its own C++ library (zig's is
+        // libc++, whose ABI is not NIXL's) gets libstdc++ by its path, and
+        // the shim stays within the libstdc++ symbols manylinux_2_28 has.
+        build
+            .cpp_link_stdlib(None)
+            .define("SHIM_OLD_LIBSTDCXX", None);
+        println!("cargo:rustc-link-arg={}", PathBuf::from(lib).display());
+    }
+    build
         .cpp(true)
         .std("c++20")
         .file(manifest.join("shim/orbitte_nixl.cpp"))

@@ -36,9 +36,10 @@ tasks:
   bindgen [--check] [--expect-llvm N] [--libclang-version]
                        regenerate orbitte-verbs-sys's bindings (--check: fail on drift;
                        --expect-llvm: fail unless the libclang loaded is LLVM N)
-  wheel [--out DIR] [--debug]
+  wheel [--out DIR] [--debug] [--venv DIR]
                        the release wheel users pip install (abi3, manylinux_2_28,
-                       built by maturin with zig; writes target/wheels/)
+                       built by maturin with zig; writes target/wheels/); with
+                       NIXL_INCLUDE_DIR set it carries the NIXL plugin too
   capi-header [--check]
                        regenerate orbitte-capi's C header include/orbitte.h with
                        cbindgen (--check: fail on drift)

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <new>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -18,6 +19,18 @@
 #include "backend/backend_engine.h"
 #include "backend/backend_plugin.h"
 #include "orbitte.h"
+
+#if defined(SHIM_OLD_LIBSTDCXX)
+// libstdc++ 11 and later call this from std::allocator; the libstdc++ of
+// manylinux_2_28 (GLIBCXX_3.4.25) has no such symbol. Defined here, hidden,
+// so the plugin loads with that library too.
+namespace std {
+[[noreturn]] void
+__throw_bad_array_new_length() {
+    throw std::bad_array_new_length();
+}
+} // namespace std
+#endif
 
 namespace {
 

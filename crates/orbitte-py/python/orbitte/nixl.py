@@ -51,6 +51,7 @@ from ._orbitte import (
     nixlRepostActiveError,
     nixlUnknownError,
 )
+from .nixl_plugin import plugin_dir
 
 __all__ = [
     "DEFAULT_COMM_PORT",
@@ -73,6 +74,7 @@ __all__ = [
     "nixlXferDList",
     "nixlXferTelemetry",
     "nixl_agent",
+    "plugin_dir",
     "nixl_agent_config",
     "nixl_backend_handle",
     "nixl_prepped_dlist_handle",

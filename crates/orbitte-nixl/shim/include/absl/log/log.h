@@ -21,8 +21,13 @@ public:
     ~Line() {
         if (shown_) {
             static const char *const names[] = {"INFO", "WARNING", "ERROR", "FATAL"};
-            std::cerr << "[OrbitTE NIXL plugin " << names[static_cast<int>(severity_)] << "] "
-                      << text_.str() << std::endl;
+            std::cerr << "[OrbitTE NIXL plugin " << names[static_cast<int>(severity_)] << "] ";
+            // The buffer, not str(): C++20's str() is a libstdc++ symbol newer
+            // than manylinux_2_28 allows. An empty buffer would set failbit.
+            if (text_.tellp() > 0) {
+                std::cerr << text_.rdbuf();
+            }
+            std::cerr << std::endl;
         }
         if (severity_ == Severity::FATAL) {
             std::abort();
@@ -39,7 +44,10 @@ public:
 private:
     Severity severity_;
     bool shown_;
-    std::ostringstream text_;
+    // Constructed with the mode: the default constructor is a libstdc++
+    // symbol newer than manylinux_2_28 allows. Readable (in), so the
+    // destructor can stream the buffer out.
+    std::ostringstream text_{std::ios_base::in | std::ios_base::out};
 };
 
 } // namespace orbitte_nixl_log
