@@ -34,3 +34,9 @@ def test_every_tag_builds_checks_and_attaches_the_wheel():
     out = runs[build].split("--out", 1)[1].split()[0]
     assert steps[attach]["with"]["files"].startswith(f"{out}/orbitte-"), steps[attach]
     assert any(u.startswith("actions/checkout") for u in uses[:build])
+    # The wheel carries the NIXL plugin: the headers come first and the
+    # build is pointed at them; the check prints the plugin's folder.
+    headers = next(i for i, r in enumerate(runs) if "ai-dynamo/nixl" in r)
+    assert headers < build
+    assert steps[build]["env"]["NIXL_INCLUDE_DIR"] in runs[headers]
+    assert "orbitte.nixl_plugin" in runs[check]
