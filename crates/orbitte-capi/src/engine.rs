@@ -4,6 +4,7 @@
 
 use std::ffi::c_char;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::Path;
 use std::time::Duration;
 
 use orbitte::{
@@ -27,10 +28,6 @@ pub const ORBITTE_ENGINE_RDMA: u32 = 1;
 /// info connect (with a cluster secret as well, they need both).
 pub const ORBITTE_ENGINE_TOKEN: u32 = 2;
 
-/// The environment variable naming the cluster secret file when the
-/// caller passes none.
-const SECRET_ENV: &str = "ORBITTE_SECRET_FILE";
-
 /// The format tag of the connection info.
 const CONN_INFO_FORMAT: &str = "orbitte-capi-conn/1";
 
@@ -43,23 +40,13 @@ const ANCHOR_LEN: usize = 64;
 /// The cluster secret: from `file`, else from the file
 /// `$ORBITTE_SECRET_FILE` names, else none.
 fn secret(file: Option<&str>) -> Result<Option<ClusterSecret>, Failure> {
-    let (path, origin) = match file {
-        Some(f) => (f.to_owned(), "secret_file"),
-        None => match std::env::var(SECRET_ENV) {
-            Ok(f) if !f.is_empty() => (f, SECRET_ENV),
-            _ => return Ok(None),
-        },
-    };
-    let bytes = std::fs::read(&path).map_err(|e| {
-        Failure::invalid(format!(
-            "{origin} {path}: cannot read it: {e}; point it at a readable file of at least 16 random bytes"
-        ))
-    })?;
-    ClusterSecret::new(bytes).map(Some).map_err(|e| {
-        Failure::invalid(format!(
-            "{origin} {path}: {e}; write at least 16 random bytes (head -c 32 /dev/urandom > FILE)"
-        ))
-    })
+    match file {
+        Some(f) => {
+            orbitte::secret::read_secret_file(Path::new(f), "argument secret_file").map(Some)
+        }
+        None => orbitte::secret::secret_from_env(),
+    }
+    .map_err(|e| Failure::invalid(e.to_string()))
 }
 
 /// The `host:port` peers are told to connect to: the listen host, or this

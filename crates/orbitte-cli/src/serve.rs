@@ -151,7 +151,8 @@ pub(crate) fn run(args: &ServeArgs) -> Result<(), Failure> {
         );
     }
     let open = open_listener_warning(cfg.engine.listen, secret.is_some());
-    if let Some(w) = &open {
+    // Serving, the engine logs it itself when it listens.
+    if let Some(w) = open.as_ref().filter(|_| args.check) {
         tracing::warn!("{w}");
     }
     let pinned = pinned_epoch_warning(&cfg);
@@ -504,23 +505,16 @@ fn pinned_epoch_warning(cfg: &ServeConfig) -> Option<String> {
     ))
 }
 
-/// What `serve` warns about at start and in its banner when it listens
-/// where other hosts can reach it without a cluster secret: any peer that
-/// connects is admitted, and one hello naming another engine's source id
-/// with the largest epoch fences that engine out of this target until it
-/// restarts. `None` with a secret, or on a loopback address.
+/// What `serve` warns about in its banner (and `--check`'s summary) when
+/// it listens where other hosts can reach it without a cluster secret:
+/// the engine's own warning, naming this config's key. `None` with a
+/// secret, or on a loopback address.
 fn open_listener_warning(listen: std::net::SocketAddr, secret: bool) -> Option<String> {
-    if secret || listen.ip().is_loopback() {
+    if secret {
         return None;
     }
-    Some(format!(
-        "no cluster secret and engine.listen {listen} is reachable from other hosts: any peer \
-         that connects is admitted, reads and writes every published range, takes session slots, \
-         and can fence any engine out of this target until it restarts (one hello with that \
-         engine's source id and epoch {}); set engine.cluster_secret_file or ORBITTE_SECRET_FILE \
-         (the same secret on every engine), or listen on a loopback address",
-        u64::MAX
-    ))
+    orbitte::secret::open_listener_warning(listen)
+        .map(|w| format!("{w} (in this config: engine.cluster_secret_file)"))
 }
 
 /// What `serve` warns about when its metrics listen where other hosts

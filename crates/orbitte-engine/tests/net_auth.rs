@@ -134,34 +134,7 @@ fn a_peer_without_the_proof_can_neither_read_nor_write_and_is_logged() {
         );
     }
     // 4. A hello without a proof, sent by hand.
-    let mut s = raw::connect(t.addr());
-    raw::read_frame(&mut s).unwrap();
-    raw::send(
-        &mut s,
-        &Frame::Hello(orbitte_wire::Hello {
-            identity: orbitte_wire::Identity::new(
-                orbitte_wire::SourceId::new("raw").unwrap(),
-                orbitte_wire::Epoch::new(1).unwrap(),
-                orbitte_wire::Capabilities::TCP,
-            ),
-            nonce: orbitte_wire::Nonce([1; 32]),
-            purpose: orbitte_wire::SessionPurpose::DATA,
-            proof: None,
-        }),
-    );
-    let frames = raw::read_until_closed(&mut s);
-    assert!(
-        frames
-            .iter()
-            .any(|f| matches!(f, Frame::Error(e) if e.code == ErrorCode::AUTH_REQUIRED)),
-        "{frames:?}"
-    );
-    assert!(
-        !frames
-            .iter()
-            .any(|f| matches!(f, Frame::SegmentPublication(_))),
-        "publications leaked: {frames:?}"
-    );
+    raw::hello_is_refused_unproven(t.addr(), "raw", 1);
     untouched(&mem, 3);
     net_support::eventually("three refusals recorded", || {
         t.listener

@@ -17,7 +17,6 @@ use orbitte_engine::{
 };
 use orbitte_memory::HostMemory;
 use orbitte_wire::auth::{ClusterSecret, ListenerToken};
-use orbitte_wire::{ErrorCode, Frame};
 
 const BOUND: Duration = Duration::from_secs(30);
 
@@ -92,34 +91,7 @@ fn an_engine_without_the_token_is_refused_and_touches_nothing() {
     }
     // A hand-made hello naming a real peer's source with the newest epoch
     // there is: refused, so the real peer is not fenced out.
-    let mut s = raw::connect(v.addr);
-    raw::read_frame(&mut s).unwrap();
-    raw::send(
-        &mut s,
-        &Frame::Hello(orbitte_wire::Hello {
-            identity: orbitte_wire::Identity::new(
-                orbitte_wire::SourceId::new("member").unwrap(),
-                orbitte_wire::Epoch::new(u64::MAX).unwrap(),
-                orbitte_wire::Capabilities::TCP,
-            ),
-            nonce: orbitte_wire::Nonce([1; 32]),
-            purpose: orbitte_wire::SessionPurpose::DATA,
-            proof: None,
-        }),
-    );
-    let frames = raw::read_until_closed(&mut s);
-    assert!(
-        frames
-            .iter()
-            .any(|f| matches!(f, Frame::Error(e) if e.code == ErrorCode::AUTH_REQUIRED)),
-        "{frames:?}"
-    );
-    assert!(
-        !frames
-            .iter()
-            .any(|f| matches!(f, Frame::SegmentPublication(_))),
-        "publications leaked: {frames:?}"
-    );
+    raw::hello_is_refused_unproven(v.addr, "member", u64::MAX);
     untouched(&v.mem, 3);
     assert_eq!(v.engine.notifications().len(), 0, "nothing was notified");
 

@@ -45,21 +45,11 @@ pub(crate) fn source_id(args: &BenchArgs, role: &str) -> String {
 
 /// The cluster secret of `--secret-file`, if given.
 pub(crate) fn secret(args: &BenchArgs) -> Result<Option<ClusterSecret>, Failure> {
-    let Some(file) = &args.secret_file else {
-        return Ok(None);
-    };
-    let bytes = std::fs::read(file).map_err(|e| {
-        Failure::usage(format!(
-            "--secret-file {}: cannot read it: {e}; point it at a readable file of at least 16 random bytes",
-            file.display()
-        ))
-    })?;
-    ClusterSecret::new(bytes).map(Some).map_err(|e| {
-        Failure::usage(format!(
-            "--secret-file {}: {e}; write at least 16 random bytes (head -c 32 /dev/urandom > FILE)",
-            file.display()
-        ))
-    })
+    args.secret_file
+        .as_deref()
+        .map(|file| orbitte::secret::read_secret_file(file, "--secret-file"))
+        .transpose()
+        .map_err(|e| Failure::usage(e.to_string()))
 }
 
 /// The socket address `s` that `flag` gives (a host name is resolved).

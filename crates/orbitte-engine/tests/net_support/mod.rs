@@ -564,6 +564,40 @@ pub mod raw {
         })
     }
 
+    /// Sends the hello of a data session of `source` at `epoch`, without
+    /// a proof, to a target that requires one, and checks what an outsider
+    /// gets: `auth-required`, the session closed, no publication.
+    pub fn hello_is_refused_unproven(addr: SocketAddr, source: &str, epoch: u64) {
+        let mut s = connect(addr);
+        read_frame(&mut s).unwrap(); // challenge
+        send(
+            &mut s,
+            &Frame::Hello(Hello {
+                identity: Identity::new(
+                    SourceId::new(source).unwrap(),
+                    Epoch::new(epoch).unwrap(),
+                    Capabilities::TCP,
+                ),
+                nonce: Nonce([1; 32]),
+                purpose: orbitte_wire::SessionPurpose::DATA,
+                proof: None,
+            }),
+        );
+        let frames = read_until_closed(&mut s);
+        assert!(
+            frames.iter().any(
+                |f| matches!(f, Frame::Error(e) if e.code == orbitte_wire::ErrorCode::AUTH_REQUIRED)
+            ),
+            "{frames:?}"
+        );
+        assert!(
+            !frames
+                .iter()
+                .any(|f| matches!(f, Frame::SegmentPublication(_))),
+            "publications leaked: {frames:?}"
+        );
+    }
+
     pub fn send(s: &mut impl Write, f: &Frame) {
         let mut buf = Vec::new();
         f.encode(&mut buf).unwrap();
