@@ -155,7 +155,7 @@ pub enum AuthError {
     #[error(
         "peer sent no authentication proof but this engine requires one; \
          configure the same cluster secret on both engines, and connect to an engine \
-         that publishes an access token with the token of its metadata"
+         that publishes a listener token with the token of its metadata"
     )]
     ProofRequired,
     /// The peer sent a proof but we have no cluster secret.
@@ -167,12 +167,12 @@ pub enum AuthError {
     /// The proof does not match.
     #[error(
         "authentication proof does not match: the peer uses another cluster secret, or another \
-         access token than the one of its metadata (it restarted: take its metadata again)"
+         listener token than the one of its metadata (it restarted: take its metadata again)"
     )]
     WrongProof,
-    /// An access token is not 64 hexadecimal digits.
+    /// A listener token is not 64 hexadecimal digits.
     #[error(
-        "access token {0:?} is not {len} hexadecimal digits: take it from the peer's metadata whole",
+        "listener token {0:?} is not {len} hexadecimal digits: take it from the peer's metadata whole",
         len = 2 * ListenerToken::LEN
     )]
     BadToken(String),

@@ -42,10 +42,10 @@ pub struct ConnectOptions {
     /// tcp connections or local worker threads to open (default 2; at
     /// least 1). rdma opens one rail per usable NIC whatever this says.
     pub rails: usize,
-    /// The peer's access token, from the metadata it published (default
+    /// The peer's listener token, from the metadata it published (default
     /// none): every session to it then proves the key derived from it
     /// (and the cluster secret, if any), which a peer listening with an
-    /// access token requires. Kept for the peer's later sessions (rails,
+    /// listener token requires. Kept for the peer's later sessions (rails,
     /// recovery, the local path).
     pub token: Option<ListenerToken>,
 }
@@ -78,7 +78,7 @@ impl ConnectOptions {
         self
     }
 
-    /// Prove the key of this access token (from the peer's metadata).
+    /// Prove the key of this listener token (from the peer's metadata).
     pub fn token(mut self, token: ListenerToken) -> Self {
         self.token = Some(token);
         self

@@ -1,5 +1,5 @@
 //! Which key a session proves: the listener's own, and the one an
-//! initiator holds for each peer it was given an access token for.
+//! initiator holds for each peer it was given a listener token for.
 //!
 //! A listener verifies hellos with its access key (from
 //! [`EngineBuilder::listener_token`](crate::EngineBuilder::listener_token))

@@ -1053,22 +1053,37 @@ mod tests {
         .unwrap()
     }
 
+    /// A rail with `io_timeout` whose events are recorded, its peer's end
+    /// of the connection (reads bounded by 20 s), the events, and the pool
+    /// its loop runs on.
+    fn recorded_rail(
+        io_timeout: Duration,
+    ) -> (
+        Arc<Rail>,
+        TcpStream,
+        mpsc::Receiver<Vec<TransportEvent>>,
+        Arc<IoPool>,
+    ) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (peer, _) = l.accept().unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut cfg = initiator_config();
+        cfg.io_timeout = io_timeout;
+        let (tx, deliveries) = mpsc::channel();
+        let pool = IoPool::new(1, "test").unwrap();
+        let rail = start(ours, &cfg, Arc::new(Record(tx)), &pool);
+        (rail, peer, deliveries, pool)
+    }
+
     /// A notification's answer is awaited like a request's: it is
     /// delivered when it comes, and a peer that takes a notification and
     /// never answers it takes the rail down within `io_timeout` (the
     /// engine then reports the notification unconfirmed).
     #[test]
     fn a_notification_unanswered_within_io_timeout_takes_the_rail_down() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut peer, _) = l.accept().unwrap();
-        peer.set_read_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
-        let mut cfg = initiator_config();
-        cfg.io_timeout = Duration::from_millis(500);
-        let (tx, deliveries) = mpsc::channel();
-        let pool = IoPool::new(1, "test").unwrap();
-        let rail = start(ours, &cfg, Arc::new(Record(tx)), &pool);
+        let (rail, mut peer, deliveries, _pool) = recorded_rail(Duration::from_millis(500));
         let note = |id| -> Arc<[u8]> {
             Frame::Notification(orbitte_wire::Notification {
                 notification_id: id,
@@ -1126,16 +1141,7 @@ mod tests {
     /// covers `ANSWER_BATCH`), the third fails when the rail gives up.
     #[test]
     fn answers_that_arrived_are_delivered_before_the_reader_waits_in_a_payload() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut peer, _) = l.accept().unwrap();
-        peer.set_read_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
-        let mut cfg = initiator_config();
-        cfg.io_timeout = Duration::from_secs(2);
-        let (tx, deliveries) = mpsc::channel();
-        let pool = IoPool::new(1, "test").unwrap();
-        let rail = start(ours, &cfg, Arc::new(Record(tx)), &pool);
+        let (rail, mut peer, deliveries, _pool) = recorded_rail(Duration::from_secs(2));
         let big = ANSWER_BATCH as u32;
         let local = HostMemory::alloc(big as usize + 4096).unwrap();
         let mut jobs = vec![
