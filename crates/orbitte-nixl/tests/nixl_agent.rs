@@ -9,34 +9,16 @@
 //! the test; elsewhere the test says what is missing and passes.
 #![forbid(unsafe_code)]
 
+mod common;
+
+use common::{build_dir, built_plugin, missing, tail, wheel_libs};
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The longest a scenario may take (its transfers bound themselves at 60 s).
 const SCENARIO_LIMIT: Duration = Duration::from_secs(240);
-
-/// `target/debug`, where cargo put the plugin.
-fn build_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test knows its own path");
-    // target/debug/deps/nixl_agent-HASH
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("the test binary lies in target/PROFILE/deps")
-        .to_path_buf()
-}
-
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
-}
-
-/// Skips (or, under CI=true, fails) with what is missing.
-fn missing(what: &str) {
-    if in_ci() {
-        panic!("CI=true and {what}");
-    }
-    eprintln!("skipped: {what}");
-}
 
 /// The Pythons with NIXL to test with: (label, python).
 fn pythons() -> Vec<(String, PathBuf)> {
@@ -56,22 +38,6 @@ fn pythons() -> Vec<(String, PathBuf)> {
         .collect()
 }
 
-/// The folder of the wheel's own libraries and plugins (`nixl_cu12.libs`).
-fn wheel_libs(python: &Path) -> Option<PathBuf> {
-    let out = Command::new(python)
-        .args([
-            "-c",
-            "import os, nixl_cu12; print(os.path.dirname(nixl_cu12.__file__) + '.libs')",
-        ])
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    let dir = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
-    dir.is_dir().then_some(dir)
-}
-
 /// A plugin folder holding the OrbitTE plugin and the wheel's UCX plugin
 /// (NIXL_PLUGIN_DIR replaces NIXL's own folder), one per wheel and
 /// scenario: the scenarios run at once, and one relinking a folder
@@ -83,12 +49,7 @@ fn plugin_dir(label: &str, scenario: &str, libs: &Path) -> PathBuf {
     ));
     std::fs::create_dir_all(&dir).expect("create the plugin folder under target/");
     for (link, to) in [
-        (
-            "libplugin_OrbitTE.so",
-            // deps/ holds the one built for this run: cargo test copies no
-            // artifact up to target/debug.
-            build_dir().join("deps/libplugin_OrbitTE.so"),
-        ),
+        ("libplugin_OrbitTE.so", built_plugin()),
         ("libplugin_UCX.so", libs.join("nixl/libplugin_UCX.so")),
     ] {
         let at = dir.join(link);
@@ -149,10 +110,7 @@ fn run(scenario: &str) {
         let out = child.wait_with_output().expect("collect python's output");
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let stderr_tail: String = {
-            let lines: Vec<&str> = stderr.lines().collect();
-            lines[lines.len().saturating_sub(40)..].join("\n")
-        };
+        let stderr_tail = tail(&stderr, 40);
         let Some(status) = status else {
             panic!(
                 "{label} {scenario}: still running after {SCENARIO_LIMIT:?} (a hang)\n{stdout}\n{stderr_tail}"
