@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{build_dir, built_plugin, missing, tail, wheel_libs};
+use common::{build_dir, built_plugin, plugin_and_wheels, tail};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -19,24 +19,6 @@ use std::time::{Duration, Instant};
 
 /// The longest a scenario may take (its transfers bound themselves at 60 s).
 const SCENARIO_LIMIT: Duration = Duration::from_secs(240);
-
-/// The Pythons with NIXL to test with: (label, python).
-fn pythons() -> Vec<(String, PathBuf)> {
-    if let Some(p) = std::env::var_os("ORBITTE_NIXL_PYTHON").filter(|p| !p.is_empty()) {
-        return vec![("ORBITTE_NIXL_PYTHON".into(), PathBuf::from(p))];
-    }
-    let target = build_dir().join("..");
-    ["1.5.1", "1.4.0"]
-        .iter()
-        .map(|v| {
-            (
-                format!("nixl-cu12 {v}"),
-                target.join(format!("nixl-venv-{v}/bin/python")),
-            )
-        })
-        .filter(|(_, p)| p.is_file())
-        .collect()
-}
 
 /// A plugin folder holding the OrbitTE plugin and the wheel's UCX plugin
 /// (NIXL_PLUGIN_DIR replaces NIXL's own folder), one per wheel and
@@ -60,28 +42,11 @@ fn plugin_dir(label: &str, scenario: &str, libs: &Path) -> PathBuf {
 }
 
 fn run(scenario: &str) {
-    if !cfg!(orbitte_nixl_plugin) {
-        return missing(
-            "the plugin was built without NIXL's headers: set NIXL_INCLUDE_DIR (docs/nixl-plugin.md)",
-        );
-    }
-    let pythons = pythons();
-    if pythons.is_empty() {
-        return missing(
-            "no Python with NIXL: set ORBITTE_NIXL_PYTHON, or create target/nixl-venv-1.5.1 \
-             (python3 -m venv target/nixl-venv-1.5.1 && \
-             target/nixl-venv-1.5.1/bin/pip install --no-deps nixl-cu12==1.5.1 numpy)",
-        );
-    }
+    let Some(wheels) = plugin_and_wheels() else {
+        return;
+    };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/nixl_plugin_check.py");
-    for (label, python) in pythons {
-        let Some(libs) = wheel_libs(&python) else {
-            missing(&format!(
-                "{label}: {} cannot import nixl_cu12",
-                python.display()
-            ));
-            continue;
-        };
+    for (label, python, libs) in wheels {
         let plugins = plugin_dir(&label, scenario, &libs);
         let metrics = plugins.join(format!("metrics-{scenario}.txt"));
         let _ = std::fs::remove_file(&metrics);

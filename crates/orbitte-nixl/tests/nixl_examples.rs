@@ -1,28 +1,33 @@
-//! NIXL's own Python examples, run unmodified with the plugin chosen.
+//! NIXL's own examples, run unmodified with the plugin chosen.
 //!
-//! The examples are NIXL's `examples/python` at v1.4.0, kept outside the
-//! project: `$NIXL_EXAMPLES_DIR`, or `../shared/third_party/nixl-1.4.0/
-//! examples/python` beside the workspace. Each file is checked against its
-//! v1.4.0 digest, so the test runs exactly NIXL's code.
+//! The C++ example `nixl_example`, which the `nixl-cu12` wheels ship, takes
+//! its backend as its argument: it runs with `OrbitTE` under every wheel the
+//! plugin's other tests use (`target/nixl-venv-1.5.1`, `target/nixl-venv-
+//! 1.4.0`, or `$ORBITTE_NIXL_PYTHON`).
 //!
-//! Of the examples on host memory, only `expanded_two_peers.py` lets its
-//! caller choose the backend (`--backend`). The test runs its target and
-//! initiator as two processes with `--backend OrbitTE`, with a plugin folder
-//! that holds OrbitTE's plugin alone, and requires each side's own
-//! "verification passed" line, a clean exit, and the plugin engine's
-//! metrics counting every byte the example moves. The others name UCX
+//! The Python examples are NIXL's `examples/python` at v1.4.0, which no
+//! wheel ships, kept outside the project: `$NIXL_EXAMPLES_DIR`, or
+//! `../shared/third_party/nixl-1.4.0/examples/python` beside the workspace.
+//! Each file is checked against its v1.4.0 digest, so the test runs exactly
+//! NIXL's code. Of those on host memory, only `expanded_two_peers.py` lets
+//! its caller choose the backend (`--backend`): the test runs its target and
+//! initiator as two processes with `--backend OrbitTE`. The others name UCX
 //! themselves or need no network backend (docs/nixl-plugin.md lists why).
+//! They need a Python with the `nixl` and `nixl-cu12` packages, torch and
+//! numpy: `$ORBITTE_NIXL_EXAMPLES_PYTHON`, or the venv
+//! `target/nixl-venv-examples`.
 //!
-//! It needs the plugin built with NIXL's entry point (`NIXL_INCLUDE_DIR`)
-//! and a Python with the `nixl` and `nixl-cu12` packages, torch and numpy:
-//! `$ORBITTE_NIXL_EXAMPLES_PYTHON`, or the venv `target/nixl-venv-examples`.
-//! Under `CI=true` a missing one fails the test; elsewhere the test says
-//! what is missing and passes.
+//! Every run uses a plugin folder that holds OrbitTE's plugin alone, and
+//! requires the example's own success lines, a clean exit, and the plugin
+//! engine's metrics counting exactly the bytes the example moves. All need
+//! the plugin built with NIXL's entry point (`NIXL_INCLUDE_DIR`). Under
+//! `CI=true` a missing piece fails the test; elsewhere the test says what is
+//! missing and passes.
 #![forbid(unsafe_code)]
 
 mod common;
 
-use common::{build_dir, built_plugin, missing, tail, wheel_libs};
+use common::{build_dir, built_plugin, missing, plugin_and_wheels, plugin_built, tail, wheel_libs};
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -163,8 +168,8 @@ fn check_unmodified(python: &Path, dir: &Path, example: &Example) -> String {
 
 /// A plugin folder holding the OrbitTE plugin alone: no other backend can
 /// move the example's bytes.
-fn orbitte_only_plugin_dir() -> PathBuf {
-    let dir = build_dir().join("nixl-plugins-examples");
+fn orbitte_only_plugin_dir(name: &str) -> PathBuf {
+    let dir = build_dir().join(format!("nixl-plugins-{}", name.replace(' ', "-")));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create the plugin folder under target/");
     std::os::unix::fs::symlink(built_plugin(), dir.join("libplugin_OrbitTE.so"))
@@ -205,6 +210,24 @@ struct Side {
 }
 
 impl Side {
+    /// Starts `cmd` with its output collected.
+    fn spawn(role: &'static str, mut cmd: Command) -> Self {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("start {cmd:?}: {e}"));
+        let (stdout, out_reader) = collect(child.stdout.take().expect("piped stdout"));
+        let (stderr, err_reader) = collect(child.stderr.take().expect("piped stderr"));
+        Self {
+            role,
+            child,
+            stdout,
+            stderr,
+            readers: vec![out_reader, err_reader],
+        }
+    }
+
+    /// One side of `expanded_two_peers.py` with `--backend OrbitTE`.
     fn start(
         python: &Path,
         script: &Path,
@@ -217,23 +240,11 @@ impl Side {
             .args(["--mode", role, "--ip", "127.0.0.1", "--port"])
             .arg(port.to_string())
             .args(["--backend", "OrbitTE"])
-            .env("PYTHONUNBUFFERED", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .env("PYTHONUNBUFFERED", "1");
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn().expect("start the example");
-        let (stdout, out_reader) = collect(child.stdout.take().expect("piped stdout"));
-        let (stderr, err_reader) = collect(child.stderr.take().expect("piped stderr"));
-        Self {
-            role,
-            child,
-            stdout,
-            stderr,
-            readers: vec![out_reader, err_reader],
-        }
+        Self::spawn(role, cmd)
     }
 
     fn stdout(&self) -> String {
@@ -299,17 +310,15 @@ fn initiator_bytes(metrics: &str) -> (u64, u64) {
 
 #[test]
 fn expanded_two_peers_runs_unmodified_with_backend_orbitte() {
-    if !cfg!(orbitte_nixl_plugin) {
-        return missing(
-            "the plugin was built without NIXL's headers: set NIXL_INCLUDE_DIR (docs/nixl-plugin.md)",
-        );
+    if !plugin_built() {
+        return;
     }
     let Some((dir, python)) = examples_and_python() else {
         return;
     };
     check_unmodified(&python, &dir, &EXPANDED_TWO_PEERS);
     let libs = wheel_libs(&python).expect("the Python that imports nixl_cu12 has its libraries");
-    let plugins = orbitte_only_plugin_dir();
+    let plugins = orbitte_only_plugin_dir("examples-python");
     let script = dir.join(EXPANDED_TWO_PEERS.file);
     let target_metrics = plugins.join("metrics-target.txt");
     let init_metrics = plugins.join("metrics-initiator.txt");
@@ -411,5 +420,73 @@ fn the_other_host_memory_examples_name_their_backend_themselves() {
             "{} no longer has {names}: see whether it runs with the plugin",
             example.file
         );
+    }
+}
+
+/// The dynamic loader that starts the wheel's example: pip installs it
+/// without the execute bit.
+const LOADER: &str = "/lib64/ld-linux-x86-64.so.2";
+
+/// NIXL's C++ example `nixl_example`, which every `nixl-cu12` wheel ships
+/// in `nixl_cu12.scripts/`, takes its backend as its first argument: two
+/// agents in one process, one WRITE with a notification.
+#[test]
+fn the_wheels_nixl_example_runs_unmodified_with_backend_orbitte() {
+    let Some(wheels) = plugin_and_wheels() else {
+        return;
+    };
+    if !Path::new(LOADER).is_file() {
+        return missing(&format!(
+            "no dynamic loader at {LOADER} to start NIXL's example"
+        ));
+    }
+    for (label, _, libs) in wheels {
+        let site = libs.parent().expect("nixl_cu12.libs lies in site-packages");
+        let example = site.join("nixl_cu12.scripts/nixl_example");
+        assert!(
+            example.is_file(),
+            "{label}: the wheel has no {}",
+            example.display()
+        );
+        let plugins = orbitte_only_plugin_dir(&format!("cpp-example-{label}"));
+        let metrics = plugins.join("metrics.txt");
+        let mut cmd = Command::new(LOADER);
+        cmd.arg(&example)
+            .arg("OrbitTE")
+            .env("NIXL_PLUGIN_DIR", &plugins)
+            // libnixl.so and the libraries it needs.
+            .env(
+                "LD_LIBRARY_PATH",
+                std::env::join_paths([site.join(".nixl_cu12.mesonpy.libs"), libs.clone()])
+                    .expect("library folders join"),
+            )
+            .env("ORBITTE_NIXL_METRICS_FILE", &metrics);
+        let mut side = Side::spawn("nixl_example", cmd);
+        let status = side.wait(Instant::now() + EXAMPLE_LIMIT);
+        let (out, err) = side.output();
+        let report = format!(
+            "{label} nixl_example: {status:?}\n{out}\n{}",
+            tail(&err, 30)
+        );
+        assert!(
+            status.is_some_and(|s| s.success())
+                && out.contains("Using backend: OrbitTE")
+                && out.contains("Transfer verified")
+                && out.contains("Test done"),
+            "NIXL's example did not pass\n{report}"
+        );
+        let counted = std::fs::read_to_string(&metrics).unwrap_or_else(|e| {
+            panic!(
+                "the plugin wrote no metrics at {}: {e}\n{report}",
+                metrics.display()
+            )
+        });
+        // Its one WRITE of 8 bytes.
+        assert_eq!(
+            initiator_bytes(&counted),
+            (0, 8),
+            "the plugin engine's bytes (read, write) are not the example's\n{counted}"
+        );
+        eprintln!("ok: {label}: NIXL's nixl_example OrbitTE: the plugin engine wrote its 8 bytes");
     }
 }
