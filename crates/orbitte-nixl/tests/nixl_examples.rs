@@ -15,7 +15,8 @@
 //! themselves or need no network backend (docs/nixl-plugin.md lists why).
 //! They need a Python with the `nixl` and `nixl-cu12` packages, torch and
 //! numpy: `$ORBITTE_NIXL_EXAMPLES_PYTHON`, or the venv
-//! `target/nixl-venv-examples`.
+//! `target/nixl-venv-examples`; they run again with nixl 1.4.0 from
+//! `target/nixl-examples-1.4.0` first on PYTHONPATH.
 //!
 //! Every run uses a plugin folder that holds OrbitTE's plugin alone, and
 //! requires the example's own success lines, a clean exit, and the plugin
@@ -27,7 +28,7 @@
 
 mod common;
 
-use common::{build_dir, built_plugin, missing, plugin_and_wheels, plugin_built, tail, wheel_libs};
+use common::{build_dir, built_plugin, missing, plugin_and_wheels, plugin_built, tail};
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -308,6 +309,32 @@ fn initiator_bytes(metrics: &str) -> (u64, u64) {
     (read, write)
 }
 
+/// The `nixl-cu12` version `python` imports with `pythonpath` first.
+fn nixl_version(python: &Path, pythonpath: Option<&Path>) -> String {
+    let mut cmd = Command::new(python);
+    cmd.args([
+        "-c",
+        "import importlib.metadata as m, nixl; print(m.version('nixl-cu12'))",
+    ]);
+    if let Some(p) = pythonpath {
+        cmd.env("PYTHONPATH", p);
+    }
+    let out = cmd.output().expect("run python to ask nixl's version");
+    assert!(
+        out.status.success(),
+        "{} cannot import nixl (PYTHONPATH {pythonpath:?}): {}",
+        python.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Where 1.4.0's `nixl` and `nixl-cu12` lie for PYTHONPATH (`pip install
+/// --no-deps --target`), so the examples' venv runs them instead of its own.
+fn nixl_1_4_0() -> PathBuf {
+    build_dir().join("../nixl-examples-1.4.0")
+}
+
 #[test]
 fn expanded_two_peers_runs_unmodified_with_backend_orbitte() {
     if !plugin_built() {
@@ -317,8 +344,25 @@ fn expanded_two_peers_runs_unmodified_with_backend_orbitte() {
         return;
     };
     check_unmodified(&python, &dir, &EXPANDED_TWO_PEERS);
-    let libs = wheel_libs(&python).expect("the Python that imports nixl_cu12 has its libraries");
-    let plugins = orbitte_only_plugin_dir("examples-python");
+    run_expanded_two_peers(&dir, &python, None);
+    let overlay = nixl_1_4_0();
+    if overlay.join("nixl_cu12").is_dir() {
+        assert_eq!(nixl_version(&python, Some(&overlay)), "1.4.0");
+        run_expanded_two_peers(&dir, &python, Some(&overlay));
+    } else {
+        missing(&format!(
+            "nixl 1.4.0 is not at {}: target/nixl-venv-examples/bin/pip install --no-deps \
+             --target target/nixl-examples-1.4.0 nixl==1.4.0 nixl-cu12==1.4.0",
+            overlay.display()
+        ));
+    }
+}
+
+/// Runs the example's target and initiator with `--backend OrbitTE`, with
+/// `pythonpath` first on their path.
+fn run_expanded_two_peers(dir: &Path, python: &Path, pythonpath: Option<&Path>) {
+    let version = nixl_version(python, pythonpath);
+    let plugins = orbitte_only_plugin_dir(&format!("examples-python-{version}"));
     let script = dir.join(EXPANDED_TWO_PEERS.file);
     let target_metrics = plugins.join("metrics-target.txt");
     let init_metrics = plugins.join("metrics-initiator.txt");
@@ -327,12 +371,12 @@ fn expanded_two_peers_runs_unmodified_with_backend_orbitte() {
     // The target listens first (NIXL's listener thread starts with its
     // agent, before the example logs its tensor); then the initiator.
     let start = |role, metrics: &Path| {
-        let env = [
+        let mut env = vec![
             ("NIXL_PLUGIN_DIR", plugins.as_path()),
-            ("LD_LIBRARY_PATH", libs.as_path()),
             ("ORBITTE_NIXL_METRICS_FILE", metrics),
         ];
-        Side::start(&python, &script, role, port, &env)
+        env.extend(pythonpath.map(|p| ("PYTHONPATH", p)));
+        Side::start(python, &script, role, port, &env)
     };
     let mut target = start("target", &target_metrics);
     let started = Instant::now();
@@ -340,7 +384,7 @@ fn expanded_two_peers_runs_unmodified_with_backend_orbitte() {
         if let Some(status) = target.child.try_wait().expect("wait for the target") {
             let (out, err) = target.output();
             panic!(
-                "the example's target ended at start: {status}\n{out}\n{}",
+                "nixl-cu12 {version}: the example's target ended at start: {status}\n{out}\n{}",
                 tail(&err, 40)
             );
         }
@@ -376,7 +420,7 @@ fn expanded_two_peers_runs_unmodified_with_backend_orbitte() {
         };
         assert!(
             status.is_some_and(|s| s.success()) && out.contains(passed) && !out.contains(" ERROR "),
-            "the example's {role} did not pass\n{report}"
+            "nixl-cu12 {version}: the example's {role} did not pass\n{report}"
         );
         assert!(
             out.contains("Initialized NIXL agent"),
@@ -398,7 +442,7 @@ fn expanded_two_peers_runs_unmodified_with_backend_orbitte() {
         "the plugin engine's bytes (read, write) are not the example's\n{metrics}"
     );
     eprintln!(
-        "ok: NIXL's {} with --backend OrbitTE: both sides verified, the plugin engine read {READ_BYTES} and wrote {WRITE_BYTES} bytes",
+        "ok: nixl-cu12 {version}: NIXL's {} with --backend OrbitTE: both sides verified, the plugin engine read {READ_BYTES} and wrote {WRITE_BYTES} bytes",
         EXPANDED_TWO_PEERS.file
     );
 }

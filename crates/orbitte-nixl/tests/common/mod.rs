@@ -92,7 +92,7 @@ pub(crate) fn plugin_and_wheels() -> Option<Vec<(String, PathBuf, PathBuf)>> {
 }
 
 /// The folder of the wheel's own libraries and plugins (`nixl_cu12.libs`).
-pub(crate) fn wheel_libs(python: &Path) -> Option<PathBuf> {
+fn wheel_libs(python: &Path) -> Option<PathBuf> {
     let out = Command::new(python)
         .args([
             "-c",
