@@ -23,7 +23,10 @@
 //! engine's metrics counting exactly the bytes the example moves. All need
 //! the plugin built with NIXL's entry point (`NIXL_INCLUDE_DIR`). Under
 //! `CI=true` a missing piece fails the test; elsewhere the test says what is
-//! missing and passes.
+//! missing and passes. The Python examples' tests are ignored by default:
+//! neither NIXL's source nor a CUDA-12 torch (about 7 GB) is on a package
+//! index CI reaches; `cargo test -p orbitte-nixl --test nixl_examples --
+//! --ignored` runs them where both are.
 #![forbid(unsafe_code)]
 
 mod common;
@@ -336,6 +339,7 @@ fn nixl_1_4_0() -> PathBuf {
 }
 
 #[test]
+#[ignore = "needs NIXL's Python examples (v1.4.0 source, NIXL_EXAMPLES_DIR) and a venv with torch, which no package index CI reaches ships; run with --ignored"]
 fn expanded_two_peers_runs_unmodified_with_backend_orbitte() {
     if !plugin_built() {
         return;
@@ -455,6 +459,7 @@ fn run_expanded_two_peers(dir: &Path, python: &Path, pythonpath: Option<&Path>) 
 }
 
 #[test]
+#[ignore = "needs NIXL's Python examples (v1.4.0 source, NIXL_EXAMPLES_DIR); run with --ignored"]
 fn the_other_host_memory_examples_name_their_backend_themselves() {
     let Some((dir, python)) = examples_and_python() else {
         return;
