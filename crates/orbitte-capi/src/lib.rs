@@ -39,6 +39,7 @@
 #![allow(non_camel_case_types)]
 
 mod args;
+mod cma;
 mod engine;
 mod handle;
 mod memory;
@@ -47,8 +48,9 @@ mod status;
 mod xfer;
 
 pub use engine::{
-    ORBITTE_ENGINE_RDMA, ORBITTE_ENGINE_TOKEN, orbitte_conn_info, orbitte_connect,
-    orbitte_disconnect, orbitte_engine_create, orbitte_engine_destroy, orbitte_metrics,
+    ORBITTE_ENGINE_CMA, ORBITTE_ENGINE_RDMA, ORBITTE_ENGINE_TOKEN, orbitte_conn_info,
+    orbitte_connect, orbitte_disconnect, orbitte_engine_create, orbitte_engine_destroy,
+    orbitte_metrics, orbitte_peer_cma,
 };
 pub use handle::{orbitte_engine, orbitte_peer, orbitte_reg, orbitte_xfer};
 pub use memory::{

@@ -158,6 +158,14 @@ public:
         if (param("rdma", "0") == "1") {
             flags |= ORBITTE_ENGINE_RDMA;
         }
+        std::string cma = param("cma", "");
+        if (cma.empty()) {
+            const char *env = std::getenv("ORBITTE_NIXL_CMA");
+            cma = env && *env ? env : "1";
+        }
+        if (cma != "0") {
+            flags |= ORBITTE_ENGINE_CMA;
+        }
         int32_t rc = orbitte_engine_create(localAgent.c_str(),
                                            listen.c_str(),
                                            secret.empty() ? nullptr : secret.c_str(),
@@ -491,6 +499,14 @@ private:
             return failed("orbitte_connect", rc);
         }
         peers_[agent] = peer;
+        // Once per connection: how the peer's host memory is reached.
+        std::string how;
+        uint8_t used = 0;
+        if (readOut(how, [&](uint8_t *b, size_t c, size_t *l) {
+                return orbitte_peer_cma(engine_, peer, &used, b, c, l);
+            }) == ORBITTE_OK) {
+            NIXL_DEBUG << kName << ": agent " << agent << ": " << how;
+        }
         return NIXL_SUCCESS;
     }
 
@@ -544,6 +560,7 @@ orbitte_nixl_shim_init() {
         {"secret_file", ""},
         {"rdma", "0"},
         {"metrics_file", ""},
+        {"cma", ""},
     };
     return nixlBackendPluginCreator<OrbitTEEngine>::create(
         NIXL_PLUGIN_API_VERSION, kName, PLUGIN_VERSION, options, supportedMems());

@@ -98,19 +98,23 @@ fn plugin_dir(label: &str, scenario: &str, libs: &Path) -> PathBuf {
     dir
 }
 
-fn run(scenario: &str) {
+/// Runs `scenario` with every NIXL wheel found; returns its "ok" lines.
+fn run(scenario: &str) -> Vec<String> {
+    let mut oks = Vec::new();
     if !cfg!(orbitte_nixl_plugin) {
-        return missing(
+        missing(
             "the plugin was built without NIXL's headers: set NIXL_INCLUDE_DIR (docs/nixl-plugin.md)",
         );
+        return oks;
     }
     let pythons = pythons();
     if pythons.is_empty() {
-        return missing(
+        missing(
             "no Python with NIXL: set ORBITTE_NIXL_PYTHON, or create target/nixl-venv-1.5.1 \
              (python3 -m venv target/nixl-venv-1.5.1 && \
              target/nixl-venv-1.5.1/bin/pip install --no-deps nixl-cu12==1.5.1 numpy)",
         );
+        return oks;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/nixl_plugin_check.py");
     for (label, python) in pythons {
@@ -164,8 +168,10 @@ fn run(scenario: &str) {
         );
         for line in stdout.lines().filter(|l| l.starts_with("ok ")) {
             eprintln!("{label}: {line}");
+            oks.push(line.to_owned());
         }
     }
+    oks
 }
 
 #[test]
@@ -174,8 +180,33 @@ fn write_and_read_by_initialize_xfer_and_prepared_lists_with_notifications() {
 }
 
 #[test]
+fn the_same_bytes_over_tcp_with_same_host_copies_turned_off() {
+    run("xfer-tcp");
+}
+
+/// What an "ok dies..." line says happened, without its timing.
+fn outcome(line: &str) -> &str {
+    let said = line.split_once(": ").map_or(line, |(_, s)| s);
+    said.split_once(" after ").map_or(said, |(s, _)| s)
+}
+
+#[test]
 fn a_remote_agent_that_dies_gives_an_error_not_a_hang() {
-    run("dies");
+    // Same-host copies (the default on one host) and the tcp path end
+    // the same way.
+    let cma = run("dies");
+    let tcp = run("dies-tcp");
+    let said = |lines: &[String]| {
+        lines
+            .iter()
+            .map(|l| outcome(l).to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        said(&cma),
+        said(&tcp),
+        "a dead remote: {cma:?} against {tcp:?}"
+    );
 }
 
 #[test]
