@@ -370,6 +370,17 @@ int32_t orbitte_public_data(const struct orbitte_engine *engine,
                             size_t cap,
                             size_t *len);
 
+// Forgets memory of `peer` that `orbitte_load_remote` loaded (NIXL's
+// `unloadMD`): same-host copies no longer reach it, and transfers
+// prepared over it take the engine's paths from their next post.
+//
+// # Safety
+// `data` points at `len` readable bytes.
+int32_t orbitte_unload_remote(const struct orbitte_engine *engine,
+                              orbitte_peer peer,
+                              const uint8_t *data,
+                              size_t len);
+
 // Checks that `peer` published the memory whose public data
 // (`orbitte_public_data` on the peer) is the `len` bytes at `data`
 // (NIXL's `loadRemoteMD`): `ORBITTE_OK`, or `ORBITTE_ERR_NOT_FOUND`.

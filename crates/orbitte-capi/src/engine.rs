@@ -546,6 +546,7 @@ pub unsafe extern "C" fn orbitte_disconnect(
             .remove(&peer)
             .ok_or_else(|| Failure::bad_handle("peer", peer))?;
         lock(&e.loaded).remove(&peer);
+        e.unloads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(ORBITTE_OK)
     })
 }

@@ -130,6 +130,9 @@ pub(crate) struct Engine {
     /// Host memory ranges peers published whose public data was loaded,
     /// by peer: same-host copies reach these only.
     pub(crate) loaded: Mutex<HashMap<orbitte_peer, Vec<(u64, u64)>>>,
+    /// Counts what was unloaded: a transfer prepared before checks its
+    /// same-host plan again at post.
+    pub(crate) unloads: AtomicU64,
     pub(crate) cma: cma::Counters,
     pub(crate) workers: cma::Workers,
     pub(crate) regs: Mutex<Regs>,
@@ -155,6 +158,7 @@ impl Engine {
             token,
             host,
             loaded: Mutex::default(),
+            unloads: AtomicU64::new(0),
             cma: cma::Counters::default(),
             workers: cma::Workers::default(),
             regs: Mutex::default(),

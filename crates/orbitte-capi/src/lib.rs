@@ -56,6 +56,7 @@ pub use handle::{orbitte_engine, orbitte_peer, orbitte_reg, orbitte_xfer};
 pub use memory::{
     ORBITTE_REG_REMOTE, orbitte_alloc, orbitte_cuda_devices, orbitte_deregister,
     orbitte_load_remote, orbitte_public_data, orbitte_register, orbitte_register_device,
+    orbitte_unload_remote,
 };
 pub use notify::{orbitte_notif_poll, orbitte_notify};
 pub use status::*;

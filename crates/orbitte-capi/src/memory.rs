@@ -420,6 +420,49 @@ pub(crate) fn holding(sorted: &[RemoteRange], addr: u64, len: u64) -> Option<Rem
         .filter(|r| r.contains(addr, len))
 }
 
+/// The address, length and kind of memory in public data as
+/// `orbitte_public_data` wrote it.
+fn parse_public(data: &[u8]) -> Result<(u64, u64, u8), Failure> {
+    if data.len() != PUBLIC_LEN || &data[..4] != PUBLIC_TAG {
+        return Err(Failure::new(
+            ORBITTE_ERR_MISMATCH,
+            "the public data is not this API's: pass the bytes orbitte_public_data wrote on the peer",
+        ));
+    }
+    let word = |at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&data[at..at + 8]);
+        u64::from_le_bytes(w)
+    };
+    Ok((word(4), word(12), data[20]))
+}
+
+/// Forgets memory of `peer` that `orbitte_load_remote` loaded (NIXL's
+/// `unloadMD`): same-host copies no longer reach it, and transfers
+/// prepared over it take the engine's paths from their next post.
+///
+/// # Safety
+/// `data` points at `len` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn orbitte_unload_remote(
+    engine: *const orbitte_engine,
+    peer: orbitte_peer,
+    data: *const u8,
+    len: usize,
+) -> i32 {
+    guard("orbitte_unload_remote", || {
+        let e = handle::engine(engine)?;
+        // SAFETY: the caller's contract for `data` and `len`.
+        let data = unsafe { args::bytes(data, len, "data") }?;
+        let (addr, range_len, _) = parse_public(data)?;
+        if let Some(ranges) = lock(&e.loaded).get_mut(&peer) {
+            ranges.retain(|&r| r != (addr, range_len));
+        }
+        e.unloads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(ORBITTE_OK)
+    })
+}
+
 /// Whether host memory `addr..addr+len` of `peer` lies in a range whose
 /// public data was loaded (`orbitte_load_remote`).
 pub(crate) fn loaded_host(e: &Engine, peer: orbitte_peer, addr: u64, len: u64) -> bool {
@@ -450,18 +493,7 @@ pub unsafe extern "C" fn orbitte_load_remote(
         let p = e.peer(peer)?;
         // SAFETY: the caller's contract for `data` and `len`.
         let data = unsafe { args::bytes(data, len, "data") }?;
-        if data.len() != PUBLIC_LEN || &data[..4] != PUBLIC_TAG {
-            return Err(Failure::new(
-                ORBITTE_ERR_MISMATCH,
-                "the public data is not this API's: pass the bytes orbitte_public_data wrote on the peer",
-            ));
-        }
-        let word = |at: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&data[at..at + 8]);
-            u64::from_le_bytes(w)
-        };
-        let (addr, range_len, kind) = (word(4), word(12), data[20]);
+        let (addr, range_len, kind) = parse_public(data)?;
         let ranges = ranges_for(&e, peer, std::iter::once((addr, range_len)))?;
         if holding(&ranges, addr, range_len).is_none() {
             return Err(Failure::new(

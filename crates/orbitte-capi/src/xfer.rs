@@ -151,6 +151,8 @@ pub(crate) struct Xfer {
     cma: Option<Arc<CmaPlan>>,
     /// The workers' copy of the last post, while it runs.
     run: Option<Arc<Run>>,
+    /// The engine's count of unloads when the same-host plan was checked.
+    checked_at: u64,
 }
 
 /// A transfer the kernel copies between this process and a same-host peer.
@@ -327,6 +329,7 @@ pub unsafe extern "C" fn orbitte_xfer_prepare(
         let requests = plan(&e, peer, op, descs)?;
         // After the plan: a reopen may have changed the peer's path.
         let p = e.peer(peer)?;
+        let checked_at = e.unloads.load(std::sync::atomic::Ordering::Relaxed);
         let cma = cma_plan(&e, peer, &p, op, descs).map(Arc::new);
         let bytes = descs.iter().map(|d| d.len).sum();
         let xfer = Xfer {
@@ -353,6 +356,7 @@ pub unsafe extern "C" fn orbitte_xfer_prepare(
             why: None,
             cma,
             run: None,
+            checked_at,
         };
         let h = e.mint();
         lock(&e.xfers).insert(h, Arc::new(std::sync::Mutex::new(xfer)));
@@ -587,6 +591,20 @@ impl Xfer {
             failed_desc: u64::MAX,
             ..Default::default()
         };
+        let unloads = e.unloads.load(std::sync::atomic::Ordering::Relaxed);
+        if self.checked_at != unloads {
+            // Remote memory was unloaded since: copy only what is still
+            // loaded, else take the engine's paths (the peer checks them).
+            self.checked_at = unloads;
+            if let Some(plan) = &self.cma
+                && !plan
+                    .segs
+                    .iter()
+                    .all(|s| loaded_host(e, self.peer, s.remote, s.len))
+            {
+                self.cma = None;
+            }
+        }
         if let Some(plan) = self.cma.clone() {
             self.post_cma(e, &p, &plan, notif);
             return self.result();

@@ -182,6 +182,7 @@ fn same_host_engines_with_the_cma_flag_copy_caller_memory_through_the_kernel() {
         "same host: \"cma-target\" is pid ",
         "without the flag: \"cma-target\" over the engine's paths: this engine was created without ORBITTE_ENGINE_CMA",
         "outside: -4",
+        "unloaded: ",
         "all checks passed",
     ] {
         assert!(stdout.contains(line), "no {line:?} in:\n{stdout}");

@@ -115,8 +115,13 @@ public:
 // Remote memory a peer published (checked by orbitte_load_remote).
 class RemoteMD : public nixlBackendMD {
 public:
-    explicit RemoteMD(std::string agent) : nixlBackendMD(false), agent(std::move(agent)) {}
+    RemoteMD(std::string agent, std::string data)
+        : nixlBackendMD(false),
+          agent(std::move(agent)),
+          data(std::move(data)) {}
     std::string agent;
+    // Its public data, to unload it.
+    std::string data;
 };
 
 class ReqH : public nixlBackendReqH {
@@ -302,12 +307,23 @@ public:
         if (rc != ORBITTE_OK) {
             return failed("orbitte_load_remote", rc);
         }
-        output = new RemoteMD(remote_agent);
+        output = new RemoteMD(remote_agent, input.metaInfo);
         return NIXL_SUCCESS;
     }
 
     nixl_status_t
     unloadMD(nixlBackendMD *input) override {
+        // Same-host copies stop reaching the memory.
+        if (auto *md = dynamic_cast<RemoteMD *>(input)) {
+            std::lock_guard<std::mutex> g(mu_);
+            auto p = peers_.find(md->agent);
+            if (p != peers_.end()) {
+                orbitte_unload_remote(engine_,
+                                      p->second,
+                                      reinterpret_cast<const uint8_t *>(md->data.data()),
+                                      md->data.size());
+            }
+        }
         delete input;
         return NIXL_SUCCESS;
     }

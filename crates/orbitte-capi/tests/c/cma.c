@@ -134,6 +134,23 @@ int main(void) {
     printf("outside: %d\n", rc);
     CHECK(rc == ORBITTE_ERR_NOT_FOUND, "a descriptor outside the peer's memory: %d", rc);
 
+    /* Memory unloaded after a transfer was prepared over it: the
+     * transfer takes the engine's paths. */
+    MUST(orbitte_xfer_prepare(initiator, peer, ORBITTE_OP_WRITE, &small, 1, &x));
+    uint8_t data[64];
+    size_t data_len = 0;
+    MUST(orbitte_public_data(target, dst_reg, data, sizeof data, &data_len));
+    MUST(orbitte_unload_remote(initiator, peer, data, data_len));
+    memset(dst, 0, SMALL);
+    CHECK(run(initiator, x, NULL, &st) == ORBITTE_OK, "WRITE after the unload");
+    CHECK(memcmp(dst, src, SMALL) == 0, "the bytes of the WRITE after the unload");
+    long long after_w = metric(initiator, "orbitte_capi_cma_bytes_total{op=\"write\"}");
+    long long after_engine = metric(initiator, "orbitte_transfer_bytes_total{");
+    printf("unloaded: copied %lld written; the engine's paths %lld\n", after_w, after_engine);
+    CHECK(after_w == copied_w, "no same-host copy of unloaded memory");
+    CHECK(after_engine >= engine + (long long)SMALL, "the engine's paths moved the WRITE");
+    MUST(orbitte_xfer_release(initiator, x));
+
     /* An engine without the flag: the engine's paths. */
     orbitte_engine *plain = NULL;
     MUST(orbitte_engine_create("cma-plain", "127.0.0.1:0", NULL, ORBITTE_ENGINE_TOKEN, &plain));
