@@ -61,3 +61,10 @@ pub use memory::{
 pub use notify::{orbitte_notif_poll, orbitte_notify};
 pub use status::*;
 pub use xfer::*;
+
+/// Why the kernel refuses the same-host copies of `ORBITTE_ENGINE_CMA`
+/// between processes of one uid here (Yama's `ptrace_scope` above 0), or
+/// `None` when it allows them. Rust only (tests and tools ask it).
+pub fn same_host_copies_refused() -> Option<String> {
+    cma::kernel_refuses()
+}

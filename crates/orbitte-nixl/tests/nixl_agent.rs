@@ -174,8 +174,18 @@ fn run(scenario: &str) -> Vec<String> {
     oks
 }
 
+/// Why the kernel refuses same-host copies here, with the fix, if it does.
+fn cma_refused() -> Option<String> {
+    orbitte_capi::same_host_copies_refused()
+        .map(|why| format!("{why}: sysctl -w kernel.yama.ptrace_scope=0 (.ci/run sets it)"))
+}
+
 #[test]
 fn write_and_read_by_initialize_xfer_and_prepared_lists_with_notifications() {
+    // On one host the bytes take the kernel's same-host copies.
+    if let Some(why) = cma_refused() {
+        return missing(&why);
+    }
     run("xfer");
 }
 
