@@ -135,6 +135,8 @@ fn run(scenario: &str) -> Vec<String> {
             // The wheel's UCX plugin finds its libraries there.
             .env("LD_LIBRARY_PATH", &libs)
             .env("ORBITTE_NIXL_METRICS_FILE", &metrics)
+            // The scenarios ending in -tcp set it themselves.
+            .env_remove("ORBITTE_NIXL_CMA")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
