@@ -17,6 +17,16 @@
 // info connect (with a cluster secret as well, they need both).
 #define ORBITTE_ENGINE_TOKEN 2
 
+// `orbitte_engine_create` flag: copy WRITE and READ of host memory with
+// same-host peers that set it too, by `process_vm_writev` and
+// `process_vm_readv` (one kernel copy between the two processes). The
+// engine publishes its pid, uid and host identity in the connection info.
+// It takes the kernel's permission (same uid, Yama `ptrace_scope` absent
+// or 0), which lets a process of the same uid touch any of this process's
+// memory, not only its registrations: leave it out where that is not
+// wanted. `orbitte_peer_cma` says whether a peer is served so, or why not.
+#define ORBITTE_ENGINE_CMA 4
+
 // Registration flag: publish the memory to peers, who may READ and WRITE
 // it; without it the memory is local-only (a source or sink of this
 // engine's transfers).
@@ -190,7 +200,8 @@ extern "C" {
 // connect to, or NULL for one that only connects out. `secret_file`
 // names a file of at least 16 bytes, the cluster secret peers must share;
 // NULL reads the file `$ORBITTE_SECRET_FILE` names, if set. `flags`: 0 or
-// `ORBITTE_ENGINE_RDMA`. On success `*out` is the engine.
+// any of `ORBITTE_ENGINE_RDMA`, `ORBITTE_ENGINE_TOKEN` and
+// `ORBITTE_ENGINE_CMA`. On success `*out` is the engine.
 //
 // # Safety
 // `name` and non-null `listen` and `secret_file` are NUL-terminated
@@ -226,7 +237,8 @@ int32_t orbitte_conn_info(const struct orbitte_engine *engine,
 
 // Writes what the engine counted since it was created, in the
 // Prometheus text format (requests, bytes and outcomes per path, peer
-// and operation; notifications; listener refusals), into `buf`
+// and operation; notifications; listener refusals; same-host copies:
+// `orbitte_capi_cma_*`), into `buf`
 // (capacity `cap`) and its length to `*len`. Buffer rules as for
 // `orbitte_conn_info`.
 //
@@ -260,6 +272,22 @@ int32_t orbitte_connect(const struct orbitte_engine *engine,
 // None beyond passing values this API returned.
 int32_t orbitte_disconnect(const struct orbitte_engine *engine,
                            orbitte_peer peer);
+
+// Says whether WRITE and READ of host memory with `peer` are copied by
+// the kernel between the two processes (`ORBITTE_ENGINE_CMA` on both
+// engines, same host and uid, the kernel allowing it): `*used` is 1 or 0,
+// and `buf` receives a line saying so (the peer's pid) or why not.
+// Buffer rules as for `orbitte_conn_info`.
+//
+// # Safety
+// `used` points at a writable `uint8_t`, `len` at a writable `size_t`; a
+// non-null `buf` at `cap` writable bytes.
+int32_t orbitte_peer_cma(const struct orbitte_engine *engine,
+                         orbitte_peer peer,
+                         uint8_t *used,
+                         uint8_t *buf,
+                         size_t cap,
+                         size_t *len);
 
 // Registers `len` bytes of the caller's host memory at `addr` (NIXL's
 // `registerMem`); `flags`: 0 (local-only) or `ORBITTE_REG_REMOTE`. The
@@ -341,6 +369,17 @@ int32_t orbitte_public_data(const struct orbitte_engine *engine,
                             uint8_t *buf,
                             size_t cap,
                             size_t *len);
+
+// Forgets memory of `peer` that `orbitte_load_remote` loaded (NIXL's
+// `unloadMD`): same-host copies no longer reach it, and transfers
+// prepared over it take the engine's paths from their next post.
+//
+// # Safety
+// `data` points at `len` readable bytes.
+int32_t orbitte_unload_remote(const struct orbitte_engine *engine,
+                              orbitte_peer peer,
+                              const uint8_t *data,
+                              size_t len);
 
 // Checks that `peer` published the memory whose public data
 // (`orbitte_public_data` on the peer) is the `len` bytes at `data`

@@ -5,13 +5,16 @@
 use std::ffi::c_char;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use orbitte::{
-    Access, ClusterSecret, ConnectError, ConnectOptions, EngineBuilder, HostMemory, ListenerToken,
+    Access, ClusterSecret, ConnectError, ConnectOptions, DrainStatus, EngineBuilder, HostMemory,
+    ListenerToken, Op, RemoteTarget, Request, SubmitOptions,
 };
 
 use crate::args::{self, copy_out, put};
+use crate::cma;
 use crate::handle::{self, Anchor, Engine, PeerEntry, lock, orbitte_engine, orbitte_peer};
 use crate::status::{
     Failure, ORBITTE_ERR_BACKEND, ORBITTE_ERR_MISMATCH, ORBITTE_ERR_NOT_ALLOWED,
@@ -28,14 +31,32 @@ pub const ORBITTE_ENGINE_RDMA: u32 = 1;
 /// info connect (with a cluster secret as well, they need both).
 pub const ORBITTE_ENGINE_TOKEN: u32 = 2;
 
+/// `orbitte_engine_create` flag: copy WRITE and READ of host memory with
+/// same-host peers that set it too, by `process_vm_writev` and
+/// `process_vm_readv` (one kernel copy between the two processes). The
+/// engine publishes its pid, uid and host identity in the connection info.
+/// It takes the kernel's permission (same uid, Yama `ptrace_scope` absent
+/// or 0), which lets a process of the same uid touch any of this process's
+/// memory, not only its registrations: leave it out where that is not
+/// wanted. `orbitte_peer_cma` says whether a peer is served so, or why not.
+pub const ORBITTE_ENGINE_CMA: u32 = 4;
+
 /// The format tag of the connection info.
 const CONN_INFO_FORMAT: &str = "orbitte-capi-conn/1";
 
 /// How long `orbitte_engine_destroy` waits for transfers to drain.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The anchor's size: a byte peers READ, a byte this engine READs into.
-const ANCHOR_LEN: usize = 64;
+/// The anchor's size: a byte peers READ, a byte this engine READs into,
+/// the nonce peers check its pid with, and room to read theirs.
+const ANCHOR_LEN: usize = 128;
+/// Where the anchor holds its nonce, and where a peer's is read into.
+const NONCE_AT: usize = 64;
+const PEER_NONCE_AT: usize = 96;
+const NONCE_LEN: usize = 32;
+
+/// How long the pid proof at connect waits for its READ.
+const PROOF_WAIT: Duration = Duration::from_secs(10);
 
 /// The cluster secret: from `file`, else from the file
 /// `$ORBITTE_SECRET_FILE` names, else none.
@@ -76,11 +97,12 @@ fn create(
             "`name` is empty: give the engine a name (its source id)",
         ));
     }
-    if flags & !(ORBITTE_ENGINE_RDMA | ORBITTE_ENGINE_TOKEN) != 0 {
+    if flags & !(ORBITTE_ENGINE_RDMA | ORBITTE_ENGINE_TOKEN | ORBITTE_ENGINE_CMA) != 0 {
         return Err(Failure::invalid(format!(
-            "unknown flags {flags:#x}: pass 0, {} or {}, or both",
+            "unknown flags {flags:#x}: pass 0 or any of {}, {} and {}",
             c_name!(ORBITTE_ENGINE_RDMA),
-            c_name!(ORBITTE_ENGINE_TOKEN)
+            c_name!(ORBITTE_ENGINE_TOKEN),
+            c_name!(ORBITTE_ENGINE_CMA)
         )));
     }
     let mut b = EngineBuilder::new(name);
@@ -134,16 +156,34 @@ fn create(
                 format!("cannot register the notification anchor: {e}"),
             )
         })?;
+    let nonce = cma::nonce().map_err(|e| {
+        Failure::new(
+            ORBITTE_ERR_BACKEND,
+            format!("cannot draw the anchor's nonce from the kernel's random source: {e}"),
+        )
+    })?;
+    memory.write_at(NONCE_AT, &nonce).map_err(|e| {
+        Failure::new(
+            ORBITTE_ERR_BACKEND,
+            format!("cannot write the anchor's nonce: {e}"),
+        )
+    })?;
     let anchor = Anchor {
         id: reg.id,
         address: memory.as_ptr() as u64,
-        _memory: memory,
+        memory,
+        proof: Mutex::new(()),
     };
     let advertised = match (listen_at, engine.listen_addr()) {
         (Some((host, _)), Some(bound)) => Some(advertised(&host, bound)),
         _ => None,
     };
-    Ok(Engine::new(engine, anchor, advertised, token))
+    let host = if flags & ORBITTE_ENGINE_CMA != 0 {
+        Some(cma::host_id())
+    } else {
+        None
+    };
+    Ok(Engine::new(engine, anchor, advertised, token, host))
 }
 
 /// Creates an engine named `name` (its source id: the name peers see as
@@ -153,7 +193,8 @@ fn create(
 /// connect to, or NULL for one that only connects out. `secret_file`
 /// names a file of at least 16 bytes, the cluster secret peers must share;
 /// NULL reads the file `$ORBITTE_SECRET_FILE` names, if set. `flags`: 0 or
-/// `ORBITTE_ENGINE_RDMA`. On success `*out` is the engine.
+/// any of `ORBITTE_ENGINE_RDMA`, `ORBITTE_ENGINE_TOKEN` and
+/// `ORBITTE_ENGINE_CMA`. On success `*out` is the engine.
 ///
 /// # Safety
 /// `name` and non-null `listen` and `secret_file` are NUL-terminated
@@ -242,6 +283,10 @@ pub unsafe extern "C" fn orbitte_conn_info(
         if let Some(t) = &e.token {
             doc["token"] = serde_json::Value::String(t.to_hex());
         }
+        if let Some(Ok(host)) = &e.host {
+            let (pid, uid) = cma::pid_uid();
+            doc["host"] = serde_json::json!({"id": host, "pid": pid, "uid": uid});
+        }
         // SAFETY: the caller's contract for `buf`, `cap` and `len`.
         unsafe {
             copy_out(
@@ -259,7 +304,8 @@ pub unsafe extern "C" fn orbitte_conn_info(
 
 /// Writes what the engine counted since it was created, in the
 /// Prometheus text format (requests, bytes and outcomes per path, peer
-/// and operation; notifications; listener refusals), into `buf`
+/// and operation; notifications; listener refusals; same-host copies:
+/// `orbitte_capi_cma_*`), into `buf`
 /// (capacity `cap`) and its length to `*len`. Buffer rules as for
 /// `orbitte_conn_info`.
 ///
@@ -275,7 +321,8 @@ pub unsafe extern "C" fn orbitte_metrics(
 ) -> i32 {
     guard("orbitte_metrics", || {
         let e = handle::engine(engine)?;
-        let text = e.engine.metrics().to_prometheus();
+        let mut text = e.engine.metrics().to_prometheus();
+        text.push_str(&e.cma.to_prometheus());
         // SAFETY: the caller's contract for `buf`, `cap` and `len`.
         unsafe { copy_out(text.as_bytes(), false, buf, cap, len, "the metrics") }?;
         Ok(ORBITTE_OK)
@@ -289,6 +336,8 @@ struct ConnInfo {
     address: String,
     anchor: u64,
     token: Option<ListenerToken>,
+    /// (host id, pid, uid) of an engine created with `ORBITTE_ENGINE_CMA`.
+    host: Option<(String, u32, u32)>,
 }
 
 fn parse_conn_info(bytes: &[u8]) -> Result<ConnInfo, Failure> {
@@ -317,6 +366,13 @@ fn parse_conn_info(bytes: &[u8]) -> Result<ConnInfo, Failure> {
                 })?,
         ),
     };
+    let host = doc.get("host").and_then(|h| {
+        Some((
+            h.get("id")?.as_str()?.to_owned(),
+            u32::try_from(h.get("pid")?.as_u64()?).ok()?,
+            u32::try_from(h.get("uid")?.as_u64()?).ok()?,
+        ))
+    });
     match (
         text("source_id"),
         num("epoch"),
@@ -329,6 +385,7 @@ fn parse_conn_info(bytes: &[u8]) -> Result<ConnInfo, Failure> {
             address,
             anchor,
             token,
+            host,
         }),
         _ => Err(mismatch("the connection info lacks a field")),
     }
@@ -385,8 +442,7 @@ fn connect(e: &Engine, info: &[u8]) -> Result<orbitte_peer, Failure> {
             ),
         ));
     }
-    let h = e.mint();
-    let entry = PeerEntry {
+    let mut entry = PeerEntry {
         id: peer.id(),
         epoch: peer.epoch(),
         source_id: info.source_id,
@@ -394,7 +450,10 @@ fn connect(e: &Engine, info: &[u8]) -> Result<orbitte_peer, Failure> {
         addr,
         anchor: info.anchor,
         options,
+        cma: Err(String::new()),
     };
+    entry.cma = same_host(e, &entry, info.host.as_ref()).map(Arc::new);
+    let h = e.mint();
     lock(&e.peers).insert(h, entry);
     Ok(h)
 }
@@ -486,6 +545,158 @@ pub unsafe extern "C" fn orbitte_disconnect(
         lock(&e.peers)
             .remove(&peer)
             .ok_or_else(|| Failure::bad_handle("peer", peer))?;
+        lock(&e.loaded).remove(&peer);
+        e.unloads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(ORBITTE_OK)
+    })
+}
+
+/// Whether `p` can be served by same-host copies, with its process opened
+/// and proven, or why not.
+fn same_host(
+    e: &Engine,
+    p: &PeerEntry,
+    host: Option<&(String, u32, u32)>,
+) -> Result<cma::Target, String> {
+    let mine = match &e.host {
+        None => {
+            return Err(format!(
+                "this engine was created without {}",
+                c_name!(ORBITTE_ENGINE_CMA)
+            ));
+        }
+        Some(Err(why)) => return Err(format!("this host's identity is unknown: {why}")),
+        Some(Ok(h)) => h,
+    };
+    let Some((id, pid, uid)) = host else {
+        return Err(format!(
+            "{:?} publishes no host identity (created without {})",
+            p.source_id,
+            c_name!(ORBITTE_ENGINE_CMA)
+        ));
+    };
+    if id != mine {
+        return Err(format!(
+            "{:?} runs on another host or in another pid namespace",
+            p.source_id
+        ));
+    }
+    let (_, my_uid) = cma::pid_uid();
+    if *uid != my_uid {
+        return Err(format!(
+            "{:?} runs as uid {uid}, this process as uid {my_uid}: the kernel lets only one uid copy between processes",
+            p.source_id
+        ));
+    }
+    if let Some(why) = cma::kernel_refuses() {
+        return Err(why);
+    }
+    let t = cma::Target::open(*pid)?;
+    prove(e, p, &t)?;
+    Ok(t)
+}
+
+/// Checks that `t` is the process serving `p`'s session: the nonce of
+/// its anchor read over the session (which took the listener token)
+/// equals the one `process_vm_readv` reads at the same address of `t`.
+fn prove(e: &Engine, p: &PeerEntry, t: &cma::Target) -> Result<(), String> {
+    let _one_at_a_time = lock(&e.anchor.proof);
+    let request = Request {
+        op: Op::Read,
+        local: e.anchor.id,
+        local_offset: PEER_NONCE_AT as u64,
+        len: NONCE_LEN as u64,
+        remote: RemoteTarget::Address {
+            peer: p.id,
+            epoch: Some(p.epoch),
+            address: p.anchor + NONCE_AT as u64,
+        },
+        label: 0,
+    };
+    let ids = e
+        .engine
+        .submit_with(&[request], SubmitOptions::new())
+        .map_err(|err| format!("cannot read its anchor over the session: {err}"))?;
+    let outcome = e
+        .engine
+        .wait(ids[0], PROOF_WAIT)
+        .map_err(|err| format!("reading its anchor over the session: {err}"))?;
+    if outcome.drain != DrainStatus::Drained {
+        let _ = e.engine.wait_drain(ids[0], PROOF_WAIT);
+    }
+    if !outcome.is_complete() {
+        return Err(format!(
+            "reading its anchor over the session ended {:?}",
+            outcome.status
+        ));
+    }
+    let mut by_session = [0u8; NONCE_LEN];
+    e.anchor
+        .memory
+        .read_at(PEER_NONCE_AT, &mut by_session)
+        .map_err(|err| format!("cannot read the anchor: {err}"))?;
+    let mut by_kernel = [0u8; NONCE_LEN];
+    let seg = cma::Seg {
+        local: by_kernel.as_mut_ptr() as u64,
+        remote: p.anchor + NONCE_AT as u64,
+        len: NONCE_LEN as u64,
+    };
+    cma::copy(t, Op::Read, &[seg]).map_err(|err| {
+        format!(
+            "the kernel refuses process_vm_readv of pid {}: {}",
+            t.pid, err.why
+        )
+    })?;
+    if by_session != by_kernel {
+        return Err(format!(
+            "pid {} of the connection info is not the process serving {:?}",
+            t.pid, p.source_id
+        ));
+    }
+    Ok(())
+}
+
+/// Says whether WRITE and READ of host memory with `peer` are copied by
+/// the kernel between the two processes (`ORBITTE_ENGINE_CMA` on both
+/// engines, same host and uid, the kernel allowing it): `*used` is 1 or 0,
+/// and `buf` receives a line saying so (the peer's pid) or why not.
+/// Buffer rules as for `orbitte_conn_info`.
+///
+/// # Safety
+/// `used` points at a writable `uint8_t`, `len` at a writable `size_t`; a
+/// non-null `buf` at `cap` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn orbitte_peer_cma(
+    engine: *const orbitte_engine,
+    peer: orbitte_peer,
+    used: *mut u8,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+) -> i32 {
+    guard("orbitte_peer_cma", || {
+        let e = handle::engine(engine)?;
+        let p = e.peer(peer)?;
+        if used.is_null() {
+            return Err(Failure::null("used"));
+        }
+        let (yes, text) = match &p.cma {
+            Ok(t) => (
+                1u8,
+                format!(
+                    "{:?} is pid {} on this host: process_vm_writev and process_vm_readv",
+                    p.source_id, t.pid
+                ),
+            ),
+            Err(why) => (
+                0u8,
+                format!("{:?} over the engine's paths: {why}", p.source_id),
+            ),
+        };
+        // SAFETY: the caller's contract for `used` (null checked).
+        unsafe { put(used, yes, "used") }?;
+        // SAFETY: the caller's contract for `buf`, `cap` and `len`.
+        unsafe { copy_out(text.as_bytes(), false, buf, cap, len, "the text") }?;
         Ok(ORBITTE_OK)
     })
 }

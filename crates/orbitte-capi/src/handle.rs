@@ -18,6 +18,7 @@ use orbitte::{
 
 use orbitte_cuda::CudaBuffer;
 
+use crate::cma;
 use crate::status::Failure;
 use crate::xfer::Xfer;
 
@@ -45,7 +46,7 @@ pub(crate) struct LocalReg {
     pub(crate) len: u64,
     /// Kept for the engine-allocated kind, freed once deregistered and
     /// drained (the engine holds its own reference while requests run).
-    pub(crate) _memory: Kept,
+    pub(crate) memory: Kept,
 }
 
 /// The memory a registration holds.
@@ -100,6 +101,8 @@ pub(crate) struct PeerEntry {
     pub(crate) anchor: u64,
     /// How it was connected (its listener token): a reopen connects so again.
     pub(crate) options: ConnectOptions,
+    /// Its process, when same-host copies serve it; else why not.
+    pub(crate) cma: Result<Arc<cma::Target>, String>,
 }
 
 /// A small registration every engine makes first: peers READ one byte of
@@ -108,7 +111,9 @@ pub(crate) struct PeerEntry {
 pub(crate) struct Anchor {
     pub(crate) id: RegistrationId,
     pub(crate) address: u64,
-    pub(crate) _memory: Arc<HostMemory>,
+    pub(crate) memory: Arc<HostMemory>,
+    /// Held while a peer's pid is proven (its nonce is read into the anchor).
+    pub(crate) proof: Mutex<()>,
 }
 
 /// An engine and what this API keeps for it.
@@ -120,6 +125,16 @@ pub(crate) struct Engine {
     pub(crate) advertised: Option<String>,
     /// The token its listener requires (published in the connection info).
     pub(crate) token: Option<ListenerToken>,
+    /// With `ORBITTE_ENGINE_CMA`: this host's identity (or why unknown).
+    pub(crate) host: Option<Result<String, String>>,
+    /// Host memory ranges peers published whose public data was loaded,
+    /// by peer: same-host copies reach these only.
+    pub(crate) loaded: Mutex<HashMap<orbitte_peer, Vec<(u64, u64)>>>,
+    /// Counts what was unloaded: a transfer prepared before checks its
+    /// same-host plan again at post.
+    pub(crate) unloads: AtomicU64,
+    pub(crate) cma: cma::Counters,
+    pub(crate) workers: cma::Workers,
     pub(crate) regs: Mutex<Regs>,
     pub(crate) peers: Mutex<HashMap<orbitte_peer, PeerEntry>>,
     pub(crate) xfers: Mutex<HashMap<orbitte_xfer, Arc<Mutex<Xfer>>>>,
@@ -134,12 +149,18 @@ impl Engine {
         anchor: Anchor,
         advertised: Option<String>,
         token: Option<ListenerToken>,
+        host: Option<Result<String, String>>,
     ) -> Self {
         Self {
             engine,
             anchor,
             advertised,
             token,
+            host,
+            loaded: Mutex::default(),
+            unloads: AtomicU64::new(0),
+            cma: cma::Counters::default(),
+            workers: cma::Workers::default(),
             regs: Mutex::default(),
             peers: Mutex::default(),
             xfers: Mutex::default(),

@@ -39,6 +39,7 @@
 #![allow(non_camel_case_types)]
 
 mod args;
+mod cma;
 mod engine;
 mod handle;
 mod memory;
@@ -47,14 +48,23 @@ mod status;
 mod xfer;
 
 pub use engine::{
-    ORBITTE_ENGINE_RDMA, ORBITTE_ENGINE_TOKEN, orbitte_conn_info, orbitte_connect,
-    orbitte_disconnect, orbitte_engine_create, orbitte_engine_destroy, orbitte_metrics,
+    ORBITTE_ENGINE_CMA, ORBITTE_ENGINE_RDMA, ORBITTE_ENGINE_TOKEN, orbitte_conn_info,
+    orbitte_connect, orbitte_disconnect, orbitte_engine_create, orbitte_engine_destroy,
+    orbitte_metrics, orbitte_peer_cma,
 };
 pub use handle::{orbitte_engine, orbitte_peer, orbitte_reg, orbitte_xfer};
 pub use memory::{
     ORBITTE_REG_REMOTE, orbitte_alloc, orbitte_cuda_devices, orbitte_deregister,
     orbitte_load_remote, orbitte_public_data, orbitte_register, orbitte_register_device,
+    orbitte_unload_remote,
 };
 pub use notify::{orbitte_notif_poll, orbitte_notify};
 pub use status::*;
 pub use xfer::*;
+
+/// Why the kernel refuses the same-host copies of `ORBITTE_ENGINE_CMA`
+/// between processes of one uid here (Yama's `ptrace_scope` above 0), or
+/// `None` when it allows them. Rust only (tests and tools ask it).
+pub fn same_host_copies_refused() -> Option<String> {
+    cma::kernel_refuses()
+}

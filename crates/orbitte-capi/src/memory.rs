@@ -25,9 +25,11 @@ use crate::status::{
 pub const ORBITTE_REG_REMOTE: u32 = 1;
 
 /// Public data: this tag, then the address and the length (little-endian
-/// u64 each).
-const PUBLIC_TAG: &[u8; 4] = b"OTR1";
-const PUBLIC_LEN: usize = 20;
+/// u64 each), then the kind of memory (`KIND_HOST`, `KIND_DEVICE`).
+const PUBLIC_TAG: &[u8; 4] = b"OTR2";
+const PUBLIC_LEN: usize = 21;
+const KIND_HOST: u8 = 0;
+const KIND_DEVICE: u8 = 1;
 
 fn access(flags: u32) -> Result<Access, Failure> {
     match flags {
@@ -105,7 +107,7 @@ fn insert(e: &Engine, start: u64, memory: Kept, access: Access) -> Result<orbitt
         LocalReg {
             id: reg.id,
             len,
-            _memory: memory,
+            memory,
         },
     );
     Ok(handle)
@@ -342,18 +344,24 @@ pub unsafe extern "C" fn orbitte_public_data(
 ) -> i32 {
     guard("orbitte_public_data", || {
         let e = handle::engine(engine)?;
-        let (start, reg_len) = {
+        let (start, reg_len, kind) = {
             let regs = lock(&e.regs);
             let start = *regs
                 .by_handle
                 .get(&reg)
                 .ok_or_else(|| Failure::bad_handle("registration", reg))?;
-            (start, regs.by_start[&start].len)
+            let r = &regs.by_start[&start];
+            let kind = match r.memory {
+                Kept::Host(_) => KIND_HOST,
+                Kept::Device(_) => KIND_DEVICE,
+            };
+            (start, r.len, kind)
         };
         let mut data = Vec::with_capacity(PUBLIC_LEN);
         data.extend_from_slice(PUBLIC_TAG);
         data.extend_from_slice(&start.to_le_bytes());
         data.extend_from_slice(&reg_len.to_le_bytes());
+        data.push(kind);
         // SAFETY: the caller's contract for `buf`, `cap` and `len`.
         unsafe { copy_out(&data, false, buf, cap, len, "the public data") }?;
         Ok(ORBITTE_OK)
@@ -412,6 +420,58 @@ pub(crate) fn holding(sorted: &[RemoteRange], addr: u64, len: u64) -> Option<Rem
         .filter(|r| r.contains(addr, len))
 }
 
+/// The address, length and kind of memory in public data as
+/// `orbitte_public_data` wrote it.
+fn parse_public(data: &[u8]) -> Result<(u64, u64, u8), Failure> {
+    if data.len() != PUBLIC_LEN || &data[..4] != PUBLIC_TAG {
+        return Err(Failure::new(
+            ORBITTE_ERR_MISMATCH,
+            "the public data is not this API's: pass the bytes orbitte_public_data wrote on the peer",
+        ));
+    }
+    let word = |at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&data[at..at + 8]);
+        u64::from_le_bytes(w)
+    };
+    Ok((word(4), word(12), data[20]))
+}
+
+/// Forgets memory of `peer` that `orbitte_load_remote` loaded (NIXL's
+/// `unloadMD`): same-host copies no longer reach it, and transfers
+/// prepared over it take the engine's paths from their next post.
+///
+/// # Safety
+/// `data` points at `len` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn orbitte_unload_remote(
+    engine: *const orbitte_engine,
+    peer: orbitte_peer,
+    data: *const u8,
+    len: usize,
+) -> i32 {
+    guard("orbitte_unload_remote", || {
+        let e = handle::engine(engine)?;
+        // SAFETY: the caller's contract for `data` and `len`.
+        let data = unsafe { args::bytes(data, len, "data") }?;
+        let (addr, range_len, _) = parse_public(data)?;
+        if let Some(ranges) = lock(&e.loaded).get_mut(&peer) {
+            ranges.retain(|&r| r != (addr, range_len));
+        }
+        e.unloads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(ORBITTE_OK)
+    })
+}
+
+/// Whether host memory `addr..addr+len` of `peer` lies in a range whose
+/// public data was loaded (`orbitte_load_remote`).
+pub(crate) fn loaded_host(e: &Engine, peer: orbitte_peer, addr: u64, len: u64) -> bool {
+    lock(&e.loaded).get(&peer).is_some_and(|v| {
+        v.iter()
+            .any(|&(a, l)| addr >= a && addr.checked_add(len).is_some_and(|end| end <= a + l))
+    })
+}
+
 /// Checks that `peer` published the memory whose public data
 /// (`orbitte_public_data` on the peer) is the `len` bytes at `data`
 /// (NIXL's `loadRemoteMD`): `ORBITTE_OK`, or `ORBITTE_ERR_NOT_FOUND`.
@@ -433,18 +493,7 @@ pub unsafe extern "C" fn orbitte_load_remote(
         let p = e.peer(peer)?;
         // SAFETY: the caller's contract for `data` and `len`.
         let data = unsafe { args::bytes(data, len, "data") }?;
-        if data.len() != PUBLIC_LEN || &data[..4] != PUBLIC_TAG {
-            return Err(Failure::new(
-                ORBITTE_ERR_MISMATCH,
-                "the public data is not this API's: pass the bytes orbitte_public_data wrote on the peer",
-            ));
-        }
-        let word = |at: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&data[at..at + 8]);
-            u64::from_le_bytes(w)
-        };
-        let (addr, range_len) = (word(4), word(12));
+        let (addr, range_len, kind) = parse_public(data)?;
         let ranges = ranges_for(&e, peer, std::iter::once((addr, range_len)))?;
         if holding(&ranges, addr, range_len).is_none() {
             return Err(Failure::new(
@@ -455,6 +504,13 @@ pub unsafe extern "C" fn orbitte_load_remote(
                     c_name!(ORBITTE_REG_REMOTE)
                 ),
             ));
+        }
+        if kind == KIND_HOST {
+            let mut loaded = lock(&e.loaded);
+            let ranges = loaded.entry(peer).or_default();
+            if !ranges.contains(&(addr, range_len)) {
+                ranges.push((addr, range_len));
+            }
         }
         Ok(ORBITTE_OK)
     })

@@ -9,7 +9,7 @@ use orbitte::{
 };
 
 use crate::args::{self, copy_out};
-use crate::handle::{self, lock, orbitte_engine, orbitte_peer};
+use crate::handle::{self, Engine, PeerEntry, lock, orbitte_engine, orbitte_peer};
 use crate::status::{
     Failure, ORBITTE_EMPTY, ORBITTE_ERR_BACKEND, ORBITTE_ERR_BUFFER_TOO_SMALL,
     ORBITTE_ERR_REMOTE_DISCONNECT, ORBITTE_OK, guard,
@@ -93,6 +93,23 @@ pub unsafe extern "C" fn orbitte_notif_poll(
     })
 }
 
+/// The one-byte READ of `p`'s anchor a notification without bytes of the
+/// caller's rides on.
+pub(crate) fn carrier(e: &Engine, p: &PeerEntry) -> Request {
+    Request {
+        op: orbitte::Op::Read,
+        local: e.anchor.id,
+        local_offset: 1,
+        len: 1,
+        remote: RemoteTarget::Address {
+            peer: p.id,
+            epoch: Some(p.epoch),
+            address: p.anchor,
+        },
+        label: 0,
+    }
+}
+
 /// Sends the `len` bytes at `msg` to `peer` as a notification alone
 /// (NIXL's `genNotif`): it rides on a one-byte READ of the peer's anchor,
 /// so it arrives once, like a transfer's. Waits until it was handed to the
@@ -119,18 +136,7 @@ pub unsafe extern "C" fn orbitte_notify(
                 msg.len()
             )));
         }
-        let carrier = Request {
-            op: orbitte::Op::Read,
-            local: e.anchor.id,
-            local_offset: 1,
-            len: 1,
-            remote: RemoteTarget::Address {
-                peer: p.id,
-                epoch: Some(p.epoch),
-                address: p.anchor,
-            },
-            label: 0,
-        };
+        let carrier = carrier(&e, &p);
         let gone = |why: String| {
             Failure::new(
                 ORBITTE_ERR_REMOTE_DISCONNECT,

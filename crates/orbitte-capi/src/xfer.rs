@@ -3,6 +3,7 @@
 //! peer receives after the bytes (`postXfer`), checked without waiting
 //! (`checkXfer`) and released (`releaseReqH`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use orbitte::{
@@ -12,8 +13,11 @@ use orbitte::{
 };
 
 use crate::args::{self, put};
-use crate::handle::{self, Engine, lock, orbitte_engine, orbitte_peer, orbitte_xfer};
-use crate::memory::{ORBITTE_REG_REMOTE, holding, ranges_for};
+use crate::cma::{self, Run, RunState, Seg};
+use crate::handle::{
+    self, Engine, Kept, PeerEntry, lock, orbitte_engine, orbitte_peer, orbitte_xfer,
+};
+use crate::memory::{ORBITTE_REG_REMOTE, holding, loaded_host, ranges_for};
 use crate::status::{
     Failure, ORBITTE_ERR_BACKEND, ORBITTE_ERR_NOT_FOUND, ORBITTE_ERR_NOT_POSTED,
     ORBITTE_ERR_REMOTE_DISCONNECT, ORBITTE_ERR_REPOST_ACTIVE, ORBITTE_IN_PROGRESS, ORBITTE_OK,
@@ -63,6 +67,11 @@ pub const ORBITTE_NOTIF_UNCONFIRMED: i32 = 5;
 /// for the rails' workers to copy, so `orbitte_xfer_post` returns at once;
 /// smaller ones are copied by the posting call while the rail is idle.
 const QUEUED_BYTES: u64 = 1 << 20;
+
+/// Same-host copies of at least this many bytes run on the engine's copy
+/// workers, so `orbitte_xfer_post` returns at once; smaller ones are
+/// copied by the posting call.
+const CMA_QUEUED_BYTES: u64 = 1 << 20;
 
 /// How long releasing a transfer in flight waits for its cancelled
 /// requests and their drain.
@@ -138,6 +147,71 @@ pub(crate) struct Xfer {
     status: orbitte_xfer_status,
     /// Why it failed (the code is `status.state`).
     why: Option<String>,
+    /// Same-host copies serve it (else the engine's requests).
+    cma: Option<Arc<CmaPlan>>,
+    /// The workers' copy of the last post, while it runs.
+    run: Option<Arc<Run>>,
+    /// The engine's count of unloads when the same-host plan was checked.
+    checked_at: u64,
+}
+
+/// A transfer the kernel copies between this process and a same-host peer.
+#[derive(Debug)]
+struct CmaPlan {
+    target: Arc<cma::Target>,
+    op: Op,
+    segs: Vec<Seg>,
+}
+
+/// The same-host plan of `descs` with `p`, when its process is open to
+/// same-host copies, every local descriptor lies in registered host
+/// memory and every remote one in host memory whose public data was
+/// loaded; `plan` checked both against the registrations and ranges.
+fn cma_plan(
+    e: &Engine,
+    handle: orbitte_peer,
+    p: &PeerEntry,
+    op: Op,
+    descs: &[orbitte_desc],
+) -> Option<CmaPlan> {
+    let target = p.cma.as_ref().ok()?.clone();
+    let regs = lock(&e.regs);
+    let mut segs: Vec<Seg> = Vec::with_capacity(descs.len());
+    for d in descs {
+        let (reg, _) = regs.resolve(d.local_addr, d.len)?;
+        if !matches!(reg.memory, Kept::Host(_)) || !loaded_host(e, handle, d.remote_addr, d.len) {
+            return None;
+        }
+        match segs.last_mut() {
+            Some(s) if s.local + s.len == d.local_addr && s.remote + s.len == d.remote_addr => {
+                s.len += d.len;
+            }
+            _ => segs.push(Seg {
+                local: d.local_addr,
+                remote: d.remote_addr,
+                len: d.len,
+            }),
+        }
+    }
+    Some(CmaPlan { target, op, segs })
+}
+
+/// Submits the one-byte READ of `p`'s anchor that carries `notif` to it,
+/// after a same-host copy: the peer receives the notification through its
+/// engine, once, after the bytes.
+fn carry(e: &Engine, p: &PeerEntry, notif: &[u8]) -> Result<Vec<RequestId>, cma::CopyError> {
+    let carrier = crate::notify::carrier(e, p);
+    let options = SubmitOptions::new().notification(Notification::new(notif.to_vec()));
+    e.engine
+        .submit_with(&[carrier], options)
+        .map_err(|err| cma::CopyError {
+            code: if peer_gone(&err) {
+                ORBITTE_ERR_REMOTE_DISCONNECT
+            } else {
+                ORBITTE_ERR_BACKEND
+            },
+            why: format!("cannot send the notification to {:?}: {err}", p.source_id),
+        })
 }
 
 fn op_of(op: i32) -> Result<Op, Failure> {
@@ -255,6 +329,8 @@ pub unsafe extern "C" fn orbitte_xfer_prepare(
         let requests = plan(&e, peer, op, descs)?;
         // After the plan: a reopen may have changed the peer's path.
         let p = e.peer(peer)?;
+        let checked_at = e.unloads.load(std::sync::atomic::Ordering::Relaxed);
+        let cma = cma_plan(&e, peer, &p, op, descs).map(Arc::new);
         let bytes = descs.iter().map(|d| d.len).sum();
         let xfer = Xfer {
             peer,
@@ -278,9 +354,12 @@ pub unsafe extern "C" fn orbitte_xfer_prepare(
             undrained: Vec::new(),
             notified: false,
             why: None,
+            cma,
+            run: None,
+            checked_at,
         };
         let h = e.mint();
-        lock(&e.xfers).insert(h, std::sync::Arc::new(std::sync::Mutex::new(xfer)));
+        lock(&e.xfers).insert(h, Arc::new(std::sync::Mutex::new(xfer)));
         // SAFETY: the caller's contract for `out` (null checked).
         unsafe { put(out, h, "out") }?;
         Ok(ORBITTE_OK)
@@ -329,7 +408,10 @@ impl Xfer {
 
     fn record(&mut self, o: &Outcome) {
         self.status.outcomes += 1;
-        self.status.completed_bytes += o.completed_prefix;
+        if self.cma.is_none() {
+            // A same-host copy's outcome is its notification's carrier.
+            self.status.completed_bytes += o.completed_prefix;
+        }
         if !o.is_complete() && self.status.failed_desc == u64::MAX {
             self.status.failed_desc = o.label;
             self.status.failed_prefix = o.completed_prefix;
@@ -339,12 +421,13 @@ impl Xfer {
                 .failure
                 .as_ref()
                 .map_or_else(|| format!("{:?}", o.status), |f| f.to_string());
-            // A rail that went down (the peer exited, its session broke)
-            // is the peer's disconnect; anything else the engine's failure.
+            // A rail that went down (the peer exited, its session broke),
+            // and a post that found it down before the engine did, are the
+            // peer's disconnect; anything else the engine's failure.
             let code = match o.failure.as_deref().map(|f| &f.status) {
-                Some(SliceFailure::RailDown(_) | SliceFailure::Flushed) => {
-                    ORBITTE_ERR_REMOTE_DISCONNECT
-                }
+                Some(
+                    SliceFailure::RailDown(_) | SliceFailure::Flushed | SliceFailure::PostFailed(_),
+                ) => ORBITTE_ERR_REMOTE_DISCONNECT,
                 _ => ORBITTE_ERR_BACKEND,
             };
             self.fail(
@@ -387,9 +470,35 @@ impl Xfer {
         }
     }
 
+    /// Takes the end of the workers' copy, when it ended (or waits for it
+    /// with `wait`): the carrier of the notification becomes the request
+    /// to follow, or the copy's failure the transfer's.
+    fn settle_run(&mut self, wait: bool) {
+        let Some(run) = &self.run else {
+            return;
+        };
+        if wait {
+            run.wait();
+        }
+        let state = std::mem::replace(&mut *lock(&run.state), RunState::Running);
+        match state {
+            RunState::Running => return,
+            RunState::Copied(ids) => {
+                self.status.completed_bytes = self.bytes;
+                self.ids = ids;
+            }
+            RunState::Failed(err) => self.fail(err.code, err.why),
+        }
+        self.run = None;
+    }
+
     /// Takes the outcomes that arrived, in order, without waiting, and
     /// settles the phase.
     fn advance(&mut self, e: &Engine) {
+        self.settle_run(false);
+        if self.run.is_some() {
+            return;
+        }
         let mut outcomes = Vec::new();
         while self.phase == Phase::Posted && self.taken < self.ids.len() {
             match e
@@ -421,6 +530,9 @@ impl Xfer {
     /// Cancels what is still outstanding and takes its outcomes and drain,
     /// so the engine keeps nothing of this transfer.
     fn abandon(&mut self, e: &Engine) {
+        // The kernel's copy cannot be stopped: it ends soon, then its
+        // carrier is cancelled with the rest.
+        self.settle_run(true);
         let open = self.ids[self.taken..].to_vec();
         for &id in &open {
             e.engine.cancel(id);
@@ -440,7 +552,7 @@ impl Xfer {
         self.undrained.clear();
     }
 
-    fn post(&mut self, e: &Engine, notif: &[u8]) -> Result<i32, Failure> {
+    fn post(&mut self, e: &Arc<Engine>, notif: &[u8]) -> Result<i32, Failure> {
         if self.phase == Phase::Posted {
             self.advance(e);
             if self.phase == Phase::Posted {
@@ -462,11 +574,6 @@ impl Xfer {
                 "the transfer's peer was disconnected: connect again and prepare a new transfer",
             )
         })?;
-        let mut options = SubmitOptions::new().posting(self.posting);
-        if !notif.is_empty() {
-            options = options.notification(Notification::new(notif.to_vec()));
-        }
-        let submitted = e.engine.submit_with(&self.requests, options);
         self.phase = Phase::Posted;
         self.ids.clear();
         self.taken = 0;
@@ -485,6 +592,29 @@ impl Xfer {
             failed_desc: u64::MAX,
             ..Default::default()
         };
+        let unloads = e.unloads.load(std::sync::atomic::Ordering::Relaxed);
+        if self.checked_at != unloads {
+            // Remote memory was unloaded since: copy only what is still
+            // loaded, else take the engine's paths (the peer checks them).
+            self.checked_at = unloads;
+            if let Some(plan) = &self.cma
+                && !plan
+                    .segs
+                    .iter()
+                    .all(|s| loaded_host(e, self.peer, s.remote, s.len))
+            {
+                self.cma = None;
+            }
+        }
+        if let Some(plan) = self.cma.clone() {
+            self.post_cma(e, &p, &plan, notif);
+            return self.result();
+        }
+        let mut options = SubmitOptions::new().posting(self.posting);
+        if !notif.is_empty() {
+            options = options.notification(Notification::new(notif.to_vec()));
+        }
+        let submitted = e.engine.submit_with(&self.requests, options);
         match submitted {
             Ok(ids) => {
                 self.ids = ids;
@@ -510,6 +640,77 @@ impl Xfer {
                 Err(Failure::new(code, format!("{:?}: {err}", p.source_id)))
             }
         }
+    }
+
+    /// Copies the bytes of a same-host transfer (here when small, on the
+    /// workers when large), then sends its notification through the engine.
+    fn post_cma(&mut self, e: &Arc<Engine>, p: &PeerEntry, plan: &Arc<CmaPlan>, notif: &[u8]) {
+        e.cma
+            .transfers
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if self.bytes < CMA_QUEUED_BYTES {
+            let copied = cma::copy(&plan.target, plan.op, &plan.segs).and_then(|calls| {
+                e.cma.count(plan.op, self.bytes, calls);
+                if notif.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    carry(e, p, notif)
+                }
+            });
+            match copied {
+                Ok(ids) => {
+                    self.status.completed_bytes = self.bytes;
+                    self.ids = ids;
+                    self.advance(e);
+                }
+                Err(err) => self.fail(err.code, err.why),
+            }
+            return;
+        }
+        let pieces = cma::split(&plan.segs, cma::pieces(self.bytes, cma::Workers::count()));
+        let run = Run::new(pieces.len());
+        self.run = Some(run.clone());
+        let notif: Arc<[u8]> = notif.into();
+        for piece in pieces {
+            let (e2, p, plan, run2, notif) = (
+                e.clone(),
+                p.clone(),
+                plan.clone(),
+                run.clone(),
+                notif.clone(),
+            );
+            let job = Box::new(move || {
+                let bytes = piece.iter().map(|s| s.len).sum();
+                let copied = cma::copy(&plan.target, plan.op, &piece).map(|calls| {
+                    e2.cma.count(plan.op, bytes, calls);
+                });
+                run2.piece_done(copied, |err| match err {
+                    Some(err) => RunState::Failed(err),
+                    None if notif.is_empty() => RunState::Copied(Vec::new()),
+                    None => match carry(&e2, &p, &notif) {
+                        Ok(ids) => RunState::Copied(ids),
+                        Err(err) => RunState::Failed(err),
+                    },
+                });
+            });
+            if let Err(f) = e.workers.run(job) {
+                // The pieces queued before still end; this one counts as
+                // failed.
+                run.piece_done(
+                    Err(cma::CopyError {
+                        code: f.code,
+                        why: f.message,
+                    }),
+                    |err| {
+                        RunState::Failed(err.unwrap_or(cma::CopyError {
+                            code: ORBITTE_ERR_BACKEND,
+                            why: "the copy workers are gone".to_owned(),
+                        }))
+                    },
+                );
+            }
+        }
+        self.advance(e);
     }
 
     /// The code of the current phase (a failure's with its message).

@@ -169,3 +169,36 @@ fn device_memory_is_offered_only_where_the_cuda_driver_has_a_device() {
     );
     assert!(stdout.contains("all checks passed"), "{stdout}");
 }
+
+/// Why the kernel refuses same-host copies here, with the fix, if it does.
+fn cma_refused() -> Option<String> {
+    orbitte_capi::same_host_copies_refused()
+        .map(|why| format!("{why}: sysctl -w kernel.yama.ptrace_scope=0 (.ci/run sets it)"))
+}
+
+#[test]
+fn same_host_engines_with_the_cma_flag_copy_caller_memory_through_the_kernel() {
+    if let Some(why) = cma_refused() {
+        assert!(
+            std::env::var("CI").map_or(true, |v| v != "true"),
+            "CI=true and {why}"
+        );
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let scratch = Scratch::new("cma");
+    let exe = compile(&manifest.join("tests/c/cma.c"), &scratch.0);
+    let mut cmd = program(&exe);
+    cmd.env_remove("ORBITTE_SECRET_FILE");
+    let stdout = run_ok(cmd);
+    for line in [
+        "same host: \"cma-target\" is pid ",
+        "without the flag: \"cma-target\" over the engine's paths: this engine was created without ORBITTE_ENGINE_CMA",
+        "outside: -4",
+        "unloaded: ",
+        "all checks passed",
+    ] {
+        assert!(stdout.contains(line), "no {line:?} in:\n{stdout}");
+    }
+}

@@ -9,9 +9,10 @@ backend it measures (``backends=["UCX"]`` or ``backends=["OrbitTE"]``), so
 both backends move bytes between the same agents and the same registered
 memory. The run holds two settings, each its own pair of processes:
 
-- ``tcp``: ``UCX_TLS=tcp``;
-- ``local``: UCX's defaults, so UCX takes shared memory between the two
-  processes of this host.
+- ``tcp``: ``UCX_TLS=tcp``, and ``ORBITTE_NIXL_CMA=0`` so OrbitTE takes its
+  tcp path as well;
+- ``local``: UCX's defaults, so UCX copies between the two processes of this
+  host with ``cma``, and OrbitTE with its same-host copies.
 
 In each setting: READ and WRITE of 64 KiB and 1 MiB blocks (two transfers
 of 16 MiB kept posted) and of 16,384-descriptor prepared lists of 4 KiB
@@ -332,8 +333,10 @@ def run_setting(setting: str, args, env: dict) -> list:
     env = dict(env)
     env.pop("UCX_TLS", None)
     env.pop("UCX_NET_DEVICES", None)
+    env.pop("ORBITTE_NIXL_CMA", None)
     if setting == "tcp":
         env["UCX_TLS"] = "tcp"
+        env["ORBITTE_NIXL_CMA"] = "0"
     cmd = [sys.executable, os.path.abspath(__file__), "--role", "initiator", "--setting", setting,
            "--rounds", str(args.rounds), "--seconds", str(args.seconds), "--seed", str(args.seed)]
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)

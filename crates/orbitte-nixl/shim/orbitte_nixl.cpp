@@ -115,8 +115,13 @@ public:
 // Remote memory a peer published (checked by orbitte_load_remote).
 class RemoteMD : public nixlBackendMD {
 public:
-    explicit RemoteMD(std::string agent) : nixlBackendMD(false), agent(std::move(agent)) {}
+    RemoteMD(std::string agent, std::string data)
+        : nixlBackendMD(false),
+          agent(std::move(agent)),
+          data(std::move(data)) {}
     std::string agent;
+    // Its public data, to unload it.
+    std::string data;
 };
 
 class ReqH : public nixlBackendReqH {
@@ -157,6 +162,14 @@ public:
         uint32_t flags = ORBITTE_ENGINE_TOKEN;
         if (param("rdma", "0") == "1") {
             flags |= ORBITTE_ENGINE_RDMA;
+        }
+        std::string cma = param("cma", "");
+        if (cma.empty()) {
+            const char *env = std::getenv("ORBITTE_NIXL_CMA");
+            cma = env && *env ? env : "1";
+        }
+        if (cma != "0") {
+            flags |= ORBITTE_ENGINE_CMA;
         }
         int32_t rc = orbitte_engine_create(localAgent.c_str(),
                                            listen.c_str(),
@@ -294,12 +307,23 @@ public:
         if (rc != ORBITTE_OK) {
             return failed("orbitte_load_remote", rc);
         }
-        output = new RemoteMD(remote_agent);
+        output = new RemoteMD(remote_agent, input.metaInfo);
         return NIXL_SUCCESS;
     }
 
     nixl_status_t
     unloadMD(nixlBackendMD *input) override {
+        // Same-host copies stop reaching the memory.
+        if (auto *md = dynamic_cast<RemoteMD *>(input)) {
+            std::lock_guard<std::mutex> g(mu_);
+            auto p = peers_.find(md->agent);
+            if (p != peers_.end()) {
+                orbitte_unload_remote(engine_,
+                                      p->second,
+                                      reinterpret_cast<const uint8_t *>(md->data.data()),
+                                      md->data.size());
+            }
+        }
         delete input;
         return NIXL_SUCCESS;
     }
@@ -491,6 +515,14 @@ private:
             return failed("orbitte_connect", rc);
         }
         peers_[agent] = peer;
+        // Once per connection: how the peer's host memory is reached.
+        std::string how;
+        uint8_t used = 0;
+        if (readOut(how, [&](uint8_t *b, size_t c, size_t *l) {
+                return orbitte_peer_cma(engine_, peer, &used, b, c, l);
+            }) == ORBITTE_OK) {
+            NIXL_DEBUG << kName << ": agent " << agent << ": " << how;
+        }
         return NIXL_SUCCESS;
     }
 
@@ -544,6 +576,7 @@ orbitte_nixl_shim_init() {
         {"secret_file", ""},
         {"rdma", "0"},
         {"metrics_file", ""},
+        {"cma", ""},
     };
     return nixlBackendPluginCreator<OrbitTEEngine>::create(
         NIXL_PLUGIN_API_VERSION, kName, PLUGIN_VERSION, options, supportedMems());

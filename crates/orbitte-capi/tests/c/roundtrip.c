@@ -11,53 +11,6 @@
 #include "orbitte.h"
 #include "check.h"
 
-#define MUST(call)                                                           \
-    do {                                                                     \
-        int32_t rc_ = (call);                                                \
-        if (rc_ != ORBITTE_OK) {                                             \
-            const char *why = orbitte_last_error();                          \
-            fprintf(stderr, "FAIL %s:%d: %s = %d: %s\n", __FILE__, __LINE__, \
-                    #call, rc_, why ? why : "(no message)");                 \
-            exit(1);                                                         \
-        }                                                                    \
-    } while (0)
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-/* Posts a prepared transfer and checks it until it ends (at most 10 s). */
-static int32_t run(orbitte_engine *e, orbitte_xfer x, const char *notif,
-                   orbitte_xfer_status *st) {
-    int32_t rc = orbitte_xfer_post(e, x, (const uint8_t *)notif,
-                                   notif ? strlen(notif) : 0);
-    double end = now_s() + 10.0;
-    while (rc == ORBITTE_IN_PROGRESS && now_s() < end) {
-        rc = orbitte_xfer_check(e, x, st);
-    }
-    orbitte_xfer_check(e, x, st);
-    return rc;
-}
-
-/* Polls until a notification arrives (at most 10 s); returns its length,
- * or -1. The sender's name goes to `name`. */
-static long wait_notif(orbitte_engine *e, char *name, size_t name_cap,
-                       uint8_t *msg) {
-    double end = now_s() + 10.0;
-    while (now_s() < end) {
-        size_t name_len = 0, msg_len = 0;
-        int32_t rc = orbitte_notif_poll(e, (uint8_t *)name, name_cap, &name_len,
-                                        msg, ORBITTE_MAX_NOTIF_LEN, &msg_len);
-        if (rc == ORBITTE_OK) return (long)msg_len;
-        if (rc != ORBITTE_EMPTY) return -1;
-        struct timespec ms = {0, 1000000};
-        nanosleep(&ms, NULL);
-    }
-    return -1;
-}
-
 int main(void) {
     const size_t len = 1 << 20;
     orbitte_engine *target = NULL, *initiator = NULL;

@@ -6,9 +6,14 @@ Usage: nixl_plugin_check.py SCENARIO   (the initiator; it starts the target)
 Scenarios:
   xfer      WRITE and READ by initialize_xfer and by prepared lists with index
             arrays, bytes checked on both sides; notifications arrive once,
-            and only after the bytes they follow.
+            and only after the bytes they follow. Both processes run on one
+            host: the plugin's metrics show the bytes copied by
+            process_vm_writev/readv and none over the engine's paths.
+  xfer-tcp  the same with ORBITTE_NIXL_CMA=0: the bytes go over the engine's
+            tcp path, and none is copied by the kernel.
   dies      the target process dies; a transfer to it ends in NIXL's
             exception or ERR within a bound, never a hang.
+  dies-tcp  the same with ORBITTE_NIXL_CMA=0.
   ucx-only  initiator [UCX, OrbitTE], target [UCX]: NIXL uses UCX.
   both      both agents [UCX, OrbitTE]: NIXL uses OrbitTE, and the plugin
             engine's metrics count the bytes.
@@ -73,7 +78,7 @@ def fail(msg):
 
 
 def backends_for(scenario, role):
-    if scenario in ("xfer", "dies"):
+    if scenario in ("xfer", "xfer-tcp", "dies", "dies-tcp"):
         return ["OrbitTE"]
     if scenario == "ucx-only":
         return ["UCX", "OrbitTE"] if role == "init" else ["UCX"]
@@ -120,7 +125,7 @@ def target(scenario, d):
     desc = {"addr": buf.ctypes.data, "len": TARGET_LEN}
     write_file(os.path.join(d, "target.json"), json.dumps(desc).encode())
     write_file(os.path.join(d, "target.md"), agent.get_agent_metadata())
-    if scenario != "xfer":
+    if scenario not in ("xfer", "xfer-tcp"):
         wait_file(os.path.join(d, "init.done"), 300)
         finish(0)
 
@@ -180,6 +185,9 @@ def start_target(scenario, d):
 
 
 def initiator(scenario, d):
+    if scenario.endswith("-tcp"):
+        # Both processes (the target inherits it).
+        os.environ["ORBITTE_NIXL_CMA"] = "0"
     proc, tdesc, md = start_target(scenario, d)
     agent = nixl_agent("init", nixl_agent_config(backends=backends_for(scenario, "init")))
     local = np.zeros(4 * MIB, dtype=np.uint8)
@@ -195,10 +203,11 @@ def initiator(scenario, d):
         rs = agent.get_xfer_descs([(base + ro, n, 0) for _, ro, n in pairs], "DRAM")
         return ls, rs
 
-    if scenario == "xfer":
+    if scenario in ("xfer", "xfer-tcp"):
         run_xfer(agent, name, local, xfer_descs, laddr, base)
-    elif scenario == "dies":
-        run_dies(agent, name, local, xfer_descs, proc)
+        print(f"ok {scenario}: " + paths_used(cma=scenario == "xfer"), flush=True)
+    elif scenario in ("dies", "dies-tcp"):
+        run_dies(scenario, agent, name, local, xfer_descs, proc)
     elif scenario == "ucx-only":
         used = write_once(agent, local, xfer_descs, name, [])
         if used != "UCX":
@@ -219,7 +228,7 @@ def initiator(scenario, d):
     elif scenario == "bench":
         run_bench(agent, name, local, xfer_descs)
     write_file(os.path.join(d, "init.done"), b"")
-    if scenario != "dies":
+    if not scenario.startswith("dies"):
         code = proc.wait(timeout=DEADLINE)
         if code != 0:
             fail(f"target exited with {code}")
@@ -239,16 +248,48 @@ def write_once(agent, local, xfer_descs, name, backends):
     return used
 
 
-def orbitte_bytes_written():
+def metrics():
+    """(engine bytes by (path, op), same-host copy bytes by op) of the
+    plugin's metrics file."""
     path = os.environ.get("ORBITTE_NIXL_METRICS_FILE")
     if not path or not os.path.exists(path):
         fail("the plugin wrote no metrics file (ORBITTE_NIXL_METRICS_FILE)")
-    total, paths = 0, set()
+    engine, cma = {}, {"write": 0, "read": 0}
     with open(path) as f:
         for line in f:
-            if line.startswith("orbitte_transfer_bytes_total{") and 'op="write"' in line:
-                total += int(float(line.rsplit(" ", 1)[1]))
-                paths.add(line.split('path="', 1)[1].split('"', 1)[0])
+            value = int(float(line.rsplit(" ", 1)[1])) if not line.startswith("#") else 0
+            if line.startswith("orbitte_transfer_bytes_total{"):
+                key = tuple(line.split(k + '="', 1)[1].split('"', 1)[0] for k in ("path", "op"))
+                engine[key] = engine.get(key, 0) + value
+            elif line.startswith("orbitte_capi_cma_bytes_total{"):
+                cma[line.split('op="', 1)[1].split('"', 1)[0]] += value
+    return engine, cma
+
+
+def paths_used(cma):
+    # run_xfer moves 1 MiB + 64 KiB each way.
+    want = MIB + BLOCKS * BLOCK
+    engine, copied = metrics()
+    moved = {op: sum(v for (_, o), v in engine.items() if o == op) for op in ("write", "read")}
+    if cma:
+        # The engine carries the notifications (a 1-byte READ each) and
+        # the pid proof (32 bytes): nothing of the caller's.
+        if copied["write"] < want or copied["read"] < want:
+            fail(f"same-host copies counted {copied}, want at least {want} each way")
+        if moved["write"] != 0 or moved["read"] > 1024:
+            fail(f"the engine's paths moved {engine}: the bytes did not take the same-host copies")
+    else:
+        if copied["write"] != 0 or copied["read"] != 0:
+            fail(f"ORBITTE_NIXL_CMA=0, yet same-host copies counted {copied}")
+        if moved["write"] < want or moved["read"] < want:
+            fail(f"the engine's paths moved {engine}, want at least {want} each way")
+    return f"same-host copies {copied}, the engine's paths {engine}"
+
+
+def orbitte_bytes_written():
+    engine, copied = metrics()
+    total = sum(v for (_, op), v in engine.items() if op == "write") + copied["write"]
+    paths = {p for (p, op) in engine if op == "write"} | ({"cma"} if copied["write"] else set())
     if total < MIB:
         fail(f"the plugin engine counted {total} bytes written, want at least {MIB}")
     return f"the plugin engine counted {total} bytes written (paths: {', '.join(sorted(paths))})"
@@ -333,14 +374,14 @@ def run_xfer(agent, name, local, xfer_descs, laddr, base):
     agent.send_notif(name, b"")
     agent.send_notif(name, BIG_NOTIF)
     print(
-        f"ok xfer: memory {'+'.join(mems)}; "
+        f"xfer: memory {'+'.join(mems)}; "
         "WRITE and READ by initialize_xfer and by prepared lists; "
         f"a descriptor outside remote memory: {bad_desc}",
         flush=True,
     )
 
 
-def run_dies(agent, name, local, xfer_descs, proc):
+def run_dies(scenario, agent, name, local, xfer_descs, proc):
     ls, rs = xfer_descs([(0, WRITE_AT, MIB)])
     h = agent.initialize_xfer("WRITE", ls, rs, name)
     agent.transfer(h)
@@ -363,7 +404,8 @@ def run_dies(agent, name, local, xfer_descs, proc):
                     fail("a transfer to a dead agent did not end (a hang)")
     except Exception as e:  # NIXL's exception (nixlRemoteDisconnectError, ...)
         outcome = f"{type(e).__name__}"
-    print(f"ok dies: {outcome} after {time.time() - start:.2f} s", flush=True)
+        print(f"{scenario}: {e}", file=sys.stderr, flush=True)
+    print(f"ok {scenario}: {outcome} after {time.time() - start:.2f} s", flush=True)
 
 
 def run_bench(agent, name, local, xfer_descs):

@@ -1,17 +1,32 @@
 // A stand-in for absl/log/log.h, enough for NIXL's common/nixl_log.h:
 // LOG(severity), VLOG(n) and DVLOG(n) as stream sinks. Warnings, errors
-// and fatal lines go to stderr; INFO and VLOG lines are dropped. FATAL
-// aborts. Written for OrbitTE's NIXL plugin; not Abseil's code.
+// and fatal lines go to stderr; INFO lines are dropped, and VLOG lines
+// too unless NIXL's NIXL_LOG_LEVEL is DEBUG or TRACE. FATAL aborts. Written for OrbitTE's NIXL plugin; not Abseil's code.
 #ifndef ORBITTE_NIXL_ABSL_LOG_LOG_H
 #define ORBITTE_NIXL_ABSL_LOG_LOG_H
 
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
+#include <string>
 
 namespace orbitte_nixl_log {
 
 enum class Severity { INFO, WARNING, ERROR, FATAL };
+
+// Whether VLOG lines are shown: NIXL_LOG_LEVEL=DEBUG or TRACE (read once).
+inline bool
+verbose() {
+    static const bool shown = [] {
+        const char *level = std::getenv("NIXL_LOG_LEVEL");
+        if (level == nullptr) {
+            return false;
+        }
+        std::string l(level);
+        return l == "DEBUG" || l == "TRACE" || l == "debug" || l == "trace";
+    }();
+    return shown;
+}
 
 class Line {
 public:
@@ -56,7 +71,8 @@ private:
     ::orbitte_nixl_log::Line(::orbitte_nixl_log::Severity::severity,           \
                              ::orbitte_nixl_log::Severity::severity !=         \
                                  ::orbitte_nixl_log::Severity::INFO)
-#define VLOG(level) ::orbitte_nixl_log::Line(::orbitte_nixl_log::Severity::INFO, false)
+#define VLOG(level)                                                            \
+    ::orbitte_nixl_log::Line(::orbitte_nixl_log::Severity::INFO, ::orbitte_nixl_log::verbose())
 #define DVLOG(level) VLOG(level)
 
 #endif
