@@ -475,29 +475,28 @@ impl Node {
     /// for its drain: when this returns, the local buffers are the
     /// caller's again. `Incomplete` unless every byte arrived.
     pub(crate) fn settle(&self, ids: &[RequestId]) -> Result<(), Failure> {
-        let mut outcomes = Vec::with_capacity(ids.len());
-        // Every outcome already arrived is taken in one hold of the
-        // engine's lock; a request that outlives the wait is cancelled and
-        // its (then prompt) outcome taken alone.
-        let mut rest = ids;
-        while let Some((&first, after)) = rest.split_first() {
-            match self
-                .engine
-                .wait_ready(rest, self.wait_timeout, &mut outcomes)
-            {
-                Ok(taken) => rest = &rest[taken..],
+        // The outcomes that arrived are taken in one hold of the engine's
+        // lock; the thread then waits for the last request still without
+        // one (a rail completes in posting order: about one wake per rail).
+        // A request that outlives the wait is cancelled and its (then
+        // prompt) outcome taken alone.
+        let mut got: Vec<Option<orbitte::Outcome>> = Vec::with_capacity(ids.len());
+        got.resize_with(ids.len(), || None);
+        while let Some(last) = self.engine.take_ready(ids, &mut got) {
+            let id = ids[last];
+            let outcome = match self.engine.wait(id, self.wait_timeout) {
+                Ok(o) => o,
                 Err(WaitError::TimedOut(_)) => {
-                    self.engine.cancel(first);
-                    outcomes.push(
-                        self.engine
-                            .wait(first, self.wait_timeout)
-                            .map_err(Failure::Wait)?,
-                    );
-                    rest = after;
+                    self.engine.cancel(id);
+                    self.engine
+                        .wait(id, self.wait_timeout)
+                        .map_err(Failure::Wait)?
                 }
                 Err(e) => return Err(Failure::Wait(e)),
-            }
+            };
+            got[last] = Some(outcome);
         }
+        let mut outcomes: Vec<_> = got.into_iter().flatten().collect();
         let complete = outcomes.iter().all(|o| o.is_complete());
         for (id, o) in ids.iter().zip(outcomes.iter_mut()) {
             if o.drain != DrainStatus::Drained {

@@ -534,9 +534,10 @@ impl Backend {
             .collect()
     }
 
-    /// Submits one batch and waits for all of it, handing each outcome to
-    /// `seen` with when the caller got it (the outcomes already there are
-    /// taken together). `got` is scratch space, kept between batches.
+    /// Submits one batch and waits for all of it, as callers of a batch
+    /// wait ([`TransferEngine::wait_all`]), handing each outcome to `seen`
+    /// with when the caller had the whole batch. `got` is scratch space,
+    /// kept between batches.
     pub(crate) fn run(
         &self,
         batch: &[TransferRequest],
@@ -548,18 +549,15 @@ impl Backend {
             .a
             .submit(batch)
             .map_err(|e| Failure::failed(format!("submit refused: {e}")))?;
-        let mut rest = &ids[..];
-        while let Some(first) = rest.first() {
-            got.clear();
-            let taken = self
-                .a
-                .wait_ready(rest, WAIT_BOUND, got)
-                .map_err(|e| Failure::failed(format!("waiting for request {first}: {e}")))?;
-            let at = t0.elapsed();
-            for o in got.iter() {
-                seen(o, at);
-            }
-            rest = &rest[taken..];
+        got.clear();
+        got.extend(
+            self.a
+                .wait_all(&ids, WAIT_BOUND)
+                .map_err(|e| Failure::failed(format!("waiting for the batch: {e}")))?,
+        );
+        let at = t0.elapsed();
+        for o in got.iter() {
+            seen(o, at);
         }
         got.clear();
         Ok(())

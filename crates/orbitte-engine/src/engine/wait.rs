@@ -149,22 +149,49 @@ impl TransferEngine {
         }
     }
 
-    /// Waits for every request of a batch (in order), taking the outcomes
-    /// that are already there together (see [`wait_ready`](Self::wait_ready)).
+    /// Waits for every request of a batch; the outcomes come in the order
+    /// of `ids`.
+    ///
+    /// The thread parks under the last request (in the order of `ids`)
+    /// whose outcome is not there yet, and takes every outcome that
+    /// arrived when it wakes. A rail completes its requests in the order
+    /// they were posted, so a batch spread over several rails wakes the
+    /// caller about once per rail, not once per run of arrivals. The
+    /// error is [`wait`](Self::wait)'s for the request waited on.
     pub fn wait_all(
         &self,
         ids: &[RequestId],
         timeout: Duration,
     ) -> Result<Vec<Outcome>, WaitError> {
         let deadline = Instant::now() + timeout;
-        let mut out = Vec::with_capacity(ids.len());
-        let mut rest = ids;
-        while !rest.is_empty() {
+        let mut got: Vec<Option<Outcome>> = Vec::with_capacity(ids.len());
+        got.resize_with(ids.len(), || None);
+        loop {
+            let last = self.take_ready(ids, &mut got);
+            let Some(last) = last else {
+                return Ok(got.into_iter().flatten().collect());
+            };
             let left = deadline.saturating_duration_since(Instant::now());
-            let taken = self.wait_ready(rest, left, &mut out)?;
-            rest = &rest[taken..];
+            got[last] = Some(self.wait(ids[last], left)?);
         }
-        Ok(out)
+    }
+
+    /// Takes, under one hold of the state lock, the outcomes of `ids`
+    /// that arrived into the empty places of `got` (as long as `ids`);
+    /// returns the index of the last request still without one, the one
+    /// to [`wait`](Self::wait) for next (`None`: all are there).
+    pub fn take_ready(&self, ids: &[RequestId], got: &mut [Option<Outcome>]) -> Option<usize> {
+        let mut st = self.lock();
+        let mut last = None;
+        for (i, (id, slot)) in ids.iter().zip(got.iter_mut()).enumerate() {
+            if slot.is_none() {
+                *slot = st.engine.take_outcome(id);
+                if slot.is_none() {
+                    last = Some(i);
+                }
+            }
+        }
+        last
     }
 
     /// Logical cancellation: the outcome (status `Cancelled`) is made now;
