@@ -291,6 +291,24 @@ impl Drop for Side {
     }
 }
 
+/// Bytes the plugin copied with same-host peers through the kernel,
+/// (read, write).
+fn same_host_bytes(metrics: &str) -> (u64, u64) {
+    let count = |op: &str| {
+        let key = format!("orbitte_capi_cma_bytes_total{{op=\"{op}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .map_or(0, |v| {
+                v.trim()
+                    .parse::<f64>()
+                    .unwrap_or_else(|_| panic!("a metrics line without a number: {key}{v}"))
+                    as u64
+            })
+    };
+    (count("read"), count("write"))
+}
+
 /// Bytes the plugin engine counted for its own requests, by op.
 fn initiator_bytes(metrics: &str) -> (u64, u64) {
     let (mut read, mut write) = (0, 0);
@@ -375,9 +393,12 @@ fn run_expanded_two_peers(dir: &Path, python: &Path, pythonpath: Option<&Path>) 
     // The target listens first (NIXL's listener thread starts with its
     // agent, before the example logs its tensor); then the initiator.
     let start = |role, metrics: &Path| {
+        // Over tcp, whose counters show exactly the example's bytes (the
+        // kernel copies between same-host agents are the C example's).
         let mut env = vec![
             ("NIXL_PLUGIN_DIR", plugins.as_path()),
             ("ORBITTE_NIXL_METRICS_FILE", metrics),
+            ("ORBITTE_NIXL_CMA", Path::new("0")),
         ];
         env.extend(pythonpath.map(|p| ("PYTHONPATH", p)));
         Side::start(python, &script, role, port, &env)
@@ -504,45 +525,55 @@ fn the_wheels_nixl_example_runs_unmodified_with_backend_orbitte() {
             "{label}: the wheel has no {}",
             example.display()
         );
-        let plugins = orbitte_only_plugin_dir(&format!("cpp-example-{label}"));
-        let metrics = plugins.join("metrics.txt");
-        let mut cmd = Command::new(LOADER);
-        cmd.arg(&example)
-            .arg("OrbitTE")
-            .env("NIXL_PLUGIN_DIR", &plugins)
-            // libnixl.so and the libraries it needs.
-            .env(
-                "LD_LIBRARY_PATH",
-                std::env::join_paths([site.join(".nixl_cu12.mesonpy.libs"), libs.clone()])
-                    .expect("library folders join"),
-            )
-            .env("ORBITTE_NIXL_METRICS_FILE", &metrics);
-        let mut side = Side::spawn("nixl_example", cmd);
-        let status = side.wait(Instant::now() + EXAMPLE_LIMIT);
-        let (out, err) = side.output();
-        let report = format!(
-            "{label} nixl_example: {status:?}\n{out}\n{}",
-            tail(&err, 30)
-        );
-        assert!(
-            status.is_some_and(|s| s.success())
-                && out.contains("Using backend: OrbitTE")
-                && out.contains("Transfer verified")
-                && out.contains("Test done"),
-            "NIXL's example did not pass\n{report}"
-        );
-        let counted = std::fs::read_to_string(&metrics).unwrap_or_else(|e| {
-            panic!(
-                "the plugin wrote no metrics at {}: {e}\n{report}",
-                metrics.display()
-            )
-        });
-        // Its one WRITE of 8 bytes.
-        assert_eq!(
-            initiator_bytes(&counted),
-            (0, 8),
-            "the plugin engine's bytes (read, write) are not the example's\n{counted}"
-        );
+        // Its two agents share a process, so the plugin copies through
+        // the kernel (same host); with that turned off, over tcp.
+        for cma in ["1", "0"] {
+            let plugins = orbitte_only_plugin_dir(&format!("cpp-example-{label}-cma{cma}"));
+            let metrics = plugins.join("metrics.txt");
+            let mut cmd = Command::new(LOADER);
+            cmd.arg(&example)
+                .arg("OrbitTE")
+                .env("NIXL_PLUGIN_DIR", &plugins)
+                // libnixl.so and the libraries it needs.
+                .env(
+                    "LD_LIBRARY_PATH",
+                    std::env::join_paths([site.join(".nixl_cu12.mesonpy.libs"), libs.clone()])
+                        .expect("library folders join"),
+                )
+                .env("ORBITTE_NIXL_METRICS_FILE", &metrics)
+                .env("ORBITTE_NIXL_CMA", cma);
+            let mut side = Side::spawn("nixl_example", cmd);
+            let status = side.wait(Instant::now() + EXAMPLE_LIMIT);
+            let (out, err) = side.output();
+            let report = format!(
+                "{label} nixl_example: {status:?}\n{out}\n{}",
+                tail(&err, 30)
+            );
+            assert!(
+                status.is_some_and(|s| s.success())
+                    && out.contains("Using backend: OrbitTE")
+                    && out.contains("Transfer verified")
+                    && out.contains("Test done"),
+                "NIXL's example did not pass\n{report}"
+            );
+            let counted = std::fs::read_to_string(&metrics).unwrap_or_else(|e| {
+                panic!(
+                    "the plugin wrote no metrics at {}: {e}\n{report}",
+                    metrics.display()
+                )
+            });
+            // Its one WRITE of 8 bytes, through the kernel or over tcp.
+            let moved = if cma == "1" {
+                same_host_bytes(&counted)
+            } else {
+                initiator_bytes(&counted)
+            };
+            assert_eq!(
+                moved,
+                (0, 8),
+                "ORBITTE_NIXL_CMA={cma}: the plugin's bytes (read, write) are not the example's\n{counted}"
+            );
+        }
         eprintln!("ok: {label}: NIXL's nixl_example OrbitTE: the plugin engine wrote its 8 bytes");
     }
 }
