@@ -667,47 +667,51 @@ impl Xfer {
             }
             return;
         }
-        let pieces = cma::split(&plan.segs, cma::pieces(self.bytes, cma::Workers::count()));
-        let run = Run::new(pieces.len());
-        self.run = Some(run.clone());
-        let notif: Arc<[u8]> = notif.into();
-        for piece in pieces {
-            let (e2, p, plan, run2, notif) = (
-                e.clone(),
-                p.clone(),
-                plan.clone(),
-                run.clone(),
-                notif.clone(),
-            );
-            let job = Box::new(move || {
+        let pieces = cma::split(&plan.segs, cma::pieces(self.bytes));
+        let copy: cma::CopyPiece = {
+            let (e, plan) = (e.clone(), plan.clone());
+            Box::new(move |piece: &[Seg]| {
                 let bytes = piece.iter().map(|s| s.len).sum();
-                let copied = cma::copy(&plan.target, plan.op, &piece).map(|calls| {
-                    e2.cma.count(plan.op, bytes, calls);
-                });
-                run2.piece_done(copied, |err| match err {
-                    Some(err) => RunState::Failed(err),
-                    None if notif.is_empty() => RunState::Copied(Vec::new()),
-                    None => match carry(&e2, &p, &notif) {
-                        Ok(ids) => RunState::Copied(ids),
-                        Err(err) => RunState::Failed(err),
-                    },
-                });
-            });
+                cma::copy(&plan.target, plan.op, piece).map(|calls| {
+                    e.cma.count(plan.op, bytes, calls);
+                })
+            })
+        };
+        let finish: cma::Finish = {
+            let (e, p) = (e.clone(), p.clone());
+            let notif = notif.to_vec();
+            Box::new(move |err| match err {
+                Some(err) => RunState::Failed(err),
+                None if notif.is_empty() => RunState::Copied(Vec::new()),
+                None => match carry(&e, &p, &notif) {
+                    Ok(ids) => RunState::Copied(ids),
+                    Err(err) => RunState::Failed(err),
+                },
+            })
+        };
+        let run = Run::new(pieces, copy, finish);
+        self.run = Some(run.clone());
+        let tune = cma::tune();
+        let here = u64::from(tune.post_bytes > 0);
+        let helpers = (run.len() as u64).saturating_sub(here).min(tune.workers as u64);
+        for _ in 0..helpers {
+            let run2 = run.clone();
+            let job = Box::new(move || while run2.step().is_some() {});
             if let Err(f) = e.workers.run(job) {
-                // The pieces queued before still end; this one counts as
-                // failed.
-                run.piece_done(
-                    Err(cma::CopyError {
-                        code: f.code,
-                        why: f.message,
-                    }),
-                    |err| {
-                        RunState::Failed(err.unwrap_or(cma::CopyError {
-                            code: ORBITTE_ERR_BACKEND,
-                            why: "the copy workers are gone".to_owned(),
-                        }))
-                    },
-                );
+                // The pieces are still claimed and ended by the checks;
+                // the transfer fails.
+                run.fail(cma::CopyError {
+                    code: f.code,
+                    why: f.message,
+                });
+                break;
+            }
+        }
+        let mut copied = 0u64;
+        while copied < tune.post_bytes {
+            match run.step() {
+                Some(b) => copied += b,
+                None => break,
             }
         }
         self.advance(e);
@@ -781,6 +785,12 @@ pub unsafe extern "C" fn orbitte_xfer_check(
         let x = e.xfer(xfer)?;
         let mut x = lock(&x);
         if x.phase == Phase::Posted {
+            if let Some(run) = &x.run
+                && cma::tune().steal
+            {
+                // A piece no worker claimed yet is copied here.
+                run.step();
+            }
             x.advance(&e);
         }
         if !status.is_null() {

@@ -3,7 +3,9 @@
  * and process_vm_readv. A small WRITE (copied by the post) and a large one
  * (copied by the workers, in pieces) with notifications that arrive after
  * their bytes, a READ in scattered descriptors, the metrics counting the
- * copies and the engine's paths moving none of the caller's bytes, a
+ * copies and the engine's paths moving none of the caller's bytes, large
+ * WRITEs whose checks copy pieces themselves, each byte once and before
+ * the notification, a
  * descriptor outside the peer's memory refused, and an engine without the
  * flag served by its paths. Exits 0 when every check held. */
 
@@ -16,6 +18,8 @@
 #define SMALL (64u << 10)
 #define BLOCK 4096u
 #define BLOCKS 512u
+#define SEG (64u << 10)
+#define ROUNDS 8u
 
 /* The value of the metric line starting with `prefix` (-1: none). */
 static long long metric(orbitte_engine *e, const char *prefix) {
@@ -127,6 +131,48 @@ int main(void) {
     CHECK(copied_r == (long long)(BLOCKS * BLOCK), "bytes read by the kernel: %lld", copied_r);
     /* The pid proof (32 bytes) and the notifications' carriers (1 each). */
     CHECK(engine >= 0 && engine <= 64, "the engine's paths moved %lld bytes", engine);
+
+    /* Large scattered WRITEs checked in a loop, so that the checking call
+     * copies pieces too: every byte lands once, and each notification
+     * arrives after the last of them. */
+    static orbitte_desc reversed[BIG / SEG];
+    for (size_t i = 0; i < BIG / SEG; i++) {
+        reversed[i].local_addr = (uint64_t)(uintptr_t)(src + i * SEG);
+        reversed[i].remote_addr = (uint64_t)(uintptr_t)(dst + (BIG / SEG - 1 - i) * SEG);
+        reversed[i].len = SEG;
+    }
+    MUST(orbitte_xfer_prepare(initiator, peer, ORBITTE_OP_WRITE, reversed, BIG / SEG, &x));
+    for (unsigned round = 0; round < ROUNDS; round++) {
+        for (size_t i = 0; i < BIG; i++) src[i] = pattern(i, 100 + round);
+        memset(dst, 0, BIG);
+        char tag[32];
+        snprintf(tag, sizeof tag, "round %u", round);
+        int32_t rc = orbitte_xfer_post(initiator, x, (const uint8_t *)tag, strlen(tag));
+        int arrived = 0, intact = 1;
+        double end = now_s() + 10.0;
+        while (now_s() < end) {
+            if (rc == ORBITTE_IN_PROGRESS) rc = orbitte_xfer_check(initiator, x, &st);
+            size_t name_len = 0, msg_len = 0;
+            int32_t got = orbitte_notif_poll(target, (uint8_t *)name, sizeof name, &name_len, msg,
+                                             ORBITTE_MAX_NOTIF_LEN, &msg_len);
+            if (got == ORBITTE_OK) {
+                arrived = msg_len == strlen(tag) && memcmp(msg, tag, msg_len) == 0;
+                for (size_t i = 0; i < BIG / SEG; i++) {
+                    intact &= memcmp(dst + (BIG / SEG - 1 - i) * SEG, src + i * SEG, SEG) == 0;
+                }
+                break;
+            }
+        }
+        while (rc == ORBITTE_IN_PROGRESS && now_s() < end) rc = orbitte_xfer_check(initiator, x, &st);
+        CHECK(rc == ORBITTE_OK, "checked WRITE %u: %d", round, rc);
+        CHECK(arrived, "checked WRITE %u: its notification", round);
+        CHECK(intact, "checked WRITE %u: every byte, when its notification arrived", round);
+    }
+    MUST(orbitte_xfer_release(initiator, x));
+    long long checked_w = metric(initiator, "orbitte_capi_cma_bytes_total{op=\"write\"}");
+    CHECK(checked_w - copied_w == (long long)ROUNDS * BIG, "checked WRITEs copied %lld bytes",
+          checked_w - copied_w);
+    copied_w = checked_w;
 
     /* Outside the peer's registered memory: refused at prepare. */
     orbitte_desc outside = {(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)dst + BIG - 8, 16};
