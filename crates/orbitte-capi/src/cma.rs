@@ -36,8 +36,8 @@ use crate::status::{
 /// The most iovecs the kernel takes on each side of one call (`IOV_MAX`).
 const IOV_MAX: usize = 1024;
 
-/// A transfer of at least this many bytes is split into pieces for the
-/// workers, each at least this large.
+/// A transfer copied in pieces is split into pieces of at most this many
+/// bytes: the most a checking call copies.
 const PIECE_BYTES: u64 = 4 << 20;
 
 /// The most worker threads an engine starts for its copies.
@@ -285,44 +285,10 @@ pub(crate) fn split(segs: &[Seg], n: usize) -> Vec<Vec<Seg>> {
     out
 }
 
-/// Tuning read from the environment while the bounds are measured.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Tune {
-    pub(crate) post_bytes: u64,
-    pub(crate) piece_bytes: u64,
-    pub(crate) workers: usize,
-    pub(crate) steal: bool,
-}
-
-pub(crate) fn tune() -> Tune {
-    static T: std::sync::OnceLock<Tune> = std::sync::OnceLock::new();
-    *T.get_or_init(|| {
-        let get = |k: &str, d: u64| {
-            std::env::var(k)
-                .ok()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(d)
-        };
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let t = Tune {
-            post_bytes: get("ORBITTE_TUNE_POST", 0),
-            piece_bytes: get("ORBITTE_TUNE_PIECE", PIECE_BYTES).max(1),
-            workers: get("ORBITTE_TUNE_WORKERS", cores.clamp(1, MAX_WORKERS) as u64) as usize,
-            steal: get("ORBITTE_TUNE_STEAL", 0) != 0,
-        };
-        eprintln!("orbitte cma tune: {t:?}");
-        t
-    })
-}
-
-/// How many pieces a transfer of `bytes` is copied in.
+/// How many pieces a transfer of `bytes` is copied in: pieces of at most
+/// `PIECE_BYTES`, so that a checking call that copies one stays short.
 pub(crate) fn pieces(bytes: u64) -> usize {
-    let t = tune();
-    if t.steal {
-        bytes.div_ceil(t.piece_bytes).max(1) as usize
-    } else {
-        (bytes / t.piece_bytes).clamp(1, t.workers.max(1) as u64) as usize
-    }
+    usize::try_from(bytes.div_ceil(PIECE_BYTES).max(1)).unwrap_or(usize::MAX)
 }
 
 /// What a queued copy came to.
@@ -411,11 +377,18 @@ impl Run {
         Some(piece.iter().map(|s| s.len).sum())
     }
 
-    /// Ends one piece as failed without copying it (its helper could not
-    /// be started).
+    /// Fails the run: the pieces claimed from now on are not copied.
     pub(crate) fn fail(&self, e: CopyError) {
         self.failed.store(true, Ordering::Release);
         lock(&self.error).get_or_insert(e);
+    }
+
+    /// Leaves the pieces not claimed yet uncopied; the run fails.
+    pub(crate) fn cancel(&self) {
+        self.fail(CopyError {
+            code: ORBITTE_ERR_BACKEND,
+            why: "the transfer was released while it was copied".to_owned(),
+        });
     }
 
     fn piece_done(&self, r: Result<(), CopyError>) {
@@ -460,9 +433,13 @@ pub(crate) struct Workers {
 }
 
 impl Workers {
-    /// How many threads copy in parallel.
+    /// How many worker threads copy: one fewer than the cores (the
+    /// thread that posts and checks copies too), at least one.
     pub(crate) fn count() -> usize {
-        tune().workers.clamp(1, MAX_WORKERS)
+        std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .saturating_sub(1)
+            .clamp(1, MAX_WORKERS)
     }
 
     pub(crate) fn run(&self, job: Job) -> Result<(), Failure> {
@@ -565,12 +542,14 @@ mod tests {
         assert_eq!(flat[2], (1000, 6));
     }
 
+    /// Copies per piece.
+    type Copies = Arc<Vec<AtomicU64>>;
+    /// What the finish saw each time it ran: the copies made by then.
+    type Finishes = Arc<Mutex<Vec<u64>>>;
+
     /// A run of `n` one-byte pieces whose copies count per piece, and
-    /// whose finish records how many pieces had ended when it ran.
-    fn counting_run(
-        n: usize,
-        fail_at: Option<u64>,
-    ) -> (Arc<Run>, Arc<Vec<AtomicU64>>, Arc<Mutex<Vec<u64>>>) {
+    /// whose finish records how many copies were made when it ran.
+    fn counting_run(n: usize, fail_at: Option<u64>) -> (Arc<Run>, Copies, Finishes) {
         let copies: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
         let finished = Arc::new(Mutex::new(Vec::new()));
         let pieces = segs(n, 1).into_iter().map(|s| vec![s]).collect();

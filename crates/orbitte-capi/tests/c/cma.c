@@ -3,11 +3,10 @@
  * and process_vm_readv. A small WRITE (copied by the post) and a large one
  * (copied by the workers, in pieces) with notifications that arrive after
  * their bytes, a READ in scattered descriptors, the metrics counting the
- * copies and the engine's paths moving none of the caller's bytes, large
- * WRITEs whose checks copy pieces themselves, each byte once and before
- * the notification, a
- * descriptor outside the peer's memory refused, and an engine without the
- * flag served by its paths. Exits 0 when every check held. */
+ * copies and the engine's paths moving none of the caller's bytes, WRITEs
+ * larger than a post copies (the checks copy pieces too) landing each byte
+ * once and before their notification, a descriptor outside the peer's
+ * memory refused, and an engine without the flag served by its paths. Exits 0 when every check held. */
 
 #include <stdint.h>
 
@@ -18,6 +17,7 @@
 #define SMALL (64u << 10)
 #define BLOCK 4096u
 #define BLOCKS 512u
+#define HUGE (96u << 20)
 #define SEG (64u << 10)
 #define ROUNDS 8u
 
@@ -132,19 +132,29 @@ int main(void) {
     /* The pid proof (32 bytes) and the notifications' carriers (1 each). */
     CHECK(engine >= 0 && engine <= 64, "the engine's paths moved %lld bytes", engine);
 
-    /* Large scattered WRITEs checked in a loop, so that the checking call
-     * copies pieces too: every byte lands once, and each notification
-     * arrives after the last of them. */
-    static orbitte_desc reversed[BIG / SEG];
-    for (size_t i = 0; i < BIG / SEG; i++) {
-        reversed[i].local_addr = (uint64_t)(uintptr_t)(src + i * SEG);
-        reversed[i].remote_addr = (uint64_t)(uintptr_t)(dst + (BIG / SEG - 1 - i) * SEG);
+    /* WRITEs larger than the post copies, of scattered descriptors,
+     * checked in a loop so that the checking call copies pieces too: every
+     * byte lands once, and each notification arrives after the last. */
+    uint8_t *hsrc = aligned_alloc(4096, HUGE);
+    uint8_t *hdst = aligned_alloc(4096, HUGE);
+    if (hsrc == NULL || hdst == NULL) return 1;
+    orbitte_reg hdst_reg = 0, hsrc_reg = 0;
+    MUST(orbitte_register(target, hdst, HUGE, ORBITTE_REG_REMOTE, &hdst_reg));
+    MUST(orbitte_register(initiator, hsrc, HUGE, 0, &hsrc_reg));
+    uint8_t hdata[64];
+    size_t hdata_len = 0;
+    MUST(orbitte_public_data(target, hdst_reg, hdata, sizeof hdata, &hdata_len));
+    MUST(orbitte_load_remote(initiator, peer, hdata, hdata_len));
+    static orbitte_desc reversed[HUGE / SEG];
+    for (size_t i = 0; i < HUGE / SEG; i++) {
+        reversed[i].local_addr = (uint64_t)(uintptr_t)(hsrc + i * SEG);
+        reversed[i].remote_addr = (uint64_t)(uintptr_t)(hdst + (HUGE / SEG - 1 - i) * SEG);
         reversed[i].len = SEG;
     }
-    MUST(orbitte_xfer_prepare(initiator, peer, ORBITTE_OP_WRITE, reversed, BIG / SEG, &x));
+    MUST(orbitte_xfer_prepare(initiator, peer, ORBITTE_OP_WRITE, reversed, HUGE / SEG, &x));
     for (unsigned round = 0; round < ROUNDS; round++) {
-        for (size_t i = 0; i < BIG; i++) src[i] = pattern(i, 100 + round);
-        memset(dst, 0, BIG);
+        for (size_t i = 0; i < HUGE; i++) hsrc[i] = pattern(i, 100 + round);
+        memset(hdst, 0, HUGE);
         char tag[32];
         snprintf(tag, sizeof tag, "round %u", round);
         int32_t rc = orbitte_xfer_post(initiator, x, (const uint8_t *)tag, strlen(tag));
@@ -157,8 +167,9 @@ int main(void) {
                                              ORBITTE_MAX_NOTIF_LEN, &msg_len);
             if (got == ORBITTE_OK) {
                 arrived = msg_len == strlen(tag) && memcmp(msg, tag, msg_len) == 0;
-                for (size_t i = 0; i < BIG / SEG; i++) {
-                    intact &= memcmp(dst + (BIG / SEG - 1 - i) * SEG, src + i * SEG, SEG) == 0;
+                /* From the last descriptor, the one copied last. */
+                for (size_t i = HUGE / SEG; i-- > 0;) {
+                    intact &= memcmp(hdst + (HUGE / SEG - 1 - i) * SEG, hsrc + i * SEG, SEG) == 0;
                 }
                 break;
             }
@@ -170,7 +181,7 @@ int main(void) {
     }
     MUST(orbitte_xfer_release(initiator, x));
     long long checked_w = metric(initiator, "orbitte_capi_cma_bytes_total{op=\"write\"}");
-    CHECK(checked_w - copied_w == (long long)ROUNDS * BIG, "checked WRITEs copied %lld bytes",
+    CHECK(checked_w - copied_w == (long long)ROUNDS * HUGE, "checked WRITEs copied %lld bytes",
           checked_w - copied_w);
     copied_w = checked_w;
 
@@ -217,5 +228,7 @@ int main(void) {
     orbitte_engine_destroy(target);
     free(src);
     free(dst);
+    free(hsrc);
+    free(hdst);
     return summary();
 }
