@@ -1,13 +1,13 @@
 /* Same-host copies: two engines created with ORBITTE_ENGINE_CMA in one
  * process (one host, one uid) copy caller memory with process_vm_writev
  * and process_vm_readv. A small WRITE (copied by the post) and a large one
- * (copied by the workers, in pieces) with notifications that arrive after
- * their bytes, a READ in scattered descriptors, the metrics counting the
- * copies and the engine's paths moving none of the caller's bytes, WRITEs
- * larger than a post copies (the checks copy pieces too) landing each byte
- * once and before their notification, one released in flight, a
- * descriptor outside the peer's
- * memory refused, and an engine without the flag served by its paths. Exits 0 when every check held. */
+ * (in pieces) with notifications that arrive after their bytes, a READ in
+ * scattered descriptors, the metrics counting the copies and the engine's
+ * paths moving none of the caller's bytes, WRITEs larger than a post
+ * copies (the checks copy pieces too) landing each byte once and before
+ * their notification, one released in flight, a descriptor outside the
+ * peer's memory refused, and an engine without the flag served by its
+ * paths. Exits 0 when every check held. */
 
 #include <stdint.h>
 
@@ -93,7 +93,7 @@ int main(void) {
     CHECK(memcmp(dst, src, SMALL) == 0, "the small WRITE's bytes");
     MUST(orbitte_xfer_release(initiator, x));
 
-    /* 16 MiB: the workers copy it; the post returns before. */
+    /* 16 MiB: copied in pieces, by the post and a copy thread. */
     orbitte_desc big = {(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)dst, BIG};
     MUST(orbitte_xfer_prepare(initiator, peer, ORBITTE_OP_WRITE, &big, 1, &x));
     int32_t posted = orbitte_xfer_post(initiator, x, (const uint8_t *)"big", 3);
