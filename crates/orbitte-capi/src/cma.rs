@@ -23,7 +23,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 
 use orbitte::{Op, RequestId};
@@ -36,8 +36,8 @@ use crate::status::{
 /// The most iovecs the kernel takes on each side of one call (`IOV_MAX`).
 const IOV_MAX: usize = 1024;
 
-/// A transfer of at least this many bytes is split into pieces for the
-/// workers, each at least this large.
+/// A transfer copied in pieces is split into pieces of at most this many
+/// bytes: the most a checking call copies.
 const PIECE_BYTES: u64 = 4 << 20;
 
 /// The most worker threads an engine starts for its copies.
@@ -285,9 +285,10 @@ pub(crate) fn split(segs: &[Seg], n: usize) -> Vec<Vec<Seg>> {
     out
 }
 
-/// How many pieces a transfer of `bytes` is copied in by `workers`.
-pub(crate) fn pieces(bytes: u64, workers: usize) -> usize {
-    (bytes / PIECE_BYTES).clamp(1, workers as u64) as usize
+/// How many pieces a transfer of `bytes` is copied in: pieces of at most
+/// `PIECE_BYTES`, so that a checking call that copies one stays short.
+pub(crate) fn pieces(bytes: u64) -> usize {
+    usize::try_from(bytes.div_ceil(PIECE_BYTES).max(1)).unwrap_or(usize::MAX)
 }
 
 /// What a queued copy came to.
@@ -299,44 +300,119 @@ pub(crate) enum RunState {
     Failed(CopyError),
 }
 
-/// A copy the workers run, shared with its transfer.
-#[derive(Debug)]
+/// Copies one piece.
+pub(crate) type CopyPiece = Box<dyn Fn(&[Seg]) -> Result<(), CopyError> + Send + Sync>;
+/// Ends a run after its last piece, with the first error.
+pub(crate) type Finish = Box<dyn FnOnce(Option<CopyError>) -> RunState + Send>;
+
+/// A copy in pieces, shared by the posting call, the engine's workers and
+/// the calls that check or wait on the transfer: each claims the next
+/// piece and copies it, so a piece is copied once, by whoever claimed it.
 pub(crate) struct Run {
+    pieces: Vec<Vec<Seg>>,
+    /// The next piece to claim (past the end: every piece was claimed).
+    next: AtomicUsize,
+    /// Pieces not ended yet; the one that ends the last runs `finish`.
+    left: AtomicUsize,
+    /// Set at the first error: the pieces claimed after it are not copied.
+    failed: AtomicBool,
+    copy: CopyPiece,
+    finish: Mutex<Option<Finish>>,
+    error: Mutex<Option<CopyError>>,
     pub(crate) state: Mutex<RunState>,
     done: Condvar,
-    left: AtomicU64,
-    error: Mutex<Option<CopyError>>,
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Run")
+            .field("pieces", &self.pieces.len())
+            .field("next", &self.next)
+            .field("left", &self.left)
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Run {
-    pub(crate) fn new(pieces: usize) -> Arc<Self> {
+    pub(crate) fn new(pieces: Vec<Vec<Seg>>, copy: CopyPiece, finish: Finish) -> Arc<Self> {
         Arc::new(Self {
+            left: AtomicUsize::new(pieces.len()),
+            pieces,
+            next: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+            copy,
+            finish: Mutex::new(Some(finish)),
+            error: Mutex::new(None),
             state: Mutex::new(RunState::Running),
             done: Condvar::new(),
-            left: AtomicU64::new(pieces as u64),
-            error: Mutex::new(None),
         })
     }
 
-    /// Records one piece's end; `finish` runs once, after the last, with
-    /// the first error, and its state is kept.
-    pub(crate) fn piece_done(
-        &self,
-        r: Result<(), CopyError>,
-        finish: impl FnOnce(Option<CopyError>) -> RunState,
-    ) {
+    /// How many pieces the run has.
+    pub(crate) fn len(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// Whether pieces wait to be claimed.
+    pub(crate) fn unclaimed(&self) -> bool {
+        self.next.load(Ordering::Acquire) < self.pieces.len()
+    }
+
+    /// Claims the next piece and copies it (after an error, ends it
+    /// uncopied). Returns its bytes, or `None` when every piece was
+    /// claimed.
+    pub(crate) fn step(&self) -> Option<u64> {
+        if !self.unclaimed() {
+            return None;
+        }
+        let i = self.next.fetch_add(1, Ordering::AcqRel);
+        let piece = self.pieces.get(i)?;
+        let r = if self.failed.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            (self.copy)(piece)
+        };
+        self.piece_done(r);
+        Some(piece.iter().map(|s| s.len).sum())
+    }
+
+    /// Fails the run: the pieces claimed from now on are not copied.
+    pub(crate) fn fail(&self, e: CopyError) {
+        self.failed.store(true, Ordering::Release);
+        lock(&self.error).get_or_insert(e);
+    }
+
+    /// Leaves the pieces not claimed yet uncopied; the run fails.
+    pub(crate) fn cancel(&self) {
+        self.fail(CopyError {
+            code: ORBITTE_ERR_BACKEND,
+            why: "the transfer was released while it was copied".to_owned(),
+        });
+    }
+
+    fn piece_done(&self, r: Result<(), CopyError>) {
         if let Err(e) = r {
-            lock(&self.error).get_or_insert(e);
+            self.fail(e);
         }
         if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let state = finish(lock(&self.error).take());
+            let err = lock(&self.error).take();
+            let state = match lock(&self.finish).take() {
+                Some(finish) => finish(err),
+                None => RunState::Failed(err.unwrap_or(CopyError {
+                    code: ORBITTE_ERR_BACKEND,
+                    why: "the copy ended twice".to_owned(),
+                })),
+            };
             *lock(&self.state) = state;
             self.done.notify_all();
         }
     }
 
-    /// Waits until every piece ended.
+    /// Copies the pieces no one claimed, then waits until every piece
+    /// ended.
     pub(crate) fn wait(&self) {
+        while self.step().is_some() {}
         let mut s = lock(&self.state);
         while matches!(*s, RunState::Running) {
             s = self
@@ -357,10 +433,12 @@ pub(crate) struct Workers {
 }
 
 impl Workers {
-    /// How many threads copy in parallel.
+    /// How many worker threads copy: one fewer than the cores (the
+    /// thread that posts and checks copies too), at least one.
     pub(crate) fn count() -> usize {
         std::thread::available_parallelism()
             .map_or(1, usize::from)
+            .saturating_sub(1)
             .clamp(1, MAX_WORKERS)
     }
 
@@ -462,6 +540,77 @@ mod tests {
         assert_eq!(flat[0], (0, 8));
         assert_eq!(flat[1], (8, 2));
         assert_eq!(flat[2], (1000, 6));
+    }
+
+    /// Copies per piece.
+    type Copies = Arc<Vec<AtomicU64>>;
+    /// What the finish saw each time it ran: the copies made by then.
+    type Finishes = Arc<Mutex<Vec<u64>>>;
+
+    /// A run of `n` one-byte pieces whose copies count per piece, and
+    /// whose finish records how many copies were made when it ran.
+    fn counting_run(n: usize, fail_at: Option<u64>) -> (Arc<Run>, Copies, Finishes) {
+        let copies: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
+        let finished = Arc::new(Mutex::new(Vec::new()));
+        let pieces = segs(n, 1).into_iter().map(|s| vec![s]).collect();
+        let c = copies.clone();
+        let copy: CopyPiece = Box::new(move |p: &[Seg]| {
+            let i = p[0].local / 1000;
+            c[i as usize].fetch_add(1, Ordering::SeqCst);
+            std::thread::yield_now();
+            match fail_at {
+                Some(f) if f == i => Err(CopyError {
+                    code: ORBITTE_ERR_INVALID_PARAM,
+                    why: format!("piece {i}"),
+                }),
+                _ => Ok(()),
+            }
+        });
+        let (c, f) = (copies.clone(), finished.clone());
+        let finish: Finish = Box::new(move |err| {
+            let copied: u64 = c.iter().map(|a| a.load(Ordering::SeqCst)).sum();
+            lock(&f).push(copied);
+            match err {
+                Some(e) => RunState::Failed(e),
+                None => RunState::Copied(Vec::new()),
+            }
+        });
+        (Run::new(pieces, copy, finish), copies, finished)
+    }
+
+    #[test]
+    fn helpers_and_a_polling_thread_copy_each_piece_once_then_finish_once() {
+        for _ in 0..20 {
+            let (run, copies, finished) = counting_run(200, None);
+            let helpers: Vec<_> = (0..3)
+                .map(|_| {
+                    let r = run.clone();
+                    std::thread::spawn(move || while r.step().is_some() {})
+                })
+                .collect();
+            // The polling thread: one piece per check, as the check does.
+            while run.unclaimed() {
+                run.step();
+            }
+            run.wait();
+            for h in helpers {
+                h.join().unwrap();
+            }
+            assert!(copies.iter().all(|c| c.load(Ordering::SeqCst) == 1));
+            // Finished once, after every piece was copied.
+            assert_eq!(*lock(&finished), vec![200]);
+            assert!(matches!(*lock(&run.state), RunState::Copied(_)));
+        }
+    }
+
+    #[test]
+    fn a_failed_piece_fails_the_run_and_the_rest_are_not_copied() {
+        let (run, copies, finished) = counting_run(10, Some(3));
+        run.wait();
+        assert!(matches!(&*lock(&run.state), RunState::Failed(e) if e.why == "piece 3"));
+        let copied: Vec<u64> = copies.iter().map(|c| c.load(Ordering::SeqCst)).collect();
+        assert_eq!(copied, [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(lock(&finished).len(), 1);
     }
 
     #[test]

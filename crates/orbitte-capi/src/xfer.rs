@@ -68,10 +68,16 @@ pub const ORBITTE_NOTIF_UNCONFIRMED: i32 = 5;
 /// smaller ones are copied by the posting call while the rail is idle.
 const QUEUED_BYTES: u64 = 1 << 20;
 
-/// Same-host copies of at least this many bytes run on the engine's copy
-/// workers, so `orbitte_xfer_post` returns at once; smaller ones are
-/// copied by the posting call.
+/// Same-host copies of at least this many bytes are split into pieces
+/// that the posting call, the engine's copy workers and the checking calls
+/// claim in turn; smaller ones are copied whole by the posting call.
 const CMA_QUEUED_BYTES: u64 = 1 << 20;
+
+/// The most bytes the posting call copies of a transfer split into
+/// pieces (the workers copy beside it); the rest is left to the workers
+/// and to the checks. It bounds the time `orbitte_xfer_post` takes (a few
+/// milliseconds) whatever the transfer's size.
+const CMA_POST_BYTES: u64 = 32 << 20;
 
 /// How long releasing a transfer in flight waits for its cancelled
 /// requests and their drain.
@@ -153,6 +159,15 @@ pub(crate) struct Xfer {
     run: Option<Arc<Run>>,
     /// The engine's count of unloads when the same-host plan was checked.
     checked_at: u64,
+}
+
+impl Drop for Xfer {
+    fn drop(&mut self) {
+        // The workers leave the pieces no one claimed yet.
+        if let Some(run) = &self.run {
+            run.cancel();
+        }
+    }
 }
 
 /// A transfer the kernel copies between this process and a same-host peer.
@@ -530,8 +545,12 @@ impl Xfer {
     /// Cancels what is still outstanding and takes its outcomes and drain,
     /// so the engine keeps nothing of this transfer.
     fn abandon(&mut self, e: &Engine) {
-        // The kernel's copy cannot be stopped: it ends soon, then its
-        // carrier is cancelled with the rest.
+        // Pieces not claimed yet are not copied; a copy under way cannot
+        // be stopped: it ends soon, then its carrier is cancelled with the
+        // rest.
+        if let Some(run) = &self.run {
+            run.cancel();
+        }
         self.settle_run(true);
         let open = self.ids[self.taken..].to_vec();
         for &id in &open {
@@ -642,8 +661,9 @@ impl Xfer {
         }
     }
 
-    /// Copies the bytes of a same-host transfer (here when small, on the
-    /// workers when large), then sends its notification through the engine.
+    /// Copies the bytes of a same-host transfer (here when small; when
+    /// large, in pieces: here up to `CMA_POST_BYTES`, on the workers, and
+    /// in the checks), then sends its notification through the engine.
     fn post_cma(&mut self, e: &Arc<Engine>, p: &PeerEntry, plan: &Arc<CmaPlan>, notif: &[u8]) {
         e.cma
             .transfers
@@ -667,47 +687,50 @@ impl Xfer {
             }
             return;
         }
-        let pieces = cma::split(&plan.segs, cma::pieces(self.bytes, cma::Workers::count()));
-        let run = Run::new(pieces.len());
-        self.run = Some(run.clone());
-        let notif: Arc<[u8]> = notif.into();
-        for piece in pieces {
-            let (e2, p, plan, run2, notif) = (
-                e.clone(),
-                p.clone(),
-                plan.clone(),
-                run.clone(),
-                notif.clone(),
-            );
-            let job = Box::new(move || {
+        let pieces = cma::split(&plan.segs, cma::pieces(self.bytes));
+        let copy: cma::CopyPiece = {
+            let (e, plan) = (e.clone(), plan.clone());
+            Box::new(move |piece: &[Seg]| {
                 let bytes = piece.iter().map(|s| s.len).sum();
-                let copied = cma::copy(&plan.target, plan.op, &piece).map(|calls| {
-                    e2.cma.count(plan.op, bytes, calls);
-                });
-                run2.piece_done(copied, |err| match err {
-                    Some(err) => RunState::Failed(err),
-                    None if notif.is_empty() => RunState::Copied(Vec::new()),
-                    None => match carry(&e2, &p, &notif) {
-                        Ok(ids) => RunState::Copied(ids),
-                        Err(err) => RunState::Failed(err),
-                    },
-                });
-            });
+                cma::copy(&plan.target, plan.op, piece).map(|calls| {
+                    e.cma.count(plan.op, bytes, calls);
+                })
+            })
+        };
+        let finish: cma::Finish = {
+            let (e, p) = (e.clone(), p.clone());
+            let notif = notif.to_vec();
+            Box::new(move |err| match err {
+                Some(err) => RunState::Failed(err),
+                None if notif.is_empty() => RunState::Copied(Vec::new()),
+                None => match carry(&e, &p, &notif) {
+                    Ok(ids) => RunState::Copied(ids),
+                    Err(err) => RunState::Failed(err),
+                },
+            })
+        };
+        let run = Run::new(pieces, copy, finish);
+        self.run = Some(run.clone());
+        // This call takes the first piece: helpers for the others.
+        let helpers = run.len().saturating_sub(1).min(cma::Workers::count());
+        for _ in 0..helpers {
+            let run2 = run.clone();
+            let job = Box::new(move || while run2.step().is_some() {});
             if let Err(f) = e.workers.run(job) {
-                // The pieces queued before still end; this one counts as
-                // failed.
-                run.piece_done(
-                    Err(cma::CopyError {
-                        code: f.code,
-                        why: f.message,
-                    }),
-                    |err| {
-                        RunState::Failed(err.unwrap_or(cma::CopyError {
-                            code: ORBITTE_ERR_BACKEND,
-                            why: "the copy workers are gone".to_owned(),
-                        }))
-                    },
-                );
+                // The pieces are still claimed and ended, by this call and
+                // the checks; the transfer fails.
+                run.fail(cma::CopyError {
+                    code: f.code,
+                    why: f.message,
+                });
+                break;
+            }
+        }
+        let mut copied = 0u64;
+        while copied < CMA_POST_BYTES {
+            match run.step() {
+                Some(b) => copied += b,
+                None => break,
             }
         }
         self.advance(e);
@@ -781,6 +804,10 @@ pub unsafe extern "C" fn orbitte_xfer_check(
         let x = e.xfer(xfer)?;
         let mut x = lock(&x);
         if x.phase == Phase::Posted {
+            if let Some(run) = &x.run {
+                // A piece no worker claimed yet is copied here.
+                run.step();
+            }
             x.advance(&e);
         }
         if !status.is_null() {

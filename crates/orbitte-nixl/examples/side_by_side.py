@@ -248,7 +248,7 @@ def run_cells(args, target, np):
     results = []
     for rnd in range(args.rounds):
         order = BACKENDS if rnd % 2 == 0 else BACKENDS[::-1]
-        for name, block, descs, inflight, is_prepped, rand in SHAPES:
+        for name, block, descs, inflight, is_prepped, rand in chosen_shapes(args.shapes):
             for op in OPS:
                 for b in order:
                     seed += 1
@@ -329,6 +329,17 @@ def plugin_env(plugin: str, folder: str) -> dict:
     return env
 
 
+def chosen_shapes(spec: str) -> list:
+    """The shapes `spec` names: comma-separated numbers, 1 to 4, in the order of SHAPES."""
+    try:
+        picked = {int(k) for k in spec.split(",")}
+    except ValueError:
+        raise SystemExit(f"--shapes: {spec!r} is not a list of numbers 1 to {len(SHAPES)}")
+    if not picked or not picked <= set(range(1, len(SHAPES) + 1)):
+        raise SystemExit(f"--shapes: {spec!r}: use numbers 1 to {len(SHAPES)}")
+    return [s for i, s in enumerate(SHAPES, 1) if i in picked]
+
+
 def run_setting(setting: str, args, env: dict) -> list:
     env = dict(env)
     env.pop("UCX_TLS", None)
@@ -338,7 +349,8 @@ def run_setting(setting: str, args, env: dict) -> list:
         env["UCX_TLS"] = "tcp"
         env["ORBITTE_NIXL_CMA"] = "0"
     cmd = [sys.executable, os.path.abspath(__file__), "--role", "initiator", "--setting", setting,
-           "--rounds", str(args.rounds), "--seconds", str(args.seconds), "--seed", str(args.seed)]
+           "--rounds", str(args.rounds), "--seconds", str(args.seconds), "--seed", str(args.seed),
+           "--shapes", args.shapes]
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
     if p.returncode != 0:
         raise SystemExit(f"setting {setting}: the initiator exited {p.returncode} (its messages are above)")
@@ -395,6 +407,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.0, help="seconds per measurement")
     ap.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated: tcp, local")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--shapes", default=",".join(str(i) for i in range(1, len(SHAPES) + 1)),
+                    help="comma-separated shapes to run: 1 64 KiB blocks, 2 1 MiB blocks, "
+                         "3 4 KiB prepared in sequence, 4 4 KiB prepared in a random order")
     ap.add_argument("--json", help="also write every round and the table to this file")
     ap.add_argument("--role", choices=["target", "initiator"], help=argparse.SUPPRESS)
     ap.add_argument("--setting", help=argparse.SUPPRESS)
@@ -406,6 +421,7 @@ def main() -> None:
     if not args.plugin:
         raise SystemExit("--plugin: name the OrbitTE plugin (target/release/libplugin_OrbitTE.so)")
     settings = args.settings.split(",")
+    chosen_shapes(args.shapes)
     for s in settings:
         if s not in SETTINGS:
             raise SystemExit(f"--settings: unknown setting {s!r}; use tcp, local or both")

@@ -1,11 +1,13 @@
 /* Same-host copies: two engines created with ORBITTE_ENGINE_CMA in one
  * process (one host, one uid) copy caller memory with process_vm_writev
  * and process_vm_readv. A small WRITE (copied by the post) and a large one
- * (copied by the workers, in pieces) with notifications that arrive after
- * their bytes, a READ in scattered descriptors, the metrics counting the
- * copies and the engine's paths moving none of the caller's bytes, a
- * descriptor outside the peer's memory refused, and an engine without the
- * flag served by its paths. Exits 0 when every check held. */
+ * (in pieces) with notifications that arrive after their bytes, a READ in
+ * scattered descriptors, the metrics counting the copies and the engine's
+ * paths moving none of the caller's bytes, WRITEs larger than a post
+ * copies (the checks copy pieces too) landing each byte once and before
+ * their notification, one released in flight, a descriptor outside the
+ * peer's memory refused, and an engine without the flag served by its
+ * paths. Exits 0 when every check held. */
 
 #include <stdint.h>
 
@@ -16,6 +18,9 @@
 #define SMALL (64u << 10)
 #define BLOCK 4096u
 #define BLOCKS 512u
+#define HUGE (96u << 20)
+#define SEG (64u << 10)
+#define ROUNDS 8u
 
 /* The value of the metric line starting with `prefix` (-1: none). */
 static long long metric(orbitte_engine *e, const char *prefix) {
@@ -88,7 +93,7 @@ int main(void) {
     CHECK(memcmp(dst, src, SMALL) == 0, "the small WRITE's bytes");
     MUST(orbitte_xfer_release(initiator, x));
 
-    /* 16 MiB: the workers copy it; the post returns before. */
+    /* 16 MiB: copied in pieces, by the post and a copy thread. */
     orbitte_desc big = {(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)dst, BIG};
     MUST(orbitte_xfer_prepare(initiator, peer, ORBITTE_OP_WRITE, &big, 1, &x));
     int32_t posted = orbitte_xfer_post(initiator, x, (const uint8_t *)"big", 3);
@@ -127,6 +132,72 @@ int main(void) {
     CHECK(copied_r == (long long)(BLOCKS * BLOCK), "bytes read by the kernel: %lld", copied_r);
     /* The pid proof (32 bytes) and the notifications' carriers (1 each). */
     CHECK(engine >= 0 && engine <= 64, "the engine's paths moved %lld bytes", engine);
+
+    /* WRITEs larger than the post copies, of scattered descriptors,
+     * checked in a loop so that the checking call copies pieces too: every
+     * byte lands once, and each notification arrives after the last. */
+    uint8_t *hsrc = aligned_alloc(4096, HUGE);
+    uint8_t *hdst = aligned_alloc(4096, HUGE);
+    if (hsrc == NULL || hdst == NULL) return 1;
+    orbitte_reg hdst_reg = 0, hsrc_reg = 0;
+    MUST(orbitte_register(target, hdst, HUGE, ORBITTE_REG_REMOTE, &hdst_reg));
+    MUST(orbitte_register(initiator, hsrc, HUGE, 0, &hsrc_reg));
+    uint8_t hdata[64];
+    size_t hdata_len = 0;
+    MUST(orbitte_public_data(target, hdst_reg, hdata, sizeof hdata, &hdata_len));
+    MUST(orbitte_load_remote(initiator, peer, hdata, hdata_len));
+    static orbitte_desc reversed[HUGE / SEG];
+    for (size_t i = 0; i < HUGE / SEG; i++) {
+        reversed[i].local_addr = (uint64_t)(uintptr_t)(hsrc + i * SEG);
+        reversed[i].remote_addr = (uint64_t)(uintptr_t)(hdst + (HUGE / SEG - 1 - i) * SEG);
+        reversed[i].len = SEG;
+    }
+    MUST(orbitte_xfer_prepare(initiator, peer, ORBITTE_OP_WRITE, reversed, HUGE / SEG, &x));
+    for (unsigned round = 0; round < ROUNDS; round++) {
+        for (size_t i = 0; i < HUGE; i++) hsrc[i] = pattern(i, 100 + round);
+        memset(hdst, 0, HUGE);
+        char tag[32];
+        snprintf(tag, sizeof tag, "round %u", round);
+        int32_t rc = orbitte_xfer_post(initiator, x, (const uint8_t *)tag, strlen(tag));
+        int arrived = 0, intact = 1;
+        double end = now_s() + 10.0;
+        while (now_s() < end) {
+            if (rc == ORBITTE_IN_PROGRESS) rc = orbitte_xfer_check(initiator, x, &st);
+            size_t name_len = 0, msg_len = 0;
+            int32_t got = orbitte_notif_poll(target, (uint8_t *)name, sizeof name, &name_len, msg,
+                                             ORBITTE_MAX_NOTIF_LEN, &msg_len);
+            if (got == ORBITTE_OK) {
+                arrived = msg_len == strlen(tag) && memcmp(msg, tag, msg_len) == 0;
+                /* From the last descriptor, the one copied last. */
+                for (size_t i = HUGE / SEG; i-- > 0;) {
+                    intact &= memcmp(hdst + (HUGE / SEG - 1 - i) * SEG, hsrc + i * SEG, SEG) == 0;
+                }
+                break;
+            }
+        }
+        while (rc == ORBITTE_IN_PROGRESS && now_s() < end) rc = orbitte_xfer_check(initiator, x, &st);
+        CHECK(rc == ORBITTE_OK, "checked WRITE %u: %d", round, rc);
+        CHECK(arrived, "checked WRITE %u: its notification", round);
+        CHECK(intact, "checked WRITE %u: every byte, when its notification arrived", round);
+    }
+    MUST(orbitte_xfer_release(initiator, x));
+    long long checked_w = metric(initiator, "orbitte_capi_cma_bytes_total{op=\"write\"}");
+    CHECK(checked_w - copied_w == (long long)ROUNDS * HUGE, "checked WRITEs copied %lld bytes",
+          checked_w - copied_w);
+    copied_w = checked_w;
+
+    /* Released in flight: the pieces no one took are not copied, and the
+     * engine goes on. */
+    MUST(orbitte_xfer_prepare(initiator, peer, ORBITTE_OP_WRITE, reversed, HUGE / SEG, &x));
+    int32_t posted_huge = orbitte_xfer_post(initiator, x, NULL, 0);
+    CHECK(posted_huge == ORBITTE_IN_PROGRESS || posted_huge == ORBITTE_OK, "huge WRITE posted: %d",
+          posted_huge);
+    MUST(orbitte_xfer_release(initiator, x));
+    long long released_w = metric(initiator, "orbitte_capi_cma_bytes_total{op=\"write\"}");
+    printf("released in flight: %lld of %u bytes copied\n", released_w - copied_w, HUGE);
+    CHECK(released_w - copied_w <= (long long)HUGE, "released WRITE copied %lld bytes",
+          released_w - copied_w);
+    copied_w = released_w;
 
     /* Outside the peer's registered memory: refused at prepare. */
     orbitte_desc outside = {(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)dst + BIG - 8, 16};
@@ -171,5 +242,7 @@ int main(void) {
     orbitte_engine_destroy(target);
     free(src);
     free(dst);
+    free(hsrc);
+    free(hdst);
     return summary();
 }
