@@ -280,7 +280,7 @@ impl SessionConfig {
             max_sessions: 256,
             evict_idle_after: Some(Duration::from_secs(1)),
             max_connections_per_source: 32,
-            max_in_flight_per_connection: 16,
+            max_in_flight_per_connection: 64,
             socket_buffer: None,
             unsent_limit: Some(DEFAULT_UNSENT_LIMIT),
             io_threads: DEFAULT_IO_THREADS,
