@@ -8,8 +8,10 @@
 //! Sent payloads go out of the mapped range with the frame header in front
 //! ([`HostMemory::send_to`]: one `sendmsg(2)`), or, for memfd-backed
 //! memory with `zero_copy`, with `sendfile(2)` from the memfd after the
-//! header. Only a refused WRITE's payload, which must be read and dropped,
-//! goes through a scratch buffer that the connection keeps for its life.
+//! header. A refused WRITE's payload, which must be read and dropped, goes
+//! through a scratch buffer that the connection keeps for its life (and a
+//! rail copies WRITE payloads of up to 16 KiB in behind their headers,
+//! `rail::SMALL_WRITE`).
 //!
 //! Every move works on a non-blocking socket ([`PayloadIo::send_now`],
 //! [`PayloadIo::recv_now`], [`PayloadIo::discard_now`], [`send_ready`]):

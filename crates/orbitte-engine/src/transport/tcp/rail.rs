@@ -16,10 +16,11 @@
 //! sends, and the poster pokes it afterwards if work is left.
 //!
 //! The socket is non-blocking and every call on the loop returns at once.
-//! The loop sends everything it can in one go: READ requests and
-//! notifications are gathered into one `send`, a WRITE's header goes out
-//! in the `sendmsg` of its payload (or before its `sendfile`, for
-//! memfd-backed memory with `zero_copy`). What the socket does not take
+//! The loop sends everything it can in one go: READ requests,
+//! notifications and small WRITEs (a payload of up to [`SMALL_WRITE`],
+//! copied in behind its header) are gathered into one `send`; a larger
+//! WRITE's header goes out in the `sendmsg` of its payload (or before its
+//! `sendfile`, for memfd-backed memory with `zero_copy`). What the socket does not take
 //! stays with the loop, which then waits for the socket to be writable as
 //! well as readable, and goes on where it stopped. It receives through a
 //! small buffer ([`FrameBuffer`]), so one `recv` brings every answer that
