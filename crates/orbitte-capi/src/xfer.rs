@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use orbitte::{
     DrainStatus, MAX_NOTIFICATION_LEN, Notification, NotificationError, NotificationStatus, Op,
-    Outcome, PathKind, Posting, RemoteEffect, RemoteTarget, Request, RequestError, RequestId,
-    SliceFailure, Status, SubmitError, SubmitOptions, WaitError,
+    Outcome, PathKind, Posting, RemoteEffect, RemoteTarget, Request, RequestId, Status,
+    SubmitError, SubmitOptions, WaitError,
 };
 
 use crate::args::{self, put};
@@ -220,7 +220,7 @@ fn carry(e: &Engine, p: &PeerEntry, notif: &[u8]) -> Result<Vec<RequestId>, cma:
     e.engine
         .submit_with(&[carrier], options)
         .map_err(|err| cma::CopyError {
-            code: if peer_gone(&err) {
+            code: if err.peer_gone() {
                 ORBITTE_ERR_REMOTE_DISCONNECT
             } else {
                 ORBITTE_ERR_BACKEND
@@ -398,19 +398,6 @@ fn req_status(s: Status) -> i32 {
     }
 }
 
-/// Whether a refusal at submit says the peer (or its session) is gone.
-fn peer_gone(e: &SubmitError) -> bool {
-    matches!(
-        e,
-        SubmitError::Invalid {
-            error: RequestError::UnknownPeer(_)
-                | RequestError::PeerRestarted { .. }
-                | RequestError::NoRail { .. },
-            ..
-        }
-    )
-}
-
 impl Xfer {
     /// Marks the transfer failed; the first failure's code and reason stay.
     fn fail(&mut self, code: i32, why: String) {
@@ -436,14 +423,16 @@ impl Xfer {
                 .failure
                 .as_ref()
                 .map_or_else(|| format!("{:?}", o.status), |f| f.to_string());
-            // A rail that went down (the peer exited, its session broke),
-            // and a post that found it down before the engine did, are the
+            // A lost connection (the peer exited, its session broke) is the
             // peer's disconnect; anything else the engine's failure.
-            let code = match o.failure.as_deref().map(|f| &f.status) {
-                Some(
-                    SliceFailure::RailDown(_) | SliceFailure::Flushed | SliceFailure::PostFailed(_),
-                ) => ORBITTE_ERR_REMOTE_DISCONNECT,
-                _ => ORBITTE_ERR_BACKEND,
+            let code = if o
+                .failure
+                .as_deref()
+                .is_some_and(|f| f.status.connection_lost())
+            {
+                ORBITTE_ERR_REMOTE_DISCONNECT
+            } else {
+                ORBITTE_ERR_BACKEND
             };
             self.fail(
                 code,
@@ -640,7 +629,7 @@ impl Xfer {
                 self.advance(e);
                 self.result()
             }
-            Err(err) if peer_gone(&err) => {
+            Err(err) if err.peer_gone() => {
                 self.fail(
                     ORBITTE_ERR_REMOTE_DISCONNECT,
                     format!("{:?} is gone: {err}", p.source_id),

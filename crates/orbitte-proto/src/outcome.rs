@@ -444,6 +444,23 @@ pub enum SubmitError {
     Notification(#[from] NotificationError),
 }
 
+impl SubmitError {
+    /// Whether the refusal says the peer, or its session, is gone (unknown,
+    /// restarted, or without a rail): the caller's remote is lost, not its
+    /// request wrong.
+    pub fn peer_gone(&self) -> bool {
+        matches!(
+            self,
+            Self::Invalid {
+                error: RequestError::UnknownPeer(_)
+                    | RequestError::PeerRestarted { .. }
+                    | RequestError::NoRail { .. },
+                ..
+            }
+        )
+    }
+}
+
 /// Whether a slice finished, and how it failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SliceStatus {
@@ -485,6 +502,18 @@ pub enum SliceFailure {
     /// cuda-staging: a chunk could not be handled and whether it was posted
     /// is unknown (its bytes count as uncertain).
     Internal(Arc<str>),
+}
+
+impl SliceFailure {
+    /// Whether the slice failed because its connection to the peer was
+    /// lost: its rail went down, was flushed, or was found down when the
+    /// slice was posted.
+    pub fn connection_lost(&self) -> bool {
+        matches!(
+            self,
+            Self::RailDown(_) | Self::Flushed | Self::PostFailed(_)
+        )
+    }
 }
 
 impl fmt::Display for SliceFailure {
@@ -640,4 +669,34 @@ pub enum NotificationError {
         /// Position of the first cuda-staging request.
         index: usize,
     },
+}
+
+#[cfg(test)]
+mod loss_tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_connection_and_a_gone_peer_are_told_apart_from_other_failures() {
+        for f in [
+            SliceFailure::RailDown("reset".into()),
+            SliceFailure::Flushed,
+            SliceFailure::PostFailed("rail down".into()),
+        ] {
+            assert!(f.connection_lost(), "{f:?}");
+        }
+        let completion = SliceFailure::Completion {
+            status: "peer error frame".into(),
+            code: 3,
+        };
+        assert!(!completion.connection_lost());
+        assert!(!SliceFailure::Internal("bug".into()).connection_lost());
+
+        let gone = SubmitError::Invalid {
+            index: 0,
+            label: 0,
+            error: RequestError::UnknownPeer(PeerId(1)),
+        };
+        assert!(gone.peer_gone());
+        assert!(!SubmitError::Empty.peer_gone());
+    }
 }

@@ -29,8 +29,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use orbitte::{
     DrainStatus, MAX_NOTIFICATION_LEN, NotificationError, NotificationStatus, Op, PathKind,
-    Posting, RegistrationId, RemoteRange, RemoteTarget, Request, RequestError, RequestId,
-    SubmitError, SubmitOptions, WaitError,
+    Posting, RegistrationId, RemoteRange, RemoteTarget, Request, RequestId, SubmitError,
+    SubmitOptions, WaitError,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -876,20 +876,6 @@ impl Core {
     }
 }
 
-/// Whether a refusal at submit says the peer (or its session) is gone:
-/// the transfer is then in error, as NIXL reports a lost remote.
-fn peer_gone(e: &SubmitError) -> bool {
-    matches!(
-        e,
-        SubmitError::Invalid {
-            error: RequestError::UnknownPeer(_)
-                | RequestError::PeerRestarted { .. }
-                | RequestError::NoRail { .. },
-            ..
-        }
-    )
-}
-
 #[pymethods]
 impl Xfer {
     /// A transfer of `local[local_indices[i]]` with
@@ -1043,7 +1029,7 @@ impl Xfer {
                     }
                     Ok(Self::state_name(run.phase))
                 }
-                Err(e) if peer_gone(&e) => {
+                Err(e) if e.peer_gone() => {
                     run.end(Phase::Failed);
                     let why = format!("agent {:?}: {e}", self.agent);
                     run.why = Some(why.clone());
