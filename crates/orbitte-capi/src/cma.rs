@@ -24,7 +24,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::sync::{Arc, Condvar, Mutex};
 
 use orbitte::{Op, RequestId};
 
@@ -429,7 +429,7 @@ type Job = Box<dyn FnOnce() + Send>;
 /// engine is dropped and the queue is empty.
 #[derive(Debug, Default)]
 pub(crate) struct Workers {
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    tx: Mutex<Option<crossbeam_channel::Sender<Job>>>,
 }
 
 impl Workers {
@@ -445,19 +445,14 @@ impl Workers {
     pub(crate) fn run(&self, job: Job) -> Result<(), Failure> {
         let mut tx = lock(&self.tx);
         if tx.is_none() {
-            let (s, r) = mpsc::channel::<Job>();
-            let r = Arc::new(Mutex::new(r));
+            let (s, r) = crossbeam_channel::unbounded::<Job>();
             for k in 0..Self::count() {
                 let r = r.clone();
                 std::thread::Builder::new()
                     .name(format!("orbitte-cma-{k}"))
                     .spawn(move || {
-                        loop {
-                            let job = lock(&r).recv();
-                            match job {
-                                Ok(job) => job(),
-                                Err(_) => return,
-                            }
+                        for job in r {
+                            job();
                         }
                     })
                     .map_err(|e| {
