@@ -14,7 +14,8 @@
 //!   way, a small ack back per request; READ: a small request, a header and
 //!   the payload back), each thread's batch split evenly over its
 //!   connections, one part in flight per connection, a thread per
-//!   connection;
+//!   connection; a thread's batch ends when every part of it is answered
+//!   (the connections meet there), as the path's batch does;
 //! - tcp: the loopback limit, the best of a few raw settings (two streams
 //!   of 1 MiB writes, with the kernel's autotuned and with 4 MiB socket
 //!   buffers), with no protocol at all;
@@ -402,7 +403,8 @@ fn exchange_batch(
 
 /// The tcp path's exchange on raw sockets over as many connections as the
 /// path's rails, each thread's batch split evenly over its connections,
-/// one part in flight per connection.
+/// one part in flight per connection; a thread's batch ends when all its
+/// parts are answered.
 fn same_exchange(op: Op, shape: Shape) -> std::io::Result<Sample> {
     let conns = shape.connections.max(shape.threads).max(1);
     let batch = (shape.batch * shape.threads / conns).max(1);
@@ -416,6 +418,10 @@ fn same_exchange(op: Op, shape: Shape) -> std::io::Result<Sample> {
     }
     let (initiators, targets): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
     let initiators: Vec<_> = initiators.into_iter().map(std::sync::Mutex::new).collect();
+    let per_thread = (conns / shape.threads.max(1)).max(1);
+    let ends: Vec<BatchEnd> = (0..conns.div_ceil(per_thread))
+        .map(|_| BatchEnd::new(per_thread))
+        .collect();
     let (bytes, elapsed) = std::thread::scope(|s| {
         for t in targets {
             s.spawn(move || {
@@ -430,7 +436,8 @@ fn same_exchange(op: Op, shape: Shape) -> std::io::Result<Sample> {
                 .lock()
                 .map_err(|_| std::io::Error::other("poisoned"))?;
             let mut window = faulted(window);
-            let r = until_stopped(stop, ready, || {
+            let end = &ends[t / per_thread];
+            let r = exchange_batches(stop, ready, end, || {
                 exchange_batch(op, &mut conn, &mut window, shape.block, &headers)
             });
             // The target side ends when its connection closes.
@@ -733,4 +740,93 @@ mod tests {
         // A NIC has no baseline here.
         assert!(kinds(PathKind::Rdma, Op::Write, false).is_empty());
     }
+}
+
+/// Where the connections of one initiator thread meet at the end of each
+/// batch: the thread's batch ends when every part of it is answered, as
+/// the path's does (its caller waits for the whole batch before it
+/// submits the next).
+struct BatchEnd {
+    parties: usize,
+    state: std::sync::Mutex<Meeting>,
+    met: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct Meeting {
+    /// Batches ended so far.
+    generation: u64,
+    /// Parts of the current batch that ended.
+    arrived: usize,
+    /// Whether the run stops after the batch that ended last (the same
+    /// answer for every part).
+    stop: bool,
+    /// A part failed: nobody waits any more.
+    abandoned: bool,
+}
+
+impl BatchEnd {
+    fn new(parties: usize) -> Self {
+        Self {
+            parties,
+            state: std::sync::Mutex::new(Meeting::default()),
+            met: std::sync::Condvar::new(),
+        }
+    }
+
+    /// Waits until every part of this batch ended; whether to stop (`stop`
+    /// as the last part to end saw it).
+    fn meet(&self, stop: &AtomicBool) -> bool {
+        let mut m = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if m.abandoned {
+            return true;
+        }
+        let generation = m.generation;
+        m.arrived += 1;
+        if m.arrived == self.parties {
+            m.generation += 1;
+            m.arrived = 0;
+            m.stop = stop.load(Ordering::Relaxed);
+            self.met.notify_all();
+            return m.stop;
+        }
+        while m.generation == generation && !m.abandoned {
+            m = self.met.wait(m).unwrap_or_else(|p| p.into_inner());
+        }
+        m.stop || m.abandoned
+    }
+
+    /// A part failed: the others stop waiting.
+    fn abandon(&self) {
+        let mut m = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        m.abandoned = true;
+        self.met.notify_all();
+    }
+}
+
+/// [`until_stopped`] for one connection's part of a thread's batches:
+/// each batch ends at `end` with the thread's other connections, and they
+/// stop together.
+fn exchange_batches(
+    stop: &AtomicBool,
+    ready: &dyn Fn(),
+    end: &BatchEnd,
+    mut batch: impl FnMut() -> std::io::Result<u64>,
+) -> std::io::Result<u64> {
+    let r = (|| {
+        batch()?;
+        end.meet(stop);
+        ready();
+        let mut n = 0;
+        loop {
+            n += batch()?;
+            if end.meet(stop) {
+                return Ok(n);
+            }
+        }
+    })();
+    if r.is_err() {
+        end.abandon();
+    }
+    r
 }

@@ -75,6 +75,7 @@ impl DataSession {
             return self.finish(CloseReason::normal("listener shut down"));
         };
         let greeting_len = greeting.len();
+        let same_host = crate::transport::tcp::socket::same_host(&self.conn.stream);
         let serving = Serving::new(
             &ctx(
                 &self.conn.shared,
@@ -83,6 +84,7 @@ impl DataSession {
                 &self.activity,
             ),
             greeting,
+            same_host,
         );
         // The first turn comes as soon as the socket takes the greeting.
         let interest = if greeting_len == 0 {

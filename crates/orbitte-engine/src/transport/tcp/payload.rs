@@ -46,15 +46,13 @@ pub(crate) struct PayloadIo {
     sendfile_max: usize,
 }
 
-/// Largest READ answer a target sends with `sendfile`. On loopback a
-/// `sendfile` payload reaches the receiver as page references that count
-/// whole pages against its receive memory: with 1 MiB answers the
-/// initiator's socket kept wanting to advertise a zero window and
-/// retransmissions followed, and `sendmsg` from the mapping moved READ
-/// 1 MiB 3.10/2.97/3.79 GB/s against 2.35/2.95/3.20 with `sendfile`
-/// (2.0-2.6 against 1.7-2.0 GB per CPU-second), while at 64 KiB `sendfile`
-/// was faster (5.17 against 3.79 GB/s, the same CPU per byte); measured
-/// with orbitte bench, two rails, load average 6 to 12.
+/// Largest READ answer a target sends with `sendfile` to a peer on
+/// another host. Larger answers go with `sendmsg` from the mapping: on
+/// loopback a `sendfile` payload reaches the receiver as page references
+/// that count whole pages against its receive memory, and with 1 MiB
+/// answers the initiator's socket kept wanting to advertise a zero window
+/// and retransmissions followed (`sendmsg` moved READ 1 MiB 3.10/2.97/3.79
+/// GB/s against 2.35/2.95/3.20 with `sendfile`).
 pub(crate) const ANSWER_SENDFILE_MAX: usize = 256 << 10;
 
 impl PayloadIo {
@@ -66,13 +64,20 @@ impl PayloadIo {
         }
     }
 
-    /// A mover for a target's READ answers: with `zero_copy`, payloads up
-    /// to [`ANSWER_SENDFILE_MAX`] go with `sendfile`, larger ones with
-    /// `sendmsg` from the mapping.
-    pub(crate) fn for_answers(zero_copy: bool) -> Self {
+    /// A mover for a target's READ answers. To a peer on another host,
+    /// with `zero_copy`, payloads up to [`ANSWER_SENDFILE_MAX`] go with
+    /// `sendfile` (the NIC reads the pages, no copy on this host), larger
+    /// ones with `sendmsg` from the mapping. To a peer on this host
+    /// (`same_host`: the connection stays in this kernel) every answer
+    /// goes with `sendmsg`, header and payload in one call: the page
+    /// references of `sendfile` save the sender's copy but cost the
+    /// receiver more than they save, and the header needs its own `send`
+    /// (performance.md, "tcp payloads and socket buffers": READ 16 KiB to
+    /// 256 KiB moved a fifth to a third more).
+    pub(crate) fn for_answers(zero_copy: bool, same_host: bool) -> Self {
         Self {
             sendfile_max: ANSWER_SENDFILE_MAX,
-            ..Self::new(zero_copy)
+            ..Self::new(zero_copy && !same_host)
         }
     }
 }
@@ -411,7 +416,18 @@ mod tests {
         // A peer mapping has no memfd of its own: sent with sendmsg.
         roundtrip(true, true, true);
         // A READ answer above ANSWER_SENDFILE_MAX: sent with sendmsg.
-        roundtrip_with(PayloadIo::for_answers(true), false, false);
+        roundtrip_with(PayloadIo::for_answers(true, false), false, false);
+        // Any READ answer to a peer on this host: sent with sendmsg.
+        roundtrip_with(PayloadIo::for_answers(true, true), false, false);
+    }
+
+    #[test]
+    fn answers_to_this_host_never_go_with_sendfile() {
+        let (a, _b) = pair();
+        assert!(super::super::socket::same_host(&a), "a loopback connection");
+        assert!(!PayloadIo::for_answers(true, true).zero_copy);
+        assert!(PayloadIo::for_answers(true, false).zero_copy);
+        assert!(!PayloadIo::for_answers(false, false).zero_copy);
     }
 
     #[test]

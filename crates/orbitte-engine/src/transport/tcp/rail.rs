@@ -26,7 +26,13 @@
 //! small buffer ([`FrameBuffer`]), so one `recv` brings every answer that
 //! waits. A READ's payload goes from the socket straight into the local
 //! range, and the next answer's header comes in the same `recvmsg`: one
-//! system call per answer in a stream of READ answers. It hands every
+//! system call per answer in a stream of READ answers. A READ payload
+//! that waits for its rest sets the socket's receive mark
+//! ([`receive_mark`]: the rest, at most 256 KiB) before the loop waits,
+//! so the loop wakes once a good part of it is queued, not at every
+//! segment; the mark goes back to 1 before the loop waits for a frame.
+//! Bytes below the mark wake no one, so the rail reads what is queued
+//! before it judges the peer silent (`io_timeout`). It hands every
 //! answer of a turn to the engine in one delivery before it waits again,
 //! and within a turn in a stream that never pauses once the answers cover
 //! [`ANSWER_BATCH`] bytes: a completion never waits on the socket, so a
@@ -71,7 +77,7 @@ use orbitte_memory::HostMemory;
 use orbitte_wire::{AccessToken, Frame, RangeId, ReadRequest, RequestId, Status, WriteRequest};
 
 use super::payload::send_ready;
-use super::socket::{ANSWER_BATCH, limit_unsent, size_socket_buffers};
+use super::socket::{ANSWER_BATCH, limit_unsent, receive_mark, size_socket_buffers};
 use crate::io_pool::{IoPool, Next, WatchKey, Watched};
 use crate::session::SessionConfig;
 use crate::session::io::FrameBuffer;
@@ -210,6 +216,7 @@ impl Rail {
             io_timeout: cfg.io_timeout,
             zero_copy: cfg.zero_copy,
             blocked: false,
+            lowat: 1,
             check_at: now + cfg.io_timeout,
         };
         pool.watch_as(key, Box::new(conn), Some(now + cfg.io_timeout));
@@ -469,6 +476,8 @@ struct Conn {
     zero_copy: bool,
     /// The socket refused bytes the loop holds: wait until it is writable.
     blocked: bool,
+    /// The socket's `SO_RCVLOWAT` as last set (1: the kernel's default).
+    lowat: u32,
     /// When the loop looks at the rail's timeouts next.
     check_at: Instant,
 }
@@ -506,10 +515,15 @@ impl Conn {
                 return Err(why.to_string());
             }
         }
+        let mut budget = TURN_BYTES;
         if check {
+            if self.lowat > 1 {
+                // Payload bytes below the receive mark woke no one: they
+                // count as progress before the rail is judged silent.
+                self.read(&mut budget)?;
+            }
             self.check_timeouts(now)?;
         }
-        let mut budget = TURN_BYTES;
         loop {
             let wrote = self.write()?;
             let read = self.read(&mut budget)?;
@@ -751,6 +765,8 @@ impl Conn {
                             if moved {
                                 self.rail.lock().last_progress = Instant::now();
                             }
+                            let rest = p.end - p.at;
+                            self.mark(receive_mark(true, rest));
                             return Ok(moved);
                         }
                         Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -771,7 +787,11 @@ impl Conn {
                         *budget = budget.saturating_sub(n);
                         moved = true;
                     }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(moved),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        // The next frame's first bytes wake the loop.
+                        self.mark(1);
+                        return Ok(moved);
+                    }
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
                     Err(e) => return Err(format!("connection lost: {e}")),
                 },
@@ -779,6 +799,23 @@ impl Conn {
             }
         }
         Ok(moved)
+    }
+
+    /// Sets the socket's receive mark to `mark` unless it is set already;
+    /// set only when the loop is about to wait: a READ payload that waits
+    /// for its rest asks to be woken once a good part of it is queued
+    /// ([`receive_mark`]), a frame that waits for its header by its first
+    /// byte. A refusal costs only the wake-ups the mark would have saved.
+    fn mark(&mut self, mark: u32) {
+        if mark == self.lowat {
+            return;
+        }
+        match orbitte_memory::set_recv_lowat(self.stream.as_fd(), mark) {
+            Ok(()) => self.lowat = mark,
+            Err(e) => {
+                tracing::debug!(rail = self.rail.id.0, error = %e, mark, "cannot set the receive mark")
+            }
+        }
     }
 
     /// Handles one frame from the peer.
@@ -1228,6 +1265,70 @@ mod tests {
             vec![0x11; big as usize]
         );
         assert_eq!(local.to_vec(big as usize, 1024).unwrap(), vec![0x22; 1024]);
+        drop(peer);
+    }
+
+    /// A READ payload that comes in pieces below the receive mark wakes no
+    /// one, yet each piece is progress: an answer that takes longer than
+    /// `io_timeout` in all, its pieces closer together than that, arrives
+    /// whole with the rail up, and every byte lands.
+    #[test]
+    fn a_payload_below_the_receive_mark_is_progress_within_io_timeout() {
+        let io_timeout = Duration::from_millis(100);
+        let (rail, mut peer, deliveries, _pool) = recorded_rail(io_timeout);
+        // Large enough that the mark (256 KiB) lies well above loopback's
+        // segment size, where the kernel would wake the loop anyway.
+        let len = 1 << 20;
+        let local = HostMemory::alloc(len).unwrap();
+        rail.push(std::iter::once(job(0, Op::Read, len as u32, &local)))
+            .unwrap();
+        assert!(matches!(next_request(&mut peer).0, Frame::ReadRequest(_)));
+        let payload: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let mut out = Vec::new();
+        read_answer(0, &payload, &mut out);
+        let started = Instant::now();
+        // The header, then 8 KiB every 60 ms, ten times (far below the
+        // mark, never a gap of io_timeout), then the rest at once.
+        let (first, rest) = out.split_at(NEXT_ANSWER + (8 << 10));
+        let (pieces, last) = rest.split_at(10 * (8 << 10));
+        let sent = (|| {
+            std::io::Write::write_all(&mut peer, first)?;
+            for piece in pieces.chunks(8 << 10) {
+                std::thread::sleep(Duration::from_millis(60));
+                std::io::Write::write_all(&mut peer, piece)?;
+            }
+            std::io::Write::write_all(&mut peer, last)
+        })();
+        assert!(
+            sent.is_ok() && !rail.is_down(),
+            "the rail closed while the payload came ({sent:?})"
+        );
+        assert!(
+            started.elapsed() > 5 * io_timeout,
+            "the answer must take longer than io_timeout in all"
+        );
+        let status = loop {
+            let d = deliveries
+                .recv_timeout(Duration::from_secs(5))
+                .expect("the answer completes");
+            assert!(
+                !d.iter()
+                    .any(|e| matches!(e, TransportEvent::RailDown { .. })),
+                "the rail went down while the payload came: {d:?}"
+            );
+            let done = d.iter().find_map(|e| match e {
+                TransportEvent::Completed { token, status, .. } if token.0 == 0 => {
+                    Some(status.clone())
+                }
+                _ => None,
+            });
+            if let Some(status) = done {
+                break status;
+            }
+        };
+        assert_eq!(status, SliceStatus::Success);
+        assert!(!rail.is_down());
+        assert_eq!(local.to_vec(0, len).unwrap(), payload);
         drop(peer);
     }
 

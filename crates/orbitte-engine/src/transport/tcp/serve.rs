@@ -47,7 +47,7 @@ use orbitte_wire::{
 };
 
 use super::payload::{PayloadIo, send_ready};
-use super::socket::{ANSWER_BATCH, size_socket_buffers};
+use super::socket::{ANSWER_BATCH, receive_mark, size_socket_buffers};
 use super::staged::{Landed, ReadPayload, WritePayload};
 use crate::metrics::ServedCounter;
 use crate::session::activity::SessionActivity;
@@ -64,25 +64,6 @@ pub(crate) const CHECK: Duration = Duration::from_millis(200);
 /// Bytes one turn moves at most before the loop's other sessions have
 /// their turn.
 pub(crate) const TURN_BYTES: usize = 4 << 20;
-
-/// Most bytes a WRITE's payload that waits for more asks the socket to
-/// queue before it is woken (`SO_RCVLOWAT`): each wake-up then reads up
-/// to this much in one `recvmsg` instead of a segment or two, which on
-/// loopback also sends fewer window updates (and runs fewer of the
-/// sender's transmits on this thread).
-const PAYLOAD_LOWAT: usize = 256 << 10;
-
-/// The receive mark for a WRITE's payload with `rest` bytes still to come:
-/// while it waits for them, woken once a good part of the rest is queued,
-/// not at every segment, and never asked for more than the rest (its last
-/// bytes always wake it); otherwise 1, so the next request's few header
-/// bytes wake the session.
-fn receive_mark(waits: bool, rest: usize) -> u32 {
-    if !waits {
-        return 1;
-    }
-    u32::try_from(rest.min(PAYLOAD_LOWAT)).map_or(1, |m| m.max(1))
-}
 
 /// Requests one turn decodes at most.
 pub(crate) const TURN_FRAMES: u32 = 256;
@@ -304,15 +285,16 @@ impl Serving {
     /// The state of a session admitted with `ctx`, before its first
     /// request: `greeting` (encoded frames, the publications) goes out
     /// first, as the socket takes it, bounded by `io_timeout` like an
-    /// answer.
-    pub(crate) fn new(ctx: &ServeCtx<'_>, mut greeting: Vec<u8>) -> Self {
+    /// answer; `same_host`: the peer is on this host
+    /// ([`PayloadIo::for_answers`]).
+    pub(crate) fn new(ctx: &ServeCtx<'_>, mut greeting: Vec<u8>, same_host: bool) -> Self {
         greeting.reserve(1024);
         Self {
             frames: FrameBuffer::new(),
             out: greeting,
             sent: 0,
             acknowledged: 0,
-            io: PayloadIo::for_answers(ctx.cfg.zero_copy),
+            io: PayloadIo::for_answers(ctx.cfg.zero_copy, same_host),
             lowat: 1,
             served: ctx
                 .ranges
@@ -907,6 +889,7 @@ fn goodbye(stream: &TcpStream, reason: GoodbyeReason, text: &str) -> Result<(), 
 
 #[cfg(test)]
 mod tests {
+    use super::super::socket::PAYLOAD_LOWAT;
     use super::*;
 
     #[test]

@@ -35,3 +35,32 @@ pub(crate) fn limit_unsent(s: &TcpStream, limit: Option<u32>) {
         tracing::debug!(error = %e, "cannot set the socket's unsent mark; the kernel's default stays");
     }
 }
+
+/// Whether the connection stays on this host: its peer is a loopback
+/// address or this end's own. Either address unknown: `false`.
+pub(crate) fn same_host(s: &TcpStream) -> bool {
+    match (s.local_addr(), s.peer_addr()) {
+        (Ok(here), Ok(there)) => there.ip().is_loopback() || there.ip() == here.ip(),
+        _ => false,
+    }
+}
+
+/// Most bytes a payload that waits for more asks the socket to queue
+/// before its reader is woken (`SO_RCVLOWAT`): each wake-up then reads up
+/// to this much in one `recvmsg` instead of a segment or two, which on
+/// loopback also sends fewer window updates (and runs fewer of the
+/// sender's transmits on the reader's thread). A target's WRITE payloads
+/// and an initiator's READ answers both use it.
+pub(crate) const PAYLOAD_LOWAT: usize = 256 << 10;
+
+/// The receive mark for a payload with `rest` bytes still to come: while
+/// its reader waits for them (`waits`), woken once a good part of the rest
+/// is queued, not at every segment, and never asked for more than the
+/// rest (its last bytes always wake it); otherwise 1, so the next frame's
+/// few header bytes wake the reader.
+pub(crate) fn receive_mark(waits: bool, rest: usize) -> u32 {
+    if !waits {
+        return 1;
+    }
+    u32::try_from(rest.min(PAYLOAD_LOWAT)).map_or(1, |m| m.max(1))
+}
