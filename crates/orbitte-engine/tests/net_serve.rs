@@ -188,3 +188,83 @@ fn a_payload_paused_before_its_last_bytes_completes_and_the_next_request_is_serv
         other => panic!("{other:?}"),
     }
 }
+
+/// READ requests that arrive together are answered in order, each with
+/// its own status and its own bytes: refused ones in the middle of a run
+/// (a wrong token, a range past the memory's end) answer with their
+/// status and no payload, and the answers around them carry exactly the
+/// bytes they asked for, whatever the target gathers into one send.
+#[test]
+fn reads_sent_together_are_answered_in_order_with_refusals_between() {
+    use orbitte_wire::AccessToken;
+    net_support::logs();
+    let t = Target::start(cfg("gather-target", 1));
+    let mem = HostMemory::alloc(1 << 20).unwrap();
+    pattern(&mem, 7);
+    let range = t.ranges.publish(mem.clone(), RW).unwrap();
+    let (mut s, publication) = raw::handshake(t.addr(), "gather-peer", 1, None);
+    let Frame::SegmentPublication(p) = publication else {
+        panic!("{publication:?}")
+    };
+    let token = p.ranges[0].token;
+    // (id, token, offset, length, expected status)
+    let asks: Vec<(u64, AccessToken, u64, u32, Status)> = (1..=40u64)
+        .map(|id| {
+            let offset = (id * 20_011) % (1 << 19);
+            let length = [4096u32, 65_536, 1000, 131_072][id as usize % 4];
+            match id {
+                7 | 23 => (
+                    id,
+                    AccessToken(token.0 ^ 1),
+                    offset,
+                    length,
+                    Status::BAD_TOKEN,
+                ),
+                12 | 31 => (id, token, (1 << 20) - 10, 4096, Status::OUT_OF_BOUNDS),
+                _ => (id, token, offset, length, Status::OK),
+            }
+        })
+        .collect();
+    let mut bytes = Vec::new();
+    for &(id, tok, offset, length, _) in &asks {
+        Frame::ReadRequest(ReadRequest {
+            request_id: RequestId(id),
+            range_id: range,
+            token: tok,
+            offset,
+            length,
+        })
+        .encode(&mut bytes)
+        .unwrap();
+    }
+    s.write_all(&bytes).unwrap();
+    for &(id, _, offset, length, status) in &asks {
+        let mut h = [0u8; orbitte_wire::HEADER_LEN];
+        std::io::Read::read_exact(&mut s, &mut h).unwrap();
+        let h = orbitte_wire::FrameHeader::decode(&h).unwrap();
+        let mut body = vec![0u8; h.fixed_len()];
+        std::io::Read::read_exact(&mut s, &mut body).unwrap();
+        let Frame::ReadResponse(r) = orbitte_wire::decode_body(&h, &body).unwrap() else {
+            panic!("request {id}: not a READ answer")
+        };
+        assert_eq!(
+            (r.request_id, r.status),
+            (RequestId(id), status),
+            "request {id}"
+        );
+        let mut payload = vec![0u8; h.payload_len() as usize];
+        std::io::Read::read_exact(&mut s, &mut payload).unwrap();
+        if status == Status::OK {
+            assert_eq!(r.length, length, "request {id}");
+            assert!(
+                payload == mem.to_vec(offset as usize, length as usize).unwrap(),
+                "request {id}: the payload is not the range's bytes"
+            );
+        } else {
+            assert!(
+                payload.is_empty(),
+                "request {id}: a refusal carries no payload"
+            );
+        }
+    }
+}

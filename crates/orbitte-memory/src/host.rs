@@ -690,6 +690,71 @@ impl HostMemory {
         Ok(n as usize)
     }
 
+    /// Sends, with one `sendmsg(2)`, `pieces` in order as far as the
+    /// socket takes them: frame bytes and ranges of host memory (the
+    /// kernel copies them straight out of each mapping), so that several
+    /// answers, each a header and its payload, go out in one call. At most
+    /// [`GATHER_PIECES`] pieces go in a call (the rest is the next call's).
+    /// Returns how many bytes went out; `SIGPIPE` is never raised
+    /// (`MSG_NOSIGNAL`), and `dont_wait` sets `MSG_DONTWAIT`.
+    ///
+    /// A range outside its memory is refused before any system call
+    /// (`InvalidInput`, with the [`MemoryError`] as the source); `EFAULT`
+    /// on caller-owned memory is `InvalidInput` naming the first
+    /// caller-owned range.
+    pub fn send_gathered(
+        socket: BorrowedFd<'_>,
+        pieces: &[SendPiece<'_>],
+        dont_wait: bool,
+    ) -> std::io::Result<usize> {
+        let mut iov: Vec<libc::iovec> = Vec::with_capacity(pieces.len().min(GATHER_PIECES));
+        for piece in pieces.iter().take(GATHER_PIECES) {
+            let (base, len) = match *piece {
+                SendPiece::Bytes(b) => (b.as_ptr().cast_mut(), b.len()),
+                SendPiece::Range(m, offset, len) => {
+                    m.check(offset, len)
+                        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+                    (m.at(offset), len)
+                }
+            };
+            if len > 0 {
+                iov.push(libc::iovec {
+                    iov_base: base.cast(),
+                    iov_len: len,
+                });
+            }
+        }
+        if iov.is_empty() {
+            return Ok(0);
+        }
+        // SAFETY: an all-zero msghdr is a valid empty message.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = iov.len() as _;
+        let mut flags = libc::MSG_NOSIGNAL;
+        if dont_wait {
+            flags |= libc::MSG_DONTWAIT;
+        }
+        // SAFETY: each iovec names a live slice (`Bytes`) or `offset..offset
+        // + len` of a range (bounds checked above; mapped while the
+        // borrowed memory lives, or for caller-owned memory maybe not); the
+        // kernel only reads them, with its user-copy routine (a missing
+        // page is EFAULT, never a signal). `msg` and `iov` outlive the
+        // call; the fd is valid for the call (`BorrowedFd`).
+        let n = unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, flags) };
+        if n < 0 {
+            let owned = pieces.iter().find_map(|p| match *p {
+                SendPiece::Range(m, offset, len) if m.is_caller_owned() => Some((m, offset, len)),
+                _ => None,
+            });
+            return Err(match owned {
+                Some((m, offset, len)) => m.socket_error(offset, len),
+                None => std::io::Error::last_os_error(),
+            });
+        }
+        Ok(n as usize)
+    }
+
     /// The error of a failed `recvmsg`/`sendmsg` on `offset..offset+len`:
     /// `EFAULT` on caller-owned memory (unmapped, or not writable for a
     /// receive) is `InvalidInput` with [`MemoryError::Unmapped`] as the
@@ -751,6 +816,18 @@ impl fmt::Debug for HostMemory {
             .field("backing", &kind)
             .finish()
     }
+}
+
+/// Most pieces [`HostMemory::send_gathered`] sends in one call.
+pub const GATHER_PIECES: usize = 64;
+
+/// One piece of a [`HostMemory::send_gathered`] call.
+#[derive(Debug, Clone, Copy)]
+pub enum SendPiece<'a> {
+    /// Bytes of the caller's (a frame header).
+    Bytes(&'a [u8]),
+    /// `len` bytes of host memory at `offset`.
+    Range(&'a HostMemory, usize, usize),
 }
 
 #[cfg(test)]

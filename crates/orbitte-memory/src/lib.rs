@@ -31,7 +31,7 @@ mod host;
 mod socket;
 mod vm_copy;
 
-pub use host::{HostMemory, MemoryError};
+pub use host::{GATHER_PIECES, HostMemory, MemoryError, SendPiece};
 pub use socket::{notsent_lowat, set_notsent_lowat, set_recv_lowat};
 
 /// Memory a NIC (or a GPU copy engine) may read and write by address.

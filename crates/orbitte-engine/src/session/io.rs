@@ -275,6 +275,19 @@ impl FrameBuffer {
         Ok(Some(frame))
     }
 
+    /// The type of the next frame when its header and fixed part are all
+    /// buffered (so [`next`](Self::next) would decode it), without
+    /// consuming it; `None` otherwise, or when its header is bad (which
+    /// `next` then reports).
+    pub(crate) fn next_whole(&self) -> Option<FrameType> {
+        if self.payload != 0 {
+            return None;
+        }
+        let avail = &self.buf[self.start..self.end];
+        let header = FrameHeader::decode(avail.first_chunk::<HEADER_LEN>()?).ok()?;
+        (avail.len() >= HEADER_LEN + header.fixed_len()).then_some(header.frame_type)
+    }
+
     fn incomplete(&mut self, need: usize) -> Option<Frame> {
         self.need = need;
         if self.start < self.end && self.partial_since.is_none() {

@@ -134,6 +134,13 @@ pub(crate) fn span(mem: &HostMemory, offset: u64, len: usize) -> io::Result<(usi
 }
 
 impl PayloadIo {
+    /// Whether a READ answer of `whole` bytes from `mem` goes with
+    /// `sendmsg` from the mapping (not `sendfile`): then several can go
+    /// in one call ([`HostMemory::send_gathered`]).
+    pub(crate) fn copies(&self, mem: &HostMemory, whole: usize) -> bool {
+        !(self.zero_copy && whole > 0 && whole <= self.sendfile_max && mem.memfd().is_some())
+    }
+
     /// Sends, without waiting and at most `budget` bytes, the rest of
     /// `head` and then of `mem[off..end]`, a READ answer of `whole`
     /// payload bytes: with `zero_copy`, memfd-backed memory and `whole`

@@ -15,9 +15,16 @@
 //! request that waits. A WRITE's payload goes from the socket straight
 //! into the range (with the next request's header in the same `recvmsg`),
 //! a READ's answer goes out with its header in `sendmsg` calls from the
-//! range (or, up to 256 KiB, `sendfile` from its memfd); a range of GPU
-//! memory moves through a bounce buffer instead, a piece at a time
-//! (module `staged`, which says what a failed device copy does). The small
+//! range (or, to a peer on another host and up to 256 KiB, `sendfile`
+//! from its memfd); a range of GPU memory moves through a bounce buffer
+//! instead, a piece at a time (module `staged`, which says what a failed
+//! device copy does). READ requests already buffered behind one whose
+//! answer goes with `sendmsg` are checked and answered with it, headers
+//! and payloads of up to 16 answers (1 MiB of payload behind the first)
+//! in one `sendmsg`: a batch of READs costs a system call or two per
+//! batch, not per request. A request that cannot join (refused, a device
+//! range, a superseded epoch) waits, decoded, until the answers before it
+//! went, and is then served as any other. The small
 //! answers (WRITE answers, refusals) are gathered and sent together when
 //! no further request is waiting, before a WRITE payload's receive waits
 //! for the peer, and in a stream that never pauses once they acknowledge
@@ -33,12 +40,15 @@
 //! turn moves at most [`TURN_BYTES`] and decodes at most [`TURN_FRAMES`]
 //! requests, then lets the loop's other sessions have theirs.
 
+use std::collections::VecDeque;
 use std::net::TcpStream;
 use std::os::fd::AsFd;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use mio::Interest;
+use orbitte_memory::{HostMemory, SendPiece};
 use orbitte_proto::{Op, PathKind};
 
 use orbitte_wire::{
@@ -46,9 +56,9 @@ use orbitte_wire::{
     RangeId, ReadResponse, RequestId, SessionId, Status, WriteRequest, WriteResponse,
 };
 
-use super::payload::{PayloadIo, send_ready};
+use super::payload::{PayloadIo, send_ready, span};
 use super::socket::{ANSWER_BATCH, receive_mark, size_socket_buffers};
-use super::staged::{Landed, ReadPayload, WritePayload};
+use super::staged::{Landed, ReadPayload, ServedMemory, WritePayload};
 use crate::metrics::ServedCounter;
 use crate::session::activity::SessionActivity;
 use crate::session::io::{FrameBuffer, write_frame};
@@ -71,6 +81,25 @@ pub(crate) const TURN_FRAMES: u32 = 256;
 /// Gathered answers that are sent before a further request is read, however
 /// few bytes they acknowledge.
 const OUT_MAX: usize = 64 << 10;
+
+/// Most READ answers that go out behind the one in progress, in the same
+/// `sendmsg` calls.
+const BEHIND_MAX: usize = 15;
+
+/// Most payload bytes of the READ answers behind the one in progress.
+const BEHIND_BYTES: usize = 1 << 20;
+
+/// A READ answer of host memory behind the one in progress: its header
+/// is `out[previous answer's header end..head_end]`, its payload
+/// `memory[off..end]` (checked against the range and the memory).
+#[derive(Debug)]
+struct Behind {
+    head_end: usize,
+    memory: Arc<HostMemory>,
+    off: usize,
+    end: usize,
+    length: u32,
+}
 
 /// How long a refusal's error frame (and the answers before it) may wait
 /// for the peer to take it before the session closes without it.
@@ -194,8 +223,13 @@ enum Task {
     #[cfg(any(test, feature = "testing"))]
     Delayed(Frame, Instant),
     /// A READ answer going out: the gathered answers and its header
-    /// (`out[sent..]`), then its payload of `length` bytes.
-    Read { payload: ReadPayload, length: u32 },
+    /// (`out[sent..head_end]`), then its payload of `length` bytes; the
+    /// answers [`Serving::behind`] it follow in `out` past `head_end`.
+    Read {
+        payload: ReadPayload,
+        length: u32,
+        head_end: usize,
+    },
     /// A WRITE payload coming into the range.
     Write {
         payload: WritePayload,
@@ -276,6 +310,15 @@ pub(crate) struct Serving {
     /// A refusal's error frame waiting in `out`, the reason to close with
     /// and until when it may wait.
     closing: Option<(CloseReason, Instant)>,
+    /// READ answers of host memory decoded while the one in progress went
+    /// out, sent behind it in the same `sendmsg` calls.
+    behind: VecDeque<Behind>,
+    /// Payload bytes of `behind`.
+    behind_bytes: usize,
+    /// A request decoded while answers were gathered that could not join
+    /// them (a refused READ, a device range, a superseded epoch): served
+    /// the usual way once the answers before it went.
+    held: Option<Frame>,
     /// When the `serve_delay` knob released the last request.
     #[cfg(any(test, feature = "testing"))]
     paced: Option<Instant>,
@@ -302,6 +345,9 @@ impl Serving {
             task: Task::Next,
             due: None,
             closing: None,
+            behind: VecDeque::new(),
+            behind_bytes: 0,
+            held: None,
             #[cfg(any(test, feature = "testing"))]
             paced: None,
         }
@@ -362,6 +408,10 @@ impl Serving {
     /// Sends what the socket takes of the gathered answers (best effort)
     /// and ends the session.
     fn closed(&mut self, stream: &TcpStream, reason: CloseReason) -> Step {
+        // Headers of answers behind the one in progress never go alone.
+        if let Task::Read { head_end, .. } = &self.task {
+            self.out.truncate(*head_end);
+        }
         if self.sent < self.out.len() {
             let _ = send_ready(stream, &self.out[self.sent..]);
         }
@@ -442,42 +492,7 @@ impl Serving {
                 self.paced = Some(until);
                 self.apply(frame, ctx, now)
             }
-            Task::Read { payload, length } => {
-                let (memory, span, whole) = payload.unsent();
-                let m = self
-                    .io
-                    .send_now(
-                        stream,
-                        &self.out[self.sent..],
-                        memory,
-                        span,
-                        whole,
-                        budget.bytes,
-                    )
-                    .map_err(fail)?;
-                self.sent += m.head;
-                payload.sent(m.payload);
-                budget.spend(m.head + m.payload);
-                if self.sent == self.out.len() && payload.piece_sent() {
-                    // A device range's next piece, copied now: the bounce
-                    // buffer's last one went out.
-                    if payload
-                        .next_piece()
-                        .map_err(|why| End::Close(CloseReason::abnormal(why)))?
-                    {
-                        return Ok(Flow::Go);
-                    }
-                    ctx.bytes.fetch_add(u64::from(*length), Ordering::Relaxed);
-                    self.out.clear();
-                    self.sent = 0;
-                    self.done(ctx);
-                    return Ok(Flow::Go);
-                }
-                if m.blocked {
-                    return Ok(Flow::Wait(Some(Interest::WRITABLE), None));
-                }
-                Ok(Flow::Go)
-            }
+            Task::Read { .. } => self.advance_read(stream, ctx, now, budget),
             Task::Write { payload, w } => {
                 let w = *w;
                 let mut rest = 0;
@@ -533,6 +548,245 @@ impl Serving {
         }
     }
 
+    /// The READ answer in progress moves on; READ requests already
+    /// buffered behind it join it when its payload goes with `sendmsg`
+    /// ([`Serving::gather`]), and go out with it in the same calls.
+    fn advance_read(
+        &mut self,
+        stream: &TcpStream,
+        ctx: &ServeCtx<'_>,
+        now: Instant,
+        budget: &mut Budget,
+    ) -> Result<Flow, End> {
+        let fail = |e: std::io::Error| End::Close(stalled(ctx.cfg, &e));
+        let Task::Read { payload, .. } = &self.task else {
+            return Ok(Flow::Go);
+        };
+        if let ReadPayload::Host { memory, whole, .. } = payload
+            && self.io.copies(memory, *whole)
+        {
+            self.gather(ctx, budget);
+        }
+        if !self.behind.is_empty() {
+            return self.send_behind(stream, ctx, now, budget);
+        }
+        let Task::Read {
+            payload, length, ..
+        } = &mut self.task
+        else {
+            return Ok(Flow::Go);
+        };
+        let (memory, span, whole) = payload.unsent();
+        let m = self
+            .io
+            .send_now(
+                stream,
+                &self.out[self.sent..],
+                memory,
+                span,
+                whole,
+                budget.bytes,
+            )
+            .map_err(fail)?;
+        self.sent += m.head;
+        payload.sent(m.payload);
+        budget.spend(m.head + m.payload);
+        if self.sent == self.out.len() && payload.piece_sent() {
+            // A device range's next piece, copied now: the bounce
+            // buffer's last one went out.
+            if payload
+                .next_piece()
+                .map_err(|why| End::Close(CloseReason::abnormal(why)))?
+            {
+                return Ok(Flow::Go);
+            }
+            ctx.bytes.fetch_add(u64::from(*length), Ordering::Relaxed);
+            self.out.clear();
+            self.sent = 0;
+            self.done(ctx);
+            return Ok(Flow::Go);
+        }
+        if m.blocked {
+            return Ok(Flow::Wait(Some(Interest::WRITABLE), None));
+        }
+        Ok(Flow::Go)
+    }
+
+    /// Decodes the READ requests already whole in the buffer (at most
+    /// [`BEHIND_MAX`] answers and [`BEHIND_BYTES`] of payload behind the
+    /// one in progress) and, for each that reads host memory and passes
+    /// every check, encodes its answer's header into `out` behind it. The
+    /// first that cannot join (a refused READ, a device range, a
+    /// superseded epoch) is held and served the usual way afterwards.
+    fn gather(&mut self, ctx: &ServeCtx<'_>, budget: &mut Budget) {
+        #[cfg(any(test, feature = "testing"))]
+        if !ctx.cfg.serve_delay.is_zero() {
+            return;
+        }
+        while self.held.is_none()
+            && self.behind.len() < BEHIND_MAX
+            && self.behind_bytes < BEHIND_BYTES
+            && budget.frames > 0
+            && self.frames.next_whole() == Some(FrameType::READ_REQUEST)
+        {
+            // A malformed body stays in the buffer: the next request read
+            // after these answers reports it.
+            let Ok(Some(frame)) = self.frames.next() else {
+                return;
+            };
+            budget.frames -= 1;
+            let Frame::ReadRequest(r) = &frame else {
+                self.held = Some(frame);
+                return;
+            };
+            let current = ctx
+                .peers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .epoch_of(&ctx.peer.source_id);
+            let published = (current == Some(ctx.peer.epoch))
+                .then(|| {
+                    check(
+                        ctx.ranges,
+                        r.range_id,
+                        r.token,
+                        r.offset,
+                        r.length,
+                        AccessFlags::REMOTE_READ,
+                    )
+                    .ok()
+                })
+                .flatten();
+            let host = published.and_then(|p| match &p.memory {
+                ServedMemory::Host(memory) => {
+                    let (off, end) = span(memory, p.offset + r.offset, r.length as usize).ok()?;
+                    Some((memory.clone(), off, end))
+                }
+                ServedMemory::Device(_) => None,
+            });
+            let Some((memory, off, end)) =
+                host.filter(|(m, ..)| self.io.copies(m, r.length as usize))
+            else {
+                self.held = Some(frame);
+                return;
+            };
+            let header = Frame::ReadResponse(ReadResponse {
+                request_id: r.request_id,
+                range_id: r.range_id,
+                offset: r.offset,
+                status: Status::OK,
+                length: r.length,
+            });
+            if header.encode(&mut self.out).is_err() {
+                self.held = Some(frame);
+                return;
+            }
+            ctx.activity.began();
+            ctx.requests.fetch_add(1, Ordering::Relaxed);
+            // Counted before the payload goes out: the peer has its
+            // outcome only after.
+            self.served.count(Op::Read, u64::from(r.length));
+            self.behind_bytes += r.length as usize;
+            self.behind.push_back(Behind {
+                head_end: self.out.len(),
+                memory,
+                off,
+                end,
+                length: r.length,
+            });
+        }
+    }
+
+    /// Sends the READ answer in progress and the ones behind it, each its
+    /// header and its payload, in one `sendmsg`; an answer that went out
+    /// whole is done and the next behind it is in progress (with its own
+    /// `io_timeout`).
+    fn send_behind(
+        &mut self,
+        stream: &TcpStream,
+        ctx: &ServeCtx<'_>,
+        now: Instant,
+        budget: &mut Budget,
+    ) -> Result<Flow, End> {
+        let Task::Read {
+            payload: ReadPayload::Host {
+                memory, off, end, ..
+            },
+            head_end,
+            ..
+        } = &self.task
+        else {
+            return Err(End::Close(CloseReason::abnormal(
+                "gathered READ answers behind a device range's answer",
+            )));
+        };
+        let mut pieces = Vec::with_capacity(2 + 2 * self.behind.len());
+        pieces.push(SendPiece::Bytes(&self.out[self.sent..*head_end]));
+        pieces.push(SendPiece::Range(memory, *off, *end - *off));
+        let mut from = *head_end;
+        for b in &self.behind {
+            pieces.push(SendPiece::Bytes(&self.out[from..b.head_end]));
+            pieces.push(SendPiece::Range(&b.memory, b.off, b.end - b.off));
+            from = b.head_end;
+        }
+        let sent = match HostMemory::send_gathered(stream.as_fd(), &pieces, true) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Ok(Flow::Go),
+            Err(e) => return Err(End::Close(stalled(ctx.cfg, &e))),
+        };
+        budget.spend(sent);
+        let mut left = sent;
+        while let Task::Read {
+            payload: ReadPayload::Host { off, end, .. },
+            length,
+            head_end,
+        } = &mut self.task
+        {
+            let head = (*head_end - self.sent).min(left);
+            self.sent += head;
+            left -= head;
+            let body = (*end - *off).min(left);
+            *off += body;
+            left -= body;
+            if self.sent < *head_end || *off < *end {
+                break;
+            }
+            ctx.bytes.fetch_add(u64::from(*length), Ordering::Relaxed);
+            let Some(b) = self.behind.pop_front() else {
+                break;
+            };
+            self.behind_bytes -= b.length as usize;
+            self.task = Task::Read {
+                payload: ReadPayload::Host {
+                    whole: b.length as usize,
+                    memory: b.memory,
+                    off: b.off,
+                    end: b.end,
+                },
+                length: b.length,
+                head_end: b.head_end,
+            };
+            self.due = Some(now + ctx.cfg.io_timeout);
+        }
+        if let Task::Read {
+            payload: ReadPayload::Host { off, end, .. },
+            head_end,
+            ..
+        } = &self.task
+            && self.behind.is_empty()
+            && self.sent == *head_end
+            && off == end
+        {
+            self.out.clear();
+            self.sent = 0;
+            self.done(ctx);
+            return Ok(Flow::Go);
+        }
+        // The socket took less than was offered: wait until it drains.
+        Ok(Flow::Wait(Some(Interest::WRITABLE), None))
+    }
+
     /// Sets the socket's receive mark to `mark` unless it is set already.
     /// A refusal costs only the wake-ups the mark would have saved.
     fn mark(&mut self, stream: &TcpStream, mark: u32) {
@@ -586,6 +840,9 @@ impl Serving {
             && !self.flush(stream, ctx, now)?
         {
             return Ok(Flow::Wait(Some(Interest::WRITABLE), None));
+        }
+        if let Some(frame) = self.held.take() {
+            return self.serve(frame, ctx, now);
         }
         match self.frames.next() {
             Ok(Some(frame)) => {
@@ -739,6 +996,7 @@ impl Serving {
                         self.task = Task::Read {
                             payload,
                             length: r.length,
+                            head_end: self.out.len(),
                         };
                         self.due = Some(deadline);
                     }
