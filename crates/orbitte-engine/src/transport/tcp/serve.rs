@@ -20,8 +20,8 @@
 //! instead, a piece at a time (module `staged`, which says what a failed
 //! device copy does). READ requests already buffered behind one whose
 //! answer goes with `sendmsg` are checked and answered with it, headers
-//! and payloads of up to 16 answers (1 MiB of payload behind the first)
-//! in one `sendmsg`: a batch of READs costs a system call or two per
+//! and payloads of up to 16 answers (no more joining once 1 MiB of
+//! payload is behind the first) in one `sendmsg`: a batch of READs costs a system call or two per
 //! batch, not per request. A request that cannot join (refused, a device
 //! range, a superseded epoch) waits, decoded, until the answers before it
 //! went, and is then served as any other. The small
@@ -86,7 +86,8 @@ const OUT_MAX: usize = 64 << 10;
 /// `sendmsg` calls.
 const BEHIND_MAX: usize = 15;
 
-/// Most payload bytes of the READ answers behind the one in progress.
+/// Payload bytes of the READ answers behind the one in progress at which
+/// no further one joins them.
 const BEHIND_BYTES: usize = 1 << 20;
 
 /// A READ answer of host memory behind the one in progress: its header
@@ -635,6 +636,11 @@ impl Serving {
                 return;
             };
             budget.frames -= 1;
+            if self.frames.payload_len() != 0 {
+                // Its header and body disagree: `serve` refuses it.
+                self.held = Some(frame);
+                return;
+            }
             let Frame::ReadRequest(r) = &frame else {
                 self.held = Some(frame);
                 return;
