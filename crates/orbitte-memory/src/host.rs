@@ -707,7 +707,11 @@ impl HostMemory {
         pieces: &[SendPiece<'_>],
         dont_wait: bool,
     ) -> std::io::Result<usize> {
-        let mut iov: Vec<libc::iovec> = Vec::with_capacity(pieces.len().min(GATHER_PIECES));
+        let mut iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; GATHER_PIECES];
+        let mut used = 0;
         for piece in pieces.iter().take(GATHER_PIECES) {
             let (base, len) = match *piece {
                 SendPiece::Bytes(b) => (b.as_ptr().cast_mut(), b.len()),
@@ -718,19 +722,20 @@ impl HostMemory {
                 }
             };
             if len > 0 {
-                iov.push(libc::iovec {
+                iov[used] = libc::iovec {
                     iov_base: base.cast(),
                     iov_len: len,
-                });
+                };
+                used += 1;
             }
         }
-        if iov.is_empty() {
+        if used == 0 {
             return Ok(0);
         }
         // SAFETY: an all-zero msghdr is a valid empty message.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
         msg.msg_iov = iov.as_mut_ptr();
-        msg.msg_iovlen = iov.len() as _;
+        msg.msg_iovlen = used as _;
         let mut flags = libc::MSG_NOSIGNAL;
         if dont_wait {
             flags |= libc::MSG_DONTWAIT;
@@ -1061,6 +1066,42 @@ mod tests {
         let ro = read_only_view(&m);
         assert_eq!(ro.send_to(a.as_fd(), &[], 100, 7, false).unwrap(), 7);
         assert_eq!(read_n(&mut b, 7), b"payload");
+    }
+
+    #[test]
+    fn send_gathered_sends_every_piece_in_order_and_refuses_a_bad_range_first() {
+        let (a, mut b) = socket_pair();
+        let m = HostMemory::alloc(4096).unwrap();
+        let n = HostMemory::alloc(4096).unwrap();
+        m.write_at(10, b"one").unwrap();
+        n.write_at(20, b"two").unwrap();
+        let pieces = [
+            SendPiece::Bytes(b"H1"),
+            SendPiece::Range(&m, 10, 3),
+            SendPiece::Bytes(b""),
+            SendPiece::Bytes(b"H2"),
+            SendPiece::Range(&n, 20, 3),
+        ];
+        assert_eq!(
+            HostMemory::send_gathered(a.as_fd(), &pieces, true).unwrap(),
+            10
+        );
+        assert_eq!(read_n(&mut b, 10), b"H1oneH2two");
+        // A range past the memory's end: nothing is sent at all.
+        let bad = [SendPiece::Bytes(b"H3"), SendPiece::Range(&m, 4090, 7)];
+        let e = HostMemory::send_gathered(a.as_fd(), &bad, true).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        assert_eq!(
+            HostMemory::send_gathered(a.as_fd(), &[SendPiece::Bytes(b"!")], true).unwrap(),
+            1
+        );
+        assert_eq!(read_n(&mut b, 1), b"!");
+        // No more than GATHER_PIECES pieces go in one call.
+        let many = [SendPiece::Bytes(b"x"); GATHER_PIECES + 5];
+        assert_eq!(
+            HostMemory::send_gathered(a.as_fd(), &many, true).unwrap(),
+            GATHER_PIECES
+        );
     }
 
     #[test]

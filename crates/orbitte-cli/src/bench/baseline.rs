@@ -566,6 +566,54 @@ fn stream(
 mod tests {
     use super::*;
 
+    /// Parts of one batch wait for each other, every part gets the same
+    /// stop answer for the same batch, and a failed part frees the rest.
+    #[test]
+    fn the_parts_of_a_batch_end_together_and_stop_together() {
+        let end = BatchEnd::new(3);
+        let stop = AtomicBool::new(false);
+        let batches = std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for part in 0..3u64 {
+                let (end, stop, batches) = (&end, &stop, &batches);
+                s.spawn(move || {
+                    let mut n = 0u64;
+                    loop {
+                        n += 1;
+                        if part == 0 && n == 50 {
+                            stop.store(true, Ordering::Relaxed);
+                        }
+                        // A part that runs ahead would count more batches.
+                        std::thread::sleep(Duration::from_micros(100 * part));
+                        if end.meet(stop) {
+                            break;
+                        }
+                    }
+                    batches.lock().unwrap().push(n);
+                });
+            }
+        });
+        let batches = batches.into_inner().unwrap();
+        assert_eq!(batches.len(), 3);
+        assert!(
+            batches.iter().all(|&n| n == batches[0]),
+            "every part ran as many batches: {batches:?}"
+        );
+        assert_eq!(batches[0], 50, "they stop after the batch that saw stop");
+
+        let end = BatchEnd::new(2);
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let waiting = s.spawn(|| end.meet(&stop));
+            std::thread::sleep(Duration::from_millis(20));
+            end.abandon();
+            assert!(
+                waiting.join().unwrap(),
+                "an abandoned meeting stops its parts"
+            );
+        });
+    }
+
     fn shape() -> Shape {
         Shape {
             block: 4096,

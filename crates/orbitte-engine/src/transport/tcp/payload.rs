@@ -157,8 +157,11 @@ impl PayloadIo {
         budget: usize,
     ) -> io::Result<Moved> {
         let mut moved = Moved::default();
-        let sendfile = self.zero_copy && whole > 0 && whole <= self.sendfile_max;
-        let memfd = if sendfile { mem.memfd() } else { None };
+        let memfd = if self.copies(mem, whole) {
+            None
+        } else {
+            mem.memfd()
+        };
         while (!head.is_empty() || off < end) && moved.head + moved.payload < budget {
             let left = budget - moved.head - moved.payload;
             let sent = match memfd {

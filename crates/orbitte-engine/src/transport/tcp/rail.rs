@@ -224,7 +224,6 @@ impl Rail {
             out_at: 0,
             payload_out: None,
             behind: VecDeque::new(),
-            behind_bytes: 0,
             gathers,
             payload_in: None,
             held: Held {
@@ -495,8 +494,6 @@ struct Conn {
     /// (`out[..head_end]`); the first's header end is at or past
     /// `out_at`. Empty while [`Conn::payload_out`] holds one.
     behind: VecDeque<(usize, PayloadOut)>,
-    /// Payload bytes gathered into `behind` since it was last empty.
-    behind_bytes: usize,
     /// Whether the peer is on this host ([`super::socket::same_host`]).
     gathers: bool,
     payload_in: Option<PayloadIn>,
@@ -663,8 +660,11 @@ impl Conn {
     /// (stopping after a WRITE whose payload follows its header; a payload
     /// up to [`SMALL_WRITE`] is copied in behind its header instead).
     fn collect(&mut self, st: &mut State) -> Result<(), String> {
+        debug_assert!(self.behind.is_empty(), "collect before the gathered went");
         self.out.clear();
         self.out_at = 0;
+        // Payload bytes gathered into `behind` by this call.
+        let mut gathered = 0;
         self.out.append(&mut st.carry);
         if !st.notes.is_empty() && st.in_flight.is_empty() && st.unanswered == 0 {
             // Nothing was awaited: the answers' clock starts now.
@@ -683,7 +683,7 @@ impl Conn {
             let joins = self.gathers
                 && len <= GATHER_WRITE
                 && self.behind.len() < GATHER_WRITES
-                && self.behind_bytes + len <= GATHER_WRITE_BYTES;
+                && gathered + len <= GATHER_WRITE_BYTES;
             if large && !self.behind.is_empty() && !joins {
                 // Goes alone once the gathered ones went.
                 break;
@@ -716,7 +716,7 @@ impl Conn {
                     .map_err(|e| format!("sending a request failed: {e}"))?;
                 if joins {
                     // Sent behind its header with the requests around it.
-                    self.behind_bytes += len;
+                    gathered += len;
                     self.behind.push_back((
                         self.out.len(),
                         PayloadOut {
@@ -805,14 +805,14 @@ impl Conn {
     /// as far as the socket takes them.
     fn send_gathered(&mut self) -> std::io::Result<Sent> {
         loop {
-            let mut pieces = Vec::with_capacity(2 * self.behind.len() + 1);
+            let mut pieces = [SendPiece::Bytes(&[]); 2 * GATHER_WRITES + 1];
             let mut from = self.out_at;
-            for (head_end, p) in &self.behind {
-                pieces.push(SendPiece::Bytes(&self.out[from..*head_end]));
-                pieces.push(SendPiece::Range(&p.mem, p.at, p.end - p.at));
+            for ((head_end, p), two) in self.behind.iter().zip(pieces.chunks_exact_mut(2)) {
+                two[0] = SendPiece::Bytes(&self.out[from..*head_end]);
+                two[1] = SendPiece::Range(&p.mem, p.at, p.end - p.at);
                 from = *head_end;
             }
-            pieces.push(SendPiece::Bytes(&self.out[from..]));
+            pieces[2 * self.behind.len()] = SendPiece::Bytes(&self.out[from..]);
             let mut n = match HostMemory::send_gathered(self.stream.as_fd(), &pieces, true) {
                 Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
                 Ok(n) => n,
@@ -836,7 +836,6 @@ impl Conn {
             if self.behind.is_empty() && self.out_at == self.out.len() {
                 self.out.clear();
                 self.out_at = 0;
-                self.behind_bytes = 0;
                 return Ok(Sent::All);
             }
         }

@@ -43,7 +43,6 @@
 use std::collections::VecDeque;
 use std::net::TcpStream;
 use std::os::fd::AsFd;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -56,7 +55,7 @@ use orbitte_wire::{
     RangeId, ReadResponse, RequestId, SessionId, Status, WriteRequest, WriteResponse,
 };
 
-use super::payload::{PayloadIo, send_ready, span};
+use super::payload::{PayloadIo, send_ready};
 use super::socket::{ANSWER_BATCH, receive_mark, size_socket_buffers};
 use super::staged::{Landed, ReadPayload, ServedMemory, WritePayload};
 use crate::metrics::ServedCounter;
@@ -91,14 +90,12 @@ const BEHIND_MAX: usize = 15;
 const BEHIND_BYTES: usize = 1 << 20;
 
 /// A READ answer of host memory behind the one in progress: its header
-/// is `out[previous answer's header end..head_end]`, its payload
-/// `memory[off..end]` (checked against the range and the memory).
+/// is `out[previous answer's header end..head_end]`, then its payload
+/// (checked against the range and the memory).
 #[derive(Debug)]
 struct Behind {
     head_end: usize,
-    memory: Arc<HostMemory>,
-    off: usize,
-    end: usize,
+    payload: ReadPayload,
     length: u32,
 }
 
@@ -147,6 +144,15 @@ pub(crate) struct ServeCtx<'a> {
     pub(crate) bytes: &'a std::sync::atomic::AtomicU64,
     /// What this session did last; a newcomer may take its slot when idle.
     pub(crate) activity: &'a SessionActivity,
+}
+
+/// The source's authoritative epoch now: a newer incarnation of the
+/// source may have been admitted since this session opened.
+fn authoritative_epoch(ctx: &ServeCtx<'_>) -> Option<orbitte_wire::Epoch> {
+    ctx.peers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .epoch_of(&ctx.peer.source_id)
 }
 
 fn check(
@@ -314,8 +320,6 @@ pub(crate) struct Serving {
     /// READ answers of host memory decoded while the one in progress went
     /// out, sent behind it in the same `sendmsg` calls.
     behind: VecDeque<Behind>,
-    /// Payload bytes of `behind`.
-    behind_bytes: usize,
     /// A request decoded while answers were gathered that could not join
     /// them (a refused READ, a device range, a superseded epoch): served
     /// the usual way once the answers before it went.
@@ -347,7 +351,6 @@ impl Serving {
             due: None,
             closing: None,
             behind: VecDeque::new(),
-            behind_bytes: 0,
             held: None,
             #[cfg(any(test, feature = "testing"))]
             paced: None,
@@ -626,7 +629,7 @@ impl Serving {
         }
         while self.held.is_none()
             && self.behind.len() < BEHIND_MAX
-            && self.behind_bytes < BEHIND_BYTES
+            && self.behind.iter().map(|b| b.length as usize).sum::<usize>() < BEHIND_BYTES
             && budget.frames > 0
             && self.frames.next_whole() == Some(FrameType::READ_REQUEST)
         {
@@ -645,12 +648,7 @@ impl Serving {
                 self.held = Some(frame);
                 return;
             };
-            let current = ctx
-                .peers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .epoch_of(&ctx.peer.source_id);
-            let published = (current == Some(ctx.peer.epoch))
+            let published = (authoritative_epoch(ctx) == Some(ctx.peer.epoch))
                 .then(|| {
                     check(
                         ctx.ranges,
@@ -663,16 +661,16 @@ impl Serving {
                     .ok()
                 })
                 .flatten();
-            let host = published.and_then(|p| match &p.memory {
-                ServedMemory::Host(memory) => {
-                    let (off, end) = span(memory, p.offset + r.offset, r.length as usize).ok()?;
-                    Some((memory.clone(), off, end))
-                }
-                ServedMemory::Device(_) => None,
-            });
-            let Some((memory, off, end)) =
-                host.filter(|(m, ..)| self.io.copies(m, r.length as usize))
-            else {
+            // A device range's payload is never made here: making it copies
+            // its first piece.
+            let payload = published
+                .filter(|p| matches!(p.memory, ServedMemory::Host(_)))
+                .and_then(|p| ReadPayload::of(&p.memory, p.offset + r.offset, r.length).ok())
+                .filter(|p| {
+                    let (memory, _, whole) = p.unsent();
+                    self.io.copies(memory, whole)
+                });
+            let Some(payload) = payload else {
                 self.held = Some(frame);
                 return;
             };
@@ -692,12 +690,9 @@ impl Serving {
             // Counted before the payload goes out: the peer has its
             // outcome only after.
             self.served.count(Op::Read, u64::from(r.length));
-            self.behind_bytes += r.length as usize;
             self.behind.push_back(Behind {
                 head_end: self.out.len(),
-                memory,
-                off,
-                end,
+                payload,
                 length: r.length,
             });
         }
@@ -715,25 +710,20 @@ impl Serving {
         budget: &mut Budget,
     ) -> Result<Flow, End> {
         let Task::Read {
-            payload: ReadPayload::Host {
-                memory, off, end, ..
-            },
-            head_end,
-            ..
+            payload, head_end, ..
         } = &self.task
         else {
-            return Err(End::Close(CloseReason::abnormal(
-                "gathered READ answers behind a device range's answer",
-            )));
+            return Ok(Flow::Go);
         };
-        let mut pieces = Vec::with_capacity(2 + 2 * self.behind.len());
-        pieces.push(SendPiece::Bytes(&self.out[self.sent..*head_end]));
-        pieces.push(SendPiece::Range(memory, *off, *end - *off));
-        let mut from = *head_end;
-        for b in &self.behind {
-            pieces.push(SendPiece::Bytes(&self.out[from..b.head_end]));
-            pieces.push(SendPiece::Range(&b.memory, b.off, b.end - b.off));
-            from = b.head_end;
+        let mut pieces = [SendPiece::Bytes(&[]); 2 * (BEHIND_MAX + 1)];
+        let mut from = self.sent;
+        let answers = std::iter::once((*head_end, payload))
+            .chain(self.behind.iter().map(|b| (b.head_end, &b.payload)));
+        for ((head_end, payload), two) in answers.zip(pieces.chunks_exact_mut(2)) {
+            let (memory, (off, end), _) = payload.unsent();
+            two[0] = SendPiece::Bytes(&self.out[from..head_end]);
+            two[1] = SendPiece::Range(memory, off, end - off);
+            from = head_end;
         }
         let sent = match HostMemory::send_gathered(stream.as_fd(), &pieces, true) {
             Ok(n) => n,
@@ -744,7 +734,7 @@ impl Serving {
         budget.spend(sent);
         let mut left = sent;
         while let Task::Read {
-            payload: ReadPayload::Host { off, end, .. },
+            payload,
             length,
             head_end,
         } = &mut self.task
@@ -752,42 +742,26 @@ impl Serving {
             let head = (*head_end - self.sent).min(left);
             self.sent += head;
             left -= head;
-            let body = (*end - *off).min(left);
-            *off += body;
+            let (_, (off, end), _) = payload.unsent();
+            let body = (end - off).min(left);
+            payload.sent(body);
             left -= body;
-            if self.sent < *head_end || *off < *end {
+            if self.sent < *head_end || !payload.piece_sent() {
                 break;
             }
             ctx.bytes.fetch_add(u64::from(*length), Ordering::Relaxed);
             let Some(b) = self.behind.pop_front() else {
-                break;
+                self.out.clear();
+                self.sent = 0;
+                self.done(ctx);
+                return Ok(Flow::Go);
             };
-            self.behind_bytes -= b.length as usize;
             self.task = Task::Read {
-                payload: ReadPayload::Host {
-                    whole: b.length as usize,
-                    memory: b.memory,
-                    off: b.off,
-                    end: b.end,
-                },
+                payload: b.payload,
                 length: b.length,
                 head_end: b.head_end,
             };
             self.due = Some(now + ctx.cfg.io_timeout);
-        }
-        if let Task::Read {
-            payload: ReadPayload::Host { off, end, .. },
-            head_end,
-            ..
-        } = &self.task
-            && self.behind.is_empty()
-            && self.sent == *head_end
-            && off == end
-        {
-            self.out.clear();
-            self.sent = 0;
-            self.done(ctx);
-            return Ok(Flow::Go);
         }
         // The socket took less than was offered: wait until it drains.
         Ok(Flow::Wait(Some(Interest::WRITABLE), None))
@@ -931,11 +905,7 @@ impl Serving {
         ctx.activity.began();
         // The epoch rule on every request: a newer incarnation of the
         // source may have been admitted since this session opened.
-        let current = ctx
-            .peers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .epoch_of(&ctx.peer.source_id);
+        let current = authoritative_epoch(ctx);
         if current != Some(ctx.peer.epoch) {
             let msg = format!(
                 "session of {} at epoch {} is superseded (authoritative epoch {:?})",
